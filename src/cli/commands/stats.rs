@@ -1,0 +1,80 @@
+//! `ckpt stats FILE [--json]`: where every byte goes.
+
+use crate::cli::ui::{map_file, Ui};
+use crate::codec::container::{is_container, Container};
+use crate::codec::Options;
+use crate::file_codec::{self, Format, Report};
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Arguments of `ckpt stats`.
+#[derive(clap::Args, Debug)]
+pub struct StatsArgs {
+    /// A container (.ckz), or any file: it is compressed in memory first.
+    file: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ckpt stats`.
+pub fn run(_ui: &Ui, args: StatsArgs) -> Result<()> {
+    let input = map_file(&args.file)?;
+    let owned;
+    let bytes: &[u8] = if is_container(&input) {
+        &input
+    } else {
+        let format = if args.file.extension().is_some_and(|e| e == "safetensors") { Format::Safetensors } else { Format::Detect };
+        let (out, _) = file_codec::compress(&input, format, &Options::default(), Vec::new(), &mut |_| {})
+            .with_context(|| format!("{}", args.file.display()))?;
+        owned = out;
+        &owned
+    };
+    let container = Container::open(bytes).with_context(|| format!("{}", args.file.display()))?;
+    let report = file_codec::analyze(&container).with_context(|| format!("{}", args.file.display()))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        print_table(&mut out, &report)?;
+    }
+    Ok(())
+}
+
+fn pct(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 { 100.0 * part / whole } else { 0.0 }
+}
+
+fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<8} {:>5} {:>14} {:>14} {:>8} {:>9} {:>7} {:>7} {:>7} {:>7}",
+        "dtype", "group", "raw bytes", "stored bytes", "stored%", "entropy%", "raw", "zero", "huffman", "zstd"
+    )?;
+    for g in &r.groups {
+        writeln!(
+            out,
+            "{:<8} {:>5} {:>14} {:>14} {:>7.2}% {:>8.2}% {:>7} {:>7} {:>7} {:>7}",
+            g.dtype,
+            g.group,
+            g.raw_bytes,
+            g.stored_bytes,
+            pct(g.stored_bytes as f64, g.raw_bytes as f64),
+            pct(g.entropy_bytes, g.raw_bytes as f64),
+            g.methods[0],
+            g.methods[1],
+            g.methods[2],
+            g.methods[3]
+        )?;
+    }
+    writeln!(out, "index and framing: {} bytes", r.overhead_bytes)?;
+    writeln!(
+        out,
+        "total: {} -> {} bytes ({:.2}% of the original)",
+        r.original_bytes,
+        r.stored_bytes,
+        pct(r.stored_bytes as f64, r.original_bytes as f64)
+    )
+}

@@ -1,0 +1,87 @@
+//! Output helpers shared by commands: progress bars on stderr (hidden when stderr is not a
+//! terminal or with `--quiet`), the rayon pool for `-j`, and atomic output files.
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::Path;
+
+/// Per-invocation output settings.
+pub struct Ui {
+    show_progress: bool,
+}
+
+impl Ui {
+    /// `quiet` hides progress; so does a stderr that is not a terminal.
+    pub fn new(quiet: bool) -> Ui {
+        Ui { show_progress: !quiet && std::io::stderr().is_terminal() }
+    }
+
+    /// A byte-count progress bar on stderr (hidden unless wanted).
+    pub fn bytes_bar(&self, total: u64, message: &str) -> ProgressBar {
+        if !self.show_progress {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(message.to_string());
+        bar
+    }
+}
+
+/// A rayon pool with `jobs` threads (all cores when `None`).
+pub fn thread_pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
+    let mut builder = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = jobs {
+        anyhow::ensure!(n > 0, "-j must be at least 1");
+        builder = builder.num_threads(n);
+    }
+    builder.build().context("starting worker threads")
+}
+
+/// True if the error chain holds a broken pipe (stdout closed by `head` etc.).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Writes an output file atomically: `write` fills a temporary file next to `path`, which is
+/// renamed over `path` only when `write` succeeds. On failure nothing is left behind.
+pub fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> Result<T>) -> Result<T> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".ckpt-tmp-")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    let value = {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
+        let value = write(&mut w)?;
+        std::io::Write::flush(&mut w).with_context(|| format!("writing {}", path.display()))?;
+        value
+    };
+    tmp.persist(path).with_context(|| format!("renaming the temporary file to {}", path.display()))?;
+    Ok(value)
+}
+
+/// Maps a whole input file read-only.
+pub fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    map(&file).with_context(|| format!("reading {}", path.display()))
+}
+
+#[allow(unsafe_code)]
+fn map(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the map is read-only; ckpt does not write to its inputs. Another process changing
+    // the file while it is mapped can change what we read, but cannot break memory safety of
+    // the byte slice beyond that (the usual caveat of every mmap-based reader); the result is
+    // hash-verified on decompress and on checkout.
+    unsafe { memmap2::Mmap::map(file) }
+}

@@ -1,0 +1,378 @@
+//! Coding of one chunk (a run of whole elements, at most `Options::chunk_size` bytes), and of
+//! a run of chunks in parallel.
+//!
+//! A chunk is split into byte groups ([`super::byte_group`]), each group is coded on its own with
+//! the method [`super::select`] picks, and the group payloads are concatenated. The
+//! [`ChunkHeader`] (method and stored length per group) is kept apart from the payload so that
+//! containers can put all headers in one index, readable without touching the data.
+
+use super::select::{predict, Options, Selection, MAX_CHUNK_SIZE};
+use super::{byte_group, huffman, zstd_block, Error, Layout, Method, Result};
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Method and stored size of one byte group of one chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupEntry {
+    /// How the group is stored.
+    pub method: Method,
+    /// Stored bytes of the group in the chunk payload.
+    pub stored_len: u32,
+}
+
+/// The per-group entries of one chunk; `width` of the 8 slots are used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    width: u8,
+    entries: [GroupEntry; 8],
+}
+
+impl ChunkHeader {
+    /// Builds a header from per-group entries (1, 2, 4 or 8 of them).
+    pub fn new(entries: &[GroupEntry]) -> Result<ChunkHeader> {
+        if !matches!(entries.len(), 1 | 2 | 4 | 8) {
+            return Err(Error::InvalidInput(format!("{} byte groups", entries.len())));
+        }
+        let mut all = [GroupEntry { method: Method::Zero, stored_len: 0 }; 8];
+        all[..entries.len()].copy_from_slice(entries);
+        Ok(ChunkHeader { width: entries.len() as u8, entries: all })
+    }
+
+    /// The entry of each byte group, least significant byte first.
+    pub fn groups(&self) -> &[GroupEntry] {
+        &self.entries[..self.width as usize]
+    }
+
+    /// Total payload bytes of the chunk.
+    pub fn stored_len(&self) -> u64 {
+        self.groups().iter().map(|g| g.stored_len as u64).sum()
+    }
+
+    /// Checks the entries against the chunk's original length: raw groups store exactly the
+    /// group, zero groups nothing, coded groups less than the group. Untrusted headers pass here
+    /// before any payload is touched.
+    pub fn validate(&self, chunk_len: usize) -> Result<()> {
+        let width = self.width as usize;
+        if chunk_len % width != 0 || chunk_len > MAX_CHUNK_SIZE {
+            return Err(Error::Corrupt(format!("chunk of {chunk_len} bytes cannot hold {width}-byte elements")));
+        }
+        let group_len = chunk_len / width;
+        for (g, e) in self.groups().iter().enumerate() {
+            let ok = match e.method {
+                Method::Raw => e.stored_len as usize == group_len,
+                Method::Zero => e.stored_len == 0,
+                Method::Huffman | Method::Zstd => (e.stored_len as usize) < group_len,
+            };
+            if !ok {
+                return Err(Error::Corrupt(format!(
+                    "byte group {g}: {} method with {} stored bytes for a {group_len}-byte group",
+                    e.method.name(),
+                    e.stored_len
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per-group countdown for skipping incompressible groups (see [`Options::skip_after_raw`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SkipState([u32; 8]);
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        f(&mut buf[..len])
+    })
+}
+
+fn code_group(group: &[u8], method: Method, options: &Options, out: &mut Vec<u8>) -> Result<Method> {
+    let coded = match method {
+        Method::Zero if group.iter().all(|&b| b == 0) => return Ok(Method::Zero),
+        Method::Zero | Method::Raw => false,
+        Method::Huffman => huffman::encode(group, out)?,
+        Method::Zstd => zstd_block::encode(group, options.zstd_level, out)?,
+    };
+    if coded {
+        return Ok(method);
+    }
+    out.extend_from_slice(group);
+    Ok(Method::Raw)
+}
+
+fn code_group_exhaustive(group: &[u8], options: &Options, out: &mut Vec<u8>) -> Result<Method> {
+    if group.iter().all(|&b| b == 0) {
+        return Ok(Method::Zero);
+    }
+    let start = out.len();
+    let mut best = (Method::Raw, group.len());
+    let mut trial = Vec::new();
+    for method in [Method::Huffman, Method::Zstd] {
+        trial.clear();
+        if code_group(group, method, options, &mut trial)? == method && trial.len() < best.1 {
+            best = (method, trial.len());
+            out.truncate(start);
+            out.extend_from_slice(&trial);
+        }
+    }
+    if best.0 == Method::Raw {
+        out.truncate(start);
+        out.extend_from_slice(group);
+    }
+    Ok(best.0)
+}
+
+/// Codes one chunk: appends the payload to `out` and returns its header. With `reference`, the
+/// chunk is coded as `input XOR reference` (an XOR delta; same length required).
+pub fn encode_chunk(
+    input: &[u8],
+    reference: Option<&[u8]>,
+    layout: Layout,
+    options: &Options,
+    skip: &mut SkipState,
+    out: &mut Vec<u8>,
+) -> Result<ChunkHeader> {
+    if input.len() > MAX_CHUNK_SIZE {
+        return Err(Error::InvalidInput(format!("chunk of {} bytes is over the limit", input.len())));
+    }
+    let width = layout.width;
+    with_scratch(input.len(), |grouped| {
+        byte_group::split(input, reference, layout, grouped)?;
+        let n = input.len() / width;
+        let mut entries = [GroupEntry { method: Method::Zero, stored_len: 0 }; 8];
+        for g in 0..width {
+            let group = &grouped[g * n..(g + 1) * n];
+            let start = out.len();
+            let method = match options.selection {
+                Selection::Exhaustive => code_group_exhaustive(group, options, out)?,
+                Selection::Only(m) => code_group(group, m, options, out)?,
+                Selection::Auto if skip.0[g] > 0 => {
+                    skip.0[g] -= 1;
+                    code_group(group, Method::Raw, options, out)?
+                }
+                Selection::Auto => {
+                    let chosen = code_group(group, predict(group, options), options, out)?;
+                    if chosen == Method::Raw {
+                        skip.0[g] = options.skip_after_raw;
+                    }
+                    chosen
+                }
+            };
+            let stored_len = u32::try_from(out.len() - start).expect("chunk groups are below 4 GiB");
+            entries[g] = GroupEntry { method, stored_len };
+        }
+        ChunkHeader::new(&entries[..width])
+    })
+}
+
+/// Decodes one chunk from its `payload` and `header` into `out` (the chunk's original length),
+/// XORing with `reference` when the chunk is a delta.
+pub fn decode_chunk(
+    payload: &[u8],
+    header: &ChunkHeader,
+    layout: Layout,
+    reference: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<()> {
+    if header.groups().len() != layout.width {
+        return Err(Error::Corrupt(format!(
+            "chunk has {} byte groups, its element type has {}",
+            header.groups().len(),
+            layout.width
+        )));
+    }
+    header.validate(out.len())?;
+    if header.stored_len() != payload.len() as u64 {
+        return Err(Error::Corrupt(format!(
+            "chunk payload is {} bytes, its header says {}",
+            payload.len(),
+            header.stored_len()
+        )));
+    }
+    let n = out.len() / layout.width;
+    with_scratch(out.len(), |scratch| {
+        let mut slots: Vec<&[u8]> = Vec::with_capacity(layout.width);
+        let mut rest_payload = payload;
+        let mut rest_scratch: &mut [u8] = scratch;
+        for e in header.groups() {
+            let (stored, tail) = rest_payload.split_at(e.stored_len as usize);
+            rest_payload = tail;
+            let (buf, scratch_tail) = std::mem::take(&mut rest_scratch).split_at_mut(n);
+            rest_scratch = scratch_tail;
+            match e.method {
+                Method::Raw => {
+                    slots.push(stored);
+                    continue;
+                }
+                Method::Zero => buf.fill(0),
+                Method::Huffman => huffman::decode(stored, buf)?,
+                Method::Zstd => zstd_block::decode(stored, buf)?,
+            }
+            slots.push(buf);
+        }
+        byte_group::regroup(&slots, reference, layout, out)
+    })
+}
+
+/// One coded chunk: header plus payload.
+#[derive(Clone, Debug)]
+pub struct EncodedChunk {
+    /// Methods and sizes per byte group.
+    pub header: ChunkHeader,
+    /// The group payloads, concatenated.
+    pub payload: Vec<u8>,
+}
+
+/// Chunks coded sequentially by one worker, sharing skip state. Fixed, so output does not
+/// depend on the number of threads.
+pub const STRIPE_CHUNKS: usize = 8;
+
+/// Codes `input` (optionally as a delta against `reference`) as consecutive chunks of
+/// `options.chunk_size`, in parallel on the current rayon pool. Stripes of [`STRIPE_CHUNKS`]
+/// chunks start at multiples of `STRIPE_CHUNKS * chunk_size` from the start of `input`, so a
+/// caller that feeds a long tensor in batches should cut batches at such multiples.
+pub fn encode_chunks(
+    input: &[u8],
+    reference: Option<&[u8]>,
+    layout: Layout,
+    options: &Options,
+) -> Result<Vec<EncodedChunk>> {
+    if reference.is_some_and(|r| r.len() != input.len()) {
+        return Err(Error::InvalidInput("reference and input lengths differ".into()));
+    }
+    let chunk_size = checked_chunk_size(options, layout)?;
+    let stripe = chunk_size * STRIPE_CHUNKS;
+    let stripes: Vec<Vec<EncodedChunk>> = input
+        .par_chunks(stripe)
+        .enumerate()
+        .map(|(s, stripe_input)| {
+            let mut skip = SkipState::default();
+            let base = s * stripe;
+            stripe_input
+                .chunks(chunk_size)
+                .enumerate()
+                .map(|(c, chunk)| {
+                    let at = base + c * chunk_size;
+                    let r = reference.map(|r| &r[at..at + chunk.len()]);
+                    let mut payload = Vec::new();
+                    let header = encode_chunk(chunk, r, layout, options, &mut skip, &mut payload)?;
+                    Ok(EncodedChunk { header, payload })
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(stripes.into_iter().flatten().collect())
+}
+
+/// Validates `options.chunk_size` for `layout` and returns it.
+pub fn checked_chunk_size(options: &Options, layout: Layout) -> Result<usize> {
+    let c = options.chunk_size;
+    if !(super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) || c % 8 != 0 || c % layout.width != 0 {
+        return Err(Error::InvalidInput(format!("chunk size {c} is not a multiple of 8 between 4 KiB and 4 MiB")));
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn layouts() -> impl Strategy<Value = Layout> {
+        (prop_oneof![Just(1usize), Just(2), Just(4), Just(8)], any::<bool>())
+            .prop_map(|(width, x)| Layout { width, extract_exponent: x && width > 1 })
+    }
+
+    /// Bytes that look like float weights: skewed high bytes, noisy low bytes, some zero runs.
+    fn weights(seed: u64, len: usize, zero_every: usize) -> Vec<u8> {
+        let mut s = seed | 1;
+        (0..len)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if zero_every > 0 && (i / 64) % zero_every == 0 {
+                    0
+                } else if i % 2 == 1 {
+                    0x3C + (s % 4) as u8
+                } else {
+                    s as u8
+                }
+            })
+            .collect()
+    }
+
+    fn selections() -> impl Strategy<Value = Selection> {
+        prop_oneof![
+            Just(Selection::Auto),
+            Just(Selection::Exhaustive),
+            Just(Selection::Only(Method::Huffman)),
+            Just(Selection::Only(Method::Zstd)),
+            Just(Selection::Only(Method::Raw)),
+            Just(Selection::Only(Method::Zero)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn chunk_round_trip(layout in layouts(), elems in 0usize..3000, seed in any::<u64>(), zero_every in 0usize..4,
+                            delta in any::<bool>(), selection in selections()) {
+            let len = elems * layout.width;
+            let input = weights(seed, len, zero_every);
+            let mut reference = input.clone();
+            for (i, b) in reference.iter_mut().enumerate() { if i % 7 == 0 { *b ^= 1 } }
+            let r = delta.then_some(reference.as_slice());
+            let options = Options { selection, ..Options::default() };
+            let mut payload = Vec::new();
+            let header = encode_chunk(&input, r, layout, &options, &mut SkipState::default(), &mut payload).unwrap();
+            prop_assert_eq!(header.stored_len(), payload.len() as u64);
+            prop_assert!(payload.len() <= input.len());
+            let mut out = vec![0xAA; len];
+            decode_chunk(&payload, &header, layout, r, &mut out).unwrap();
+            prop_assert_eq!(out, input);
+        }
+    }
+
+    #[test]
+    fn parallel_chunks_round_trip_and_are_deterministic() {
+        let layout = Layout { width: 2, extract_exponent: true };
+        let options = Options { chunk_size: 4096, ..Options::default() };
+        let input = weights(7, 4096 * 20 + 6, 3);
+        let a = encode_chunks(&input, None, layout, &options).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let b = pool.install(|| encode_chunks(&input, None, layout, &options)).unwrap();
+        assert_eq!(a.len(), 21);
+        let mut out = Vec::new();
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.header, y.header);
+            assert_eq!(x.payload, y.payload);
+            let mut chunk = vec![0; if out.len() + 4096 <= input.len() { 4096 } else { input.len() - out.len() }];
+            decode_chunk(&x.payload, &x.header, layout, None, &mut chunk).unwrap();
+            out.extend_from_slice(&chunk);
+        }
+        assert_eq!(out, input);
+    }
+
+    #[test]
+    fn inconsistent_headers_are_rejected() {
+        let layout = Layout { width: 2, extract_exponent: false };
+        let raw = GroupEntry { method: Method::Raw, stored_len: 4 };
+        let bad = ChunkHeader::new(&[raw, GroupEntry { method: Method::Zero, stored_len: 1 }]).unwrap();
+        let mut out = [0u8; 8];
+        assert!(decode_chunk(&[0; 5], &bad, layout, None, &mut out).is_err());
+        let good = ChunkHeader::new(&[raw, raw]).unwrap();
+        assert!(decode_chunk(&[0; 7], &good, layout, None, &mut out).is_err(), "short payload");
+        let huge = ChunkHeader::new(&[raw, GroupEntry { method: Method::Huffman, stored_len: 4 }]).unwrap();
+        assert!(decode_chunk(&[0; 8], &huge, layout, None, &mut out).is_err(), "coded group not smaller");
+        let one = ChunkHeader::new(&[raw]).unwrap();
+        assert!(decode_chunk(&[0; 4], &one, layout, None, &mut out).is_err(), "group count");
+    }
+}

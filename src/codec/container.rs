@@ -1,0 +1,542 @@
+//! The container: one compressed file. A fixed header, the chunk payloads, a chunk index and a
+//! footer (docs/format.md, "Container"). The original file is a sequence of segments (the
+//! safetensors header, each tensor, any gap), each coded in chunks with its own element layout.
+//!
+//! The index sits at the end so compression streams: payloads are written as chunks finish and
+//! only the small index is kept in memory. The index lists every chunk's methods and stored
+//! sizes, so `open` knows where each chunk lives and any byte range decodes on its own, in
+//! parallel. Header, index and footer are covered by a checksum in the footer; the payload is
+//! covered by the blake3 hash of the original bytes, which [`Container::decode_to`] verifies.
+//!
+//! Reading is strict: every count and offset is checked against the bytes actually present
+//! before anything is allocated or sliced.
+
+use super::chunk::{checked_chunk_size, encode_chunks, ChunkHeader, GroupEntry, STRIPE_CHUNKS};
+use super::select::{Options, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
+use super::{decode_chunk, Error, Layout, Method, Result};
+use crate::dtype::Dtype;
+use rayon::prelude::*;
+use std::io::Write;
+use std::ops::Range;
+
+/// First bytes of every container (PNG-style: catches text-mode and 7-bit mangling).
+pub const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
+/// Last bytes of every container.
+pub const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
+/// The container format version this code writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 32;
+/// Size of the fixed footer.
+pub const FOOTER_LEN: usize = 64;
+/// Bytes per group entry in the index: method tag (u8) and stored length (u32 LE).
+const ENTRY_LEN: usize = 5;
+/// Bytes per segment record before its chunk entries: original length (u64) and dtype code (u8).
+const SEGMENT_RECORD_LEN: usize = 9;
+
+/// What the original file was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FileKind {
+    /// Any file, coded as plain bytes.
+    Bytes = 0,
+    /// A safetensors file, coded tensor by tensor.
+    Safetensors = 1,
+}
+
+impl FileKind {
+    fn from_tag(tag: u8) -> Result<FileKind> {
+        match tag {
+            0 => Ok(FileKind::Bytes),
+            1 => Ok(FileKind::Safetensors),
+            t => Err(Error::Corrupt(format!("unknown file kind {t}"))),
+        }
+    }
+}
+
+/// Streams a container to `W`: [`ContainerWriter::segment`] once per segment, in file order,
+/// then [`ContainerWriter::finish`].
+pub struct ContainerWriter<W: Write> {
+    out: W,
+    options: Options,
+    original_len: u64,
+    header: [u8; HEADER_LEN],
+    written: u64,
+    covered: u64,
+    segments: u32,
+    index: Vec<u8>,
+    hasher: blake3::Hasher,
+}
+
+/// Input bytes coded per parallel batch: bounds memory to about this much output plus input.
+fn batch_len(chunk_size: usize) -> usize {
+    let stripe = chunk_size * STRIPE_CHUNKS;
+    let threads = rayon::current_num_threads().max(1);
+    stripe * (2 * threads).max(4)
+}
+
+impl<W: Write> ContainerWriter<W> {
+    /// Writes the header of a container for an original file of `original_len` bytes.
+    pub fn new(mut out: W, kind: FileKind, original_len: u64, options: Options) -> Result<Self> {
+        let chunk_size = checked_chunk_size(&options, Layout { width: 8, extract_exponent: false })?;
+        let mut header = [0u8; HEADER_LEN];
+        header[..8].copy_from_slice(&MAGIC);
+        header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header[10] = kind as u8;
+        header[12..16].copy_from_slice(&(chunk_size as u32).to_le_bytes());
+        header[16..24].copy_from_slice(&original_len.to_le_bytes());
+        out.write_all(&header).map_err(io_error)?;
+        let mut index = Vec::new();
+        index.extend_from_slice(&0u32.to_le_bytes()); // segment count, patched in finish
+        Ok(ContainerWriter {
+            out,
+            options,
+            original_len,
+            header,
+            written: HEADER_LEN as u64,
+            covered: 0,
+            segments: 0,
+            index,
+            hasher: blake3::Hasher::new(),
+        })
+    }
+
+    /// Codes the next `data.len()` bytes of the original file as one segment of `dtype`
+    /// elements (`None`: plain bytes).
+    pub fn segment(&mut self, data: &[u8], dtype: Option<Dtype>) -> Result<()> {
+        let layout = Layout::for_dtype(dtype);
+        if data.len() % layout.width != 0 {
+            return Err(Error::InvalidInput(format!(
+                "segment of {} bytes is not a whole number of {} elements",
+                data.len(),
+                dtype.map_or("byte", |d| d.safetensors_name())
+            )));
+        }
+        self.covered += data.len() as u64;
+        if self.covered > self.original_len {
+            return Err(Error::InvalidInput("segments exceed the declared original length".into()));
+        }
+        self.segments += 1;
+        self.index.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        self.index.push(dtype.map_or(0, Dtype::code));
+        let batch = batch_len(self.options.chunk_size);
+        for part in data.chunks(batch) {
+            let (chunks, ()) = rayon::join(
+                || encode_chunks(part, None, layout, &self.options),
+                || {
+                    if rayon::current_num_threads() > 1 && part.len() >= 1 << 20 {
+                        self.hasher.update_rayon(part);
+                    } else {
+                        self.hasher.update(part);
+                    }
+                },
+            );
+            for chunk in chunks? {
+                for e in chunk.header.groups() {
+                    self.index.push(e.method as u8);
+                    self.index.extend_from_slice(&e.stored_len.to_le_bytes());
+                }
+                self.out.write_all(&chunk.payload).map_err(io_error)?;
+                self.written += chunk.payload.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the index and footer; returns the writer and the blake3 hash of the original.
+    pub fn finish(mut self) -> Result<(W, blake3::Hash)> {
+        if self.covered != self.original_len {
+            return Err(Error::InvalidInput(format!(
+                "segments cover {} bytes of a {}-byte file",
+                self.covered, self.original_len
+            )));
+        }
+        self.index[..4].copy_from_slice(&self.segments.to_le_bytes());
+        let hash = self.hasher.finalize();
+        let mut footer = [0u8; FOOTER_LEN];
+        footer[..8].copy_from_slice(&self.written.to_le_bytes());
+        footer[8..16].copy_from_slice(&(self.index.len() as u64).to_le_bytes());
+        footer[16..48].copy_from_slice(hash.as_bytes());
+        let check = checksum(&self.header, &self.index, &footer[..48]);
+        footer[48..56].copy_from_slice(&check);
+        footer[56..64].copy_from_slice(&END_MAGIC);
+        self.out.write_all(&self.index).map_err(io_error)?;
+        self.out.write_all(&footer).map_err(io_error)?;
+        self.out.flush().map_err(io_error)?;
+        Ok((self.out, hash))
+    }
+}
+
+fn io_error(e: std::io::Error) -> Error {
+    Error::InvalidInput(format!("writing the container: {e}"))
+}
+
+fn checksum(header: &[u8], index: &[u8], footer_head: &[u8]) -> [u8; 8] {
+    let mut h = blake3::Hasher::new();
+    h.update(header);
+    h.update(index);
+    h.update(footer_head);
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    out
+}
+
+/// One segment of the original file, as listed in the index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Where the segment lies in the original file.
+    pub range: Range<u64>,
+    /// Element type (`None`: plain bytes).
+    pub dtype: Option<Dtype>,
+    /// Indices of its chunks in [`Container::chunk`] numbering.
+    pub chunks: Range<usize>,
+}
+
+/// Location of one chunk.
+#[derive(Clone, Copy, Debug)]
+struct ChunkSlot {
+    segment: u32,
+    original_offset: u64,
+    original_len: u32,
+    payload_offset: u64,
+    index_offset: u32,
+}
+
+/// A parsed container over its bytes (typically a memory map).
+pub struct Container<'a> {
+    bytes: &'a [u8],
+    kind: FileKind,
+    chunk_size: usize,
+    original_len: u64,
+    original_hash: blake3::Hash,
+    index: &'a [u8],
+    segments: Vec<Segment>,
+    chunks: Vec<ChunkSlot>,
+}
+
+fn read_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?))
+}
+fn read_u64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+}
+
+/// Whether `bytes` starts like a container.
+pub fn is_container(bytes: &[u8]) -> bool {
+    bytes.starts_with(&MAGIC)
+}
+
+impl<'a> Container<'a> {
+    /// Parses and checks header, index and footer. Payload bytes are checked when decoded.
+    pub fn open(bytes: &'a [u8]) -> Result<Container<'a>> {
+        let corrupt = |what: &str| Error::Corrupt(what.to_string());
+        if bytes.len() < HEADER_LEN + FOOTER_LEN {
+            return Err(Error::Corrupt(format!("{} bytes is too short for a container", bytes.len())));
+        }
+        if !is_container(bytes) {
+            return Err(corrupt("not a ckpt container (bad magic)"));
+        }
+        let header = &bytes[..HEADER_LEN];
+        let version = u16::from_le_bytes([header[8], header[9]]);
+        if version != FORMAT_VERSION {
+            return Err(Error::Corrupt(format!("container format version {version}, this ckpt reads {FORMAT_VERSION}")));
+        }
+        let kind = FileKind::from_tag(header[10])?;
+        if header[11] != 0 || header[24..32].iter().any(|&b| b != 0) {
+            return Err(corrupt("reserved header bytes are not zero"));
+        }
+        let chunk_size = read_u32(header, 12).expect("in header") as usize;
+        if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) || chunk_size % 8 != 0 {
+            return Err(Error::Corrupt(format!("chunk size {chunk_size} out of range")));
+        }
+        let original_len = read_u64(header, 16).expect("in header");
+        let footer = &bytes[bytes.len() - FOOTER_LEN..];
+        if footer[56..] != END_MAGIC {
+            return Err(corrupt("truncated container (end marker missing)"));
+        }
+        let index_offset = read_u64(footer, 0).expect("in footer");
+        let index_len = read_u64(footer, 8).expect("in footer");
+        let index_end = (bytes.len() - FOOTER_LEN) as u64;
+        if index_offset < HEADER_LEN as u64 || index_offset.checked_add(index_len) != Some(index_end) {
+            return Err(corrupt("index position does not match the file length"));
+        }
+        let index = &bytes[index_offset as usize..index_end as usize];
+        if checksum(header, index, &footer[..48]) != footer[48..56] {
+            return Err(corrupt("header or index checksum mismatch"));
+        }
+        let original_hash = blake3::Hash::from_bytes(footer[16..48].try_into().expect("32 bytes"));
+
+        let segment_count = read_u32(index, 0).ok_or_else(|| corrupt("index too short"))? as usize;
+        if segment_count > index.len() / SEGMENT_RECORD_LEN {
+            return Err(corrupt("segment count exceeds the index"));
+        }
+        let mut segments = Vec::with_capacity(segment_count);
+        let mut chunks = Vec::new();
+        let mut at = 4usize;
+        let mut original_offset = 0u64;
+        let mut payload_offset = HEADER_LEN as u64;
+        for s in 0..segment_count {
+            let len = read_u64(index, at).ok_or_else(|| corrupt("index truncated in a segment record"))?;
+            let code = *index.get(at + 8).ok_or_else(|| corrupt("index truncated"))?;
+            at += SEGMENT_RECORD_LEN;
+            let dtype = match code {
+                0 => None,
+                c => Some(Dtype::from_code(c).ok_or_else(|| Error::Corrupt(format!("segment {s}: unknown dtype code {c}")))?),
+            };
+            let width = Layout::for_dtype(dtype).width;
+            let end = original_offset
+                .checked_add(len)
+                .filter(|&e| e <= original_len)
+                .ok_or_else(|| Error::Corrupt(format!("segment {s} extends past the original length")))?;
+            if len % width as u64 != 0 {
+                return Err(Error::Corrupt(format!("segment {s}: {len} bytes is not whole elements")));
+            }
+            let count = len.div_ceil(chunk_size as u64);
+            let entries_len = count
+                .checked_mul((width * ENTRY_LEN) as u64)
+                .filter(|&n| n <= (index.len() - at) as u64)
+                .ok_or_else(|| Error::Corrupt(format!("segment {s}: chunk entries exceed the index")))?;
+            let first = chunks.len();
+            for c in 0..count {
+                let chunk_start = original_offset + c * chunk_size as u64;
+                let chunk_len = (end - chunk_start).min(chunk_size as u64) as u32;
+                let slot = ChunkSlot {
+                    segment: s as u32,
+                    original_offset: chunk_start,
+                    original_len: chunk_len,
+                    payload_offset,
+                    index_offset: at as u32,
+                };
+                let header = parse_chunk_header(index, at, width)?;
+                header.validate(chunk_len as usize).map_err(|e| Error::Corrupt(format!("chunk {}: {e}", chunks.len())))?;
+                payload_offset += header.stored_len();
+                at += width * ENTRY_LEN;
+                chunks.push(slot);
+            }
+            debug_assert_eq!(at as u64, (at as u64 - entries_len) + entries_len);
+            segments.push(Segment { range: original_offset..end, dtype, chunks: first..chunks.len() });
+            original_offset = end;
+        }
+        if at != index.len() {
+            return Err(corrupt("trailing bytes after the last index entry"));
+        }
+        if original_offset != original_len {
+            return Err(Error::Corrupt(format!("segments cover {original_offset} of {original_len} bytes")));
+        }
+        if payload_offset != index_offset {
+            return Err(corrupt("chunk sizes do not add up to the payload area"));
+        }
+        Ok(Container { bytes, kind, chunk_size, original_len, original_hash, index, segments, chunks })
+    }
+
+    /// What the original file was.
+    pub fn kind(&self) -> FileKind {
+        self.kind
+    }
+    /// Chunk size the container was written with.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk_size
+    }
+    /// Length of the original file.
+    pub fn original_len(&self) -> u64 {
+        self.original_len
+    }
+    /// blake3 of the original file.
+    pub fn original_hash(&self) -> blake3::Hash {
+        self.original_hash
+    }
+    /// Total container size.
+    pub fn stored_len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    /// Segments in file order.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+    /// Number of chunks.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The segment, original byte range and header of chunk `i` (< [`Self::chunk_count`]).
+    pub fn chunk(&self, i: usize) -> (&Segment, Range<u64>, ChunkHeader) {
+        let slot = self.chunks[i];
+        let segment = &self.segments[slot.segment as usize];
+        let width = Layout::for_dtype(segment.dtype).width;
+        let header = parse_chunk_header(self.index, slot.index_offset as usize, width).expect("validated in open");
+        (segment, slot.original_offset..slot.original_offset + slot.original_len as u64, header)
+    }
+
+    /// Decodes chunk `i` into `out`, which must be exactly its original length.
+    pub fn decode_chunk_into(&self, i: usize, out: &mut [u8]) -> Result<()> {
+        let slot = self.chunks.get(i).ok_or_else(|| Error::InvalidInput(format!("no chunk {i}")))?;
+        let (segment, range, header) = self.chunk(i);
+        if out.len() as u64 != range.end - range.start {
+            return Err(Error::InvalidInput("output length differs from the chunk length".into()));
+        }
+        let start = slot.payload_offset as usize;
+        let payload = &self.bytes[start..start + header.stored_len() as usize];
+        decode_chunk(payload, &header, Layout::for_dtype(segment.dtype), None, out)
+            .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
+    }
+
+    /// Decodes the original bytes in `range` into `out` (same length), decoding only the chunks
+    /// that overlap it, in parallel. Not hash-verified: only a whole-file decode can be.
+    pub fn decode_range(&self, range: Range<u64>, out: &mut [u8]) -> Result<()> {
+        if range.start > range.end || range.end > self.original_len || out.len() as u64 != range.end - range.start {
+            return Err(Error::InvalidInput(format!("range {range:?} is outside the {}-byte original", self.original_len)));
+        }
+        let first = self.chunks.partition_point(|c| c.original_offset + c.original_len as u64 <= range.start);
+        let last = self.chunks.partition_point(|c| c.original_offset < range.end);
+        let work: Vec<(usize, &mut [u8])> = split_by_chunks(self, first..last, range.start, range.end, out);
+        work.into_par_iter().try_for_each(|(i, dst)| {
+            let (_, r, _) = self.chunk(i);
+            if r.start >= range.start && r.end <= range.end {
+                self.decode_chunk_into(i, dst)
+            } else {
+                let mut tmp = vec![0u8; (r.end - r.start) as usize];
+                self.decode_chunk_into(i, &mut tmp)?;
+                let from = range.start.max(r.start) - r.start;
+                dst.copy_from_slice(&tmp[from as usize..from as usize + dst.len()]);
+                Ok(())
+            }
+        })
+    }
+
+    /// Decodes the whole original into `out` in parallel batches, verifying its blake3 hash at
+    /// the end. On a mismatch the error says so; the caller must discard what was written.
+    pub fn decode_to<W: Write>(&self, out: &mut W) -> Result<blake3::Hash> {
+        let batch = batch_len(self.chunk_size) as u64;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = Vec::new();
+        let mut i = 0;
+        while i < self.chunks.len() {
+            let start = self.chunks[i].original_offset;
+            let mut j = i;
+            while j < self.chunks.len() && self.chunks[j].original_offset + self.chunks[j].original_len as u64 - start <= batch {
+                j += 1;
+            }
+            let j = j.max(i + 1);
+            let end = self.chunks[j - 1].original_offset + self.chunks[j - 1].original_len as u64;
+            buf.resize((end - start) as usize, 0);
+            let work = split_by_chunks(self, i..j, start, end, &mut buf);
+            work.into_par_iter().try_for_each(|(c, dst)| self.decode_chunk_into(c, dst))?;
+            if rayon::current_num_threads() > 1 && buf.len() >= 1 << 20 {
+                hasher.update_rayon(&buf);
+            } else {
+                hasher.update(&buf);
+            }
+            out.write_all(&buf).map_err(io_error)?;
+            i = j;
+        }
+        let hash = hasher.finalize();
+        if hash != self.original_hash {
+            return Err(Error::Corrupt(format!(
+                "decoded bytes hash to {}, the container records {}",
+                hash.to_hex(),
+                self.original_hash.to_hex()
+            )));
+        }
+        Ok(hash)
+    }
+}
+
+/// Splits `out` (original bytes `start..end`) into the parts of chunks `chunks`.
+fn split_by_chunks<'o>(
+    c: &Container<'_>,
+    chunks: Range<usize>,
+    start: u64,
+    end: u64,
+    out: &'o mut [u8],
+) -> Vec<(usize, &'o mut [u8])> {
+    let mut rest = out;
+    let mut work = Vec::with_capacity(chunks.len());
+    for i in chunks {
+        let slot = c.chunks[i];
+        let s = slot.original_offset.max(start);
+        let e = (slot.original_offset + slot.original_len as u64).min(end);
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
+        rest = tail;
+        work.push((i, head));
+    }
+    work
+}
+
+fn parse_chunk_header(index: &[u8], at: usize, width: usize) -> Result<ChunkHeader> {
+    let mut entries = [GroupEntry { method: Method::Zero, stored_len: 0 }; 8];
+    for (g, e) in entries.iter_mut().take(width).enumerate() {
+        let p = at + g * ENTRY_LEN;
+        let tag = *index.get(p).ok_or_else(|| Error::Corrupt("index truncated in a chunk entry".into()))?;
+        let stored_len = read_u32(index, p + 1).ok_or_else(|| Error::Corrupt("index truncated in a chunk entry".into()))?;
+        *e = GroupEntry { method: Method::try_from(tag)?, stored_len };
+    }
+    ChunkHeader::new(&entries[..width])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let mut s = 0x9E3779B97F4A7C15u64;
+        (0..200_000)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if i % 2 == 1 { 0x3C + (s % 3) as u8 } else if i % 1000 < 100 { 0 } else { s as u8 }
+            })
+            .collect()
+    }
+
+    fn build(data: &[u8]) -> Vec<u8> {
+        let options = Options { chunk_size: 16 << 10, ..Options::default() };
+        let mut w = ContainerWriter::new(Vec::new(), FileKind::Safetensors, data.len() as u64, options).unwrap();
+        w.segment(&data[..1000], None).unwrap();
+        w.segment(&data[1000..150_000], Some(Dtype::Bf16)).unwrap();
+        w.segment(&data[150_000..150_003], None).unwrap();
+        w.segment(&data[150_003..150_003], Some(Dtype::F32)).unwrap();
+        w.segment(&data[150_003..], Some(Dtype::U8)).unwrap();
+        w.finish().unwrap().0
+    }
+
+    #[test]
+    fn round_trip_and_ranges() {
+        let data = sample();
+        let bytes = build(&data);
+        assert!(bytes.len() < data.len());
+        let c = Container::open(&bytes).unwrap();
+        assert_eq!(c.segments().len(), 5);
+        let mut out = Vec::new();
+        c.decode_to(&mut out).unwrap();
+        assert_eq!(out, data);
+        for range in [0..0u64, 0..1, 999..1001, 5000..70_000, 149_990..150_010, 199_999..200_000] {
+            let mut part = vec![0u8; (range.end - range.start) as usize];
+            c.decode_range(range.clone(), &mut part).unwrap();
+            assert_eq!(part, &data[range.start as usize..range.end as usize]);
+        }
+    }
+
+    #[test]
+    fn every_changed_byte_is_detected() {
+        let data = sample();
+        let bytes = build(&data);
+        // Every byte of the (small) container: flip one bit, expect open or decode to fail.
+        let step = (bytes.len() / 4000).max(1);
+        for at in (0..bytes.len()).step_by(step).chain(bytes.len() - FOOTER_LEN..bytes.len()) {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0x10;
+            let result = Container::open(&bad).and_then(|c| c.decode_to(&mut Vec::new()).map(|_| ()));
+            assert!(result.is_err(), "flipped byte {at} of {} went unnoticed", bytes.len());
+        }
+    }
+
+    #[test]
+    fn truncations_are_errors() {
+        let data = sample();
+        let bytes = build(&data);
+        for cut in [0, 1, 8, 31, 32, 95, 96, bytes.len() / 2, bytes.len() - 1] {
+            assert!(Container::open(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The codec: turns tensor bytes into compressed chunks and back, bit-exactly.
+//!
+//! Pipeline per chunk (docs/format.md, "Chunk coding"):
+//! 1. optional XOR with the reference bytes ([`xor_delta`]),
+//! 2. exponent extraction for floats and byte grouping ([`byte_group`]),
+//! 3. per byte group, a [`Method`] picked from cheap statistics ([`select`]) and applied:
+//!    [`huffman`] (zstd's huff0, entropy coding only), [`zstd_block`], all-zero truncation or raw,
+//! 4. framing: [`container`] writes chunk tables and a whole-file container with a chunk index.
+//!
+//! This layer is pure: bytes in, bytes out. It never opens files and never panics on untrusted
+//! input; every size read from encoded data is checked against caller-known limits before use.
+
+pub mod byte_group;
+pub mod chunk;
+pub mod container;
+pub mod huffman;
+pub mod select;
+pub mod xor_delta;
+pub mod zstd_block;
+
+pub use chunk::{decode_chunk, encode_chunk, ChunkHeader, GroupEntry};
+pub use select::Options;
+
+use crate::dtype::Dtype;
+
+/// How one byte group of one chunk is stored. The numbers are on-disk tags and never change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Method {
+    /// The bytes are stored as they are.
+    Raw = 0,
+    /// Every byte is zero; nothing is stored.
+    Zero = 1,
+    /// Canonical Huffman coding of single bytes (zstd's huff0, 4 interleaved streams).
+    Huffman = 2,
+    /// A zstd frame.
+    Zstd = 3,
+}
+
+impl Method {
+    /// All methods, in tag order.
+    pub const ALL: [Method; 4] = [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd];
+
+    /// Lowercase name for tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Raw => "raw",
+            Method::Zero => "zero",
+            Method::Huffman => "huffman",
+            Method::Zstd => "zstd",
+        }
+    }
+}
+
+impl TryFrom<u8> for Method {
+    type Error = Error;
+    fn try_from(tag: u8) -> Result<Self, Error> {
+        match tag {
+            0 => Ok(Method::Raw),
+            1 => Ok(Method::Zero),
+            2 => Ok(Method::Huffman),
+            3 => Ok(Method::Zstd),
+            other => Err(Error::Corrupt(format!("unknown method tag {other}"))),
+        }
+    }
+}
+
+/// How elements are laid out for grouping: element width in bytes and whether the exponent is
+/// extracted (the element is rotated left by one bit so the sign leaves the top byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// Element width in bytes: 1, 2, 4 or 8. Also the number of byte groups.
+    pub width: usize,
+    /// Rotate each element left by one bit before grouping (floats).
+    pub extract_exponent: bool,
+}
+
+impl Layout {
+    /// Plain bytes: one group, no transform.
+    pub const BYTES: Layout = Layout { width: 1, extract_exponent: false };
+
+    /// The layout for a tensor of `dtype`, or plain bytes for `None`.
+    pub fn for_dtype(dtype: Option<Dtype>) -> Layout {
+        match dtype {
+            None => Layout::BYTES,
+            Some(d) => Layout { width: d.size(), extract_exponent: d.extracts_exponent() },
+        }
+    }
+}
+
+/// Errors of the codec layer. Encoded data that fails a check is `Corrupt`, with what failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Encoded data is malformed, truncated or inconsistent.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// The caller passed arguments that cannot be coded (a bug in the caller, not bad data).
+    #[error("invalid codec input: {0}")]
+    InvalidInput(String),
+    /// zstd reported an error.
+    #[error("zstd: {0}")]
+    Zstd(String),
+}
+
+/// Shorthand for codec results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_tags_are_pinned() {
+        let tags: Vec<(u8, &str)> = Method::ALL.iter().map(|m| (*m as u8, m.name())).collect();
+        assert_eq!(tags, vec![(0, "raw"), (1, "zero"), (2, "huffman"), (3, "zstd")]);
+        for m in Method::ALL {
+            assert_eq!(Method::try_from(m as u8).unwrap(), m);
+        }
+        assert!(Method::try_from(4).is_err());
+    }
+}

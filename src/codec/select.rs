@@ -1,0 +1,197 @@
+//! Choosing a [`Method`] for one byte group of one chunk from cheap statistics, without trying
+//! every coder. One pass builds a byte histogram (which gives the zero count and an estimate of
+//! the Huffman size); only when zeros are common does a second pass measure the longest zero run.
+//!
+//! Rules (ZipNN's findings, thresholds tuned on the corpus: docs/BENCHMARKS.md, "method choice"):
+//! - every byte zero: `Zero`;
+//! - zeros at least `zstd_zero_fraction` of the group, or a zero run at least `zstd_zero_run` of
+//!   it: `Zstd` (Huffman cannot spend less than one bit per byte; zstd's matches can);
+//! - estimated Huffman size at least `raw_fraction` of the group: `Raw`;
+//! - otherwise `Huffman`.
+//!
+//! The coders still verify the choice: a Huffman or zstd result that is not smaller than the
+//! input is stored `Raw`.
+
+use super::Method;
+
+/// How methods are chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Selection {
+    /// From statistics (the default).
+    Auto,
+    /// Try Huffman, zstd and raw and keep the smallest (slow; used to tune and check `Auto`).
+    Exhaustive,
+    /// Always try this method (falling back to raw when it does not pay; zero groups stay zero).
+    Only(Method),
+}
+
+/// Codec settings. `Default` gives the tuned values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// Bytes of input per chunk (a multiple of 8, 4 KiB ..= 4 MiB).
+    pub chunk_size: usize,
+    /// zstd level for groups coded with zstd.
+    pub zstd_level: i32,
+    /// How methods are picked.
+    pub selection: Selection,
+    /// Fraction of zero bytes from which zstd is chosen.
+    pub zstd_zero_fraction: f64,
+    /// Longest zero run, as a fraction of the group, from which zstd is chosen.
+    pub zstd_zero_run: f64,
+    /// Estimated Huffman size, as a fraction of the group, from which the group is stored raw.
+    pub raw_fraction: f64,
+    /// After a group is stored raw, the same group of this many following chunks (of the same
+    /// stripe) is stored raw without looking at it. 0 disables skipping.
+    pub skip_after_raw: u32,
+}
+
+/// Largest chunk size the container accepts; bounds every decode buffer.
+pub const MAX_CHUNK_SIZE: usize = 4 << 20;
+/// Smallest chunk size.
+pub const MIN_CHUNK_SIZE: usize = 4 << 10;
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            chunk_size: 256 << 10,
+            zstd_level: 3,
+            selection: Selection::Auto,
+            zstd_zero_fraction: 0.90,
+            zstd_zero_run: 0.03,
+            raw_fraction: 0.95,
+            skip_after_raw: 8,
+        }
+    }
+}
+
+/// Statistics of one byte group.
+#[derive(Clone, Debug)]
+pub struct GroupStats {
+    /// Bytes in the group.
+    pub len: usize,
+    /// Occurrences of each byte value.
+    pub histogram: [u32; 256],
+}
+
+impl GroupStats {
+    /// Builds the histogram of `group` (at most `u32::MAX` bytes; chunks are far smaller).
+    pub fn of(group: &[u8]) -> GroupStats {
+        // Four sub-histograms so consecutive equal bytes do not serialise on one counter.
+        let mut h = [[0u32; 256]; 4];
+        let mut quads = group.chunks_exact(4);
+        for q in &mut quads {
+            h[0][q[0] as usize] += 1;
+            h[1][q[1] as usize] += 1;
+            h[2][q[2] as usize] += 1;
+            h[3][q[3] as usize] += 1;
+        }
+        for &b in quads.remainder() {
+            h[0][b as usize] += 1;
+        }
+        let mut histogram = [0u32; 256];
+        for (i, slot) in histogram.iter_mut().enumerate() {
+            *slot = h[0][i] + h[1][i] + h[2][i] + h[3][i];
+        }
+        GroupStats { len: group.len(), histogram }
+    }
+
+    /// Number of zero bytes.
+    pub fn zeros(&self) -> usize {
+        self.histogram[0] as usize
+    }
+
+    /// Order-0 entropy of the group in bits (the bound for any per-byte coder).
+    pub fn entropy_bits(&self) -> f64 {
+        let n = self.len as f64;
+        self.histogram
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| {
+                let c = c as f64;
+                c * (n / c).log2()
+            })
+            .sum()
+    }
+
+    /// Estimated Huffman size in bytes: entropy with a floor of one bit per symbol (a prefix code
+    /// cannot do better), plus the code table.
+    pub fn huffman_estimate(&self) -> f64 {
+        let n = self.len as f64;
+        let mut bits = 0.0;
+        let mut distinct = 0usize;
+        for &c in self.histogram.iter().filter(|&&c| c > 0) {
+            let c = c as f64;
+            bits += c * (n / c).log2().max(1.0);
+            distinct += 1;
+        }
+        bits / 8.0 + distinct as f64 / 2.0 + 8.0
+    }
+}
+
+/// Length of the longest run of zero bytes.
+pub fn longest_zero_run(group: &[u8]) -> usize {
+    let mut best = 0;
+    let mut run = 0;
+    for &b in group {
+        if b == 0 {
+            run += 1;
+        } else {
+            best = best.max(run);
+            run = 0;
+        }
+    }
+    best.max(run)
+}
+
+/// The method `Auto` selection predicts for `group`.
+pub fn predict(group: &[u8], options: &Options) -> Method {
+    let stats = GroupStats::of(group);
+    let n = group.len();
+    let zeros = stats.zeros();
+    if zeros == n {
+        return Method::Zero;
+    }
+    let nf = n as f64;
+    if zeros as f64 >= options.zstd_zero_fraction * nf {
+        return Method::Zstd;
+    }
+    let run_needed = (options.zstd_zero_run * nf).ceil() as usize;
+    if zeros >= run_needed && longest_zero_run(group) >= run_needed {
+        return Method::Zstd;
+    }
+    if stats.huffman_estimate() >= options.raw_fraction * nf {
+        return Method::Raw;
+    }
+    Method::Huffman
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn predicts_each_method() {
+        let o = Options::default();
+        assert_eq!(predict(&[0u8; 1000], &o), Method::Zero);
+        let mostly_zero: Vec<u8> = (0..1000).map(|i| if i % 20 == 0 { 7 } else { 0 }).collect();
+        assert_eq!(predict(&mostly_zero, &o), Method::Zstd);
+        let mut run = vec![0u8; 1000];
+        for (i, b) in run.iter_mut().enumerate() {
+            *b = (i * 37 % 255 + 1) as u8;
+        }
+        run[100..200].fill(0);
+        assert_eq!(predict(&run, &o), Method::Zstd, "a run of 10% zeros");
+        let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        assert_eq!(predict(&noise, &o), Method::Raw);
+        let skewed: Vec<u8> = (0..4096u32).map(|i| [120u8, 121, 122, 119][(i.wrapping_mul(2654435761) >> 30) as usize]).collect();
+        assert_eq!(predict(&skewed, &o), Method::Huffman);
+    }
+
+    #[test]
+    fn entropy_of_uniform_pair_is_one_bit_per_byte() {
+        let s = GroupStats::of(&[1, 2, 1, 2, 1, 2, 1, 2]);
+        assert!((s.entropy_bits() - 8.0).abs() < 1e-9);
+        assert_eq!(longest_zero_run(&[0, 0, 1, 0, 0, 0, 2]), 3);
+        assert_eq!(longest_zero_run(&[]), 0);
+    }
+}

@@ -1,0 +1,174 @@
+//! Standalone compression of one file: a safetensors file is coded tensor by tensor (each with
+//! its dtype's byte grouping; header, gaps and trailing bytes as plain bytes), any other file as
+//! plain bytes. Pure: bytes in, bytes out, so the CLI and the fuzzers share it.
+
+use crate::codec::container::{is_container, Container, ContainerWriter, FileKind};
+use crate::codec::{self, Options};
+use crate::dtype::Dtype;
+use crate::safetensors;
+use std::io::Write;
+use std::ops::Range;
+
+/// Errors of whole-file compression.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The input claimed to be safetensors and is not valid.
+    #[error("invalid safetensors file: {0}")]
+    Safetensors(#[from] safetensors::Error),
+    /// Coding failed or the container is damaged.
+    #[error(transparent)]
+    Codec(#[from] codec::Error),
+}
+
+/// How to treat the input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Must be safetensors.
+    Safetensors,
+    /// Plain bytes.
+    Bytes,
+    /// Safetensors if it parses as such, else plain bytes.
+    Detect,
+}
+
+/// The segments of a file of kind `kind`: byte ranges with their element types, covering the
+/// whole file in order. Zero-length tensors produce no segment.
+pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<(Range<u64>, Option<Dtype>)>), Error> {
+    let len = file.len() as u64;
+    let header = match format {
+        Format::Bytes => None,
+        Format::Safetensors => Some(safetensors::parse(file)?),
+        Format::Detect => safetensors::parse(file).ok(),
+    };
+    let Some(header) = header else {
+        return Ok((FileKind::Bytes, vec![(0..len, None)]));
+    };
+    let mut segments = vec![(0..header.data_start, None)];
+    let mut at = header.data_start;
+    for t in header.tensors.iter().filter(|t| t.end > t.begin) {
+        if t.begin > at {
+            segments.push((at..t.begin, None));
+        }
+        segments.push((t.begin..t.end, Some(t.dtype)));
+        at = t.end;
+    }
+    if at < len {
+        segments.push((at..len, None));
+    }
+    Ok((FileKind::Safetensors, segments))
+}
+
+/// Compresses `file` into a container written to `out`; returns the writer and the blake3 hash
+/// of `file`. `progress` is called with the number of input bytes done after each batch.
+pub fn compress<W: Write>(
+    file: &[u8],
+    format: Format,
+    options: &Options,
+    out: W,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(W, blake3::Hash), Error> {
+    let (kind, segments) = plan_segments(file, format)?;
+    let mut writer = ContainerWriter::new(out, kind, file.len() as u64, options.clone())?;
+    for (range, dtype) in segments {
+        writer.segment(&file[range.start as usize..range.end as usize], dtype)?;
+        progress(range.end);
+    }
+    Ok(writer.finish()?)
+}
+
+/// Decompresses a container, writing the original to `out` and verifying its hash.
+pub fn decompress<W: Write>(container: &[u8], out: &mut W) -> Result<blake3::Hash, Error> {
+    if !is_container(container) {
+        return Err(codec::Error::Corrupt("not a ckpt container (bad magic)".into()).into());
+    }
+    Ok(Container::open(container)?.decode_to(out)?)
+}
+
+/// Where the bytes of one (dtype, byte group) pair went, summed over a container.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GroupReport {
+    /// Element type, or `"bytes"` for headers, gaps and non-safetensors files.
+    pub dtype: String,
+    /// Byte position within the element (0 = least significant, after exponent extraction).
+    pub group: usize,
+    /// Original bytes of this group.
+    pub raw_bytes: u64,
+    /// Stored bytes.
+    pub stored_bytes: u64,
+    /// Chunks coded with each method: raw, zero, huffman, zstd.
+    pub methods: [u64; 4],
+    /// Order-0 entropy of the group, computed per chunk and summed, in bytes: the bound for a
+    /// per-chunk byte coder.
+    pub entropy_bytes: f64,
+}
+
+/// Totals for a container.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Report {
+    /// Original file size.
+    pub original_bytes: u64,
+    /// Container size including header, index and footer.
+    pub stored_bytes: u64,
+    /// Index and framing bytes.
+    pub overhead_bytes: u64,
+    /// Per dtype and byte group, in dtype code order.
+    pub groups: Vec<GroupReport>,
+}
+
+/// Decodes every chunk of `container` (in parallel) and reports, per dtype and byte group, the
+/// methods chosen, stored bytes and the order-0 entropy of the original group bytes.
+pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
+    use crate::codec::{byte_group, select::GroupStats, Layout};
+    use rayon::prelude::*;
+    use std::collections::BTreeMap;
+    type Key = (u8, usize);
+    let per_chunk = (0..container.chunk_count())
+        .into_par_iter()
+        .map(|i| -> Result<Vec<(Key, GroupReport)>, Error> {
+            let (segment, range, header) = container.chunk(i);
+            let layout = Layout::for_dtype(segment.dtype);
+            let mut original = vec![0u8; (range.end - range.start) as usize];
+            container.decode_chunk_into(i, &mut original)?;
+            let mut grouped = vec![0u8; original.len()];
+            byte_group::split(&original, None, layout, &mut grouped)?;
+            let n = original.len() / layout.width;
+            let code = segment.dtype.map_or(0, Dtype::code);
+            Ok(header
+                .groups()
+                .iter()
+                .enumerate()
+                .map(|(g, e)| {
+                    let mut methods = [0u64; 4];
+                    methods[e.method as usize] = 1;
+                    let report = GroupReport {
+                        dtype: segment.dtype.map_or("bytes".to_string(), |d| d.to_string()),
+                        group: g,
+                        raw_bytes: n as u64,
+                        stored_bytes: e.stored_len as u64,
+                        methods,
+                        entropy_bytes: GroupStats::of(&grouped[g * n..(g + 1) * n]).entropy_bits() / 8.0,
+                    };
+                    ((code, g), report)
+                })
+                .collect())
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let mut totals: BTreeMap<Key, GroupReport> = BTreeMap::new();
+    for (key, r) in per_chunk.into_iter().flatten() {
+        let t = totals.entry(key).or_insert_with(|| GroupReport { dtype: r.dtype.clone(), group: r.group, ..Default::default() });
+        t.raw_bytes += r.raw_bytes;
+        t.stored_bytes += r.stored_bytes;
+        t.entropy_bytes += r.entropy_bytes;
+        for (a, b) in t.methods.iter_mut().zip(r.methods) {
+            *a += b;
+        }
+    }
+    let payload: u64 = totals.values().map(|g| g.stored_bytes).sum();
+    Ok(Report {
+        original_bytes: container.original_len(),
+        stored_bytes: container.stored_len(),
+        overhead_bytes: container.stored_len() - payload,
+        groups: totals.into_values().collect(),
+    })
+}

@@ -1,0 +1,82 @@
+//! `ObjectId`: the blake3 hash that names every stored thing (tensor bytes, files, versions).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A 32-byte blake3 digest, displayed as 64 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(pub [u8; 32]);
+
+impl ObjectId {
+    /// Hashes `bytes` with blake3.
+    pub fn hash(bytes: &[u8]) -> ObjectId {
+        ObjectId(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// The raw digest bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Full lowercase hex form.
+    pub fn to_hex(&self) -> String {
+        blake3::Hash::from(self.0).to_hex().to_string()
+    }
+
+    /// The first `n` hex digits (a short id for display).
+    pub fn short(&self, n: usize) -> String {
+        let mut hex = self.to_hex();
+        hex.truncate(n.min(64));
+        hex
+    }
+}
+
+impl From<blake3::Hash> for ObjectId {
+    fn from(h: blake3::Hash) -> Self {
+        ObjectId(*h.as_bytes())
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjectId({})", self.short(16))
+    }
+}
+
+/// Error for a string that is not 64 hex digits.
+#[derive(Debug, thiserror::Error)]
+#[error("not an object id (64 hex digits expected): {0:?}")]
+pub struct ParseObjectIdError(pub String);
+
+impl FromStr for ObjectId {
+    type Err = ParseObjectIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        blake3::Hash::from_hex(s)
+            .map(ObjectId::from)
+            .map_err(|_| ParseObjectIdError(s.chars().take(80).collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_known_vector() {
+        let id = ObjectId::hash(b"");
+        // blake3 of the empty input, from the blake3 test vectors.
+        assert_eq!(
+            id.to_hex(),
+            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
+        assert_eq!(id.to_hex().parse::<ObjectId>().unwrap(), id);
+        assert_eq!(id.short(8), "af1349b9");
+        assert!("xyz".parse::<ObjectId>().is_err());
+    }
+}
