@@ -113,10 +113,8 @@ mod tests {
 
     #[test]
     fn codes_are_pinned() {
-        let pinned: Vec<(u8, &str, usize)> = ALL_DTYPES
-            .iter()
-            .map(|d| (d.code(), d.safetensors_name(), d.size()))
-            .collect();
+        let pinned: Vec<(u8, &str, usize)> =
+            ALL_DTYPES.iter().map(|d| (d.code(), d.safetensors_name(), d.size())).collect();
         assert_eq!(
             pinned,
             vec![

@@ -32,9 +32,12 @@ pub enum Format {
     Detect,
 }
 
+/// A byte range of the original file and the element type it is coded with (`None`: bytes).
+pub type SegmentPlan = (Range<u64>, Option<Dtype>);
+
 /// The segments of a file of kind `kind`: byte ranges with their element types, covering the
 /// whole file in order. Zero-length tensors produce no segment.
-pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<(Range<u64>, Option<Dtype>)>), Error> {
+pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<SegmentPlan>), Error> {
     let len = file.len() as u64;
     let header = match format {
         Format::Bytes => None,
@@ -156,7 +159,11 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         .collect::<Result<Vec<_>, Error>>()?;
     let mut totals: BTreeMap<Key, GroupReport> = BTreeMap::new();
     for (key, r) in per_chunk.into_iter().flatten() {
-        let t = totals.entry(key).or_insert_with(|| GroupReport { dtype: r.dtype.clone(), group: r.group, ..Default::default() });
+        let t = totals.entry(key).or_insert_with(|| GroupReport {
+            dtype: r.dtype.clone(),
+            group: r.group,
+            ..Default::default()
+        });
         t.raw_bytes += r.raw_bytes;
         t.stored_bytes += r.stored_bytes;
         t.entropy_bytes += r.entropy_bytes;

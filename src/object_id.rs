@@ -57,9 +57,7 @@ pub struct ParseObjectIdError(pub String);
 impl FromStr for ObjectId {
     type Err = ParseObjectIdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        blake3::Hash::from_hex(s)
-            .map(ObjectId::from)
-            .map_err(|_| ParseObjectIdError(s.chars().take(80).collect()))
+        blake3::Hash::from_hex(s).map(ObjectId::from).map_err(|_| ParseObjectIdError(s.chars().take(80).collect()))
     }
 }
 
@@ -71,10 +69,7 @@ mod tests {
     fn hex_round_trip_and_known_vector() {
         let id = ObjectId::hash(b"");
         // blake3 of the empty input, from the blake3 test vectors.
-        assert_eq!(
-            id.to_hex(),
-            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
-        );
+        assert_eq!(id.to_hex(), "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262");
         assert_eq!(id.to_hex().parse::<ObjectId>().unwrap(), id);
         assert_eq!(id.short(8), "af1349b9");
         assert!("xyz".parse::<ObjectId>().is_err());

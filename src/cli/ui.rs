@@ -45,14 +45,15 @@ pub fn thread_pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
 
 /// True if the error chain holds a broken pipe (stdout closed by `head` etc.).
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 /// Writes an output file atomically: `write` fills a temporary file next to `path`, which is
 /// renamed over `path` only when `write` succeeds. On failure nothing is left behind.
-pub fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> Result<T>) -> Result<T> {
+pub fn write_atomically<T>(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> Result<T>,
+) -> Result<T> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

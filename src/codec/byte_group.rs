@@ -128,12 +128,7 @@ pub fn regroup(groups: &[&[u8]], reference: Option<&[u8]>, layout: Layout, out: 
         },
         2 => regroup2([groups[0], groups[1]], reference, rotate, out),
         4 => regroup4([groups[0], groups[1], groups[2], groups[3]], reference, rotate, out),
-        _ => regroup8(
-            std::array::from_fn(|g| groups[g]),
-            reference,
-            rotate,
-            out,
-        ),
+        _ => regroup8(std::array::from_fn(|g| groups[g]), reference, rotate, out),
     }
     Ok(())
 }

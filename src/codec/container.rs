@@ -239,7 +239,9 @@ impl<'a> Container<'a> {
         let header = &bytes[..HEADER_LEN];
         let version = u16::from_le_bytes([header[8], header[9]]);
         if version != FORMAT_VERSION {
-            return Err(Error::Corrupt(format!("container format version {version}, this ckpt reads {FORMAT_VERSION}")));
+            return Err(Error::Corrupt(format!(
+                "container format version {version}, this ckpt reads {FORMAT_VERSION}"
+            )));
         }
         let kind = FileKind::from_tag(header[10])?;
         if header[11] != 0 || header[24..32].iter().any(|&b| b != 0) {
@@ -281,7 +283,10 @@ impl<'a> Container<'a> {
             at += SEGMENT_RECORD_LEN;
             let dtype = match code {
                 0 => None,
-                c => Some(Dtype::from_code(c).ok_or_else(|| Error::Corrupt(format!("segment {s}: unknown dtype code {c}")))?),
+                c => Some(
+                    Dtype::from_code(c)
+                        .ok_or_else(|| Error::Corrupt(format!("segment {s}: unknown dtype code {c}")))?,
+                ),
             };
             let width = Layout::for_dtype(dtype).width;
             let end = original_offset
@@ -308,7 +313,9 @@ impl<'a> Container<'a> {
                     index_offset: at as u32,
                 };
                 let header = parse_chunk_header(index, at, width)?;
-                header.validate(chunk_len as usize).map_err(|e| Error::Corrupt(format!("chunk {}: {e}", chunks.len())))?;
+                header
+                    .validate(chunk_len as usize)
+                    .map_err(|e| Error::Corrupt(format!("chunk {}: {e}", chunks.len())))?;
                 payload_offset += header.stored_len();
                 at += width * ENTRY_LEN;
                 chunks.push(slot);
@@ -384,7 +391,10 @@ impl<'a> Container<'a> {
     /// that overlap it, in parallel. Not hash-verified: only a whole-file decode can be.
     pub fn decode_range(&self, range: Range<u64>, out: &mut [u8]) -> Result<()> {
         if range.start > range.end || range.end > self.original_len || out.len() as u64 != range.end - range.start {
-            return Err(Error::InvalidInput(format!("range {range:?} is outside the {}-byte original", self.original_len)));
+            return Err(Error::InvalidInput(format!(
+                "range {range:?} is outside the {}-byte original",
+                self.original_len
+            )));
         }
         let first = self.chunks.partition_point(|c| c.original_offset + c.original_len as u64 <= range.start);
         let last = self.chunks.partition_point(|c| c.original_offset < range.end);
@@ -413,7 +423,9 @@ impl<'a> Container<'a> {
         while i < self.chunks.len() {
             let start = self.chunks[i].original_offset;
             let mut j = i;
-            while j < self.chunks.len() && self.chunks[j].original_offset + self.chunks[j].original_len as u64 - start <= batch {
+            while j < self.chunks.len()
+                && self.chunks[j].original_offset + self.chunks[j].original_len as u64 - start <= batch
+            {
                 j += 1;
             }
             let j = j.max(i + 1);
@@ -467,7 +479,8 @@ fn parse_chunk_header(index: &[u8], at: usize, width: usize) -> Result<ChunkHead
     for (g, e) in entries.iter_mut().take(width).enumerate() {
         let p = at + g * ENTRY_LEN;
         let tag = *index.get(p).ok_or_else(|| Error::Corrupt("index truncated in a chunk entry".into()))?;
-        let stored_len = read_u32(index, p + 1).ok_or_else(|| Error::Corrupt("index truncated in a chunk entry".into()))?;
+        let stored_len =
+            read_u32(index, p + 1).ok_or_else(|| Error::Corrupt("index truncated in a chunk entry".into()))?;
         *e = GroupEntry { method: Method::try_from(tag)?, stored_len };
     }
     ChunkHeader::new(&entries[..width])
@@ -484,7 +497,13 @@ mod tests {
                 s ^= s << 13;
                 s ^= s >> 7;
                 s ^= s << 17;
-                if i % 2 == 1 { 0x3C + (s % 3) as u8 } else if i % 1000 < 100 { 0 } else { s as u8 }
+                if i % 2 == 1 {
+                    0x3C + (s % 3) as u8
+                } else if i % 1000 < 100 {
+                    0
+                } else {
+                    s as u8
+                }
             })
             .collect()
     }

@@ -183,7 +183,8 @@ mod tests {
         assert_eq!(predict(&run, &o), Method::Zstd, "a run of 10% zeros");
         let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
         assert_eq!(predict(&noise, &o), Method::Raw);
-        let skewed: Vec<u8> = (0..4096u32).map(|i| [120u8, 121, 122, 119][(i.wrapping_mul(2654435761) >> 30) as usize]).collect();
+        let skewed: Vec<u8> =
+            (0..4096u32).map(|i| [120u8, 121, 122, 119][(i.wrapping_mul(2654435761) >> 30) as usize]).collect();
         assert_eq!(predict(&skewed, &o), Method::Huffman);
     }
 

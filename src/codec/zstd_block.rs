@@ -47,9 +47,7 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
             *slot = Some(zstd::bulk::Decompressor::new().map_err(|e| Error::Zstd(e.to_string()))?);
         }
         let d = slot.as_mut().expect("set above");
-        let n = d
-            .decompress_to_buffer(input, out)
-            .map_err(|e| Error::Corrupt(format!("zstd frame: {e}")))?;
+        let n = d.decompress_to_buffer(input, out).map_err(|e| Error::Corrupt(format!("zstd frame: {e}")))?;
         if n != out.len() {
             return Err(Error::Corrupt(format!("zstd frame decoded to {n} bytes, expected {}", out.len())));
         }

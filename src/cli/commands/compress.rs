@@ -35,7 +35,8 @@ pub fn run(ui: &Ui, args: CompressArgs) -> Result<()> {
         _ if args.input.extension().is_some_and(|e| e == "safetensors") => Format::Safetensors,
         _ => Format::Detect,
     };
-    let options = Options { zstd_level: args.zstd_level, chunk_size: args.chunk_kib.saturating_mul(1024), ..Options::default() };
+    let options =
+        Options { zstd_level: args.zstd_level, chunk_size: args.chunk_kib.saturating_mul(1024), ..Options::default() };
     let output = args.output.unwrap_or_else(|| {
         let mut name = args.input.clone().into_os_string();
         name.push(".ckz");

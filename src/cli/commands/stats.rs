@@ -25,7 +25,11 @@ pub fn run(_ui: &Ui, args: StatsArgs) -> Result<()> {
     let bytes: &[u8] = if is_container(&input) {
         &input
     } else {
-        let format = if args.file.extension().is_some_and(|e| e == "safetensors") { Format::Safetensors } else { Format::Detect };
+        let format = if args.file.extension().is_some_and(|e| e == "safetensors") {
+            Format::Safetensors
+        } else {
+            Format::Detect
+        };
         let (out, _) = file_codec::compress(&input, format, &Options::default(), Vec::new(), &mut |_| {})
             .with_context(|| format!("{}", args.file.display()))?;
         owned = out;
@@ -44,7 +48,11 @@ pub fn run(_ui: &Ui, args: StatsArgs) -> Result<()> {
 }
 
 fn pct(part: f64, whole: f64) -> f64 {
-    if whole > 0.0 { 100.0 * part / whole } else { 0.0 }
+    if whole > 0.0 {
+        100.0 * part / whole
+    } else {
+        0.0
+    }
 }
 
 fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
