@@ -104,6 +104,16 @@ impl<W: Write> ContainerWriter<W> {
     /// Codes the next `data.len()` bytes of the original file as one segment of `dtype`
     /// elements (`None`: plain bytes).
     pub fn segment(&mut self, data: &[u8], dtype: Option<Dtype>) -> Result<()> {
+        self.segment_delta(data, None, dtype)
+    }
+
+    /// Like [`Self::segment`], but codes `data XOR reference` (an XOR delta) when `reference` is
+    /// given (same length). The recorded hash is still that of `data`; decoding needs the same
+    /// reference ([`Container::decode_to_with_reference`]).
+    pub fn segment_delta(&mut self, data: &[u8], reference: Option<&[u8]>, dtype: Option<Dtype>) -> Result<()> {
+        if reference.is_some_and(|r| r.len() != data.len()) {
+            return Err(Error::InvalidInput("reference and data lengths differ".into()));
+        }
         let layout = Layout::for_dtype(dtype);
         if data.len() % layout.width != 0 {
             return Err(Error::InvalidInput(format!(
@@ -120,9 +130,10 @@ impl<W: Write> ContainerWriter<W> {
         self.index.extend_from_slice(&(data.len() as u64).to_le_bytes());
         self.index.push(dtype.map_or(0, Dtype::code));
         let batch = batch_len(self.options.chunk_size);
-        for part in data.chunks(batch) {
+        for (b, part) in data.chunks(batch).enumerate() {
+            let part_reference = reference.map(|r| &r[b * batch..b * batch + part.len()]);
             let (chunks, ()) = rayon::join(
-                || encode_chunks(part, None, layout, &self.options),
+                || encode_chunks(part, part_reference, layout, &self.options),
                 || {
                     if rayon::current_num_threads() > 1 && part.len() >= 1 << 20 {
                         self.hasher.update_rayon(part);
@@ -376,6 +387,12 @@ impl<'a> Container<'a> {
 
     /// Decodes chunk `i` into `out`, which must be exactly its original length.
     pub fn decode_chunk_into(&self, i: usize, out: &mut [u8]) -> Result<()> {
+        self.decode_delta_chunk_into(i, None, out)
+    }
+
+    /// Decodes chunk `i` of a delta container, XORing with `reference` (the reference bytes of
+    /// the same original range), into `out`.
+    pub fn decode_delta_chunk_into(&self, i: usize, reference: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
         let slot = self.chunks.get(i).ok_or_else(|| Error::InvalidInput(format!("no chunk {i}")))?;
         let (segment, range, header) = self.chunk(i);
         if out.len() as u64 != range.end - range.start {
@@ -383,7 +400,10 @@ impl<'a> Container<'a> {
         }
         let start = slot.payload_offset as usize;
         let payload = &self.bytes[start..start + header.stored_len() as usize];
-        decode_chunk(payload, &header, Layout::for_dtype(segment.dtype), None, out)
+        if reference.is_some_and(|r| r.len() != out.len()) {
+            return Err(Error::InvalidInput("reference length differs from the chunk length".into()));
+        }
+        decode_chunk(payload, &header, Layout::for_dtype(segment.dtype), reference, out)
             .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
     }
 
@@ -416,6 +436,15 @@ impl<'a> Container<'a> {
     /// Decodes the whole original into `out` in parallel batches, verifying its blake3 hash at
     /// the end. On a mismatch the error says so; the caller must discard what was written.
     pub fn decode_to<W: Write>(&self, out: &mut W) -> Result<blake3::Hash> {
+        self.decode_to_with_reference(None, out)
+    }
+
+    /// [`Self::decode_to`] for a container written with [`ContainerWriter::segment_delta`]:
+    /// `reference` is the whole reference (original length).
+    pub fn decode_to_with_reference<W: Write>(&self, reference: Option<&[u8]>, out: &mut W) -> Result<blake3::Hash> {
+        if reference.is_some_and(|r| r.len() as u64 != self.original_len) {
+            return Err(Error::InvalidInput("reference length differs from the original length".into()));
+        }
         let batch = batch_len(self.chunk_size) as u64;
         let mut hasher = blake3::Hasher::new();
         let mut buf = Vec::new();
@@ -432,7 +461,13 @@ impl<'a> Container<'a> {
             let end = self.chunks[j - 1].original_offset + self.chunks[j - 1].original_len as u64;
             buf.resize((end - start) as usize, 0);
             let work = split_by_chunks(self, i..j, start, end, &mut buf);
-            work.into_par_iter().try_for_each(|(c, dst)| self.decode_chunk_into(c, dst))?;
+            work.into_par_iter().try_for_each(|(c, dst)| {
+                let slot = self.chunks[c];
+                let r = reference.map(|r| {
+                    &r[slot.original_offset as usize..slot.original_offset as usize + slot.original_len as usize]
+                });
+                self.decode_delta_chunk_into(c, r, dst)
+            })?;
             if rayon::current_num_threads() > 1 && buf.len() >= 1 << 20 {
                 hasher.update_rayon(&buf);
             } else {
@@ -548,6 +583,27 @@ mod tests {
             let result = Container::open(&bad).and_then(|c| c.decode_to(&mut Vec::new()).map(|_| ()));
             assert!(result.is_err(), "flipped byte {at} of {} went unnoticed", bytes.len());
         }
+    }
+
+    #[test]
+    fn delta_round_trip() {
+        let data = sample();
+        let mut next = data.clone();
+        for (i, b) in next.iter_mut().enumerate() {
+            if i % 13 == 0 {
+                *b ^= 0x01;
+            }
+        }
+        let options = Options { chunk_size: 16 << 10, ..Options::default() };
+        let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, next.len() as u64, options).unwrap();
+        w.segment_delta(&next, Some(&data), Some(Dtype::Bf16)).unwrap();
+        let bytes = w.finish().unwrap().0;
+        assert!(bytes.len() < next.len() / 4, "a sparse delta is small: {}", bytes.len());
+        let c = Container::open(&bytes).unwrap();
+        let mut out = Vec::new();
+        c.decode_to_with_reference(Some(&data), &mut out).unwrap();
+        assert_eq!(out, next);
+        assert!(c.decode_to(&mut Vec::new()).is_err(), "without the reference the hash cannot match");
     }
 
     #[test]
