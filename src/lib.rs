@@ -6,8 +6,10 @@ pub mod cli;
 pub mod codec;
 pub mod dtype;
 pub mod file_codec;
+pub mod mmap;
 pub mod object_id;
 pub mod safetensors;
+pub mod store;
 
 pub use dtype::Dtype;
 pub use object_id::ObjectId;

@@ -1,0 +1,385 @@
+//! Blobs: writing them standalone or as XOR deltas, and reading them back through their
+//! reference chain, chunk by chunk.
+//!
+//! Every blob of a chain has the same length, dtype and chunk size, and each container's chunk
+//! `i` covers original bytes `[i * chunk_size, (i + 1) * chunk_size)` (the last one shorter).
+//! So chunk `i` of the target is chunk `i` of the base, XORed in order with chunk `i` of every
+//! delta above it: a reader holds a few chunks per worker, never a whole tensor.
+
+use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, MAX_CHAIN_DEPTH};
+use crate::codec::chunk::STRIPE_CHUNKS;
+use crate::codec::container::{Container, ContainerWriter, FileKind};
+use crate::codec::{Layout, Options};
+use crate::dtype::Dtype;
+use crate::object_id::ObjectId;
+use rayon::prelude::*;
+use std::io::Write;
+use std::ops::Range;
+
+/// Bytes of input coded (or decoded) per window: bounds memory while keeping both cores busy.
+const WINDOW_BYTES: usize = 32 << 20;
+
+/// Outcome of [`Store::write_blob_delta`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaOutcome {
+    /// The delta was smaller than the limit and is stored.
+    Written(Written),
+    /// The delta would take at least the limit; nothing was stored.
+    NotSmaller {
+        /// Size the delta object would have had.
+        stored_len: u64,
+    },
+}
+
+/// A blob opened with its whole reference chain, checked for consistency (kinds, lengths,
+/// dtypes, chunk sizes and layout, depths). Decoding verifies the result against the blob's id.
+pub struct BlobChain {
+    /// `[target, its reference, ..., standalone base]`.
+    objects: Vec<RawObject>,
+    chunk_size: usize,
+    chunk_count: usize,
+}
+
+impl Store {
+    /// Opens blob `id` and every blob it is a delta against.
+    pub fn open_blob(&self, id: &ObjectId) -> Result<BlobChain> {
+        let mut objects: Vec<RawObject> = Vec::new();
+        let mut next = Some(*id);
+        while let Some(current) = next {
+            let raw = match (self.raw(&current), objects.last()) {
+                (Ok(raw), _) => raw,
+                (Err(Error::Missing { id: missing }), Some(referrer)) => {
+                    return Err(Error::Corrupt {
+                        id: referrer.id,
+                        reason: format!("its delta reference {missing} is missing"),
+                    })
+                }
+                (Err(e), _) => return Err(e),
+            };
+            if raw.header.kind != ObjectKind::Blob {
+                return Err(match objects.last() {
+                    None => Error::WrongKind { id: current, expected: ObjectKind::Blob, found: raw.header.kind },
+                    Some(referrer) => Error::Corrupt {
+                        id: referrer.id,
+                        reason: format!("its delta reference {current} is a {}", raw.header.kind),
+                    },
+                });
+            }
+            if let Some(referrer) = objects.last() {
+                let h = &referrer.header;
+                let problem = if raw.header.depth.checked_add(1) != Some(h.depth) {
+                    Some(format!("depth {} over a reference of depth {}", h.depth, raw.header.depth))
+                } else if raw.header.raw_len != h.raw_len {
+                    Some(format!("{} bytes over a reference of {} bytes", h.raw_len, raw.header.raw_len))
+                } else if raw.header.dtype != h.dtype {
+                    Some("dtype differs from its reference".to_string())
+                } else {
+                    None
+                };
+                if let Some(reason) = problem {
+                    return Err(Error::Corrupt { id: referrer.id, reason });
+                }
+            }
+            if objects.len() as u32 > MAX_CHAIN_DEPTH {
+                return Err(Error::Corrupt { id: *id, reason: "delta chain too long".into() });
+            }
+            next = raw.header.reference;
+            objects.push(raw);
+        }
+        let base = objects.last().expect("at least the target");
+        let chunk_size = base.container()?.chunk_size();
+        let len = base.header.raw_len;
+        let chunk_count = usize::try_from(len.div_ceil(chunk_size as u64))
+            .map_err(|_| Error::Corrupt { id: base.id, reason: "too many chunks".into() })?;
+        let chain = BlobChain { objects, chunk_size, chunk_count };
+        // Opening every container checks its layout; decoding re-opens them (cheap: the index).
+        chain.containers()?;
+        Ok(chain)
+    }
+
+    /// Stores `data` (whose blake3 is `id`) as a standalone blob of `dtype` elements.
+    /// `progress` is called with the number of bytes coded so far.
+    pub fn write_blob(
+        &self,
+        id: ObjectId,
+        data: &[u8],
+        dtype: Option<Dtype>,
+        options: &Options,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<Written> {
+        let header = ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, raw_len: data.len() as u64 };
+        let written = self.write_object(id, header, None, |out| {
+            encode_windows(id, out, data, None, dtype, options, progress)
+        })?;
+        Ok(written.expect("no size limit"))
+    }
+
+    /// Stores `data` (whose blake3 is `id`) as an XOR delta against `reference`, unless the
+    /// delta object would take `limit` bytes or more. `data` must have the reference's length
+    /// and dtype. The reference is hash-checked while it is decoded; a damaged reference is an
+    /// error (and nothing is stored).
+    pub fn write_blob_delta(
+        &self,
+        id: ObjectId,
+        data: &[u8],
+        reference: &BlobChain,
+        limit: u64,
+        options: &Options,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<DeltaOutcome> {
+        let dtype = reference.dtype();
+        if data.len() as u64 != reference.len() {
+            return Err(Error::Encode {
+                id,
+                source: crate::codec::Error::InvalidInput(format!(
+                    "{} bytes against a reference of {}",
+                    data.len(),
+                    reference.len()
+                )),
+            });
+        }
+        let depth = reference.depth() + 1;
+        let header =
+            ObjectHeader { kind: ObjectKind::Blob, dtype, reference: Some(reference.id()), depth, raw_len: data.len() as u64 };
+        // The delta must use the reference's chunk size so chunk i lines up with chunk i.
+        let options = Options { chunk_size: reference.chunk_size, ..options.clone() };
+        let mut stored = 0;
+        let written = self.write_object(id, header, Some(limit), |out| {
+            let mut counting = CountingWriter { inner: out, count: 0 };
+            let result = encode_windows(id, &mut counting, data, Some(reference), dtype, &options, progress);
+            stored = counting.count;
+            result
+        })?;
+        Ok(match written {
+            Some(w) => DeltaOutcome::Written(w),
+            None => DeltaOutcome::NotSmaller { stored_len: stored + super::HEADER_LEN as u64 },
+        })
+    }
+}
+
+struct CountingWriter<'a> {
+    inner: &'a mut dyn Write,
+    count: u64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.count += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Window length in bytes for `chunk_size`: whole stripes, about [`WINDOW_BYTES`].
+fn window_len(chunk_size: usize) -> usize {
+    let stripe = chunk_size * STRIPE_CHUNKS;
+    (WINDOW_BYTES / stripe).max(1) * stripe
+}
+
+/// Codes `data` as one container, one segment per window (windows are whole stripes, so the
+/// chunks are the same as for a single segment), XORed with `reference` when given. Returns the
+/// blake3 of `data` as the container records it.
+fn encode_windows(
+    id: ObjectId,
+    out: &mut dyn Write,
+    data: &[u8],
+    reference: Option<&BlobChain>,
+    dtype: Option<Dtype>,
+    options: &Options,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<blake3::Hash> {
+    let encode = |e| Error::Encode { id, source: e };
+    let mut w = ContainerWriter::new(out, FileKind::Bytes, data.len() as u64, options.clone()).map_err(encode)?;
+    let window = window_len(options.chunk_size);
+    if data.is_empty() {
+        w.segment(data, dtype).map_err(encode)?;
+    }
+    let containers = match reference {
+        Some(r) => Some(r.containers()?),
+        None => None,
+    };
+    let mut reference_hasher = blake3::Hasher::new();
+    let mut reference_window = Vec::new();
+    for (n, part) in data.chunks(window).enumerate() {
+        let start = n * window;
+        match (reference, &containers) {
+            (Some(r), Some(cs)) => {
+                reference_window.resize(part.len(), 0);
+                let first = start / r.chunk_size;
+                let last = (start + part.len()).div_ceil(r.chunk_size);
+                r.decode_chunks(cs, first..last, &mut reference_window)?;
+                hash_into(&mut reference_hasher, &reference_window);
+                w.segment_delta(part, Some(&reference_window), dtype).map_err(encode)?;
+            }
+            _ => w.segment(part, dtype).map_err(encode)?,
+        }
+        progress((start + part.len()) as u64);
+    }
+    if let Some(r) = reference {
+        if ObjectId(*reference_hasher.finalize().as_bytes()) != r.id() {
+            return Err(Error::Corrupt { id: r.id(), reason: "decoded bytes do not match the object id".into() });
+        }
+    }
+    Ok(w.finish().map_err(encode)?.1)
+}
+
+fn hash_into(hasher: &mut blake3::Hasher, bytes: &[u8]) {
+    if rayon::current_num_threads() > 1 && bytes.len() >= 1 << 20 {
+        hasher.update_rayon(bytes);
+    } else {
+        hasher.update(bytes);
+    }
+}
+
+impl BlobChain {
+    /// The blob's id.
+    pub fn id(&self) -> ObjectId {
+        self.objects[0].id
+    }
+    /// The blob's header.
+    pub fn header(&self) -> &ObjectHeader {
+        &self.objects[0].header
+    }
+    /// Length of the blob's content.
+    pub fn len(&self) -> u64 {
+        self.header().raw_len
+    }
+    /// Whether the blob is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Element type.
+    pub fn dtype(&self) -> Option<Dtype> {
+        self.header().dtype
+    }
+    /// Number of deltas above the standalone base (0: the blob is standalone).
+    pub fn depth(&self) -> u32 {
+        self.header().depth
+    }
+    /// Chunk size shared by every object of the chain.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk_size
+    }
+    /// Ids of the chain, target first, standalone base last.
+    pub fn ids(&self) -> Vec<ObjectId> {
+        self.objects.iter().map(|o| o.id).collect()
+    }
+    /// Size of the standalone base's object file: an estimate of what this content costs
+    /// stored on its own.
+    pub fn base_stored_len(&self) -> u64 {
+        self.objects.last().expect("at least the target").bytes().len() as u64
+    }
+    /// Size of the blob's own object file.
+    pub fn stored_len(&self) -> u64 {
+        self.objects[0].bytes().len() as u64
+    }
+
+    /// Opens every container of the chain and checks that they line up.
+    fn containers(&self) -> Result<Vec<Container<'_>>> {
+        let layout = Layout::for_dtype(self.dtype());
+        let len = self.len();
+        self.objects
+            .iter()
+            .map(|o| {
+                let c = o.container()?;
+                let corrupt = |reason: String| Error::Corrupt { id: o.id, reason };
+                if c.chunk_size() != self.chunk_size {
+                    return Err(corrupt(format!(
+                        "chunk size {} differs from its chain's {}",
+                        c.chunk_size(),
+                        self.chunk_size
+                    )));
+                }
+                if c.chunk_count() != self.chunk_count {
+                    return Err(corrupt(format!("{} chunks where its chain has {}", c.chunk_count(), self.chunk_count)));
+                }
+                if let Some(s) = c.segments().iter().find(|s| Layout::for_dtype(s.dtype) != layout) {
+                    return Err(corrupt(format!("a segment of {:?} in a blob of {:?}", s.dtype, self.dtype())));
+                }
+                for i in 0..c.chunk_count() {
+                    let expected = self.chunk_range(i);
+                    let (_, range, _) = c.chunk(i);
+                    if range != (expected.start as u64..expected.end as u64) {
+                        return Err(corrupt(format!("chunk {i} covers bytes {range:?}, expected {expected:?}")));
+                    }
+                }
+                debug_assert!(len == c.original_len());
+                Ok(c)
+            })
+            .collect()
+    }
+
+    fn chunk_range(&self, i: usize) -> Range<usize> {
+        let start = i * self.chunk_size;
+        start..(start + self.chunk_size).min(self.len() as usize)
+    }
+
+    /// Decodes chunks `chunks` through the whole chain into `out` (their total length), in
+    /// parallel. Not hash-checked.
+    fn decode_chunks(&self, containers: &[Container<'_>], chunks: Range<usize>, out: &mut [u8]) -> Result<()> {
+        let mut rest = out;
+        let mut work = Vec::with_capacity(chunks.len());
+        for i in chunks {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(self.chunk_range(i).len());
+            rest = tail;
+            work.push((i, head));
+        }
+        work.into_par_iter().try_for_each(|(i, dst)| self.decode_chunk(containers, i, dst))
+    }
+
+    fn decode_chunk(&self, containers: &[Container<'_>], i: usize, dst: &mut [u8]) -> Result<()> {
+        let n = containers.len();
+        let corrupt = |k: usize| move |e: crate::codec::Error| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() };
+        containers[n - 1].decode_chunk_into(i, dst).map_err(corrupt(n - 1))?;
+        if n > 1 {
+            let mut scratch = vec![0u8; dst.len()];
+            for k in (0..n - 1).rev() {
+                containers[k].decode_delta_chunk_into(i, Some(dst), &mut scratch).map_err(corrupt(k))?;
+                dst.copy_from_slice(&scratch);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the blob's content to `out`, in windows, verifying its blake3 against the id at
+    /// the end. On an error the caller must discard what was written.
+    pub fn copy_to(&self, out: &mut dyn Write) -> Result<u64> {
+        self.copy_to_with_progress(out, &|_| {})
+    }
+
+    /// [`Self::copy_to`], calling `progress` with the bytes written so far after each window.
+    pub fn copy_to_with_progress(&self, out: &mut dyn Write, progress: &dyn Fn(u64)) -> Result<u64> {
+        let containers = self.containers()?;
+        let per_window = (window_len(self.chunk_size) / self.chunk_size).max(1);
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = Vec::new();
+        let mut done = 0u64;
+        for first in (0..self.chunk_count).step_by(per_window) {
+            let last = (first + per_window).min(self.chunk_count);
+            let len = self.chunk_range(last - 1).end - self.chunk_range(first).start;
+            buf.resize(len, 0);
+            self.decode_chunks(&containers, first..last, &mut buf)?;
+            hash_into(&mut hasher, &buf);
+            out.write_all(&buf).map_err(|source| Error::Output { id: self.id(), source })?;
+            done += len as u64;
+            progress(done);
+        }
+        let hash = ObjectId(*hasher.finalize().as_bytes());
+        if hash != self.id() {
+            let reason = if self.objects.len() > 1 {
+                format!(
+                    "decoded bytes hash to {hash} (through a delta chain of {} objects: {})",
+                    self.objects.len(),
+                    self.ids().iter().map(|i| i.short(12)).collect::<Vec<_>>().join(" <- ")
+                )
+            } else {
+                format!("decoded bytes hash to {hash}")
+            };
+            return Err(Error::Corrupt { id: self.id(), reason });
+        }
+        Ok(done)
+    }
+}

@@ -1,0 +1,374 @@
+//! The object store: immutable, content-addressed objects under `.ckpt/objects/`.
+//!
+//! Every object is one file `objects/ab/<62 more hex digits>` named by its [`ObjectId`], the
+//! blake3 of its *logical* content (the raw tensor bytes of a blob, the JSON bytes of a manifest
+//! or version). The file is a 72-byte [`ObjectHeader`] followed by a codec container
+//! (docs/format.md, "Objects"). A blob may be an XOR delta against another blob; reading it
+//! follows the chain and decodes chunk by chunk ([`BlobChain`]), so memory stays bounded.
+//!
+//! Objects appear atomically: written to `.ckpt/tmp/`, fsynced, renamed into place and the
+//! directory fsynced, so a crash never leaves a partial object under its final name. Every read
+//! checks what it reads and reports damage as [`Error::Corrupt`] naming the object; nothing here
+//! panics on bad bytes. The store knows nothing of versions' meaning, refs or the index.
+
+mod blob;
+mod header;
+
+pub use blob::{BlobChain, DeltaOutcome};
+pub use header::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH, OBJECT_FORMAT_VERSION, OBJECT_MAGIC};
+
+use crate::codec::container::{Container, ContainerWriter, FileKind};
+use crate::codec::{self, Options};
+use crate::mmap::{self, Map};
+use crate::object_id::ObjectId;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Largest manifest or version object a reader decodes into memory.
+pub const MAX_DATA_OBJECT_LEN: u64 = 1 << 30;
+
+/// Errors of the object store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file system operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("reading", "renaming", ...).
+        action: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// No object with this id is stored.
+    #[error("object {id} is missing from the store")]
+    Missing {
+        /// The object asked for.
+        id: ObjectId,
+    },
+    /// The object's bytes are damaged or inconsistent.
+    #[error("object {id} is corrupt: {reason}")]
+    Corrupt {
+        /// The damaged object.
+        id: ObjectId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The object exists but is of another kind than the caller needs.
+    #[error("object {id} is a {found}, expected a {expected}")]
+    WrongKind {
+        /// The object.
+        id: ObjectId,
+        /// The kind the caller wanted.
+        expected: ObjectKind,
+        /// The kind stored.
+        found: ObjectKind,
+    },
+    /// The data being stored changed while it was read (its hash differs from the one computed
+    /// before encoding), typically a file rewritten during a commit.
+    #[error("content of object {id} changed while it was being stored")]
+    ChangedWhileWriting {
+        /// The id computed before encoding.
+        id: ObjectId,
+    },
+    /// Writing an object's decoded content to the caller's output failed.
+    #[error("writing the content of object {id}: {source}")]
+    Output {
+        /// The object being read.
+        id: ObjectId,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Encoding failed (bad options or a bug; not bad stored data).
+    #[error("encoding object {id}: {source}")]
+    Encode {
+        /// The object being written.
+        id: ObjectId,
+        /// The codec's error.
+        source: codec::Error,
+    },
+}
+
+/// Shorthand for store results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Error + 'p {
+    move |source| Error::Io { action, path: path.to_path_buf(), source }
+}
+
+/// What a write produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The object's id.
+    pub id: ObjectId,
+    /// The header written.
+    pub header: ObjectHeader,
+    /// Size of the object file.
+    pub stored_len: u64,
+}
+
+/// An object file mapped into memory with its parsed header.
+pub struct RawObject {
+    /// The object's id.
+    pub id: ObjectId,
+    /// Its header.
+    pub header: ObjectHeader,
+    map: Map,
+}
+
+impl RawObject {
+    /// The whole object file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The codec container after the header, opened and checked (header, index, footer).
+    pub fn container(&self) -> Result<Container<'_>> {
+        let c = Container::open(&self.map[HEADER_LEN..])
+            .map_err(|e| Error::Corrupt { id: self.id, reason: e.to_string() })?;
+        if c.original_len() != self.header.raw_len {
+            return Err(Error::Corrupt {
+                id: self.id,
+                reason: format!("header says {} bytes, container holds {}", self.header.raw_len, c.original_len()),
+            });
+        }
+        if ObjectId(*c.original_hash().as_bytes()) != self.id {
+            return Err(Error::Corrupt {
+                id: self.id,
+                reason: format!("the file holds object {}", c.original_hash().to_hex()),
+            });
+        }
+        Ok(c)
+    }
+}
+
+/// The object store of one repository.
+#[derive(Clone, Debug)]
+pub struct Store {
+    objects: PathBuf,
+    tmp: PathBuf,
+}
+
+impl Store {
+    /// Creates `objects/` and `tmp/` under `dir` (the `.ckpt` directory) if needed and opens
+    /// the store.
+    pub fn init(dir: &Path) -> Result<Store> {
+        let store = Store::at(dir);
+        for d in [&store.objects, &store.tmp] {
+            std::fs::create_dir_all(d).map_err(io("creating", d))?;
+        }
+        Ok(store)
+    }
+
+    /// Opens the store under `dir`, checking that `objects/` exists.
+    pub fn open(dir: &Path) -> Result<Store> {
+        let store = Store::at(dir);
+        std::fs::metadata(&store.objects).map_err(io("opening the object store", &store.objects))?;
+        std::fs::create_dir_all(&store.tmp).map_err(io("creating", &store.tmp))?;
+        Ok(store)
+    }
+
+    fn at(dir: &Path) -> Store {
+        Store { objects: dir.join("objects"), tmp: dir.join("tmp") }
+    }
+
+    /// Where the object `id` lives.
+    pub fn object_path(&self, id: &ObjectId) -> PathBuf {
+        let hex = id.to_hex();
+        self.objects.join(&hex[..2]).join(&hex[2..])
+    }
+
+    /// Whether an object file named `id` exists (its content is not checked).
+    pub fn contains(&self, id: &ObjectId) -> bool {
+        self.object_path(id).is_file()
+    }
+
+    /// Size of the object file.
+    pub fn stored_len(&self, id: &ObjectId) -> Result<u64> {
+        let path = self.object_path(id);
+        match std::fs::metadata(&path) {
+            Ok(m) => Ok(m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Missing { id: *id }),
+            Err(e) => Err(Error::Io { action: "reading", path, source: e }),
+        }
+    }
+
+    /// Maps the object file and parses its header.
+    pub fn raw(&self, id: &ObjectId) -> Result<RawObject> {
+        let path = self.object_path(id);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { id: *id }),
+            Err(e) => return Err(Error::Io { action: "opening", path, source: e }),
+        };
+        let map = mmap::map(&file).map_err(io("reading", &path))?;
+        let header = ObjectHeader::decode(*id, &map)?;
+        Ok(RawObject { id: *id, header, map })
+    }
+
+    /// Reads only the header of object `id`.
+    pub fn header(&self, id: &ObjectId) -> Result<ObjectHeader> {
+        use std::io::Read;
+        let path = self.object_path(id);
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { id: *id }),
+            Err(e) => return Err(Error::Io { action: "opening", path, source: e }),
+        };
+        let mut buf = Vec::with_capacity(HEADER_LEN);
+        (&mut file).take(HEADER_LEN as u64).read_to_end(&mut buf).map_err(io("reading", &path))?;
+        ObjectHeader::decode(*id, &buf)
+    }
+
+    /// Stores `bytes` as a manifest or version (or an opaque blob) object, coded as plain
+    /// bytes. An object already stored under the same id is replaced by an equivalent one.
+    pub fn write_data(&self, kind: ObjectKind, bytes: &[u8], options: &Options) -> Result<Written> {
+        let id = ObjectId::hash(bytes);
+        let header = ObjectHeader { kind, dtype: None, reference: None, depth: 0, raw_len: bytes.len() as u64 };
+        let written = self.write_object(id, header, None, |out| {
+            let encode = |e| Error::Encode { id, source: e };
+            let mut w = ContainerWriter::new(out, FileKind::Bytes, bytes.len() as u64, options.clone()).map_err(encode)?;
+            w.segment(bytes, None).map_err(encode)?;
+            Ok(w.finish().map_err(encode)?.1)
+        })?;
+        Ok(written.expect("no size limit"))
+    }
+
+    /// Reads a manifest or version object (checking its kind), verified against its id.
+    pub fn read_data(&self, id: &ObjectId, kind: ObjectKind) -> Result<Vec<u8>> {
+        let raw = self.raw(id)?;
+        if raw.header.kind != kind {
+            return Err(Error::WrongKind { id: *id, expected: kind, found: raw.header.kind });
+        }
+        if raw.header.raw_len > MAX_DATA_OBJECT_LEN {
+            return Err(Error::Corrupt { id: *id, reason: format!("a {kind} of {} bytes", raw.header.raw_len) });
+        }
+        let container = raw.container()?;
+        let mut out = Vec::with_capacity(raw.header.raw_len as usize);
+        container.decode_to(&mut out).map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;
+        Ok(out)
+    }
+
+    /// Writes an object atomically: `encode` streams the container to a temp file, which is
+    /// fsynced and renamed to the object's path; then the directory is fsynced. `encode` returns
+    /// the blake3 of what it encoded, which must equal `id`. With `limit`, an object file of at
+    /// least `limit` bytes is discarded instead and `None` returned.
+    fn write_object(
+        &self,
+        id: ObjectId,
+        header: ObjectHeader,
+        limit: Option<u64>,
+        encode: impl FnOnce(&mut dyn Write) -> Result<blake3::Hash>,
+    ) -> Result<Option<Written>> {
+        let tmp = self.temp_file()?;
+        let stored_len = {
+            let mut w = BufWriter::with_capacity(1 << 20, tmp.as_file());
+            w.write_all(&header.encode()).map_err(io("writing", tmp.path()))?;
+            let hash = encode(&mut w)?;
+            w.flush().map_err(io("writing", tmp.path()))?;
+            if ObjectId(*hash.as_bytes()) != id {
+                return Err(Error::ChangedWhileWriting { id });
+            }
+            tmp.as_file().metadata().map_err(io("writing", tmp.path()))?.len()
+        };
+        if limit.is_some_and(|l| stored_len >= l) {
+            return Ok(None);
+        }
+        self.persist(tmp, &id)?;
+        Ok(Some(Written { id, header, stored_len }))
+    }
+
+    fn temp_file(&self) -> Result<tempfile::NamedTempFile> {
+        tempfile::Builder::new().prefix("obj-").tempfile_in(&self.tmp).map_err(io("creating a file in", &self.tmp))
+    }
+
+    /// fsync, rename into place, fsync the directory (and the fan-out directory's parent when
+    /// the fan-out directory is new).
+    fn persist(&self, tmp: tempfile::NamedTempFile, id: &ObjectId) -> Result<()> {
+        tmp.as_file().sync_all().map_err(io("syncing", tmp.path()))?;
+        let path = self.object_path(id);
+        let dir = path.parent().expect("objects/ab/...");
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+            sync_dir(&self.objects)?;
+        }
+        tmp.persist(&path).map_err(|e| Error::Io { action: "renaming an object to", path: path.clone(), source: e.error })?;
+        sync_dir(dir)
+    }
+
+    /// Every object id in the store, sorted. Files that are not named like objects are skipped.
+    pub fn list(&self) -> Result<Vec<ObjectId>> {
+        let mut ids = Vec::new();
+        for fan in std::fs::read_dir(&self.objects).map_err(io("listing", &self.objects))? {
+            let fan = fan.map_err(io("listing", &self.objects))?;
+            let prefix = fan.file_name();
+            let Some(prefix) = prefix.to_str().filter(|p| p.len() == 2) else { continue };
+            if !fan.path().is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(fan.path()).map_err(io("listing", &fan.path()))? {
+                let entry = entry.map_err(io("listing", &fan.path()))?;
+                let name = entry.file_name();
+                let Some(rest) = name.to_str().filter(|n| n.len() == 62) else { continue };
+                if let Ok(id) = format!("{prefix}{rest}").parse::<ObjectId>() {
+                    if id.to_hex() == format!("{prefix}{rest}") {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Deletes object `id` (missing is fine).
+    pub fn remove(&self, id: &ObjectId) -> Result<()> {
+        let path = self.object_path(id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::Io { action: "deleting", path, source: e }),
+        }
+    }
+
+    /// Deletes leftover temp files (from interrupted writes). Only safe while no writer runs:
+    /// callers hold the repository's writer lock. Returns how many were deleted.
+    pub fn clean_tmp(&self) -> Result<usize> {
+        let mut n = 0;
+        for entry in std::fs::read_dir(&self.tmp).map_err(io("listing", &self.tmp))? {
+            let entry = entry.map_err(io("listing", &self.tmp))?;
+            let path = entry.path();
+            if path.is_file() {
+                std::fs::remove_file(&path).map_err(io("deleting", &path))?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Fully checks object `id`: header, container, decoding (following a delta chain) and the
+    /// hash of the result, which must be `id`.
+    pub fn verify(&self, id: &ObjectId) -> Result<ObjectHeader> {
+        let raw = self.raw(id)?;
+        match raw.header.kind {
+            ObjectKind::Blob => {
+                let chain = self.open_blob(id)?;
+                chain.copy_to(&mut std::io::sink())?;
+            }
+            kind => {
+                self.read_data(id, kind)?;
+            }
+        }
+        Ok(raw.header)
+    }
+}
+
+/// fsyncs a directory so a rename inside it is durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io("syncing", dir))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,162 @@
+use super::*;
+use crate::dtype::Dtype;
+
+fn options() -> Options {
+    Options { chunk_size: 4096, ..Options::default() }
+}
+
+/// bf16-looking bytes: noisy low bytes, a few distinct exponents.
+fn weights(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if i % 2 == 1 {
+                0x3C + (s % 3) as u8
+            } else {
+                s as u8
+            }
+        })
+        .collect()
+}
+
+/// `base` with every `every`-th byte's low bit flipped.
+fn drift(base: &[u8], every: usize) -> Vec<u8> {
+    base.iter().enumerate().map(|(i, &b)| if i % every == 0 { b ^ 1 } else { b }).collect()
+}
+
+fn read(store: &Store, id: &ObjectId) -> Vec<u8> {
+    let mut out = Vec::new();
+    store.open_blob(id).unwrap().copy_to(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn blob_round_trip_standalone_and_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let v0 = weights(1, 50_001 * 2);
+    let id0 = ObjectId::hash(&v0);
+    let w0 = store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &|_| {}).unwrap();
+    assert_eq!(w0.header.depth, 0);
+    assert!(store.contains(&id0));
+    assert_eq!(read(&store, &id0), v0);
+
+    // A chain of three deltas, each against the previous.
+    let mut previous = (id0, v0.clone());
+    let mut versions = vec![previous.clone()];
+    for n in 1..=3 {
+        let next = drift(&previous.1, 7 + n);
+        let id = ObjectId::hash(&next);
+        let reference = store.open_blob(&previous.0).unwrap();
+        let outcome = store.write_blob_delta(id, &next, &reference, u64::MAX, &options(), &|_| {}).unwrap();
+        let DeltaOutcome::Written(w) = outcome else { panic!("unlimited delta must be written") };
+        assert_eq!(w.header.depth, n as u32);
+        assert_eq!(w.header.reference, Some(previous.0));
+        assert!(w.stored_len < reference.base_stored_len(), "{} vs {}", w.stored_len, reference.base_stored_len());
+        previous = (id, next);
+        versions.push(previous.clone());
+    }
+    for (id, bytes) in &versions {
+        assert_eq!(&read(&store, id), bytes);
+        store.verify(id).unwrap();
+    }
+    let chain = store.open_blob(&versions[3].0).unwrap();
+    assert_eq!(chain.ids(), versions.iter().rev().map(|v| v.0).collect::<Vec<_>>());
+
+    // A delta that does not pay is not stored.
+    let unrelated = weights(99, v0.len());
+    let uid = ObjectId::hash(&unrelated);
+    let reference = store.open_blob(&id0).unwrap();
+    let outcome = store.write_blob_delta(uid, &unrelated, &reference, 100, &options(), &|_| {}).unwrap();
+    assert!(matches!(outcome, DeltaOutcome::NotSmaller { .. }));
+    assert!(!store.contains(&uid));
+    assert_eq!(store.list().unwrap().len(), 4);
+}
+
+#[test]
+fn data_objects_and_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let w = store.write_data(ObjectKind::Version, b"{\"a\":1}", &options()).unwrap();
+    assert_eq!(w.id, ObjectId::hash(b"{\"a\":1}"));
+    assert_eq!(store.read_data(&w.id, ObjectKind::Version).unwrap(), b"{\"a\":1}");
+    assert!(matches!(store.read_data(&w.id, ObjectKind::Manifest), Err(Error::WrongKind { .. })));
+    assert!(matches!(store.open_blob(&w.id), Err(Error::WrongKind { .. })));
+    let missing = ObjectId::hash(b"nothing");
+    assert!(matches!(store.read_data(&missing, ObjectKind::Version), Err(Error::Missing { .. })));
+    // Empty blob.
+    let empty = ObjectId::hash(b"");
+    store.write_blob(empty, b"", Some(Dtype::F32), &options(), &|_| {}).unwrap();
+    assert_eq!(read(&store, &empty), b"");
+    store.verify(&empty).unwrap();
+}
+
+#[test]
+fn a_changed_byte_anywhere_is_detected_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let v0 = weights(3, 20_000);
+    let v1 = drift(&v0, 5);
+    let (id0, id1) = (ObjectId::hash(&v0), ObjectId::hash(&v1));
+    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &|_| {}).unwrap();
+    let reference = store.open_blob(&id0).unwrap();
+    store.write_blob_delta(id1, &v1, &reference, u64::MAX, &options(), &|_| {}).unwrap();
+    drop(reference);
+    for id in [id0, id1] {
+        let path = store.object_path(&id);
+        let good = std::fs::read(&path).unwrap();
+        let step = (good.len() / 300).max(1);
+        for at in (0..good.len()).step_by(step).chain([good.len() - 1]) {
+            let mut bad = good.clone();
+            bad[at] ^= 0x04;
+            std::fs::write(&path, &bad).unwrap();
+            // Reading the delta (which decodes through the base) must fail as well.
+            for target in [id0, id1] {
+                let mut out = Vec::new();
+                let result = store.open_blob(&target).and_then(|c| c.copy_to(&mut out));
+                if target == id0 && id == id1 {
+                    assert!(result.is_ok());
+                    continue;
+                }
+                let err = result.expect_err(&format!("flip at {at} of {id:?} read through {target:?}"));
+                let text = err.to_string();
+                assert!(
+                    text.contains(&id.to_hex()) || text.contains(&target.to_hex()),
+                    "error names the object: {text}"
+                );
+            }
+            assert!(store.verify(&id).is_err());
+        }
+        std::fs::write(&path, &good).unwrap();
+    }
+    // Truncation and a missing reference.
+    let path = store.object_path(&id0);
+    let good = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    assert!(store.verify(&id0).is_err());
+    std::fs::remove_file(&path).unwrap();
+    let err = store.open_blob(&id1).err().unwrap();
+    assert!(matches!(err, Error::Corrupt { id, .. } if id == id1), "{err}");
+}
+
+#[test]
+fn list_remove_and_tmp() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let ids: Vec<ObjectId> =
+        (0..5u8).map(|i| store.write_data(ObjectKind::Manifest, &[i; 10], &options()).unwrap().id).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(store.list().unwrap(), sorted);
+    std::fs::write(dir.path().join("objects").join("stray"), b"x").unwrap();
+    std::fs::write(dir.path().join("tmp").join("obj-leftover"), b"x").unwrap();
+    assert_eq!(store.list().unwrap().len(), 5);
+    store.remove(&ids[0]).unwrap();
+    store.remove(&ids[0]).unwrap();
+    assert_eq!(store.list().unwrap().len(), 4);
+    assert_eq!(store.clean_tmp().unwrap(), 1);
+}
+
