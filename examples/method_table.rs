@@ -51,6 +51,10 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         match a.as_str() {
             "--chunk-kib" => options.chunk_size = args.next().ok_or("--chunk-kib K")?.parse::<usize>()? * 1024,
             "--skip" => options.skip_after_raw = args.next().ok_or("--skip N")?.parse()?,
+            "--zero-frac" => options.zstd_zero_fraction = args.next().ok_or("--zero-frac F")?.parse()?,
+            "--zero-run" => options.zstd_zero_run = args.next().ok_or("--zero-run F")?.parse()?,
+            "--seq-cost" => options.zstd_sequence_cost = args.next().ok_or("--seq-cost B")?.parse()?,
+            "--raw-frac" => options.raw_fraction = args.next().ok_or("--raw-frac F")?.parse()?,
             "--zstd-level" => options.zstd_level = args.next().ok_or("--zstd-level L")?.parse()?,
             "--delta" => {
                 let old = args.next().ok_or("--delta OLD NEW")?;

@@ -17,24 +17,31 @@ use super::{Error, Layout, Result};
 macro_rules! split_width {
     ($name:ident, $int:ty, $w:expr) => {
         fn $name(input: &[u8], reference: Option<&[u8]>, rotate: bool, grouped: &mut [u8]) {
-            let n = input.len() / $w;
-            let groups: [&mut [u8]; $w] = split_groups_mut::<$w>(grouped, n);
-            let load = |i: usize| -> $int {
-                let at = i * $w;
-                let mut v = <$int>::from_le_bytes(input[at..at + $w].try_into().expect("width-sized slice"));
-                if let Some(r) = reference {
-                    v ^= <$int>::from_le_bytes(r[at..at + $w].try_into().expect("width-sized slice"));
+            // One monomorphised loop per (xor, rotate) pair keeps branches out of the hot loop.
+            #[inline(always)]
+            fn run<const XOR: bool, const ROT: bool>(input: &[u8], reference: &[u8], grouped: &mut [u8]) {
+                let n = input.len() / $w;
+                let groups: [&mut [u8]; $w] = split_groups_mut::<$w>(grouped, n);
+                let reference = if XOR { reference } else { input };
+                for (i, (e, r)) in input.chunks_exact($w).zip(reference.chunks_exact($w)).enumerate() {
+                    let mut v = <$int>::from_le_bytes(e.try_into().expect("width-sized chunk"));
+                    if XOR {
+                        v ^= <$int>::from_le_bytes(r.try_into().expect("width-sized chunk"));
+                    }
+                    if ROT {
+                        v = v.rotate_left(1);
+                    }
+                    let bytes = v.to_le_bytes();
+                    for g in 0..$w {
+                        groups[g][i] = bytes[g];
+                    }
                 }
-                if rotate {
-                    v = v.rotate_left(1);
-                }
-                v
-            };
-            for i in 0..n {
-                let bytes = load(i).to_le_bytes();
-                for g in 0..$w {
-                    groups[g][i] = bytes[g];
-                }
+            }
+            match (reference, rotate) {
+                (Some(r), true) => run::<true, true>(input, r, grouped),
+                (Some(r), false) => run::<true, false>(input, r, grouped),
+                (None, true) => run::<false, true>(input, input, grouped),
+                (None, false) => run::<false, false>(input, input, grouped),
             }
         }
     };
@@ -43,21 +50,31 @@ macro_rules! split_width {
 macro_rules! regroup_width {
     ($name:ident, $int:ty, $w:expr) => {
         fn $name(groups: [&[u8]; $w], reference: Option<&[u8]>, rotate: bool, out: &mut [u8]) {
-            let n = out.len() / $w;
-            for i in 0..n {
-                let mut bytes = [0u8; $w];
-                for g in 0..$w {
-                    bytes[g] = groups[g][i];
+            #[inline(always)]
+            fn run<const XOR: bool, const ROT: bool>(groups: [&[u8]; $w], reference: &[u8], out: &mut [u8]) {
+                let n = out.len() / $w;
+                let groups: [&[u8]; $w] = std::array::from_fn(|g| &groups[g][..n]);
+                for i in 0..n {
+                    let mut bytes = [0u8; $w];
+                    for g in 0..$w {
+                        bytes[g] = groups[g][i];
+                    }
+                    let mut v = <$int>::from_le_bytes(bytes);
+                    if ROT {
+                        v = v.rotate_right(1);
+                    }
+                    let at = i * $w;
+                    if XOR {
+                        v ^= <$int>::from_le_bytes(reference[at..at + $w].try_into().expect("width-sized slice"));
+                    }
+                    out[at..at + $w].copy_from_slice(&v.to_le_bytes());
                 }
-                let mut v = <$int>::from_le_bytes(bytes);
-                if rotate {
-                    v = v.rotate_right(1);
-                }
-                let at = i * $w;
-                if let Some(r) = reference {
-                    v ^= <$int>::from_le_bytes(r[at..at + $w].try_into().expect("width-sized slice"));
-                }
-                out[at..at + $w].copy_from_slice(&v.to_le_bytes());
+            }
+            match (reference, rotate) {
+                (Some(r), true) => run::<true, true>(groups, r, out),
+                (Some(r), false) => run::<true, false>(groups, r, out),
+                (None, true) => run::<false, true>(groups, &[], out),
+                (None, false) => run::<false, false>(groups, &[], out),
             }
         }
     };

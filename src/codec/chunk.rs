@@ -228,6 +228,13 @@ pub struct EncodedChunk {
     pub header: ChunkHeader,
     /// The group payloads, concatenated.
     pub payload: Vec<u8>,
+    /// xxh3-64 of `payload` ([`payload_checksum`]).
+    pub checksum: u64,
+}
+
+/// The checksum containers keep per chunk payload: xxh3-64.
+pub fn payload_checksum(payload: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload)
 }
 
 /// Chunks coded sequentially by one worker, sharing skip state. Fixed, so output does not
@@ -263,7 +270,8 @@ pub fn encode_chunks(
                     let r = reference.map(|r| &r[at..at + chunk.len()]);
                     let mut payload = Vec::new();
                     let header = encode_chunk(chunk, r, layout, options, &mut skip, &mut payload)?;
-                    Ok(EncodedChunk { header, payload })
+                    let checksum = payload_checksum(&payload);
+                    Ok(EncodedChunk { header, payload, checksum })
                 })
                 .collect::<Result<Vec<_>>>()
         })

@@ -6,6 +6,9 @@
 //! - every byte zero: `Zero`;
 //! - zeros at least `zstd_zero_fraction` of the group, or a zero run at least `zstd_zero_run` of
 //!   it: `Zstd` (Huffman cannot spend less than one bit per byte; zstd's matches can);
+//! - zeros common (at least `zstd_zero_run` of the group): compare a zstd size estimate (zero runs
+//!   as matches at `zstd_sequence_cost` bytes each, the rest as literals at order-0 entropy) with
+//!   the Huffman estimate and take the smaller;
 //! - estimated Huffman size at least `raw_fraction` of the group: `Raw`;
 //! - otherwise `Huffman`.
 //!
@@ -38,6 +41,8 @@ pub struct Options {
     pub zstd_zero_fraction: f64,
     /// Longest zero run, as a fraction of the group, from which zstd is chosen.
     pub zstd_zero_run: f64,
+    /// Estimated bytes zstd spends per zero run it codes as a match (see [`zstd_estimate`]).
+    pub zstd_sequence_cost: f64,
     /// Estimated Huffman size, as a fraction of the group, from which the group is stored raw.
     pub raw_fraction: f64,
     /// After a group is stored raw, the same group of this many following chunks (of the same
@@ -58,6 +63,7 @@ impl Default for Options {
             selection: Selection::Auto,
             zstd_zero_fraction: 0.90,
             zstd_zero_run: 0.03,
+            zstd_sequence_cost: 10.0,
             raw_fraction: 0.95,
             skip_after_raw: 8,
         }
@@ -128,19 +134,61 @@ impl GroupStats {
     }
 }
 
-/// Length of the longest run of zero bytes.
-pub fn longest_zero_run(group: &[u8]) -> usize {
-    let mut best = 0;
-    let mut run = 0;
+/// Zero runs of a group: how many runs of at least [`MIN_ZERO_RUN`] bytes, how many zeros they
+/// hold, and the longest run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZeroRuns {
+    /// Runs of at least `MIN_ZERO_RUN` zeros.
+    pub runs: usize,
+    /// Zero bytes inside those runs.
+    pub zeros_in_runs: usize,
+    /// Length of the longest run of zeros (any length).
+    pub longest: usize,
+}
+
+/// Shortest zero run that zstd codes as a match rather than as literals.
+pub const MIN_ZERO_RUN: usize = 4;
+
+/// Scans `group` for runs of zero bytes.
+pub fn zero_runs(group: &[u8]) -> ZeroRuns {
+    let mut r = ZeroRuns::default();
+    let mut run = 0usize;
+    let mut close = |run: usize, r: &mut ZeroRuns| {
+        if run >= MIN_ZERO_RUN {
+            r.runs += 1;
+            r.zeros_in_runs += run;
+        }
+        r.longest = r.longest.max(run);
+    };
     for &b in group {
         if b == 0 {
             run += 1;
-        } else {
-            best = best.max(run);
+        } else if run > 0 {
+            close(run, &mut r);
             run = 0;
         }
     }
-    best.max(run)
+    close(run, &mut r);
+    r
+}
+
+/// Length of the longest run of zero bytes.
+pub fn longest_zero_run(group: &[u8]) -> usize {
+    zero_runs(group).longest
+}
+
+/// Estimated zstd size in bytes for a group with these statistics: zero runs become matches
+/// (about `sequence_cost` bytes each), everything else is literals at their order-0 entropy.
+pub fn zstd_estimate(stats: &GroupStats, runs: &ZeroRuns, sequence_cost: f64) -> f64 {
+    let mut literal_hist = stats.histogram;
+    literal_hist[0] -= runs.zeros_in_runs as u32;
+    let literals: f64 = literal_hist.iter().map(|&c| c as f64).sum();
+    let mut bits = 0.0;
+    for &c in literal_hist.iter().filter(|&&c| c > 0) {
+        let c = c as f64;
+        bits += c * (literals / c).log2();
+    }
+    bits / 8.0 + runs.runs as f64 * sequence_cost + 64.0
 }
 
 /// The method `Auto` selection predicts for `group`.
@@ -155,11 +203,17 @@ pub fn predict(group: &[u8], options: &Options) -> Method {
     if zeros as f64 >= options.zstd_zero_fraction * nf {
         return Method::Zstd;
     }
-    let run_needed = (options.zstd_zero_run * nf).ceil() as usize;
-    if zeros >= run_needed && longest_zero_run(group) >= run_needed {
-        return Method::Zstd;
+    let huffman = stats.huffman_estimate();
+    // Zero runs only matter when zeros are common: skip the second pass otherwise.
+    if zeros as f64 >= options.zstd_zero_run * nf {
+        let runs = zero_runs(group);
+        if runs.longest as f64 >= options.zstd_zero_run * nf
+            || zstd_estimate(&stats, &runs, options.zstd_sequence_cost) < huffman
+        {
+            return Method::Zstd;
+        }
     }
-    if stats.huffman_estimate() >= options.raw_fraction * nf {
+    if huffman >= options.raw_fraction * nf {
         return Method::Raw;
     }
     Method::Huffman
