@@ -6,6 +6,7 @@ pub mod cli;
 pub mod codec;
 pub mod dtype;
 pub mod file_codec;
+pub mod index;
 pub mod mmap;
 pub mod object_id;
 pub mod safetensors;

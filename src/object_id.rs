@@ -61,6 +61,24 @@ impl FromStr for ObjectId {
     }
 }
 
+/// Serialized as its 64-digit lowercase hex form (the form manifests and versions use).
+impl serde::Serialize for ObjectId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ObjectId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        // Only the canonical lowercase form: an id has exactly one spelling.
+        match s.parse::<ObjectId>() {
+            Ok(id) if id.to_hex() == *s => Ok(id),
+            _ => Err(serde::de::Error::custom(ParseObjectIdError(s.chars().take(80).collect()))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +91,9 @@ mod tests {
         assert_eq!(id.to_hex().parse::<ObjectId>().unwrap(), id);
         assert_eq!(id.short(8), "af1349b9");
         assert!("xyz".parse::<ObjectId>().is_err());
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, format!("\"{}\"", id.to_hex()));
+        assert_eq!(serde_json::from_str::<ObjectId>(&json).unwrap(), id);
+        assert!(serde_json::from_str::<ObjectId>(&json.to_uppercase()).is_err());
     }
 }

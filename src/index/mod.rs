@@ -1,0 +1,397 @@
+//! The index: a sled database under `.ckpt/index/` caching what is slow to recompute from the
+//! object store: per object its kind, lengths, delta reference and chain depth; per version the
+//! metadata `log` shows; and per working file its size, mtime and hash (for `status`).
+//!
+//! This is the only module that names sled. Nothing in it is authoritative: the object store and
+//! the ref files are the truth, and callers treat every answer as a hint that may be missing
+//! (they fall back to the store) — so the index can be deleted at any time and rebuilt by
+//! scanning the store ([`Index::begin_rebuild`] / [`Index::finish_rebuild`]). A rebuild that is
+//! interrupted leaves the index marked incomplete, and the next open rebuilds again.
+//!
+//! sled allows one process at a time. [`Index::open`] takes `index.lock` next to the database
+//! without waiting: when another process holds it, the caller gets [`Error::Locked`] and works
+//! without the index. The index does not know about the store (layer rule); records carry plain
+//! numbers the caller maps.
+
+use crate::object_id::ObjectId;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Version of the index layout; a database with another value is rebuilt.
+const INDEX_FORMAT: u32 = 1;
+const META_FORMAT: &[u8] = b"format";
+const META_COMPLETE: &[u8] = b"complete";
+
+/// Errors of the index.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another process has the index open.
+    #[error("the index {} is in use by another process", path.display())]
+    Locked {
+        /// The index directory.
+        path: PathBuf,
+    },
+    /// sled failed to open the database (damaged or unreadable).
+    #[error("opening the index {}: {source}", path.display())]
+    Open {
+        /// The index directory.
+        path: PathBuf,
+        /// sled's error.
+        source: sled::Error,
+    },
+    /// A database operation failed.
+    #[error("index {action}: {source}")]
+    Db {
+        /// What was being done.
+        action: &'static str,
+        /// sled's error.
+        source: sled::Error,
+    },
+    /// A file system operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// Shorthand for index results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the index knows about one object (numbers as in the object header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectRecord {
+    /// Object kind tag.
+    pub kind: u8,
+    /// dtype code (0: none).
+    pub dtype: u8,
+    /// Delta chain depth (0: standalone).
+    pub depth: u32,
+    /// Logical length.
+    pub raw_len: u64,
+    /// Object file size.
+    pub stored_len: u64,
+    /// The delta reference, if any.
+    pub reference: Option<ObjectId>,
+}
+
+const OBJECT_RECORD_LEN: usize = 1 + 1 + 4 + 8 + 8 + 32;
+
+impl ObjectRecord {
+    fn encode(&self) -> [u8; OBJECT_RECORD_LEN] {
+        let mut b = [0u8; OBJECT_RECORD_LEN];
+        b[0] = self.kind;
+        b[1] = self.dtype;
+        b[2..6].copy_from_slice(&self.depth.to_le_bytes());
+        b[6..14].copy_from_slice(&self.raw_len.to_le_bytes());
+        b[14..22].copy_from_slice(&self.stored_len.to_le_bytes());
+        if let Some(r) = self.reference {
+            b[22..].copy_from_slice(r.as_bytes());
+        }
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<ObjectRecord> {
+        if b.len() != OBJECT_RECORD_LEN {
+            return None;
+        }
+        let reference: [u8; 32] = b[22..].try_into().ok()?;
+        Some(ObjectRecord {
+            kind: b[0],
+            dtype: b[1],
+            depth: u32::from_le_bytes(b[2..6].try_into().ok()?),
+            raw_len: u64::from_le_bytes(b[6..14].try_into().ok()?),
+            stored_len: u64::from_le_bytes(b[14..22].try_into().ok()?),
+            reference: (reference != [0; 32]).then_some(ObjectId(reference)),
+        })
+    }
+}
+
+/// What `log` shows of a version.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VersionRecord {
+    /// Parent version ids, first parent first.
+    pub parents: Vec<ObjectId>,
+    /// Commit time, seconds since the Unix epoch (UTC).
+    pub time: i64,
+    /// Commit message.
+    pub message: String,
+    /// Paths of the version's files.
+    pub files: Vec<String>,
+    /// Sum of the files' lengths.
+    pub raw_bytes: u64,
+    /// Bytes of objects this version added to the store.
+    pub stored_bytes: u64,
+}
+
+/// Cached identity of a working file (for `status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatRecord {
+    /// File length.
+    pub len: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i128,
+    /// When the record was made, nanoseconds since the Unix epoch. A file modified within the
+    /// file system's timestamp granularity of this moment cannot be trusted by mtime.
+    pub recorded_ns: i128,
+    /// blake3 of the file.
+    pub hash: ObjectId,
+}
+
+const STAT_RECORD_LEN: usize = 8 + 16 + 16 + 32;
+
+impl StatRecord {
+    fn encode(&self) -> [u8; STAT_RECORD_LEN] {
+        let mut b = [0u8; STAT_RECORD_LEN];
+        b[..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..24].copy_from_slice(&self.mtime_ns.to_le_bytes());
+        b[24..40].copy_from_slice(&self.recorded_ns.to_le_bytes());
+        b[40..].copy_from_slice(self.hash.as_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<StatRecord> {
+        if b.len() != STAT_RECORD_LEN {
+            return None;
+        }
+        Some(StatRecord {
+            len: u64::from_le_bytes(b[..8].try_into().ok()?),
+            mtime_ns: i128::from_le_bytes(b[8..24].try_into().ok()?),
+            recorded_ns: i128::from_le_bytes(b[24..40].try_into().ok()?),
+            hash: ObjectId(b[40..].try_into().ok()?),
+        })
+    }
+}
+
+/// An open index.
+pub struct Index {
+    db: sled::Db,
+    meta: sled::Tree,
+    objects: sled::Tree,
+    versions: sled::Tree,
+    stat: sled::Tree,
+    // Held for as long as the index is open; dropping it releases the lock.
+    _lock: File,
+}
+
+fn db_err(action: &'static str) -> impl FnOnce(sled::Error) -> Error {
+    move |source| Error::Db { action, source }
+}
+
+impl Index {
+    /// Opens (creating if needed) the index at `dir`. Fails with [`Error::Locked`] at once when
+    /// another process has it open, and with [`Error::Open`] when sled cannot open it (the
+    /// caller then [`Index::destroy`]s and recreates it).
+    pub fn open(dir: &Path) -> Result<Index> {
+        let lock_path = dir.with_extension("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| Error::Io { action: "opening", path: lock_path.clone(), source })?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked { path: dir.to_path_buf() }),
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(Error::Io { action: "locking", path: lock_path, source })
+            }
+        }
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(32 << 20)
+            .flush_every_ms(Some(500))
+            .open()
+            .map_err(|source| Error::Open { path: dir.to_path_buf(), source })?;
+        let tree = |name: &str| db.open_tree(name).map_err(|source| Error::Open { path: dir.to_path_buf(), source });
+        Ok(Index {
+            meta: tree("meta")?,
+            objects: tree("objects")?,
+            versions: tree("versions")?,
+            stat: tree("stat")?,
+            db,
+            _lock: lock,
+        })
+    }
+
+    /// Deletes the index database at `dir` (for a rebuild from scratch). The caller must not
+    /// have it open; another process having it open makes this fail with [`Error::Locked`].
+    pub fn destroy(dir: &Path) -> Result<()> {
+        let lock_path = dir.with_extension("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| Error::Io { action: "opening", path: lock_path.clone(), source })?;
+        if lock.try_lock().is_err() {
+            return Err(Error::Locked { path: dir.to_path_buf() });
+        }
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Io { action: "deleting", path: dir.to_path_buf(), source }),
+        }
+    }
+
+    /// Whether the index was completely built by this layout version (otherwise the caller
+    /// rebuilds it).
+    pub fn is_complete(&self) -> bool {
+        let format = self.meta.get(META_FORMAT).ok().flatten();
+        let complete = self.meta.get(META_COMPLETE).ok().flatten();
+        format.as_deref() == Some(&INDEX_FORMAT.to_le_bytes()[..]) && complete.is_some()
+    }
+
+    /// Empties every tree and marks the index incomplete (durably) before a rebuild.
+    pub fn begin_rebuild(&self) -> Result<()> {
+        self.meta.remove(META_COMPLETE).map_err(db_err("clearing"))?;
+        self.flush()?;
+        for tree in [&self.objects, &self.versions, &self.stat, &self.meta] {
+            tree.clear().map_err(db_err("clearing"))?;
+        }
+        Ok(())
+    }
+
+    /// Marks a rebuild finished and flushes it to disk.
+    pub fn finish_rebuild(&self) -> Result<()> {
+        self.meta.insert(META_FORMAT, &INDEX_FORMAT.to_le_bytes()[..]).map_err(db_err("writing"))?;
+        self.meta.insert(META_COMPLETE, &[1u8][..]).map_err(db_err("writing"))?;
+        self.flush()
+    }
+
+    /// Makes every write so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush().map_err(db_err("flushing"))?;
+        Ok(())
+    }
+
+    /// Records an object.
+    pub fn put_object(&self, id: &ObjectId, record: &ObjectRecord) -> Result<()> {
+        self.objects.insert(id.as_bytes(), &record.encode()[..]).map_err(db_err("writing"))?;
+        Ok(())
+    }
+
+    /// The record of an object, if cached (an undecodable record counts as absent).
+    pub fn object(&self, id: &ObjectId) -> Result<Option<ObjectRecord>> {
+        Ok(self.objects.get(id.as_bytes()).map_err(db_err("reading"))?.and_then(|v| ObjectRecord::decode(&v)))
+    }
+
+    /// Forgets an object.
+    pub fn remove_object(&self, id: &ObjectId) -> Result<()> {
+        self.objects.remove(id.as_bytes()).map_err(db_err("writing"))?;
+        Ok(())
+    }
+
+    /// Every cached object record, in id order.
+    pub fn objects(&self) -> Result<Vec<(ObjectId, ObjectRecord)>> {
+        let mut out = Vec::new();
+        for item in self.objects.iter() {
+            let (k, v) = item.map_err(db_err("reading"))?;
+            if let (Ok(k), Some(r)) = (<[u8; 32]>::try_from(&k[..]), ObjectRecord::decode(&v)) {
+                out.push((ObjectId(k), r));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records a version's metadata.
+    pub fn put_version(&self, id: &ObjectId, record: &VersionRecord) -> Result<()> {
+        let bytes = serde_json::to_vec(record).expect("plain data serializes");
+        self.versions.insert(id.as_bytes(), bytes).map_err(db_err("writing"))?;
+        Ok(())
+    }
+
+    /// A version's metadata, if cached.
+    pub fn version(&self, id: &ObjectId) -> Result<Option<VersionRecord>> {
+        let v = self.versions.get(id.as_bytes()).map_err(db_err("reading"))?;
+        Ok(v.and_then(|v| serde_json::from_slice(&v).ok()))
+    }
+
+    /// Forgets a version.
+    pub fn remove_version(&self, id: &ObjectId) -> Result<()> {
+        self.versions.remove(id.as_bytes()).map_err(db_err("writing"))?;
+        Ok(())
+    }
+
+    /// Ids of cached versions whose hex form starts with `hex_prefix` (lowercase).
+    pub fn versions_with_prefix(&self, hex_prefix: &str) -> Result<Vec<ObjectId>> {
+        // Scan the keys whose first byte matches; the rest is compared as hex.
+        let first = hex_prefix.get(..2).and_then(|h| u8::from_str_radix(h, 16).ok());
+        let iter = match first {
+            Some(b) => self.versions.scan_prefix([b]),
+            None => self.versions.scan_prefix([]),
+        };
+        let mut out = Vec::new();
+        for item in iter.keys() {
+            let k = item.map_err(db_err("reading"))?;
+            if let Ok(k) = <[u8; 32]>::try_from(&k[..]) {
+                let id = ObjectId(k);
+                if id.to_hex().starts_with(hex_prefix) {
+                    out.push(id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records the identity of a working file.
+    pub fn put_stat(&self, path: &str, record: &StatRecord) -> Result<()> {
+        self.stat.insert(path.as_bytes(), &record.encode()[..]).map_err(db_err("writing"))?;
+        Ok(())
+    }
+
+    /// The cached identity of a working file.
+    pub fn stat(&self, path: &str) -> Result<Option<StatRecord>> {
+        Ok(self.stat.get(path.as_bytes()).map_err(db_err("reading"))?.and_then(|v| StatRecord::decode(&v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_rebuild_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index");
+        let ix = Index::open(&path).unwrap();
+        assert!(!ix.is_complete());
+        ix.finish_rebuild().unwrap();
+        assert!(ix.is_complete());
+        let id = ObjectId::hash(b"a");
+        let rec =
+            ObjectRecord { kind: 1, dtype: 9, depth: 2, raw_len: 10, stored_len: 5, reference: Some(ObjectId([3; 32])) };
+        ix.put_object(&id, &rec).unwrap();
+        assert_eq!(ix.object(&id).unwrap(), Some(rec));
+        let v = VersionRecord {
+            parents: vec![id],
+            time: 17,
+            message: "m".into(),
+            files: vec!["a".into()],
+            raw_bytes: 1,
+            stored_bytes: 2,
+        };
+        ix.put_version(&id, &v).unwrap();
+        assert_eq!(ix.version(&id).unwrap(), Some(v));
+        assert_eq!(ix.versions_with_prefix(&id.short(5)).unwrap(), vec![id]);
+        assert_eq!(ix.versions_with_prefix("0000000").unwrap(), vec![]);
+        let s = StatRecord { len: 1, mtime_ns: -5, recorded_ns: 7, hash: id };
+        ix.put_stat("a/b", &s).unwrap();
+        assert_eq!(ix.stat("a/b").unwrap(), Some(s));
+
+        // A second opener is refused while the first holds the index.
+        assert!(matches!(Index::open(&path), Err(Error::Locked { .. })));
+        ix.begin_rebuild().unwrap();
+        assert!(!ix.is_complete());
+        assert_eq!(ix.object(&id).unwrap(), None);
+        drop(ix);
+        Index::destroy(&path).unwrap();
+        let ix = Index::open(&path).unwrap();
+        assert!(!ix.is_complete());
+    }
+}
