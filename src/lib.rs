@@ -9,6 +9,7 @@ pub mod file_codec;
 pub mod index;
 pub mod mmap;
 pub mod object_id;
+pub mod repo;
 pub mod safetensors;
 pub mod store;
 

@@ -1,0 +1,294 @@
+//! `checkout`: a version's files, rebuilt blob by blob into a temp file next to the target,
+//! hash-checked, then renamed into place. A damaged object makes the file fail; nothing wrong is
+//! ever left under the target name.
+
+use super::commit::{mtime_ns, now_ns};
+use super::model::{FileEntry, FileFormat, Manifest};
+use super::{Error, Repo, RepoPath, Result, VersionId};
+use crate::index::StatRecord;
+use crate::object_id::ObjectId;
+use crate::safetensors;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Selects tensors by name for `checkout --tensor`.
+///
+/// A pattern containing `*` or `?` is a glob over the whole name: `*` matches any run of
+/// characters (including `.` and `/`, which are ordinary characters in tensor names), `?`
+/// exactly one. Any other pattern matches names that contain it as a substring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorFilter {
+    pattern: String,
+}
+
+impl TensorFilter {
+    /// A filter for `pattern`.
+    pub fn new(pattern: &str) -> TensorFilter {
+        TensorFilter { pattern: pattern.to_string() }
+    }
+
+    /// Whether tensor `name` is selected.
+    pub fn matches(&self, name: &str) -> bool {
+        if self.pattern.contains(['*', '?']) {
+            let p: Vec<char> = self.pattern.chars().collect();
+            let n: Vec<char> = name.chars().collect();
+            glob(&p, &n)
+        } else {
+            name.contains(&self.pattern)
+        }
+    }
+}
+
+/// Iterative glob matching with backtracking to the last `*` (linear in practice).
+fn glob(p: &[char], n: &[char]) -> bool {
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// What a checkout wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckoutSummary {
+    /// The version checked out.
+    pub version: VersionId,
+    /// Paths written, relative to the output directory.
+    pub files: Vec<String>,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// Hashes what passes through on the way to `inner`.
+struct HashingWriter<W: Write> {
+    inner: W,
+    hasher: blake3::Hasher,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        if n >= 1 << 20 && rayon::current_num_threads() > 1 {
+            self.hasher.update_rayon(&buf[..n]);
+        } else {
+            self.hasher.update(&buf[..n]);
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl Repo {
+    /// Writes the files of version `rev` (all, or those named in `files`, absolute or relative
+    /// to the repository root) under `output_dir` (default: the working tree) at their
+    /// committed relative paths. With `tensor_filter` (see [`TensorFilter`]), each safetensors
+    /// file is written as a valid safetensors file holding only the matching tensors; files
+    /// with no match, and non-safetensors files, are skipped. `HEAD` does not move.
+    pub fn checkout(
+        &self,
+        rev: &str,
+        files: Option<&[PathBuf]>,
+        output_dir: Option<&Path>,
+        tensor_filter: Option<&str>,
+    ) -> Result<CheckoutSummary> {
+        let id = self.resolve(rev)?;
+        self.checkout_version(&id, files, output_dir, tensor_filter.map(TensorFilter::new).as_ref())
+    }
+
+    pub(super) fn checkout_version(
+        &self,
+        id: &VersionId,
+        files: Option<&[PathBuf]>,
+        output_dir: Option<&Path>,
+        filter: Option<&TensorFilter>,
+    ) -> Result<CheckoutSummary> {
+        let version = self.version(id)?;
+        let selected: Vec<&FileEntry> = match files {
+            None => version.files.iter().collect(),
+            Some(paths) => paths
+                .iter()
+                .map(|p| {
+                    let rp = self.repo_path(p)?;
+                    version.file(rp.as_str()).ok_or(Error::NotInVersion { path: rp.to_string(), version: *id })
+                })
+                .collect::<Result<_>>()?,
+        };
+        let (out_dir, in_tree) = match output_dir {
+            None => (self.root.clone(), true),
+            Some(d) => {
+                std::fs::create_dir_all(d).map_err(|source| Error::Io { action: "creating", path: d.to_path_buf(), source })?;
+                let d = std::fs::canonicalize(d).map_err(|source| Error::Io { action: "resolving", path: d.to_path_buf(), source })?;
+                let in_tree = d == self.root;
+                (d, in_tree)
+            }
+        };
+        let total = selected.iter().map(|f| f.len).sum();
+        self.progress.start("checkout", total);
+        let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
+        for entry in selected {
+            let rp = RepoPath::parse(&entry.path)
+                .map_err(|reason| Error::CorruptMetadata { id: *id, reason: format!("path {:?}: {reason}", entry.path) })?;
+            let written = self
+                .checkout_file(entry, &rp, &out_dir, filter, summary.bytes)
+                .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
+            if let Some(n) = written {
+                summary.bytes += n;
+                summary.files.push(entry.path.clone());
+                if in_tree && filter.is_none() {
+                    self.record_stat(&rp, entry);
+                }
+            }
+        }
+        self.progress.finish();
+        self.flush_index();
+        Ok(summary)
+    }
+
+    /// Writes one file; `None` if the filter selects nothing in it.
+    fn checkout_file(
+        &self,
+        entry: &FileEntry,
+        rp: &RepoPath,
+        out_dir: &Path,
+        filter: Option<&TensorFilter>,
+        progress_base: u64,
+    ) -> Result<Option<u64>> {
+        let manifest = self.manifest(&entry.manifest)?;
+        if manifest.len != entry.len || manifest.hash != entry.hash {
+            return Err(Error::CorruptMetadata {
+                id: entry.manifest,
+                reason: "manifest length or hash differs from the version's file entry".into(),
+            });
+        }
+        let segments: Vec<usize> = match filter {
+            None => (0..manifest.segments.len()).collect(),
+            Some(f) => {
+                if manifest.kind != FileFormat::Safetensors {
+                    return Ok(None);
+                }
+                let picked: Vec<usize> = (0..manifest.segments.len())
+                    .filter(|&i| manifest.segments[i].tensor.as_ref().is_some_and(|t| f.matches(&t.name)))
+                    .collect();
+                if picked.is_empty() {
+                    return Ok(None);
+                }
+                picked
+            }
+        };
+        let header = match filter {
+            Some(_) => Some(self.filtered_header(&manifest, &segments)?),
+            None => None,
+        };
+
+        let dest = rp.under(out_dir);
+        let dir = dest.parent().expect("a file path under a directory");
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io { action: "creating", path: dir.to_path_buf(), source })?;
+        if dest.is_dir() {
+            return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
+        }
+        let tmp = tempfile::Builder::new()
+            .prefix(".ckpt-tmp-")
+            .tempfile_in(dir)
+            .map_err(|source| Error::Io { action: "creating a file in", path: dir.to_path_buf(), source })?;
+        let io_err = |source| Error::Io { action: "writing", path: tmp.path().to_path_buf(), source };
+        let mut w = HashingWriter { inner: std::io::BufWriter::with_capacity(4 << 20, tmp.as_file()), hasher: blake3::Hasher::new() };
+        let mut written = 0u64;
+        if let Some(h) = &header {
+            w.write_all(h).map_err(io_err)?;
+            written += h.len() as u64;
+        }
+        for &i in &segments {
+            let s = &manifest.segments[i];
+            if s.len == 0 {
+                continue;
+            }
+            let chain = self.store.open_blob(&s.blob)?;
+            if chain.len() != s.len {
+                return Err(Error::CorruptMetadata {
+                    id: entry.manifest,
+                    reason: format!("segment of {} bytes names blob {} of {} bytes", s.len, s.blob, chain.len()),
+                });
+            }
+            let start = written;
+            chain.copy_to_with_progress(&mut w, &|done| self.progress.set(progress_base + start + done))?;
+            written += s.len;
+        }
+        w.flush().map_err(io_err)?;
+        let hash = ObjectId(*w.hasher.finalize().as_bytes());
+        drop(w);
+        if header.is_none() && hash != entry.hash {
+            return Err(Error::HashMismatch { path: entry.path.clone(), expected: entry.hash, actual: hash });
+        }
+        tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
+        Ok(Some(written))
+    }
+
+    /// A safetensors header for the tensors of `segments`, in file order, keeping the original
+    /// `__metadata__`.
+    fn filtered_header(&self, manifest: &Manifest, segments: &[usize]) -> Result<Vec<u8>> {
+        let first = manifest.segments.first().filter(|s| s.tensor.is_none()).ok_or_else(|| Error::CorruptMetadata {
+            id: manifest.hash,
+            reason: "safetensors manifest without a header segment".into(),
+        })?;
+        let mut raw = Vec::with_capacity(first.len as usize);
+        self.store.open_blob(&first.blob)?.copy_to(&mut raw)?;
+        let parsed = safetensors::parse_header(&raw, manifest.len).map_err(|e| Error::CorruptMetadata {
+            id: first.blob,
+            reason: format!("stored safetensors header: {e}"),
+        })?;
+        let tensors: Vec<(String, crate::Dtype, Vec<u64>)> = segments
+            .iter()
+            .filter_map(|&i| manifest.segments[i].tensor.as_ref())
+            .map(|t| {
+                let dtype = t.dtype().expect("checked when the manifest was parsed");
+                (t.name.clone(), dtype, t.shape.clone())
+            })
+            .collect();
+        safetensors::write_header(&tensors, parsed.metadata.as_ref())
+            .map_err(|e| Error::CorruptMetadata { id: first.blob, reason: format!("building a header: {e}") })
+    }
+
+    /// Remembers a checked-out working file's size, mtime and hash for `status`.
+    fn record_stat(&self, rp: &RepoPath, entry: &FileEntry) {
+        let Some(ix) = &self.index else { return };
+        if let Ok(m) = std::fs::metadata(rp.under(&self.root)) {
+            let record = StatRecord { len: m.len(), mtime_ns: mtime_ns(&m), recorded_ns: now_ns(), hash: entry.hash };
+            let _ = ix.put_stat(rp.as_str(), &record);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_patterns() {
+        let f = TensorFilter::new;
+        assert!(f("attn").matches("layers.0.attn.q"));
+        assert!(!f("mlp").matches("layers.0.attn.q"));
+        assert!(f("layers.*.q").matches("layers.0.attn.q"));
+        assert!(f("*").matches(""));
+        assert!(f("l?yers*").matches("layers.1"));
+        assert!(!f("layers.*.k").matches("layers.0.attn.q"));
+        assert!(f("*.weight").matches("a.b.weight"));
+        assert!(!f("*.weight").matches("a.b.weight.x"));
+        assert!(f("a*b*c").matches("aXXbYYc"));
+        assert!(!f("a*b*c").matches("aXXbYY"));
+    }
+}

@@ -1,0 +1,77 @@
+//! `.ckpt/config`: a JSON object of settings; missing keys take their defaults.
+
+use super::{Error, Result};
+use crate::codec::Options;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// What a tensor is delta-coded against (ZipNN's two policies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeltaPolicy {
+    /// The same tensor in the parent version; chains grow until a full base is due.
+    Previous,
+    /// The same tensor in the last full-base version: every delta has depth 1.
+    Base,
+}
+
+/// Repository settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Every `base_every`-th version stores full bases, and no delta chain is deeper than
+    /// `base_every - 1`. 1 disables deltas.
+    pub base_every: u32,
+    /// What deltas are taken against.
+    pub delta_policy: DeltaPolicy,
+    /// Codec chunk size in bytes for new standalone blobs (deltas use their reference's).
+    pub chunk_size: usize,
+    /// zstd level for groups coded with zstd.
+    pub zstd_level: i32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            base_every: 10,
+            delta_policy: DeltaPolicy::Previous,
+            chunk_size: Options::default().chunk_size,
+            zstd_level: Options::default().zstd_level,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks the config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let bytes = std::fs::read(path)
+            .map_err(|source| Error::Io { action: "reading the config", path: path.to_path_buf(), source })?;
+        let config: Config = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Config { path: path.to_path_buf(), reason: e.to_string() })?;
+        config.check().map_err(|reason| Error::Config { path: path.to_path_buf(), reason })?;
+        Ok(config)
+    }
+
+    /// Pretty JSON for the config file.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("plain data serializes") + "\n"
+    }
+
+    /// Checks the values.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.base_every == 0 {
+            return Err("base_every must be at least 1".into());
+        }
+        crate::codec::chunk::checked_chunk_size(&self.codec_options(), crate::codec::Layout::BYTES)
+            .map_err(|e| e.to_string())?;
+        if !(1..=22).contains(&self.zstd_level) {
+            return Err(format!("zstd_level {} is not in 1..=22", self.zstd_level));
+        }
+        Ok(())
+    }
+
+    /// Codec options for new objects.
+    pub fn codec_options(&self) -> Options {
+        Options { chunk_size: self.chunk_size, zstd_level: self.zstd_level, ..Options::default() }
+    }
+}

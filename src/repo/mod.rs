@@ -1,0 +1,863 @@
+//! The repository: the library's public face. [`Repo`] coordinates the object store
+//! ([`crate::store`]), the index ([`crate::index`], a rebuildable cache) and the ref files to
+//! commit checkpoints as versions, check them out bit-exactly, and keep history healthy
+//! (`gc`, `verify`).
+//!
+//! Layout of `.ckpt/` (docs/format.md, "Repository"): `objects/` and `tmp/` (the store),
+//! `index/` (sled), `refs/heads/`, `refs/tags/`, `HEAD`, `config`, `lock` (the writer lock),
+//! `pending-removals` (files `rm`-ed since the last commit).
+//!
+//! Writers (commit, tag, branch, switch, rm, gc, index rebuild) hold the writer lock; readers
+//! never wait for it. Every write puts content first and the name that makes it visible last:
+//! blobs, then manifests, then the version, then the ref. An interrupted writer leaves at most
+//! unreferenced objects, which `gc` deletes. This module never speaks git or clap.
+
+mod checkout;
+mod commit;
+mod config;
+mod gc;
+mod lock;
+mod model;
+mod path;
+mod refs;
+mod status;
+mod verify;
+
+pub use checkout::{CheckoutSummary, TensorFilter};
+pub use commit::CommitOptions;
+pub use config::{Config, DeltaPolicy};
+pub use gc::GcReport;
+pub use model::{FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
+pub use path::RepoPath;
+pub use refs::{check_name, Head, RefKind};
+pub use status::{FileState, FileStatus, Status};
+pub use verify::{BadObject, BadVersion, VerifyReport};
+
+use crate::index::{self, Index, ObjectRecord, VersionRecord};
+use crate::object_id::ObjectId;
+use crate::store::{self, ObjectKind, Store};
+use lock::WriterLock;
+use refs::Refs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A version's id: the blake3 of its serialized form.
+pub type VersionId = ObjectId;
+
+/// Name of the repository directory inside the working tree.
+pub const DIR_NAME: &str = ".ckpt";
+/// Branch a new repository starts on.
+pub const DEFAULT_BRANCH: &str = "main";
+/// How long a writer waits for another writer by default.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors of repository operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The object store failed or found damage.
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    /// The index failed (only where the index is required, such as `index rebuild`).
+    #[error(transparent)]
+    Index(#[from] index::Error),
+    /// A file system operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// No `.ckpt` directory here or in any parent.
+    #[error("not a ckpt repository (no {DIR_NAME} in {} or any parent)", start.display())]
+    NotARepository {
+        /// Where the search started.
+        start: PathBuf,
+    },
+    /// `init` where a repository exists.
+    #[error("a ckpt repository already exists at {}", path.display())]
+    AlreadyExists {
+        /// The existing `.ckpt` directory.
+        path: PathBuf,
+    },
+    /// The config file is invalid.
+    #[error("config {}: {reason}", path.display())]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file path that cannot be committed or checked out.
+    #[error("{}: {reason}", path.display())]
+    InvalidPath {
+        /// The path as given.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file to commit is not a valid safetensors file.
+    #[error("{path}: invalid safetensors file: {source}")]
+    Safetensors {
+        /// The file.
+        path: String,
+        /// What the parser found.
+        source: crate::safetensors::Error,
+    },
+    /// An error while handling one file.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// The error.
+        source: Box<Error>,
+    },
+    /// A revision that does not name a version.
+    #[error("unknown revision {rev:?}: {reason}")]
+    UnknownRevision {
+        /// The revision as given.
+        rev: String,
+        /// Why it does not resolve.
+        reason: String,
+    },
+    /// Another process holds the writer lock.
+    #[error(
+        "another ckpt process is writing to this repository (it holds {}); gave up after {:.1} s",
+        path.display(),
+        waited.as_secs_f64()
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+        /// How long this process waited.
+        waited: Duration,
+    },
+    /// A commit that names no file and removes none.
+    #[error("nothing to commit: name the files to commit")]
+    NothingToCommit,
+    /// An invalid branch or tag name.
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidRefName {
+        /// The name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A branch or tag that already exists.
+    #[error("{} {name:?} already exists", kind.name())]
+    RefExists {
+        /// Branch or tag.
+        kind: RefKind,
+        /// The name.
+        name: String,
+    },
+    /// A branch that does not exist.
+    #[error("no branch named {name:?}")]
+    NoSuchBranch {
+        /// The name.
+        name: String,
+    },
+    /// A ref file that cannot be read as a ref.
+    #[error("ref {}: {reason}", path.display())]
+    CorruptRef {
+        /// The ref file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A manifest or version object that decodes but is not valid.
+    #[error("object {id} is corrupt: {reason}")]
+    CorruptMetadata {
+        /// The object.
+        id: ObjectId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file asked for that the version does not have.
+    #[error("{path}: not in version {version}")]
+    NotInVersion {
+        /// The path.
+        path: String,
+        /// The version.
+        version: VersionId,
+    },
+    /// `rm` of a file the current version does not track.
+    #[error("{path}: not tracked by the current version")]
+    NotTracked {
+        /// The path.
+        path: String,
+    },
+    /// A checked-out file whose hash differs from the one committed.
+    #[error("{path}: content hashes to {actual}, the version records {expected}")]
+    HashMismatch {
+        /// The file.
+        path: String,
+        /// Hash in the manifest.
+        expected: ObjectId,
+        /// Hash of what was decoded.
+        actual: ObjectId,
+    },
+    /// A file changed while it was being committed.
+    #[error("{path}: the file changed while it was being committed")]
+    FileChanged {
+        /// The file.
+        path: String,
+    },
+    /// `switch` with modified tracked files.
+    #[error("modified files would be overwritten: {} (commit them, or switch with force)", paths.join(", "))]
+    DirtyWorkingTree {
+        /// The modified files.
+        paths: Vec<String>,
+    },
+    /// An operation that needs a version on an unborn branch.
+    #[error("branch {branch:?} has no version yet")]
+    Unborn {
+        /// The branch HEAD names.
+        branch: String,
+    },
+}
+
+/// Shorthand for repository results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Error + 'p {
+    move |source| Error::Io { action, path: path.to_path_buf(), source }
+}
+
+/// Receives progress of long operations (commit, checkout, gc, verify). Called from the thread
+/// running the operation. The default methods do nothing.
+pub trait Progress: Send + Sync {
+    /// A phase starts; `total` is in bytes.
+    fn start(&self, label: &str, total: u64) {
+        let _ = (label, total);
+    }
+    /// Bytes done so far in the current phase.
+    fn set(&self, done: u64) {
+        let _ = done;
+    }
+    /// The phase is over.
+    fn finish(&self) {}
+}
+
+struct NoProgress;
+impl Progress for NoProgress {}
+
+/// What `log` shows of one version.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct VersionInfo {
+    /// The version's id.
+    pub id: VersionId,
+    /// Parent ids.
+    pub parents: Vec<VersionId>,
+    /// Commit time, seconds since the Unix epoch (UTC).
+    pub time: i64,
+    /// Commit message.
+    pub message: String,
+    /// Paths of its files.
+    pub files: Vec<String>,
+    /// Sum of the files' lengths.
+    pub raw_bytes: u64,
+    /// Bytes of objects this version added to the store.
+    pub stored_bytes: u64,
+}
+
+impl VersionInfo {
+    fn from_version(id: VersionId, v: &Version) -> VersionInfo {
+        VersionInfo {
+            id,
+            parents: v.parents.clone(),
+            time: v.time,
+            message: v.message.clone(),
+            files: v.files.iter().map(|f| f.path.clone()).collect(),
+            raw_bytes: v.raw_bytes,
+            stored_bytes: v.stored_bytes,
+        }
+    }
+}
+
+/// A branch as listed by [`Repo::branches`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BranchInfo {
+    /// Branch name.
+    pub name: String,
+    /// Tip version.
+    pub id: VersionId,
+    /// Whether `HEAD` is on it.
+    pub current: bool,
+}
+
+/// An open repository.
+pub struct Repo {
+    root: PathBuf,
+    dir: PathBuf,
+    store: Store,
+    index: Option<Index>,
+    refs: Refs,
+    config: Config,
+    progress: Arc<dyn Progress>,
+    lock_timeout: Duration,
+}
+
+impl std::fmt::Debug for Repo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repo").field("root", &self.root).field("index", &self.index.is_some()).finish()
+    }
+}
+
+impl Repo {
+    /// Creates a repository in `dir` (created if missing): `dir/.ckpt` with an empty store,
+    /// index, default config and `HEAD` on branch `main`. The directory is built under a
+    /// temporary name and renamed, so an interrupted init leaves no half repository.
+    pub fn init(dir: &Path) -> Result<Repo> {
+        std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+        let root = std::fs::canonicalize(dir).map_err(io("resolving", dir))?;
+        let final_dir = root.join(DIR_NAME);
+        if final_dir.exists() {
+            return Err(Error::AlreadyExists { path: final_dir });
+        }
+        let staging = tempfile::Builder::new()
+            .prefix(".ckpt-init-")
+            .tempdir_in(&root)
+            .map_err(io("creating a directory in", &root))?;
+        let d = staging.path();
+        Store::init(d)?;
+        Refs::new(d).init(DEFAULT_BRANCH)?;
+        let config_path = d.join("config");
+        std::fs::write(&config_path, Config::default().to_json()).map_err(io("writing", &config_path))?;
+        {
+            let ix = Index::open(&d.join("index"))?;
+            ix.finish_rebuild()?;
+        }
+        let staging = staging.keep();
+        std::fs::rename(&staging, &final_dir).map_err(io("renaming to", &final_dir))?;
+        std::fs::File::open(&root).and_then(|f| f.sync_all()).map_err(io("syncing", &root))?;
+        Repo::open(&root)
+    }
+
+    /// Opens the repository whose working tree root is `root` (the directory holding `.ckpt`).
+    /// The index is opened too: rebuilt if missing, incomplete or unreadable, and skipped (the
+    /// repository works without it, more slowly) if another process has it open.
+    pub fn open(root: &Path) -> Result<Repo> {
+        let root = std::fs::canonicalize(root).map_err(io("resolving", root))?;
+        let dir = root.join(DIR_NAME);
+        if !dir.join("HEAD").is_file() {
+            return Err(Error::NotARepository { start: root });
+        }
+        let config = Config::load(&dir.join("config"))?;
+        let store = Store::open(&dir)?;
+        let mut repo = Repo {
+            refs: Refs::new(&dir),
+            root,
+            dir,
+            store,
+            index: None,
+            config,
+            progress: Arc::new(NoProgress),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        };
+        repo.index = repo.open_index();
+        Ok(repo)
+    }
+
+    /// Finds the repository containing `start` (walking up the parents) and opens it.
+    pub fn discover(start: &Path) -> Result<Repo> {
+        let start = std::fs::canonicalize(start).map_err(io("resolving", start))?;
+        for dir in start.ancestors() {
+            if dir.join(DIR_NAME).join("HEAD").is_file() {
+                return Repo::open(dir);
+            }
+        }
+        Err(Error::NotARepository { start })
+    }
+
+    fn index_path(&self) -> PathBuf {
+        self.dir.join("index")
+    }
+
+    /// Opens the index, rebuilding it when needed; `None` when it is in use elsewhere or cannot
+    /// be rebuilt (the repository then works from the store alone).
+    fn open_index(&self) -> Option<Index> {
+        let path = self.index_path();
+        let ix = match Index::open(&path) {
+            Ok(ix) => ix,
+            Err(index::Error::Locked { .. }) => return None,
+            Err(_) => {
+                Index::destroy(&path).ok()?;
+                Index::open(&path).ok()?
+            }
+        };
+        if !ix.is_complete() && self.rebuild_into(&ix).is_err() {
+            return None;
+        }
+        Some(ix)
+    }
+
+    /// Working tree root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// The `.ckpt` directory.
+    pub fn ckpt_dir(&self) -> &Path {
+        &self.dir
+    }
+    /// The settings in `.ckpt/config`.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    /// The object store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+    /// Whether the index is open (false when another process holds it).
+    pub fn has_index(&self) -> bool {
+        self.index.is_some()
+    }
+    /// Sends progress of long operations to `progress`.
+    pub fn set_progress(&mut self, progress: Arc<dyn Progress>) {
+        self.progress = progress;
+    }
+    /// How long writers wait for another writer's lock.
+    pub fn set_lock_timeout(&mut self, timeout: Duration) {
+        self.lock_timeout = timeout;
+    }
+
+    fn lock(&self) -> Result<WriterLock> {
+        WriterLock::acquire(&self.dir.join("lock"), self.lock_timeout)
+    }
+
+    /// The path of `input` (absolute, or relative to the root) as a repository path.
+    pub fn repo_path(&self, input: &Path) -> Result<RepoPath> {
+        RepoPath::from_input(&self.root, input)
+    }
+
+    // ---- index as a cache -------------------------------------------------------------
+
+    fn index_object(&self, w: &store::Written) {
+        if let Some(ix) = &self.index {
+            let record = ObjectRecord {
+                kind: w.header.kind as u8,
+                dtype: w.header.dtype.map_or(0, crate::Dtype::code),
+                depth: w.header.depth,
+                raw_len: w.header.raw_len,
+                stored_len: w.stored_len,
+                reference: w.header.reference,
+            };
+            // The index is a cache: a failed insert only costs speed later.
+            let _ = ix.put_object(&w.id, &record);
+        }
+    }
+
+    fn index_version(&self, id: &VersionId, v: &Version) {
+        if let Some(ix) = &self.index {
+            let _ = ix.put_version(id, &version_record(v));
+        }
+    }
+
+    /// Reads and checks a version object.
+    pub fn version(&self, id: &VersionId) -> Result<Version> {
+        let bytes = self.store.read_data(id, ObjectKind::Version)?;
+        Version::parse(*id, &bytes)
+    }
+
+    /// Reads and checks a manifest object.
+    pub fn manifest(&self, id: &ObjectId) -> Result<Manifest> {
+        let bytes = self.store.read_data(id, ObjectKind::Manifest)?;
+        Manifest::parse(*id, &bytes)
+    }
+
+    /// `log` metadata of one version, from the index if cached.
+    pub fn version_info(&self, id: &VersionId) -> Result<VersionInfo> {
+        if let Some(Ok(Some(r))) = self.index.as_ref().map(|ix| ix.version(id)) {
+            return Ok(VersionInfo {
+                id: *id,
+                parents: r.parents,
+                time: r.time,
+                message: r.message,
+                files: r.files,
+                raw_bytes: r.raw_bytes,
+                stored_bytes: r.stored_bytes,
+            });
+        }
+        let v = self.version(id)?;
+        self.index_version(id, &v);
+        Ok(VersionInfo::from_version(*id, &v))
+    }
+
+    // ---- refs and revisions -----------------------------------------------------------
+
+    /// What `HEAD` points at.
+    pub fn head(&self) -> Result<Head> {
+        self.refs.head()
+    }
+
+    /// The version `HEAD` points at (`None` before the first commit).
+    pub fn head_version(&self) -> Result<Option<VersionId>> {
+        self.refs.head_version()
+    }
+
+    /// Resolves a revision: `HEAD`, a branch, a tag, a full or unique short (at least 4 hex
+    /// digits) version id, each optionally followed by `~N` (N first parents back; `~` alone
+    /// is `~1`; repeatable).
+    pub fn resolve(&self, rev: &str) -> Result<VersionId> {
+        let unknown = |reason: String| Error::UnknownRevision { rev: rev.to_string(), reason };
+        let (base, steps) = split_ancestry(rev).ok_or_else(|| unknown("bad ~N suffix".into()))?;
+        let mut id = self.resolve_base(base).map_err(|e| match e {
+            Error::UnknownRevision { reason, .. } => unknown(reason),
+            other => other,
+        })?;
+        for n in 0..steps {
+            let info = self.version_info(&id)?;
+            id = *info.parents.first().ok_or_else(|| {
+                unknown(format!("{base} has only {n} version{} before it", if n == 1 { "" } else { "s" }))
+            })?;
+        }
+        Ok(id)
+    }
+
+    fn resolve_base(&self, base: &str) -> Result<VersionId> {
+        let unknown = |reason: String| Error::UnknownRevision { rev: base.to_string(), reason };
+        if base == "HEAD" {
+            return match self.refs.head()? {
+                Head::Detached(id) => Ok(id),
+                Head::Branch(b) => {
+                    self.refs.get(RefKind::Branch, &b)?.ok_or_else(|| unknown(format!("branch {b:?} has no version yet")))
+                }
+            };
+        }
+        if let Some(id) = self.refs.get(RefKind::Branch, base)? {
+            return Ok(id);
+        }
+        if let Some(id) = self.refs.get(RefKind::Tag, base)? {
+            return Ok(id);
+        }
+        let is_hex = base.len() >= 4 && base.len() <= 64 && base.bytes().all(|b| b.is_ascii_hexdigit());
+        if !is_hex {
+            return Err(unknown("not HEAD, a branch, a tag or a version id".into()));
+        }
+        let prefix = base.to_ascii_lowercase();
+        let candidates = self.versions_with_prefix(&prefix)?;
+        match candidates.as_slice() {
+            [id] => Ok(*id),
+            [] => Err(unknown("no version has this id".into())),
+            many => Err(unknown(format!(
+                "ambiguous: {} versions start with it ({})",
+                many.len(),
+                many.iter().take(4).map(|i| i.short(12)).collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+
+    /// Version ids in the store starting with `prefix` (lowercase hex, at least 2 digits).
+    fn versions_with_prefix(&self, prefix: &str) -> Result<Vec<VersionId>> {
+        let fan = self.store.object_path(&ObjectId([0; 32]));
+        let fan_root = fan.parent().and_then(Path::parent).expect("objects/ab/x");
+        let dir = fan_root.join(&prefix[..2]);
+        let mut out = Vec::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(source) => return Err(Error::Io { action: "listing", path: dir, source }),
+        };
+        for entry in entries {
+            let entry = entry.map_err(io("listing", &dir))?;
+            let name = format!("{}{}", &prefix[..2], entry.file_name().to_string_lossy());
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let Ok(id) = name.parse::<ObjectId>() else { continue };
+            if matches!(self.store.header(&id), Ok(h) if h.kind == ObjectKind::Version) {
+                out.push(id);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// History from `rev` back along first parents, newest first. On a new repository,
+    /// `log("HEAD")` is empty.
+    pub fn log(&self, rev: &str) -> Result<Vec<VersionInfo>> {
+        if rev == "HEAD" && self.refs.head_version()?.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut id = Some(self.resolve(rev)?);
+        let mut out = Vec::new();
+        while let Some(current) = id {
+            let info = self.version_info(&current)?;
+            id = info.parents.first().copied();
+            out.push(info);
+            if out.len() > 10_000_000 {
+                return Err(Error::CorruptMetadata { id: current, reason: "history does not end".into() });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates tag `name` at `rev` (default `HEAD`).
+    pub fn tag(&self, name: &str, rev: Option<&str>) -> Result<VersionId> {
+        check_name(name)?;
+        let _lock = self.lock()?;
+        if self.refs.get(RefKind::Tag, name)?.is_some() {
+            return Err(Error::RefExists { kind: RefKind::Tag, name: name.to_string() });
+        }
+        let id = self.resolve(rev.unwrap_or("HEAD"))?;
+        self.refs.set(RefKind::Tag, name, &id)?;
+        Ok(id)
+    }
+
+    /// Every tag, sorted by name.
+    pub fn tags(&self) -> Result<Vec<(String, VersionId)>> {
+        self.refs.list(RefKind::Tag)
+    }
+
+    /// Creates branch `name` at `rev` (default `HEAD`), without switching to it.
+    pub fn create_branch(&self, name: &str, rev: Option<&str>) -> Result<VersionId> {
+        check_name(name)?;
+        let _lock = self.lock()?;
+        if self.refs.get(RefKind::Branch, name)?.is_some() {
+            return Err(Error::RefExists { kind: RefKind::Branch, name: name.to_string() });
+        }
+        let id = self.resolve(rev.unwrap_or("HEAD"))?;
+        self.refs.set(RefKind::Branch, name, &id)?;
+        Ok(id)
+    }
+
+    /// Every branch, sorted by name.
+    pub fn branches(&self) -> Result<Vec<BranchInfo>> {
+        let head = self.refs.head()?;
+        Ok(self
+            .refs
+            .list(RefKind::Branch)?
+            .into_iter()
+            .map(|(name, id)| BranchInfo { current: head == Head::Branch(name.clone()), name, id })
+            .collect())
+    }
+
+    /// Moves `HEAD` to branch `name` and checks out its files into the working tree. Refuses
+    /// when a tracked file is modified (its changes would be lost) unless `force`. Files of the
+    /// old version that the branch lacks are left in place.
+    pub fn switch(&self, name: &str, force: bool) -> Result<()> {
+        check_name(name)?;
+        let _lock = self.lock()?;
+        let tip = self.refs.get(RefKind::Branch, name)?.ok_or_else(|| Error::NoSuchBranch { name: name.to_string() })?;
+        if !force {
+            let modified: Vec<String> = self
+                .status()?
+                .files
+                .into_iter()
+                .filter(|f| f.state == FileState::Modified)
+                .map(|f| f.path)
+                .collect();
+            if !modified.is_empty() {
+                return Err(Error::DirtyWorkingTree { paths: modified });
+            }
+        }
+        self.checkout_version(&tip, None, None, None)?;
+        self.refs.set_head(&Head::Branch(name.to_string()))
+    }
+
+    // ---- rm -----------------------------------------------------------------------------
+
+    fn removals_path(&self) -> PathBuf {
+        self.dir.join("pending-removals")
+    }
+
+    /// Files `rm`-ed since the last commit.
+    pub fn pending_removals(&self) -> Result<Vec<String>> {
+        let path = self.removals_path();
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Config { path: path.clone(), reason: format!("pending removals: {e}") }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(source) => Err(Error::Io { action: "reading", path, source }),
+        }
+    }
+
+    fn write_removals(&self, paths: &[String]) -> Result<()> {
+        let path = self.removals_path();
+        if paths.is_empty() {
+            return match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io { action: "deleting", path, source: e }),
+                _ => Ok(()),
+            };
+        }
+        let tmp = self.dir.join("tmp").join("pending-removals");
+        let json = serde_json::to_vec(paths).expect("strings serialize");
+        std::fs::write(&tmp, json).map_err(io("writing", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io("renaming to", &path))
+    }
+
+    /// Stops tracking `paths` (absolute or relative to the root) from the next version on. The
+    /// working files are not touched. Each must be tracked by the current version.
+    pub fn rm(&self, paths: &[PathBuf]) -> Result<Vec<RepoPath>> {
+        let _lock = self.lock()?;
+        let head = self.refs.head_version()?.map(|id| self.version(&id)).transpose()?;
+        let mut pending = self.pending_removals()?;
+        let mut removed = Vec::new();
+        for p in paths {
+            let rp = self.repo_path(p)?;
+            if head.as_ref().and_then(|v| v.file(rp.as_str())).is_none() {
+                return Err(Error::NotTracked { path: rp.to_string() });
+            }
+            if !pending.iter().any(|x| x == rp.as_str()) {
+                pending.push(rp.to_string());
+            }
+            removed.push(rp);
+        }
+        pending.sort();
+        self.write_removals(&pending)?;
+        Ok(removed)
+    }
+
+    // ---- index maintenance -------------------------------------------------------------
+
+    /// Rebuilds the index from the object store. Fails with [`index::Error::Locked`] when
+    /// another process has the index open.
+    pub fn rebuild_index(&mut self) -> Result<usize> {
+        let _lock = self.lock()?;
+        let ix = match self.index.take() {
+            Some(ix) => ix,
+            None => match Index::open(&self.index_path()) {
+                Ok(ix) => ix,
+                Err(index::Error::Locked { path }) => return Err(index::Error::Locked { path }.into()),
+                Err(_) => {
+                    Index::destroy(&self.index_path())?;
+                    Index::open(&self.index_path())?
+                }
+            },
+        };
+        let result = self.rebuild_into(&ix);
+        self.index = Some(ix);
+        result
+    }
+
+    /// Fills `ix` from the store; returns the number of objects indexed. Damaged objects are
+    /// skipped (verify reports them).
+    fn rebuild_into(&self, ix: &Index) -> Result<usize> {
+        ix.begin_rebuild()?;
+        let ids = self.store.list()?;
+        let mut n = 0;
+        for id in &ids {
+            let (Ok(header), Ok(stored_len)) = (self.store.header(id), self.store.stored_len(id)) else { continue };
+            self.index_object_into(ix, id, &header, stored_len)?;
+            if header.kind == ObjectKind::Version {
+                if let Ok(v) = self.version(id) {
+                    ix.put_version(id, &version_record(&v))?;
+                }
+            }
+            n += 1;
+        }
+        ix.finish_rebuild()?;
+        Ok(n)
+    }
+
+    fn index_object_into(&self, ix: &Index, id: &ObjectId, h: &store::ObjectHeader, stored_len: u64) -> Result<()> {
+        let record = ObjectRecord {
+            kind: h.kind as u8,
+            dtype: h.dtype.map_or(0, crate::Dtype::code),
+            depth: h.depth,
+            raw_len: h.raw_len,
+            stored_len,
+            reference: h.reference,
+        };
+        ix.put_object(id, &record)?;
+        Ok(())
+    }
+
+    /// The index's record of an object, or the store's header if the index lacks it.
+    pub fn object_record(&self, id: &ObjectId) -> Result<ObjectRecord> {
+        if let Some(Ok(Some(r))) = self.index.as_ref().map(|ix| ix.object(id)) {
+            return Ok(r);
+        }
+        let h = self.store.header(id)?;
+        Ok(ObjectRecord {
+            kind: h.kind as u8,
+            dtype: h.dtype.map_or(0, crate::Dtype::code),
+            depth: h.depth,
+            raw_len: h.raw_len,
+            stored_len: self.store.stored_len(id)?,
+            reference: h.reference,
+        })
+    }
+
+    fn flush_index(&self) {
+        if let Some(ix) = &self.index {
+            let _ = ix.flush();
+        }
+    }
+}
+
+fn version_record(v: &Version) -> VersionRecord {
+    VersionRecord {
+        parents: v.parents.clone(),
+        time: v.time,
+        message: v.message.clone(),
+        files: v.files.iter().map(|f| f.path.clone()).collect(),
+        raw_bytes: v.raw_bytes,
+        stored_bytes: v.stored_bytes,
+    }
+}
+
+/// Splits `rev` into its base and the number of `~` steps.
+fn split_ancestry(rev: &str) -> Option<(&str, u64)> {
+    let (base, mut rest) = match rev.find('~') {
+        Some(i) => (&rev[..i], &rev[i..]),
+        None => return Some((rev, 0)),
+    };
+    let mut steps = 0u64;
+    while let Some(after) = rest.strip_prefix('~') {
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let n = if digits == 0 { 1 } else { after[..digits].parse::<u64>().ok()? };
+        steps = steps.checked_add(n)?;
+        rest = &after[digits..];
+    }
+    (rest.is_empty() && !base.is_empty()).then_some((base, steps))
+}
+
+/// Seconds since the Unix epoch, now.
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Formats Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+pub fn format_time(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestry_suffixes() {
+        assert_eq!(split_ancestry("HEAD"), Some(("HEAD", 0)));
+        assert_eq!(split_ancestry("HEAD~"), Some(("HEAD", 1)));
+        assert_eq!(split_ancestry("main~3"), Some(("main", 3)));
+        assert_eq!(split_ancestry("abcd~2~"), Some(("abcd", 3)));
+        assert_eq!(split_ancestry("~2"), None);
+        assert_eq!(split_ancestry("HEAD~x"), None);
+    }
+
+    #[test]
+    fn times_format_as_utc() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_time(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_time(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+}

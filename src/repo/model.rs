@@ -1,0 +1,235 @@
+//! Manifests and versions: their JSON form (what is hashed) and the checks a reader applies.
+//!
+//! Serialization is `serde_json::to_vec` of these structs: compact, fields in declaration order,
+//! strings escaped the serde_json way. The object id is the blake3 of exactly those bytes; a
+//! reader hashes the bytes as stored and never re-serializes, so the canonical form matters
+//! only for deduplication (the same manifest written twice gets the same id).
+
+use super::path::RepoPath;
+use super::{Error, Result};
+use crate::dtype::Dtype;
+use crate::object_id::ObjectId;
+use serde::{Deserialize, Serialize};
+
+/// Format number written in every manifest and version.
+pub const MODEL_FORMAT: u32 = 1;
+
+/// How a committed file was split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileFormat {
+    /// A safetensors file: header, tensors and gaps as separate blobs.
+    Safetensors,
+    /// Any other file: one opaque blob.
+    Bytes,
+}
+
+/// One committed file: its bytes are the concatenation of its segments' blobs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// [`MODEL_FORMAT`].
+    pub format: u32,
+    /// How the file was split.
+    pub kind: FileFormat,
+    /// File length.
+    pub len: u64,
+    /// blake3 of the whole file.
+    pub hash: ObjectId,
+    /// Segments in file order, covering the file.
+    pub segments: Vec<Segment>,
+}
+
+/// A byte range of a file stored as one blob.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Segment {
+    /// Length in bytes (the blob's length).
+    pub len: u64,
+    /// The blob holding the bytes.
+    pub blob: ObjectId,
+    /// The tensor these bytes are, for tensor segments of a safetensors file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<TensorRef>,
+}
+
+/// Identity of a tensor for delta matching and `--tensor` filtering.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorRef {
+    /// The tensor's name (data, never a path).
+    pub name: String,
+    /// safetensors dtype name.
+    pub dtype: String,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+}
+
+impl TensorRef {
+    /// The parsed dtype (checked by [`Manifest::parse`]).
+    pub fn dtype(&self) -> Option<Dtype> {
+        Dtype::from_safetensors_name(&self.dtype)
+    }
+}
+
+/// A version (commit).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Version {
+    /// [`MODEL_FORMAT`].
+    pub format: u32,
+    /// Parent versions (none for the first version; one otherwise).
+    pub parents: Vec<ObjectId>,
+    /// Commit time, seconds since the Unix epoch (UTC).
+    pub time: i64,
+    /// Commit message.
+    pub message: String,
+    /// Versions since the last full-base version along first parents (0: this one stores
+    /// full bases).
+    pub since_base: u32,
+    /// The files, sorted by path, paths unique.
+    pub files: Vec<FileEntry>,
+    /// Sum of the files' lengths.
+    pub raw_bytes: u64,
+    /// Bytes of objects this commit added to the store (blobs and manifests).
+    pub stored_bytes: u64,
+}
+
+/// One file of a version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    /// Path relative to the repository root, `/`-separated.
+    pub path: String,
+    /// The file's manifest.
+    pub manifest: ObjectId,
+    /// File length.
+    pub len: u64,
+    /// blake3 of the file.
+    pub hash: ObjectId,
+}
+
+fn corrupt(id: ObjectId, reason: impl Into<String>) -> Error {
+    Error::CorruptMetadata { id, reason: reason.into() }
+}
+
+impl Manifest {
+    /// Canonical bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain data serializes")
+    }
+
+    /// Parses and checks a manifest read from object `id`.
+    pub fn parse(id: ObjectId, bytes: &[u8]) -> Result<Manifest> {
+        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("manifest JSON: {e}")))?;
+        if m.format != MODEL_FORMAT {
+            return Err(corrupt(id, format!("manifest format {}", m.format)));
+        }
+        let mut total = 0u64;
+        for s in &m.segments {
+            total = total.checked_add(s.len).ok_or_else(|| corrupt(id, "segment lengths overflow"))?;
+            if let Some(t) = &s.tensor {
+                let dtype = t.dtype().ok_or_else(|| corrupt(id, format!("tensor {:?}: dtype {:?}", t.name, t.dtype)))?;
+                let elements = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+                let bytes = if t.shape.contains(&0) { Some(0) } else { elements.and_then(|e| e.checked_mul(dtype.size() as u64)) };
+                if bytes != Some(s.len) {
+                    return Err(corrupt(id, format!("tensor {:?}: shape {:?} does not match {} bytes", t.name, t.shape, s.len)));
+                }
+                if m.kind != FileFormat::Safetensors {
+                    return Err(corrupt(id, "a tensor in a plain file"));
+                }
+            }
+        }
+        if total != m.len {
+            return Err(corrupt(id, format!("segments cover {total} of {} bytes", m.len)));
+        }
+        Ok(m)
+    }
+
+    /// The tensor segments by identity (name, dtype, shape).
+    pub fn tensors(&self) -> impl Iterator<Item = (&TensorRef, &Segment)> {
+        self.segments.iter().filter_map(|s| s.tensor.as_ref().map(|t| (t, s)))
+    }
+}
+
+impl Version {
+    /// Canonical bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain data serializes")
+    }
+
+    /// Parses and checks a version read from object `id`: paths valid, sorted and unique.
+    pub fn parse(id: ObjectId, bytes: &[u8]) -> Result<Version> {
+        let v: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("version JSON: {e}")))?;
+        if v.format != MODEL_FORMAT {
+            return Err(corrupt(id, format!("version format {}", v.format)));
+        }
+        for f in &v.files {
+            RepoPath::parse(&f.path).map_err(|reason| corrupt(id, format!("file path {:?}: {reason}", f.path)))?;
+        }
+        if v.files.windows(2).any(|w| w[0].path >= w[1].path) {
+            return Err(corrupt(id, "file paths not sorted and unique"));
+        }
+        if v.parents.contains(&id) {
+            return Err(corrupt(id, "the version is its own parent"));
+        }
+        Ok(v)
+    }
+
+    /// The entry for `path`, if the version has that file.
+    pub fn file(&self, path: &str) -> Option<&FileEntry> {
+        self.files.binary_search_by(|f| f.path.as_str().cmp(path)).ok().map(|i| &self.files[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialization_is_pinned() {
+        let id = ObjectId([0xab; 32]);
+        let m = Manifest {
+            format: 1,
+            kind: FileFormat::Safetensors,
+            len: 12,
+            hash: id,
+            segments: vec![
+                Segment { len: 8, blob: id, tensor: None },
+                Segment {
+                    len: 4,
+                    blob: id,
+                    tensor: Some(TensorRef { name: "w".into(), dtype: "BF16".into(), shape: vec![2] }),
+                },
+            ],
+        };
+        let hex = id.to_hex();
+        let expected = format!(
+            r#"{{"format":1,"kind":"safetensors","len":12,"hash":"{hex}","segments":[{{"len":8,"blob":"{hex}"}},{{"len":4,"blob":"{hex}","tensor":{{"name":"w","dtype":"BF16","shape":[2]}}}}]}}"#
+        );
+        assert_eq!(String::from_utf8(m.to_bytes()).unwrap(), expected);
+        assert_eq!(Manifest::parse(id, expected.as_bytes()).unwrap(), m);
+        let bad = expected.replace("[2]", "[3]");
+        assert!(Manifest::parse(id, bad.as_bytes()).is_err());
+
+        let v = Version {
+            format: 1,
+            parents: vec![],
+            time: 5,
+            message: "m".into(),
+            since_base: 0,
+            files: vec![FileEntry { path: "a/b".into(), manifest: id, len: 12, hash: id }],
+            raw_bytes: 12,
+            stored_bytes: 3,
+        };
+        let expected = format!(
+            r#"{{"format":1,"parents":[],"time":5,"message":"m","since_base":0,"files":[{{"path":"a/b","manifest":"{hex}","len":12,"hash":"{hex}"}}],"raw_bytes":12,"stored_bytes":3}}"#
+        );
+        assert_eq!(String::from_utf8(v.to_bytes()).unwrap(), expected);
+        assert_eq!(Version::parse(ObjectId([1; 32]), expected.as_bytes()).unwrap(), v);
+        for evil in ["../x", "/etc/passwd", ".ckpt/HEAD", "a//b", ""] {
+            let bad = expected.replace("\"a/b\"", &format!("{evil:?}"));
+            assert!(Version::parse(ObjectId([1; 32]), bad.as_bytes()).is_err(), "{evil}");
+        }
+    }
+}

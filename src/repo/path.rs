@@ -1,0 +1,128 @@
+//! Paths of committed files: relative to the repository root, `/`-separated, normalized, never
+//! escaping the root and never inside `.ckpt`. Paths read from stored versions are checked
+//! again before anything is written, so a crafted version cannot write outside the target.
+
+use super::{Error, Result};
+use std::path::{Component, Path, PathBuf};
+
+/// A validated repository-relative path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RepoPath(String);
+
+/// Longest accepted path, in bytes.
+const MAX_PATH_LEN: usize = 4096;
+
+impl RepoPath {
+    /// Checks a stored path string.
+    pub fn parse(s: &str) -> std::result::Result<RepoPath, &'static str> {
+        if s.is_empty() {
+            return Err("empty path");
+        }
+        if s.len() > MAX_PATH_LEN {
+            return Err("path too long");
+        }
+        if s.contains('\0') {
+            return Err("NUL in path");
+        }
+        for (i, c) in s.split('/').enumerate() {
+            match c {
+                "" => return Err("empty path component (leading, trailing or double '/')"),
+                "." | ".." => return Err("'.' or '..' component"),
+                ".ckpt" if i == 0 => return Err("inside the .ckpt directory"),
+                _ => {}
+            }
+        }
+        Ok(RepoPath(s.to_string()))
+    }
+
+    /// The path of `input` relative to `root` (both absolute, `root` canonical). A relative
+    /// `input` is taken relative to `root`. `.` and `..` are resolved lexically; if the result
+    /// is not under `root`, the parent directory is canonicalized (to see through symlinks such
+    /// as `/tmp` -> `/private/tmp`) and tried again.
+    pub fn from_input(root: &Path, input: &Path) -> Result<RepoPath> {
+        let invalid = |reason: &str| Error::InvalidPath { path: input.to_path_buf(), reason: reason.to_string() };
+        let absolute = if input.is_absolute() { input.to_path_buf() } else { root.join(input) };
+        let normal = normalize(&absolute).ok_or_else(|| invalid("'..' goes above the file system root"))?;
+        let relative = match normal.strip_prefix(root) {
+            Ok(r) => r.to_path_buf(),
+            Err(_) => {
+                let canonical = match (normal.parent(), normal.file_name()) {
+                    (Some(parent), Some(name)) => std::fs::canonicalize(parent).ok().map(|p| p.join(name)),
+                    _ => None,
+                };
+                canonical
+                    .and_then(|c| c.strip_prefix(root).ok().map(Path::to_path_buf))
+                    .ok_or_else(|| invalid("outside the repository"))?
+            }
+        };
+        let mut parts = Vec::new();
+        for c in relative.components() {
+            match c {
+                Component::Normal(s) => parts.push(s.to_str().ok_or_else(|| invalid("not valid UTF-8"))?),
+                _ => return Err(invalid("not a plain relative path")),
+            }
+        }
+        if parts.is_empty() {
+            return Err(invalid("the repository root is not a file"));
+        }
+        RepoPath::parse(&parts.join("/")).map_err(invalid)
+    }
+
+    /// The path string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Where the file lives under `dir`.
+    pub fn under(&self, dir: &Path) -> PathBuf {
+        let mut p = dir.to_path_buf();
+        p.extend(self.0.split('/'));
+        p
+    }
+}
+
+impl std::fmt::Display for RepoPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Resolves `.` and `..` lexically; `None` if `..` would go above the root.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() || out.as_os_str().is_empty() {
+                    return None;
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_are_normalized_and_confined() {
+        let root = Path::new("/r/repo");
+        let ok = |p: &str| RepoPath::from_input(root, Path::new(p)).map(|r| r.0);
+        assert_eq!(ok("a.bin").unwrap(), "a.bin");
+        assert_eq!(ok("./d/../d/e/f.safetensors").unwrap(), "d/e/f.safetensors");
+        assert_eq!(ok("/r/repo/x/y").unwrap(), "x/y");
+        assert!(ok("../other/a").is_err());
+        assert!(ok("/r/repo").is_err());
+        assert!(ok(".ckpt/config").is_err());
+        assert!(ok("/elsewhere/a").is_err());
+        assert_eq!(RepoPath::parse("a/b").unwrap().under(Path::new("/o")), Path::new("/o/a/b"));
+        for bad in ["", "/a", "a/", "a//b", "..", "a/../b", ".ckpt", "a\0b"] {
+            assert!(RepoPath::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(RepoPath::parse("x/.ckpt").is_ok());
+    }
+}

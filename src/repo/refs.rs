@@ -1,0 +1,208 @@
+//! Refs: `HEAD`, branches (`refs/heads/NAME`) and tags (`refs/tags/NAME`), small text files
+//! holding a version id (or, for `HEAD`, `ref: refs/heads/NAME`), each replaced atomically
+//! (temp file, fsync, rename, fsync of the directory). They are the roots of history: `gc`
+//! keeps what they reach.
+
+use super::{Error, Result};
+use crate::object_id::ObjectId;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What `HEAD` points at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// A branch (which may not exist yet: a new repository's `main`).
+    Branch(String),
+    /// A version directly.
+    Detached(ObjectId),
+}
+
+/// Branch or tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefKind {
+    /// `refs/heads/`.
+    Branch,
+    /// `refs/tags/`.
+    Tag,
+}
+
+impl RefKind {
+    fn dir(self) -> &'static str {
+        match self {
+            RefKind::Branch => "heads",
+            RefKind::Tag => "tags",
+        }
+    }
+    /// "branch" or "tag".
+    pub fn name(self) -> &'static str {
+        match self {
+            RefKind::Branch => "branch",
+            RefKind::Tag => "tag",
+        }
+    }
+}
+
+/// The ref files of one repository.
+#[derive(Clone, Debug)]
+pub(crate) struct Refs {
+    dir: PathBuf,
+}
+
+fn io<'p>(action: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> Error + 'p {
+    move |source| Error::Io { action, path: path.to_path_buf(), source }
+}
+
+/// Checks a branch or tag name: 1 to 200 characters from `A-Z a-z 0-9 . _ -`, not starting
+/// with `.` or `-`, and not `HEAD` (names are file names under `refs/`, and `~` is revision
+/// syntax).
+pub fn check_name(name: &str) -> Result<()> {
+    let bad = |reason: &str| Err(Error::InvalidRefName { name: name.to_string(), reason: reason.to_string() });
+    if name.is_empty() || name.len() > 200 {
+        return bad("must be 1 to 200 characters");
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+        return bad("only letters, digits, '.', '_' and '-' are allowed");
+    }
+    if name.starts_with(['.', '-']) {
+        return bad("must not start with '.' or '-'");
+    }
+    if name == "HEAD" {
+        return bad("HEAD is reserved");
+    }
+    Ok(())
+}
+
+impl Refs {
+    pub fn new(dir: &Path) -> Refs {
+        Refs { dir: dir.to_path_buf() }
+    }
+
+    /// Creates the ref directories and `HEAD` pointing at `branch`.
+    pub fn init(&self, branch: &str) -> Result<()> {
+        for kind in [RefKind::Branch, RefKind::Tag] {
+            let d = self.dir.join("refs").join(kind.dir());
+            std::fs::create_dir_all(&d).map_err(io("creating", &d))?;
+        }
+        self.set_head(&Head::Branch(branch.to_string()))
+    }
+
+    fn head_path(&self) -> PathBuf {
+        self.dir.join("HEAD")
+    }
+
+    fn ref_path(&self, kind: RefKind, name: &str) -> PathBuf {
+        self.dir.join("refs").join(kind.dir()).join(name)
+    }
+
+    pub fn head(&self) -> Result<Head> {
+        let path = self.head_path();
+        let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
+        let text = text.trim_end_matches('\n');
+        let corrupt = |reason: &str| Error::CorruptRef { path: path.clone(), reason: reason.to_string() };
+        if let Some(branch) = text.strip_prefix("ref: refs/heads/") {
+            check_name(branch).map_err(|_| corrupt("invalid branch name"))?;
+            return Ok(Head::Branch(branch.to_string()));
+        }
+        parse_id(text).map(Head::Detached).ok_or_else(|| corrupt("neither a branch nor a version id"))
+    }
+
+    pub fn set_head(&self, head: &Head) -> Result<()> {
+        let text = match head {
+            Head::Branch(b) => format!("ref: refs/heads/{b}\n"),
+            Head::Detached(id) => format!("{id}\n"),
+        };
+        self.write(&self.head_path(), &text)
+    }
+
+    /// The version `HEAD` points at (`None` on an unborn branch).
+    pub fn head_version(&self) -> Result<Option<ObjectId>> {
+        match self.head()? {
+            Head::Branch(b) => self.get(RefKind::Branch, &b),
+            Head::Detached(id) => Ok(Some(id)),
+        }
+    }
+
+    pub fn get(&self, kind: RefKind, name: &str) -> Result<Option<ObjectId>> {
+        if check_name(name).is_err() {
+            return Ok(None);
+        }
+        let path = self.ref_path(kind, name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => parse_id(text.trim_end_matches('\n'))
+                .map(Some)
+                .ok_or_else(|| Error::CorruptRef { path, reason: "not a version id".into() }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::Io { action: "reading", path, source }),
+        }
+    }
+
+    pub fn set(&self, kind: RefKind, name: &str, id: &ObjectId) -> Result<()> {
+        check_name(name)?;
+        self.write(&self.ref_path(kind, name), &format!("{id}\n"))
+    }
+
+    /// Every ref of `kind`, sorted by name. Files with invalid names are skipped; unreadable
+    /// contents are errors.
+    pub fn list(&self, kind: RefKind) -> Result<Vec<(String, ObjectId)>> {
+        let dir = self.dir.join("refs").join(kind.dir());
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(io("listing", &dir))? {
+            let entry = entry.map_err(io("listing", &dir))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+            if check_name(&name).is_err() {
+                continue;
+            }
+            if let Some(id) = self.get(kind, &name)? {
+                out.push((name, id));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Writes `text` to `path` atomically.
+    fn write(&self, path: &Path, text: &str) -> Result<()> {
+        let dir = path.parent().expect("ref paths have a parent");
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".ref-")
+            .tempfile_in(dir)
+            .map_err(io("creating a file in", dir))?;
+        tmp.write_all(text.as_bytes()).map_err(io("writing", path))?;
+        tmp.as_file().sync_all().map_err(io("syncing", path))?;
+        tmp.persist(path).map_err(|e| Error::Io { action: "renaming to", path: path.to_path_buf(), source: e.error })?;
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("syncing", dir))
+    }
+}
+
+fn parse_id(text: &str) -> Option<ObjectId> {
+    text.parse::<ObjectId>().ok().filter(|id| id.to_hex() == text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_round_trips() {
+        for ok in ["main", "v1.0", "epoch_3", "a-b"] {
+            check_name(ok).unwrap();
+        }
+        for bad in ["", "-x", ".x", "a/b", "a b", "x~1", "HEAD", "é"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let refs = Refs::new(dir.path());
+        refs.init("main").unwrap();
+        assert_eq!(refs.head().unwrap(), Head::Branch("main".into()));
+        assert_eq!(refs.head_version().unwrap(), None);
+        let id = ObjectId::hash(b"v");
+        refs.set(RefKind::Branch, "main", &id).unwrap();
+        refs.set(RefKind::Tag, "t1", &id).unwrap();
+        assert_eq!(refs.head_version().unwrap(), Some(id));
+        assert_eq!(refs.list(RefKind::Tag).unwrap(), vec![("t1".to_string(), id)]);
+        refs.set_head(&Head::Detached(id)).unwrap();
+        assert_eq!(refs.head().unwrap(), Head::Detached(id));
+        std::fs::write(dir.path().join("HEAD"), "garbage").unwrap();
+        assert!(matches!(refs.head(), Err(Error::CorruptRef { .. })));
+    }
+}
