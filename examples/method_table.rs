@@ -54,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "--zero-frac" => options.zstd_zero_fraction = args.next().ok_or("--zero-frac F")?.parse()?,
             "--zero-run" => options.zstd_zero_run = args.next().ok_or("--zero-run F")?.parse()?,
             "--seq-cost" => options.zstd_sequence_cost = args.next().ok_or("--seq-cost B")?.parse()?,
+            "--lit-penalty" => options.zstd_literal_penalty = args.next().ok_or("--lit-penalty F")?.parse()?,
             "--raw-frac" => options.raw_fraction = args.next().ok_or("--raw-frac F")?.parse()?,
             "--zstd-level" => options.zstd_level = args.next().ok_or("--zstd-level L")?.parse()?,
             "--delta" => {

@@ -14,7 +14,7 @@ use std::ops::Range;
 #[non_exhaustive]
 pub enum Error {
     /// The input claimed to be safetensors and is not valid.
-    #[error("invalid safetensors file: {0}")]
+    #[error("invalid safetensors file")]
     Safetensors(#[from] safetensors::Error),
     /// Coding failed or the container is damaged.
     #[error(transparent)]

@@ -43,6 +43,8 @@ pub struct Options {
     pub zstd_zero_run: f64,
     /// Estimated bytes zstd spends per zero run it codes as a match (see [`zstd_estimate`]).
     pub zstd_sequence_cost: f64,
+    /// Factor on the entropy of zstd literals (see [`zstd_estimate`]).
+    pub zstd_literal_penalty: f64,
     /// Estimated Huffman size, as a fraction of the group, from which the group is stored raw.
     pub raw_fraction: f64,
     /// After a group is stored raw, the same group of this many following chunks (of the same
@@ -64,7 +66,8 @@ impl Default for Options {
             zstd_zero_fraction: 0.90,
             zstd_zero_run: 0.03,
             zstd_sequence_cost: 10.0,
-            raw_fraction: 0.95,
+            zstd_literal_penalty: 1.10,
+            raw_fraction: 0.985,
             skip_after_raw: 8,
         }
     }
@@ -153,7 +156,7 @@ pub const MIN_ZERO_RUN: usize = 4;
 pub fn zero_runs(group: &[u8]) -> ZeroRuns {
     let mut r = ZeroRuns::default();
     let mut run = 0usize;
-    let mut close = |run: usize, r: &mut ZeroRuns| {
+    let close = |run: usize, r: &mut ZeroRuns| {
         if run >= MIN_ZERO_RUN {
             r.runs += 1;
             r.zeros_in_runs += run;
@@ -178,8 +181,10 @@ pub fn longest_zero_run(group: &[u8]) -> usize {
 }
 
 /// Estimated zstd size in bytes for a group with these statistics: zero runs become matches
-/// (about `sequence_cost` bytes each), everything else is literals at their order-0 entropy.
-pub fn zstd_estimate(stats: &GroupStats, runs: &ZeroRuns, sequence_cost: f64) -> f64 {
+/// (about `options.zstd_sequence_cost` bytes each), everything else is literals at their order-0
+/// entropy times `options.zstd_literal_penalty` (zstd's literals cost more than huff0's on the
+/// same bytes: block headers, and spurious short matches on skewed noise).
+pub fn zstd_estimate(stats: &GroupStats, runs: &ZeroRuns, options: &Options) -> f64 {
     let mut literal_hist = stats.histogram;
     literal_hist[0] -= runs.zeros_in_runs as u32;
     let literals: f64 = literal_hist.iter().map(|&c| c as f64).sum();
@@ -188,7 +193,7 @@ pub fn zstd_estimate(stats: &GroupStats, runs: &ZeroRuns, sequence_cost: f64) ->
         let c = c as f64;
         bits += c * (literals / c).log2();
     }
-    bits / 8.0 + runs.runs as f64 * sequence_cost + 64.0
+    bits / 8.0 * options.zstd_literal_penalty + runs.runs as f64 * options.zstd_sequence_cost + 64.0
 }
 
 /// The method `Auto` selection predicts for `group`.
@@ -207,9 +212,7 @@ pub fn predict(group: &[u8], options: &Options) -> Method {
     // Zero runs only matter when zeros are common: skip the second pass otherwise.
     if zeros as f64 >= options.zstd_zero_run * nf {
         let runs = zero_runs(group);
-        if runs.longest as f64 >= options.zstd_zero_run * nf
-            || zstd_estimate(&stats, &runs, options.zstd_sequence_cost) < huffman
-        {
+        if runs.longest as f64 >= options.zstd_zero_run * nf || zstd_estimate(&stats, &runs, options) < huffman {
             return Method::Zstd;
         }
     }
