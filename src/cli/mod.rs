@@ -17,6 +17,9 @@ pub struct Cli {
     /// Worker threads (default: all cores).
     #[arg(long, short = 'j', global = true)]
     pub jobs: Option<usize>,
+    /// Run as if started in DIR (the repository is found from there; relative paths too).
+    #[arg(short = 'C', global = true, value_name = "DIR")]
+    pub dir: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,6 +32,41 @@ enum Command {
     Decompress(commands::decompress::DecompressArgs),
     /// Show where the bytes of a file go: per dtype and byte group, methods, sizes, entropy.
     Stats(commands::stats::StatsArgs),
+    /// Create a repository (.ckpt) in DIR or the current directory.
+    Init(commands::init::InitArgs),
+    /// Store files as a new version (safetensors tensor by tensor, with deltas).
+    Commit(commands::commit::CommitArgs),
+    /// Write a version's files (all or some, whole or some tensors), verified by hash.
+    Checkout(commands::checkout::CheckoutArgs),
+    /// Show history, newest first.
+    Log(commands::log::LogArgs),
+    /// Compare the working files with the current version.
+    Status(commands::status::StatusArgs),
+    /// Create a tag, or list tags.
+    Tag(commands::tag::TagArgs),
+    /// Create a branch, or list branches.
+    Branch(commands::branch::BranchArgs),
+    /// Switch to a branch and check out its files.
+    Switch(commands::switch::SwitchArgs),
+    /// Stop tracking files from the next version on.
+    Rm(commands::rm::RmArgs),
+    /// Delete objects no branch, tag or HEAD reaches.
+    Gc(commands::gc::GcArgs),
+    /// Re-hash every object and version; exit 1 if anything is damaged.
+    Verify(commands::verify::VerifyArgs),
+    /// Maintain the index (a rebuildable cache).
+    Index(commands::index::IndexArgs),
+}
+
+/// The directory commands run in: `-C DIR` (relative to the current directory) or the current
+/// directory. Repository discovery and relative file arguments start here.
+fn base_dir(dir: Option<&std::path::Path>) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    Ok(match dir {
+        Some(d) => cwd.join(d),
+        None => cwd,
+    })
 }
 
 /// Runs the CLI and returns the process exit code: 0 on success (and on a closed stdout pipe),
@@ -36,11 +74,26 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let ui = ui::Ui::new(cli.quiet);
-    let result = ui::thread_pool(cli.jobs).and_then(|pool| {
-        pool.install(|| match cli.command {
-            Command::Compress(args) => commands::compress::run(&ui, args),
-            Command::Decompress(args) => commands::decompress::run(&ui, args),
-            Command::Stats(args) => commands::stats::run(&ui, args),
+    let result = base_dir(cli.dir.as_deref()).and_then(|base| {
+        let base = base.as_path();
+        ui::thread_pool(cli.jobs).and_then(|pool| {
+            pool.install(|| match cli.command {
+                Command::Compress(args) => commands::compress::run(&ui, args),
+                Command::Decompress(args) => commands::decompress::run(&ui, args),
+                Command::Stats(args) => commands::stats::run(&ui, args),
+                Command::Init(args) => commands::init::run(&ui, base, args),
+                Command::Commit(args) => commands::commit::run(&ui, base, args),
+                Command::Checkout(args) => commands::checkout::run(&ui, base, args),
+                Command::Log(args) => commands::log::run(&ui, base, args),
+                Command::Status(args) => commands::status::run(&ui, base, args),
+                Command::Tag(args) => commands::tag::run(&ui, base, args),
+                Command::Branch(args) => commands::branch::run(&ui, base, args),
+                Command::Switch(args) => commands::switch::run(&ui, base, args),
+                Command::Rm(args) => commands::rm::run(&ui, base, args),
+                Command::Gc(args) => commands::gc::run(&ui, base, args),
+                Command::Verify(args) => commands::verify::run(&ui, base, args),
+                Command::Index(args) => commands::index::run(&ui, base, args),
+            })
         })
     });
     match result {

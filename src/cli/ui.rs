@@ -33,6 +33,74 @@ impl Ui {
     }
 }
 
+/// Progress of library operations ([`crate::repo::Progress`]) shown as one bar at a time.
+pub struct BarProgress {
+    show: bool,
+    bar: std::sync::Mutex<Option<ProgressBar>>,
+}
+
+impl BarProgress {
+    /// Bars on stderr when `ui` shows progress; nothing otherwise.
+    pub fn new(ui: &Ui) -> BarProgress {
+        BarProgress { show: ui.show_progress, bar: std::sync::Mutex::new(None) }
+    }
+}
+
+impl crate::repo::Progress for BarProgress {
+    fn start(&self, label: &str, total: u64) {
+        let bar = if !self.show {
+            ProgressBar::hidden()
+        } else if label == "gc" {
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} objects").expect("static template").progress_chars("=> "),
+            );
+            bar.set_message(label.to_string());
+            bar
+        } else {
+            Ui { show_progress: true }.bytes_bar(total, label)
+        };
+        if let Ok(mut slot) = self.bar.lock() {
+            if let Some(old) = slot.replace(bar) {
+                old.finish_and_clear();
+            }
+        }
+    }
+    fn set(&self, done: u64) {
+        if let Ok(slot) = self.bar.lock() {
+            if let Some(bar) = slot.as_ref() {
+                bar.set_position(done);
+            }
+        }
+    }
+    fn finish(&self) {
+        if let Ok(mut slot) = self.bar.lock() {
+            if let Some(bar) = slot.take() {
+                bar.finish_and_clear();
+            }
+        }
+    }
+}
+
+/// Opens the repository containing `dir`, with progress bars and the writer-lock timeout from
+/// `CKPT_LOCK_TIMEOUT` (seconds; default 60).
+pub fn open_repo(ui: &Ui, dir: &Path) -> Result<crate::repo::Repo> {
+    let mut repo = crate::repo::Repo::discover(dir)?;
+    repo.set_progress(std::sync::Arc::new(BarProgress::new(ui)));
+    if let Ok(text) = std::env::var("CKPT_LOCK_TIMEOUT") {
+        let secs: f64 = text.trim().parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0).with_context(|| {
+            format!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds")
+        })?;
+        repo.set_lock_timeout(std::time::Duration::from_secs_f64(secs));
+    }
+    Ok(repo)
+}
+
+/// Human-readable byte count (binary units).
+pub fn bytes(n: u64) -> String {
+    indicatif::HumanBytes(n).to_string()
+}
+
 /// A rayon pool with `jobs` threads (all cores when `None`).
 pub fn thread_pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
     let mut builder = rayon::ThreadPoolBuilder::new();

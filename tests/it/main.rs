@@ -1,4 +1,6 @@
 //! The integration test binary: one module per area.
 
 mod codec_cli;
+mod repo_history;
+mod repo_util;
 mod util;

@@ -1,5 +1,17 @@
 //! One module per command: `<Verb>Args` (clap) and `run`.
 
+pub mod branch;
+pub mod checkout;
+pub mod commit;
 pub mod compress;
 pub mod decompress;
+pub mod gc;
+pub mod index;
+pub mod init;
+pub mod log;
+pub mod rm;
 pub mod stats;
+pub mod status;
+pub mod switch;
+pub mod tag;
+pub mod verify;

@@ -1,0 +1,21 @@
+//! `ckpt init [DIR]`.
+
+use crate::cli::ui::Ui;
+use crate::repo::Repo;
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+
+/// Arguments of `ckpt init`.
+#[derive(clap::Args, Debug)]
+pub struct InitArgs {
+    /// Directory to create the repository in (default: the current directory).
+    dir: Option<PathBuf>,
+}
+
+/// Runs `ckpt init`.
+pub fn run(_ui: &Ui, base: &Path, args: InitArgs) -> Result<()> {
+    let dir = args.dir.map_or_else(|| base.to_path_buf(), |d| base.join(d));
+    let repo = Repo::init(&dir)?;
+    println!("Initialized an empty ckpt repository in {}", repo.ckpt_dir().display());
+    Ok(())
+}

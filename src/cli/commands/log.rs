@@ -1,0 +1,99 @@
+//! `ckpt log [REV] [--json]`.
+
+use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::repo::{format_time, Head, Repo, VersionId};
+use anyhow::Result;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+/// Arguments of `ckpt log`.
+#[derive(clap::Args, Debug)]
+pub struct LogArgs {
+    /// Where history starts (default: HEAD).
+    #[arg(default_value = "HEAD")]
+    rev: String,
+    /// A JSON array of versions, newest first.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(serde::Serialize)]
+struct JsonVersion<'a> {
+    id: String,
+    parents: Vec<String>,
+    date: String,
+    time: i64,
+    message: &'a str,
+    files: &'a [String],
+    raw_bytes: u64,
+    stored_bytes: u64,
+    refs: Vec<String>,
+}
+
+/// Branch and tag names per version, `HEAD -> branch` first.
+fn decorations(repo: &Repo) -> Result<HashMap<VersionId, Vec<String>>> {
+    let mut out: HashMap<VersionId, Vec<String>> = HashMap::new();
+    let head = repo.head()?;
+    if let Head::Detached(id) = &head {
+        out.entry(*id).or_default().push("HEAD".into());
+    }
+    for b in repo.branches()? {
+        let names = out.entry(b.id).or_default();
+        if b.current {
+            names.insert(0, format!("HEAD -> {}", b.name));
+        } else {
+            names.push(b.name);
+        }
+    }
+    for (name, id) in repo.tags()? {
+        out.entry(id).or_default().push(format!("tag: {name}"));
+    }
+    Ok(out)
+}
+
+/// Runs `ckpt log`.
+pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let versions = repo.log(&args.rev)?;
+    let refs = decorations(&repo)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let list: Vec<JsonVersion> = versions
+            .iter()
+            .map(|v| JsonVersion {
+                id: v.id.to_hex(),
+                parents: v.parents.iter().map(|p| p.to_hex()).collect(),
+                date: format_time(v.time),
+                time: v.time,
+                message: &v.message,
+                files: &v.files,
+                raw_bytes: v.raw_bytes,
+                stored_bytes: v.stored_bytes,
+                refs: refs.get(&v.id).cloned().unwrap_or_default(),
+            })
+            .collect();
+        serde_json::to_writer_pretty(&mut out, &list)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    for v in &versions {
+        let decoration = refs.get(&v.id).map(|r| format!(" ({})", r.join(", "))).unwrap_or_default();
+        writeln!(out, "version {}{decoration}", v.id)?;
+        writeln!(out, "date    {}", format_time(v.time))?;
+        writeln!(out, "files   {}", v.files.join(" "))?;
+        writeln!(
+            out,
+            "stored  {} added for {} ({:.1}%)",
+            bytes(v.stored_bytes),
+            bytes(v.raw_bytes),
+            100.0 * v.stored_bytes as f64 / v.raw_bytes.max(1) as f64
+        )?;
+        writeln!(out)?;
+        for line in v.message.lines() {
+            writeln!(out, "    {line}")?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}

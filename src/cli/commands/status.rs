@@ -1,0 +1,48 @@
+//! `ckpt status [--json]`.
+
+use crate::cli::ui::{open_repo, Ui};
+use crate::repo::FileState;
+use anyhow::Result;
+use std::io::Write;
+use std::path::Path;
+
+/// Arguments of `ckpt status`.
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ckpt status`.
+pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let status = repo.status()?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &status)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    match (&status.branch, &status.head) {
+        (Some(b), Some(id)) => writeln!(out, "On branch {b}, version {}", id.short(12))?,
+        (Some(b), None) => writeln!(out, "On branch {b}, no version yet")?,
+        (None, Some(id)) => writeln!(out, "HEAD detached at version {}", id.short(12))?,
+        (None, None) => {}
+    }
+    let mut unchanged = 0;
+    for f in &status.files {
+        let label = match f.state {
+            FileState::Unchanged => {
+                unchanged += 1;
+                continue;
+            }
+            FileState::Modified => "modified",
+            FileState::Missing => "missing",
+            FileState::Removed => "removed",
+        };
+        writeln!(out, "  {label:<9} {}", f.path)?;
+    }
+    writeln!(out, "{unchanged} of {} tracked files unchanged", status.files.len())?;
+    Ok(())
+}

@@ -1,0 +1,23 @@
+//! `ckpt switch NAME [--force]`.
+
+use crate::cli::ui::{open_repo, Ui};
+use anyhow::Result;
+use std::path::Path;
+
+/// Arguments of `ckpt switch`.
+#[derive(clap::Args, Debug)]
+pub struct SwitchArgs {
+    /// Branch to switch to; its files are checked out into the working tree.
+    name: String,
+    /// Overwrite modified tracked files.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs `ckpt switch`.
+pub fn run(ui: &Ui, base: &Path, args: SwitchArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    repo.switch(&args.name, args.force)?;
+    eprintln!("switched to branch {}", args.name);
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! `ckpt verify`: exits non-zero when anything is damaged.
+
+use crate::cli::ui::{bytes, open_repo, Ui};
+use anyhow::Result;
+use std::path::Path;
+
+/// Arguments of `ckpt verify`.
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ckpt verify`.
+pub fn run(ui: &Ui, base: &Path, args: VerifyArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let r = repo.verify()?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        for o in &r.bad_objects {
+            println!("bad object {}: {}", o.id, o.problem);
+        }
+        for v in &r.bad_versions {
+            let ids: Vec<String> = v.objects.iter().map(|o| o.short(12)).collect();
+            println!("bad version {}: needs damaged or missing {}", v.id, ids.join(", "));
+        }
+        for line in &r.bad_refs {
+            println!("bad ref: {line}");
+        }
+        println!(
+            "checked {} objects ({}) and {} versions",
+            r.objects_checked,
+            bytes(r.bytes_checked),
+            r.versions_checked
+        );
+    }
+    anyhow::ensure!(
+        r.is_ok(),
+        "verification failed: {} bad objects, {} affected versions, {} bad refs",
+        r.bad_objects.len(),
+        r.bad_versions.len(),
+        r.bad_refs.len()
+    );
+    Ok(())
+}

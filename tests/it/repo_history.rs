@@ -1,0 +1,334 @@
+//! Commit and check out histories: bit-exact round trips, dedup, both delta policies, files
+//! carried over and removed, tensor filters, revisions, refs, status, log and the index.
+
+use crate::repo_util::{ckpt_in, read_tree, stderr, synthetic_checkpoint, TestRepo, SMALL_MODEL};
+use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileState, Repo, VersionId};
+use ckpt::store::ObjectKind;
+use ckpt::Dtype;
+use std::path::PathBuf;
+
+/// Depth of every blob in the store.
+fn blob_depths(repo: &Repo) -> Vec<u32> {
+    let store = repo.store();
+    store
+        .list()
+        .unwrap()
+        .iter()
+        .filter_map(|id| store.header(id).ok().filter(|h| h.kind == ObjectKind::Blob).map(|h| h.depth))
+        .collect()
+}
+
+/// Commits `epochs` epochs of a model (and an opaque notes file); returns the version ids and
+/// the files each version should have.
+fn commit_epochs(t: &TestRepo, repo: &Repo, dtype: Dtype, epochs: u32) -> Vec<(VersionId, Vec<(String, Vec<u8>)>)> {
+    let mut out = Vec::new();
+    for e in 0..epochs {
+        let model = synthetic_checkpoint(11, dtype, SMALL_MODEL, e);
+        let notes = format!("epoch {e}\n").into_bytes();
+        let id = t.commit_files(repo, &[("ckpt/model.safetensors", &model), ("notes.txt", &notes)], &format!("epoch {e}"));
+        out.push((id, vec![("ckpt/model.safetensors".to_string(), model), ("notes.txt".to_string(), notes)]));
+    }
+    out
+}
+
+#[test]
+fn epochs_check_out_bit_exactly_and_deltas_pay() {
+    for dtype in [Dtype::Bf16, Dtype::F32] {
+        let t = TestRepo::with_config(&Config { base_every: 4, chunk_size: 8192, ..Config::default() });
+        let repo = t.open();
+        let history = commit_epochs(&t, &repo, dtype, 7);
+        for (id, files) in &history {
+            assert_eq!(&t.checkout_all(&repo, &id.to_hex()), files, "{dtype} version {id:?}");
+        }
+        let log = repo.log("HEAD").unwrap();
+        assert_eq!(log.len(), 7);
+        assert_eq!(log.iter().map(|v| v.id).rev().collect::<Vec<_>>(), history.iter().map(|h| h.0).collect::<Vec<_>>());
+        // Epoch 0 and 4 store full bases; the others only deltas, which must be much smaller.
+        let stored: Vec<u64> = log.iter().rev().map(|v| v.stored_bytes).collect();
+        for e in [1, 2, 3, 5, 6] {
+            assert!(stored[e] * 2 < stored[0], "{dtype}: epoch {e} stored {} vs base {}", stored[e], stored[0]);
+        }
+        assert!(stored[4] * 2 > stored[0], "{dtype}: epoch 4 is a full base: {stored:?}");
+        let depths = blob_depths(&repo);
+        assert!(depths.iter().all(|&d| d <= 3), "chains bounded by base_every - 1: {depths:?}");
+        assert!(depths.contains(&3));
+        // The working tree matches HEAD.
+        assert!(repo.status().unwrap().files.iter().all(|f| f.state == FileState::Unchanged));
+        assert!(repo.verify().unwrap().is_ok());
+    }
+}
+
+#[test]
+fn base_policy_deltas_have_depth_one() {
+    let t = TestRepo::with_config(&Config {
+        base_every: 4,
+        chunk_size: 8192,
+        delta_policy: DeltaPolicy::Base,
+        ..Config::default()
+    });
+    let repo = t.open();
+    let history = commit_epochs(&t, &repo, Dtype::Bf16, 6);
+    for (id, files) in &history {
+        assert_eq!(&t.checkout_all(&repo, &id.to_hex()), files);
+    }
+    let depths = blob_depths(&repo);
+    assert!(depths.iter().all(|&d| d <= 1), "{depths:?}");
+    assert!(depths.contains(&1));
+    // The same history with a per-commit override of the policy.
+    let t2 = TestRepo::with_config(&Config { base_every: 4, chunk_size: 8192, ..Config::default() });
+    let repo2 = t2.open();
+    let options = CommitOptions { delta_policy: Some(DeltaPolicy::Base), ..CommitOptions::default() };
+    for e in 0..3 {
+        t2.write("m.safetensors", &synthetic_checkpoint(3, Dtype::F32, SMALL_MODEL, e));
+        repo2.commit(&["m.safetensors"], "e", &options).unwrap();
+    }
+    assert!(blob_depths(&repo2).iter().all(|&d| d <= 1));
+}
+
+#[test]
+fn identical_tensors_are_stored_once() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    let a = synthetic_checkpoint(5, Dtype::Bf16, &[("x", &[128, 64])], 0);
+    // The same tensor bytes under other names, in another file, next to a different tensor.
+    let b = synthetic_checkpoint(5, Dtype::Bf16, &[("x", &[128, 64]), ("y", &[128, 64])], 0);
+    let c = {
+        let spec = vec![("renamed".to_string(), Dtype::Bf16, vec![128u64, 64])];
+        let mut f = ckpt::safetensors::write_header(&spec, None).unwrap();
+        f.extend_from_slice(&a[a.len() - 128 * 64 * 2..]);
+        f
+    };
+    t.commit_files(&repo, &[("a.safetensors", &a), ("b.safetensors", &b), ("c.safetensors", &c)], "v1");
+    let blobs = repo
+        .store()
+        .list()
+        .unwrap()
+        .into_iter()
+        .filter(|id| repo.store().header(id).unwrap().kind == ObjectKind::Blob)
+        .count();
+    // Three distinct headers + tensor x (shared by all three files) + tensor y.
+    assert_eq!(blobs, 5);
+    // Committing the same files again adds nothing but the version object.
+    let before = t.object_files().len();
+    let v2 = repo.commit(&["a.safetensors", "b.safetensors", "c.safetensors"], "again", &CommitOptions::default()).unwrap();
+    assert_eq!(t.object_files().len(), before + 1);
+    assert_eq!(repo.version_info(&v2).unwrap().stored_bytes, 0);
+    assert_eq!(t.checkout_all(&repo, "HEAD"), vec![
+        ("a.safetensors".to_string(), a),
+        ("b.safetensors".to_string(), b),
+        ("c.safetensors".to_string(), c)
+    ]);
+}
+
+#[test]
+fn unrelated_data_is_stored_standalone() {
+    let t = TestRepo::with_config(&Config { chunk_size: 8192, ..Config::default() });
+    let repo = t.open();
+    for e in 0..3 {
+        // Fresh random weights every epoch (same names and shapes): a delta cannot pay.
+        let m = synthetic_checkpoint(100 + e as u64, Dtype::F32, SMALL_MODEL, 0);
+        t.commit_files(&repo, &[("m.safetensors", &m)], "fresh");
+    }
+    assert!(blob_depths(&repo).iter().all(|&d| d == 0));
+}
+
+#[test]
+fn files_carry_over_until_removed() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    t.commit_files(&repo, &[("a.bin", b"a1"), ("sub/b.bin", b"b1")], "one");
+    t.commit_files(&repo, &[("c.bin", b"c1")], "two");
+    let names = |rev: &str| repo.version(&repo.resolve(rev).unwrap()).unwrap().files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
+    assert_eq!(names("HEAD"), ["a.bin", "c.bin", "sub/b.bin"]);
+    repo.rm(&[t.path("a.bin")]).unwrap();
+    assert_eq!(repo.status().unwrap().files[0].state, FileState::Removed);
+    assert!(repo.rm(&[t.path("nope.bin")]).is_err());
+    // A commit naming no file still applies the removal.
+    repo.commit::<&str>(&[], "drop a", &CommitOptions::default()).unwrap();
+    assert_eq!(names("HEAD"), ["c.bin", "sub/b.bin"]);
+    assert!(t.path("a.bin").exists(), "rm keeps the working file");
+    assert_eq!(names("HEAD~1"), ["a.bin", "c.bin", "sub/b.bin"]);
+    assert!(matches!(repo.commit::<&str>(&[], "empty", &CommitOptions::default()), Err(ckpt::repo::Error::NothingToCommit)));
+    // Checking out one file of an old version, into the working tree.
+    std::fs::write(t.path("sub/b.bin"), b"changed").unwrap();
+    repo.checkout("HEAD~2", Some(&[PathBuf::from("sub/b.bin")]), None, None).unwrap();
+    assert_eq!(t.read("sub/b.bin"), b"b1");
+    assert!(repo.checkout("HEAD~2", Some(&[PathBuf::from("c.bin")]), None, None).is_err());
+}
+
+#[test]
+fn tensor_filter_writes_valid_subsets() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    let model = synthetic_checkpoint(9, Dtype::Bf16, SMALL_MODEL, 2);
+    t.commit_files(&repo, &[("m.safetensors", &model), ("notes.txt", b"n")], "v");
+    let original = safetensors::SafeTensors::deserialize(&model).unwrap();
+    for (pattern, expected) in [
+        ("layers.*", vec!["layers.0.attn.q", "layers.0.mlp.up"]),
+        ("attn", vec!["layers.0.attn.q"]),
+        ("*.bias", vec!["head.bias"]),
+        ("h?ad*", vec!["head.bias"]),
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let summary = repo.checkout("HEAD", None, Some(out.path()), Some(pattern)).unwrap();
+        assert_eq!(summary.files, ["m.safetensors"], "non-safetensors files are skipped");
+        let bytes = std::fs::read(out.path().join("m.safetensors")).unwrap();
+        let subset = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
+        let mut names: Vec<String> = subset.names().into_iter().map(|n| n.to_string()).collect();
+        names.sort();
+        assert_eq!(names, expected, "{pattern}");
+        for name in &names {
+            assert_eq!(subset.tensor(name).unwrap().data(), original.tensor(name).unwrap().data());
+        }
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(meta.metadata().as_ref().unwrap().get("epoch").unwrap(), "2");
+    }
+    let out = tempfile::tempdir().unwrap();
+    assert!(repo.checkout("HEAD", None, Some(out.path()), Some("nothing-matches")).unwrap().files.is_empty());
+}
+
+#[test]
+fn revisions_resolve() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    assert!(repo.log("HEAD").unwrap().is_empty());
+    assert!(repo.resolve("HEAD").is_err());
+    let ids: Vec<VersionId> = (0..4).map(|i| t.commit_files(&repo, &[("f", format!("{i}").as_bytes())], "v")).collect();
+    assert_eq!(repo.resolve("HEAD").unwrap(), ids[3]);
+    assert_eq!(repo.resolve("HEAD~").unwrap(), ids[2]);
+    assert_eq!(repo.resolve("HEAD~3").unwrap(), ids[0]);
+    assert_eq!(repo.resolve("main~2").unwrap(), ids[1]);
+    assert_eq!(repo.resolve(&ids[1].to_hex()).unwrap(), ids[1]);
+    assert_eq!(repo.resolve(&ids[2].short(8)).unwrap(), ids[2]);
+    assert_eq!(repo.resolve(&ids[2].short(8).to_uppercase()).unwrap(), ids[2]);
+    assert_eq!(repo.resolve(&format!("{}~1", ids[2].short(10))).unwrap(), ids[1]);
+    repo.tag("first", Some(&ids[0].to_hex())).unwrap();
+    assert_eq!(repo.resolve("first").unwrap(), ids[0]);
+    assert!(matches!(repo.tag("first", None), Err(ckpt::repo::Error::RefExists { .. })));
+    let err = repo.resolve("HEAD~4").unwrap_err().to_string();
+    assert!(err.contains("only 3 versions"), "{err}");
+    for bad in ["nope", "first~x", "abc", "~1"] {
+        assert!(repo.resolve(bad).is_err(), "{bad}");
+    }
+    // A blob id is not a version.
+    let blob = repo.store().list().unwrap().into_iter().find(|id| repo.store().header(id).unwrap().kind == ObjectKind::Blob);
+    assert!(repo.resolve(&blob.unwrap().to_hex()).is_err());
+}
+
+#[test]
+fn branches_switch_and_status() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    t.commit_files(&repo, &[("w.bin", b"main-1"), ("x.bin", b"x")], "m1");
+    repo.create_branch("exp", None).unwrap();
+    t.commit_files(&repo, &[("w.bin", b"main-2")], "m2");
+    repo.switch("exp", false).unwrap();
+    assert_eq!(t.read("w.bin"), b"main-1");
+    t.commit_files(&repo, &[("w.bin", b"exp-1")], "e1");
+    let branches = repo.branches().unwrap();
+    assert_eq!(branches.iter().map(|b| (b.name.as_str(), b.current)).collect::<Vec<_>>(), [("exp", true), ("main", false)]);
+    assert_eq!(repo.log("main").unwrap().len(), 2);
+    assert_eq!(repo.log("HEAD").unwrap().len(), 2);
+
+    // Status: modified (same size too), missing, unchanged.
+    std::fs::write(t.path("w.bin"), b"exp-X").unwrap();
+    std::fs::remove_file(t.path("x.bin")).unwrap();
+    let status = repo.status().unwrap();
+    assert_eq!(status.branch.as_deref(), Some("exp"));
+    let states: Vec<FileState> = status.files.iter().map(|f| f.state).collect();
+    assert_eq!(states, [FileState::Modified, FileState::Missing]);
+    assert!(matches!(repo.switch("main", false), Err(ckpt::repo::Error::DirtyWorkingTree { .. })));
+    repo.switch("main", true).unwrap();
+    assert_eq!(t.read("w.bin"), b"main-2");
+    assert_eq!(t.read("x.bin"), b"x");
+    assert!(repo.status().unwrap().files.iter().all(|f| f.state == FileState::Unchanged));
+    assert!(repo.switch("nope", false).is_err());
+    assert!(repo.create_branch("bad/name", None).is_err());
+}
+
+#[test]
+fn cli_log_json_ids_check_out() {
+    let t = TestRepo::init();
+    for e in 0..3 {
+        t.write("sub/m.safetensors", &synthetic_checkpoint(1, Dtype::Bf16, SMALL_MODEL, e));
+        // Relative paths from a subdirectory, through -C.
+        let o = ckpt_in(t.root(), &["-C", "sub", "commit", "-m", &format!("epoch {e}"), "m.safetensors"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let o = t.ckpt(&["log", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let versions = log.as_array().unwrap();
+    assert_eq!(versions.len(), 3);
+    assert_eq!(versions[0]["message"], "epoch 2");
+    assert_eq!(versions[2]["files"][0], "sub/m.safetensors");
+    assert!(versions[1]["stored_bytes"].as_u64().unwrap() < versions[1]["raw_bytes"].as_u64().unwrap());
+    let oldest = versions[2]["id"].as_str().unwrap();
+    let o = t.ckpt(&["checkout", oldest, "--output", "out"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(read_tree(&t.path("out")), vec![(
+        "sub/m.safetensors".to_string(),
+        synthetic_checkpoint(1, Dtype::Bf16, SMALL_MODEL, 0)
+    )]);
+    for args in [&["status", "--json"][..], &["tag", "v0", oldest], &["tag"], &["branch", "b"], &["branch"], &["gc"], &["verify"]] {
+        let o = t.ckpt(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+    let o = t.ckpt(&["log"]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("(HEAD -> main, b)") && text.contains("tag: v0"), "{text}");
+    let o = t.ckpt(&["checkout", "nope"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("unknown revision"), "{}", stderr(&o));
+}
+
+#[test]
+fn index_is_rebuilt_when_missing_or_damaged() {
+    let t = TestRepo::init();
+    let expected = {
+        let repo = t.open();
+        for e in 0..3 {
+            t.commit_files(&repo, &[("m.safetensors", &synthetic_checkpoint(2, Dtype::F32, SMALL_MODEL, e))], "e");
+        }
+        repo.log("HEAD").unwrap()
+    };
+    std::fs::remove_dir_all(t.path(".ckpt/index")).unwrap();
+    {
+        let repo = t.open();
+        assert!(repo.has_index());
+        assert_eq!(repo.log("HEAD").unwrap(), expected);
+    }
+    // Damage the database files; opening rebuilds.
+    for entry in walk(&t.path(".ckpt/index")) {
+        std::fs::write(&entry, b"garbage").unwrap();
+    }
+    {
+        let repo = t.open();
+        assert!(repo.has_index());
+        assert_eq!(repo.log("HEAD").unwrap(), expected);
+    }
+    let o = t.ckpt(&["index", "rebuild"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(t.open().log("HEAD").unwrap(), expected);
+    // While one process holds the index, another works without it.
+    let holder = t.open();
+    let other = t.open();
+    assert!(holder.has_index() && !other.has_index());
+    assert_eq!(other.log("HEAD").unwrap(), expected);
+    t.write("n.bin", b"x");
+    other.commit(&["n.bin"], "no index", &CommitOptions::default()).unwrap();
+    assert_eq!(holder.log("HEAD").unwrap().len(), 4);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
