@@ -53,7 +53,9 @@ impl crate::repo::Progress for BarProgress {
         } else if label == "gc" {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             bar.set_style(
-                ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} objects").expect("static template").progress_chars("=> "),
+                ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} objects")
+                    .expect("static template")
+                    .progress_chars("=> "),
             );
             bar.set_message(label.to_string());
             bar
@@ -88,9 +90,12 @@ pub fn open_repo(ui: &Ui, dir: &Path) -> Result<crate::repo::Repo> {
     let mut repo = crate::repo::Repo::discover(dir)?;
     repo.set_progress(std::sync::Arc::new(BarProgress::new(ui)));
     if let Ok(text) = std::env::var("CKPT_LOCK_TIMEOUT") {
-        let secs: f64 = text.trim().parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0).with_context(|| {
-            format!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds")
-        })?;
+        let secs: f64 = text
+            .trim()
+            .parse()
+            .ok()
+            .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+            .with_context(|| format!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds"))?;
         repo.set_lock_timeout(std::time::Duration::from_secs_f64(secs));
     }
     Ok(repo)

@@ -364,8 +364,14 @@ mod tests {
         ix.finish_rebuild().unwrap();
         assert!(ix.is_complete());
         let id = ObjectId::hash(b"a");
-        let rec =
-            ObjectRecord { kind: 1, dtype: 9, depth: 2, raw_len: 10, stored_len: 5, reference: Some(ObjectId([3; 32])) };
+        let rec = ObjectRecord {
+            kind: 1,
+            dtype: 9,
+            depth: 2,
+            raw_len: 10,
+            stored_len: 5,
+            reference: Some(ObjectId([3; 32])),
+        };
         ix.put_object(&id, &rec).unwrap();
         assert_eq!(ix.object(&id).unwrap(), Some(rec));
         let v = VersionRecord {

@@ -131,8 +131,16 @@ impl Repo {
         let (out_dir, in_tree) = match output_dir {
             None => (self.root.clone(), true),
             Some(d) => {
-                std::fs::create_dir_all(d).map_err(|source| Error::Io { action: "creating", path: d.to_path_buf(), source })?;
-                let d = std::fs::canonicalize(d).map_err(|source| Error::Io { action: "resolving", path: d.to_path_buf(), source })?;
+                std::fs::create_dir_all(d).map_err(|source| Error::Io {
+                    action: "creating",
+                    path: d.to_path_buf(),
+                    source,
+                })?;
+                let d = std::fs::canonicalize(d).map_err(|source| Error::Io {
+                    action: "resolving",
+                    path: d.to_path_buf(),
+                    source,
+                })?;
                 let in_tree = d == self.root;
                 (d, in_tree)
             }
@@ -141,8 +149,10 @@ impl Repo {
         self.progress.start("checkout", total);
         let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
         for entry in selected {
-            let rp = RepoPath::parse(&entry.path)
-                .map_err(|reason| Error::CorruptMetadata { id: *id, reason: format!("path {:?}: {reason}", entry.path) })?;
+            let rp = RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
+                id: *id,
+                reason: format!("path {:?}: {reason}", entry.path),
+            })?;
             let written = self
                 .checkout_file(entry, &rp, &out_dir, filter, summary.bytes)
                 .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
@@ -197,16 +207,24 @@ impl Repo {
 
         let dest = rp.under(out_dir);
         let dir = dest.parent().expect("a file path under a directory");
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { action: "creating", path: dir.to_path_buf(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            action: "creating",
+            path: dir.to_path_buf(),
+            source,
+        })?;
         if dest.is_dir() {
             return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
         }
-        let tmp = tempfile::Builder::new()
-            .prefix(".ckpt-tmp-")
-            .tempfile_in(dir)
-            .map_err(|source| Error::Io { action: "creating a file in", path: dir.to_path_buf(), source })?;
+        let tmp = tempfile::Builder::new().prefix(".ckpt-tmp-").tempfile_in(dir).map_err(|source| Error::Io {
+            action: "creating a file in",
+            path: dir.to_path_buf(),
+            source,
+        })?;
         let io_err = |source| Error::Io { action: "writing", path: tmp.path().to_path_buf(), source };
-        let mut w = HashingWriter { inner: std::io::BufWriter::with_capacity(4 << 20, tmp.as_file()), hasher: blake3::Hasher::new() };
+        let mut w = HashingWriter {
+            inner: std::io::BufWriter::with_capacity(4 << 20, tmp.as_file()),
+            hasher: blake3::Hasher::new(),
+        };
         let mut written = 0u64;
         if let Some(h) = &header {
             w.write_all(h).map_err(io_err)?;

@@ -87,15 +87,16 @@ impl Repo {
         let mut offset = 0;
         for input in &inputs {
             let path = input.path.to_string();
-            let reference_manifest = reference
-                .as_ref()
-                .and_then(|v| v.file(&path))
-                .and_then(|f| self.manifest(&f.manifest).ok());
-            let entry = self
-                .commit_file(input, reference_manifest.as_ref(), base_every, offset, &mut tally)
-                .map_err(|e| match e {
-                    Error::Store(store::Error::ChangedWhileWriting { .. }) => Error::FileChanged { path: path.clone() },
-                    other => Error::File { path: path.clone(), source: Box::new(other) },
+            let reference_manifest =
+                reference.as_ref().and_then(|v| v.file(&path)).and_then(|f| self.manifest(&f.manifest).ok());
+            let entry =
+                self.commit_file(input, reference_manifest.as_ref(), base_every, offset, &mut tally).map_err(|e| {
+                    match e {
+                        Error::Store(store::Error::ChangedWhileWriting { .. }) => {
+                            Error::FileChanged { path: path.clone() }
+                        }
+                        other => Error::File { path: path.clone(), source: Box::new(other) },
+                    }
                 })?;
             offset += input.map.len() as u64;
             files.insert(path, entry);
@@ -137,8 +138,13 @@ impl Repo {
                 continue;
             }
             let abs = path.under(&self.root);
-            let file = std::fs::File::open(&abs).map_err(|source| Error::Io { action: "opening", path: abs.clone(), source })?;
-            let metadata = file.metadata().map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
+            let file = std::fs::File::open(&abs).map_err(|source| Error::Io {
+                action: "opening",
+                path: abs.clone(),
+                source,
+            })?;
+            let metadata =
+                file.metadata().map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
             if !metadata.is_file() {
                 return Err(Error::InvalidPath { path: abs, reason: "not a regular file".into() });
             }
@@ -235,8 +241,12 @@ impl Repo {
         let now = now_ns();
         for input in inputs {
             let Some(entry) = version.file(input.path.as_str()) else { continue };
-            let record =
-                StatRecord { len: input.metadata.len(), mtime_ns: mtime_ns(&input.metadata), recorded_ns: now, hash: entry.hash };
+            let record = StatRecord {
+                len: input.metadata.len(),
+                mtime_ns: mtime_ns(&input.metadata),
+                recorded_ns: now,
+                hash: entry.hash,
+            };
             let _ = ix.put_stat(input.path.as_str(), &record);
         }
     }
@@ -252,7 +262,11 @@ fn plan(input: &Input) -> Vec<Planned> {
     let mut out = vec![Planned { range: 0..header.data_start, dtype: None, tensor: None }];
     let mut at = header.data_start;
     for t in &header.tensors {
-        let tensor = Some(TensorRef { name: t.name.clone(), dtype: t.dtype.safetensors_name().to_string(), shape: t.shape.clone() });
+        let tensor = Some(TensorRef {
+            name: t.name.clone(),
+            dtype: t.dtype.safetensors_name().to_string(),
+            shape: t.shape.clone(),
+        });
         if t.is_empty() {
             out.push(Planned { range: at..at, dtype: Some(t.dtype), tensor });
             continue;

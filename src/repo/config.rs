@@ -44,8 +44,11 @@ impl Default for Config {
 impl Config {
     /// Reads and checks the config file.
     pub fn load(path: &Path) -> Result<Config> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| Error::Io { action: "reading the config", path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            action: "reading the config",
+            path: path.to_path_buf(),
+            source,
+        })?;
         let config: Config = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Config { path: path.to_path_buf(), reason: e.to_string() })?;
         config.check().map_err(|reason| Error::Config { path: path.to_path_buf(), reason })?;

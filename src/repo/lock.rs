@@ -15,12 +15,11 @@ pub struct WriterLock {
 impl WriterLock {
     /// Takes the lock at `path`, waiting up to `timeout`.
     pub fn acquire(path: &Path, timeout: Duration) -> Result<WriterLock> {
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(|source| Error::Io { action: "opening the lock file", path: path.to_path_buf(), source })?;
+        let file = File::options().create(true).truncate(false).write(true).open(path).map_err(|source| Error::Io {
+            action: "opening the lock file",
+            path: path.to_path_buf(),
+            source,
+        })?;
         let start = Instant::now();
         let mut pause = Duration::from_millis(10);
         loop {

@@ -326,6 +326,8 @@ impl Repo {
         let d = staging.path();
         Store::init(d)?;
         Refs::new(d).init(DEFAULT_BRANCH)?;
+        let lock_path = d.join("lock");
+        std::fs::write(&lock_path, b"").map_err(io("writing", &lock_path))?;
         let config_path = d.join("config");
         std::fs::write(&config_path, Config::default().to_json()).map_err(io("writing", &config_path))?;
         {
@@ -523,9 +525,10 @@ impl Repo {
         if base == "HEAD" {
             return match self.refs.head()? {
                 Head::Detached(id) => Ok(id),
-                Head::Branch(b) => {
-                    self.refs.get(RefKind::Branch, &b)?.ok_or_else(|| unknown(format!("branch {b:?} has no version yet")))
-                }
+                Head::Branch(b) => self
+                    .refs
+                    .get(RefKind::Branch, &b)?
+                    .ok_or_else(|| unknown(format!("branch {b:?} has no version yet"))),
             };
         }
         if let Some(id) = self.refs.get(RefKind::Branch, base)? {
@@ -642,15 +645,11 @@ impl Repo {
     pub fn switch(&self, name: &str, force: bool) -> Result<()> {
         check_name(name)?;
         let _lock = self.lock()?;
-        let tip = self.refs.get(RefKind::Branch, name)?.ok_or_else(|| Error::NoSuchBranch { name: name.to_string() })?;
+        let tip =
+            self.refs.get(RefKind::Branch, name)?.ok_or_else(|| Error::NoSuchBranch { name: name.to_string() })?;
         if !force {
-            let modified: Vec<String> = self
-                .status()?
-                .files
-                .into_iter()
-                .filter(|f| f.state == FileState::Modified)
-                .map(|f| f.path)
-                .collect();
+            let modified: Vec<String> =
+                self.status()?.files.into_iter().filter(|f| f.state == FileState::Modified).map(|f| f.path).collect();
             if !modified.is_empty() {
                 return Err(Error::DirtyWorkingTree { paths: modified });
             }
@@ -680,7 +679,9 @@ impl Repo {
         let path = self.removals_path();
         if paths.is_empty() {
             return match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io { action: "deleting", path, source: e }),
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::Io { action: "deleting", path, source: e })
+                }
                 _ => Ok(()),
             };
         }

@@ -129,11 +129,19 @@ impl Manifest {
         for s in &m.segments {
             total = total.checked_add(s.len).ok_or_else(|| corrupt(id, "segment lengths overflow"))?;
             if let Some(t) = &s.tensor {
-                let dtype = t.dtype().ok_or_else(|| corrupt(id, format!("tensor {:?}: dtype {:?}", t.name, t.dtype)))?;
+                let dtype =
+                    t.dtype().ok_or_else(|| corrupt(id, format!("tensor {:?}: dtype {:?}", t.name, t.dtype)))?;
                 let elements = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-                let bytes = if t.shape.contains(&0) { Some(0) } else { elements.and_then(|e| e.checked_mul(dtype.size() as u64)) };
+                let bytes = if t.shape.contains(&0) {
+                    Some(0)
+                } else {
+                    elements.and_then(|e| e.checked_mul(dtype.size() as u64))
+                };
                 if bytes != Some(s.len) {
-                    return Err(corrupt(id, format!("tensor {:?}: shape {:?} does not match {} bytes", t.name, t.shape, s.len)));
+                    return Err(corrupt(
+                        id,
+                        format!("tensor {:?}: shape {:?} does not match {} bytes", t.name, t.shape, s.len),
+                    ));
                 }
                 if m.kind != FileFormat::Safetensors {
                     return Err(corrupt(id, "a tensor in a plain file"));

@@ -163,13 +163,15 @@ impl Refs {
     /// Writes `text` to `path` atomically.
     fn write(&self, path: &Path, text: &str) -> Result<()> {
         let dir = path.parent().expect("ref paths have a parent");
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".ref-")
-            .tempfile_in(dir)
-            .map_err(io("creating a file in", dir))?;
+        let mut tmp =
+            tempfile::Builder::new().prefix(".ref-").tempfile_in(dir).map_err(io("creating a file in", dir))?;
         tmp.write_all(text.as_bytes()).map_err(io("writing", path))?;
         tmp.as_file().sync_all().map_err(io("syncing", path))?;
-        tmp.persist(path).map_err(|e| Error::Io { action: "renaming to", path: path.to_path_buf(), source: e.error })?;
+        tmp.persist(path).map_err(|e| Error::Io {
+            action: "renaming to",
+            path: path.to_path_buf(),
+            source: e.error,
+        })?;
         std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("syncing", dir))
     }
 }

@@ -107,10 +107,10 @@ impl Store {
         options: &Options,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Written> {
-        let header = ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, raw_len: data.len() as u64 };
-        let written = self.write_object(id, header, None, |out| {
-            encode_windows(id, out, data, None, dtype, options, progress)
-        })?;
+        let header =
+            ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, raw_len: data.len() as u64 };
+        let written =
+            self.write_object(id, header, None, |out| encode_windows(id, out, data, None, dtype, options, progress))?;
         Ok(written.expect("no size limit"))
     }
 
@@ -139,8 +139,13 @@ impl Store {
             });
         }
         let depth = reference.depth() + 1;
-        let header =
-            ObjectHeader { kind: ObjectKind::Blob, dtype, reference: Some(reference.id()), depth, raw_len: data.len() as u64 };
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype,
+            reference: Some(reference.id()),
+            depth,
+            raw_len: data.len() as u64,
+        };
         // The delta must use the reference's chunk size so chunk i lines up with chunk i.
         let options = Options { chunk_size: reference.chunk_size, ..options.clone() };
         let mut stored = 0;
@@ -294,7 +299,11 @@ impl BlobChain {
                     )));
                 }
                 if c.chunk_count() != self.chunk_count {
-                    return Err(corrupt(format!("{} chunks where its chain has {}", c.chunk_count(), self.chunk_count)));
+                    return Err(corrupt(format!(
+                        "{} chunks where its chain has {}",
+                        c.chunk_count(),
+                        self.chunk_count
+                    )));
                 }
                 if let Some(s) = c.segments().iter().find(|s| Layout::for_dtype(s.dtype) != layout) {
                     return Err(corrupt(format!("a segment of {:?} in a blob of {:?}", s.dtype, self.dtype())));
@@ -332,7 +341,8 @@ impl BlobChain {
 
     fn decode_chunk(&self, containers: &[Container<'_>], i: usize, dst: &mut [u8]) -> Result<()> {
         let n = containers.len();
-        let corrupt = |k: usize| move |e: crate::codec::Error| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() };
+        let corrupt =
+            |k: usize| move |e: crate::codec::Error| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() };
         containers[n - 1].decode_chunk_into(i, dst).map_err(corrupt(n - 1))?;
         if n > 1 {
             let mut scratch = vec![0u8; dst.len()];

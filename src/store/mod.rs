@@ -229,7 +229,8 @@ impl Store {
         let header = ObjectHeader { kind, dtype: None, reference: None, depth: 0, raw_len: bytes.len() as u64 };
         let written = self.write_object(id, header, None, |out| {
             let encode = |e| Error::Encode { id, source: e };
-            let mut w = ContainerWriter::new(out, FileKind::Bytes, bytes.len() as u64, options.clone()).map_err(encode)?;
+            let mut w =
+                ContainerWriter::new(out, FileKind::Bytes, bytes.len() as u64, options.clone()).map_err(encode)?;
             w.segment(bytes, None).map_err(encode)?;
             Ok(w.finish().map_err(encode)?.1)
         })?;
@@ -294,7 +295,11 @@ impl Store {
             std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
             sync_dir(&self.objects)?;
         }
-        tmp.persist(&path).map_err(|e| Error::Io { action: "renaming an object to", path: path.clone(), source: e.error })?;
+        tmp.persist(&path).map_err(|e| Error::Io {
+            action: "renaming an object to",
+            path: path.clone(),
+            source: e.error,
+        })?;
         sync_dir(dir)
     }
 

@@ -159,4 +159,3 @@ fn list_remove_and_tmp() {
     assert_eq!(store.list().unwrap().len(), 4);
     assert_eq!(store.clean_tmp().unwrap(), 1);
 }
-

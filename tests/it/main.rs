@@ -1,6 +1,8 @@
 //! The integration test binary: one module per area.
 
 mod codec_cli;
+mod repo_crash;
+mod repo_faults;
 mod repo_history;
 mod repo_util;
 mod util;

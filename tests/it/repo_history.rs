@@ -1,7 +1,7 @@
 //! Commit and check out histories: bit-exact round trips, dedup, both delta policies, files
 //! carried over and removed, tensor filters, revisions, refs, status, log and the index.
 
-use crate::repo_util::{ckpt_in, read_tree, stderr, synthetic_checkpoint, TestRepo, SMALL_MODEL};
+use crate::repo_util::{ckpt_in, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, SMALL_MODEL};
 use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileState, Repo, VersionId};
 use ckpt::store::ObjectKind;
 use ckpt::Dtype;
@@ -20,12 +20,13 @@ fn blob_depths(repo: &Repo) -> Vec<u32> {
 
 /// Commits `epochs` epochs of a model (and an opaque notes file); returns the version ids and
 /// the files each version should have.
-fn commit_epochs(t: &TestRepo, repo: &Repo, dtype: Dtype, epochs: u32) -> Vec<(VersionId, Vec<(String, Vec<u8>)>)> {
+fn commit_epochs(t: &TestRepo, repo: &Repo, dtype: Dtype, epochs: u32) -> Vec<(VersionId, Files)> {
     let mut out = Vec::new();
     for e in 0..epochs {
         let model = synthetic_checkpoint(11, dtype, SMALL_MODEL, e);
         let notes = format!("epoch {e}\n").into_bytes();
-        let id = t.commit_files(repo, &[("ckpt/model.safetensors", &model), ("notes.txt", &notes)], &format!("epoch {e}"));
+        let id =
+            t.commit_files(repo, &[("ckpt/model.safetensors", &model), ("notes.txt", &notes)], &format!("epoch {e}"));
         out.push((id, vec![("ckpt/model.safetensors".to_string(), model), ("notes.txt".to_string(), notes)]));
     }
     out
@@ -110,14 +111,14 @@ fn identical_tensors_are_stored_once() {
     assert_eq!(blobs, 5);
     // Committing the same files again adds nothing but the version object.
     let before = t.object_files().len();
-    let v2 = repo.commit(&["a.safetensors", "b.safetensors", "c.safetensors"], "again", &CommitOptions::default()).unwrap();
+    let v2 =
+        repo.commit(&["a.safetensors", "b.safetensors", "c.safetensors"], "again", &CommitOptions::default()).unwrap();
     assert_eq!(t.object_files().len(), before + 1);
     assert_eq!(repo.version_info(&v2).unwrap().stored_bytes, 0);
-    assert_eq!(t.checkout_all(&repo, "HEAD"), vec![
-        ("a.safetensors".to_string(), a),
-        ("b.safetensors".to_string(), b),
-        ("c.safetensors".to_string(), c)
-    ]);
+    assert_eq!(
+        t.checkout_all(&repo, "HEAD"),
+        vec![("a.safetensors".to_string(), a), ("b.safetensors".to_string(), b), ("c.safetensors".to_string(), c)]
+    );
 }
 
 #[test]
@@ -138,7 +139,9 @@ fn files_carry_over_until_removed() {
     let repo = t.open();
     t.commit_files(&repo, &[("a.bin", b"a1"), ("sub/b.bin", b"b1")], "one");
     t.commit_files(&repo, &[("c.bin", b"c1")], "two");
-    let names = |rev: &str| repo.version(&repo.resolve(rev).unwrap()).unwrap().files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
+    let names = |rev: &str| {
+        repo.version(&repo.resolve(rev).unwrap()).unwrap().files.iter().map(|f| f.path.clone()).collect::<Vec<_>>()
+    };
     assert_eq!(names("HEAD"), ["a.bin", "c.bin", "sub/b.bin"]);
     repo.rm(&[t.path("a.bin")]).unwrap();
     assert_eq!(repo.status().unwrap().files[0].state, FileState::Removed);
@@ -148,7 +151,10 @@ fn files_carry_over_until_removed() {
     assert_eq!(names("HEAD"), ["c.bin", "sub/b.bin"]);
     assert!(t.path("a.bin").exists(), "rm keeps the working file");
     assert_eq!(names("HEAD~1"), ["a.bin", "c.bin", "sub/b.bin"]);
-    assert!(matches!(repo.commit::<&str>(&[], "empty", &CommitOptions::default()), Err(ckpt::repo::Error::NothingToCommit)));
+    assert!(matches!(
+        repo.commit::<&str>(&[], "empty", &CommitOptions::default()),
+        Err(ckpt::repo::Error::NothingToCommit)
+    ));
     // Checking out one file of an old version, into the working tree.
     std::fs::write(t.path("sub/b.bin"), b"changed").unwrap();
     repo.checkout("HEAD~2", Some(&[PathBuf::from("sub/b.bin")]), None, None).unwrap();
@@ -211,7 +217,8 @@ fn revisions_resolve() {
         assert!(repo.resolve(bad).is_err(), "{bad}");
     }
     // A blob id is not a version.
-    let blob = repo.store().list().unwrap().into_iter().find(|id| repo.store().header(id).unwrap().kind == ObjectKind::Blob);
+    let blob =
+        repo.store().list().unwrap().into_iter().find(|id| repo.store().header(id).unwrap().kind == ObjectKind::Blob);
     assert!(repo.resolve(&blob.unwrap().to_hex()).is_err());
 }
 
@@ -226,7 +233,10 @@ fn branches_switch_and_status() {
     assert_eq!(t.read("w.bin"), b"main-1");
     t.commit_files(&repo, &[("w.bin", b"exp-1")], "e1");
     let branches = repo.branches().unwrap();
-    assert_eq!(branches.iter().map(|b| (b.name.as_str(), b.current)).collect::<Vec<_>>(), [("exp", true), ("main", false)]);
+    assert_eq!(
+        branches.iter().map(|b| (b.name.as_str(), b.current)).collect::<Vec<_>>(),
+        [("exp", true), ("main", false)]
+    );
     assert_eq!(repo.log("main").unwrap().len(), 2);
     assert_eq!(repo.log("HEAD").unwrap().len(), 2);
 
@@ -266,11 +276,19 @@ fn cli_log_json_ids_check_out() {
     let oldest = versions[2]["id"].as_str().unwrap();
     let o = t.ckpt(&["checkout", oldest, "--output", "out"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(read_tree(&t.path("out")), vec![(
-        "sub/m.safetensors".to_string(),
-        synthetic_checkpoint(1, Dtype::Bf16, SMALL_MODEL, 0)
-    )]);
-    for args in [&["status", "--json"][..], &["tag", "v0", oldest], &["tag"], &["branch", "b"], &["branch"], &["gc"], &["verify"]] {
+    assert_eq!(
+        read_tree(&t.path("out")),
+        vec![("sub/m.safetensors".to_string(), synthetic_checkpoint(1, Dtype::Bf16, SMALL_MODEL, 0))]
+    );
+    for args in [
+        &["status", "--json"][..],
+        &["tag", "v0", oldest],
+        &["tag"],
+        &["branch", "b"],
+        &["branch"],
+        &["gc"],
+        &["verify"],
+    ] {
         let o = t.ckpt(args);
         assert!(o.status.success(), "{args:?}: {}", stderr(&o));
     }

@@ -8,6 +8,9 @@ use ckpt::Dtype;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A version's files: (relative path, bytes), sorted by path.
+pub type Files = Vec<(String, Vec<u8>)>;
+
 /// A repository in a temporary directory.
 pub struct TestRepo {
     pub dir: tempfile::TempDir,
@@ -183,5 +186,9 @@ pub fn synthetic_checkpoint(seed: u64, dtype: Dtype, shapes: &[(&str, &[u64])], 
 }
 
 /// A small model: a few matrices and a bias.
-pub const SMALL_MODEL: &[(&str, &[u64])] =
-    &[("embed.weight", &[64, 96]), ("layers.0.attn.q", &[96, 96]), ("layers.0.mlp.up", &[96, 160]), ("head.bias", &[96])];
+pub const SMALL_MODEL: &[(&str, &[u64])] = &[
+    ("embed.weight", &[64, 96]),
+    ("layers.0.attn.q", &[96, 96]),
+    ("layers.0.mlp.up", &[96, 160]),
+    ("head.bias", &[96]),
+];

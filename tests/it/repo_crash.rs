@@ -1,0 +1,158 @@
+//! kill -9 of `ckpt commit` and `ckpt gc` at random moments. After every kill the repository
+//! opens, verifies, checks out every version committed before bit-exactly, and takes new
+//! commits. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
+
+use crate::repo_util::{stderr, synthetic_checkpoint, Files, Rng, TestRepo};
+use ckpt::repo::{CommitOptions, Config, Repo, VersionId};
+use ckpt::{Dtype, ObjectId};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MODEL: &[(&str, &[u64])] = &[("embed", &[256, 512]), ("layer.w", &[512, 512]), ("layer.b", &[512])];
+const OPTIM: &[(&str, &[u64])] = &[("exp_avg.layer.w", &[512, 256])];
+
+fn files_for(epoch: u32) -> Files {
+    vec![
+        ("model.safetensors".to_string(), synthetic_checkpoint(21, Dtype::Bf16, MODEL, epoch)),
+        ("optim.safetensors".to_string(), synthetic_checkpoint(22, Dtype::F32, OPTIM, epoch)),
+        ("step.txt".to_string(), format!("step {}\n", epoch * 1000).into_bytes()),
+    ]
+}
+
+fn spawn(t: &TestRepo, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .args(args)
+        .current_dir(t.root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ckpt")
+}
+
+/// Runs `args` to completion and returns how long it took.
+fn timed(t: &TestRepo, args: &[&str]) -> Duration {
+    let start = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_ckpt")).args(args).current_dir(t.root()).output().unwrap();
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    start.elapsed()
+}
+
+/// The checks after every kill.
+fn check(t: &TestRepo, history: &mut Vec<(VersionId, Files)>, pending: Option<&Files>, what: &str) {
+    let repo = Repo::open(t.root()).unwrap_or_else(|e| panic!("{what}: repository does not open: {e}"));
+    let head = repo.resolve("HEAD").unwrap();
+    if head != history.last().unwrap().0 {
+        // The killed commit completed: it must be the expected child of the previous head.
+        let files = pending.unwrap_or_else(|| panic!("{what}: HEAD moved without a commit"));
+        assert_eq!(repo.version_info(&head).unwrap().parents, vec![history.last().unwrap().0], "{what}");
+        history.push((head, files.clone()));
+    }
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "{what}: verify failed: {report:?}");
+    for (id, files) in history.iter() {
+        let out = tempfile::tempdir().unwrap();
+        repo.checkout(&id.to_hex(), None, Some(out.path()), None)
+            .unwrap_or_else(|e| panic!("{what}: checkout {id}: {e}"));
+        for (name, bytes) in files {
+            assert_eq!(&std::fs::read(out.path().join(name)).unwrap(), bytes, "{what}: {name} of {id}");
+        }
+    }
+}
+
+#[test]
+fn kill_9_during_commit_and_gc() {
+    let trials: u32 = std::env::var("CKPT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let (commit_trials, gc_trials) = if trials > 0 { (trials, trials) } else { (30, 24) };
+    let t = TestRepo::with_config(&Config { base_every: 4, chunk_size: 16 << 10, ..Config::default() });
+    let mut history: Vec<(VersionId, Files)> = Vec::new();
+    let mut epoch = 0;
+    let mut commit_time = Duration::ZERO;
+    for _ in 0..2 {
+        let files = files_for(epoch);
+        for (n, b) in &files {
+            t.write(n, b);
+        }
+        commit_time = commit_time
+            .max(timed(&t, &["commit", "-m", "setup", "model.safetensors", "optim.safetensors", "step.txt"]));
+        history.push((Repo::open(t.root()).unwrap().resolve("HEAD").unwrap(), files));
+        epoch += 1;
+    }
+    let gc_time = timed(&t, &["gc"]).max(Duration::from_millis(5));
+    let mut rng = Rng::new(42);
+    let started = Instant::now();
+    let mut completed = 0;
+
+    for trial in 0..commit_trials {
+        let files = files_for(epoch);
+        for (n, b) in &files {
+            t.write(n, b);
+        }
+        let mut child = spawn(
+            &t,
+            &["commit", "-m", &format!("trial {trial}"), "model.safetensors", "optim.safetensors", "step.txt"],
+        );
+        let delay = commit_time.mul_f64(rng.unit() * 1.2);
+        std::thread::sleep(delay);
+        let _ = child.kill(); // SIGKILL
+        let status = child.wait().unwrap();
+        completed += status.success() as u32;
+        let before = history.len();
+        check(&t, &mut history, Some(&files), &format!("commit trial {trial} (killed after {delay:?})"));
+        if history.len() > before {
+            epoch += 1;
+        }
+        if trial % 10 == 9 {
+            // A new commit through the library works.
+            let files = files_for(epoch);
+            for (n, b) in &files {
+                t.write(n, b);
+            }
+            let repo = Repo::open(t.root()).unwrap();
+            let id = repo
+                .commit(
+                    &["model.safetensors", "optim.safetensors", "step.txt"],
+                    "after kills",
+                    &CommitOptions::default(),
+                )
+                .unwrap();
+            history.push((id, files));
+            epoch += 1;
+        }
+    }
+
+    for trial in 0..gc_trials {
+        // Garbage for gc to find: unreferenced blobs, as an interrupted commit leaves them.
+        {
+            let repo = Repo::open(t.root()).unwrap();
+            for g in 0..8u64 {
+                let bytes = crate::util::noise(trial as u64 * 100 + g, 20_000 + g as usize * 4096);
+                let id = ObjectId::hash(&bytes);
+                repo.store().write_blob(id, &bytes, None, &repo.config().codec_options(), &|_| {}).unwrap();
+            }
+        }
+        let mut child = spawn(&t, &["gc"]);
+        let delay = gc_time.mul_f64(rng.unit() * 1.2);
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        completed += child.wait().unwrap().success() as u32;
+        check(&t, &mut history, None, &format!("gc trial {trial} (killed after {delay:?})"));
+    }
+
+    // Finally: a commit and a complete gc work, and everything still checks out.
+    let files = files_for(epoch);
+    for (n, b) in &files {
+        t.write(n, b);
+    }
+    let o = t.ckpt(&["commit", "-m", "final", "model.safetensors", "optim.safetensors", "step.txt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = t.ckpt(&["gc"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    check(&t, &mut history, Some(&files), "final");
+    assert!(std::fs::read_dir(t.path(".ckpt/tmp")).unwrap().next().is_none(), "gc removed temp files");
+    eprintln!(
+        "{} kill trials in {:?}; {completed} finished before the kill; {} versions",
+        commit_trials + gc_trials,
+        started.elapsed(),
+        history.len()
+    );
+}
