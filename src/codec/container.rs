@@ -450,6 +450,31 @@ impl<'a> Container<'a> {
         self.decode_to_with_reference(None, out)
     }
 
+    /// Decodes the whole original into `out` (exactly the original length) in parallel, straight
+    /// into place, and verifies its blake3 hash. For callers that hold the output in memory.
+    pub fn decode_into(&self, out: &mut [u8]) -> Result<blake3::Hash> {
+        if out.len() as u64 != self.original_len {
+            return Err(Error::InvalidInput("output length differs from the original length".into()));
+        }
+        let work = split_by_chunks(self, 0..self.chunks.len(), 0, self.original_len, out);
+        work.into_par_iter().try_for_each(|(c, dst)| self.decode_chunk_into(c, dst))?;
+        let mut hasher = blake3::Hasher::new();
+        if rayon::current_num_threads() > 1 {
+            hasher.update_rayon(out);
+        } else {
+            hasher.update(out);
+        }
+        let hash = hasher.finalize();
+        if hash != self.original_hash {
+            return Err(Error::Corrupt(format!(
+                "decoded bytes hash to {}, the container records {}",
+                hash.to_hex(),
+                self.original_hash.to_hex()
+            )));
+        }
+        Ok(hash)
+    }
+
     /// [`Self::decode_to`] for a container written with [`ContainerWriter::segment_delta`]:
     /// `reference` is the whole reference (original length).
     pub fn decode_to_with_reference<W: Write>(&self, reference: Option<&[u8]>, out: &mut W) -> Result<blake3::Hash> {
@@ -575,6 +600,9 @@ mod tests {
         let mut out = Vec::new();
         c.decode_to(&mut out).unwrap();
         assert_eq!(out, data);
+        let mut direct = vec![0u8; data.len()];
+        c.decode_into(&mut direct).unwrap();
+        assert_eq!(direct, data);
         for range in [0..0u64, 0..1, 999..1001, 5000..70_000, 149_990..150_010, 199_999..200_000] {
             let mut part = vec![0u8; (range.end - range.start) as usize];
             c.decode_range(range.clone(), &mut part).unwrap();
