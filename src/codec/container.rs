@@ -624,6 +624,69 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        #[test]
+        fn random_segments_round_trip(
+            parts in proptest::collection::vec((0usize..16, 0usize..3000, proptest::prelude::any::<u64>()), 0..6),
+            chunk_kib in 4usize..9,
+        ) {
+            let mut data = Vec::new();
+            let mut segments = Vec::new();
+            for (code, elems, seed) in parts {
+                let dtype = Dtype::from_code(code as u8);
+                let len = elems * Layout::for_dtype(dtype).width;
+                let start = data.len();
+                let mut s = seed | 1;
+                data.extend((0..len).map(|i| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    if i % 3 == 0 { 0 } else { (s % 7) as u8 }
+                }));
+                segments.push((start..data.len(), dtype));
+            }
+            let options = Options { chunk_size: chunk_kib << 10, ..Options::default() };
+            let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
+            for (range, dtype) in &segments {
+                w.segment(&data[range.clone()], *dtype).unwrap();
+            }
+            let bytes = w.finish().unwrap().0;
+            let c = Container::open(&bytes).unwrap();
+            let mut out = Vec::new();
+            c.decode_to(&mut out).unwrap();
+            proptest::prop_assert_eq!(out, data);
+        }
+    }
+
+    /// Pins the format: a fixed input must give exactly these container bytes. If this fails,
+    /// the on-disk format changed: bump FORMAT_VERSION and update docs/format.md.
+    #[test]
+    fn golden_container() {
+        let mut data = Vec::new();
+        for i in 0..3000u32 {
+            let x = ((i % 97) as f32 - 48.0) / 1000.0;
+            data.extend_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes());
+        }
+        data.extend_from_slice(&[0u8; 100]);
+        // A fixed method, so tuning the automatic choice does not move the golden bytes.
+        let selection = crate::codec::select::Selection::Only(Method::Huffman);
+        let options = Options { chunk_size: 4096, selection, ..Options::default() };
+        let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
+        w.segment(&data[..6000], Some(Dtype::Bf16)).unwrap();
+        w.segment(&data[6000..], None).unwrap();
+        let bytes = w.finish().unwrap().0;
+        assert_eq!(
+            &bytes[..32],
+            b"\x89CKZ\r\n\x1a\n\x01\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
+        );
+        assert_eq!(bytes.len(), GOLDEN_LEN, "container length");
+        assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_HASH);
+    }
+
+    const GOLDEN_LEN: usize = 3182;
+    const GOLDEN_HASH: &str = "f30e26dfbd779b99511eb7c30b44e6593fd9775893aaade947b21be33284742c";
+
     #[test]
     fn delta_round_trip() {
         let data = sample();
