@@ -156,6 +156,21 @@ def bench_ckpt(ckpt, path, threads, tmp, ref_sha):
                      packed, unpacked, ref_sha)
 
 
+def bench_ckpt_mem(probe, path, threads):
+    """ckpt's codec timed in-process (bytes in memory -> container -> bytes, hash-verified),
+    like ZipNN's byte API: no process start, no file I/O in the timed region."""
+    m = dict(size=None, comp_s=None, decomp_s=None, ok=False, error=None)
+    r = subprocess.run([probe, path, str(threads)], capture_output=True, text=True)
+    if r.returncode != 0:
+        m["error"] = f"codec_throughput exit {r.returncode}: {r.stderr.strip()[-300:]}"
+        return m
+    out = json.loads(r.stdout)
+    m.update(size=out["size"], comp_s=out["comp_s"], decomp_s=out["decomp_s"], ok=out["ok"])
+    if not m["ok"]:
+        m["error"] = "in-memory round trip differs"
+    return m
+
+
 def bench_zstd(path, threads, tmp, ref_sha):
     packed, unpacked = os.path.join(tmp, "out.zst"), os.path.join(tmp, "out.zstd.back")
     return bench_cli(["zstd", "-3", f"-T{threads}", "-q", "-f", path, "-o", packed],
@@ -265,7 +280,10 @@ def main():
         runs=args.runs, threads=threads, scratch_dir=tmp, scratch_fs=fs_type(tmp),
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), files=[],
     )
-    tools = ("ckpt", "zipnn", "zstd")
+    tools = ("ckpt", "ckpt_mem", "zipnn", "zstd")
+    probe = os.path.join(os.path.dirname(ckpt), "examples", "codec_throughput")
+    if not os.access(probe, os.X_OK):
+        sys.exit(f"missing {probe}: cargo build --release --example codec_throughput")
     results = []  # per file: dict(key, dtype, bytes, summary[threads][tool])
     try:
         for path in args.files:
@@ -283,6 +301,7 @@ def main():
             for rep in range(args.runs):
                 for t in threads:
                     meas[t]["ckpt"].append(bench_ckpt(ckpt, path, t, tmp, ref_sha))
+                    meas[t]["ckpt_mem"].append(bench_ckpt_mem(probe, path, t))
                     meas[t]["zipnn"].append(bench_zipnn(ZipNN, data, zdtype, t))
                     meas[t]["zstd"].append(bench_zstd(path, t, tmp, ref_sha))
                     line = "  ".join(
@@ -309,39 +328,44 @@ def main():
     summary_out = {}
     for t in threads:
         print(f"\n### {t} thread{'s' if t > 1 else ''}\n")
-        print("| file | dtype | size MB | ckpt % | ZipNN % | zstd-3 % | ckpt comp MB/s | ZipNN comp | zstd comp "
-              "| ckpt decomp | ZipNN decomp | zstd decomp | ckpt/ZipNN comp ratio | ckpt/ZipNN decomp ratio "
-              "| round trips ok |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-        cr, dr = [], []
+        print("| file | dtype | MB | ckpt % | ZipNN % | zstd-3 % "
+              "| ckpt CLI comp | ckpt mem comp | ZipNN comp | zstd comp "
+              "| ckpt CLI decomp | ckpt mem decomp | ZipNN decomp | zstd decomp "
+              "| mem/ZipNN comp | mem/ZipNN decomp | CLI/ZipNN comp | CLI/ZipNN decomp | ok |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        cr, dr, mcr, mdr = [], [], [], []
         for r in results:
             s = r["summary"][t]
-            c, z, zs = s["ckpt"], s["zipnn"], s["zstd"]
+            c, m, z, zs = s["ckpt"], s["ckpt_mem"], s["zipnn"], s["zstd"]
             rc, rd = ratio(c["comp_MBps"], z["comp_MBps"]), ratio(c["decomp_MBps"], z["decomp_MBps"])
-            if rc is not None:
-                cr.append(rc)
-            if rd is not None:
-                dr.append(rd)
+            rmc, rmd = ratio(m["comp_MBps"], z["comp_MBps"]), ratio(m["decomp_MBps"], z["decomp_MBps"])
+            for lst, v in ((cr, rc), (dr, rd), (mcr, rmc), (mdr, rmd)):
+                if v is not None:
+                    lst.append(v)
             bad = [tool for tool in tools if not s[tool]["ok"]]
             all_ok = all_ok and not bad
             print(f"| {r['key']} | {r['dtype']} | {r['bytes'] / 1e6:.1f} | {fmt(c['pct'], '.2f')} | {fmt(z['pct'], '.2f')} "
-                  f"| {fmt(zs['pct'], '.2f')} | {fmt(c['comp_MBps'], '.0f')} | {fmt(z['comp_MBps'], '.0f')} "
-                  f"| {fmt(zs['comp_MBps'], '.0f')} | {fmt(c['decomp_MBps'], '.0f')} | {fmt(z['decomp_MBps'], '.0f')} "
-                  f"| {fmt(zs['decomp_MBps'], '.0f')} | {fmt(rc, '.2f')} | {fmt(rd, '.2f')} "
+                  f"| {fmt(zs['pct'], '.2f')} | {fmt(c['comp_MBps'], '.0f')} | {fmt(m['comp_MBps'], '.0f')} "
+                  f"| {fmt(z['comp_MBps'], '.0f')} | {fmt(zs['comp_MBps'], '.0f')} | {fmt(c['decomp_MBps'], '.0f')} "
+                  f"| {fmt(m['decomp_MBps'], '.0f')} | {fmt(z['decomp_MBps'], '.0f')} | {fmt(zs['decomp_MBps'], '.0f')} "
+                  f"| {fmt(rmc, '.2f')} | {fmt(rmd, '.2f')} | {fmt(rc, '.2f')} | {fmt(rd, '.2f')} "
                   f"| {'yes' if not bad else 'NO: ' + ', '.join(bad)} |")
-        summary_out[str(t)] = dict(median_ckpt_over_zipnn_comp=median(cr), median_ckpt_over_zipnn_decomp=median(dr))
-        print(f"\n{t} thread(s): median over files of ckpt/ZipNN throughput: compress {fmt(median(cr), '.2f')}, "
-              f"decompress {fmt(median(dr), '.2f')}")
+        summary_out[str(t)] = dict(median_ckpt_over_zipnn_comp=median(cr), median_ckpt_over_zipnn_decomp=median(dr),
+                                   median_mem_over_zipnn_comp=median(mcr), median_mem_over_zipnn_decomp=median(mdr))
+        print(f"\n{t} thread(s), median over files of throughput ratios vs ZipNN: in-memory compress "
+              f"{fmt(median(mcr), '.2f')}, decompress {fmt(median(mdr), '.2f')}; CLI (with process start and "
+              f"file I/O) compress {fmt(median(cr), '.2f')}, decompress {fmt(median(dr), '.2f')}")
 
     # ------------------------------------------------------------ summary
     lo, hi = min(threads), max(threads)
     if hi > lo:
-        sc = [ratio(r["summary"][hi]["ckpt"]["comp_MBps"], r["summary"][lo]["ckpt"]["comp_MBps"]) for r in results]
-        sd = [ratio(r["summary"][hi]["ckpt"]["decomp_MBps"], r["summary"][lo]["ckpt"]["decomp_MBps"]) for r in results]
+        sc = [ratio(r["summary"][hi]["ckpt_mem"]["comp_MBps"], r["summary"][lo]["ckpt_mem"]["comp_MBps"]) for r in results]
+        sd = [ratio(r["summary"][hi]["ckpt_mem"]["decomp_MBps"], r["summary"][lo]["ckpt_mem"]["decomp_MBps"])
+              for r in results]
         msc, msd = median(sc), median(sd)
         summary_out["ckpt_speedup"] = dict(threads=[hi, lo], compress_median=msc, decompress_median=msd,
                                            compress_per_file=sc, decompress_per_file=sd)
-        print(f"ckpt speedup {hi}-thread/{lo}-thread (median over files): compress {fmt(msc, '.2f')}, "
+        print(f"ckpt in-memory speedup {hi}-thread/{lo}-thread (median over files): compress {fmt(msc, '.2f')}, "
               f"decompress {fmt(msd, '.2f')}")
     worse = []
     for r in results:

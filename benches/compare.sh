@@ -36,7 +36,7 @@ done
 
 cd "$ROOT"
 echo "# building ckpt (release)" >&2
-cargo build --release --quiet
+cargo build --release --quiet --bin ckpt --example codec_throughput
 
 echo "# machine: nproc $(nproc), CPU $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"

@@ -1,0 +1,38 @@
+//! In-process codec timing, for comparing with libraries timed in memory (ZipNN's byte API):
+//! reads FILE into memory, then times one compress into a `Vec` and one hash-verified decompress
+//! into a buffer on a pool of THREADS threads, checks the round trip, and prints JSON
+//! `{"size": stored_bytes, "comp_s": seconds, "decomp_s": seconds, "ok": bool}`.
+//! Used by benches/compare.py. `codec_throughput FILE THREADS [SKIP_AFTER_RAW]`
+
+use ckpt::codec::container::Container;
+use ckpt::codec::Options;
+use ckpt::file_codec::{compress, Format};
+use std::time::Instant;
+
+// The same allocator as the `ckpt` binary, so this measures what the CLI runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut args = std::env::args().skip(1);
+    let path = args.next().ok_or("usage: codec_throughput FILE THREADS")?;
+    let threads: usize = args.next().ok_or("usage: codec_throughput FILE THREADS")?.parse()?;
+    let mut options = Options::default();
+    if let Some(skip) = args.next() {
+        options.skip_after_raw = skip.parse()?;
+    }
+    let data = std::fs::read(&path)?;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let mut packed = Vec::with_capacity(data.len() + (1 << 20));
+    let mut restored = vec![0u8; data.len()];
+    let (comp_s, decomp_s) = pool.install(|| -> Result<(f64, f64), Box<dyn std::error::Error + Send + Sync>> {
+        let t = Instant::now();
+        compress(&data, Format::Detect, &options, &mut packed, &mut |_| {})?;
+        let comp_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        Container::open(&packed)?.decode_into(&mut restored)?;
+        Ok((comp_s, t.elapsed().as_secs_f64()))
+    })?;
+    println!(r#"{{"size": {}, "comp_s": {comp_s}, "decomp_s": {decomp_s}, "ok": {}}}"#, packed.len(), restored == data);
+    Ok(())
+}
