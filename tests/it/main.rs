@@ -4,5 +4,6 @@ mod codec_cli;
 mod repo_crash;
 mod repo_faults;
 mod repo_history;
+mod repo_model;
 mod repo_util;
 mod util;
