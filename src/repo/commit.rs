@@ -10,8 +10,10 @@ use crate::safetensors;
 use crate::store::{self, DeltaOutcome, ObjectKind};
 use crate::Dtype;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use rayon::prelude::*;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Settings of one commit. `Default` takes everything from the repository config.
 #[derive(Clone, Debug, Default)]
@@ -76,32 +78,41 @@ impl Repo {
             (_, DeltaPolicy::Base, Some(p)) => self.last_base(p, base_every),
         };
 
-        let total: u64 = inputs.iter().map(|i| i.map.len() as u64).sum();
-        self.progress.start("commit", total);
-        let mut tally = Tally::default();
         let mut files: BTreeMap<String, FileEntry> =
             parent.iter().flat_map(|p| p.files.iter()).map(|f| (f.path.clone(), f.clone())).collect();
         for r in &removals {
             files.remove(r);
         }
-        let mut offset = 0;
-        for input in &inputs {
+        // 1. Plan and hash every file, in order (the whole-file hash needs file order).
+        let hashed: Vec<HashedFile> = inputs
+            .iter()
+            .map(|input| {
+                let reference = reference
+                    .as_ref()
+                    .and_then(|v| v.file(input.path.as_str()))
+                    .and_then(|f| self.manifest(&f.manifest).ok());
+                hash_file(input, reference.as_ref())
+            })
+            .collect();
+        // 2. Store every blob not stored yet (each id once).
+        let mut seen = HashSet::new();
+        let jobs: Vec<Job> = hashed
+            .iter()
+            .enumerate()
+            .flat_map(|(f, h)| h.segments.iter().enumerate().map(move |(s, seg)| (f, s, seg)))
+            .filter(|(_, _, seg)| seen.insert(seg.id) && !self.store.contains(&seg.id))
+            .map(|(file, segment, _)| Job { file, segment })
+            .collect();
+        let stored_bytes = self.store_blobs(&inputs, &hashed, &jobs, base_every)?;
+        // 3. Manifests.
+        let mut tally = Tally { stored_bytes };
+        for (input, h) in inputs.iter().zip(&hashed) {
             let path = input.path.to_string();
-            let reference_manifest =
-                reference.as_ref().and_then(|v| v.file(&path)).and_then(|f| self.manifest(&f.manifest).ok());
-            let entry =
-                self.commit_file(input, reference_manifest.as_ref(), base_every, offset, &mut tally).map_err(|e| {
-                    match e {
-                        Error::Store(store::Error::ChangedWhileWriting { .. }) => {
-                            Error::FileChanged { path: path.clone() }
-                        }
-                        other => Error::File { path: path.clone(), source: Box::new(other) },
-                    }
-                })?;
-            offset += input.map.len() as u64;
+            let entry = self
+                .write_manifest(input, h, &mut tally)
+                .map_err(|e| Error::File { path: path.clone(), source: Box::new(e) })?;
             files.insert(path, entry);
         }
-        self.progress.finish();
 
         let files: Vec<FileEntry> = files.into_values().collect();
         let version = Version {
@@ -171,59 +182,85 @@ impl Repo {
         None
     }
 
-    fn commit_file(
+    /// Stores the blobs of `jobs`: small ones in parallel, large ones (each parallel inside the
+    /// codec) one at a time, so memory stays bounded. Returns the bytes added to the store.
+    fn store_blobs(&self, inputs: &[Input], hashed: &[HashedFile], jobs: &[Job], base_every: u32) -> Result<u64> {
+        let len = |j: &Job| hashed[j.file].segments[j.segment].range.end - hashed[j.file].segments[j.segment].range.start;
+        let total: u64 = jobs.iter().map(len).sum();
+        self.progress.start("commit", total);
+        let done = AtomicU64::new(0);
+        let run = |job: &Job| -> Result<u64> {
+            let input = &inputs[job.file];
+            let seg = &hashed[job.file].segments[job.segment];
+            let reference = seg.tensor.as_ref().and_then(|t| hashed[job.file].reference.get(t)).copied();
+            let seen = AtomicU64::new(0);
+            let progress = |n: u64| {
+                let before = seen.swap(n, Ordering::Relaxed);
+                let now = done.fetch_add(n.saturating_sub(before), Ordering::Relaxed) + n.saturating_sub(before);
+                self.progress.set(now);
+            };
+            let stored = self.store_blob(input, seg, reference, base_every, &progress).map_err(|e| match e {
+                Error::Store(store::Error::ChangedWhileWriting { .. }) => Error::FileChanged { path: input.path.to_string() },
+                other => Error::File { path: input.path.to_string(), source: Box::new(other) },
+            })?;
+            progress(seg.range.end - seg.range.start);
+            Ok(stored)
+        };
+        let (large, small): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| len(j) >= PARALLEL_BELOW);
+        let small_bytes: u64 = small.par_iter().map(|j| run(j)).collect::<Result<Vec<u64>>>()?.iter().sum();
+        let mut large_bytes = 0;
+        for j in large {
+            large_bytes += run(j)?;
+        }
+        self.progress.finish();
+        Ok(small_bytes + large_bytes)
+    }
+
+    /// Stores one segment's blob: as a delta against `reference` when that is allowed and pays,
+    /// else standalone. Returns the object's size.
+    fn store_blob(
         &self,
         input: &Input,
-        reference: Option<&Manifest>,
+        seg: &HashedSegment,
+        reference: Option<ObjectId>,
         base_every: u32,
-        offset: u64,
-        tally: &mut Tally,
-    ) -> Result<FileEntry> {
-        let data: &[u8] = &input.map;
-        let plan = plan(input);
-        let reference_tensors: HashMap<&TensorRef, ObjectId> =
-            reference.map(|m| m.tensors().map(|(t, s)| (t, s.blob)).collect()).unwrap_or_default();
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
+        let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
         let options = self.config.codec_options();
-        let mut file_hasher = blake3::Hasher::new();
-        let mut segments = Vec::with_capacity(plan.len());
-        for p in plan {
-            let bytes = &data[p.range.start as usize..p.range.end as usize];
-            let id = hash_segment(bytes, &mut file_hasher);
-            let progress = |done: u64| self.progress.set(offset + p.range.start + done);
-            if !self.store.contains(&id) {
-                let reference = p.tensor.as_ref().and_then(|t| reference_tensors.get(t)).filter(|r| **r != id);
-                let mut written = None;
-                if let Some(r) = reference {
-                    // A damaged or missing reference only means no delta: store standalone.
-                    if let Ok(chain) = self.store.open_blob(r) {
-                        if chain.depth() + 1 < base_every && chain.len() == bytes.len() as u64 {
-                            let limit = chain.base_stored_len();
-                            match self.store.write_blob_delta(id, bytes, &chain, limit, &options, &progress) {
-                                Ok(DeltaOutcome::Written(w)) => written = Some(w),
-                                Ok(DeltaOutcome::NotSmaller { .. }) => {}
-                                Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
-                                Err(e) => return Err(e.into()),
-                            }
+        if let Some(r) = reference.filter(|r| *r != seg.id) {
+            // A damaged or missing reference only means no delta: store standalone.
+            if let Ok(chain) = self.store.open_blob(&r) {
+                if chain.depth() + 1 < base_every && chain.len() == bytes.len() as u64 {
+                    let limit = chain.base_stored_len();
+                    match self.store.write_blob_delta(seg.id, bytes, &chain, limit, &options, progress) {
+                        Ok(DeltaOutcome::Written(w)) => {
+                            self.index_object(&w);
+                            return Ok(w.stored_len);
                         }
+                        Ok(DeltaOutcome::NotSmaller { .. }) => {}
+                        Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
+                        Err(e) => return Err(e.into()),
                     }
                 }
-                let w = match written {
-                    Some(w) => w,
-                    None => self.store.write_blob(id, bytes, p.dtype, &options, &progress)?,
-                };
-                self.index_object(&w);
-                tally.stored_bytes += w.stored_len;
             }
-            progress(bytes.len() as u64);
-            segments.push(Segment { len: bytes.len() as u64, blob: id, tensor: p.tensor });
         }
-        let hash = ObjectId(*file_hasher.finalize().as_bytes());
+        let w = self.store.write_blob(seg.id, bytes, seg.dtype, &options, progress)?;
+        self.index_object(&w);
+        Ok(w.stored_len)
+    }
+
+    fn write_manifest(&self, input: &Input, h: &HashedFile, tally: &mut Tally) -> Result<FileEntry> {
         let manifest = Manifest {
             format: MODEL_FORMAT,
             kind: if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes },
-            len: data.len() as u64,
-            hash,
-            segments,
+            len: input.map.len() as u64,
+            hash: h.hash,
+            segments: h
+                .segments
+                .iter()
+                .map(|s| Segment { len: s.range.end - s.range.start, blob: s.id, tensor: s.tensor.clone() })
+                .collect(),
         };
         let bytes = manifest.to_bytes();
         let manifest_id = ObjectId::hash(&bytes);
@@ -232,7 +269,7 @@ impl Repo {
             self.index_object(&w);
             tally.stored_bytes += w.stored_len;
         }
-        Ok(FileEntry { path: input.path.to_string(), manifest: manifest_id, len: data.len() as u64, hash })
+        Ok(FileEntry { path: input.path.to_string(), manifest: manifest_id, len: manifest.len, hash: h.hash })
     }
 
     /// Remembers size, mtime and hash of the committed files for `status`.
@@ -250,6 +287,46 @@ impl Repo {
             let _ = ix.put_stat(input.path.as_str(), &record);
         }
     }
+}
+
+/// A planned segment with its id.
+struct HashedSegment {
+    range: Range<u64>,
+    dtype: Option<Dtype>,
+    tensor: Option<TensorRef>,
+    id: ObjectId,
+}
+
+/// A file's segments with their ids, its whole-file hash and the blobs of the same tensors in
+/// the reference version.
+struct HashedFile {
+    segments: Vec<HashedSegment>,
+    hash: ObjectId,
+    reference: HashMap<TensorRef, ObjectId>,
+}
+
+/// One blob to store: segment `segment` of file `file`.
+struct Job {
+    file: usize,
+    segment: usize,
+}
+
+/// Segments below this size are coded several at a time (each is at most one codec stripe or
+/// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
+const PARALLEL_BELOW: u64 = 4 << 20;
+
+fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
+    let data: &[u8] = &input.map;
+    let mut file_hasher = blake3::Hasher::new();
+    let segments = plan(input)
+        .into_iter()
+        .map(|p| {
+            let id = hash_segment(&data[p.range.start as usize..p.range.end as usize], &mut file_hasher);
+            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id }
+        })
+        .collect();
+    let reference = reference.map(|m| m.tensors().map(|(t, s)| (t.clone(), s.blob)).collect()).unwrap_or_default();
+    HashedFile { segments, hash: ObjectId(*file_hasher.finalize().as_bytes()), reference }
 }
 
 /// Segments of a file: a safetensors file as header, tensors (empty ones as zero-length
