@@ -202,12 +202,15 @@ impl Index {
                 return Err(Error::Io { action: "locking", path: lock_path, source })
             }
         }
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(32 << 20)
-            .flush_every_ms(Some(500))
-            .open()
-            .map_err(|source| Error::Open { path: dir.to_path_buf(), source })?;
+        let config = sled::Config::new().path(dir).cache_capacity(32 << 20).flush_every_ms(Some(500));
+        // A damaged database must never take the process down: the index is only a cache.
+        let db = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open())) {
+            Ok(opened) => opened.map_err(|source| Error::Open { path: dir.to_path_buf(), source })?,
+            Err(_) => {
+                let source = sled::Error::Unsupported("sled panicked while opening the database".into());
+                return Err(Error::Open { path: dir.to_path_buf(), source });
+            }
+        };
         let tree = |name: &str| db.open_tree(name).map_err(|source| Error::Open { path: dir.to_path_buf(), source });
         Ok(Index {
             meta: tree("meta")?,
