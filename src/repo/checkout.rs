@@ -206,6 +206,18 @@ impl Repo {
         };
 
         let dest = rp.under(out_dir);
+        // Never write through a symlinked directory: it could lead outside the output directory.
+        let parts: Vec<&str> = rp.as_str().split('/').collect();
+        let mut at = out_dir.to_path_buf();
+        for part in &parts[..parts.len() - 1] {
+            at.push(part);
+            if at.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(Error::InvalidPath {
+                    path: at,
+                    reason: "is a symbolic link; not writing through it".into(),
+                });
+            }
+        }
         let dir = dest.parent().expect("a file path under a directory");
         std::fs::create_dir_all(dir).map_err(|source| Error::Io {
             action: "creating",

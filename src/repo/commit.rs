@@ -9,8 +9,8 @@ use crate::object_id::ObjectId;
 use crate::safetensors;
 use crate::store::{self, DeltaOutcome, ObjectKind};
 use crate::Dtype;
-use std::collections::{BTreeMap, HashMap, HashSet};
 use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -185,7 +185,8 @@ impl Repo {
     /// Stores the blobs of `jobs`: small ones in parallel, large ones (each parallel inside the
     /// codec) one at a time, so memory stays bounded. Returns the bytes added to the store.
     fn store_blobs(&self, inputs: &[Input], hashed: &[HashedFile], jobs: &[Job], base_every: u32) -> Result<u64> {
-        let len = |j: &Job| hashed[j.file].segments[j.segment].range.end - hashed[j.file].segments[j.segment].range.start;
+        let len =
+            |j: &Job| hashed[j.file].segments[j.segment].range.end - hashed[j.file].segments[j.segment].range.start;
         let total: u64 = jobs.iter().map(len).sum();
         self.progress.start("commit", total);
         let done = AtomicU64::new(0);
@@ -200,7 +201,9 @@ impl Repo {
                 self.progress.set(now);
             };
             let stored = self.store_blob(input, seg, reference, base_every, &progress).map_err(|e| match e {
-                Error::Store(store::Error::ChangedWhileWriting { .. }) => Error::FileChanged { path: input.path.to_string() },
+                Error::Store(store::Error::ChangedWhileWriting { .. }) => {
+                    Error::FileChanged { path: input.path.to_string() }
+                }
                 other => Error::File { path: input.path.to_string(), source: Box::new(other) },
             })?;
             progress(seg.range.end - seg.range.start);

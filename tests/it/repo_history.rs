@@ -350,3 +350,17 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     }
     out
 }
+
+#[cfg(unix)]
+#[test]
+fn checkout_does_not_write_through_symlinked_directories() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    t.commit_files(&repo, &[("d/f.bin", b"data")], "v");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), out.path().join("d")).unwrap();
+    let err = repo.checkout("HEAD", None, Some(out.path()), None).unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none());
+}

@@ -90,7 +90,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let result = repo.checkout(&format!("HEAD~{back}"), None, Some(out.path()), None);
                 if back < m.versions.len() {
                     prop_assert!(result.is_ok(), "checkout: {result:?}");
-                    let expected: Vec<(String, Vec<u8>)> = m.versions[m.versions.len() - 1 - back].clone().into_iter().collect();
+                    let expected: Vec<(String, Vec<u8>)> =
+                        m.versions[m.versions.len() - 1 - back].clone().into_iter().collect();
                     prop_assert_eq!(read_tree(out.path()), expected);
                 } else {
                     prop_assert!(result.is_err());
