@@ -80,12 +80,17 @@ pub fn compress<W: Write>(
     Ok(writer.finish()?)
 }
 
-/// Decompresses a container, writing the original to `out` and verifying its hash.
-pub fn decompress<W: Write>(container: &[u8], out: &mut W) -> Result<blake3::Hash, Error> {
+/// Decompresses a container, writing the original to `out` and verifying its hash. `progress`
+/// is called with the original bytes written so far.
+pub fn decompress<W: Write>(
+    container: &[u8],
+    out: &mut W,
+    progress: &mut dyn FnMut(u64),
+) -> Result<blake3::Hash, Error> {
     if !is_container(container) {
         return Err(codec::Error::Corrupt("not a ckpt container (bad magic)".into()).into());
     }
-    Ok(Container::open(container)?.decode_to(out)?)
+    Ok(Container::open(container)?.decode_to_reporting(None, out, progress)?)
 }
 
 /// Where the bytes of one (dtype, byte group) pair went, summed over a container.

@@ -478,6 +478,17 @@ impl<'a> Container<'a> {
     /// [`Self::decode_to`] for a container written with [`ContainerWriter::segment_delta`]:
     /// `reference` is the whole reference (original length).
     pub fn decode_to_with_reference<W: Write>(&self, reference: Option<&[u8]>, out: &mut W) -> Result<blake3::Hash> {
+        self.decode_to_reporting(reference, out, &mut |_| {})
+    }
+
+    /// [`Self::decode_to_with_reference`] that calls `progress` with the original bytes written
+    /// so far after each batch.
+    pub fn decode_to_reporting<W: Write>(
+        &self,
+        reference: Option<&[u8]>,
+        out: &mut W,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<blake3::Hash> {
         if reference.is_some_and(|r| r.len() as u64 != self.original_len) {
             return Err(Error::InvalidInput("reference length differs from the original length".into()));
         }
@@ -510,6 +521,7 @@ impl<'a> Container<'a> {
                 hasher.update(&buf);
             }
             out.write_all(&buf).map_err(io_error)?;
+            progress(end);
             i = j;
         }
         let hash = hasher.finalize();

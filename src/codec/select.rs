@@ -61,7 +61,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             chunk_size: 256 << 10,
-            zstd_level: 3,
+            zstd_level: 1,
             selection: Selection::Auto,
             zstd_zero_fraction: 0.90,
             zstd_zero_run: 0.03,

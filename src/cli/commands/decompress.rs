@@ -1,7 +1,7 @@
 //! `ckpt decompress INPUT -o OUTPUT`.
 
 use crate::cli::ui::{map_file, write_atomically, Ui};
-use crate::file_codec;
+use crate::codec::container::Container;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 
@@ -16,7 +16,7 @@ pub struct DecompressArgs {
 }
 
 /// Runs `ckpt decompress`.
-pub fn run(_ui: &Ui, args: DecompressArgs) -> Result<()> {
+pub fn run(ui: &Ui, args: DecompressArgs) -> Result<()> {
     let output = match args.output {
         Some(o) => o,
         None => {
@@ -29,8 +29,14 @@ pub fn run(_ui: &Ui, args: DecompressArgs) -> Result<()> {
         }
     };
     let input = map_file(&args.input)?;
+    // Open (and check header and index) before creating the output file.
+    let container = Container::open(&input).with_context(|| format!("{}", args.input.display()))?;
+    let bar = ui.bytes_bar(container.original_len(), "decompress");
     write_atomically(&output, |w| {
-        file_codec::decompress(&input, w).with_context(|| format!("{}", args.input.display()))
+        container
+            .decode_to_reporting(None, w, &mut |done| bar.set_position(done))
+            .with_context(|| format!("{}", args.input.display()))
     })?;
+    bar.finish_and_clear();
     Ok(())
 }
