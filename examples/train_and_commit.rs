@@ -44,15 +44,16 @@ impl Model {
             .collect();
         let pred: f32 = h.iter().zip(&self.w2).map(|(a, b)| a * b).sum();
         let err = (pred - y).clamp(-10.0, 10.0);
-        for j in 0..HIDDEN {
-            if h[j] > 0.0 {
-                for i in 0..INPUTS {
-                    let k = j * INPUTS + i;
-                    self.m1[k] = 0.9 * self.m1[k] + err * self.w2[j] * x[i];
-                    self.w1[k] -= lr * self.m1[k];
+        for (j, &hj) in h.iter().enumerate() {
+            if hj > 0.0 {
+                let g = err * self.w2[j];
+                let row = j * INPUTS..(j + 1) * INPUTS;
+                for ((w, m), xi) in self.w1[row.clone()].iter_mut().zip(&mut self.m1[row]).zip(&x) {
+                    *m = 0.9 * *m + g * xi;
+                    *w -= lr * *m;
                 }
             }
-            self.m2[j] = 0.9 * self.m2[j] + err * h[j];
+            self.m2[j] = 0.9 * self.m2[j] + err * hj;
             self.w2[j] -= lr * self.m2[j];
         }
     }
