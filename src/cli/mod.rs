@@ -40,6 +40,10 @@ enum Command {
     Checkout(commands::checkout::CheckoutArgs),
     /// Show history, newest first.
     Log(commands::log::LogArgs),
+    /// Show how a version is stored: per tensor base, delta or duplicate, bytes, method mix.
+    Show(commands::show::ShowArgs),
+    /// Compare two versions tensor by tensor: elements and bytes changed, max |Δ|.
+    Diff(commands::diff::DiffArgs),
     /// Compare the working files with the current version.
     Status(commands::status::StatusArgs),
     /// Create a tag, or list tags.
@@ -85,6 +89,8 @@ pub fn main() -> ExitCode {
                 Command::Commit(args) => commands::commit::run(&ui, base, args),
                 Command::Checkout(args) => commands::checkout::run(&ui, base, args),
                 Command::Log(args) => commands::log::run(&ui, base, args),
+                Command::Show(args) => commands::show::run(&ui, base, args),
+                Command::Diff(args) => commands::diff::run(&ui, base, args),
                 Command::Status(args) => commands::status::run(&ui, base, args),
                 Command::Tag(args) => commands::tag::run(&ui, base, args),
                 Command::Branch(args) => commands::branch::run(&ui, base, args),

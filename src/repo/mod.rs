@@ -16,6 +16,7 @@ mod checkout;
 mod commit;
 mod config;
 mod gc;
+mod inspect;
 mod lock;
 mod model;
 mod path;
@@ -27,6 +28,10 @@ pub use checkout::{CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
 pub use config::{Config, DeltaPolicy};
 pub use gc::GcReport;
+pub use inspect::{
+    to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
+    TensorDiff, TensorName,
+};
 pub use model::{FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
 pub use path::RepoPath;
 pub use refs::{check_name, Head, RefKind};

@@ -360,6 +360,22 @@ impl BlobChain {
         Ok(())
     }
 
+    /// A reader that decodes the blob window by window (about 32 MiB of whole chunks each) and
+    /// checks the blake3 of the whole content against the id after the last window.
+    pub fn reader(&self) -> Result<BlobReader<'_>> {
+        let containers = self.containers()?;
+        let per_window = (window_len(self.chunk_size) / self.chunk_size).max(1);
+        Ok(BlobReader {
+            chain: self,
+            containers,
+            per_window,
+            next_chunk: 0,
+            buf: Vec::new(),
+            hasher: blake3::Hasher::new(),
+            done: false,
+        })
+    }
+
     /// Writes the blob's content to `out`, in windows, verifying its blake3 against the id at
     /// the end. On an error the caller must discard what was written.
     pub fn copy_to(&self, out: &mut dyn Write) -> Result<u64> {
@@ -397,5 +413,49 @@ impl BlobChain {
             return Err(Error::Corrupt { id: self.id(), reason });
         }
         Ok(done)
+    }
+}
+
+/// Decodes a blob window by window ([`BlobChain::reader`]): memory is one window.
+pub struct BlobReader<'a> {
+    chain: &'a BlobChain,
+    containers: Vec<Container<'a>>,
+    per_window: usize,
+    next_chunk: usize,
+    buf: Vec<u8>,
+    hasher: blake3::Hasher,
+    done: bool,
+}
+
+impl BlobReader<'_> {
+    /// The next window of the blob's content (a whole number of chunks; every window but the
+    /// last is a multiple of the chunk size), or `None` after the last one. Returning `None`
+    /// means the whole content hashed to the blob's id; otherwise it is [`Error::Corrupt`].
+    pub fn next_window(&mut self) -> Result<Option<&[u8]>> {
+        let chain = self.chain;
+        if self.next_chunk >= chain.chunk_count {
+            self.buf.clear();
+            if !self.done {
+                self.done = true;
+                let hash = ObjectId(*self.hasher.finalize().as_bytes());
+                if hash != chain.id() {
+                    return Err(Error::Corrupt { id: chain.id(), reason: format!("decoded bytes hash to {hash}") });
+                }
+            }
+            return Ok(None);
+        }
+        let first = self.next_chunk;
+        let last = (first + self.per_window).min(chain.chunk_count);
+        let len = chain.chunk_range(last - 1).end - chain.chunk_range(first).start;
+        self.buf.resize(len, 0);
+        chain.decode_chunks(&self.containers, first..last, &mut self.buf)?;
+        hash_into(&mut self.hasher, &self.buf);
+        self.next_chunk = last;
+        Ok(Some(&self.buf))
+    }
+
+    /// The window the last [`Self::next_window`] returned (empty before the first call).
+    pub fn current(&self) -> &[u8] {
+        &self.buf
     }
 }

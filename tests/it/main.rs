@@ -4,6 +4,7 @@ mod codec_cli;
 mod repo_crash;
 mod repo_faults;
 mod repo_history;
+mod repo_inspect;
 mod repo_model;
 mod repo_util;
 mod util;

@@ -1,0 +1,81 @@
+//! `ckpt diff REV1 REV2 [--json]`.
+
+use crate::cli::ui::{open_repo, Ui};
+use anyhow::Result;
+use std::io::Write;
+use std::path::Path;
+
+/// Arguments of `ckpt diff`.
+#[derive(clap::Args, Debug)]
+pub struct DiffArgs {
+    /// The older version.
+    rev1: String,
+    /// The newer version.
+    rev2: String,
+    /// One JSON object: per-tensor changes, tensors and files added, removed, reshaped.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ckpt diff`.
+pub fn run(ui: &Ui, base: &Path, args: DiffArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let r = repo.diff(&args.rev1, &args.rev2)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        // Serialized first: a closed pipe then surfaces as an io::Error (exit 0, like log).
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    writeln!(out, "diff {} {}", r.from.short(12), r.to.short(12))?;
+    let mut file = "";
+    for t in &r.tensors {
+        if t.file != file {
+            file = &t.file;
+            writeln!(out, "{file}")?;
+        }
+        let groups: Vec<String> = t.byte_groups.iter().map(|g| format!("{:.2}", g.percent)).collect();
+        let max = match t.max_abs_delta {
+            Some(m) => format!("  max|Δ| {m:.3e}"),
+            None => String::new(),
+        };
+        let non_finite = if t.non_finite > 0 { format!(" ({} non-finite)", t.non_finite) } else { String::new() };
+        writeln!(
+            out,
+            "  {:<32} {:<5} {:>7.2}% changed  bytes% [{}]{max}{non_finite}",
+            t.name,
+            t.dtype,
+            t.percent_changed,
+            groups.join(" ")
+        )?;
+    }
+    for f in &r.files_added {
+        writeln!(out, "file added    {f}")?;
+    }
+    for f in &r.files_removed {
+        writeln!(out, "file removed  {f}")?;
+    }
+    for t in &r.added {
+        writeln!(out, "added    {} [{}] {} {:?}", t.file, t.name, t.dtype, t.shape)?;
+    }
+    for t in &r.removed {
+        writeln!(out, "removed  {} [{}] {} {:?}", t.file, t.name, t.dtype, t.shape)?;
+    }
+    for t in &r.reshaped {
+        writeln!(
+            out,
+            "reshaped {} [{}] {} {:?} -> {} {:?}",
+            t.file, t.name, t.from_dtype, t.from_shape, t.to_dtype, t.to_shape
+        )?;
+    }
+    let changed = r.tensors.iter().filter(|t| t.changed > 0).count();
+    writeln!(
+        out,
+        "{} tensors compared, {changed} changed; {} added, {} removed, {} reshaped",
+        r.tensors.len(),
+        r.added.len(),
+        r.removed.len(),
+        r.reshaped.len()
+    )?;
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! `ckpt show REV [--json]`.
+
+use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::repo::{MethodCounts, SegmentShow, Storage};
+use anyhow::Result;
+use std::io::Write;
+use std::path::Path;
+
+/// Arguments of `ckpt show`.
+#[derive(clap::Args, Debug)]
+pub struct ShowArgs {
+    /// The version (default: HEAD).
+    #[arg(default_value = "HEAD")]
+    rev: String,
+    /// One JSON object: the version, its files and segments, totals.
+    #[arg(long)]
+    json: bool,
+}
+
+fn mix(m: &MethodCounts) -> String {
+    let parts: Vec<String> = [("raw", m.raw), ("zero", m.zero), ("huff", m.huffman), ("zstd", m.zstd)]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn how(s: &SegmentShow) -> String {
+    let form = match s.reference {
+        Some(r) => format!("delta vs {} d={}", r.short(8), s.depth),
+        None => "base".into(),
+    };
+    match s.storage {
+        Storage::Duplicate => format!("duplicate ({form})"),
+        _ => form,
+    }
+}
+
+/// Runs `ckpt show`.
+pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let r = repo.show(&args.rev)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        // Serialized first: a closed pipe then surfaces as an io::Error (exit 0, like log).
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    writeln!(out, "version {}", r.id)?;
+    let parents: Vec<String> = r.parents.iter().map(|p| p.to_hex()).collect();
+    writeln!(out, "parents {}", if parents.is_empty() { "-".into() } else { parents.join(" ") })?;
+    writeln!(out, "date    {}", r.date)?;
+    writeln!(out)?;
+    for line in r.message.lines() {
+        writeln!(out, "    {line}")?;
+    }
+    writeln!(out)?;
+    for f in &r.files {
+        writeln!(
+            out,
+            "{} ({}, {}, {} stored, {} added)",
+            f.path,
+            format!("{:?}", f.kind).to_lowercase(),
+            bytes(f.raw_bytes),
+            bytes(f.stored_bytes),
+            bytes(f.added_bytes)
+        )?;
+        for s in &f.segments {
+            let kind = match (&s.dtype, &s.shape) {
+                (Some(d), Some(shape)) => format!("{d} {shape:?}"),
+                _ => String::new(),
+            };
+            writeln!(
+                out,
+                "  {:<32} {:<18} {:>10} -> {:>10}  {:<28} {}",
+                s.name,
+                kind,
+                bytes(s.raw_bytes),
+                bytes(s.stored_bytes),
+                how(s),
+                mix(&s.methods)
+            )?;
+        }
+    }
+    let t = &r.totals;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "total   {} files, {} tensors: {} base, {} delta, {} duplicate",
+        t.files, t.tensors, t.base, t.delta, t.duplicate
+    )?;
+    writeln!(
+        out,
+        "bytes   {} raw, {} stored ({:.1}%), {} added by this version",
+        bytes(t.raw_bytes),
+        bytes(t.stored_bytes),
+        100.0 * t.stored_bytes as f64 / t.raw_bytes.max(1) as f64,
+        bytes(t.added_bytes)
+    )?;
+    writeln!(out, "methods {}", mix(&t.methods))?;
+    Ok(())
+}
