@@ -53,7 +53,7 @@ impl ChunkHeader {
     /// before any payload is touched.
     pub fn validate(&self, chunk_len: usize) -> Result<()> {
         let width = self.width as usize;
-        if chunk_len % width != 0 || chunk_len > MAX_CHUNK_SIZE {
+        if !chunk_len.is_multiple_of(width) || chunk_len > MAX_CHUNK_SIZE {
             return Err(Error::Corrupt(format!("chunk of {chunk_len} bytes cannot hold {width}-byte elements")));
         }
         let group_len = chunk_len / width;
@@ -282,7 +282,10 @@ pub fn encode_chunks(
 /// Validates `options.chunk_size` for `layout` and returns it.
 pub fn checked_chunk_size(options: &Options, layout: Layout) -> Result<usize> {
     let c = options.chunk_size;
-    if !(super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) || c % 8 != 0 || c % layout.width != 0 {
+    if !(super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c)
+        || !c.is_multiple_of(8)
+        || !c.is_multiple_of(layout.width)
+    {
         return Err(Error::InvalidInput(format!("chunk size {c} is not a multiple of 8 between 4 KiB and 4 MiB")));
     }
     Ok(c)

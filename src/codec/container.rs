@@ -118,7 +118,7 @@ impl<W: Write> ContainerWriter<W> {
             return Err(Error::InvalidInput("reference and data lengths differ".into()));
         }
         let layout = Layout::for_dtype(dtype);
-        if data.len() % layout.width != 0 {
+        if !data.len().is_multiple_of(layout.width) {
             return Err(Error::InvalidInput(format!(
                 "segment of {} bytes is not a whole number of {} elements",
                 data.len(),
@@ -263,7 +263,7 @@ impl<'a> Container<'a> {
             return Err(corrupt("reserved header bytes are not zero"));
         }
         let chunk_size = read_u32(header, 12).expect("in header") as usize;
-        if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) || chunk_size % 8 != 0 {
+        if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) || !chunk_size.is_multiple_of(8) {
             return Err(Error::Corrupt(format!("chunk size {chunk_size} out of range")));
         }
         let original_len = read_u64(header, 16).expect("in header");
