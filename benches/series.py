@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--ckpt", default="target/release/ckpt")
     ap.add_argument("--base-every", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--only", help="comma-separated series/policy pairs, e.g. bf16/previous")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     with warnings.catch_warnings():
@@ -114,11 +115,16 @@ def main():
     series = {s: [os.path.join(CORPUS, "series", s, f"epoch_{e:02d}.safetensors") for e in range(11)]
               for s in ("bf16", "fp32")}
     series["optim"] = [os.path.join(CORPUS, "series", "optim", f"adamw_epoch_{e:02d}.safetensors") for e in (1, 2, 9, 10)]
+    if args.only:
+        wanted = {o.split("/")[0] for o in args.only.split(",")}
+        series = {k: v for k, v in series.items() if k in wanted}
     zipnn_sizes = {f: zipnn_size(ZipNN, f) for fs in series.values() for f in fs}
     results, ok = {}, True
     print(f"# ckpt {ckpt}, base_every {args.base_every}, load {os.getloadavg()}")
     for name, files in series.items():
         for policy in ("previous", "base"):
+            if args.only and f"{name}/{policy}" not in args.only.split(","):
+                continue
             rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes)
             raw = sum(r["raw"] for r in rows)
             zsum = sum(r["zipnn"] for r in rows)
