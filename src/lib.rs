@@ -34,7 +34,6 @@
 #![deny(unsafe_code)]
 // The MSRV is 1.89 (std file locks); the codec's `len % width != 0` checks predate
 // `is_multiple_of` and read as the format spec states them.
-#![allow(clippy::manual_is_multiple_of)]
 
 pub mod cli;
 pub mod codec;

@@ -145,17 +145,8 @@ pub fn write_atomically<T>(
     Ok(value)
 }
 
-/// Maps a whole input file read-only.
-pub fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+/// Maps a whole input file read-only (see [`crate::mmap`]).
+pub fn map_file(path: &Path) -> Result<crate::mmap::Map> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    map(&file).with_context(|| format!("reading {}", path.display()))
-}
-
-#[allow(unsafe_code)]
-fn map(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
-    // SAFETY: the map is read-only; ckpt does not write to its inputs. Another process changing
-    // the file while it is mapped can change what we read, but cannot break memory safety of
-    // the byte slice beyond that (the usual caveat of every mmap-based reader); the result is
-    // hash-verified on decompress and on checkout.
-    unsafe { memmap2::Mmap::map(file) }
+    crate::mmap::map(&file).with_context(|| format!("reading {}", path.display()))
 }

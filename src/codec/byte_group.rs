@@ -100,7 +100,7 @@ fn check_lengths(layout: Layout, len: usize, reference: Option<&[u8]>, other: us
     if !matches!(layout.width, 1 | 2 | 4 | 8) {
         return Err(Error::InvalidInput(format!("element width {} is not 1, 2, 4 or 8", layout.width)));
     }
-    if len % layout.width != 0 {
+    if !len.is_multiple_of(layout.width) {
         return Err(Error::InvalidInput(format!(
             "{len} bytes is not a whole number of {}-byte elements",
             layout.width

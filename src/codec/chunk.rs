@@ -53,7 +53,7 @@ impl ChunkHeader {
     /// before any payload is touched.
     pub fn validate(&self, chunk_len: usize) -> Result<()> {
         let width = self.width as usize;
-        if chunk_len % width != 0 || chunk_len > MAX_CHUNK_SIZE {
+        if !chunk_len.is_multiple_of(width) || chunk_len > MAX_CHUNK_SIZE {
             return Err(Error::Corrupt(format!("chunk of {chunk_len} bytes cannot hold {width}-byte elements")));
         }
         let group_len = chunk_len / width;
@@ -221,6 +221,85 @@ pub fn decode_chunk(
     })
 }
 
+/// Decodes one chunk's byte groups (not yet regrouped) into `grouped`: `width` groups of
+/// `grouped.len() / width` bytes, in [`byte_group`] layout. With `xor_into`, each decoded group
+/// is XORed into what `grouped` already holds instead of overwriting it.
+///
+/// Rotation and grouping are bit permutations, so they commute with XOR: for a delta chain
+/// (base, d1, .., dk) of one tensor, XORing the grouped chunks of every member gives the grouped
+/// chunk of the target, which then needs a single [`byte_group::regroup`] instead of one per
+/// chain member.
+pub fn decode_chunk_groups(
+    payload: &[u8],
+    header: &ChunkHeader,
+    layout: Layout,
+    grouped: &mut [u8],
+    xor_into: bool,
+) -> Result<()> {
+    if header.groups().len() != layout.width {
+        return Err(Error::Corrupt(format!(
+            "chunk has {} byte groups, its element type has {}",
+            header.groups().len(),
+            layout.width
+        )));
+    }
+    header.validate(grouped.len())?;
+    if header.stored_len() != payload.len() as u64 {
+        return Err(Error::Corrupt(format!(
+            "chunk payload is {} bytes, its header says {}",
+            payload.len(),
+            header.stored_len()
+        )));
+    }
+    let n = grouped.len() / layout.width;
+    let mut rest = payload;
+    for (e, group) in header.groups().iter().zip(grouped.chunks_exact_mut(n.max(1))) {
+        let (stored, tail) = rest.split_at(e.stored_len as usize);
+        rest = tail;
+        match (e.method, xor_into) {
+            (Method::Zero, true) => {}
+            (Method::Zero, false) => group.fill(0),
+            (Method::Raw, false) => group.copy_from_slice(stored),
+            (Method::Raw, true) => xor_in_place(group, stored),
+            (Method::Huffman | Method::Zstd, false) => decode_group(e.method, stored, group)?,
+            (Method::Huffman | Method::Zstd, true) => with_group_scratch(n, |tmp| {
+                decode_group(e.method, stored, tmp)?;
+                xor_in_place(group, tmp);
+                Ok(())
+            })?,
+        }
+    }
+    Ok(())
+}
+
+fn decode_group(method: Method, stored: &[u8], out: &mut [u8]) -> Result<()> {
+    match method {
+        Method::Huffman => huffman::decode(stored, out),
+        Method::Zstd => zstd_block::decode(stored, out),
+        Method::Raw | Method::Zero => unreachable!("only coded groups are decoded"),
+    }
+}
+
+fn xor_in_place(acc: &mut [u8], other: &[u8]) {
+    for (a, b) in acc.iter_mut().zip(other) {
+        *a ^= b;
+    }
+}
+
+thread_local! {
+    static GROUP_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn with_group_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    GROUP_SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        f(&mut buf[..len])
+    })
+}
+
 /// One coded chunk: header plus payload.
 #[derive(Clone, Debug)]
 pub struct EncodedChunk {
@@ -282,7 +361,10 @@ pub fn encode_chunks(
 /// Validates `options.chunk_size` for `layout` and returns it.
 pub fn checked_chunk_size(options: &Options, layout: Layout) -> Result<usize> {
     let c = options.chunk_size;
-    if !(super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) || c % 8 != 0 || c % layout.width != 0 {
+    if !(super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c)
+        || !c.is_multiple_of(8)
+        || !c.is_multiple_of(layout.width)
+    {
         return Err(Error::InvalidInput(format!("chunk size {c} is not a multiple of 8 between 4 KiB and 4 MiB")));
     }
     Ok(c)
@@ -367,6 +449,40 @@ mod tests {
             out.extend_from_slice(&chunk);
         }
         assert_eq!(out, input);
+    }
+
+    #[test]
+    fn chains_xor_in_grouped_form() {
+        let layout = Layout { width: 4, extract_exponent: true };
+        let options = Options::default();
+        let base = weights(11, 4096, 0);
+        let mut versions = vec![base.clone()];
+        for step in 1..4u8 {
+            let mut next = versions.last().unwrap().clone();
+            for (i, b) in next.iter_mut().enumerate() {
+                if i % (5 + step as usize) == 0 {
+                    *b ^= step;
+                }
+            }
+            versions.push(next);
+        }
+        // base standalone, then each version as a delta against the one before.
+        let mut coded = Vec::new();
+        for (k, v) in versions.iter().enumerate() {
+            let reference = if k == 0 { None } else { Some(versions[k - 1].as_slice()) };
+            let mut payload = Vec::new();
+            let header = encode_chunk(v, reference, layout, &options, &mut SkipState::default(), &mut payload).unwrap();
+            coded.push((header, payload));
+        }
+        let mut grouped = vec![0xEE; base.len()];
+        for (k, (header, payload)) in coded.iter().enumerate() {
+            decode_chunk_groups(payload, header, layout, &mut grouped, k > 0).unwrap();
+        }
+        let n = base.len() / 4;
+        let groups: Vec<&[u8]> = grouped.chunks(n).collect();
+        let mut out = vec![0u8; base.len()];
+        byte_group::regroup(&groups, None, layout, &mut out).unwrap();
+        assert_eq!(&out, versions.last().unwrap());
     }
 
     #[test]

@@ -118,7 +118,7 @@ impl<W: Write> ContainerWriter<W> {
             return Err(Error::InvalidInput("reference and data lengths differ".into()));
         }
         let layout = Layout::for_dtype(dtype);
-        if data.len() % layout.width != 0 {
+        if !data.len().is_multiple_of(layout.width) {
             return Err(Error::InvalidInput(format!(
                 "segment of {} bytes is not a whole number of {} elements",
                 data.len(),
@@ -263,7 +263,7 @@ impl<'a> Container<'a> {
             return Err(corrupt("reserved header bytes are not zero"));
         }
         let chunk_size = read_u32(header, 12).expect("in header") as usize;
-        if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) || chunk_size % 8 != 0 {
+        if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) || !chunk_size.is_multiple_of(8) {
             return Err(Error::Corrupt(format!("chunk size {chunk_size} out of range")));
         }
         let original_len = read_u64(header, 16).expect("in header");
@@ -396,11 +396,33 @@ impl<'a> Container<'a> {
     /// Decodes chunk `i` of a delta container, XORing with `reference` (the reference bytes of
     /// the same original range), into `out`.
     pub fn decode_delta_chunk_into(&self, i: usize, reference: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
-        let slot = self.chunks.get(i).ok_or_else(|| Error::InvalidInput(format!("no chunk {i}")))?;
-        let (segment, range, header) = self.chunk(i);
+        let (payload, segment, range, header) = self.checked_payload(i)?;
         if out.len() as u64 != range.end - range.start {
             return Err(Error::InvalidInput("output length differs from the chunk length".into()));
         }
+        if reference.is_some_and(|r| r.len() != out.len()) {
+            return Err(Error::InvalidInput("reference length differs from the chunk length".into()));
+        }
+        decode_chunk(payload, &header, Layout::for_dtype(segment.dtype), reference, out)
+            .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
+    }
+
+    /// Decodes chunk `i`'s byte groups (not regrouped) into `grouped`, or XORs them into it
+    /// with `xor_into` (see [`super::chunk::decode_chunk_groups`]). The payload checksum is
+    /// verified first.
+    pub fn decode_chunk_groups_into(&self, i: usize, grouped: &mut [u8], xor_into: bool) -> Result<()> {
+        let (payload, segment, range, header) = self.checked_payload(i)?;
+        if grouped.len() as u64 != range.end - range.start {
+            return Err(Error::InvalidInput("output length differs from the chunk length".into()));
+        }
+        super::chunk::decode_chunk_groups(payload, &header, Layout::for_dtype(segment.dtype), grouped, xor_into)
+            .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
+    }
+
+    /// The payload of chunk `i` after its checksum matched, with its segment, range and header.
+    fn checked_payload(&self, i: usize) -> Result<(&'a [u8], &Segment, Range<u64>, ChunkHeader)> {
+        let slot = self.chunks.get(i).ok_or_else(|| Error::InvalidInput(format!("no chunk {i}")))?;
+        let (segment, range, header) = self.chunk(i);
         let start = slot.payload_offset as usize;
         let payload = &self.bytes[start..start + header.stored_len() as usize];
         let width = header.groups().len();
@@ -411,11 +433,7 @@ impl<'a> Container<'a> {
                 range.start, range.end
             )));
         }
-        if reference.is_some_and(|r| r.len() != out.len()) {
-            return Err(Error::InvalidInput("reference length differs from the chunk length".into()));
-        }
-        decode_chunk(payload, &header, Layout::for_dtype(segment.dtype), reference, out)
-            .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
+        Ok((payload, segment, range, header))
     }
 
     /// Decodes the original bytes in `range` into `out` (same length), decoding only the chunks

@@ -9,7 +9,7 @@
 use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, MAX_CHAIN_DEPTH};
 use crate::codec::chunk::STRIPE_CHUNKS;
 use crate::codec::container::{Container, ContainerWriter, FileKind};
-use crate::codec::{Layout, Method, Options};
+use crate::codec::{byte_group, Layout, Method, Options};
 use crate::dtype::Dtype;
 use crate::object_id::ObjectId;
 use rayon::prelude::*;
@@ -343,21 +343,27 @@ impl BlobChain {
         let n = containers.len();
         let corrupt =
             |k: usize| move |e: crate::codec::Error| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() };
-        containers[n - 1].decode_chunk_into(i, dst).map_err(corrupt(n - 1))?;
-        if n > 1 {
-            let mut scratch = vec![0u8; dst.len()];
-            for k in (0..n - 1).rev() {
-                // A delta chunk with every byte group Zero leaves the reference unchanged (late
-                // in training most chunks are); its empty payload needs no decoding.
-                let (_, _, header) = containers[k].chunk(i);
-                if header.groups().iter().all(|g| g.method == Method::Zero) {
-                    continue;
-                }
-                containers[k].decode_delta_chunk_into(i, Some(dst), &mut scratch).map_err(corrupt(k))?;
-                dst.copy_from_slice(&scratch);
-            }
+        if n == 1 {
+            return containers[0].decode_chunk_into(i, dst).map_err(corrupt(0));
         }
-        Ok(())
+        // Decode the chain in grouped form: XOR the byte groups of every member into one buffer
+        // and regroup once, instead of regrouping once per chain member.
+        let (segment, _, _) = containers[n - 1].chunk(i);
+        let layout = Layout::for_dtype(segment.dtype);
+        let mut grouped = vec![0u8; dst.len()];
+        containers[n - 1].decode_chunk_groups_into(i, &mut grouped, false).map_err(corrupt(n - 1))?;
+        for k in (0..n - 1).rev() {
+            // A delta chunk with every byte group Zero leaves the reference unchanged (late in
+            // training most chunks are); its empty payload needs no decoding.
+            let (_, _, header) = containers[k].chunk(i);
+            if header.groups().iter().all(|g| g.method == Method::Zero) {
+                continue;
+            }
+            containers[k].decode_chunk_groups_into(i, &mut grouped, true).map_err(corrupt(k))?;
+        }
+        let group_len = dst.len() / layout.width;
+        let groups: Vec<&[u8]> = (0..layout.width).map(|g| &grouped[g * group_len..(g + 1) * group_len]).collect();
+        byte_group::regroup(&groups, None, layout, dst).map_err(corrupt(n - 1))
     }
 
     /// A reader that decodes the blob window by window (about 32 MiB of whole chunks each) and

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Repository benchmark on the corpus training series (issue #3 targets).
+
+For each series (bf16, fp32) and delta policy (previous, base), commits epoch_00..epoch_10 one
+by one into a fresh repository (as `model.safetensors`), then checks every version out again and
+verifies it byte for byte. Reports per version: bytes the store grew by, commit and checkout wall
+time, peak RSS (from /usr/bin/time), and `cp` of the same file for scale; and the whole store
+against the sum of ZipNN standalone sizes of the same files (computed in the same run).
+
+Also commits the AdamW state series (epochs 01, 02, 09, 10) to see whether deltas pay for
+optimizer state.
+
+usage: $CKPT_CORPUS/venv/bin/python benches/series.py [--ckpt target/release/ckpt] [--json OUT]
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+CORPUS = os.environ.get("CKPT_CORPUS") or os.path.join(os.path.expanduser("~"), ".cache", "ckpt-corpus")
+
+
+def timed(cmd, cwd):
+    """Wall seconds and peak RSS (KiB) of a command; raises on failure."""
+    t = time.perf_counter()
+    r = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
+    rss = int(r.stderr.strip().splitlines()[-1])
+    return wall, rss, r.stdout
+
+
+def store_bytes(repo):
+    total = 0
+    for root, _, files in os.walk(os.path.join(repo, ".ckpt", "objects")):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def zipnn_size(ZipNN, path):
+    data = open(path, "rb").read()
+    dtype = "bfloat16" if "bf16" in path else "float32"
+    z = ZipNN(method="HUFFMAN", input_format="byte", bytearray_dtype=dtype, threads=os.cpu_count())
+    return len(z.compress(bytearray(data)))
+
+
+def cp_time(src, tmp):
+    times = []
+    for _ in range(3):
+        dst = os.path.join(tmp, "cp.out")
+        t = time.perf_counter()
+        subprocess.run(["cp", src, dst], check=True)
+        times.append(time.perf_counter() - t)
+        os.remove(dst)
+    return statistics.median(times)
+
+
+def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes):
+    repo = tempfile.mkdtemp(prefix="series-", dir=scratch)
+    try:
+        subprocess.run([ckpt, "-q", "init", repo], check=True, capture_output=True)
+        cfg_path = os.path.join(repo, ".ckpt", "config")
+        cfg = json.load(open(cfg_path))
+        cfg.update(delta_policy=policy, base_every=base_every)
+        json.dump(cfg, open(cfg_path, "w"), indent=2)
+        rows, before = [], store_bytes(repo)
+        for i, f in enumerate(files):
+            shutil.copyfile(f, os.path.join(repo, "model.safetensors"))
+            wall, rss, _ = timed([ckpt, "-q", "commit", "-m", os.path.basename(f), "model.safetensors"], repo)
+            after = store_bytes(repo)
+            rows.append(dict(file=os.path.basename(f), raw=os.path.getsize(f), stored=after - before,
+                             commit_s=wall, commit_rss_kib=rss, cp_s=cp_time(f, repo), zipnn=zipnn_sizes[f]))
+            before = after
+        _, _, out = timed([ckpt, "log", "--json"], repo)
+        ids = [v["id"] for v in json.loads(out)][::-1]  # oldest first
+        for row, vid, f in zip(rows, ids, files):
+            outdir = os.path.join(repo, "co")
+            wall, rss, _ = timed([ckpt, "-q", "checkout", vid, "--output", outdir], repo)
+            row.update(checkout_s=wall, checkout_rss_kib=rss,
+                       bit_exact=sha(os.path.join(outdir, "model.safetensors")) == sha(f))
+            shutil.rmtree(outdir)
+        return rows, store_bytes(repo)
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ckpt", default="target/release/ckpt")
+    ap.add_argument("--base-every", type=int, default=10)
+    ap.add_argument("--json")
+    ap.add_argument("--only", help="comma-separated series/policy pairs, e.g. bf16/previous")
+    args = ap.parse_args()
+    ckpt = os.path.abspath(args.ckpt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from zipnn import ZipNN
+    scratch = os.path.join(CORPUS, "work")
+    series = {s: [os.path.join(CORPUS, "series", s, f"epoch_{e:02d}.safetensors") for e in range(11)]
+              for s in ("bf16", "fp32")}
+    series["optim"] = [os.path.join(CORPUS, "series", "optim", f"adamw_epoch_{e:02d}.safetensors") for e in (1, 2, 9, 10)]
+    if args.only:
+        wanted = {o.split("/")[0] for o in args.only.split(",")}
+        series = {k: v for k, v in series.items() if k in wanted}
+    zipnn_sizes = {f: zipnn_size(ZipNN, f) for fs in series.values() for f in fs}
+    results, ok = {}, True
+    print(f"# ckpt {ckpt}, base_every {args.base_every}, load {os.getloadavg()}")
+    for name, files in series.items():
+        for policy in ("previous", "base"):
+            if args.only and f"{name}/{policy}" not in args.only.split(","):
+                continue
+            rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes)
+            raw = sum(r["raw"] for r in rows)
+            zsum = sum(r["zipnn"] for r in rows)
+            ok = ok and all(r["bit_exact"] for r in rows)
+            results[f"{name}/{policy}"] = dict(rows=rows, store=total, raw=raw, zipnn_sum=zsum)
+            print(f"\n### {name}, delta policy `{policy}`: store {total / 1e6:.1f} MB = {100 * total / raw:.2f}% of raw, "
+                  f"{total / zsum:.3f}x the sum of ZipNN standalone sizes ({zsum / 1e6:.1f} MB)\n")
+            print("| file | raw MB | stored MB | stored % | ZipNN % | commit s | cp s | commit/cp | checkout s | checkout/cp "
+                  "| commit RSS MiB | checkout RSS MiB | bit-exact |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+            for r in rows:
+                print(f"| {r['file']} | {r['raw'] / 1e6:.1f} | {r['stored'] / 1e6:.2f} | {100 * r['stored'] / r['raw']:.2f} "
+                      f"| {100 * r['zipnn'] / r['raw']:.2f} | {r['commit_s']:.3f} | {r['cp_s']:.3f} "
+                      f"| {r['commit_s'] / r['cp_s']:.1f} | {r['checkout_s']:.3f} | {r['checkout_s'] / r['cp_s']:.1f} "
+                      f"| {r['commit_rss_kib'] / 1024:.0f} | {r['checkout_rss_kib'] / 1024:.0f} | {'yes' if r['bit_exact'] else 'NO'} |")
+    if args.json:
+        json.dump(results, open(args.json, "w"), indent=1)
+    print("\nall versions bit-exact: " + ("yes" if ok else "NO"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
