@@ -172,6 +172,27 @@ pub fn encode_chunk(
     })
 }
 
+/// Checks an untrusted header against the element layout, the chunk's original length and the
+/// payload length before any payload byte is touched.
+fn check_chunk(payload: &[u8], header: &ChunkHeader, layout: Layout, chunk_len: usize) -> Result<()> {
+    if header.groups().len() != layout.width {
+        return Err(Error::Corrupt(format!(
+            "chunk has {} byte groups, its element type has {}",
+            header.groups().len(),
+            layout.width
+        )));
+    }
+    header.validate(chunk_len)?;
+    if header.stored_len() != payload.len() as u64 {
+        return Err(Error::Corrupt(format!(
+            "chunk payload is {} bytes, its header says {}",
+            payload.len(),
+            header.stored_len()
+        )));
+    }
+    Ok(())
+}
+
 /// Decodes one chunk from its `payload` and `header` into `out` (the chunk's original length),
 /// XORing with `reference` when the chunk is a delta.
 pub fn decode_chunk(
@@ -181,21 +202,7 @@ pub fn decode_chunk(
     reference: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<()> {
-    if header.groups().len() != layout.width {
-        return Err(Error::Corrupt(format!(
-            "chunk has {} byte groups, its element type has {}",
-            header.groups().len(),
-            layout.width
-        )));
-    }
-    header.validate(out.len())?;
-    if header.stored_len() != payload.len() as u64 {
-        return Err(Error::Corrupt(format!(
-            "chunk payload is {} bytes, its header says {}",
-            payload.len(),
-            header.stored_len()
-        )));
-    }
+    check_chunk(payload, header, layout, out.len())?;
     let n = out.len() / layout.width;
     with_scratch(out.len(), |scratch| {
         let mut slots: Vec<&[u8]> = Vec::with_capacity(layout.width);
@@ -236,21 +243,7 @@ pub fn decode_chunk_groups(
     grouped: &mut [u8],
     xor_into: bool,
 ) -> Result<()> {
-    if header.groups().len() != layout.width {
-        return Err(Error::Corrupt(format!(
-            "chunk has {} byte groups, its element type has {}",
-            header.groups().len(),
-            layout.width
-        )));
-    }
-    header.validate(grouped.len())?;
-    if header.stored_len() != payload.len() as u64 {
-        return Err(Error::Corrupt(format!(
-            "chunk payload is {} bytes, its header says {}",
-            payload.len(),
-            header.stored_len()
-        )));
-    }
+    check_chunk(payload, header, layout, grouped.len())?;
     let n = grouped.len() / layout.width;
     let mut rest = payload;
     for (e, group) in header.groups().iter().zip(grouped.chunks_exact_mut(n.max(1))) {

@@ -468,6 +468,17 @@ impl<'a> Container<'a> {
         self.decode_to_with_reference(None, out)
     }
 
+    fn check_original_hash(&self, hash: blake3::Hash) -> Result<blake3::Hash> {
+        if hash != self.original_hash {
+            return Err(Error::Corrupt(format!(
+                "decoded bytes hash to {}, the container records {}",
+                hash.to_hex(),
+                self.original_hash.to_hex()
+            )));
+        }
+        Ok(hash)
+    }
+
     /// Decodes the whole original into `out` (exactly the original length) in parallel, straight
     /// into place, and verifies its blake3 hash. For callers that hold the output in memory.
     pub fn decode_into(&self, out: &mut [u8]) -> Result<blake3::Hash> {
@@ -482,15 +493,7 @@ impl<'a> Container<'a> {
         } else {
             hasher.update(out);
         }
-        let hash = hasher.finalize();
-        if hash != self.original_hash {
-            return Err(Error::Corrupt(format!(
-                "decoded bytes hash to {}, the container records {}",
-                hash.to_hex(),
-                self.original_hash.to_hex()
-            )));
-        }
-        Ok(hash)
+        self.check_original_hash(hasher.finalize())
     }
 
     /// [`Self::decode_to`] for a container written with [`ContainerWriter::segment_delta`]:
@@ -542,15 +545,7 @@ impl<'a> Container<'a> {
             progress(end);
             i = j;
         }
-        let hash = hasher.finalize();
-        if hash != self.original_hash {
-            return Err(Error::Corrupt(format!(
-                "decoded bytes hash to {}, the container records {}",
-                hash.to_hex(),
-                self.original_hash.to_hex()
-            )));
-        }
-        Ok(hash)
+        self.check_original_hash(hasher.finalize())
     }
 }
 
