@@ -73,10 +73,9 @@ pub fn compress<W: Write>(
 ) -> Result<(W, blake3::Hash), Error> {
     let (kind, segments) = plan_segments(file, format)?;
     let mut writer = ContainerWriter::new(out, kind, file.len() as u64, options.clone())?;
-    for (range, dtype) in segments {
-        writer.segment(&file[range.start as usize..range.end as usize], dtype)?;
-        progress(range.end);
-    }
+    let parts: Vec<(&[u8], Option<Dtype>)> =
+        segments.iter().map(|(range, dtype)| (&file[range.start as usize..range.end as usize], *dtype)).collect();
+    writer.segments(&parts, progress)?;
     Ok(writer.finish()?)
 }
 

@@ -110,6 +110,98 @@ impl<W: Write> ContainerWriter<W> {
         self.segment_delta(data, None, dtype)
     }
 
+    /// Codes several consecutive segments (in file order), in parallel across segments as well
+    /// as within them: a file of many small tensors would otherwise run one stripe at a time.
+    /// `progress` is called with the original bytes covered so far. The output is the same as
+    /// calling [`Self::segment`] for each part.
+    pub fn segments(&mut self, parts: &[(&[u8], Option<Dtype>)], progress: &mut dyn FnMut(u64)) -> Result<()> {
+        let chunk_size = self.options.chunk_size;
+        let stripe = chunk_size * STRIPE_CHUNKS;
+        // Work units: one stripe of one part (an empty part is one empty unit, for its record).
+        let mut units: Vec<(usize, Range<usize>)> = Vec::new();
+        for (p, (data, dtype)) in parts.iter().enumerate() {
+            let width = Layout::for_dtype(*dtype).width;
+            if !data.len().is_multiple_of(width) {
+                return Err(Error::InvalidInput(format!(
+                    "segment of {} bytes is not a whole number of {} elements",
+                    data.len(),
+                    dtype.map_or("byte", |d| d.safetensors_name())
+                )));
+            }
+            if data.is_empty() {
+                units.push((p, 0..0));
+            }
+            units.extend((0..data.len()).step_by(stripe).map(|at| (p, at..(at + stripe).min(data.len()))));
+        }
+        let batch = batch_len(chunk_size);
+        let mut next = 0;
+        while next < units.len() {
+            let mut end = next;
+            let mut bytes = 0;
+            while end < units.len() && (end == next || bytes + units[end].1.len() <= batch) {
+                bytes += units[end].1.len();
+                end += 1;
+            }
+            let group = &units[next..end];
+            let options = &self.options;
+            let hasher = &mut self.hasher;
+            let (coded, ()) = rayon::join(
+                || {
+                    group
+                        .par_iter()
+                        .map(|(p, range)| {
+                            let (data, dtype) = parts[*p];
+                            encode_chunks(&data[range.clone()], None, Layout::for_dtype(dtype), options)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                },
+                || {
+                    for (p, range) in group {
+                        hasher.update(&parts[*p].0[range.clone()]);
+                    }
+                },
+            );
+            for ((p, range), chunks) in group.iter().zip(coded?) {
+                let (data, dtype) = parts[*p];
+                if range.start == 0 {
+                    self.begin_segment(data.len(), dtype)?;
+                }
+                self.write_chunks(chunks)?;
+                self.covered_progress(range.end as u64, data.len() as u64, progress);
+            }
+            next = end;
+        }
+        Ok(())
+    }
+
+    fn begin_segment(&mut self, len: usize, dtype: Option<Dtype>) -> Result<()> {
+        self.covered += len as u64;
+        if self.covered > self.original_len {
+            return Err(Error::InvalidInput("segments exceed the declared original length".into()));
+        }
+        self.segments += 1;
+        self.index.extend_from_slice(&(len as u64).to_le_bytes());
+        self.index.push(dtype.map_or(0, Dtype::code));
+        Ok(())
+    }
+
+    fn write_chunks(&mut self, chunks: Vec<super::chunk::EncodedChunk>) -> Result<()> {
+        for chunk in chunks {
+            for e in chunk.header.groups() {
+                self.index.push(e.method as u8);
+                self.index.extend_from_slice(&e.stored_len.to_le_bytes());
+            }
+            self.index.extend_from_slice(&chunk.checksum.to_le_bytes());
+            self.out.write_all(&chunk.payload).map_err(io_error)?;
+            self.written += chunk.payload.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn covered_progress(&self, done_in_segment: u64, segment_len: u64, progress: &mut dyn FnMut(u64)) {
+        progress(self.covered - segment_len + done_in_segment);
+    }
+
     /// Like [`Self::segment`], but codes `data XOR reference` (an XOR delta) when `reference` is
     /// given (same length). The recorded hash is still that of `data`; decoding needs the same
     /// reference ([`Container::decode_to_with_reference`]).
@@ -125,13 +217,7 @@ impl<W: Write> ContainerWriter<W> {
                 dtype.map_or("byte", |d| d.safetensors_name())
             )));
         }
-        self.covered += data.len() as u64;
-        if self.covered > self.original_len {
-            return Err(Error::InvalidInput("segments exceed the declared original length".into()));
-        }
-        self.segments += 1;
-        self.index.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        self.index.push(dtype.map_or(0, Dtype::code));
+        self.begin_segment(data.len(), dtype)?;
         let batch = batch_len(self.options.chunk_size);
         for (b, part) in data.chunks(batch).enumerate() {
             let part_reference = reference.map(|r| &r[b * batch..b * batch + part.len()]);
@@ -145,15 +231,7 @@ impl<W: Write> ContainerWriter<W> {
                     }
                 },
             );
-            for chunk in chunks? {
-                for e in chunk.header.groups() {
-                    self.index.push(e.method as u8);
-                    self.index.extend_from_slice(&e.stored_len.to_le_bytes());
-                }
-                self.index.extend_from_slice(&chunk.checksum.to_le_bytes());
-                self.out.write_all(&chunk.payload).map_err(io_error)?;
-                self.written += chunk.payload.len() as u64;
-            }
+            self.write_chunks(chunks?)?;
         }
         Ok(())
     }
@@ -711,6 +789,26 @@ mod tests {
 
     const GOLDEN_LEN: usize = 3182;
     const GOLDEN_HASH: &str = "f30e26dfbd779b99511eb7c30b44e6593fd9775893aaade947b21be33284742c";
+
+    #[test]
+    fn segments_in_parallel_match_one_by_one() {
+        let data = sample();
+        let cuts = [0usize, 1000, 1000, 70_000, 70_006, 150_000, 200_000];
+        let dtypes = [None, Some(Dtype::F32), Some(Dtype::Bf16), None, Some(Dtype::Bf16), Some(Dtype::U8)];
+        let options = Options { chunk_size: 4 << 10, ..Options::default() };
+        let mut one = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options.clone()).unwrap();
+        let mut parts = Vec::new();
+        for (k, w) in cuts.windows(2).enumerate() {
+            one.segment(&data[w[0]..w[1]], dtypes[k]).unwrap();
+            parts.push((&data[w[0]..w[1]], dtypes[k]));
+        }
+        let mut all = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
+        let mut seen = Vec::new();
+        all.segments(&parts, &mut |done| seen.push(done)).unwrap();
+        assert_eq!(all.finish().unwrap().0, one.finish().unwrap().0);
+        assert_eq!(seen.last(), Some(&(data.len() as u64)));
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]));
+    }
 
     #[test]
     fn delta_round_trip() {
