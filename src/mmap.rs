@@ -17,6 +17,28 @@ impl Deref for Map {
     }
 }
 
+impl Map {
+    /// Tells the kernel this process is done with `range` for now, so its pages leave the
+    /// process's resident set (they stay in the page cache and are read again if touched).
+    /// Committing a multi-GB checkpoint would otherwise keep every page of it resident.
+    /// Best effort: errors are ignored.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let Some(map) = &self.0 else { return };
+        let page = 4096;
+        let start = range.start.min(map.len()) / page * page;
+        let end = range.end.min(map.len());
+        if end <= start {
+            return;
+        }
+        // SAFETY: the mapping is a read-only MAP_SHARED map of a regular file (memmap2's
+        // `Mmap::map`). MADV_DONTNEED on such a mapping only drops page-table entries; a later
+        // access faults the file's pages in again with the same content, so no reference into
+        // the map observes freed or changed memory. The range is within the map.
+        #[allow(unsafe_code)]
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+    }
+}
+
 impl AsRef<[u8]> for Map {
     fn as_ref(&self) -> &[u8] {
         self

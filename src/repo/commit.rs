@@ -206,6 +206,7 @@ impl Repo {
                 }
                 other => Error::File { path: input.path.to_string(), source: Box::new(other) },
             })?;
+            input.map.release(seg.range.start as usize..seg.range.end as usize);
             progress(seg.range.end - seg.range.start);
             Ok(stored)
         };
@@ -325,6 +326,7 @@ fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
         .into_iter()
         .map(|p| {
             let id = hash_segment(&data[p.range.start as usize..p.range.end as usize], &mut file_hasher);
+            input.map.release(p.range.start as usize..p.range.end as usize);
             HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id }
         })
         .collect();
