@@ -183,18 +183,24 @@ fn db_err(action: &'static str) -> impl FnOnce(sled::Error) -> Error {
     move |source| Error::Db { action, source }
 }
 
+/// Opens (creating if needed) the lock file beside the index database at `dir`.
+fn open_lock_file(dir: &Path) -> Result<(std::path::PathBuf, File)> {
+    let lock_path = dir.with_extension("lock");
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| Error::Io { action: "opening", path: lock_path.clone(), source })?;
+    Ok((lock_path, lock))
+}
+
 impl Index {
     /// Opens (creating if needed) the index at `dir`. Fails with [`Error::Locked`] at once when
     /// another process has it open, and with [`Error::Open`] when sled cannot open it (the
     /// caller then [`Index::destroy`]s and recreates it).
     pub fn open(dir: &Path) -> Result<Index> {
-        let lock_path = dir.with_extension("lock");
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|source| Error::Io { action: "opening", path: lock_path.clone(), source })?;
+        let (lock_path, lock) = open_lock_file(dir)?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked { path: dir.to_path_buf() }),
@@ -225,13 +231,7 @@ impl Index {
     /// Deletes the index database at `dir` (for a rebuild from scratch). The caller must not
     /// have it open; another process having it open makes this fail with [`Error::Locked`].
     pub fn destroy(dir: &Path) -> Result<()> {
-        let lock_path = dir.with_extension("lock");
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|source| Error::Io { action: "opening", path: lock_path.clone(), source })?;
+        let (_, lock) = open_lock_file(dir)?;
         if lock.try_lock().is_err() {
             return Err(Error::Locked { path: dir.to_path_buf() });
         }

@@ -606,14 +606,7 @@ impl Repo {
 
     /// Creates tag `name` at `rev` (default `HEAD`).
     pub fn tag(&self, name: &str, rev: Option<&str>) -> Result<VersionId> {
-        check_name(name)?;
-        let _lock = self.lock()?;
-        if self.refs.get(RefKind::Tag, name)?.is_some() {
-            return Err(Error::RefExists { kind: RefKind::Tag, name: name.to_string() });
-        }
-        let id = self.resolve(rev.unwrap_or("HEAD"))?;
-        self.refs.set(RefKind::Tag, name, &id)?;
-        Ok(id)
+        self.create_ref(RefKind::Tag, name, rev)
     }
 
     /// Every tag, sorted by name.
@@ -623,13 +616,18 @@ impl Repo {
 
     /// Creates branch `name` at `rev` (default `HEAD`), without switching to it.
     pub fn create_branch(&self, name: &str, rev: Option<&str>) -> Result<VersionId> {
+        self.create_ref(RefKind::Branch, name, rev)
+    }
+
+    /// Creates a new ref of `kind` at `rev` (default `HEAD`); an existing one is an error.
+    fn create_ref(&self, kind: RefKind, name: &str, rev: Option<&str>) -> Result<VersionId> {
         check_name(name)?;
         let _lock = self.lock()?;
-        if self.refs.get(RefKind::Branch, name)?.is_some() {
-            return Err(Error::RefExists { kind: RefKind::Branch, name: name.to_string() });
+        if self.refs.get(kind, name)?.is_some() {
+            return Err(Error::RefExists { kind, name: name.to_string() });
         }
         let id = self.resolve(rev.unwrap_or("HEAD"))?;
-        self.refs.set(RefKind::Branch, name, &id)?;
+        self.refs.set(kind, name, &id)?;
         Ok(id)
     }
 
