@@ -103,7 +103,7 @@ def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", default="target/release/ckpt")
-    ap.add_argument("--base-every", type=int, default=10)
+    ap.add_argument("--base-every", type=int, default=20)
     ap.add_argument("--json")
     ap.add_argument("--only", help="comma-separated series/policy pairs, e.g. bf16/previous")
     args = ap.parse_args()

@@ -2,7 +2,7 @@
 //! reads FILE into memory, then times one compress into a `Vec` and one hash-verified decompress
 //! into a buffer on a pool of THREADS threads, checks the round trip, and prints JSON
 //! `{"size": stored_bytes, "comp_s": seconds, "decomp_s": seconds, "ok": bool}`.
-//! Used by benches/compare.py. `codec_throughput FILE THREADS [SKIP_AFTER_RAW]`
+//! Used by benches/compare.py. `codec_throughput FILE THREADS [SKIP_AFTER_RAW [RAW_FRACTION]]`
 
 use ckpt::codec::container::Container;
 use ckpt::codec::Options;
@@ -14,12 +14,18 @@ use std::time::Instant;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // As the `ckpt` binary does (src/main.rs): never return freed memory to the OS.
+    // SAFETY: sets an integer option (15 = mi_option_purge_delay) before any thread starts.
+    unsafe { libmimalloc_sys::mi_option_set(15, -1) };
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: codec_throughput FILE THREADS")?;
     let threads: usize = args.next().ok_or("usage: codec_throughput FILE THREADS")?.parse()?;
     let mut options = Options::default();
     if let Some(skip) = args.next() {
         options.skip_after_raw = skip.parse()?;
+    }
+    if let Some(raw_fraction) = args.next() {
+        options.raw_fraction = raw_fraction.parse()?;
     }
     let data = std::fs::read(&path)?;
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;

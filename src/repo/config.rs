@@ -20,7 +20,10 @@ pub enum DeltaPolicy {
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Every `base_every`-th version stores full bases, and no delta chain is deeper than
-    /// `base_every - 1`. 1 disables deltas.
+    /// `base_every - 1`. 1 disables deltas. The default, 20, is measured (docs/BENCHMARKS.md,
+    /// "base interval"): a full base costs as much as 5-40 late-training deltas, while each
+    /// chain level adds only the decoding of one delta to a checkout (git allows 50, its
+    /// `pack.depth`).
     pub base_every: u32,
     /// What deltas are taken against.
     pub delta_policy: DeltaPolicy,
@@ -33,7 +36,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            base_every: 10,
+            base_every: 20,
             delta_policy: DeltaPolicy::Previous,
             chunk_size: Options::default().chunk_size,
             zstd_level: Options::default().zstd_level,

@@ -14,7 +14,7 @@
 mod blob;
 mod header;
 
-pub use blob::{BlobChain, BlobReader, DeltaOutcome};
+pub use blob::{BlobChain, BlobReader, ChainDecoder, DeltaOutcome};
 pub use header::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH, OBJECT_FORMAT_VERSION, OBJECT_MAGIC};
 
 use crate::codec::container::{Container, ContainerWriter, FileKind};
