@@ -62,6 +62,22 @@ fn stages(c: &mut Criterion) {
     let mut grouped32 = vec![0u8; f32b.len()];
     g.throughput(Throughput::Bytes(f32b.len() as u64));
     g.bench_function("split_f32", |b| b.iter(|| byte_group::split(&f32b, None, f32_layout, &mut grouped32).unwrap()));
+    let n32 = f32b.len() / 4;
+    let mut out32 = vec![0u8; f32b.len()];
+    g.bench_function("regroup_f32", |b| {
+        let groups: Vec<&[u8]> = grouped32.chunks(n32).collect();
+        b.iter(|| byte_group::regroup(&groups, None, f32_layout, &mut out32).unwrap())
+    });
+    // One chunk (256 KiB), as the decoder runs it: in cache.
+    let chunk = 256 << 10;
+    g.throughput(Throughput::Bytes(chunk as u64));
+    g.bench_function("regroup_f32_256k", |b| {
+        let groups: Vec<&[u8]> = grouped32[..chunk].chunks(chunk / 4).collect();
+        b.iter(|| byte_group::regroup(&groups, None, f32_layout, &mut out32[..chunk]).unwrap())
+    });
+    g.bench_function("split_f32_256k", |b| {
+        b.iter(|| byte_group::split(&f32b[..chunk], None, f32_layout, &mut grouped32[..chunk]).unwrap())
+    });
     g.finish();
 
     let mut g = c.benchmark_group("select");

@@ -3,6 +3,10 @@
 //! into a buffer on a pool of THREADS threads, checks the round trip, and prints JSON
 //! `{"size": stored_bytes, "comp_s": seconds, "decomp_s": seconds, "ok": bool}`.
 //! Used by benches/compare.py. `codec_throughput FILE THREADS [SKIP_AFTER_RAW [RAW_FRACTION]]`
+//!
+//! With `CKPT_BENCH_REPEAT=R` it runs R compressions, then R decompressions, into the same
+//! buffers and reports the median of each (the first run also pays the page faults of fresh
+//! buffers, which on the project's VM cost as much as the codec itself and vary run to run).
 
 use ckpt::codec::container::Container;
 use ckpt::codec::Options;
@@ -27,17 +31,30 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if let Some(raw_fraction) = args.next() {
         options.raw_fraction = raw_fraction.parse()?;
     }
+    let repeat: usize = std::env::var("CKPT_BENCH_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let data = std::fs::read(&path)?;
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
     let mut packed = Vec::with_capacity(data.len() + (1 << 20));
     let mut restored = vec![0u8; data.len()];
     let (comp_s, decomp_s) = pool.install(|| -> Result<(f64, f64), Box<dyn std::error::Error + Send + Sync>> {
-        let t = Instant::now();
-        compress(&data, Format::Detect, &options, &mut packed, &mut |_| {})?;
-        let comp_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        Container::open(&packed)?.decode_into(&mut restored)?;
-        Ok((comp_s, t.elapsed().as_secs_f64()))
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let mut comp = Vec::new();
+        for _ in 0..repeat {
+            packed.clear();
+            let t = Instant::now();
+            compress(&data, Format::Detect, &options, &mut packed, &mut |_| {})?;
+            comp.push(t.elapsed().as_secs_f64());
+        }
+        let mut decomp = Vec::new();
+        for _ in 0..repeat {
+            let t = Instant::now();
+            Container::open(&packed)?.decode_into(&mut restored)?;
+            decomp.push(t.elapsed().as_secs_f64());
+        }
+        Ok((median(comp), median(decomp)))
     })?;
     println!(r#"{{"size": {}, "comp_s": {comp_s}, "decomp_s": {decomp_s}, "ok": {}}}"#, packed.len(), restored == data);
     Ok(())

@@ -12,7 +12,9 @@
 //! Reading is strict: every count and offset is checked against the bytes actually present
 //! before anything is allocated or sliced.
 
-use super::chunk::{checked_chunk_size, encode_chunks, payload_checksum, ChunkHeader, GroupEntry, STRIPE_CHUNKS};
+use super::chunk::{
+    checked_chunk_size, encode_chunks, payload_checksum, ChunkHeader, EncodedChunk, GroupEntry, STRIPE_CHUNKS,
+};
 use super::select::{Options, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
 use super::{decode_chunk, Error, Layout, Method, Result};
 use crate::dtype::Dtype;
@@ -72,6 +74,11 @@ pub struct ContainerWriter<W: Write> {
 }
 
 /// Input bytes coded per parallel batch: bounds memory to about this much output plus input.
+/// Original bytes per thread that [`Container::decode_into`] decodes before hashing them: small
+/// enough that a batch is still in cache when hashed (1 MiB = a Zen 4 core's L2). Measured on
+/// the corpus (1 and 2 threads): 1–2 MiB beat both 512 KiB and decoding everything first.
+const FUSED_BATCH_PER_THREAD: usize = 1 << 20;
+
 fn batch_len(chunk_size: usize) -> usize {
     let stripe = chunk_size * STRIPE_CHUNKS;
     let threads = rayon::current_num_threads().max(1);
@@ -134,6 +141,7 @@ impl<W: Write> ContainerWriter<W> {
             units.extend((0..data.len()).step_by(stripe).map(|at| (p, at..(at + stripe).min(data.len()))));
         }
         let batch = batch_len(chunk_size);
+        let mut batches: Vec<Range<usize>> = Vec::new();
         let mut next = 0;
         while next < units.len() {
             let mut end = next;
@@ -142,34 +150,81 @@ impl<W: Write> ContainerWriter<W> {
                 bytes += units[end].1.len();
                 end += 1;
             }
-            let group = &units[next..end];
-            let options = &self.options;
-            let hasher = &mut self.hasher;
-            let (coded, ()) = rayon::join(
-                || {
-                    group
-                        .par_iter()
-                        .map(|(p, range)| {
-                            let (data, dtype) = parts[*p];
-                            encode_chunks(&data[range.clone()], None, Layout::for_dtype(dtype), options)
-                        })
-                        .collect::<Result<Vec<_>>>()
-                },
-                || {
-                    for (p, range) in group {
-                        hasher.update(&parts[*p].0[range.clone()]);
-                    }
-                },
-            );
-            for ((p, range), chunks) in group.iter().zip(coded?) {
-                let (data, dtype) = parts[*p];
-                if range.start == 0 {
-                    self.begin_segment(data.len(), dtype)?;
-                }
-                self.write_chunks(chunks)?;
-                self.covered_progress(range.end as u64, data.len() as u64, progress);
-            }
+            batches.push(next..end);
             next = end;
+        }
+        // A two-stage pipeline: while the pool codes (and hashes) batch k, this thread writes
+        // the payloads of batch k-1. Writing used to run between batches with the pool idle,
+        // which was most of what kept two threads from doubling the speed. The hasher is moved
+        // out of `self` for the duration so the two stages borrow disjoint state.
+        let options = self.options.clone();
+        let mut hasher = std::mem::take(&mut self.hasher);
+        let mut pending: Option<(Range<usize>, Vec<Vec<EncodedChunk>>)> = None;
+        let mut result = Ok(());
+        let units = &units;
+        for b in batches.iter().cloned().map(Some).chain([None]) {
+            let mut coded: Option<Result<Vec<Vec<EncodedChunk>>>> = None;
+            let write = rayon::in_place_scope(|scope| {
+                if let Some(b) = b.clone() {
+                    let (coded, hasher, options) = (&mut coded, &mut hasher, &options);
+                    scope.spawn(move |_| {
+                        let group = &units[b];
+                        let (chunks, ()) = rayon::join(
+                            || {
+                                group
+                                    .par_iter()
+                                    .map(|(p, range)| {
+                                        let (data, dtype) = parts[*p];
+                                        encode_chunks(&data[range.clone()], None, Layout::for_dtype(dtype), options)
+                                    })
+                                    .collect::<Result<Vec<_>>>()
+                            },
+                            || {
+                                for (p, range) in group {
+                                    hasher.update(&parts[*p].0[range.clone()]);
+                                }
+                            },
+                        );
+                        *coded = Some(chunks);
+                    });
+                }
+                match pending.take() {
+                    Some((done, chunks)) => self.write_units(parts, &units[done], chunks, progress),
+                    None => Ok(()),
+                }
+            });
+            if let Err(e) = write {
+                result = Err(e);
+                break;
+            }
+            match (b, coded) {
+                (Some(b), Some(Ok(chunks))) => pending = Some((b, chunks)),
+                (_, Some(Err(e))) => {
+                    result = Err(e);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        self.hasher = hasher;
+        result
+    }
+
+    /// Appends the coded units (stripes) of one batch, in file order.
+    fn write_units(
+        &mut self,
+        parts: &[(&[u8], Option<Dtype>)],
+        units: &[(usize, Range<usize>)],
+        coded: Vec<Vec<EncodedChunk>>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        for ((p, range), chunks) in units.iter().zip(coded) {
+            let (data, dtype) = parts[*p];
+            if range.start == 0 {
+                self.begin_segment(data.len(), dtype)?;
+            }
+            self.write_chunks(chunks)?;
+            self.covered_progress(range.end as u64, data.len() as u64, progress);
         }
         Ok(())
     }
@@ -185,7 +240,7 @@ impl<W: Write> ContainerWriter<W> {
         Ok(())
     }
 
-    fn write_chunks(&mut self, chunks: Vec<super::chunk::EncodedChunk>) -> Result<()> {
+    fn write_chunks(&mut self, chunks: Vec<EncodedChunk>) -> Result<()> {
         for chunk in chunks {
             for e in chunk.header.groups() {
                 self.index.push(e.method as u8);
@@ -563,13 +618,38 @@ impl<'a> Container<'a> {
         if out.len() as u64 != self.original_len {
             return Err(Error::InvalidInput("output length differs from the original length".into()));
         }
-        let work = split_by_chunks(self, 0..self.chunks.len(), 0, self.original_len, out);
-        work.into_par_iter().try_for_each(|(c, dst)| self.decode_chunk_into(c, dst))?;
+        // Each batch is hashed right after it is decoded, while it is still in cache, so the
+        // output goes to memory once instead of being written and then read back for the hash
+        // (measured: 10–15% faster single-threaded on the corpus).
+        let threads = rayon::current_num_threads().max(1);
+        let batch = (FUSED_BATCH_PER_THREAD * threads).max(self.chunk_size) as u64;
         let mut hasher = blake3::Hasher::new();
-        if rayon::current_num_threads() > 1 {
-            hasher.update_rayon(out);
-        } else {
-            hasher.update(out);
+        let mut rest = out;
+        let mut i = 0;
+        while i < self.chunks.len() {
+            let start = self.chunks[i].original_offset;
+            let mut j = i + 1;
+            while j < self.chunks.len()
+                && self.chunks[j].original_offset + self.chunks[j].original_len as u64 - start <= batch
+            {
+                j += 1;
+            }
+            let end = self.chunks[j - 1].original_offset + self.chunks[j - 1].original_len as u64;
+            let (region, tail) = std::mem::take(&mut rest).split_at_mut((end - start) as usize);
+            rest = tail;
+            let mut work = split_by_chunks(self, i..j, start, end, &mut *region);
+            if work.len() == 1 {
+                let (c, dst) = work.pop().expect("one chunk");
+                self.decode_chunk_into(c, dst)?;
+            } else {
+                work.into_par_iter().try_for_each(|(c, dst)| self.decode_chunk_into(c, dst))?;
+            }
+            if threads > 1 && region.len() >= 1 << 20 {
+                hasher.update_rayon(region);
+            } else {
+                hasher.update(region);
+            }
+            i = j;
         }
         self.check_original_hash(hasher.finalize())
     }
