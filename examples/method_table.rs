@@ -92,6 +92,9 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let (_, huff, _) = run(Selection::Only(Method::Huffman))?;
         let (_, zstd, _) = run(Selection::Only(Method::Zstd))?;
         let pct = |x: u64| 100.0 * x as f64 / orig as f64;
+        if std::env::var_os("METHOD_TABLE_BYTES").is_some() {
+            eprintln!("{}: auto {auto} exhaustive {best} huffman-only {huff} zstd-only {zstd} bytes", job.label);
+        }
         println!(
             "| {} | {:.2} | {:.2} | {:+.2}% | {:.2} | {:.2} | {:.2} | {:.2} |",
             job.label,

@@ -131,8 +131,10 @@ pub fn write_atomically<T>(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
+    // Mode 0666 minus the umask, like any created file (tempfile's default is 0600).
     let tmp = tempfile::Builder::new()
         .prefix(".ckpt-tmp-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     let value = {

@@ -153,9 +153,14 @@ pub struct ZeroRuns {
 pub const MIN_ZERO_RUN: usize = 4;
 
 /// Scans `group` for runs of zero bytes.
+///
+/// Works on 64-byte blocks turned into a bit mask (bit `i` set: byte `i` is zero) and counts
+/// runs with bit operations. A byte-at-a-time loop branches on every byte, and on XOR deltas
+/// (zeros and non-zeros interleaved at random) mispredicted branches made it 40% of commit time.
 pub fn zero_runs(group: &[u8]) -> ZeroRuns {
     let mut r = ZeroRuns::default();
-    let mut run = 0usize;
+    // Length of the zero run still open at the end of what has been scanned.
+    let mut open = 0usize;
     let close = |run: usize, r: &mut ZeroRuns| {
         if run >= MIN_ZERO_RUN {
             r.runs += 1;
@@ -163,16 +168,69 @@ pub fn zero_runs(group: &[u8]) -> ZeroRuns {
         }
         r.longest = r.longest.max(run);
     };
-    for &b in group {
+    let mut blocks = group.chunks_exact(64);
+    for block in &mut blocks {
+        let m = zero_mask(block.try_into().expect("64-byte block"));
+        if m == u64::MAX {
+            open += 64;
+            continue;
+        }
+        // m has a clear bit, so the low and high runs of ones are separate.
+        let low = m.trailing_ones() as usize;
+        let high = m.leading_ones() as usize;
+        close(open + low, &mut r);
+        let low_mask = if low == 0 { 0 } else { u64::MAX >> (64 - low) };
+        let high_mask = if high == 0 { 0 } else { u64::MAX << (64 - high) };
+        let inner = m & !low_mask & !high_mask;
+        if inner != 0 {
+            // Bytes in runs of at least 4 zeros that lie wholly inside the block.
+            let starts = inner & (inner >> 1) & (inner >> 2) & (inner >> 3);
+            let in_runs = starts | (starts << 1) | (starts << 2) | (starts << 3);
+            r.zeros_in_runs += in_runs.count_ones() as usize;
+            r.runs += (in_runs & !(in_runs << 1)).count_ones() as usize;
+            if r.longest < 64 {
+                // Longest run of ones in `inner`: each step shortens every run by one.
+                let (mut x, mut longest) = (inner, 0);
+                while x != 0 {
+                    x &= x >> 1;
+                    longest += 1;
+                }
+                r.longest = r.longest.max(longest);
+            }
+        }
+        open = high;
+    }
+    for &b in blocks.remainder() {
         if b == 0 {
-            run += 1;
-        } else if run > 0 {
-            close(run, &mut r);
-            run = 0;
+            open += 1;
+        } else {
+            close(open, &mut r);
+            open = 0;
         }
     }
-    close(run, &mut r);
+    close(open, &mut r);
     r
+}
+
+/// Bit `i` of the result is set when `block[i]` is zero.
+fn zero_mask(block: &[u8; 64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    // SAFETY: SSE2 is part of the x86-64 baseline; the four unaligned 16-byte loads read
+    // `block[0..64]`, which is in bounds.
+    unsafe {
+        use std::arch::x86_64::*;
+        let zero = _mm_setzero_si128();
+        let lane = |k: usize| {
+            let v = _mm_loadu_si128(block.as_ptr().add(16 * k).cast());
+            _mm_movemask_epi8(_mm_cmpeq_epi8(v, zero)) as u16 as u64
+        };
+        lane(0) | (lane(1) << 16) | (lane(2) << 32) | (lane(3) << 48)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        block.iter().enumerate().fold(0u64, |m, (i, &b)| m | (u64::from(b == 0) << i))
+    }
 }
 
 /// Length of the longest run of zero bytes.
@@ -243,6 +301,54 @@ mod tests {
         let skewed: Vec<u8> =
             (0..4096u32).map(|i| [120u8, 121, 122, 119][(i.wrapping_mul(2654435761) >> 30) as usize]).collect();
         assert_eq!(predict(&skewed, &o), Method::Huffman);
+    }
+
+    /// The definition: one byte at a time.
+    fn zero_runs_by_definition(group: &[u8]) -> ZeroRuns {
+        let mut r = ZeroRuns::default();
+        let mut run = 0usize;
+        for &b in group.iter().chain([1u8].iter()) {
+            if b == 0 {
+                run += 1;
+                continue;
+            }
+            if run >= MIN_ZERO_RUN {
+                r.runs += 1;
+                r.zeros_in_runs += run;
+            }
+            r.longest = r.longest.max(run);
+            run = 0;
+        }
+        r
+    }
+
+    proptest::proptest! {
+        /// Random densities of zeros (so runs of every length, across 64-byte block edges) and
+        /// lengths that are not multiples of the block.
+        #[test]
+        fn zero_runs_match_the_definition(len in 0usize..700, zero_per_mille in 0u32..=1000, seed in proptest::prelude::any::<u64>()) {
+            let mut state = seed | 1;
+            let group: Vec<u8> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    if (state % 1000) < u64::from(zero_per_mille) { 0 } else { (state >> 32) as u8 | 1 }
+                })
+                .collect();
+            proptest::prop_assert_eq!(zero_runs(&group), zero_runs_by_definition(&group));
+        }
+    }
+
+    #[test]
+    fn zero_runs_across_blocks() {
+        let mut g = vec![1u8; 300];
+        g[60..200].fill(0); // one run over three blocks
+        g[250..254].fill(0); // a run of exactly 4
+        g[256..258].fill(0); // too short to count, but a run
+        let r = zero_runs(&g);
+        assert_eq!(r, ZeroRuns { runs: 2, zeros_in_runs: 144, longest: 140 });
+        assert_eq!(zero_runs(&[0u8; 128]), ZeroRuns { runs: 1, zeros_in_runs: 128, longest: 128 });
     }
 
     #[test]

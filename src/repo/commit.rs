@@ -7,7 +7,7 @@ use crate::index::StatRecord;
 use crate::mmap::{self, Map};
 use crate::object_id::ObjectId;
 use crate::safetensors;
-use crate::store::{self, DeltaOutcome, ObjectKind};
+use crate::store::{self, DeltaOutcome, Feedback, ObjectKind};
 use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -231,13 +231,16 @@ impl Repo {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<u64> {
         let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
+        let start = seg.range.start as usize;
+        let release_input = |r: Range<usize>| input.map.release(start + r.start..start + r.end);
+        let feedback = Feedback { progress, release_input: &release_input };
         let options = self.config.codec_options();
         if let Some(r) = reference.filter(|r| *r != seg.id) {
             // A damaged or missing reference only means no delta: store standalone.
             if let Ok(chain) = self.store.open_blob(&r) {
                 if chain.depth() + 1 < base_every && chain.len() == bytes.len() as u64 {
                     let limit = chain.base_stored_len();
-                    match self.store.write_blob_delta(seg.id, bytes, &chain, limit, &options, progress) {
+                    match self.store.write_blob_delta(seg.id, bytes, &chain, limit, &options, &feedback) {
                         Ok(DeltaOutcome::Written(w)) => {
                             self.index_object(&w);
                             return Ok(w.stored_len);
@@ -249,7 +252,7 @@ impl Repo {
                 }
             }
         }
-        let w = self.store.write_blob(seg.id, bytes, seg.dtype, &options, progress)?;
+        let w = self.store.write_blob(seg.id, bytes, seg.dtype, &options, &feedback)?;
         self.index_object(&w);
         Ok(w.stored_len)
     }

@@ -128,12 +128,12 @@ impl Store {
         data: &[u8],
         dtype: Option<Dtype>,
         options: &Options,
-        progress: &(dyn Fn(u64) + Sync),
+        feedback: &Feedback<'_>,
     ) -> Result<Written> {
         let header =
             ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, raw_len: data.len() as u64 };
         let written =
-            self.write_object(id, header, None, |out| encode_windows(id, out, data, None, dtype, options, progress))?;
+            self.write_object(id, header, None, |out| encode_windows(id, out, data, None, dtype, options, feedback))?;
         Ok(written.expect("no size limit"))
     }
 
@@ -148,7 +148,7 @@ impl Store {
         reference: &BlobChain,
         limit: u64,
         options: &Options,
-        progress: &(dyn Fn(u64) + Sync),
+        feedback: &Feedback<'_>,
     ) -> Result<DeltaOutcome> {
         let dtype = reference.dtype();
         if data.len() as u64 != reference.len() {
@@ -174,7 +174,7 @@ impl Store {
         let mut stored = 0;
         let written = self.write_object(id, header, Some(limit), |out| {
             let mut counting = CountingWriter { inner: out, count: 0 };
-            let result = encode_windows(id, &mut counting, data, Some(reference), dtype, &options, progress);
+            let result = encode_windows(id, &mut counting, data, Some(reference), dtype, &options, feedback);
             stored = counting.count;
             result
         })?;
@@ -201,6 +201,22 @@ impl Write for CountingWriter<'_> {
     }
 }
 
+/// What a blob write reports back while it runs.
+pub struct Feedback<'a> {
+    /// Called with the input bytes coded so far.
+    pub progress: &'a (dyn Fn(u64) + Sync),
+    /// Called with each input range (relative to the data) once it is coded and will not be
+    /// read again, so a caller whose input is memory-mapped can drop those pages from its
+    /// resident set (`mmap::Map::release`): memory then stays bounded by the window, not by
+    /// the tensor.
+    pub release_input: &'a (dyn Fn(std::ops::Range<usize>) + Sync),
+}
+
+impl Feedback<'static> {
+    /// No progress reports, nothing to release.
+    pub const NONE: Feedback<'static> = Feedback { progress: &|_| {}, release_input: &|_| {} };
+}
+
 /// Window length in bytes for `chunk_size`: whole stripes, about [`WINDOW_BYTES`].
 fn window_len(chunk_size: usize) -> usize {
     let stripe = chunk_size * STRIPE_CHUNKS;
@@ -217,7 +233,7 @@ fn encode_windows(
     reference: Option<&BlobChain>,
     dtype: Option<Dtype>,
     options: &Options,
-    progress: &(dyn Fn(u64) + Sync),
+    feedback: &Feedback<'_>,
 ) -> Result<blake3::Hash> {
     let encode = |e| Error::Encode { id, source: e };
     let mut w = ContainerWriter::new(out, FileKind::Bytes, data.len() as u64, options.clone()).map_err(encode)?;
@@ -241,10 +257,13 @@ fn encode_windows(
                     r.decode_chunks(cs, first..last, reference_window)?;
                     hash_into(&mut reference_hasher, reference_window);
                     w.segment_delta(part, Some(reference_window), dtype).map_err(encode)?;
+                    // The reference objects' mapped pages of this window are not needed again.
+                    r.release_pages();
                 }
                 _ => w.segment(part, dtype).map_err(encode)?,
             }
-            progress((start + part.len()) as u64);
+            (feedback.release_input)(start..start + part.len());
+            (feedback.progress)((start + part.len()) as u64);
         }
         Ok(())
     })?;
@@ -293,6 +312,14 @@ impl BlobChain {
     pub fn chunk_size(&self) -> usize {
         self.chunk_size
     }
+    /// Drops the chain's mapped object pages from the process's resident set (they are read
+    /// from the page cache again if touched). See `mmap::Map::release`.
+    pub fn release_pages(&self) {
+        for o in &self.objects {
+            o.release_pages();
+        }
+    }
+
     /// Ids of the chain, target first, standalone base last.
     pub fn ids(&self) -> Vec<ObjectId> {
         self.objects.iter().map(|o| o.id).collect()

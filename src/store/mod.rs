@@ -14,7 +14,7 @@
 mod blob;
 mod header;
 
-pub use blob::{BlobChain, BlobReader, ChainDecoder, DeltaOutcome};
+pub use blob::{BlobChain, BlobReader, ChainDecoder, DeltaOutcome, Feedback};
 pub use header::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH, OBJECT_FORMAT_VERSION, OBJECT_MAGIC};
 
 use crate::codec::container::{Container, ContainerWriter, FileKind};
@@ -119,6 +119,11 @@ pub struct RawObject {
 }
 
 impl RawObject {
+    /// Drops the object's mapped pages from the resident set (`mmap::Map::release`).
+    pub fn release_pages(&self) {
+        self.map.release(0..self.map.len());
+    }
+
     /// The whole object file.
     pub fn bytes(&self) -> &[u8] {
         &self.map

@@ -39,7 +39,7 @@ fn blob_round_trip_standalone_and_chain() {
     let store = Store::init(dir.path()).unwrap();
     let v0 = weights(1, 50_001 * 2);
     let id0 = ObjectId::hash(&v0);
-    let w0 = store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &|_| {}).unwrap();
+    let w0 = store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
     assert_eq!(w0.header.depth, 0);
     assert!(store.contains(&id0));
     assert_eq!(read(&store, &id0), v0);
@@ -51,7 +51,7 @@ fn blob_round_trip_standalone_and_chain() {
         let next = drift(&previous.1, 7 + n);
         let id = ObjectId::hash(&next);
         let reference = store.open_blob(&previous.0).unwrap();
-        let outcome = store.write_blob_delta(id, &next, &reference, u64::MAX, &options(), &|_| {}).unwrap();
+        let outcome = store.write_blob_delta(id, &next, &reference, u64::MAX, &options(), &Feedback::NONE).unwrap();
         let DeltaOutcome::Written(w) = outcome else { panic!("unlimited delta must be written") };
         assert_eq!(w.header.depth, n as u32);
         assert_eq!(w.header.reference, Some(previous.0));
@@ -70,7 +70,7 @@ fn blob_round_trip_standalone_and_chain() {
     let unrelated = weights(99, v0.len());
     let uid = ObjectId::hash(&unrelated);
     let reference = store.open_blob(&id0).unwrap();
-    let outcome = store.write_blob_delta(uid, &unrelated, &reference, 100, &options(), &|_| {}).unwrap();
+    let outcome = store.write_blob_delta(uid, &unrelated, &reference, 100, &options(), &Feedback::NONE).unwrap();
     assert!(matches!(outcome, DeltaOutcome::NotSmaller { .. }));
     assert!(!store.contains(&uid));
     assert_eq!(store.list().unwrap().len(), 4);
@@ -89,7 +89,7 @@ fn data_objects_and_kinds() {
     assert!(matches!(store.read_data(&missing, ObjectKind::Version), Err(Error::Missing { .. })));
     // Empty blob.
     let empty = ObjectId::hash(b"");
-    store.write_blob(empty, b"", Some(Dtype::F32), &options(), &|_| {}).unwrap();
+    store.write_blob(empty, b"", Some(Dtype::F32), &options(), &Feedback::NONE).unwrap();
     assert_eq!(read(&store, &empty), b"");
     store.verify(&empty).unwrap();
 }
@@ -101,9 +101,9 @@ fn a_changed_byte_anywhere_is_detected_and_named() {
     let v0 = weights(3, 20_000);
     let v1 = drift(&v0, 5);
     let (id0, id1) = (ObjectId::hash(&v0), ObjectId::hash(&v1));
-    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &|_| {}).unwrap();
+    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
     let reference = store.open_blob(&id0).unwrap();
-    store.write_blob_delta(id1, &v1, &reference, u64::MAX, &options(), &|_| {}).unwrap();
+    store.write_blob_delta(id1, &v1, &reference, u64::MAX, &options(), &Feedback::NONE).unwrap();
     drop(reference);
     for id in [id0, id1] {
         let path = store.object_path(&id);

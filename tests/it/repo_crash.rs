@@ -4,6 +4,7 @@
 
 use crate::repo_util::{stderr, synthetic_checkpoint, Files, Rng, TestRepo};
 use ckpt::repo::{CommitOptions, Config, Repo, VersionId};
+use ckpt::store::Feedback;
 use ckpt::{Dtype, ObjectId};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -127,7 +128,7 @@ fn kill_9_during_commit_and_gc() {
             for g in 0..8u64 {
                 let bytes = crate::util::noise(trial as u64 * 100 + g, 20_000 + g as usize * 4096);
                 let id = ObjectId::hash(&bytes);
-                repo.store().write_blob(id, &bytes, None, &repo.config().codec_options(), &|_| {}).unwrap();
+                repo.store().write_blob(id, &bytes, None, &repo.config().codec_options(), &Feedback::NONE).unwrap();
             }
         }
         let mut child = spawn(&t, &["gc"]);

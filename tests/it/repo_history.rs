@@ -364,3 +364,24 @@ fn checkout_does_not_write_through_symlinked_directories() {
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none());
 }
+
+/// Checked-out files get the mode of any newly created file (0666 minus the umask), not the
+/// owner-only mode of a temporary file; the same for `--tensor` subsets.
+#[cfg(unix)]
+#[test]
+fn checked_out_files_get_the_usual_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = TestRepo::init();
+    let repo = t.open();
+    let model = synthetic_checkpoint(1, Dtype::Bf16, SMALL_MODEL, 0);
+    t.commit_files(&repo, &[("m.safetensors", &model), ("n.bin", b"notes")], "v");
+    let out = tempfile::tempdir().unwrap();
+    let probe = out.path().join("probe");
+    std::fs::File::create(&probe).unwrap();
+    let expected = std::fs::metadata(&probe).unwrap().permissions().mode() & 0o777;
+    repo.checkout("HEAD", None, Some(out.path()), None).unwrap();
+    for name in ["m.safetensors", "n.bin"] {
+        let mode = std::fs::metadata(out.path().join(name)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, expected, "{name}: {mode:o} vs {expected:o}");
+    }
+}
