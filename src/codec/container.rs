@@ -73,12 +73,12 @@ pub struct ContainerWriter<W: Write> {
     hasher: blake3::Hasher,
 }
 
-/// Input bytes coded per parallel batch: bounds memory to about this much output plus input.
 /// Original bytes per thread that [`Container::decode_into`] decodes before hashing them: small
 /// enough that a batch is still in cache when hashed (1 MiB = a Zen 4 core's L2). Measured on
 /// the corpus (1 and 2 threads): 1–2 MiB beat both 512 KiB and decoding everything first.
 const FUSED_BATCH_PER_THREAD: usize = 1 << 20;
 
+/// Input bytes coded per parallel batch: bounds memory to about this much output plus input.
 fn batch_len(chunk_size: usize) -> usize {
     let stripe = chunk_size * STRIPE_CHUNKS;
     let threads = rayon::current_num_threads().max(1);
