@@ -418,6 +418,19 @@ impl Repo {
                 if let Some(result) = decoded {
                     result?;
                 }
+                // The chain objects' pages of a decoded window are not read again: drop them
+                // from the resident set, or a deep delta chain keeps (depth + 1) compressed
+                // copies of the batch resident (measured: 319 MiB RSS at depth 10 on a 91 MB
+                // fp32 file).
+                if let Some(w) = windows.get(k) {
+                    let mut last = None;
+                    for (d, ..) in &units[w.clone()] {
+                        if last != Some(*d) {
+                            chains[*d].1.release_pages();
+                            last = Some(*d);
+                        }
+                    }
+                }
                 pending = (k < windows.len()).then_some(k);
             }
             next = end;
