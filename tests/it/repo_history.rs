@@ -385,3 +385,19 @@ fn checked_out_files_get_the_usual_mode() {
         assert_eq!(mode, expected, "{name}: {mode:o} vs {expected:o}");
     }
 }
+
+#[test]
+fn init_takes_a_directory_relative_to_the_current_one_or_to_dash_c() {
+    let top = tempfile::tempdir().unwrap();
+    let o = ckpt_in(top.path(), &["init", "r"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(top.path().join("r/.ckpt/HEAD").is_file(), "init r creates r/.ckpt");
+    assert!(!top.path().join("r/r").exists(), "and nothing below it");
+    std::fs::create_dir(top.path().join("outer")).unwrap();
+    let o = ckpt_in(top.path(), &["-C", "outer", "init", "inner"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(top.path().join("outer/inner/.ckpt/HEAD").is_file(), "-C outer init inner");
+    let o = ckpt_in(&top.path().join("r"), &["init"]);
+    assert_eq!(o.status.code(), Some(1), "a second init in the same place fails");
+    assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
+}

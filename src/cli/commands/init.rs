@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
     /// Directory to create the repository in (default: the current directory).
+    // Its own id: named `dir`, clap would merge it with the global `-C DIR` (also `dir`), and
+    // `ckpt init r` would create `r/r/.ckpt`.
+    #[arg(id = "init_dir", value_name = "DIR")]
     dir: Option<PathBuf>,
 }
 
