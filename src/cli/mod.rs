@@ -106,8 +106,23 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if ui::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_message(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: the library's errors already quote
+/// their source in their message (`opening FILE: No such file…`), which anyhow's `{:#}` would
+/// repeat.
+fn error_message(e: &anyhow::Error) -> String {
+    let mut message = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+    }
+    message
 }

@@ -401,3 +401,14 @@ fn init_takes_a_directory_relative_to_the_current_one_or_to_dash_c() {
     assert_eq!(o.status.code(), Some(1), "a second init in the same place fails");
     assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
 }
+
+#[test]
+fn an_io_error_is_reported_once_with_the_file() {
+    let t = TestRepo::init();
+    let o = t.ckpt(&["commit", "-m", "x", "missing.safetensors"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("missing.safetensors"), "{err}");
+    let os_error = "os error 2";
+    assert_eq!(err.matches(os_error).count(), 1, "the cause once: {err}");
+}
