@@ -6,7 +6,7 @@
 //! [`ChunkHeader`] (method and stored length per group) is kept apart from the payload so that
 //! containers can put all headers in one index, readable without touching the data.
 
-use super::select::{predict, Options, Selection, MAX_CHUNK_SIZE};
+use super::select::{predict_with_stats, Options, Selection, MAX_CHUNK_SIZE};
 use super::{byte_group, huffman, zstd_block, Error, Layout, Method, Result};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -94,10 +94,21 @@ fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
 }
 
 fn code_group(group: &[u8], method: Method, options: &Options, out: &mut Vec<u8>) -> Result<Method> {
+    code_group_counted(group, method, None, options, out)
+}
+
+/// [`code_group`] with the group's byte histogram when the caller has it.
+fn code_group_counted(
+    group: &[u8],
+    method: Method,
+    histogram: Option<&[u32; 256]>,
+    options: &Options,
+    out: &mut Vec<u8>,
+) -> Result<Method> {
     let coded = match method {
         Method::Zero if group.iter().all(|&b| b == 0) => return Ok(Method::Zero),
         Method::Zero | Method::Raw => false,
-        Method::Huffman => huffman::encode(group, out)?,
+        Method::Huffman => huffman::encode_counted(group, histogram, out)?,
         Method::Zstd => zstd_block::encode(group, options.zstd_level, out)?,
     };
     if coded {
@@ -158,7 +169,8 @@ pub fn encode_chunk(
                     code_group(group, Method::Raw, options, out)?
                 }
                 Selection::Auto => {
-                    let chosen = code_group(group, predict(group, options), options, out)?;
+                    let (predicted, stats) = predict_with_stats(group, options);
+                    let chosen = code_group_counted(group, predicted, Some(&stats.histogram), options, out)?;
                     if chosen == Method::Raw {
                         skip.0[g] = options.skip_after_raw;
                     }

@@ -256,7 +256,18 @@ pub fn zstd_estimate(stats: &GroupStats, runs: &ZeroRuns, options: &Options) -> 
 
 /// The method `Auto` selection predicts for `group`.
 pub fn predict(group: &[u8], options: &Options) -> Method {
+    predict_with_stats(group, options).0
+}
+
+/// [`predict`], also returning the group's statistics (the Huffman coder reuses the histogram
+/// instead of counting the bytes again).
+pub fn predict_with_stats(group: &[u8], options: &Options) -> (Method, GroupStats) {
     let stats = GroupStats::of(group);
+    let method = predict_from(group, &stats, options);
+    (method, stats)
+}
+
+fn predict_from(group: &[u8], stats: &GroupStats, options: &Options) -> Method {
     let n = group.len();
     let zeros = stats.zeros();
     if zeros == n {
@@ -270,7 +281,7 @@ pub fn predict(group: &[u8], options: &Options) -> Method {
     // Zero runs only matter when zeros are common: skip the second pass otherwise.
     if zeros as f64 >= options.zstd_zero_run * nf {
         let runs = zero_runs(group);
-        if runs.longest as f64 >= options.zstd_zero_run * nf || zstd_estimate(&stats, &runs, options) < huffman {
+        if runs.longest as f64 >= options.zstd_zero_run * nf || zstd_estimate(stats, &runs, options) < huffman {
             return Method::Zstd;
         }
     }
