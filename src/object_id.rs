@@ -31,6 +31,17 @@ impl ObjectId {
     }
 }
 
+/// Feeds `bytes` to `hasher`, on the rayon pool when it has several threads and the input is
+/// large enough to split (1 MiB and up); below that the fork-join costs more than it saves.
+/// Every bulk hash of the crate goes through here, so the threshold lives in one place.
+pub fn hash_update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
+    if rayon::current_num_threads() > 1 && bytes.len() >= 1 << 20 {
+        hasher.update_rayon(bytes);
+    } else {
+        hasher.update(bytes);
+    }
+}
+
 impl From<blake3::Hash> for ObjectId {
     fn from(h: blake3::Hash) -> Self {
         ObjectId(*h.as_bytes())

@@ -18,6 +18,7 @@ use super::chunk::{
 use super::select::{Options, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
 use super::{decode_chunk, Error, Layout, Method, Result};
 use crate::dtype::Dtype;
+use crate::object_id::hash_update;
 use rayon::prelude::*;
 use std::io::Write;
 use std::ops::Range;
@@ -140,19 +141,7 @@ impl<W: Write> ContainerWriter<W> {
             }
             units.extend((0..data.len()).step_by(stripe).map(|at| (p, at..(at + stripe).min(data.len()))));
         }
-        let batch = batch_len(chunk_size);
-        let mut batches: Vec<Range<usize>> = Vec::new();
-        let mut next = 0;
-        while next < units.len() {
-            let mut end = next;
-            let mut bytes = 0;
-            while end < units.len() && (end == next || bytes + units[end].1.len() <= batch) {
-                bytes += units[end].1.len();
-                end += 1;
-            }
-            batches.push(next..end);
-            next = end;
-        }
+        let batches = super::runs_within(units.iter().map(|u| u.1.len() as u64), batch_len(chunk_size) as u64);
         // A two-stage pipeline: while the pool codes (and hashes) batch k, this thread writes
         // the payloads of batch k-1. Writing used to run between batches with the pool idle,
         // which was most of what kept two threads from doubling the speed. The hasher is moved
@@ -278,13 +267,7 @@ impl<W: Write> ContainerWriter<W> {
             let part_reference = reference.map(|r| &r[b * batch..b * batch + part.len()]);
             let (chunks, ()) = rayon::join(
                 || encode_chunks(part, part_reference, layout, &self.options),
-                || {
-                    if rayon::current_num_threads() > 1 && part.len() >= 1 << 20 {
-                        self.hasher.update_rayon(part);
-                    } else {
-                        self.hasher.update(part);
-                    }
-                },
+                || hash_update(&mut self.hasher, part),
             );
             self.write_chunks(chunks?)?;
         }
@@ -625,31 +608,20 @@ impl<'a> Container<'a> {
         let batch = (FUSED_BATCH_PER_THREAD * threads).max(self.chunk_size) as u64;
         let mut hasher = blake3::Hasher::new();
         let mut rest = out;
-        let mut i = 0;
-        while i < self.chunks.len() {
-            let start = self.chunks[i].original_offset;
-            let mut j = i + 1;
-            while j < self.chunks.len()
-                && self.chunks[j].original_offset + self.chunks[j].original_len as u64 - start <= batch
-            {
-                j += 1;
-            }
-            let end = self.chunks[j - 1].original_offset + self.chunks[j - 1].original_len as u64;
+        for run in super::runs_within(self.chunks.iter().map(|c| c.original_len as u64), batch) {
+            let start = self.chunks[run.start].original_offset;
+            let last = self.chunks[run.end - 1];
+            let end = last.original_offset + last.original_len as u64;
             let (region, tail) = std::mem::take(&mut rest).split_at_mut((end - start) as usize);
             rest = tail;
-            let mut work = split_by_chunks(self, i..j, start, end, &mut *region);
+            let mut work = split_by_chunks(self, run, start, end, &mut *region);
             if work.len() == 1 {
                 let (c, dst) = work.pop().expect("one chunk");
                 self.decode_chunk_into(c, dst)?;
             } else {
                 work.into_par_iter().try_for_each(|(c, dst)| self.decode_chunk_into(c, dst))?;
             }
-            if threads > 1 && region.len() >= 1 << 20 {
-                hasher.update_rayon(region);
-            } else {
-                hasher.update(region);
-            }
-            i = j;
+            hash_update(&mut hasher, region);
         }
         self.check_original_hash(hasher.finalize())
     }
@@ -694,11 +666,7 @@ impl<'a> Container<'a> {
                 });
                 self.decode_delta_chunk_into(c, r, dst)
             })?;
-            if rayon::current_num_threads() > 1 && buf.len() >= 1 << 20 {
-                hasher.update_rayon(&buf);
-            } else {
-                hasher.update(&buf);
-            }
+            hash_update(&mut hasher, &buf);
             out.write_all(&buf).map_err(io_error)?;
             progress(end);
             i = j;

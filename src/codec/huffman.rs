@@ -895,19 +895,22 @@ mod tests {
             skew in 0u32..4,
             seed in any::<u64>(),
         ) {
-            let mut rng = Rng::new(seed);
-            // skew 0: uniform over the alphabet; higher: more mass on small symbols.
-            let data: Vec<u8> = (0..len)
-                .map(|_| {
-                    let mut s = rng.below(alphabet);
-                    for _ in 0..skew {
-                        s = s.min(rng.below(alphabet));
-                    }
-                    s as u8
-                })
-                .collect();
-            round_trip(&data);
+            round_trip(&generated(len, alphabet, skew, seed));
         }
+    }
+
+    /// `len` bytes over `alphabet` symbols; skew 0: uniform, higher: more mass on small symbols.
+    fn generated(len: usize, alphabet: usize, skew: u32, seed: u64) -> Vec<u8> {
+        let mut rng = Rng::new(seed);
+        (0..len)
+            .map(|_| {
+                let mut s = rng.below(alphabet);
+                for _ in 0..skew {
+                    s = s.min(rng.below(alphabet));
+                }
+                s as u8
+            })
+            .collect()
     }
 
     /// `encode_counted` with the histogram must give exactly `encode`'s bytes (it replays
@@ -956,16 +959,7 @@ mod tests {
             skew in 0u32..5,
             seed in any::<u64>(),
         ) {
-            let mut rng = Rng::new(seed);
-            let data: Vec<u8> = (0..len)
-                .map(|_| {
-                    let mut s = rng.below(alphabet);
-                    for _ in 0..skew {
-                        s = s.min(rng.below(alphabet));
-                    }
-                    s as u8
-                })
-                .collect();
+            let data = generated(len, alphabet, skew, seed);
             assert_counted_matches(&data);
         }
     }

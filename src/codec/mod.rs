@@ -22,6 +22,28 @@ pub use chunk::{decode_chunk, encode_chunk, ChunkHeader, GroupEntry};
 pub use select::Options;
 
 use crate::dtype::Dtype;
+use std::ops::Range;
+
+/// Splits consecutive items of lengths `lens` into runs whose total length is at most `budget`
+/// (an item longer than `budget` is a run of its own). Every bounded-memory loop over chunks,
+/// stripes or windows (compression batches, fused decode-and-hash batches, checkout batches and
+/// windows) cuts its work this way.
+pub fn runs_within(lens: impl IntoIterator<Item = u64>, budget: u64) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    let (mut start, mut count, mut total) = (0, 0, 0u64);
+    for len in lens {
+        if count > start && total + len > budget {
+            runs.push(start..count);
+            (start, total) = (count, 0);
+        }
+        total += len;
+        count += 1;
+    }
+    if count > start {
+        runs.push(start..count);
+    }
+    runs
+}
 
 /// How one byte group of one chunk is stored. The numbers are on-disk tags and never change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,6 +130,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn runs_within_cuts_at_the_budget() {
+        assert_eq!(runs_within([], 10), Vec::<Range<usize>>::new());
+        assert_eq!(runs_within([4, 4, 4, 20, 1, 9, 0], 10), vec![0..2, 2..3, 3..4, 4..7]);
+        assert_eq!(runs_within([0, 0], 0), vec![0..2]);
+    }
+
     use super::*;
 
     #[test]

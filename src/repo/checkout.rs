@@ -23,6 +23,18 @@ const WINDOW_BYTES: usize = 16 << 20;
 /// Original bytes of the segments decoded together (at least one segment per batch).
 const BATCH_BYTES: u64 = 64 << 20;
 
+/// A run of chunks of one blob, decoded as one task of a whole-file checkout.
+struct Unit {
+    /// Index of the blob's decoder in the batch.
+    decoder: usize,
+    /// The blob's chunks.
+    chunks: Range<usize>,
+    /// Where the run's bytes go in the file.
+    offset: u64,
+    /// Length of the run's bytes.
+    len: usize,
+}
+
 /// Selects tensors by name for `checkout --tensor`.
 ///
 /// A pattern containing `*` or `?` is a glob over the whole name: `*` matches any run of
@@ -93,11 +105,7 @@ struct HashingWriter<W: Write> {
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
-        if n >= 1 << 20 && rayon::current_num_threads() > 1 {
-            self.hasher.update_rayon(&buf[..n]);
-        } else {
-            self.hasher.update(&buf[..n]);
-        }
+        crate::object_id::hash_update(&mut self.hasher, &buf[..n]);
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -338,18 +346,11 @@ impl Repo {
         let mut buffers = [Vec::new(), Vec::new()];
         // Segments are opened a batch at a time: the objects of a batch's delta chains are
         // mapped (and count in the resident set) only while the batch is decoded.
-        let mut next = 0;
-        while next < placed.len() {
-            let mut end = next;
-            let mut bytes = 0;
-            while end < placed.len() && (end == next || bytes + placed[end].1.len <= BATCH_BYTES) {
-                bytes += placed[end].1.len;
-                end += 1;
-            }
-            let chains = placed[next..end].iter().map(|(o, s)| open(*o, s)).collect::<Result<Vec<_>>>()?;
+        for batch in crate::codec::runs_within(placed.iter().map(|(_, s)| s.len), BATCH_BYTES) {
+            let chains = placed[batch].iter().map(|(o, s)| open(*o, s)).collect::<Result<Vec<_>>>()?;
             let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
-            // Work units in file order: (decoder, its chunks, file offset, length).
-            let units: Vec<(usize, Range<usize>, u64, usize)> = decoders
+            // Work units in file order.
+            let units: Vec<Unit> = decoders
                 .iter()
                 .enumerate()
                 .flat_map(|(d, dec)| {
@@ -357,35 +358,24 @@ impl Repo {
                     (0..dec.chunk_count()).step_by(UNIT_CHUNKS).map(move |first| {
                         let chunks = first..(first + UNIT_CHUNKS).min(dec.chunk_count());
                         let range = dec.byte_range(chunks.clone());
-                        (d, chunks, offset + range.start as u64, range.len())
+                        Unit { decoder: d, chunks, offset: offset + range.start as u64, len: range.len() }
                     })
                 })
                 .collect();
             // Windows: runs of consecutive units (contiguous in the file) of about WINDOW_BYTES.
-            let mut windows: Vec<Range<usize>> = Vec::new();
-            let mut first = 0;
-            while first < units.len() {
-                let mut last = first + 1;
-                let mut len = units[first].3;
-                while last < units.len() && len + units[last].3 <= WINDOW_BYTES {
-                    len += units[last].3;
-                    last += 1;
-                }
-                windows.push(first..last);
-                first = last;
-            }
+            let windows = crate::codec::runs_within(units.iter().map(|u| u.len as u64), WINDOW_BYTES as u64);
             let decode_window = |w: &Range<usize>, buf: &mut Vec<u8>| -> Result<()> {
-                let len: usize = units[w.clone()].iter().map(|u| u.3).sum();
+                let len: usize = units[w.clone()].iter().map(|u| u.len).sum();
                 buf.resize(len, 0);
                 let mut rest = &mut buf[..];
                 let mut work = Vec::with_capacity(w.len());
                 for u in &units[w.clone()] {
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(u.3);
+                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(u.len);
                     rest = tail;
                     work.push((u, head));
                 }
-                work.into_par_iter().try_for_each(|((d, chunks, _, _), dst)| -> Result<()> {
-                    decoders[*d].decode_into(chunks.clone(), dst)?;
+                work.into_par_iter().try_for_each(|(u, dst)| -> Result<()> {
+                    decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
                     Ok(())
                 })
             };
@@ -406,7 +396,7 @@ impl Repo {
                         scope.spawn(move |_| *decoded = Some(decode_window(w, decode_buf)));
                     }
                     if let Some(p) = pending {
-                        let offset = units[windows[p].start].2;
+                        let offset = units[windows[p].start].offset;
                         hasher.update(write_buf);
                         file.write_all_at(write_buf, offset).map_err(|e| io_err("writing", e))?;
                         done += write_buf.len() as u64;
@@ -424,16 +414,15 @@ impl Repo {
                 // fp32 file).
                 if let Some(w) = windows.get(k) {
                     let mut last = None;
-                    for (d, ..) in &units[w.clone()] {
-                        if last != Some(*d) {
-                            chains[*d].1.release_pages();
-                            last = Some(*d);
+                    for u in &units[w.clone()] {
+                        if last != Some(u.decoder) {
+                            chains[u.decoder].1.release_pages();
+                            last = Some(u.decoder);
                         }
                     }
                 }
                 pending = (k < windows.len()).then_some(k);
             }
-            next = end;
         }
         let hash = ObjectId(*hasher.finalize().as_bytes());
         if hash != entry.hash {

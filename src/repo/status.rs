@@ -107,10 +107,6 @@ pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     let file = std::fs::File::open(path).map_err(err)?;
     let map = crate::mmap::map(&file).map_err(err)?;
     let mut hasher = blake3::Hasher::new();
-    if map.len() >= 1 << 20 && rayon::current_num_threads() > 1 {
-        hasher.update_rayon(&map);
-    } else {
-        hasher.update(&map);
-    }
+    crate::object_id::hash_update(&mut hasher, &map);
     Ok(ObjectId(*hasher.finalize().as_bytes()))
 }

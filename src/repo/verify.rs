@@ -186,15 +186,14 @@ fn blob_paths(blobs: &BTreeMap<ObjectId, Option<ObjectId>>) -> Vec<Vec<ObjectId>
     let referenced: HashSet<ObjectId> = blobs.values().flatten().copied().collect();
     let tips = blobs.keys().filter(|id| !referenced.contains(*id));
     // Blobs on a cycle of references (only in a damaged store) have no tip above them; they are
-    // started from once the tips are done.
-    let rest: Vec<ObjectId> = blobs.keys().copied().collect();
+    // started from once the tips are done. `covered` ends every walk, cycles included.
     let mut covered: HashSet<ObjectId> = HashSet::new();
     let mut paths = Vec::new();
-    for start in tips.copied().collect::<Vec<_>>().into_iter().chain(rest) {
+    for &start in tips.chain(blobs.keys()) {
         let mut path = Vec::new();
         let mut next = Some(start);
         while let Some(id) = next {
-            if path.len() > crate::store::MAX_CHAIN_DEPTH as usize || !blobs.contains_key(&id) || !covered.insert(id) {
+            if !blobs.contains_key(&id) || !covered.insert(id) {
                 break;
             }
             path.push(id);

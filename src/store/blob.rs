@@ -11,7 +11,7 @@ use crate::codec::chunk::STRIPE_CHUNKS;
 use crate::codec::container::{Container, ContainerWriter, FileKind};
 use crate::codec::{byte_group, Layout, Method, Options};
 use crate::dtype::Dtype;
-use crate::object_id::ObjectId;
+use crate::object_id::{hash_update, ObjectId};
 use rayon::prelude::*;
 use std::io::Write;
 use std::ops::Range;
@@ -255,7 +255,7 @@ fn encode_windows(
                     let first = start / r.chunk_size;
                     let last = (start + part.len()).div_ceil(r.chunk_size);
                     r.decode_chunks(cs, first..last, reference_window)?;
-                    hash_into(&mut reference_hasher, reference_window);
+                    hash_update(&mut reference_hasher, reference_window);
                     w.segment_delta(part, Some(reference_window), dtype).map_err(encode)?;
                     // The reference objects' mapped pages of this window are not needed again.
                     r.release_pages();
@@ -273,14 +273,6 @@ fn encode_windows(
         }
     }
     Ok(w.finish().map_err(encode)?.1)
-}
-
-fn hash_into(hasher: &mut blake3::Hasher, bytes: &[u8]) {
-    if rayon::current_num_threads() > 1 && bytes.len() >= 1 << 20 {
-        hasher.update_rayon(bytes);
-    } else {
-        hasher.update(bytes);
-    }
 }
 
 impl BlobChain {
@@ -418,24 +410,43 @@ impl BlobChain {
         dst: &mut [u8],
     ) -> Result<()> {
         let n = containers.len();
-        let corrupt =
-            |k: usize| move |e: crate::codec::Error| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() };
-        let (segment, _, _) = containers[n - 1].chunk(i);
-        let layout = Layout::for_dtype(segment.dtype);
-        // Every byte of `grouped` is written by the base (xor_into = false) before any delta.
-        containers[n - 1].decode_chunk_groups_into(i, grouped, false).map_err(corrupt(n - 1))?;
-        for k in (0..n - 1).rev() {
-            // A delta chunk with every byte group Zero leaves the reference unchanged (late in
-            // training most chunks are); its empty payload needs no decoding.
+        self.apply_member_groups(containers, i, 0..n, grouped)?;
+        self.regroup_chunk(grouped, dst, n - 1)
+    }
+
+    /// Applies chunk `i`'s byte groups of chain `members` (indices into the chain, oldest =
+    /// highest first) to `grouped`. When `members` reaches the standalone base, its groups
+    /// overwrite `grouped` (every byte is written before any delta); each delta's groups are
+    /// XORed in. A delta chunk whose byte groups are all Zero leaves the reference unchanged
+    /// (late in training most are): its empty payload is skipped.
+    fn apply_member_groups(
+        &self,
+        containers: &[Container<'_>],
+        i: usize,
+        members: Range<usize>,
+        grouped: &mut [u8],
+    ) -> Result<()> {
+        let base = containers.len() - 1;
+        for k in members.rev() {
+            let fresh = k == base;
             let (_, _, header) = containers[k].chunk(i);
-            if header.groups().iter().all(|g| g.method == Method::Zero) {
+            if !fresh && header.groups().iter().all(|g| g.method == Method::Zero) {
                 continue;
             }
-            containers[k].decode_chunk_groups_into(i, grouped, true).map_err(corrupt(k))?;
+            containers[k]
+                .decode_chunk_groups_into(i, grouped, !fresh)
+                .map_err(|e| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() })?;
         }
+        Ok(())
+    }
+
+    /// Regroups one chunk from its grouped form into `dst`; errors blame chain member `blame`.
+    fn regroup_chunk(&self, grouped: &[u8], dst: &mut [u8], blame: usize) -> Result<()> {
+        let layout = Layout::for_dtype(self.dtype());
         let group_len = dst.len() / layout.width;
         let groups: Vec<&[u8]> = (0..layout.width).map(|g| &grouped[g * group_len..(g + 1) * group_len]).collect();
-        byte_group::regroup(&groups, None, layout, dst).map_err(corrupt(n - 1))
+        byte_group::regroup(&groups, None, layout, dst)
+            .map_err(|e| Error::Corrupt { id: self.objects[blame].id, reason: e.to_string() })
     }
 
     /// Verifies a run of this chain's members at once, decoding every object once: `members`
@@ -452,9 +463,6 @@ impl BlobChain {
         let n = self.objects.len();
         let members = members.clamp(1, n);
         let containers = self.containers()?;
-        let layout = Layout::for_dtype(self.dtype());
-        let corrupt =
-            |k: usize| move |e: crate::codec::Error| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() };
         // Chain indices of the checked members, oldest first: members - 1, ..., 0.
         let oldest = members - 1;
         let mut hashers: Vec<blake3::Hasher> = (0..members).map(|_| blake3::Hasher::new()).collect();
@@ -479,22 +487,14 @@ impl BlobChain {
                     p_rest = pt;
                     work.push((i, g, p));
                 }
+                // The oldest checked member starts from the standalone base; each newer one
+                // applies only its own delta on top.
+                let apply = if k == oldest { oldest..n } else { k..k + 1 };
                 work.into_par_iter().try_for_each(|(i, g, p)| -> Result<()> {
-                    if k == oldest {
-                        // Everything from the standalone base up to the oldest checked member.
-                        containers[n - 1].decode_chunk_groups_into(i, g, false).map_err(corrupt(n - 1))?;
-                        for j in (oldest..n - 1).rev() {
-                            containers[j].decode_chunk_groups_into(i, g, true).map_err(corrupt(j))?;
-                        }
-                    } else {
-                        containers[k].decode_chunk_groups_into(i, g, true).map_err(corrupt(k))?;
-                    }
-                    let group_len = p.len() / layout.width;
-                    let groups: Vec<&[u8]> =
-                        (0..layout.width).map(|x| &g[x * group_len..(x + 1) * group_len]).collect();
-                    byte_group::regroup(&groups, None, layout, p).map_err(corrupt(k))
+                    self.apply_member_groups(&containers, i, apply.clone(), g)?;
+                    self.regroup_chunk(g, p, k)
                 })?;
-                hash_into(&mut hashers[k], &plain);
+                hash_update(&mut hashers[k], &plain);
             }
             self.release_pages();
             first = chunks.end;
@@ -521,7 +521,7 @@ impl BlobChain {
     /// assembled) hashes to the blob's id; names the chain when it does not.
     pub fn verify_content(&self, content: &[u8]) -> Result<()> {
         let mut hasher = blake3::Hasher::new();
-        hash_into(&mut hasher, content);
+        hash_update(&mut hasher, content);
         let hash = ObjectId(*hasher.finalize().as_bytes());
         if hash == self.id() {
             return Ok(());
@@ -567,7 +567,7 @@ impl BlobChain {
                 let len = self.chunk_range(last - 1).end - self.chunk_range(first).start;
                 buf.resize(len, 0);
                 self.decode_chunks(&containers, first..last, buf)?;
-                hash_into(&mut hasher, buf);
+                hash_update(&mut hasher, buf);
                 out.write_all(buf).map_err(|source| Error::Output { id: self.id(), source })?;
                 done += len as u64;
                 progress(done);
@@ -666,7 +666,7 @@ impl BlobReader<'_> {
         let len = chain.chunk_range(last - 1).end - chain.chunk_range(first).start;
         self.buf.resize(len, 0);
         chain.decode_chunks(&self.containers, first..last, &mut self.buf)?;
-        hash_into(&mut self.hasher, &self.buf);
+        hash_update(&mut self.hasher, &self.buf);
         self.next_chunk = last;
         Ok(Some(&self.buf))
     }
