@@ -2,7 +2,7 @@
 //! Run: `cargo bench --bench codec`. Data: synthetic normally distributed weights (bf16 and f32)
 //! and an XOR delta with few changed bits, generated in memory.
 
-use ckpt::codec::chunk::{encode_chunks, SkipState};
+use ckpt::codec::chunk::{encode_chunks, Reference, SkipState};
 use ckpt::codec::container::{Container, ContainerWriter, FileKind};
 use ckpt::codec::select::{predict, Options};
 use ckpt::codec::{byte_group, encode_chunk, Layout};
@@ -123,7 +123,11 @@ fn stages(c: &mut Criterion) {
     }
     g.throughput(Throughput::Bytes(bf16.len() as u64));
     g.bench_function("xor_delta_bf16_1thread", |b| {
-        b.iter(|| pool.install(|| encode_chunks(&bf16_next, Some(&bf16), bf16_layout, &Options::default()).unwrap()))
+        b.iter(|| {
+            pool.install(|| {
+                encode_chunks(&bf16_next, Some(Reference::Bytes(&bf16)), bf16_layout, &Options::default()).unwrap()
+            })
+        })
     });
     g.finish();
 }

@@ -140,11 +140,53 @@ fn code_group_exhaustive(group: &[u8], options: &Options, out: &mut Vec<u8>) -> 
     Ok(best.0)
 }
 
+/// A source of XOR-delta reference bytes that holds them in grouped form. A stored delta chain
+/// decodes to grouped form before it regroups (see [`decode_chunk_groups`]), and XOR commutes
+/// with grouping, so the encoder XORs grouped bytes directly: the reference is never regrouped
+/// only to be split again, and never sits whole in memory.
+pub trait GroupedReference: Sync {
+    /// Writes the grouped form ([`byte_group::split`]'s layout) of reference bytes
+    /// `offset..offset + grouped.len()` into `grouped`. Called once per chunk, from any worker
+    /// thread; `offset` is where the chunk starts in the segment being coded.
+    fn grouped(&self, offset: usize, grouped: &mut [u8]) -> Result<()>;
+}
+
+/// What an XOR delta is taken against.
+#[derive(Clone, Copy)]
+pub enum Reference<'a> {
+    /// Plain bytes, as long as the input.
+    Bytes(&'a [u8]),
+    /// `source`'s bytes from `offset` on, fetched chunk by chunk in grouped form.
+    Grouped {
+        /// Where the bytes come from.
+        source: &'a dyn GroupedReference,
+        /// Offset in `source` of the input's first byte.
+        offset: usize,
+    },
+}
+
+impl<'a> Reference<'a> {
+    /// The reference of input bytes `range`.
+    pub fn slice(self, range: std::ops::Range<usize>) -> Reference<'a> {
+        match self {
+            Reference::Bytes(r) => Reference::Bytes(&r[range]),
+            Reference::Grouped { source, offset } => Reference::Grouped { source, offset: offset + range.start },
+        }
+    }
+}
+
+thread_local! {
+    /// A chunk's grouped reference while it is coded (kept apart from [`SCRATCH`], which holds
+    /// the grouped input at the same time, and from [`GROUP_SCRATCH`], which a chain decoder
+    /// filling the reference may use).
+    static REFERENCE_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Codes one chunk: appends the payload to `out` and returns its header. With `reference`, the
 /// chunk is coded as `input XOR reference` (an XOR delta; same length required).
 pub fn encode_chunk(
     input: &[u8],
-    reference: Option<&[u8]>,
+    reference: Option<Reference<'_>>,
     layout: Layout,
     options: &Options,
     skip: &mut SkipState,
@@ -155,7 +197,22 @@ pub fn encode_chunk(
     }
     let width = layout.width;
     with_scratch(input.len(), |grouped| {
-        byte_group::split(input, reference, layout, grouped)?;
+        match reference {
+            None => byte_group::split(input, None, layout, grouped)?,
+            Some(Reference::Bytes(r)) => byte_group::split(input, Some(r), layout, grouped)?,
+            Some(Reference::Grouped { source, offset }) => {
+                byte_group::split(input, None, layout, grouped)?;
+                REFERENCE_SCRATCH.with(|cell| -> Result<()> {
+                    let mut buf = cell.borrow_mut();
+                    if buf.len() < input.len() {
+                        buf.resize(input.len(), 0);
+                    }
+                    source.grouped(offset, &mut buf[..input.len()])?;
+                    xor_in_place(grouped, &buf[..input.len()]);
+                    Ok(())
+                })?;
+            }
+        }
         let n = input.len() / width;
         let mut entries = [GroupEntry { method: Method::Zero, stored_len: 0 }; 8];
         for g in 0..width {
@@ -331,11 +388,11 @@ pub const STRIPE_CHUNKS: usize = 8;
 /// caller that feeds a long tensor in batches should cut batches at such multiples.
 pub fn encode_chunks(
     input: &[u8],
-    reference: Option<&[u8]>,
+    reference: Option<Reference<'_>>,
     layout: Layout,
     options: &Options,
 ) -> Result<Vec<EncodedChunk>> {
-    if reference.is_some_and(|r| r.len() != input.len()) {
+    if matches!(reference, Some(Reference::Bytes(r)) if r.len() != input.len()) {
         return Err(Error::InvalidInput("reference and input lengths differ".into()));
     }
     let chunk_size = checked_chunk_size(options, layout)?;
@@ -351,7 +408,7 @@ pub fn encode_chunks(
                 .enumerate()
                 .map(|(c, chunk)| {
                     let at = base + c * chunk_size;
-                    let r = reference.map(|r| &r[at..at + chunk.len()]);
+                    let r = reference.map(|r| r.slice(at..at + chunk.len()));
                     let mut payload = Vec::new();
                     let header = encode_chunk(chunk, r, layout, options, &mut skip, &mut payload)?;
                     let checksum = payload_checksum(&payload);
@@ -427,13 +484,62 @@ mod tests {
             let r = delta.then_some(reference.as_slice());
             let options = Options { selection, ..Options::default() };
             let mut payload = Vec::new();
-            let header = encode_chunk(&input, r, layout, &options, &mut SkipState::default(), &mut payload).unwrap();
+            let header = encode_chunk(&input, r.map(Reference::Bytes), layout, &options, &mut SkipState::default(), &mut payload).unwrap();
             prop_assert_eq!(header.stored_len(), payload.len() as u64);
             prop_assert!(payload.len() <= input.len());
             let mut out = vec![0xAA; len];
             decode_chunk(&payload, &header, layout, r, &mut out).unwrap();
             prop_assert_eq!(out, input);
         }
+    }
+
+    /// A grouped reference that splits plain bytes on request, as a chain decoder would hand
+    /// them over.
+    struct SplitOnRequest<'a> {
+        bytes: &'a [u8],
+        layout: Layout,
+    }
+
+    impl GroupedReference for SplitOnRequest<'_> {
+        fn grouped(&self, offset: usize, grouped: &mut [u8]) -> Result<()> {
+            let plain =
+                self.bytes.get(offset..offset + grouped.len()).ok_or(Error::InvalidInput("out of range".into()))?;
+            byte_group::split(plain, None, self.layout, grouped)
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// A reference supplied in grouped form codes to exactly the bytes of the same reference
+        /// given plain, chunk offsets included.
+        #[test]
+        fn grouped_and_plain_references_code_identically(layout in layouts(), chunks in 1usize..5, seed in any::<u64>(),
+                                                         zero_every in 0usize..4) {
+            let options = Options { chunk_size: 4096, ..Options::default() };
+            let len = chunks * 4096 - 2 * layout.width;
+            let reference = weights(seed, len, zero_every);
+            let mut input = reference.clone();
+            for (i, b) in input.iter_mut().enumerate() { if i % 5 == 0 { *b ^= (i % 7) as u8 } }
+            let plain = encode_chunks(&input, Some(Reference::Bytes(&reference)), layout, &options).unwrap();
+            let source = SplitOnRequest { bytes: &reference, layout };
+            let grouped = encode_chunks(&input, Some(Reference::Grouped { source: &source, offset: 0 }), layout, &options).unwrap();
+            prop_assert_eq!(plain.len(), grouped.len());
+            for (a, b) in plain.iter().zip(&grouped) {
+                prop_assert_eq!(a.header, b.header);
+                prop_assert_eq!(&a.payload, &b.payload);
+            }
+        }
+    }
+
+    #[test]
+    fn a_failing_grouped_reference_fails_the_chunk() {
+        let layout = Layout { width: 2, extract_exponent: true };
+        let input = weights(3, 8192, 0);
+        let short = &input[..4096];
+        let source = SplitOnRequest { bytes: short, layout };
+        let options = Options { chunk_size: 4096, ..Options::default() };
+        let result = encode_chunks(&input, Some(Reference::Grouped { source: &source, offset: 0 }), layout, &options);
+        assert!(result.is_err(), "the second chunk's reference is out of range");
     }
 
     #[test]
@@ -476,7 +582,15 @@ mod tests {
         for (k, v) in versions.iter().enumerate() {
             let reference = if k == 0 { None } else { Some(versions[k - 1].as_slice()) };
             let mut payload = Vec::new();
-            let header = encode_chunk(v, reference, layout, &options, &mut SkipState::default(), &mut payload).unwrap();
+            let header = encode_chunk(
+                v,
+                reference.map(Reference::Bytes),
+                layout,
+                &options,
+                &mut SkipState::default(),
+                &mut payload,
+            )
+            .unwrap();
             coded.push((header, payload));
         }
         let mut grouped = vec![0xEE; base.len()];

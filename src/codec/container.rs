@@ -13,7 +13,8 @@
 //! before anything is allocated or sliced.
 
 use super::chunk::{
-    checked_chunk_size, encode_chunks, payload_checksum, ChunkHeader, EncodedChunk, GroupEntry, STRIPE_CHUNKS,
+    checked_chunk_size, encode_chunks, payload_checksum, ChunkHeader, EncodedChunk, GroupEntry, Reference,
+    STRIPE_CHUNKS,
 };
 use super::select::{Options, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
 use super::{decode_chunk, Error, Layout, Method, Result};
@@ -58,6 +59,17 @@ impl FileKind {
             t => Err(Error::Corrupt(format!("unknown file kind {t}"))),
         }
     }
+}
+
+/// One segment to code: its bytes, element type and, for an XOR delta, its reference.
+#[derive(Clone, Copy)]
+pub struct SegmentInput<'a> {
+    /// The segment's original bytes.
+    pub data: &'a [u8],
+    /// Element type (`None`: plain bytes).
+    pub dtype: Option<Dtype>,
+    /// For an XOR delta: what `data` is XORed with before grouping.
+    pub reference: Option<Reference<'a>>,
 }
 
 /// Streams a container to `W`: [`ContainerWriter::segment`] once per segment, in file order,
@@ -115,7 +127,7 @@ impl<W: Write> ContainerWriter<W> {
     /// Codes the next `data.len()` bytes of the original file as one segment of `dtype`
     /// elements (`None`: plain bytes).
     pub fn segment(&mut self, data: &[u8], dtype: Option<Dtype>) -> Result<()> {
-        self.segment_delta(data, None, dtype)
+        self.segment_inputs(&[SegmentInput { data, dtype, reference: None }], &mut |_| {})
     }
 
     /// Codes several consecutive segments (in file order), in parallel across segments as well
@@ -123,23 +135,44 @@ impl<W: Write> ContainerWriter<W> {
     /// `progress` is called with the original bytes covered so far. The output is the same as
     /// calling [`Self::segment`] for each part.
     pub fn segments(&mut self, parts: &[(&[u8], Option<Dtype>)], progress: &mut dyn FnMut(u64)) -> Result<()> {
+        let inputs: Vec<SegmentInput<'_>> =
+            parts.iter().map(|&(data, dtype)| SegmentInput { data, dtype, reference: None }).collect();
+        self.segment_inputs(&inputs, progress)
+    }
+
+    /// Like [`Self::segment`], but codes `data XOR reference` (an XOR delta) when `reference` is
+    /// given (same length). The recorded hash is still that of `data`; decoding needs the same
+    /// reference ([`Container::decode_to_with_reference`]).
+    pub fn segment_delta(&mut self, data: &[u8], reference: Option<&[u8]>, dtype: Option<Dtype>) -> Result<()> {
+        let reference = reference.map(Reference::Bytes);
+        self.segment_inputs(&[SegmentInput { data, dtype, reference }], &mut |_| {})
+    }
+
+    /// Codes consecutive segments, each standalone or as an XOR delta against its reference.
+    /// Everything else ([`Self::segment`], [`Self::segments`], [`Self::segment_delta`]) is
+    /// this with fewer options. `progress` is called with the original bytes covered so far,
+    /// after their payloads are written.
+    pub fn segment_inputs(&mut self, parts: &[SegmentInput<'_>], progress: &mut dyn FnMut(u64)) -> Result<()> {
         let chunk_size = self.options.chunk_size;
         let stripe = chunk_size * STRIPE_CHUNKS;
         // Work units: one stripe of one part (an empty part is one empty unit, for its record).
         let mut units: Vec<(usize, Range<usize>)> = Vec::new();
-        for (p, (data, dtype)) in parts.iter().enumerate() {
-            let width = Layout::for_dtype(*dtype).width;
-            if !data.len().is_multiple_of(width) {
+        for (p, part) in parts.iter().enumerate() {
+            let width = Layout::for_dtype(part.dtype).width;
+            if !part.data.len().is_multiple_of(width) {
                 return Err(Error::InvalidInput(format!(
                     "segment of {} bytes is not a whole number of {} elements",
-                    data.len(),
-                    dtype.map_or("byte", |d| d.safetensors_name())
+                    part.data.len(),
+                    part.dtype.map_or("byte", |d| d.safetensors_name())
                 )));
             }
-            if data.is_empty() {
+            if matches!(part.reference, Some(Reference::Bytes(r)) if r.len() != part.data.len()) {
+                return Err(Error::InvalidInput("reference and data lengths differ".into()));
+            }
+            if part.data.is_empty() {
                 units.push((p, 0..0));
             }
-            units.extend((0..data.len()).step_by(stripe).map(|at| (p, at..(at + stripe).min(data.len()))));
+            units.extend((0..part.data.len()).step_by(stripe).map(|at| (p, at..(at + stripe).min(part.data.len()))));
         }
         let batches = super::runs_within(units.iter().map(|u| u.1.len() as u64), batch_len(chunk_size) as u64);
         // A two-stage pipeline: while the pool codes (and hashes) batch k, this thread writes
@@ -163,14 +196,16 @@ impl<W: Write> ContainerWriter<W> {
                                 group
                                     .par_iter()
                                     .map(|(p, range)| {
-                                        let (data, dtype) = parts[*p];
-                                        encode_chunks(&data[range.clone()], None, Layout::for_dtype(dtype), options)
+                                        let part = &parts[*p];
+                                        let reference = part.reference.map(|r| r.slice(range.clone()));
+                                        let layout = Layout::for_dtype(part.dtype);
+                                        encode_chunks(&part.data[range.clone()], reference, layout, options)
                                     })
                                     .collect::<Result<Vec<_>>>()
                             },
                             || {
                                 for (p, range) in group {
-                                    hasher.update(&parts[*p].0[range.clone()]);
+                                    hasher.update(&parts[*p].data[range.clone()]);
                                 }
                             },
                         );
@@ -202,18 +237,18 @@ impl<W: Write> ContainerWriter<W> {
     /// Appends the coded units (stripes) of one batch, in file order.
     fn write_units(
         &mut self,
-        parts: &[(&[u8], Option<Dtype>)],
+        parts: &[SegmentInput<'_>],
         units: &[(usize, Range<usize>)],
         coded: Vec<Vec<EncodedChunk>>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         for ((p, range), chunks) in units.iter().zip(coded) {
-            let (data, dtype) = parts[*p];
+            let part = &parts[*p];
             if range.start == 0 {
-                self.begin_segment(data.len(), dtype)?;
+                self.begin_segment(part.data.len(), part.dtype)?;
             }
             self.write_chunks(chunks)?;
-            self.covered_progress(range.end as u64, data.len() as u64, progress);
+            self.covered_progress(range.end as u64, part.data.len() as u64, progress);
         }
         Ok(())
     }
@@ -244,34 +279,6 @@ impl<W: Write> ContainerWriter<W> {
 
     fn covered_progress(&self, done_in_segment: u64, segment_len: u64, progress: &mut dyn FnMut(u64)) {
         progress(self.covered - segment_len + done_in_segment);
-    }
-
-    /// Like [`Self::segment`], but codes `data XOR reference` (an XOR delta) when `reference` is
-    /// given (same length). The recorded hash is still that of `data`; decoding needs the same
-    /// reference ([`Container::decode_to_with_reference`]).
-    pub fn segment_delta(&mut self, data: &[u8], reference: Option<&[u8]>, dtype: Option<Dtype>) -> Result<()> {
-        if reference.is_some_and(|r| r.len() != data.len()) {
-            return Err(Error::InvalidInput("reference and data lengths differ".into()));
-        }
-        let layout = Layout::for_dtype(dtype);
-        if !data.len().is_multiple_of(layout.width) {
-            return Err(Error::InvalidInput(format!(
-                "segment of {} bytes is not a whole number of {} elements",
-                data.len(),
-                dtype.map_or("byte", |d| d.safetensors_name())
-            )));
-        }
-        self.begin_segment(data.len(), dtype)?;
-        let batch = batch_len(self.options.chunk_size);
-        for (b, part) in data.chunks(batch).enumerate() {
-            let part_reference = reference.map(|r| &r[b * batch..b * batch + part.len()]);
-            let (chunks, ()) = rayon::join(
-                || encode_chunks(part, part_reference, layout, &self.options),
-                || hash_update(&mut self.hasher, part),
-            );
-            self.write_chunks(chunks?)?;
-        }
-        Ok(())
     }
 
     /// Writes the index and footer; returns the writer and the blake3 hash of the original.

@@ -8,13 +8,15 @@
 
 use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, MAX_CHAIN_DEPTH};
 use crate::codec::chunk::STRIPE_CHUNKS;
-use crate::codec::container::{Container, ContainerWriter, FileKind};
+use crate::codec::chunk::{GroupedReference, Reference};
+use crate::codec::container::{Container, ContainerWriter, FileKind, SegmentInput};
 use crate::codec::{byte_group, Layout, Method, Options};
 use crate::dtype::Dtype;
 use crate::object_id::{hash_update, ObjectId};
 use rayon::prelude::*;
 use std::io::Write;
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// Bytes of input coded (or decoded) per window: bounds memory while keeping both cores busy.
 const WINDOW_BYTES: usize = 32 << 20;
@@ -133,14 +135,14 @@ impl Store {
         let header =
             ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, raw_len: data.len() as u64 };
         let written =
-            self.write_object(id, header, None, |out| encode_windows(id, out, data, None, dtype, options, feedback))?;
+            self.write_object(id, header, None, |out| encode_blob(id, out, data, None, dtype, options, feedback))?;
         Ok(written.expect("no size limit"))
     }
 
     /// Stores `data` (whose blake3 is `id`) as an XOR delta against `reference`, unless the
     /// delta object would take `limit` bytes or more. `data` must have the reference's length
-    /// and dtype. The reference is hash-checked while it is decoded; a damaged reference is an
-    /// error (and nothing is stored).
+    /// and dtype. The reference's payloads are checksum-checked as they are decoded; a damaged
+    /// reference is an error naming it (and nothing is stored).
     pub fn write_blob_delta(
         &self,
         id: ObjectId,
@@ -174,7 +176,7 @@ impl Store {
         let mut stored = 0;
         let written = self.write_object(id, header, Some(limit), |out| {
             let mut counting = CountingWriter { inner: out, count: 0 };
-            let result = encode_windows(id, &mut counting, data, Some(reference), dtype, &options, feedback);
+            let result = encode_blob(id, &mut counting, data, Some(reference), dtype, &options, feedback);
             stored = counting.count;
             result
         })?;
@@ -223,10 +225,16 @@ fn window_len(chunk_size: usize) -> usize {
     (WINDOW_BYTES / stripe).max(1) * stripe
 }
 
-/// Codes `data` as one container, one segment per window (windows are whole stripes, so the
-/// chunks are the same as for a single segment), XORed with `reference` when given. Returns the
-/// blake3 of `data` as the container records it.
-fn encode_windows(
+/// Codes `data` as a one-segment container, XORed with `reference` when given. Returns the
+/// blake3 of `data` as the container records it (hashed as it was coded).
+///
+/// A delta takes its reference chunk by chunk, in grouped form, straight from the chain's
+/// objects ([`ChainReference`]): nothing is regrouped and no reference window is held. The
+/// reference's payloads are checksum-checked as they are decoded, which catches any damaged
+/// byte of it; its content hash is not recomputed here. That is safe because a delta only has
+/// to undo what the decoder produces: checkout XORs the delta with the same decoded reference
+/// (`ckpt verify` is what re-hashes whole chains).
+fn encode_blob(
     id: ObjectId,
     out: &mut dyn Write,
     data: &[u8],
@@ -237,42 +245,63 @@ fn encode_windows(
 ) -> Result<blake3::Hash> {
     let encode = |e| Error::Encode { id, source: e };
     let mut w = ContainerWriter::new(out, FileKind::Bytes, data.len() as u64, options.clone()).map_err(encode)?;
-    let window = window_len(options.chunk_size);
-    if data.is_empty() {
-        w.segment(data, dtype).map_err(encode)?;
-    }
-    let containers = match reference {
-        Some(r) => Some(r.containers()?),
+    let source = match reference {
+        Some(chain) => Some(ChainReference { chain, containers: chain.containers()?, error: Mutex::new(None) }),
         None => None,
     };
-    let mut reference_hasher = blake3::Hasher::new();
-    with_window(|reference_window| -> Result<()> {
-        for (n, part) in data.chunks(window).enumerate() {
-            let start = n * window;
-            match (reference, &containers) {
-                (Some(r), Some(cs)) => {
-                    reference_window.resize(part.len(), 0);
-                    let first = start / r.chunk_size;
-                    let last = (start + part.len()).div_ceil(r.chunk_size);
-                    r.decode_chunks(cs, first..last, reference_window)?;
-                    hash_update(&mut reference_hasher, reference_window);
-                    w.segment_delta(part, Some(reference_window), dtype).map_err(encode)?;
-                    // The reference objects' mapped pages of this window are not needed again.
-                    r.release_pages();
-                }
-                _ => w.segment(part, dtype).map_err(encode)?,
+    let input =
+        SegmentInput { data, dtype, reference: source.as_ref().map(|s| Reference::Grouped { source: s, offset: 0 }) };
+    // Pages of the input and of the reference's objects are dropped every window once coded,
+    // so the resident set stays about one window whatever the blob's size.
+    let window = window_len(options.chunk_size);
+    let mut released = 0;
+    let coded = w.segment_inputs(&[input], &mut |covered| {
+        let covered = covered as usize;
+        (feedback.progress)(covered as u64);
+        if covered - released >= window || covered == data.len() {
+            (feedback.release_input)(released..covered);
+            if let Some(r) = reference {
+                r.release_pages();
             }
-            (feedback.release_input)(start..start + part.len());
-            (feedback.progress)((start + part.len()) as u64);
+            released = covered;
         }
-        Ok(())
-    })?;
-    if let Some(r) = reference {
-        if ObjectId(*reference_hasher.finalize().as_bytes()) != r.id() {
-            return Err(Error::Corrupt { id: r.id(), reason: "decoded bytes do not match the object id".into() });
-        }
+    });
+    if let Err(e) = coded {
+        // A reference that failed to decode is the reference's problem, not this blob's.
+        let reference_error = source.and_then(|s| s.error.into_inner().unwrap_or_else(|p| p.into_inner()));
+        return Err(reference_error.unwrap_or_else(|| encode(e)));
     }
     Ok(w.finish().map_err(encode)?.1)
+}
+
+/// A stored blob chain as the reference of a new delta: chunk `i` in grouped form is the base's
+/// groups XORed with every delta's ([`BlobChain::apply_member_groups`]).
+struct ChainReference<'a> {
+    chain: &'a BlobChain,
+    containers: Vec<Container<'a>>,
+    /// The first store error, kept with its object id (the codec's error type cannot carry it).
+    error: Mutex<Option<Error>>,
+}
+
+impl GroupedReference for ChainReference<'_> {
+    fn grouped(&self, offset: usize, grouped: &mut [u8]) -> crate::codec::Result<()> {
+        let chain = self.chain;
+        let i = offset / chain.chunk_size;
+        if !offset.is_multiple_of(chain.chunk_size)
+            || i >= chain.chunk_count
+            || chain.chunk_range(i).len() != grouped.len()
+        {
+            return Err(crate::codec::Error::InvalidInput(format!(
+                "{} reference bytes at offset {offset} are not a chunk of the reference",
+                grouped.len()
+            )));
+        }
+        chain.apply_member_groups(&self.containers, i, 0..chain.objects.len(), grouped).map_err(|e| {
+            let reason = e.to_string();
+            self.error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            crate::codec::Error::Corrupt(format!("delta reference: {reason}"))
+        })
+    }
 }
 
 impl BlobChain {

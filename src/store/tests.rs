@@ -142,6 +142,28 @@ fn a_changed_byte_anywhere_is_detected_and_named() {
     assert!(matches!(err, Error::Corrupt { id, .. } if id == id1), "{err}");
 }
 
+/// Commit's fallback depends on this: coding a delta against a reference whose payload is
+/// damaged fails with `Corrupt` naming the reference (not the new blob), and stores nothing.
+#[test]
+fn a_delta_against_a_damaged_reference_names_it_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let v0 = weights(5, 64_000);
+    let v1 = drift(&v0, 3);
+    let (id0, id1) = (ObjectId::hash(&v0), ObjectId::hash(&v1));
+    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let path = store.object_path(&id0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // A byte in the middle of the payloads: header, index and footer still check out.
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let reference = store.open_blob(&id0).unwrap();
+    let err = store.write_blob_delta(id1, &v1, &reference, u64::MAX, &options(), &Feedback::NONE).unwrap_err();
+    assert!(matches!(&err, Error::Corrupt { id, .. } if *id == id0), "{err}");
+    assert!(!store.contains(&id1));
+}
+
 #[test]
 fn list_remove_and_tmp() {
     let dir = tempfile::tempdir().unwrap();
