@@ -227,7 +227,8 @@ pub fn encode_chunk(
                 }
                 Selection::Auto => {
                     let (predicted, stats) = predict_with_stats(group, options);
-                    let chosen = code_group_counted(group, predicted, Some(&stats.histogram), options, out)?;
+                    let histogram = stats.as_ref().map(|s| &s.histogram);
+                    let chosen = code_group_counted(group, predicted, histogram, options, out)?;
                     if chosen == Method::Raw {
                         skip.0[g] = options.skip_after_raw;
                     }

@@ -96,23 +96,6 @@ pub struct CheckoutSummary {
     pub bytes: u64,
 }
 
-/// Hashes what passes through on the way to `inner`.
-struct HashingWriter<W: Write> {
-    inner: W,
-    hasher: blake3::Hasher,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        crate::object_id::hash_update(&mut self.hasher, &buf[..n]);
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 impl Repo {
     /// Writes the files of version `rev` (all, or those named in `files`, absolute or relative
     /// to the repository root) under `output_dir` (default: the working tree) at their
@@ -259,11 +242,9 @@ impl Repo {
             tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
             return Ok(Some(written));
         }
+        // A selection of tensors: each blob is verified against its id as it is copied.
         let io_err = |source| Error::Io { action: "writing", path: tmp.path().to_path_buf(), source };
-        let mut w = HashingWriter {
-            inner: std::io::BufWriter::with_capacity(4 << 20, tmp.as_file()),
-            hasher: blake3::Hasher::new(),
-        };
+        let mut w = std::io::BufWriter::with_capacity(4 << 20, tmp.as_file());
         let mut written = 0u64;
         if let Some(h) = &header {
             w.write_all(h).map_err(io_err)?;
@@ -286,20 +267,17 @@ impl Repo {
             written += s.len;
         }
         w.flush().map_err(io_err)?;
-        let hash = ObjectId(*w.hasher.finalize().as_bytes());
         drop(w);
-        if header.is_none() && hash != entry.hash {
-            return Err(Error::HashMismatch { path: entry.path.clone(), expected: entry.hash, actual: hash });
-        }
         tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
         Ok(Some(written))
     }
 
     /// Writes every segment of `manifest` into `tmp` at its offset, decoding chunks of all
     /// blobs in parallel (a file of many small tensors keeps every core busy, and the copy into
-    /// the page cache is spread over the workers too), then verifies the file once: its blake3
-    /// must equal the recorded hash. That single pass replaces a hash per blob plus one of the
-    /// file; only when it fails are the blobs hashed one by one, to name the damaged object.
+    /// the page cache is spread over the workers too). The writing thread hashes each segment
+    /// as it writes it, while the bytes are in cache, and checks it against its blob id (naming
+    /// the damaged chain if it differs); the file's hash is then derived from those ids and
+    /// checked against the recorded one ([`super::model::file_hash`]).
     fn write_whole_file(
         &self,
         entry: &FileEntry,
@@ -339,7 +317,8 @@ impl Repo {
         };
         let file = tmp.as_file();
         file.set_len(manifest.len).map_err(|e| io_err("writing", e))?;
-        let mut hasher = blake3::Hasher::new();
+        // The segment being hashed (index into `placed`), its hasher and bytes hashed so far.
+        let (mut seg, mut seg_hasher, mut seg_done) = (0usize, blake3::Hasher::new(), 0u64);
         let mut done = 0u64;
         // Two window buffers: the pool decodes into one while this thread hashes and writes
         // the other (reused across batches: fresh buffers cost page faults).
@@ -347,6 +326,7 @@ impl Repo {
         // Segments are opened a batch at a time: the objects of a batch's delta chains are
         // mapped (and count in the resident set) only while the batch is decoded.
         for batch in crate::codec::runs_within(placed.iter().map(|(_, s)| s.len), BATCH_BYTES) {
+            let batch_start = batch.start;
             let chains = placed[batch].iter().map(|(o, s)| open(*o, s)).collect::<Result<Vec<_>>>()?;
             let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
             // Work units in file order.
@@ -397,7 +377,23 @@ impl Repo {
                     }
                     if let Some(p) = pending {
                         let offset = units[windows[p].start].offset;
-                        hasher.update(write_buf);
+                        let mut rest = &write_buf[..];
+                        while !rest.is_empty() {
+                            let len = placed.get(seg).ok_or_else(|| Error::CorruptMetadata {
+                                id: entry.manifest,
+                                reason: "decoded bytes run past the last segment".into(),
+                            })?;
+                            let len = len.1.len;
+                            let n = rest.len().min((len - seg_done) as usize);
+                            seg_hasher.update(&rest[..n]);
+                            rest = &rest[n..];
+                            seg_done += n as u64;
+                            if seg_done == len {
+                                let hash = ObjectId(*seg_hasher.finalize().as_bytes());
+                                chains[seg - batch_start].1.check_hash(hash)?;
+                                (seg, seg_hasher, seg_done) = (seg + 1, blake3::Hasher::new(), 0);
+                            }
+                        }
                         file.write_all_at(write_buf, offset).map_err(|e| io_err("writing", e))?;
                         done += write_buf.len() as u64;
                         self.progress.set(progress_base + done);
@@ -424,14 +420,12 @@ impl Repo {
                 pending = (k < windows.len()).then_some(k);
             }
         }
-        let hash = ObjectId(*hasher.finalize().as_bytes());
-        if hash != entry.hash {
-            // Name the damaged object when a blob is to blame (slow path: hash blob by blob).
-            let map = crate::mmap::map(file).map_err(|e| io_err("reading back", e))?;
-            for (offset, s) in &placed {
-                let (_, chain) = open(*offset, s)?;
-                chain.verify_content(&map[*offset as usize..(*offset + s.len) as usize])?;
-            }
+        // Every non-empty segment matched its blob id above; empty ones are the empty blob.
+        debug_assert_eq!(seg, placed.len());
+        let empty = ObjectId::hash(&[]);
+        let ids = manifest.segments.iter().map(|s| (s.len, if s.len == 0 { empty } else { s.blob }));
+        let hash = super::model::file_hash(manifest.len, ids);
+        if seg != placed.len() || hash != entry.hash {
             return Err(Error::HashMismatch { path: entry.path.clone(), expected: entry.hash, actual: hash });
         }
         Ok(manifest.len)

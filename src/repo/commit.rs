@@ -83,7 +83,7 @@ impl Repo {
         for r in &removals {
             files.remove(r);
         }
-        // 1. Plan and hash every file, in order (the whole-file hash needs file order).
+        // 1. Plan and hash every file.
         let hashed: Vec<HashedFile> = inputs
             .iter()
             .map(|input| {
@@ -297,7 +297,7 @@ impl Repo {
 }
 
 /// A planned segment with its id.
-struct HashedSegment {
+pub(super) struct HashedSegment {
     range: Range<u64>,
     dtype: Option<Dtype>,
     tensor: Option<TensorRef>,
@@ -323,25 +323,34 @@ struct Job {
 const PARALLEL_BELOW: u64 = 4 << 20;
 
 fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
-    let data: &[u8] = &input.map;
-    let mut file_hasher = blake3::Hasher::new();
-    let segments = plan(input)
-        .into_iter()
-        .map(|p| {
-            let id = hash_segment(&data[p.range.start as usize..p.range.end as usize], &mut file_hasher);
-            input.map.release(p.range.start as usize..p.range.end as usize);
-            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id }
-        })
-        .collect();
+    let (segments, hash) = hash_content(&input.map, input.header.as_ref());
     let reference = reference.map(|m| m.tensors().map(|(t, s)| (t.clone(), s.blob)).collect()).unwrap_or_default();
-    HashedFile { segments, hash: ObjectId(*file_hasher.finalize().as_bytes()), reference }
+    HashedFile { segments, hash, reference }
 }
 
-/// Segments of a file: a safetensors file as header, tensors (empty ones as zero-length
-/// segments) and gaps, in file order; anything else as one opaque segment.
-fn plan(input: &Input) -> Vec<Planned> {
-    let len = input.map.len() as u64;
-    let Some(header) = &input.header else {
+/// Plans `map`'s segments (safetensors when `header` is given, else one opaque segment), hashes
+/// each (its blob id) and derives the file hash from them ([`super::model::file_hash`]). Each
+/// segment's pages are dropped from the resident set once hashed. `status` hashes working
+/// files with this too, so both agree on what a file's hash is.
+pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (Vec<HashedSegment>, ObjectId) {
+    let segments: Vec<HashedSegment> = plan(map.len() as u64, header)
+        .into_iter()
+        .map(|p| {
+            let range = p.range.start as usize..p.range.end as usize;
+            let mut hasher = blake3::Hasher::new();
+            crate::object_id::hash_update(&mut hasher, &map[range.clone()]);
+            map.release(range);
+            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id: hasher.finalize().into() }
+        })
+        .collect();
+    let hash = super::model::file_hash(map.len() as u64, segments.iter().map(|s| (s.range.end - s.range.start, s.id)));
+    (segments, hash)
+}
+
+/// Segments of a file of `len` bytes: a safetensors file as header, tensors (empty ones as
+/// zero-length segments) and gaps, in file order; anything else as one opaque segment.
+fn plan(len: u64, header: Option<&safetensors::Header>) -> Vec<Planned> {
+    let Some(header) = header else {
         return vec![Planned { range: 0..len, dtype: None, tensor: None }];
     };
     let mut out = vec![Planned { range: 0..header.data_start, dtype: None, tensor: None }];
@@ -366,20 +375,6 @@ fn plan(input: &Input) -> Vec<Planned> {
         out.push(Planned { range: at..len, dtype: None, tensor: None });
     }
     out
-}
-
-/// blake3 of `bytes` (the segment's id), feeding the whole-file hasher in the same pass.
-fn hash_segment(bytes: &[u8], file_hasher: &mut blake3::Hasher) -> ObjectId {
-    let mut hasher = blake3::Hasher::new();
-    for block in bytes.chunks(16 << 20) {
-        if block.len() >= 1 << 20 && rayon::current_num_threads() > 1 {
-            rayon::join(|| hasher.update_rayon(block), || file_hasher.update_rayon(block));
-        } else {
-            hasher.update(block);
-            file_hasher.update(block);
-        }
-    }
-    ObjectId(*hasher.finalize().as_bytes())
 }
 
 /// Nanoseconds since the Unix epoch, now.

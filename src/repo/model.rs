@@ -11,8 +11,33 @@ use crate::dtype::Dtype;
 use crate::object_id::ObjectId;
 use serde::{Deserialize, Serialize};
 
-/// Format number written in every manifest and version.
-pub const MODEL_FORMAT: u32 = 1;
+/// Format number written in every manifest and version. 2: a file's `hash` is [`file_hash`]
+/// (format 1 used the blake3 of the whole file; its repositories are not read).
+pub const MODEL_FORMAT: u32 = 2;
+
+/// blake3 key-derivation context of [`file_hash`] (domain separation: a file hash can never
+/// equal the id of a blob, manifest or version).
+const FILE_HASH_CONTEXT: &str = "ckpt 2026-11-23 file hash from segment ids";
+
+/// The hash that identifies a committed file's content: blake3 in key-derivation mode
+/// ([`FILE_HASH_CONTEXT`]) over the file length (u64 LE), the segment count (u64 LE) and, per
+/// segment in file order, its length (u64 LE) and its blob id (the blake3 of its bytes).
+///
+/// Why not the blake3 of the whole file: every segment is hashed anyway (a blob's id is the
+/// blake3 of its bytes), so this costs nothing more, where a whole-file hash was a second
+/// blake3 pass over every byte at commit (a quarter of a 2 GiB commit's hashing). It is just as
+/// binding: blake3 is collision resistant and the lengths fix where each segment lies. How a
+/// file is cut into segments depends only on its bytes, so equal files get equal hashes.
+pub fn file_hash(len: u64, segments: impl ExactSizeIterator<Item = (u64, ObjectId)>) -> ObjectId {
+    let mut hasher = blake3::Hasher::new_derive_key(FILE_HASH_CONTEXT);
+    hasher.update(&len.to_le_bytes());
+    hasher.update(&(segments.len() as u64).to_le_bytes());
+    for (segment_len, id) in segments {
+        hasher.update(&segment_len.to_le_bytes());
+        hasher.update(&id.0);
+    }
+    ObjectId(*hasher.finalize().as_bytes())
+}
 
 /// How a committed file was split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,7 +59,7 @@ pub struct Manifest {
     pub kind: FileFormat,
     /// File length.
     pub len: u64,
-    /// blake3 of the whole file.
+    /// The file's content hash ([`file_hash`] of its segments).
     pub hash: ObjectId,
     /// Segments in file order, covering the file.
     pub segments: Vec<Segment>,
@@ -105,7 +130,7 @@ pub struct FileEntry {
     pub manifest: ObjectId,
     /// File length.
     pub len: u64,
-    /// blake3 of the file.
+    /// The file's content hash ([`file_hash`]).
     pub hash: ObjectId,
 }
 
@@ -123,7 +148,7 @@ impl Manifest {
     pub fn parse(id: ObjectId, bytes: &[u8]) -> Result<Manifest> {
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("manifest JSON: {e}")))?;
         if m.format != MODEL_FORMAT {
-            return Err(corrupt(id, format!("manifest format {}", m.format)));
+            return Err(corrupt(id, format!("manifest format {} (this ckpt reads format {MODEL_FORMAT})", m.format)));
         }
         let mut total = 0u64;
         for s in &m.segments {
@@ -151,6 +176,9 @@ impl Manifest {
         if total != m.len {
             return Err(corrupt(id, format!("segments cover {total} of {} bytes", m.len)));
         }
+        if m.hash != file_hash(m.len, m.segments.iter().map(|s| (s.len, s.blob))) {
+            return Err(corrupt(id, "file hash does not match the segments"));
+        }
         Ok(m)
     }
 
@@ -170,7 +198,7 @@ impl Version {
     pub fn parse(id: ObjectId, bytes: &[u8]) -> Result<Version> {
         let v: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("version JSON: {e}")))?;
         if v.format != MODEL_FORMAT {
-            return Err(corrupt(id, format!("version format {}", v.format)));
+            return Err(corrupt(id, format!("version format {} (this ckpt reads format {MODEL_FORMAT})", v.format)));
         }
         for f in &v.files {
             RepoPath::parse(&f.path).map_err(|reason| corrupt(id, format!("file path {:?}: {reason}", f.path)))?;
@@ -197,11 +225,12 @@ mod tests {
     #[test]
     fn serialization_is_pinned() {
         let id = ObjectId([0xab; 32]);
+        let file = file_hash(12, [(8, id), (4, id)].into_iter());
         let m = Manifest {
-            format: 1,
+            format: 2,
             kind: FileFormat::Safetensors,
             len: 12,
-            hash: id,
+            hash: file,
             segments: vec![
                 Segment { len: 8, blob: id, tensor: None },
                 Segment {
@@ -211,17 +240,21 @@ mod tests {
                 },
             ],
         };
-        let hex = id.to_hex();
+        let (hex, file_hex) = (id.to_hex(), file.to_hex());
         let expected = format!(
-            r#"{{"format":1,"kind":"safetensors","len":12,"hash":"{hex}","segments":[{{"len":8,"blob":"{hex}"}},{{"len":4,"blob":"{hex}","tensor":{{"name":"w","dtype":"BF16","shape":[2]}}}}]}}"#
+            r#"{{"format":2,"kind":"safetensors","len":12,"hash":"{file_hex}","segments":[{{"len":8,"blob":"{hex}"}},{{"len":4,"blob":"{hex}","tensor":{{"name":"w","dtype":"BF16","shape":[2]}}}}]}}"#
         );
         assert_eq!(String::from_utf8(m.to_bytes()).unwrap(), expected);
         assert_eq!(Manifest::parse(id, expected.as_bytes()).unwrap(), m);
         let bad = expected.replace("[2]", "[3]");
         assert!(Manifest::parse(id, bad.as_bytes()).is_err());
+        let wrong_hash = expected.replace(&file_hex, &hex);
+        assert!(Manifest::parse(id, wrong_hash.as_bytes()).is_err(), "the file hash must match the segments");
+        let old_format = expected.replace("\"format\":2", "\"format\":1");
+        assert!(Manifest::parse(id, old_format.as_bytes()).is_err());
 
         let v = Version {
-            format: 1,
+            format: 2,
             parents: vec![],
             time: 5,
             message: "m".into(),
@@ -231,7 +264,7 @@ mod tests {
             stored_bytes: 3,
         };
         let expected = format!(
-            r#"{{"format":1,"parents":[],"time":5,"message":"m","since_base":0,"files":[{{"path":"a/b","manifest":"{hex}","len":12,"hash":"{hex}"}}],"raw_bytes":12,"stored_bytes":3}}"#
+            r#"{{"format":2,"parents":[],"time":5,"message":"m","since_base":0,"files":[{{"path":"a/b","manifest":"{hex}","len":12,"hash":"{hex}"}}],"raw_bytes":12,"stored_bytes":3}}"#
         );
         assert_eq!(String::from_utf8(v.to_bytes()).unwrap(), expected);
         assert_eq!(Version::parse(ObjectId([1; 32]), expected.as_bytes()).unwrap(), v);
@@ -239,5 +272,18 @@ mod tests {
             let bad = expected.replace("\"a/b\"", &format!("{evil:?}"));
             assert!(Version::parse(ObjectId([1; 32]), bad.as_bytes()).is_err(), "{evil}");
         }
+    }
+
+    /// Pinned value: a change to the file hash's definition is a format change.
+    #[test]
+    fn file_hash_is_pinned_and_binds_lengths_and_order() {
+        let (a, b) = (ObjectId::hash(b"a"), ObjectId::hash(b"b"));
+        let h = file_hash(3, [(1, a), (2, b)].into_iter());
+        // Computed independently: Python `blake3` 1.0, `derive_key_context=FILE_HASH_CONTEXT`.
+        assert_eq!(h.to_hex(), "2807a8c12ea8d0a57794dfdc19b8db7737f223d8ad98813d113c15f23592e9d5");
+        assert_ne!(h, file_hash(3, [(2, b), (1, a)].into_iter()), "order");
+        assert_ne!(h, file_hash(3, [(2, a), (1, b)].into_iter()), "lengths");
+        assert_ne!(h, file_hash(4, [(1, a), (2, b)].into_iter()), "file length");
+        assert_ne!(file_hash(0, std::iter::empty()), ObjectId::hash(&[]), "domain-separated from plain blake3");
     }
 }

@@ -101,12 +101,14 @@ impl Repo {
     }
 }
 
-/// blake3 of a whole file, memory-mapped.
+/// The content hash a commit of the file at `path` would record (`model::file_hash`),
+/// memory-mapped. A file that does not parse as safetensors hashes as opaque bytes, as commit
+/// stores it (a `.safetensors` file that does not parse cannot be committed, so it never
+/// matches).
 pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     let err = |source| super::Error::Io { action: "reading", path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(err)?;
     let map = crate::mmap::map(&file).map_err(err)?;
-    let mut hasher = blake3::Hasher::new();
-    crate::object_id::hash_update(&mut hasher, &map);
-    Ok(ObjectId(*hasher.finalize().as_bytes()))
+    let header = crate::safetensors::parse(&map).ok();
+    Ok(super::commit::hash_content(&map, header.as_ref()).1)
 }

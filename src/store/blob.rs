@@ -546,12 +546,9 @@ impl BlobChain {
         Ok(ChainDecoder { chain: self, containers: self.containers()? })
     }
 
-    /// Checks that `content` (the blob's whole decoded content, from wherever it was
-    /// assembled) hashes to the blob's id; names the chain when it does not.
-    pub fn verify_content(&self, content: &[u8]) -> Result<()> {
-        let mut hasher = blake3::Hasher::new();
-        hash_update(&mut hasher, content);
-        let hash = ObjectId(*hasher.finalize().as_bytes());
+    /// Checks that `hash`, the blake3 of the blob's content as a caller decoded it, is the
+    /// blob's id; names the chain when it is not.
+    pub fn check_hash(&self, hash: ObjectId) -> Result<()> {
         if hash == self.id() {
             return Ok(());
         }

@@ -80,6 +80,45 @@ fn a_flipped_byte_anywhere_is_detected_by_verify_and_checkout() {
     assert!(out.contains(&id_of(&path).to_hex()), "{out}");
 }
 
+/// An object that decodes cleanly to the wrong bytes (blob `b`'s object under `a`'s name, its
+/// recorded hash and checksums rewritten to match `a`: what a codec bug would leave) is caught
+/// only by hashing what it decodes to: checkout must fail naming it and write nothing, and
+/// verify must name it.
+#[test]
+fn a_well_formed_object_under_another_id_fails_checkout_by_hash() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    let model = synthetic_checkpoint(9, Dtype::Bf16, &[("a", &[64, 32]), ("b", &[64, 32])], 0);
+    t.commit_files(&repo, &[("m.safetensors", &model)], "one");
+    let header = ckpt::safetensors::parse(&model).unwrap();
+    let blob_of = |name: &str| {
+        let t = header.tensors.iter().find(|t| t.name == name).unwrap();
+        ObjectId::hash(&model[t.begin as usize..t.end as usize])
+    };
+    let (a, b) = (blob_of("a"), blob_of("b"));
+    let mut object = std::fs::read(repo.store().object_path(&b)).unwrap();
+    // docs/format.md: a 72-byte object header, then the container; its 64-byte footer holds the
+    // index length (8..16), the original's blake3 (16..48) and a checksum of header, index
+    // and footer bytes 0..48 (48..56).
+    let container = &mut object[72..];
+    let n = container.len();
+    let index_len = u64::from_le_bytes(container[n - 56..n - 48].try_into().unwrap()) as usize;
+    container[n - 48..n - 16].copy_from_slice(&a.0);
+    let mut check = blake3::Hasher::new();
+    check.update(&container[..32]);
+    check.update(&container[n - 64 - index_len..n - 64]);
+    check.update(&container[n - 64..n - 16]);
+    let check = check.finalize();
+    container[n - 16..n - 8].copy_from_slice(&check.as_bytes()[..8]);
+    std::fs::write(repo.store().object_path(&a), &object).unwrap();
+    let out = t.path("out");
+    let err = repo.checkout("HEAD", None, Some(&out), None).unwrap_err().to_string();
+    assert!(err.contains(&a.to_hex()), "the error names the object: {err}");
+    assert!(read_tree(&out).is_empty(), "nothing written");
+    let report = repo.verify().unwrap();
+    assert!(report.bad_objects.iter().any(|o| o.id == a), "{report:?}");
+}
+
 #[test]
 fn missing_object_is_reported_with_its_versions() {
     let t = TestRepo::init();
