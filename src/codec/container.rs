@@ -83,7 +83,41 @@ pub struct ContainerWriter<W: Write> {
     covered: u64,
     segments: u32,
     index: Vec<u8>,
-    hasher: blake3::Hasher,
+    hasher: InputHasher,
+}
+
+/// How a [`ContainerWriter`] obtains the original's blake3 for its footer.
+enum InputHasher {
+    /// By hashing the bytes as they are coded.
+    Blake3(blake3::Hasher),
+    /// From the caller ([`ContainerWriter::with_known_hash`]); the coded bytes are only checked
+    /// against the caller's xxh3-64 of them.
+    Known { hash: blake3::Hash, expected_xxh3: u64, xxh3: Box<xxhash_rust::xxh3::Xxh3> },
+}
+
+impl Default for InputHasher {
+    fn default() -> Self {
+        InputHasher::Blake3(blake3::Hasher::new())
+    }
+}
+
+impl InputHasher {
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            InputHasher::Blake3(h) => {
+                h.update(bytes);
+            }
+            InputHasher::Known { xxh3, .. } => xxh3.update(bytes),
+        }
+    }
+
+    fn finish(&self) -> Result<blake3::Hash> {
+        match self {
+            InputHasher::Blake3(h) => Ok(h.finalize()),
+            InputHasher::Known { hash, expected_xxh3, xxh3 } if xxh3.digest() == *expected_xxh3 => Ok(*hash),
+            InputHasher::Known { .. } => Err(Error::InputChanged),
+        }
+    }
 }
 
 /// Original bytes per thread that [`Container::decode_into`] decodes before hashing them: small
@@ -120,8 +154,21 @@ impl<W: Write> ContainerWriter<W> {
             covered: 0,
             segments: 0,
             index,
-            hasher: blake3::Hasher::new(),
+            hasher: InputHasher::default(),
         })
+    }
+
+    /// Records `hash` as the original's blake3 instead of hashing the bytes as they are coded,
+    /// for a caller that hashed them already (a commit hashes every tensor for its id before
+    /// coding it). The coded bytes are checked against `xxh3`, the caller's xxh3-64 of the
+    /// whole original, at a sixth of blake3's cost; [`Self::finish`] fails with
+    /// [`Error::InputChanged`] if they differ (the input changed in between). The guard is
+    /// against accidents, not adversaries: xxh3 is not collision resistant, and decoding still
+    /// verifies the blake3.
+    pub fn with_known_hash(mut self, hash: blake3::Hash, xxh3: u64) -> Self {
+        let xxh3_state = Box::new(xxhash_rust::xxh3::Xxh3::new());
+        self.hasher = InputHasher::Known { hash, expected_xxh3: xxh3, xxh3: xxh3_state };
+        self
     }
 
     /// Codes the next `data.len()` bytes of the original file as one segment of `dtype`
@@ -290,7 +337,7 @@ impl<W: Write> ContainerWriter<W> {
             )));
         }
         self.index[..4].copy_from_slice(&self.segments.to_le_bytes());
-        let hash = self.hasher.finalize();
+        let hash = self.hasher.finish()?;
         let mut footer = [0u8; FOOTER_LEN];
         footer[..8].copy_from_slice(&self.written.to_le_bytes());
         footer[8..16].copy_from_slice(&(self.index.len() as u64).to_le_bytes());

@@ -123,6 +123,10 @@ pub enum Error {
     /// zstd reported an error.
     #[error("zstd: {0}")]
     Zstd(String),
+    /// The bytes coded are not the bytes the caller hashed ([`container::ContainerWriter::with_known_hash`]):
+    /// the input changed while it was being read (a file rewritten during a commit).
+    #[error("the input changed while it was being coded")]
+    InputChanged,
 }
 
 /// Shorthand for codec results.

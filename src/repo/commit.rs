@@ -233,7 +233,7 @@ impl Repo {
         let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
         let start = seg.range.start as usize;
         let release_input = |r: Range<usize>| input.map.release(start + r.start..start + r.end);
-        let feedback = Feedback { progress, release_input: &release_input };
+        let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
         let options = self.config.codec_options();
         if let Some(r) = reference.filter(|r| *r != seg.id) {
             // A damaged or missing reference only means no delta: store standalone.
@@ -302,6 +302,8 @@ pub(super) struct HashedSegment {
     dtype: Option<Dtype>,
     tensor: Option<TensorRef>,
     id: ObjectId,
+    /// xxh3-64 of the segment's bytes.
+    xxh3: u64,
 }
 
 /// A file's segments with their ids, its whole-file hash and the blobs of the same tensors in
@@ -337,14 +339,26 @@ pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (
         .into_iter()
         .map(|p| {
             let range = p.range.start as usize..p.range.end as usize;
-            let mut hasher = blake3::Hasher::new();
-            crate::object_id::hash_update(&mut hasher, &map[range.clone()]);
+            let (id, xxh3) = hash_segment(&map[range.clone()]);
             map.release(range);
-            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id: hasher.finalize().into() }
+            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id, xxh3 }
         })
         .collect();
     let hash = super::model::file_hash(map.len() as u64, segments.iter().map(|s| (s.range.end - s.range.start, s.id)));
     (segments, hash)
+}
+
+/// A segment's blake3 (its id) and xxh3-64 (which lets the store check that the bytes it
+/// codes are these, without a second blake3 pass: `Feedback::input_xxh3`). Block by block, so
+/// xxh3 reads each block while blake3 has just brought it into cache.
+fn hash_segment(bytes: &[u8]) -> (ObjectId, u64) {
+    let mut blake3 = blake3::Hasher::new();
+    let mut xxh3 = xxhash_rust::xxh3::Xxh3::new();
+    for block in bytes.chunks(8 << 20) {
+        crate::object_id::hash_update(&mut blake3, block);
+        xxh3.update(block);
+    }
+    (blake3.finalize().into(), xxh3.digest())
 }
 
 /// Segments of a file of `len` bytes: a safetensors file as header, tensors (empty ones as

@@ -164,6 +164,33 @@ fn a_delta_against_a_damaged_reference_names_it_and_stores_nothing() {
     assert!(!store.contains(&id1));
 }
 
+/// Data that is not what the caller hashed (a file rewritten between hashing and coding) fails
+/// the write with `ChangedWhileWriting` and stores nothing: caught by blake3 when the caller
+/// gives only the id, by xxh3 when it gives the checksum too, standalone and delta alike.
+#[test]
+fn data_that_changed_after_hashing_is_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let v0 = weights(8, 40_000);
+    let v1 = drift(&v0, 9);
+    let id0 = ObjectId::hash(&v0);
+    let xxh3 = |d: &[u8]| xxhash_rust::xxh3::xxh3_64(d);
+    let hooks = |x: Option<u64>| Feedback { input_xxh3: x, ..Feedback::NONE };
+    let changed = |r: Result<Written>| matches!(r, Err(Error::ChangedWhileWriting { id }) if id == id0);
+    // v1 arrives where v0 was hashed.
+    assert!(changed(store.write_blob(id0, &v1, Some(Dtype::Bf16), &options(), &hooks(None))));
+    assert!(changed(store.write_blob(id0, &v1, Some(Dtype::Bf16), &options(), &hooks(Some(xxh3(&v0))))));
+    assert!(!store.contains(&id0));
+    // The right checksum stores, and the recorded id checks out on reading.
+    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &hooks(Some(xxh3(&v0)))).unwrap();
+    assert_eq!(read(&store, &id0), v0);
+    let reference = store.open_blob(&id0).unwrap();
+    let id2 = ObjectId::hash(&drift(&v0, 4));
+    let delta = store.write_blob_delta(id2, &v1, &reference, u64::MAX, &options(), &hooks(Some(xxh3(&drift(&v0, 4)))));
+    assert!(matches!(delta, Err(Error::ChangedWhileWriting { id }) if id == id2), "{delta:?}");
+    assert!(!store.contains(&id2));
+}
+
 #[test]
 fn list_remove_and_tmp() {
     let dir = tempfile::tempdir().unwrap();
