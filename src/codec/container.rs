@@ -89,7 +89,7 @@ pub struct ContainerWriter<W: Write> {
 /// How a [`ContainerWriter`] obtains the original's blake3 for its footer.
 enum InputHasher {
     /// By hashing the bytes as they are coded.
-    Blake3(blake3::Hasher),
+    Blake3(Box<blake3::Hasher>),
     /// From the caller ([`ContainerWriter::with_known_hash`]); the coded bytes are only checked
     /// against the caller's xxh3-64 of them.
     Known { hash: blake3::Hash, expected_xxh3: u64, xxh3: Box<xxhash_rust::xxh3::Xxh3> },
@@ -97,7 +97,7 @@ enum InputHasher {
 
 impl Default for InputHasher {
     fn default() -> Self {
-        InputHasher::Blake3(blake3::Hasher::new())
+        InputHasher::Blake3(Box::default())
     }
 }
 
