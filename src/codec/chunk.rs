@@ -410,7 +410,7 @@ pub fn encode_chunks(
                 .map(|(c, chunk)| {
                     let at = base + c * chunk_size;
                     let r = reference.map(|r| r.slice(at..at + chunk.len()));
-                    let mut payload = Vec::new();
+                    let mut payload = Vec::with_capacity(payload_capacity(chunk.len()));
                     let header = encode_chunk(chunk, r, layout, options, &mut skip, &mut payload)?;
                     let checksum = payload_checksum(&payload);
                     Ok(EncodedChunk { header, payload, checksum })
@@ -419,6 +419,14 @@ pub fn encode_chunks(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(stripes.into_iter().flatten().collect())
+}
+
+/// Capacity that holds a chunk's payload while it is coded without reallocating: the payload
+/// never exceeds the chunk, but the coders ask for a little more room than they end up using
+/// (huff0 its compress bound per 128 KiB block, about 1/256 more plus a table). Growing the
+/// vector instead cost a copy of the payload so far per group (2.5% of a delta commit in perf).
+fn payload_capacity(chunk_len: usize) -> usize {
+    chunk_len + chunk_len / 128 + 4096
 }
 
 /// Validates `options.chunk_size` for `layout` and returns it.
