@@ -350,13 +350,13 @@ pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (
 
 /// A segment's blake3 (its id) and xxh3-64 (which lets the store check that the bytes it
 /// codes are these, without a second blake3 pass: `Feedback::input_xxh3`). Block by block, so
-/// xxh3 reads each block while blake3 has just brought it into cache.
+/// both read each block while it is in cache.
 fn hash_segment(bytes: &[u8]) -> (ObjectId, u64) {
     let mut blake3 = blake3::Hasher::new();
     let mut xxh3 = xxhash_rust::xxh3::Xxh3::new();
     for block in bytes.chunks(8 << 20) {
-        crate::object_id::hash_update(&mut blake3, block);
-        xxh3.update(block);
+        // Side by side: the pool splits blake3's tree while one worker runs xxh3 over the block.
+        rayon::join(|| crate::object_id::hash_update(&mut blake3, block), || xxh3.update(block));
     }
     (blake3.finalize().into(), xxh3.digest())
 }
