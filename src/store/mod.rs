@@ -66,8 +66,9 @@ pub enum Error {
         /// The kind stored.
         found: ObjectKind,
     },
-    /// The data being stored changed while it was read (its hash differs from the one computed
-    /// before encoding), typically a file rewritten during a commit.
+    /// The data being stored changed while it was read (the bytes coded hash differently from
+    /// the id, or from the xxh3 the caller took with it: `Feedback::input_xxh3`), typically a
+    /// file rewritten during a commit. Nothing is stored.
     #[error("content of object {id} changed while it was being stored")]
     ChangedWhileWriting {
         /// The id computed before encoding.

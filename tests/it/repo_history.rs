@@ -295,6 +295,19 @@ fn cli_log_json_ids_check_out() {
     let o = t.ckpt(&["log"]);
     let text = String::from_utf8(o.stdout).unwrap();
     assert!(text.contains("(HEAD -> main, b)") && text.contains("tag: v0"), "{text}");
+    // One line per version, newest first, starting with an id prefix that resolves.
+    let o = t.ckpt(&["log", "--oneline"]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].ends_with("epoch 2") && lines[0].contains("(HEAD -> main, b)"), "{text}");
+    assert!(lines[2].ends_with("epoch 0") && lines[2].contains("tag: v0"), "{text}");
+    let short = lines[2].split(' ').next().unwrap();
+    assert!(oldest.starts_with(short) && short.len() == 12, "{short}");
+    let o = t.ckpt(&["log", "-n", "1", "--json"]);
+    let newest: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(newest.as_array().unwrap().len(), 1);
+    assert_eq!(newest[0]["message"], "epoch 2");
     let o = t.ckpt(&["checkout", "nope"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("unknown revision"), "{}", stderr(&o));

@@ -1,4 +1,4 @@
-//! `ckpt log [REV] [--json]`.
+//! `ckpt log [REV] [-n N] [--oneline | --json]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
 use crate::repo::{format_time, Head, Repo, VersionId};
@@ -13,6 +13,12 @@ pub struct LogArgs {
     /// Where history starts (default: HEAD).
     #[arg(default_value = "HEAD")]
     rev: String,
+    /// Show at most N versions (the newest).
+    #[arg(short = 'n', long = "max-count", value_name = "N")]
+    max_count: Option<usize>,
+    /// One line per version: short id, date, stored/raw bytes, refs, first line of the message.
+    #[arg(long, conflicts_with = "json")]
+    oneline: bool,
     /// A JSON array of versions, newest first.
     #[arg(long)]
     json: bool,
@@ -55,7 +61,10 @@ fn decorations(repo: &Repo) -> Result<HashMap<VersionId, Vec<String>>> {
 /// Runs `ckpt log`.
 pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
-    let versions = repo.log(&args.rev)?;
+    let mut versions = repo.log(&args.rev)?;
+    if let Some(n) = args.max_count {
+        versions.truncate(n);
+    }
     let refs = decorations(&repo)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -79,6 +88,12 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
     }
     for v in &versions {
         let decoration = refs.get(&v.id).map(|r| format!(" ({})", r.join(", "))).unwrap_or_default();
+        if args.oneline {
+            let subject = v.message.lines().next().unwrap_or("");
+            let stored = format!("{}/{}", bytes(v.stored_bytes), bytes(v.raw_bytes));
+            writeln!(out, "{} {} {stored:>21}{decoration} {subject}", v.id.short(12), format_time(v.time))?;
+            continue;
+        }
         writeln!(out, "version {}{decoration}", v.id)?;
         writeln!(out, "date    {}", format_time(v.time))?;
         writeln!(out, "files   {}", v.files.join(" "))?;
