@@ -32,7 +32,7 @@ pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
     TensorDiff, TensorName,
 };
-pub use model::{FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
+pub use model::{file_hash, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
 pub use path::RepoPath;
 pub use refs::{check_name, Head, RefKind};
 pub use status::{FileState, FileStatus, Status};
