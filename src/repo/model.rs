@@ -19,9 +19,10 @@ pub const MODEL_FORMAT: u32 = 2;
 /// equal the id of a blob, manifest or version).
 const FILE_HASH_CONTEXT: &str = "ckpt 2026-11-23 file hash from segment ids";
 
-/// The hash that identifies a committed file's content: blake3 in key-derivation mode
-/// (context `"ckpt 2026-11-23 file hash from segment ids"`) over the file length (u64 LE), the segment count (u64 LE) and, per
-/// segment in file order, its length (u64 LE) and its blob id (the blake3 of its bytes).
+/// The hash that identifies a committed file's content: blake3 in key-derivation mode (context
+/// `"ckpt 2026-11-23 file hash from segment ids"`) over the file length (u64 LE), the segment
+/// count (u64 LE) and, per segment in file order, its length (u64 LE) and its blob id (the
+/// blake3 of its bytes).
 ///
 /// Why not the blake3 of the whole file: every segment is hashed anyway (a blob's id is the
 /// blake3 of its bytes), so this costs nothing more, where a whole-file hash was a second
