@@ -429,14 +429,18 @@ fn payload_capacity(chunk_len: usize) -> usize {
     chunk_len + chunk_len / 128 + 4096
 }
 
+/// Whether `c` is a chunk size the format allows: a power of two from 4 KiB to 4 MiB. Powers of
+/// two keep every run of chunks at a multiple of its length, so its blake3 is one subtree of the
+/// whole input's and workers can hash runs independently ([`crate::object_id::PieceHashes`]).
+pub fn is_valid_chunk_size(c: usize) -> bool {
+    (super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) && c.is_power_of_two()
+}
+
 /// Validates `options.chunk_size` for `layout` and returns it.
 pub fn checked_chunk_size(options: &Options, layout: Layout) -> Result<usize> {
     let c = options.chunk_size;
-    if !(super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c)
-        || !c.is_multiple_of(8)
-        || !c.is_multiple_of(layout.width)
-    {
-        return Err(Error::InvalidInput(format!("chunk size {c} is not a multiple of 8 between 4 KiB and 4 MiB")));
+    if !is_valid_chunk_size(c) || !c.is_multiple_of(layout.width) {
+        return Err(Error::InvalidInput(format!("chunk size {c} is not a power of two between 4 KiB and 4 MiB")));
     }
     Ok(c)
 }

@@ -7,6 +7,7 @@ use super::model::{FileEntry, FileFormat, Manifest};
 use super::{Error, Repo, RepoPath, Result, VersionId};
 use crate::index::StatRecord;
 use crate::object_id::ObjectId;
+use crate::object_id::{PieceHash, PieceHashes};
 use crate::safetensors;
 use crate::store;
 use rayon::prelude::*;
@@ -31,6 +32,8 @@ struct Unit {
     chunks: Range<usize>,
     /// Where the run's bytes go in the file.
     offset: u64,
+    /// The run's index among the blob's runs: a piece of its hash ([`PieceHashes`]).
+    piece: u64,
     /// Length of the run's bytes.
     len: usize,
 }
@@ -274,10 +277,11 @@ impl Repo {
 
     /// Writes every segment of `manifest` into `tmp` at its offset, decoding chunks of all
     /// blobs in parallel (a file of many small tensors keeps every core busy, and the copy into
-    /// the page cache is spread over the workers too). The writing thread hashes each segment
-    /// as it writes it, while the bytes are in cache, and checks it against its blob id (naming
-    /// the damaged chain if it differs); the file's hash is then derived from those ids and
-    /// checked against the recorded one ([`super::model::file_hash`]).
+    /// the page cache is spread over the workers too). Each worker hashes the run of chunks it
+    /// decoded, while the bytes are in cache, as a piece of the blob's blake3 ([`PieceHashes`]);
+    /// once a blob's pieces are in, its hash is checked against its id (naming the damaged
+    /// chain if it differs). The file's hash is then derived from those ids and checked against
+    /// the recorded one ([`super::model::file_hash`]).
     fn write_whole_file(
         &self,
         entry: &FileEntry,
@@ -317,18 +321,29 @@ impl Repo {
         };
         let file = tmp.as_file();
         file.set_len(manifest.len).map_err(|e| io_err("writing", e))?;
-        // The segment being hashed (index into `placed`), its hasher and bytes hashed so far.
-        let (mut seg, mut seg_hasher, mut seg_done) = (0usize, blake3::Hasher::new(), 0u64);
+        // The segment being checked (index into `placed`) and the hashes of its pieces so far.
+        let (mut seg, mut seg_pieces) = (0usize, Vec::new());
         let mut done = 0u64;
-        // Two window buffers: the pool decodes into one while this thread hashes and writes
+        // Two window buffers: the pool decodes into one while this thread checks and writes
         // the other (reused across batches: fresh buffers cost page faults).
         let mut buffers = [Vec::new(), Vec::new()];
         // Segments are opened a batch at a time: the objects of a batch's delta chains are
         // mapped (and count in the resident set) only while the batch is decoded.
         for batch in crate::codec::runs_within(placed.iter().map(|(_, s)| s.len), BATCH_BYTES) {
-            let batch_start = batch.start;
             let chains = placed[batch].iter().map(|(o, s)| open(*o, s)).collect::<Result<Vec<_>>>()?;
             let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
+            let pieces = decoders
+                .iter()
+                .zip(&chains)
+                .map(|(dec, (_, chain))| {
+                    PieceHashes::new((UNIT_CHUNKS * dec.chunk_size()) as u64, chain.len()).ok_or_else(|| {
+                        Error::CorruptMetadata {
+                            id: chain.id(),
+                            reason: format!("chunk size {} is not a power of two", dec.chunk_size()),
+                        }
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
             // Work units in file order.
             let units: Vec<Unit> = decoders
                 .iter()
@@ -338,13 +353,15 @@ impl Repo {
                     (0..dec.chunk_count()).step_by(UNIT_CHUNKS).map(move |first| {
                         let chunks = first..(first + UNIT_CHUNKS).min(dec.chunk_count());
                         let range = dec.byte_range(chunks.clone());
-                        Unit { decoder: d, chunks, offset: offset + range.start as u64, len: range.len() }
+                        let piece = (first / UNIT_CHUNKS) as u64;
+                        Unit { decoder: d, chunks, offset: offset + range.start as u64, len: range.len(), piece }
                     })
                 })
                 .collect();
             // Windows: runs of consecutive units (contiguous in the file) of about WINDOW_BYTES.
             let windows = crate::codec::runs_within(units.iter().map(|u| u.len as u64), WINDOW_BYTES as u64);
-            let decode_window = |w: &Range<usize>, buf: &mut Vec<u8>| -> Result<()> {
+            // Decodes window `w` into `buf` and returns the hash of each of its units.
+            let decode_window = |w: &Range<usize>, buf: &mut Vec<u8>| -> Result<Vec<PieceHash>> {
                 let len: usize = units[w.clone()].iter().map(|u| u.len).sum();
                 buf.resize(len, 0);
                 let mut rest = &mut buf[..];
@@ -354,44 +371,44 @@ impl Repo {
                     rest = tail;
                     work.push((u, head));
                 }
-                work.into_par_iter().try_for_each(|(u, dst)| -> Result<()> {
-                    decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
-                    Ok(())
-                })
+                work.into_par_iter()
+                    .map(|(u, dst)| -> Result<PieceHash> {
+                        decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
+                        pieces[u.decoder].hash_piece(u.piece, dst).ok_or_else(|| Error::CorruptMetadata {
+                            id: chains[u.decoder].1.id(),
+                            reason: format!("chunks {:?} are not piece {} of its hash", u.chunks, u.piece),
+                        })
+                    })
+                    .collect()
             };
             // A two-stage pipeline over the windows: while the pool decodes window k, this
-            // thread hashes and writes window k-1. One writer writes sequentially: parallel
+            // thread checks and writes window k-1. One writer writes sequentially: parallel
             // `pwrite`s to one file serialise on the inode lock (perf: a third of checkout
             // time spinning in rwsem_spin_on_owner).
-            let mut pending: Option<usize> = None;
+            let mut pending: Option<(usize, Vec<PieceHash>)> = None;
             for k in 0..=windows.len() {
                 let (front, back) = buffers.split_at_mut(1);
                 let (decode_buf, write_buf) =
                     if k % 2 == 0 { (&mut front[0], &back[0]) } else { (&mut back[0], &front[0]) };
-                let mut decoded: Option<Result<()>> = None;
+                let mut decoded: Option<Result<Vec<PieceHash>>> = None;
                 let written = rayon::in_place_scope(|scope| -> Result<()> {
                     if let Some(w) = windows.get(k) {
                         let decoded = &mut decoded;
                         let decode_window = &decode_window;
                         scope.spawn(move |_| *decoded = Some(decode_window(w, decode_buf)));
                     }
-                    if let Some(p) = pending {
+                    if let Some((p, hashes)) = pending.take() {
                         let offset = units[windows[p].start].offset;
-                        let mut rest = &write_buf[..];
-                        while !rest.is_empty() {
-                            let len = placed.get(seg).ok_or_else(|| Error::CorruptMetadata {
-                                id: entry.manifest,
-                                reason: "decoded bytes run past the last segment".into(),
-                            })?;
-                            let len = len.1.len;
-                            let n = rest.len().min((len - seg_done) as usize);
-                            seg_hasher.update(&rest[..n]);
-                            rest = &rest[n..];
-                            seg_done += n as u64;
-                            if seg_done == len {
-                                let hash = ObjectId(*seg_hasher.finalize().as_bytes());
-                                chains[seg - batch_start].1.check_hash(hash)?;
-                                (seg, seg_hasher, seg_done) = (seg + 1, blake3::Hasher::new(), 0);
+                        for (u, hash) in units[windows[p].clone()].iter().zip(hashes) {
+                            seg_pieces.push(hash);
+                            if u.chunks.end == decoders[u.decoder].chunk_count() {
+                                let (_, chain) = &chains[u.decoder];
+                                let joined = pieces[u.decoder].join(&seg_pieces).ok_or_else(|| {
+                                    Error::CorruptMetadata { id: chain.id(), reason: "pieces missing".into() }
+                                })?;
+                                chain.check_hash(ObjectId(*joined.as_bytes()))?;
+                                seg_pieces.clear();
+                                seg += 1;
                             }
                         }
                         file.write_all_at(write_buf, offset).map_err(|e| io_err("writing", e))?;
@@ -401,9 +418,7 @@ impl Repo {
                     Ok(())
                 });
                 written?;
-                if let Some(result) = decoded {
-                    result?;
-                }
+                let hashes = decoded.transpose()?;
                 // The chain objects' pages of a decoded window are not read again: drop them
                 // from the resident set, or a deep delta chain keeps (depth + 1) compressed
                 // copies of the batch resident (measured: 319 MiB RSS at depth 10 on a 91 MB
@@ -417,7 +432,7 @@ impl Repo {
                         }
                     }
                 }
-                pending = (k < windows.len()).then_some(k);
+                pending = hashes.map(|h| (k, h));
             }
         }
         // Every non-empty segment matched its blob id above; empty ones are the empty blob.

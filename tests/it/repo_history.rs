@@ -425,3 +425,25 @@ fn an_io_error_is_reported_once_with_the_file() {
     let os_error = "os error 2";
     assert_eq!(err.matches(os_error).count(), 1, "the cause once: {err}");
 }
+
+/// Checkout hashes each run of chunks in the worker that decodes it and joins the pieces into
+/// the blob's blake3 (`PieceHashes`): tensors of exactly one piece, just over one, just under
+/// three, exactly five, and tiny ones must all check out, as bases and as deltas.
+#[test]
+fn tensors_around_piece_boundaries_check_out() {
+    // 4 KiB chunks: a checkout work unit (a hash piece) is 8 chunks = 32 KiB = 16384 bf16 values.
+    let t = TestRepo::with_config(&Config { base_every: 3, chunk_size: 4096, ..Config::default() });
+    let repo = t.open();
+    let p = 16384u64;
+    let shapes: &[(&str, &[u64])] =
+        &[("one", &[p]), ("one_plus", &[p + 1]), ("three_minus", &[3 * p - 1]), ("five", &[5, p]), ("tiny", &[7])];
+    let mut history = Vec::new();
+    for e in 0..3 {
+        let model = synthetic_checkpoint(21, Dtype::Bf16, shapes, e);
+        history.push((t.commit_files(&repo, &[("m.safetensors", &model)], "e"), model));
+    }
+    assert!(blob_depths(&repo).contains(&2), "the later epochs are deltas");
+    for (id, model) in history {
+        assert_eq!(t.checkout_all(&repo, &id.to_hex()), vec![("m.safetensors".to_string(), model)]);
+    }
+}

@@ -21,7 +21,7 @@ pub struct CompressArgs {
     /// zstd level for groups coded with zstd.
     #[arg(long, default_value_t = Options::default().zstd_level)]
     zstd_level: i32,
-    /// Chunk size in KiB.
+    /// Chunk size in KiB: a power of two from 4 to 4096.
     #[arg(long, default_value_t = Options::default().chunk_size / 1024)]
     chunk_kib: usize,
 }
