@@ -565,10 +565,15 @@ impl BlobChain {
         if hash == self.id() {
             return Ok(());
         }
-        let reason = format!(
-            "decoded bytes hash to {hash} (delta chain: {})",
-            self.ids().iter().map(|i| i.short(12)).collect::<Vec<_>>().join(" <- ")
-        );
+        let reason = if self.objects.len() > 1 {
+            format!(
+                "decoded bytes hash to {hash} (through a delta chain of {} objects: {})",
+                self.objects.len(),
+                self.ids().iter().map(|i| i.short(12)).collect::<Vec<_>>().join(" <- ")
+            )
+        } else {
+            format!("decoded bytes hash to {hash}")
+        };
         Err(Error::Corrupt { id: self.id(), reason })
     }
 
@@ -613,19 +618,7 @@ impl BlobChain {
             }
             Ok(())
         })?;
-        let hash = ObjectId(*hasher.finalize().as_bytes());
-        if hash != self.id() {
-            let reason = if self.objects.len() > 1 {
-                format!(
-                    "decoded bytes hash to {hash} (through a delta chain of {} objects: {})",
-                    self.objects.len(),
-                    self.ids().iter().map(|i| i.short(12)).collect::<Vec<_>>().join(" <- ")
-                )
-            } else {
-                format!("decoded bytes hash to {hash}")
-            };
-            return Err(Error::Corrupt { id: self.id(), reason });
-        }
+        self.check_hash(ObjectId(*hasher.finalize().as_bytes()))?;
         Ok(done)
     }
 }
@@ -693,10 +686,7 @@ impl BlobReader<'_> {
             self.buf.clear();
             if !self.done {
                 self.done = true;
-                let hash = ObjectId(*self.hasher.finalize().as_bytes());
-                if hash != chain.id() {
-                    return Err(Error::Corrupt { id: chain.id(), reason: format!("decoded bytes hash to {hash}") });
-                }
+                chain.check_hash(ObjectId(*self.hasher.finalize().as_bytes()))?;
             }
             return Ok(None);
         }
