@@ -25,8 +25,9 @@ fn bf16_groups(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
         .map(|_| {
             let (u, v) = (unit(), unit());
             let x = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos() * 0.02;
-            let rotated = (((x as f32).to_bits() >> 16) as u16).rotate_left(1);
-            ((rotated >> 8) as u8, rotated as u8)
+            let bf16 = ((x as f32).to_bits() >> 16) as u16;
+            // The codec's exponent extraction: (exponent byte, sign and mantissa byte).
+            ((bf16 >> 7) as u8, ((bf16 >> 8) & 0x80 | bf16 & 0x7F) as u8)
         })
         .unzip()
 }

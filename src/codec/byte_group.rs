@@ -2,11 +2,13 @@
 //! position, `regroup` turns the streams back into elements. Both optionally XOR with reference
 //! bytes on the way (the delta of [`super::xor_delta`]), so a delta costs no extra pass.
 //!
-//! Exponent extraction rotates each little-endian element left by one bit before grouping. For
-//! BF16 (sign|exponent 8|mantissa 7) the top byte then holds the whole exponent and the low byte
-//! holds the mantissa with the sign in its lowest bit; for F32 the top byte is the exponent and
-//! the sign lands in bit 0 of byte 0; for F16 and F64 the exponent starts at the top bit of the top
-//! byte. Rotation is a bit permutation, so it commutes with XOR: grouping a delta is the delta of
+//! Exponent extraction moves each little-endian element's sign bit from the top bit to just
+//! below the top byte, shifting the 8 bits after it up into the top byte (a rotation of the top
+//! 9 bits). For BF16 and F32 (sign|exponent 8|...) the top byte then holds exactly the exponent
+//! and the sign becomes the top bit of the most significant mantissa byte; for F16 and F64 the
+//! exponent starts at the top bit of the top byte. The lower mantissa bytes are left alone, so
+//! values with trailing zero mantissa bits (weights upcast from BF16 or F16) keep all-zero low
+//! groups. It is a bit permutation, so it commutes with XOR: grouping a delta is the delta of
 //! the groupings.
 //!
 //! Layout of the grouped buffer: group `g` (byte `g` of every element, least significant first)
@@ -14,17 +16,43 @@
 
 use super::{Error, Layout, Result};
 
+/// The exponent extraction permutation on one element of type `$int` (see the module doc):
+/// bits `top-1 .. top-8` move up one place into the top byte, the sign (top bit) moves down to
+/// bit `top-9`, every lower bit stays.
+macro_rules! extract_exponent {
+    ($int:ty, $v:expr) => {{
+        const BITS: u32 = <$int>::BITS;
+        const TOP_BYTE: $int = 0xFF << (BITS - 8);
+        const SIGN_SLOT: $int = 1 << (BITS - 9);
+        const LOW: $int = SIGN_SLOT - 1;
+        let v: $int = $v;
+        ((v << 1) & TOP_BYTE) | ((v >> 8) & SIGN_SLOT) | (v & LOW)
+    }};
+}
+
+/// Inverse of [`extract_exponent!`].
+macro_rules! restore_exponent {
+    ($int:ty, $v:expr) => {{
+        const BITS: u32 = <$int>::BITS;
+        const SIGN: $int = 1 << (BITS - 1);
+        const EXPONENT: $int = 0xFF << (BITS - 9);
+        const LOW: $int = (1 << (BITS - 9)) - 1;
+        let v: $int = $v;
+        ((v >> 1) & EXPONENT) | ((v << 8) & SIGN) | (v & LOW)
+    }};
+}
+
 macro_rules! split_width {
     ($name:ident, $int:ty, $w:expr) => {
-        fn $name(input: &[u8], reference: Option<&[u8]>, rotate: bool, grouped: &mut [u8]) {
-            // One monomorphised loop per (xor, rotate) pair keeps branches out of the hot loop.
+        fn $name(input: &[u8], reference: Option<&[u8]>, extract: bool, grouped: &mut [u8]) {
+            // One monomorphised loop per (xor, extract) pair keeps branches out of the hot loop.
             #[inline(always)]
-            fn run<const XOR: bool, const ROT: bool>(input: &[u8], reference: &[u8], grouped: &mut [u8]) {
+            fn run<const XOR: bool, const EXP: bool>(input: &[u8], reference: &[u8], grouped: &mut [u8]) {
                 let n = input.len() / $w;
                 let mut groups: [&mut [u8]; $w] = split_groups_mut::<$w>(grouped, n);
                 let reference = if XOR { reference } else { input };
                 // The vector loop takes whole blocks; the scalar loop below finishes the tail.
-                let done = simd::$name::<XOR, ROT>(input, reference, &mut groups);
+                let done = simd::$name::<XOR, EXP>(input, reference, &mut groups);
                 let (input, reference) = (&input[done * $w..], &reference[done * $w..]);
                 let groups: [&mut [u8]; $w] = groups.map(|g| &mut g[done..]);
                 for (i, (e, r)) in input.chunks_exact($w).zip(reference.chunks_exact($w)).enumerate() {
@@ -32,8 +60,8 @@ macro_rules! split_width {
                     if XOR {
                         v ^= <$int>::from_le_bytes(r.try_into().expect("width-sized chunk"));
                     }
-                    if ROT {
-                        v = v.rotate_left(1);
+                    if EXP {
+                        v = extract_exponent!($int, v);
                     }
                     let bytes = v.to_le_bytes();
                     for g in 0..$w {
@@ -41,7 +69,7 @@ macro_rules! split_width {
                     }
                 }
             }
-            match (reference, rotate) {
+            match (reference, extract) {
                 (Some(r), true) => run::<true, true>(input, r, grouped),
                 (Some(r), false) => run::<true, false>(input, r, grouped),
                 (None, true) => run::<false, true>(input, input, grouped),
@@ -53,13 +81,13 @@ macro_rules! split_width {
 
 macro_rules! regroup_width {
     ($name:ident, $int:ty, $w:expr) => {
-        fn $name(groups: [&[u8]; $w], reference: Option<&[u8]>, rotate: bool, out: &mut [u8]) {
+        fn $name(groups: [&[u8]; $w], reference: Option<&[u8]>, extract: bool, out: &mut [u8]) {
             #[inline(always)]
-            fn run<const XOR: bool, const ROT: bool>(groups: [&[u8]; $w], reference: &[u8], out: &mut [u8]) {
+            fn run<const XOR: bool, const EXP: bool>(groups: [&[u8]; $w], reference: &[u8], out: &mut [u8]) {
                 let n = out.len() / $w;
                 let groups: [&[u8]; $w] = std::array::from_fn(|g| &groups[g][..n]);
                 // The vector loop takes whole blocks; the scalar loop below finishes the tail.
-                let done = simd::$name::<XOR, ROT>(groups, reference, out);
+                let done = simd::$name::<XOR, EXP>(groups, reference, out);
                 let n = n - done;
                 let groups: [&[u8]; $w] = groups.map(|g| &g[done..]);
                 let reference = if XOR { &reference[done * $w..] } else { reference };
@@ -70,8 +98,8 @@ macro_rules! regroup_width {
                         bytes[g] = groups[g][i];
                     }
                     let mut v = <$int>::from_le_bytes(bytes);
-                    if ROT {
-                        v = v.rotate_right(1);
+                    if EXP {
+                        v = restore_exponent!($int, v);
                     }
                     let at = i * $w;
                     if XOR {
@@ -80,7 +108,7 @@ macro_rules! regroup_width {
                     out[at..at + $w].copy_from_slice(&v.to_le_bytes());
                 }
             }
-            match (reference, rotate) {
+            match (reference, extract) {
                 (Some(r), true) => run::<true, true>(groups, r, out),
                 (Some(r), false) => run::<true, false>(groups, r, out),
                 (None, true) => run::<false, true>(groups, &[], out),
@@ -94,7 +122,7 @@ macro_rules! regroup_width {
 ///
 /// Why by hand: the scalar loops above compile to one element per iteration (LLVM does not
 /// vectorise the strided byte scatter/gather), which made `regroup` about 20% of decompression
-/// time. No maintained crate offers a byte-plane transpose with a fused XOR and bit rotation.
+/// time. No maintained crate offers a byte-plane transpose with a fused XOR and bit permutation.
 /// SSE2 is part of the x86-64 baseline, so no runtime feature detection is needed. Each function
 /// handles whole blocks of 16 elements and returns how many elements it did; the caller's scalar
 /// loop (the reference implementation, also used on other architectures) does the rest. The
@@ -107,25 +135,35 @@ mod simd {
     /// Elements per vector block.
     const BLOCK: usize = 16;
 
+    /// [`extract_exponent!`] on 16 elements given as their two top byte groups (`hi` the top
+    /// byte, `lo` the one below): `hi' = hi << 1 | lo >> 7`, `lo' = (hi & 0x80) | (lo & 0x7F)`.
+    /// The permutation only touches the top two bytes, so it runs once per 16 elements on the
+    /// packed groups instead of on every element vector.
     #[inline(always)]
-    fn rotr16(v: __m128i) -> __m128i {
+    fn extract_top_bytes(hi: __m128i, lo: __m128i) -> (__m128i, __m128i) {
         // SAFETY: SSE2 is always available on x86_64.
-        unsafe { _mm_or_si128(_mm_srli_epi16(v, 1), _mm_slli_epi16(v, 15)) }
+        unsafe {
+            let (b7, low7) = (_mm_set1_epi8(0x80u8 as i8), _mm_set1_epi8(0x7F));
+            // 16-bit shifts carry bits between neighbouring bytes; the masks drop them.
+            let hi_up = _mm_and_si128(_mm_slli_epi16(hi, 1), _mm_set1_epi8(0xFEu8 as i8));
+            let lo_top = _mm_and_si128(_mm_srli_epi16(lo, 7), _mm_set1_epi8(0x01));
+            let new_lo = _mm_or_si128(_mm_and_si128(hi, b7), _mm_and_si128(lo, low7));
+            (_mm_or_si128(hi_up, lo_top), new_lo)
+        }
     }
+
+    /// Inverse of [`extract_top_bytes`]: `hi = hi' >> 1 | (lo' & 0x80)`,
+    /// `lo = (hi' << 7) | (lo' & 0x7F)`.
     #[inline(always)]
-    fn rotl16(v: __m128i) -> __m128i {
+    fn restore_top_bytes(hi: __m128i, lo: __m128i) -> (__m128i, __m128i) {
         // SAFETY: SSE2 is always available on x86_64.
-        unsafe { _mm_or_si128(_mm_slli_epi16(v, 1), _mm_srli_epi16(v, 15)) }
-    }
-    #[inline(always)]
-    fn rotr32(v: __m128i) -> __m128i {
-        // SAFETY: SSE2 is always available on x86_64.
-        unsafe { _mm_or_si128(_mm_srli_epi32(v, 1), _mm_slli_epi32(v, 31)) }
-    }
-    #[inline(always)]
-    fn rotl32(v: __m128i) -> __m128i {
-        // SAFETY: SSE2 is always available on x86_64.
-        unsafe { _mm_or_si128(_mm_slli_epi32(v, 1), _mm_srli_epi32(v, 31)) }
+        unsafe {
+            let (b7, low7) = (_mm_set1_epi8(0x80u8 as i8), _mm_set1_epi8(0x7F));
+            let hi_down = _mm_and_si128(_mm_srli_epi16(hi, 1), low7);
+            let hi_bit0 = _mm_and_si128(_mm_slli_epi16(hi, 7), b7);
+            let old_hi = _mm_or_si128(hi_down, _mm_and_si128(lo, b7));
+            (old_hi, _mm_or_si128(hi_bit0, _mm_and_si128(lo, low7)))
+        }
     }
 
     /// Loads 16 bytes at `s[at..at + 16]` (bounds-checked).
@@ -170,7 +208,7 @@ mod simd {
         }
     }
 
-    pub(super) fn split2<const XOR: bool, const ROT: bool>(
+    pub(super) fn split2<const XOR: bool, const EXP: bool>(
         input: &[u8],
         reference: &[u8],
         groups: &mut [&mut [u8]; 2],
@@ -178,28 +216,28 @@ mod simd {
         let blocks = input.len() / 2 / BLOCK;
         for b in 0..blocks {
             let (i, at) = (b * BLOCK, b * BLOCK * 2);
-            let mut v = [load(input, at), load(input, at + 16)];
-            for (k, v) in v.iter_mut().enumerate() {
-                *v = xor_ref::<XOR>(*v, reference, at + 16 * k);
-                if ROT {
-                    *v = rotl16(*v);
-                }
-            }
+            let v = [
+                xor_ref::<XOR>(load(input, at), reference, at),
+                xor_ref::<XOR>(load(input, at + 16), reference, at + 16),
+            ];
             // SAFETY: SSE2 is always available on x86_64.
-            let (low, high) = unsafe {
+            let (mut low, mut high) = unsafe {
                 let mask = _mm_set1_epi16(0xFF);
                 (
                     pack16(_mm_and_si128(v[0], mask), _mm_and_si128(v[1], mask)),
                     pack16(_mm_srli_epi16(v[0], 8), _mm_srli_epi16(v[1], 8)),
                 )
             };
+            if EXP {
+                (high, low) = extract_top_bytes(high, low);
+            }
             store(groups[0], i, low);
             store(groups[1], i, high);
         }
         blocks * BLOCK
     }
 
-    pub(super) fn split4<const XOR: bool, const ROT: bool>(
+    pub(super) fn split4<const XOR: bool, const EXP: bool>(
         input: &[u8],
         reference: &[u8],
         groups: &mut [&mut [u8]; 4],
@@ -210,9 +248,6 @@ mod simd {
             let mut v = [load(input, at), load(input, at + 16), load(input, at + 32), load(input, at + 48)];
             for (k, v) in v.iter_mut().enumerate() {
                 *v = xor_ref::<XOR>(*v, reference, at + 16 * k);
-                if ROT {
-                    *v = rotl32(*v);
-                }
             }
             // SAFETY: SSE2 is always available on x86_64.
             unsafe {
@@ -223,14 +258,19 @@ mod simd {
                 let byte3 = |x| _mm_srli_epi32(x, 24);
                 store(groups[0], i, pack32([byte0(v[0]), byte0(v[1]), byte0(v[2]), byte0(v[3])]));
                 store(groups[1], i, pack32([byte1(v[0]), byte1(v[1]), byte1(v[2]), byte1(v[3])]));
-                store(groups[2], i, pack32([byte2(v[0]), byte2(v[1]), byte2(v[2]), byte2(v[3])]));
-                store(groups[3], i, pack32([byte3(v[0]), byte3(v[1]), byte3(v[2]), byte3(v[3])]));
+                let mut g2 = pack32([byte2(v[0]), byte2(v[1]), byte2(v[2]), byte2(v[3])]);
+                let mut g3 = pack32([byte3(v[0]), byte3(v[1]), byte3(v[2]), byte3(v[3])]);
+                if EXP {
+                    (g3, g2) = extract_top_bytes(g3, g2);
+                }
+                store(groups[2], i, g2);
+                store(groups[3], i, g3);
             }
         }
         blocks * BLOCK
     }
 
-    pub(super) fn regroup2<const XOR: bool, const ROT: bool>(
+    pub(super) fn regroup2<const XOR: bool, const EXP: bool>(
         groups: [&[u8]; 2],
         reference: &[u8],
         out: &mut [u8],
@@ -238,20 +278,20 @@ mod simd {
         let blocks = out.len() / 2 / BLOCK;
         for b in 0..blocks {
             let (i, at) = (b * BLOCK, b * BLOCK * 2);
-            let (low, high) = (load(groups[0], i), load(groups[1], i));
+            let (mut low, mut high) = (load(groups[0], i), load(groups[1], i));
+            if EXP {
+                (high, low) = restore_top_bytes(high, low);
+            }
             // SAFETY: SSE2 is always available on x86_64.
             let v = unsafe { [_mm_unpacklo_epi8(low, high), _mm_unpackhi_epi8(low, high)] };
-            for (k, mut v) in v.into_iter().enumerate() {
-                if ROT {
-                    v = rotr16(v);
-                }
+            for (k, v) in v.into_iter().enumerate() {
                 store(out, at + 16 * k, xor_ref::<XOR>(v, reference, at + 16 * k));
             }
         }
         blocks * BLOCK
     }
 
-    pub(super) fn regroup4<const XOR: bool, const ROT: bool>(
+    pub(super) fn regroup4<const XOR: bool, const EXP: bool>(
         groups: [&[u8]; 4],
         reference: &[u8],
         out: &mut [u8],
@@ -261,7 +301,10 @@ mod simd {
             let (i, at) = (b * BLOCK, b * BLOCK * 4);
             // (No `array::map` in these loops: it is not always inlined, and a call per block
             // made this loop 4x slower.)
-            let g = [load(groups[0], i), load(groups[1], i), load(groups[2], i), load(groups[3], i)];
+            let mut g = [load(groups[0], i), load(groups[1], i), load(groups[2], i), load(groups[3], i)];
+            if EXP {
+                (g[3], g[2]) = restore_top_bytes(g[3], g[2]);
+            }
             // SAFETY: SSE2 is always available on x86_64.
             let v = unsafe {
                 let (b01_lo, b01_hi) = (_mm_unpacklo_epi8(g[0], g[1]), _mm_unpackhi_epi8(g[0], g[1]));
@@ -273,10 +316,7 @@ mod simd {
                     _mm_unpackhi_epi16(b01_hi, b23_hi),
                 ]
             };
-            for (k, mut v) in v.into_iter().enumerate() {
-                if ROT {
-                    v = rotr32(v);
-                }
+            for (k, v) in v.into_iter().enumerate() {
                 store(out, at + 16 * k, xor_ref::<XOR>(v, reference, at + 16 * k));
             }
         }
@@ -284,12 +324,12 @@ mod simd {
     }
 
     /// 8-byte elements (F64, I64, U64) are rare in checkpoints: scalar only.
-    pub(super) fn split8<const XOR: bool, const ROT: bool>(_: &[u8], _: &[u8], _: &mut [&mut [u8]; 8]) -> usize {
+    pub(super) fn split8<const XOR: bool, const EXP: bool>(_: &[u8], _: &[u8], _: &mut [&mut [u8]; 8]) -> usize {
         0
     }
 
     /// 8-byte elements (F64, I64, U64) are rare in checkpoints: scalar only.
-    pub(super) fn regroup8<const XOR: bool, const ROT: bool>(_: [&[u8]; 8], _: &[u8], _: &mut [u8]) -> usize {
+    pub(super) fn regroup8<const XOR: bool, const EXP: bool>(_: [&[u8]; 8], _: &[u8], _: &mut [u8]) -> usize {
         0
     }
 }
@@ -353,15 +393,15 @@ fn check_lengths(layout: Layout, len: usize, reference: Option<&[u8]>, other: us
 /// which must have the same length as `input`.
 pub fn split(input: &[u8], reference: Option<&[u8]>, layout: Layout, grouped: &mut [u8]) -> Result<()> {
     check_lengths(layout, input.len(), reference, grouped.len())?;
-    let rotate = layout.extract_exponent;
+    let extract = layout.extract_exponent;
     match layout.width {
         1 => match reference {
             Some(r) => super::xor_delta::xor_into(input, r, grouped)?,
             None => grouped.copy_from_slice(input),
         },
-        2 => split2(input, reference, rotate, grouped),
-        4 => split4(input, reference, rotate, grouped),
-        _ => split8(input, reference, rotate, grouped),
+        2 => split2(input, reference, extract, grouped),
+        4 => split4(input, reference, extract, grouped),
+        _ => split8(input, reference, extract, grouped),
     }
     Ok(())
 }
@@ -374,15 +414,15 @@ pub fn regroup(groups: &[&[u8]], reference: Option<&[u8]>, layout: Layout, out: 
     if groups.len() != layout.width || groups.iter().any(|g| g.len() != n) {
         return Err(Error::InvalidInput("group count or group length does not match the output".into()));
     }
-    let rotate = layout.extract_exponent;
+    let extract = layout.extract_exponent;
     match layout.width {
         1 => match reference {
             Some(r) => super::xor_delta::xor_into(groups[0], r, out)?,
             None => out.copy_from_slice(groups[0]),
         },
-        2 => regroup2([groups[0], groups[1]], reference, rotate, out),
-        4 => regroup4([groups[0], groups[1], groups[2], groups[3]], reference, rotate, out),
-        _ => regroup8(std::array::from_fn(|g| groups[g]), reference, rotate, out),
+        2 => regroup2([groups[0], groups[1]], reference, extract, out),
+        4 => regroup4([groups[0], groups[1], groups[2], groups[3]], reference, extract, out),
+        _ => regroup8(std::array::from_fn(|g| groups[g]), reference, extract, out),
     }
     Ok(())
 }
@@ -404,7 +444,7 @@ mod tests {
         let mut grouped = [0u8; 2];
         split(&input, None, Layout { width: 2, extract_exponent: true }, &mut grouped).unwrap();
         assert_eq!(grouped[1], 0x7F, "exponent byte");
-        assert_eq!(grouped[0], (0x40 << 1) | 1, "mantissa then sign in bit 0");
+        assert_eq!(grouped[0], 0x80 | 0x40, "sign in bit 7, then the mantissa");
     }
 
     #[test]
@@ -415,8 +455,9 @@ mod tests {
         input.extend_from_slice(&(-2.0f32).to_le_bytes());
         let mut grouped = [0u8; 8];
         split(&input, None, Layout { width: 4, extract_exponent: true }, &mut grouped).unwrap();
-        // rotl(0x3F800000,1) = 0x7F000000; rotl(0xC0000000,1) = 0x80000001.
-        assert_eq!(grouped, [0x00, 0x01, 0, 0, 0, 0, 0x7F, 0x80]);
+        // 1.0: exponent 0x7F, sign 0 -> 0x7F000000; -2.0: exponent 0x80, sign 1 -> 0x80800000.
+        // Groups 0 and 1 (the low mantissa bytes) stay zero: the sign does not land there.
+        assert_eq!(grouped, [0, 0, 0, 0, 0x00, 0x80, 0x7F, 0x80]);
     }
 
     proptest! {
@@ -437,12 +478,19 @@ mod tests {
         }
     }
 
-    /// The definition, one element at a time, independent of both the scalar and the vector
-    /// loops: byte `g` of element `i` (XORed, then rotated left by one bit if extracting the
-    /// exponent) lands at `grouped[g * n + i]`.
+    /// The definition, one element at a time, bit by bit, independent of both the scalar and
+    /// the vector loops: byte `g` of element `i` (XORed; then, if extracting the exponent, with
+    /// bit `p` moved to `new_position(p)`) lands at `grouped[g * n + i]`.
     fn split_by_definition(input: &[u8], reference: Option<&[u8]>, layout: Layout) -> Vec<u8> {
         let w = layout.width;
         let n = input.len() / w;
+        let bits = 8 * w as u32;
+        // The sign (top bit) goes just below the top byte; the 8 bits below it move up one.
+        let new_position = |p: u32| match p {
+            p if p == bits - 1 => bits - 9,
+            p if p >= bits - 9 => p + 1,
+            p => p,
+        };
         let mut grouped = vec![0u8; input.len()];
         for i in 0..n {
             let mut v = 0u64;
@@ -451,9 +499,7 @@ mod tests {
                 v |= u64::from(x) << (8 * b);
             }
             if layout.extract_exponent {
-                let bits = 8 * w as u32;
-                let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
-                v = ((v << 1) | (v >> (bits - 1))) & mask;
+                v = (0..bits).filter(|&p| v >> p & 1 == 1).map(|p| 1u64 << new_position(p)).sum();
             }
             for g in 0..w {
                 grouped[g * n + i] = (v >> (8 * g)) as u8;

@@ -29,7 +29,7 @@ pub const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
 /// Last bytes of every container.
 pub const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
 /// The container format version this code writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
 /// Size of the fixed footer.
@@ -883,14 +883,14 @@ mod tests {
         let bytes = w.finish().unwrap().0;
         assert_eq!(
             &bytes[..32],
-            b"\x89CKZ\r\n\x1a\n\x01\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
+            b"\x89CKZ\r\n\x1a\n\x02\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
         );
         assert_eq!(bytes.len(), GOLDEN_LEN, "container length");
         assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_HASH);
     }
 
-    const GOLDEN_LEN: usize = 3182;
-    const GOLDEN_HASH: &str = "f30e26dfbd779b99511eb7c30b44e6593fd9775893aaade947b21be33284742c";
+    const GOLDEN_LEN: usize = 3184;
+    const GOLDEN_HASH: &str = "9edea9b967cf1abc276793d445106225dd17839756c1a6be30d75aecaa0dfaf9";
 
     #[test]
     fn segments_in_parallel_match_one_by_one() {

@@ -538,14 +538,14 @@ mod tests {
         }
     }
 
-    /// bf16 values of N(0, 0.02) weights, rotated left by one bit: (exponent byte, low byte).
+    /// bf16 values of N(0, 0.02) weights as the codec groups them: (exponent byte, sign and
+    /// mantissa byte).
     fn bf16_bytes(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
         let mut rng = Rng::new(seed);
         (0..n)
             .map(|_| {
                 let bf16 = (((rng.normal() * 0.02) as f32).to_bits() >> 16) as u16;
-                let rotated = bf16.rotate_left(1);
-                ((rotated >> 8) as u8, rotated as u8)
+                ((bf16 >> 7) as u8, ((bf16 >> 8) & 0x80 | bf16 & 0x7F) as u8)
             })
             .unzip()
     }

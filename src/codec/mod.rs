@@ -88,7 +88,7 @@ impl TryFrom<u8> for Method {
 }
 
 /// How elements are laid out for grouping: element width in bytes and whether the exponent is
-/// extracted (the element is rotated left by one bit so the sign leaves the top byte).
+/// extracted (the sign moves below the top byte so the exponent fills it; docs/format.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     /// Element width in bytes: 1, 2, 4 or 8. Also the number of byte groups.
