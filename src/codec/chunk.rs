@@ -436,10 +436,12 @@ pub fn is_valid_chunk_size(c: usize) -> bool {
     (super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) && c.is_power_of_two()
 }
 
-/// Validates `options.chunk_size` for `layout` and returns it.
+/// Validates `options.chunk_size` and returns it. (A valid size is a whole number of elements
+/// of every width `layout` can have.)
 pub fn checked_chunk_size(options: &Options, layout: Layout) -> Result<usize> {
     let c = options.chunk_size;
-    if !is_valid_chunk_size(c) || !c.is_multiple_of(layout.width) {
+    debug_assert!(!is_valid_chunk_size(c) || c.is_multiple_of(layout.width));
+    if !is_valid_chunk_size(c) {
         return Err(Error::InvalidInput(format!("chunk size {c} is not a power of two between 4 KiB and 4 MiB")));
     }
     Ok(c)

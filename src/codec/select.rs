@@ -31,7 +31,7 @@ pub enum Selection {
 /// Codec settings. `Default` gives the tuned values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
-    /// Bytes of input per chunk (a multiple of 8, 4 KiB ..= 4 MiB).
+    /// Bytes of input per chunk: a power of two, 4 KiB ..= 4 MiB ([`super::chunk::is_valid_chunk_size`]).
     pub chunk_size: usize,
     /// zstd level for groups coded with zstd.
     pub zstd_level: i32,

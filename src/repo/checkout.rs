@@ -32,10 +32,16 @@ struct Unit {
     chunks: Range<usize>,
     /// Where the run's bytes go in the file.
     offset: u64,
-    /// The run's index among the blob's runs: a piece of its hash ([`PieceHashes`]).
-    piece: u64,
     /// Length of the run's bytes.
     len: usize,
+}
+
+impl Unit {
+    /// The run's index among the blob's runs of [`UNIT_CHUNKS`] chunks, which is its piece of
+    /// the blob's hash ([`PieceHashes`] with pieces of `UNIT_CHUNKS` chunks).
+    fn piece(&self) -> u64 {
+        (self.chunks.start / UNIT_CHUNKS) as u64
+    }
 }
 
 /// Selects tensors by name for `checkout --tensor`.
@@ -258,13 +264,7 @@ impl Repo {
             if s.len == 0 {
                 continue;
             }
-            let chain = self.store.open_blob(&s.blob)?;
-            if chain.len() != s.len {
-                return Err(Error::CorruptMetadata {
-                    id: entry.manifest,
-                    reason: format!("segment of {} bytes names blob {} of {} bytes", s.len, s.blob, chain.len()),
-                });
-            }
+            let chain = self.open_segment(entry, s)?;
             let start = written;
             chain.copy_to_with_progress(&mut w, &|done| self.progress.set(progress_base + start + done))?;
             written += s.len;
@@ -273,6 +273,19 @@ impl Repo {
         drop(w);
         tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
         Ok(Some(written))
+    }
+
+    /// Opens the blob of segment `s` of `entry`'s manifest and checks that it has the
+    /// segment's length.
+    fn open_segment(&self, entry: &FileEntry, s: &super::model::Segment) -> Result<store::BlobChain> {
+        let chain = self.store.open_blob(&s.blob)?;
+        if chain.len() != s.len {
+            return Err(Error::CorruptMetadata {
+                id: entry.manifest,
+                reason: format!("segment of {} bytes names blob {} of {} bytes", s.len, s.blob, chain.len()),
+            });
+        }
+        Ok(chain)
     }
 
     /// Writes every segment of `manifest` into `tmp` at its offset, decoding chunks of all
@@ -309,20 +322,10 @@ impl Repo {
                 reason: format!("segments cover {offset} bytes of a {}-byte file", manifest.len),
             });
         }
-        let open = |offset: u64, s: &super::model::Segment| -> Result<(u64, store::BlobChain)> {
-            let chain = self.store.open_blob(&s.blob)?;
-            if chain.len() != s.len {
-                return Err(Error::CorruptMetadata {
-                    id: entry.manifest,
-                    reason: format!("segment of {} bytes names blob {} of {} bytes", s.len, s.blob, chain.len()),
-                });
-            }
-            Ok((offset, chain))
-        };
         let file = tmp.as_file();
         file.set_len(manifest.len).map_err(|e| io_err("writing", e))?;
-        // The segment being checked (index into `placed`) and the hashes of its pieces so far.
-        let (mut seg, mut seg_pieces) = (0usize, Vec::new());
+        // The hashes of the pieces of the blob being checked, so far.
+        let mut seg_pieces = Vec::new();
         let mut done = 0u64;
         // Two window buffers: the pool decodes into one while this thread checks and writes
         // the other (reused across batches: fresh buffers cost page faults).
@@ -330,20 +333,22 @@ impl Repo {
         // Segments are opened a batch at a time: the objects of a batch's delta chains are
         // mapped (and count in the resident set) only while the batch is decoded.
         for batch in crate::codec::runs_within(placed.iter().map(|(_, s)| s.len), BATCH_BYTES) {
-            let chains = placed[batch].iter().map(|(o, s)| open(*o, s)).collect::<Result<Vec<_>>>()?;
+            let chains = placed[batch]
+                .iter()
+                .map(|(o, s)| Ok((*o, self.open_segment(entry, s)?)))
+                .collect::<Result<Vec<_>>>()?;
             let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
-            let pieces = decoders
+            // Units are pieces: a chain's chunk size is a power of two (`Container::open`
+            // rejects any other) and unit `k` covers bytes from `k * UNIT_CHUNKS * chunk_size`
+            // (the chain checks that every container's chunks lie on that grid).
+            let pieces: Vec<PieceHashes> = decoders
                 .iter()
                 .zip(&chains)
                 .map(|(dec, (_, chain))| {
-                    PieceHashes::new((UNIT_CHUNKS * dec.chunk_size()) as u64, chain.len()).ok_or_else(|| {
-                        Error::CorruptMetadata {
-                            id: chain.id(),
-                            reason: format!("chunk size {} is not a power of two", dec.chunk_size()),
-                        }
-                    })
+                    PieceHashes::new((UNIT_CHUNKS * dec.chunk_size()) as u64, chain.len())
+                        .expect("chunk sizes are powers of two of at least 4 KiB")
                 })
-                .collect::<Result<Vec<_>>>()?;
+                .collect();
             // Work units in file order.
             let units: Vec<Unit> = decoders
                 .iter()
@@ -353,8 +358,7 @@ impl Repo {
                     (0..dec.chunk_count()).step_by(UNIT_CHUNKS).map(move |first| {
                         let chunks = first..(first + UNIT_CHUNKS).min(dec.chunk_count());
                         let range = dec.byte_range(chunks.clone());
-                        let piece = (first / UNIT_CHUNKS) as u64;
-                        Unit { decoder: d, chunks, offset: offset + range.start as u64, len: range.len(), piece }
+                        Unit { decoder: d, chunks, offset: offset + range.start as u64, len: range.len() }
                     })
                 })
                 .collect();
@@ -374,10 +378,7 @@ impl Repo {
                 work.into_par_iter()
                     .map(|(u, dst)| -> Result<PieceHash> {
                         decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
-                        pieces[u.decoder].hash_piece(u.piece, dst).ok_or_else(|| Error::CorruptMetadata {
-                            id: chains[u.decoder].1.id(),
-                            reason: format!("chunks {:?} are not piece {} of its hash", u.chunks, u.piece),
-                        })
+                        Ok(pieces[u.decoder].hash_piece(u.piece(), dst).expect("a unit is exactly its piece"))
                     })
                     .collect()
             };
@@ -403,12 +404,10 @@ impl Repo {
                             seg_pieces.push(hash);
                             if u.chunks.end == decoders[u.decoder].chunk_count() {
                                 let (_, chain) = &chains[u.decoder];
-                                let joined = pieces[u.decoder].join(&seg_pieces).ok_or_else(|| {
-                                    Error::CorruptMetadata { id: chain.id(), reason: "pieces missing".into() }
-                                })?;
+                                let joined =
+                                    pieces[u.decoder].join(&seg_pieces).expect("one hash per unit of the blob");
                                 chain.check_hash(ObjectId(*joined.as_bytes()))?;
                                 seg_pieces.clear();
-                                seg += 1;
                             }
                         }
                         file.write_all_at(write_buf, offset).map_err(|e| io_err("writing", e))?;
@@ -436,11 +435,10 @@ impl Repo {
             }
         }
         // Every non-empty segment matched its blob id above; empty ones are the empty blob.
-        debug_assert_eq!(seg, placed.len());
         let empty = ObjectId::hash(&[]);
         let ids = manifest.segments.iter().map(|s| (s.len, if s.len == 0 { empty } else { s.blob }));
         let hash = super::model::file_hash(manifest.len, ids);
-        if seg != placed.len() || hash != entry.hash {
+        if hash != entry.hash {
             return Err(Error::HashMismatch { path: entry.path.clone(), expected: entry.hash, actual: hash });
         }
         Ok(manifest.len)

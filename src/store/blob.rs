@@ -30,18 +30,20 @@ thread_local! {
     static WINDOW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with this thread's window buffer (taken out of the slot, so a nested call gets a
-/// fresh one instead of a borrow panic).
-fn with_window<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
-    let mut buf = WINDOW.with(|w| std::mem::take(&mut *w.borrow_mut()));
-    let result = f(&mut buf);
+/// Takes this thread's window buffer out of its slot (a second reader on the thread gets a
+/// fresh one); [`return_window`] puts it back.
+fn take_window() -> Vec<u8> {
+    WINDOW.with(|w| std::mem::take(&mut *w.borrow_mut()))
+}
+
+/// Gives a window buffer back to this thread's slot, keeping the larger of the two.
+fn return_window(buf: Vec<u8>) {
     WINDOW.with(|w| {
         let mut slot = w.borrow_mut();
         if slot.capacity() < buf.capacity() {
             *slot = buf;
         }
     });
-    result
 }
 
 /// Outcome of [`Store::write_blob_delta`].
@@ -587,7 +589,7 @@ impl BlobChain {
             containers,
             per_window,
             next_chunk: 0,
-            buf: Vec::new(),
+            buf: take_window(),
             hasher: blake3::Hasher::new(),
             done: false,
         })
@@ -601,24 +603,13 @@ impl BlobChain {
 
     /// [`Self::copy_to`], calling `progress` with the bytes written so far after each window.
     pub fn copy_to_with_progress(&self, out: &mut dyn Write, progress: &dyn Fn(u64)) -> Result<u64> {
-        let containers = self.containers()?;
-        let per_window = (window_len(self.chunk_size) / self.chunk_size).max(1);
-        let mut hasher = blake3::Hasher::new();
+        let mut reader = self.reader()?;
         let mut done = 0u64;
-        with_window(|buf| -> Result<()> {
-            for first in (0..self.chunk_count).step_by(per_window) {
-                let last = (first + per_window).min(self.chunk_count);
-                let len = self.chunk_range(last - 1).end - self.chunk_range(first).start;
-                buf.resize(len, 0);
-                self.decode_chunks(&containers, first..last, buf)?;
-                hash_update(&mut hasher, buf);
-                out.write_all(buf).map_err(|source| Error::Output { id: self.id(), source })?;
-                done += len as u64;
-                progress(done);
-            }
-            Ok(())
-        })?;
-        self.check_hash(ObjectId(*hasher.finalize().as_bytes()))?;
+        while let Some(window) = reader.next_window()? {
+            out.write_all(window).map_err(|source| Error::Output { id: self.id(), source })?;
+            done += window.len() as u64;
+            progress(done);
+        }
         Ok(done)
     }
 }
@@ -674,6 +665,12 @@ pub struct BlobReader<'a> {
     buf: Vec<u8>,
     hasher: blake3::Hasher,
     done: bool,
+}
+
+impl Drop for BlobReader<'_> {
+    fn drop(&mut self) {
+        return_window(std::mem::take(&mut self.buf));
+    }
 }
 
 impl BlobReader<'_> {
