@@ -27,6 +27,22 @@ fn drift(base: &[u8], every: usize) -> Vec<u8> {
     base.iter().enumerate().map(|(i, &b)| if i % every == 0 { b ^ 1 } else { b }).collect()
 }
 
+/// A new store holding `v0 = weights(seed, len)` as a standalone bf16 blob, and `v1`, a drift
+/// of it, not stored: (dir, store, v0, v1, id0, id1).
+fn store_with_base(
+    seed: u64,
+    len: usize,
+    every: usize,
+) -> (tempfile::TempDir, Store, Vec<u8>, Vec<u8>, ObjectId, ObjectId) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let v0 = weights(seed, len);
+    let v1 = drift(&v0, every);
+    let (id0, id1) = (ObjectId::hash(&v0), ObjectId::hash(&v1));
+    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    (dir, store, v0, v1, id0, id1)
+}
+
 fn read(store: &Store, id: &ObjectId) -> Vec<u8> {
     let mut out = Vec::new();
     store.open_blob(id).unwrap().copy_to(&mut out).unwrap();
@@ -96,12 +112,7 @@ fn data_objects_and_kinds() {
 
 #[test]
 fn a_changed_byte_anywhere_is_detected_and_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::init(dir.path()).unwrap();
-    let v0 = weights(3, 20_000);
-    let v1 = drift(&v0, 5);
-    let (id0, id1) = (ObjectId::hash(&v0), ObjectId::hash(&v1));
-    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let (_dir, store, _, v1, id0, id1) = store_with_base(3, 20_000, 5);
     let reference = store.open_blob(&id0).unwrap();
     store.write_blob_delta(id1, &v1, &reference, u64::MAX, &options(), &Feedback::NONE).unwrap();
     drop(reference);
@@ -146,12 +157,7 @@ fn a_changed_byte_anywhere_is_detected_and_named() {
 /// damaged fails with `Corrupt` naming the reference (not the new blob), and stores nothing.
 #[test]
 fn a_delta_against_a_damaged_reference_names_it_and_stores_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::init(dir.path()).unwrap();
-    let v0 = weights(5, 64_000);
-    let v1 = drift(&v0, 3);
-    let (id0, id1) = (ObjectId::hash(&v0), ObjectId::hash(&v1));
-    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let (_dir, store, _, v1, id0, id1) = store_with_base(5, 64_000, 3);
     let path = store.object_path(&id0);
     let mut bytes = std::fs::read(&path).unwrap();
     // A byte in the middle of the payloads: header, index and footer still check out.
