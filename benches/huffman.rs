@@ -11,8 +11,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 const TOTAL: usize = 16 << 20;
 const CALL: usize = 128 << 10;
 
-/// xorshift64* + Box-Muller: N(0, 0.02) weights as bf16, rotated left by one bit (sign to the
-/// bottom), split into (exponent bytes, low bytes = 7 mantissa bits + sign).
+/// xorshift64* + Box-Muller: N(0, 0.02) weights as bf16, grouped by the codec
+/// (`byte_group::split`): (exponent bytes, sign and mantissa bytes).
 fn bf16_groups(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut unit = move || {
@@ -21,15 +21,18 @@ fn bf16_groups(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
         state ^= state >> 27;
         ((state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) + 1) as f64 / (1u64 << 53) as f64
     };
-    (0..n)
-        .map(|_| {
+    let elements: Vec<u8> = (0..n)
+        .flat_map(|_| {
             let (u, v) = (unit(), unit());
             let x = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos() * 0.02;
-            let bf16 = ((x as f32).to_bits() >> 16) as u16;
-            // The codec's exponent extraction: (exponent byte, sign and mantissa byte).
-            ((bf16 >> 7) as u8, ((bf16 >> 8) & 0x80 | bf16 & 0x7F) as u8)
+            (((x as f32).to_bits() >> 16) as u16).to_le_bytes()
         })
-        .unzip()
+        .collect();
+    let mut grouped = vec![0u8; elements.len()];
+    let layout = ckpt::codec::Layout::for_dtype(Some(ckpt::dtype::Dtype::Bf16));
+    ckpt::codec::byte_group::split(&elements, None, layout, &mut grouped).expect("whole elements");
+    let (mantissa, exponent) = grouped.split_at(n);
+    (exponent.to_vec(), mantissa.to_vec())
 }
 
 /// Order-0 entropy in bytes.

@@ -396,7 +396,7 @@ pub fn encode_chunks(
     if matches!(reference, Some(Reference::Bytes(r)) if r.len() != input.len()) {
         return Err(Error::InvalidInput("reference and input lengths differ".into()));
     }
-    let chunk_size = checked_chunk_size(options, layout)?;
+    let chunk_size = checked_chunk_size(options)?;
     let stripe = chunk_size * STRIPE_CHUNKS;
     let stripes: Vec<Vec<EncodedChunk>> = input
         .par_chunks(stripe)
@@ -436,11 +436,10 @@ pub fn is_valid_chunk_size(c: usize) -> bool {
     (super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) && c.is_power_of_two()
 }
 
-/// Validates `options.chunk_size` and returns it. (A valid size is a whole number of elements
-/// of every width `layout` can have.)
-pub fn checked_chunk_size(options: &Options, layout: Layout) -> Result<usize> {
+/// Validates `options.chunk_size` and returns it. (A valid size is a power of two of at least
+/// 4 KiB, so a whole number of elements of every width.)
+pub fn checked_chunk_size(options: &Options) -> Result<usize> {
     let c = options.chunk_size;
-    debug_assert!(!is_valid_chunk_size(c) || c.is_multiple_of(layout.width));
     if !is_valid_chunk_size(c) {
         return Err(Error::InvalidInput(format!("chunk size {c} is not a power of two between 4 KiB and 4 MiB")));
     }

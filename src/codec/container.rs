@@ -135,7 +135,7 @@ fn batch_len(chunk_size: usize) -> usize {
 impl<W: Write> ContainerWriter<W> {
     /// Writes the header of a container for an original file of `original_len` bytes.
     pub fn new(mut out: W, kind: FileKind, original_len: u64, options: Options) -> Result<Self> {
-        let chunk_size = checked_chunk_size(&options, Layout { width: 8, extract_exponent: false })?;
+        let chunk_size = checked_chunk_size(&options)?;
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(&MAGIC);
         header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());

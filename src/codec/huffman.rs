@@ -538,16 +538,17 @@ mod tests {
         }
     }
 
-    /// bf16 values of N(0, 0.02) weights as the codec groups them: (exponent byte, sign and
-    /// mantissa byte).
+    /// bf16 values of N(0, 0.02) weights, grouped by the codec: (exponent bytes, sign and
+    /// mantissa bytes).
     fn bf16_bytes(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
         let mut rng = Rng::new(seed);
-        (0..n)
-            .map(|_| {
-                let bf16 = (((rng.normal() * 0.02) as f32).to_bits() >> 16) as u16;
-                ((bf16 >> 7) as u8, ((bf16 >> 8) & 0x80 | bf16 & 0x7F) as u8)
-            })
-            .unzip()
+        let elements: Vec<u8> =
+            (0..n).flat_map(|_| ((((rng.normal() * 0.02) as f32).to_bits() >> 16) as u16).to_le_bytes()).collect();
+        let mut grouped = vec![0u8; elements.len()];
+        let layout = crate::codec::Layout::for_dtype(Some(crate::dtype::Dtype::Bf16));
+        crate::codec::byte_group::split(&elements, None, layout, &mut grouped).expect("whole elements");
+        let (mantissa, exponent) = grouped.split_at(n);
+        (exponent.to_vec(), mantissa.to_vec())
     }
 
     /// Order-0 entropy of `data`, in bytes.

@@ -325,7 +325,7 @@ impl Repo {
         let file = tmp.as_file();
         file.set_len(manifest.len).map_err(|e| io_err("writing", e))?;
         // The hashes of the pieces of the blob being checked, so far.
-        let mut seg_pieces = Vec::new();
+        let mut blob_pieces = Vec::new();
         let mut done = 0u64;
         // Two window buffers: the pool decodes into one while this thread checks and writes
         // the other (reused across batches: fresh buffers cost page faults).
@@ -401,13 +401,13 @@ impl Repo {
                     if let Some((p, hashes)) = pending.take() {
                         let offset = units[windows[p].start].offset;
                         for (u, hash) in units[windows[p].clone()].iter().zip(hashes) {
-                            seg_pieces.push(hash);
+                            blob_pieces.push(hash);
                             if u.chunks.end == decoders[u.decoder].chunk_count() {
                                 let (_, chain) = &chains[u.decoder];
                                 let joined =
-                                    pieces[u.decoder].join(&seg_pieces).expect("one hash per unit of the blob");
+                                    pieces[u.decoder].join(&blob_pieces).expect("one hash per unit of the blob");
                                 chain.check_hash(ObjectId(*joined.as_bytes()))?;
-                                seg_pieces.clear();
+                                blob_pieces.clear();
                             }
                         }
                         file.write_all_at(write_buf, offset).map_err(|e| io_err("writing", e))?;

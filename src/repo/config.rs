@@ -68,8 +68,7 @@ impl Config {
         if self.base_every == 0 {
             return Err("base_every must be at least 1".into());
         }
-        crate::codec::chunk::checked_chunk_size(&self.codec_options(), crate::codec::Layout::BYTES)
-            .map_err(|e| e.to_string())?;
+        crate::codec::chunk::checked_chunk_size(&self.codec_options()).map_err(|e| e.to_string())?;
         if !(1..=22).contains(&self.zstd_level) {
             return Err(format!("zstd_level {} is not in 1..=22", self.zstd_level));
         }
