@@ -933,6 +933,25 @@ mod tests {
         assert!(c.decode_to(&mut Vec::new()).is_err(), "without the reference the hash cannot match");
     }
 
+    /// Containers of format 1 (whole-element rotation) and chunk sizes that are not powers of
+    /// two are refused with a message saying why, before anything is decoded.
+    #[test]
+    fn old_versions_and_bad_chunk_sizes_are_refused() {
+        let bytes = build(&sample());
+        let mut old = bytes.clone();
+        old[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let err = Container::open(&old).err().expect("format 1 refused").to_string();
+        assert!(err.contains("container format version 1, this ckpt reads 2"), "{err}");
+        let mut odd = bytes.clone();
+        odd[12..16].copy_from_slice(&(12u32 << 10).to_le_bytes());
+        let err = Container::open(&odd).err().expect("12 KiB chunks refused").to_string();
+        assert!(err.contains("chunk size 12288"), "{err}");
+        let options = Options { chunk_size: 12 << 10, ..Options::default() };
+        let err =
+            ContainerWriter::new(Vec::new(), FileKind::Bytes, 0, options).err().expect("writer refuses").to_string();
+        assert!(err.contains("chunk size 12288 is not a power of two"), "{err}");
+    }
+
     #[test]
     fn truncations_are_errors() {
         let data = sample();

@@ -147,3 +147,15 @@ fn damaged_containers_fail_cleanly() {
         assert_eq!(list(dir.path()), before, "{name}: no output left behind");
     }
 }
+
+#[test]
+fn a_chunk_size_that_is_not_a_power_of_two_is_refused_without_output() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("n.bin"), noise(8, 100_000)).unwrap();
+    let before = list(dir.path());
+    let o = ckpt(dir.path(), &["compress", "n.bin", "-o", "n.ckz", "--chunk-kib", "12"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("n.bin") && err.contains("chunk size 12288 is not a power of two"), "{err}");
+    assert_eq!(list(dir.path()), before, "no output left behind");
+}
