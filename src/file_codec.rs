@@ -3,7 +3,7 @@
 //! plain bytes. Pure: bytes in, bytes out, so the CLI and the fuzzers share it.
 
 use crate::codec::container::{is_container, Container, ContainerWriter, FileKind};
-use crate::codec::{self, Options};
+use crate::codec::{self, Method, Options};
 use crate::dtype::Dtype;
 use crate::safetensors;
 use std::io::Write;
@@ -103,8 +103,8 @@ pub struct GroupReport {
     pub raw_bytes: u64,
     /// Stored bytes.
     pub stored_bytes: u64,
-    /// Chunks coded with each method: raw, zero, huffman, zstd.
-    pub methods: [u64; 4],
+    /// Chunks coded with each method, indexed by method tag: raw, zero, huffman, zstd, sparse.
+    pub methods: [u64; Method::ALL.len()],
     /// Order-0 entropy of the group, computed per chunk and summed, in bytes: the bound for a
     /// per-chunk byte coder.
     pub entropy_bytes: f64,
@@ -146,7 +146,7 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
                 .iter()
                 .enumerate()
                 .map(|(g, e)| {
-                    let mut methods = [0u64; 4];
+                    let mut methods = [0u64; Method::ALL.len()];
                     methods[e.method as usize] = 1;
                     let report = GroupReport {
                         dtype: segment.dtype.map_or("bytes".to_string(), |d| d.to_string()),

@@ -7,7 +7,7 @@
 //! containers can put all headers in one index, readable without touching the data.
 
 use super::select::{predict_with_stats, Options, Selection, MAX_CHUNK_SIZE};
-use super::{byte_group, huffman, zstd_block, Error, Layout, Method, Result};
+use super::{byte_group, huffman, sparse, zstd_block, Error, Layout, Method, Result};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -61,7 +61,7 @@ impl ChunkHeader {
             let ok = match e.method {
                 Method::Raw => e.stored_len as usize == group_len,
                 Method::Zero => e.stored_len == 0,
-                Method::Huffman | Method::Zstd => (e.stored_len as usize) < group_len,
+                Method::Huffman | Method::Zstd | Method::Sparse => (e.stored_len as usize) < group_len,
             };
             if !ok {
                 return Err(Error::Corrupt(format!(
@@ -110,6 +110,9 @@ fn code_group_counted(
         Method::Zero | Method::Raw => false,
         Method::Huffman => huffman::encode_counted(group, histogram, out)?,
         Method::Zstd => zstd_block::encode(group, options.zstd_level, out)?,
+        // A group too dense for tokens to pay may still have long zero runs: plain zstd.
+        Method::Sparse if sparse::encode(group, options.zstd_level, out)? => true,
+        Method::Sparse => return code_group_counted(group, Method::Zstd, histogram, options, out),
     };
     if coded {
         return Ok(method);
@@ -125,7 +128,7 @@ fn code_group_exhaustive(group: &[u8], options: &Options, out: &mut Vec<u8>) -> 
     let start = out.len();
     let mut best = (Method::Raw, group.len());
     let mut trial = Vec::new();
-    for method in [Method::Huffman, Method::Zstd] {
+    for method in [Method::Huffman, Method::Zstd, Method::Sparse] {
         trial.clear();
         if code_group(group, method, options, &mut trial)? == method && trial.len() < best.1 {
             best = (method, trial.len());
@@ -291,6 +294,7 @@ pub fn decode_chunk(
                 Method::Zero => buf.fill(0),
                 Method::Huffman => huffman::decode(stored, buf)?,
                 Method::Zstd => zstd_block::decode(stored, buf)?,
+                Method::Sparse => sparse::decode(stored, buf, false)?,
             }
             slots.push(buf);
         }
@@ -325,6 +329,8 @@ pub fn decode_chunk_groups(
             (Method::Raw, false) => group.copy_from_slice(stored),
             (Method::Raw, true) => xor_in_place(group, stored),
             (Method::Huffman | Method::Zstd, false) => decode_group(e.method, stored, group)?,
+            // Tokens touch only the bytes that change: no scratch, no full-group XOR.
+            (Method::Sparse, xor_into) => sparse::decode(stored, group, xor_into)?,
             (Method::Huffman | Method::Zstd, true) => with_group_scratch(n, |tmp| {
                 decode_group(e.method, stored, tmp)?;
                 xor_in_place(group, tmp);
@@ -339,7 +345,7 @@ fn decode_group(method: Method, stored: &[u8], out: &mut [u8]) -> Result<()> {
     match method {
         Method::Huffman => huffman::decode(stored, out),
         Method::Zstd => zstd_block::decode(stored, out),
-        Method::Raw | Method::Zero => unreachable!("only coded groups are decoded"),
+        Method::Raw | Method::Zero | Method::Sparse => unreachable!("only Huffman and zstd groups come here"),
     }
 }
 
@@ -481,6 +487,7 @@ mod tests {
             Just(Selection::Exhaustive),
             Just(Selection::Only(Method::Huffman)),
             Just(Selection::Only(Method::Zstd)),
+            Just(Selection::Only(Method::Sparse)),
             Just(Selection::Only(Method::Raw)),
             Just(Selection::Only(Method::Zero)),
         ]
@@ -585,7 +592,8 @@ mod tests {
         for step in 1..4u8 {
             let mut next = versions.last().unwrap().clone();
             for (i, b) in next.iter_mut().enumerate() {
-                if i % (5 + step as usize) == 0 {
+                // Dense changes in the first version, sparse ones later (late training).
+                if i % (5 + 40 * (step as usize - 1)) == 0 {
                     *b ^= step;
                 }
             }
@@ -607,6 +615,9 @@ mod tests {
             .unwrap();
             coded.push((header, payload));
         }
+        let methods: Vec<Method> = coded[1..].iter().flat_map(|(h, _)| h.groups().iter().map(|e| e.method)).collect();
+        assert!(methods.contains(&Method::Sparse), "sparse deltas in the chain: {methods:?}");
+        assert!(methods.contains(&Method::Huffman) || methods.contains(&Method::Raw), "dense deltas: {methods:?}");
         let mut grouped = vec![0xEE; base.len()];
         for (k, (header, payload)) in coded.iter().enumerate() {
             decode_chunk_groups(payload, header, layout, &mut grouped, k > 0).unwrap();

@@ -28,8 +28,11 @@ use std::ops::Range;
 pub const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
 /// Last bytes of every container.
 pub const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
-/// The container format version this code writes and reads.
-pub const FORMAT_VERSION: u16 = 2;
+/// The container format version this code writes.
+pub const FORMAT_VERSION: u16 = 3;
+/// The oldest container format version this code reads. Format 3 only added the `Sparse`
+/// method tag, so every format-2 container is a valid format-3 container.
+pub const MIN_READ_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
 /// Size of the fixed footer.
@@ -423,9 +426,9 @@ impl<'a> Container<'a> {
         }
         let header = &bytes[..HEADER_LEN];
         let version = u16::from_le_bytes([header[8], header[9]]);
-        if version != FORMAT_VERSION {
+        if !(MIN_READ_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(Error::Corrupt(format!(
-                "container format version {version}, this ckpt reads {FORMAT_VERSION}"
+                "container format version {version}, this ckpt reads {MIN_READ_VERSION} to {FORMAT_VERSION}"
             )));
         }
         let kind = FileKind::from_tag(header[10])?;
@@ -883,14 +886,14 @@ mod tests {
         let bytes = w.finish().unwrap().0;
         assert_eq!(
             &bytes[..32],
-            b"\x89CKZ\r\n\x1a\n\x02\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
+            b"\x89CKZ\r\n\x1a\n\x03\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
         );
         assert_eq!(bytes.len(), GOLDEN_LEN, "container length");
         assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_HASH);
     }
 
     const GOLDEN_LEN: usize = 3184;
-    const GOLDEN_HASH: &str = "9edea9b967cf1abc276793d445106225dd17839756c1a6be30d75aecaa0dfaf9";
+    const GOLDEN_HASH: &str = "1764c06770ddda0b7d3a0a13f00341a667e9a8e09c3d188b1a7067ef0526d3ad";
 
     #[test]
     fn segments_in_parallel_match_one_by_one() {
@@ -941,7 +944,22 @@ mod tests {
         let mut old = bytes.clone();
         old[8..10].copy_from_slice(&1u16.to_le_bytes());
         let err = Container::open(&old).err().expect("format 1 refused").to_string();
-        assert!(err.contains("container format version 1, this ckpt reads 2"), "{err}");
+        assert!(err.contains("container format version 1, this ckpt reads 2 to 3"), "{err}");
+        let mut newer = bytes.clone();
+        newer[8..10].copy_from_slice(&4u16.to_le_bytes());
+        let err = Container::open(&newer).err().expect("format 4 refused").to_string();
+        assert!(err.contains("container format version 4, this ckpt reads 2 to 3"), "{err}");
+        // A format-2 container (format 3 only added a method tag) still opens and decodes.
+        let mut format2 = bytes.clone();
+        format2[8..10].copy_from_slice(&2u16.to_le_bytes());
+        let n = format2.len();
+        let index_offset = read_u64(&format2[n - FOOTER_LEN..], 0).unwrap() as usize;
+        let sum =
+            checksum(&format2[..HEADER_LEN], &format2[index_offset..n - FOOTER_LEN], &format2[n - FOOTER_LEN..n - 16]);
+        format2[n - 16..n - 8].copy_from_slice(&sum);
+        let mut out = Vec::new();
+        Container::open(&format2).expect("format 2 opens").decode_to(&mut out).unwrap();
+        assert_eq!(out, sample());
         let mut odd = bytes.clone();
         odd[12..16].copy_from_slice(&(12u32 << 10).to_le_bytes());
         let err = Container::open(&odd).err().expect("12 KiB chunks refused").to_string();

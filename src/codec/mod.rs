@@ -4,7 +4,8 @@
 //! 1. optional XOR with the reference bytes ([`xor_delta`]),
 //! 2. exponent extraction for floats and byte grouping ([`byte_group`]),
 //! 3. per byte group, a [`Method`] picked from cheap statistics ([`select`]) and applied:
-//!    [`huffman`] (zstd's huff0, entropy coding only), [`zstd_block`], all-zero truncation or raw,
+//!    [`huffman`] (zstd's huff0, entropy coding only), [`zstd_block`], zero-run tokens then zstd
+//!    ([`sparse`]), all-zero truncation or raw,
 //! 4. framing: [`container`] writes chunk tables and a whole-file container with a chunk index.
 //!
 //! This layer is pure: bytes in, bytes out. It never opens files and never panics on untrusted
@@ -15,6 +16,7 @@ pub mod chunk;
 pub mod container;
 pub mod huffman;
 pub mod select;
+pub mod sparse;
 pub mod xor_delta;
 pub mod zstd_block;
 
@@ -57,11 +59,14 @@ pub enum Method {
     Huffman = 2,
     /// A zstd frame.
     Zstd = 3,
+    /// The zero-run tokens of the group ([`sparse`]) as a zstd frame, after their length
+    /// (u32 LE): for groups that are mostly zero, such as XOR deltas late in training.
+    Sparse = 4,
 }
 
 impl Method {
     /// All methods, in tag order.
-    pub const ALL: [Method; 4] = [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd];
+    pub const ALL: [Method; 5] = [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse];
 
     /// Lowercase name for tables and JSON.
     pub fn name(self) -> &'static str {
@@ -70,6 +75,7 @@ impl Method {
             Method::Zero => "zero",
             Method::Huffman => "huffman",
             Method::Zstd => "zstd",
+            Method::Sparse => "sparse",
         }
     }
 }
@@ -82,6 +88,7 @@ impl TryFrom<u8> for Method {
             1 => Ok(Method::Zero),
             2 => Ok(Method::Huffman),
             3 => Ok(Method::Zstd),
+            4 => Ok(Method::Sparse),
             other => Err(Error::Corrupt(format!("unknown method tag {other}"))),
         }
     }
@@ -146,10 +153,10 @@ mod tests {
     #[test]
     fn method_tags_are_pinned() {
         let tags: Vec<(u8, &str)> = Method::ALL.iter().map(|m| (*m as u8, m.name())).collect();
-        assert_eq!(tags, vec![(0, "raw"), (1, "zero"), (2, "huffman"), (3, "zstd")]);
+        assert_eq!(tags, vec![(0, "raw"), (1, "zero"), (2, "huffman"), (3, "zstd"), (4, "sparse")]);
         for m in Method::ALL {
             assert_eq!(Method::try_from(m as u8).unwrap(), m);
         }
-        assert!(Method::try_from(4).is_err());
+        assert!(Method::try_from(5).is_err());
     }
 }

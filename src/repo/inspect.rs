@@ -20,6 +20,8 @@ pub struct MethodCounts {
     pub huffman: u64,
     /// zstd-coded groups.
     pub zstd: u64,
+    /// Groups coded as sparse tokens (zstd).
+    pub sparse: u64,
 }
 
 impl MethodCounts {
@@ -29,6 +31,7 @@ impl MethodCounts {
             Method::Zero => self.zero += 1,
             Method::Huffman => self.huffman += 1,
             Method::Zstd => self.zstd += 1,
+            Method::Sparse => self.sparse += 1,
         }
     }
     fn add(&mut self, o: &MethodCounts) {
@@ -36,10 +39,11 @@ impl MethodCounts {
         self.zero += o.zero;
         self.huffman += o.huffman;
         self.zstd += o.zstd;
+        self.sparse += o.sparse;
     }
     /// Total groups counted.
     pub fn total(&self) -> u64 {
-        self.raw + self.zero + self.huffman + self.zstd
+        self.raw + self.zero + self.huffman + self.zstd + self.sparse
     }
 }
 

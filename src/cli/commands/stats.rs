@@ -58,13 +58,23 @@ fn pct(part: f64, whole: f64) -> f64 {
 fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<8} {:>5} {:>14} {:>14} {:>8} {:>9} {:>7} {:>7} {:>7} {:>7}",
-        "dtype", "group", "raw bytes", "stored bytes", "stored%", "entropy%", "raw", "zero", "huffman", "zstd"
+        "{:<8} {:>5} {:>14} {:>14} {:>8} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "dtype",
+        "group",
+        "raw bytes",
+        "stored bytes",
+        "stored%",
+        "entropy%",
+        "raw",
+        "zero",
+        "huffman",
+        "zstd",
+        "sparse"
     )?;
     for g in &r.groups {
         writeln!(
             out,
-            "{:<8} {:>5} {:>14} {:>14} {:>7.2}% {:>8.2}% {:>7} {:>7} {:>7} {:>7}",
+            "{:<8} {:>5} {:>14} {:>14} {:>7.2}% {:>8.2}% {:>7} {:>7} {:>7} {:>7} {:>7}",
             g.dtype,
             g.group,
             g.raw_bytes,
@@ -74,7 +84,8 @@ fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             g.methods[0],
             g.methods[1],
             g.methods[2],
-            g.methods[3]
+            g.methods[3],
+            g.methods[4]
         )?;
     }
     writeln!(out, "index and framing: {} bytes", r.overhead_bytes)?;
