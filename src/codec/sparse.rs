@@ -75,7 +75,7 @@ pub fn decode(stored: &[u8], out: &mut [u8], xor: bool) -> Result<()> {
 
 /// Zero runs shorter than this stay inside a literal run: a token costs at least two bytes,
 /// so splitting a literal run at one or two zeros makes the stream longer, not shorter.
-const MIN_ZERO_RUN: usize = 4;
+pub const MIN_ZERO_RUN: usize = 4;
 
 /// Appends the token stream of `group` to `out`. Returns `false` (with `out` as it was) when the
 /// stream would not be shorter than `limit` bytes, i.e. when the group is not sparse enough for
