@@ -1,15 +1,18 @@
 //! Writes a synthetic series of large bf16 checkpoints for the commit/checkout benchmark
 //! (`benches/big_checkpoint.sh`): no downloads, deterministic, any size.
 //!
-//! Every epoch file holds `8 × GIB` tensors of 8192 × 8192 bf16 (128 MiB each). Epoch 0 draws
-//! weights from a bell-shaped distribution with standard deviation 0.02 (the sum of four
+//! Every epoch file holds SIZE / 128 MiB tensors of 8192 × 8192 bf16 (128 MiB each). Epoch 0
+//! draws weights from a bell-shaped distribution with standard deviation 0.02 (the sum of four
 //! uniforms, which is close enough to normal for the exponent statistics and far cheaper);
 //! epoch e + 1 adds an update about 1/500 of a weight to every weight in f32 and rounds to
 //! bf16 (round to nearest even), so a varying fraction of the low mantissa bits changes, as in
-//! a real fine-tune. The update shrinks by half every epoch, like a decaying learning rate.
+//! a real fine-tune. The update shrinks by DECAY every epoch (default 0.5), like a decaying
+//! learning rate; with a slower decay (0.8) bits keep changing for 20 epochs and more, which is
+//! what `benches/deep_chain.sh` needs.
 //!
-//! `cargo run --release --example synthetic_series -- OUT_DIR GIB [EPOCHS]`
-//! writes `OUT_DIR/epoch_0.safetensors` … `epoch_{EPOCHS-1}.safetensors` (default 2 epochs).
+//! `cargo run --release --example synthetic_series -- OUT_DIR SIZE [EPOCHS] [DECAY]`, where
+//! SIZE is GiB (`2`) or MiB with an `M` suffix (`256M`, a multiple of 128), writes
+//! `OUT_DIR/epoch_0.safetensors` … `epoch_{EPOCHS-1}.safetensors` (default 2 epochs).
 //! Memory: one tensor in f32 plus one in bf16 (768 MiB); the files are streamed.
 
 use ckpt::Dtype;
@@ -43,12 +46,17 @@ fn to_bf16(x: f32) -> u16 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: synthetic_series OUT_DIR GIB [EPOCHS]";
+    let usage = "usage: synthetic_series OUT_DIR SIZE [EPOCHS] [DECAY]";
     let dir = std::path::PathBuf::from(args.next().ok_or(usage)?);
-    let gib: u64 = args.next().ok_or(usage)?.parse()?;
+    let size = args.next().ok_or(usage)?;
+    let mib: u64 = match size.strip_suffix('M') {
+        Some(m) => m.parse()?,
+        None => size.parse::<u64>()? * 1024,
+    };
     let epochs: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(2);
+    let decay: f32 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(0.5);
     std::fs::create_dir_all(&dir)?;
-    let count = (8 * gib).max(1);
+    let count = (mib / 128).max(1);
     let spec: Vec<(String, Dtype, Vec<u64>)> =
         (0..count).map(|i| (format!("layers.{i}.weight"), Dtype::Bf16, vec![SIDE, SIDE])).collect();
     let header = ckpt::safetensors::write_header(&spec, None)?;
@@ -70,7 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         weights.iter_mut().for_each(|w| *w = rng.bell() * 0.02);
         for (e, file) in files.iter_mut().enumerate() {
             if e > 0 {
-                let step = 0.002 / (1u32 << (e - 1)) as f32;
+                let step = 0.002 * decay.powi(e as i32 - 1);
                 weights.iter_mut().for_each(|w| *w += *w * step * rng.bell());
             }
             for (w, out) in weights.iter().zip(bytes.chunks_exact_mut(2)) {
@@ -82,6 +90,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for mut f in files {
         f.flush()?;
     }
-    println!("wrote {epochs} epochs of {count} bf16 tensors ({gib} GiB each) to {}", dir.display());
+    println!("wrote {epochs} epochs of {count} bf16 tensors ({} MiB each) to {}", count * 128, dir.display());
     Ok(())
 }

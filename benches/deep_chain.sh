@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# What delta-chain depth costs: commits a synthetic bf16 series epoch by epoch with the default
+# settings (delta against the previous version, a full base every 20 versions, so version k sits
+# at chain depth k), then checks out every version. Prints per version: chain depth, stored
+# bytes, method mix, commit and checkout wall time against `cp` of the same file, peak RSS.
+#
+# usage: benches/deep_chain.sh [--size 256M] [--epochs 20] [--decay 0.8] [--dir DIR] [-j THREADS] [--ckpt BIN]
+#   --size    size of each epoch file, GiB or MiB with an M suffix (examples/synthetic_series.rs)
+#   --epochs  versions to commit (default 20: one whole chain under base_every = 20)
+#   --decay   factor by which the update shrinks per epoch (default 0.8: bits keep changing)
+#   --dir     scratch directory, needs EPOCHS × SIZE for the data plus the store and one output
+#   --ckpt    the ckpt binary to measure (default: this tree's release build), for A/B runs
+#
+# Each measured command is preceded by `cp` of the same file to the same kind of target, so both
+# find the page cache alike; cp is timed three times per version and its median is the scale.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SIZE=256M
+EPOCHS=20
+DECAY=0.8
+DIR="${TMPDIR:-/tmp}/ckpt-deep"
+JOBS="$(nproc)"
+CKPT=""
+while (($#)); do
+    case "$1" in
+        --size) SIZE="$2"; shift 2 ;;
+        --epochs) EPOCHS="$2"; shift 2 ;;
+        --decay) DECAY="$2"; shift 2 ;;
+        --dir) DIR="$2"; shift 2 ;;
+        -j) JOBS="$2"; shift 2 ;;
+        --ckpt) CKPT="$(realpath "$2")"; shift 2 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+
+cd "$ROOT"
+cargo build --release --quiet --bin ckpt --example synthetic_series
+CKPT="${CKPT:-$ROOT/target/release/ckpt}"
+DATA="$DIR/data-$SIZE-$EPOCHS-$DECAY"
+last=$((EPOCHS - 1))
+if [[ ! -f "$DATA/epoch_$last.safetensors" ]]; then
+    rm -rf "$DATA" "$DATA.tmp"
+    "$ROOT/target/release/examples/synthetic_series" "$DATA.tmp" "$SIZE" "$EPOCHS" "$DECAY" >&2
+    mv "$DATA.tmp" "$DATA"
+fi
+
+REPO="$DIR/repo"
+OUT="$DIR/out"
+rm -rf "$REPO" "$OUT"
+mkdir -p "$REPO"
+"$CKPT" -q init "$REPO"
+
+# timed OUTFILE CMD...: runs CMD, appends "wall_s rss_kib" to OUTFILE.
+timed() {
+    local out="$1"
+    shift
+    /usr/bin/time -f "%e %M" -o "$out" -a "$@" > /dev/null
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+cp_time() { # FILE: median wall seconds of three cp runs to a fresh name
+    local f="$1" t
+    t="$(mktemp)"
+    for _ in 1 2 3; do
+        rm -f "$OUT.cp"
+        timed "$t" cp "$f" "$OUT.cp"
+    done
+    rm -f "$OUT.cp"
+    cut -d' ' -f1 "$t" | median
+    rm -f "$t"
+}
+
+declare -a ids commit_s commit_rss cp_s
+for e in $(seq 0 "$last"); do
+    f="$DATA/epoch_$e.safetensors"
+    cat "$f" > /dev/null
+    cp_s[e]="$(cp_time "$f")"
+    cp "$f" "$REPO/model.safetensors"
+    t="$(mktemp)"
+    timed "$t" "$CKPT" -q -j "$JOBS" -C "$REPO" commit -m "epoch $e" model.safetensors
+    read -r commit_s[e] commit_rss[e] < "$t"
+    rm -f "$t"
+    ids[e]="$("$CKPT" -C "$REPO" log -n 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')"
+done
+
+echo "synthetic bf16 series: $EPOCHS epochs of $SIZE, update decay $DECAY per epoch; -j $JOBS; $(date -u '+%Y-%m-%d %H:%M UTC'), $CKPT at commit $(git rev-parse --short HEAD)"
+echo
+echo "| version | depth | stored MiB | methods | commit s | commit/cp | checkout s | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |"
+echo "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"
+for e in $(seq 0 "$last"); do
+    f="$DATA/epoch_$e.safetensors"
+    rm -rf "$OUT"
+    t="$(mktemp)"
+    timed "$t" "$CKPT" -q -j "$JOBS" -C "$REPO" checkout "${ids[e]}" --output "$OUT"
+    read -r co_s co_rss < "$t"
+    rm -f "$t"
+    if cmp -s "$f" "$OUT/model.safetensors"; then exact=yes; else exact=NO; fi
+    show="$("$CKPT" -C "$REPO" show "${ids[e]}")"
+    # Deepest chain among the version's tensors ("delta vs ... d=N"); none for a full base.
+    depth="$( (grep -o 'd=[0-9]*' <<< "$show" || true) | sort -t= -k2 -n | tail -1 | cut -d= -f2)"
+    stored="$(grep '^bytes' <<< "$show" | sed -E 's/.*, ([0-9.]+ (B|[KMG]iB)) added.*/\1/')"
+    methods="$(grep '^methods' <<< "$show" | sed -E 's/^methods *//')"
+    python3 - "$e" "${depth:-0}" "$stored" "$methods" "${commit_s[e]}" "${cp_s[e]}" "$co_s" "${commit_rss[e]}" "$co_rss" "$exact" <<'EOF'
+import sys
+e, depth, stored, methods, commit, cp, co, crss, corss, exact = sys.argv[1:]
+num, unit = stored.split()
+mib = float(num) * {"B": 1 / 1048576, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[unit]
+commit, cp, co = float(commit), float(cp), float(co)
+print(f"| {e} | {depth} | {mib:.1f} | {methods} | {commit:.2f} | {commit / cp:.1f} | {co:.2f} | {co / cp:.1f} "
+      f"| {int(crss) // 1024} | {int(corss) // 1024} | {exact} |")
+EOF
+done
+rm -rf "$OUT"
+echo
+echo "store: $(du -sm "$REPO/.ckpt" | cut -f1) MiB for $EPOCHS × $SIZE"
