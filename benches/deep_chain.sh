@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # What delta-chain depth costs: commits a synthetic bf16 series epoch by epoch with the default
 # settings (delta against the previous version, a full base every 20 versions, so version k sits
-# at chain depth k), then checks out every version. Prints per version: chain depth, stored
+# at chain depth k; or another --policy), then checks out every version. Prints per version: chain depth, stored
 # bytes, method mix, commit and checkout wall time against `cp` of the same file, peak RSS.
 #
-# usage: benches/deep_chain.sh [--size 256M] [--epochs 20] [--decay 0.8] [--dir DIR] [-j THREADS] [--ckpt BIN]
+# usage: benches/deep_chain.sh [--size 256M] [--epochs 20] [--decay 0.8] [--policy P] [--dir DIR] [-j THREADS] [--ckpt BIN]
 #   --size    size of each epoch file, GiB or MiB with an M suffix (examples/synthetic_series.rs)
 #   --epochs  versions to commit (default 20: one whole chain under base_every = 20)
 #   --decay   factor by which the update shrinks per epoch (default 0.8: bits keep changing)
+#   --policy  delta_policy of the repository: previous (default), base or skip
 #   --dir     scratch directory, needs EPOCHS × SIZE for the data plus the store and one output
 #   --ckpt    the ckpt binary to measure (default: this tree's release build), for A/B runs
 #
-# Each measured command is preceded by `cp` of the same file to the same kind of target, so both
-# find the page cache alike; cp is timed three times per version and its median is the scale.
+# cp of each epoch file is timed three times (median) as the scale. Each checkout is preceded by
+# an untimed cp and rm of the same file, so it finds the page cache as the timed cp did.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIZE=256M
 EPOCHS=20
 DECAY=0.8
+POLICY=previous
 DIR="${TMPDIR:-/tmp}/ckpt-deep"
 JOBS="$(nproc)"
 CKPT=""
@@ -27,6 +29,7 @@ while (($#)); do
         --size) SIZE="$2"; shift 2 ;;
         --epochs) EPOCHS="$2"; shift 2 ;;
         --decay) DECAY="$2"; shift 2 ;;
+        --policy) POLICY="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
         -j) JOBS="$2"; shift 2 ;;
         --ckpt) CKPT="$(realpath "$2")"; shift 2 ;;
@@ -50,6 +53,7 @@ OUT="$DIR/out"
 rm -rf "$REPO" "$OUT"
 mkdir -p "$REPO"
 "$CKPT" -q init "$REPO"
+echo "{\"delta_policy\": \"$POLICY\"}" > "$REPO/.ckpt/config"
 
 # timed OUTFILE CMD...: runs CMD, appends "wall_s rss_kib" to OUTFILE.
 timed() {
@@ -83,13 +87,16 @@ for e in $(seq 0 "$last"); do
     ids[e]="$("$CKPT" -C "$REPO" log -n 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')"
 done
 
-echo "synthetic bf16 series: $EPOCHS epochs of $SIZE, update decay $DECAY per epoch; -j $JOBS; $(date -u '+%Y-%m-%d %H:%M UTC'), $CKPT at commit $(git rev-parse --short HEAD)"
+echo "synthetic bf16 series: $EPOCHS epochs of $SIZE, update decay $DECAY per epoch; delta policy $POLICY; -j $JOBS; $(date -u '+%Y-%m-%d %H:%M UTC'), $CKPT at commit $(git rev-parse --short HEAD)"
 echo
 echo "| version | depth | stored MiB | methods | commit s | commit/cp | checkout s | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |"
 echo "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"
 for e in $(seq 0 "$last"); do
     f="$DATA/epoch_$e.safetensors"
     rm -rf "$OUT"
+    # Untimed: write and delete a file of the same size, so the checkout writes into just-freed
+    # page-cache pages like the timed cp did (fresh pages cost several times more on some VMs).
+    cp "$f" "$OUT.warm" && rm -f "$OUT.warm"
     t="$(mktemp)"
     timed "$t" "$CKPT" -q -j "$JOBS" -C "$REPO" checkout "${ids[e]}" --output "$OUT"
     read -r co_s co_rss < "$t"

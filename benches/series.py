@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Repository benchmark on the corpus training series (issue #3 targets).
 
-For each series (bf16, fp32) and delta policy (previous, base), commits epoch_00..epoch_10 one
+For each series (bf16, fp32) and delta policy (previous, base, skip), commits epoch_00..epoch_10 one
 by one into a fresh repository (as `model.safetensors`), then checks every version out again and
 verifies it byte for byte. Reports per version: bytes the store grew by, commit and checkout wall
 time, peak RSS (from /usr/bin/time), and `cp` of the same file for scale; and the whole store
@@ -122,7 +122,7 @@ def main():
     results, ok = {}, True
     print(f"# ckpt {ckpt}, base_every {args.base_every}, load {os.getloadavg()}")
     for name, files in series.items():
-        for policy in ("previous", "base"):
+        for policy in ("previous", "base", "skip"):
             if args.only and f"{name}/{policy}" not in args.only.split(","):
                 continue
             rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes)

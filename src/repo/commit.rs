@@ -75,7 +75,8 @@ impl Repo {
         let reference = match (since_base, policy, &parent) {
             (0, _, _) | (_, _, None) => None,
             (_, DeltaPolicy::Previous, Some(p)) => Some(p.clone()),
-            (_, DeltaPolicy::Base, Some(p)) => self.last_base(p, base_every),
+            (_, DeltaPolicy::Base, Some(p)) => self.ancestor_since_base(p, 0),
+            (s, DeltaPolicy::Skip, Some(p)) => self.ancestor_since_base(p, s & (s - 1)),
         };
 
         let mut files: BTreeMap<String, FileEntry> =
@@ -170,16 +171,15 @@ impl Repo {
         Ok(inputs)
     }
 
-    /// The nearest full-base version at or before `v` along first parents.
-    fn last_base(&self, v: &Version, base_every: u32) -> Option<Version> {
+    /// The nearest version at or before `v` along first parents that is `target` versions after
+    /// its full base (`since_base == target`; 0: the full base itself). `since_base` drops by one
+    /// per first parent, so the walk takes at most `v.since_base` steps.
+    fn ancestor_since_base(&self, v: &Version, target: u32) -> Option<Version> {
         let mut v = v.clone();
-        for _ in 0..=base_every.max(v.since_base) {
-            if v.since_base == 0 {
-                return Some(v);
-            }
+        while v.since_base > target {
             v = self.version(v.parents.first()?).ok()?;
         }
-        None
+        (v.since_base == target).then_some(v)
     }
 
     /// Stores the blobs of `jobs`: small ones in parallel, large ones (each parallel inside the

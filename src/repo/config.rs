@@ -13,6 +13,12 @@ pub enum DeltaPolicy {
     Previous,
     /// The same tensor in the last full-base version: every delta has depth 1.
     Base,
+    /// Skip-deltas (as in Subversion): the version `s` versions after the base (`since_base`)
+    /// deltas against the one `s` with its lowest set bit cleared (1, 2, 4, 8 → base; 3 → 2;
+    /// 5, 6 → 4; 7 → 6), so no chain is deeper than the number of one bits of `s`: at most 4 under
+    /// `base_every = 20`, where `previous` reaches 19. Deltas span more epochs, so the store is
+    /// larger than with `previous` (docs/BENCHMARKS.md, "Delta chain depth").
+    Skip,
 }
 
 /// Repository settings.

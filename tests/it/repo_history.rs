@@ -1,8 +1,8 @@
-//! Commit and check out histories: bit-exact round trips, dedup, both delta policies, files
+//! Commit and check out histories: bit-exact round trips, dedup, the delta policies, files
 //! carried over and removed, tensor filters, revisions, refs, status, log and the index.
 
 use crate::repo_util::{ckpt_in, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, SMALL_MODEL};
-use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileState, Repo, VersionId};
+use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileState, Repo, Storage, VersionId};
 use ckpt::store::ObjectKind;
 use ckpt::Dtype;
 use std::path::PathBuf;
@@ -84,6 +84,35 @@ fn base_policy_deltas_have_depth_one() {
         repo2.commit(&["m.safetensors"], "e", &options).unwrap();
     }
     assert!(blob_depths(&repo2).iter().all(|&d| d <= 1));
+}
+
+/// Skip-deltas: version `s` after the base deltas against `s` with its lowest one bit cleared,
+/// so the deepest tensor chain of each version is the number of one bits of `s`.
+#[test]
+fn skip_policy_bounds_depth_by_one_bits() {
+    let t = TestRepo::with_config(&Config {
+        base_every: 16,
+        chunk_size: 8192,
+        delta_policy: DeltaPolicy::Skip,
+        ..Config::default()
+    });
+    let repo = t.open();
+    let history = commit_epochs(&t, &repo, Dtype::Bf16, 9);
+    for (s, (id, files)) in history.iter().enumerate() {
+        assert_eq!(&t.checkout_all(&repo, &id.to_hex()), files, "version {s}");
+        let show = repo.show(&id.to_hex()).unwrap();
+        // Tensors this version added (unchanged ones are duplicates of an earlier version's).
+        let added: Vec<u32> = show
+            .files
+            .iter()
+            .flat_map(|f| &f.segments)
+            .filter(|seg| seg.storage != Storage::Duplicate && seg.is_tensor)
+            .map(|seg| seg.depth)
+            .collect();
+        assert!(!added.is_empty(), "version {s} adds tensors");
+        assert!(added.iter().all(|&d| d == (s as u32).count_ones()), "version {s}: depths {added:?}");
+    }
+    assert!(repo.verify().unwrap().is_ok());
 }
 
 #[test]
