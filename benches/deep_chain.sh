@@ -52,7 +52,7 @@ REPO="$DIR/repo"
 OUT="$DIR/out"
 rm -rf "$REPO" "$OUT"
 mkdir -p "$REPO"
-"$CKPT" -q init "$REPO"
+"$CKPT" -q init "$REPO" > /dev/null
 echo "{\"delta_policy\": \"$POLICY\"}" > "$REPO/.ckpt/config"
 
 # timed OUTFILE CMD...: runs CMD, appends "wall_s rss_kib" to OUTFILE.
