@@ -30,7 +30,7 @@ while (($#)); do
         --epochs) EPOCHS="$2"; shift 2 ;;
         --decay) DECAY="$2"; shift 2 ;;
         --policy) POLICY="$2"; shift 2 ;;
-        --dir) DIR="$2"; shift 2 ;;
+        --dir) DIR="$(realpath -m "$2")"; shift 2 ;;
         -j) JOBS="$2"; shift 2 ;;
         --ckpt) CKPT="$(realpath "$2")"; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -82,7 +82,7 @@ for e in $(seq 0 "$last"); do
     cp "$f" "$REPO/model.safetensors"
     t="$(mktemp)"
     timed "$t" "$CKPT" -q -j "$JOBS" -C "$REPO" commit -m "epoch $e" model.safetensors
-    read -r commit_s[e] commit_rss[e] < "$t"
+    read -r "commit_s[e]" "commit_rss[e]" < "$t"
     rm -f "$t"
     ids[e]="$("$CKPT" -C "$REPO" log -n 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')"
 done
@@ -112,7 +112,7 @@ import sys
 e, depth, stored, methods, commit, cp, co, crss, corss, exact = sys.argv[1:]
 num, unit = stored.split()
 mib = float(num) * {"B": 1 / 1048576, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[unit]
-commit, cp, co = float(commit), float(cp), float(co)
+commit, cp, co = float(commit), max(float(cp), 0.01), float(co)
 print(f"| {e} | {depth} | {mib:.1f} | {methods} | {commit:.2f} | {commit / cp:.1f} | {co:.2f} | {co / cp:.1f} "
       f"| {int(crss) // 1024} | {int(corss) // 1024} | {exact} |")
 EOF

@@ -3,7 +3,8 @@
 //!
 //! For FILES (epochs in order), prints one line per epoch j: its standalone size, then its size
 //! as a delta against epoch 0, 1, .., j−1. Sizes are what the store would spend on the tensors:
-//! per tensor the smaller of delta and standalone (as commit decides), payload plus 5 index bytes
+//! per tensor the smaller of delta and standalone (commit itself compares the delta with its
+//! reference chain's standalone base object, which is close), payload plus 5 index bytes
 //! per group; an unchanged tensor costs 0 (deduplicated). Headers and object framing are left
 //! out. docs/BENCHMARKS.md ("Delta chain depth") simulates policies on this matrix.
 //!

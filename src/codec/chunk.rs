@@ -7,6 +7,7 @@
 //! containers can put all headers in one index, readable without touching the data.
 
 use super::select::{predict_with_stats, Options, Selection, MAX_CHUNK_SIZE};
+use super::xor_delta::xor_in_place;
 use super::{byte_group, huffman, sparse, zstd_block, Error, Layout, Method, Result};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -346,12 +347,6 @@ fn decode_group(method: Method, stored: &[u8], out: &mut [u8]) -> Result<()> {
         Method::Huffman => huffman::decode(stored, out),
         Method::Zstd => zstd_block::decode(stored, out),
         Method::Raw | Method::Zero | Method::Sparse => unreachable!("only Huffman and zstd groups come here"),
-    }
-}
-
-fn xor_in_place(acc: &mut [u8], other: &[u8]) {
-    for (a, b) in acc.iter_mut().zip(other) {
-        *a ^= b;
     }
 }
 

@@ -30,7 +30,8 @@ pub enum Selection {
     /// Try Huffman, zstd, sparse and raw and keep the smallest (slow; used to tune and check
     /// `Auto`).
     Exhaustive,
-    /// Always try this method (falling back to raw when it does not pay; zero groups stay zero).
+    /// Always try this method, falling back when it does not pay: sparse to zstd, any method to
+    /// raw; `Only(Zero)` stores all-zero groups as zero and everything else raw.
     Only(Method),
 }
 

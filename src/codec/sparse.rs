@@ -13,6 +13,7 @@
 //! Token format, repeated until the stream ends: `zeros` (LEB128, up to 5 bytes), `literals`
 //! (LEB128), then `literals` bytes. Bytes after the last token are zero.
 
+use super::xor_delta::xor_in_place;
 use super::{zstd_block, Error, Result};
 use std::cell::RefCell;
 
@@ -27,6 +28,9 @@ thread_local! {
 /// is larger). Returns `false` (with `out` as it was) when the payload would not be smaller than
 /// the group.
 pub fn encode(group: &[u8], level: i32, out: &mut Vec<u8>) -> Result<bool> {
+    if u32::try_from(group.len()).is_err() {
+        return Ok(false); // run lengths and the stream length are u32 (chunks are ≤ 4 MiB)
+    }
     TOKENS.with(|cell| {
         let mut tokens = cell.borrow_mut();
         tokens.clear();
@@ -147,7 +151,7 @@ pub fn apply(tokens: &[u8], out: &mut [u8], xor: bool) -> Result<()> {
             if literals == 1 {
                 out[lit_start] ^= bytes[0];
             } else {
-                xor_into(&mut out[lit_start..lit_end], bytes);
+                xor_in_place(&mut out[lit_start..lit_end], bytes);
             }
         } else {
             out[at..lit_start].fill(0);
@@ -159,12 +163,6 @@ pub fn apply(tokens: &[u8], out: &mut [u8], xor: bool) -> Result<()> {
         out[at..].fill(0);
     }
     Ok(())
-}
-
-fn xor_into(acc: &mut [u8], bytes: &[u8]) {
-    for (a, b) in acc.iter_mut().zip(bytes) {
-        *a ^= b;
-    }
 }
 
 /// Length of the run of zero bytes at the start of `bytes`, eight at a time.

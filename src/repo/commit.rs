@@ -171,13 +171,19 @@ impl Repo {
         Ok(inputs)
     }
 
-    /// The nearest version at or before `v` along first parents that is `target` versions after
-    /// its full base (`since_base == target`; 0: the full base itself). `since_base` drops by one
-    /// per first parent, so the walk takes at most `v.since_base` steps.
+    /// The version at or before `v` along first parents that is `target` versions after its
+    /// full base (`since_base == target`; 0: the full base itself). `since_base` drops by exactly
+    /// one per first parent in a history ckpt wrote; any other step (a version written by
+    /// something else) ends the walk with `None`, which means no delta, after at most
+    /// `v.since_base - target` steps.
     fn ancestor_since_base(&self, v: &Version, target: u32) -> Option<Version> {
         let mut v = v.clone();
         while v.since_base > target {
+            let expected = v.since_base - 1;
             v = self.version(v.parents.first()?).ok()?;
+            if v.since_base != expected {
+                return None;
+            }
         }
         (v.since_base == target).then_some(v)
     }
@@ -404,5 +410,52 @@ pub(super) fn mtime_ns(m: &std::fs::Metadata) -> i128 {
             Err(e) => -(e.duration().as_nanos() as i128),
         },
         Err(_) => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::Options;
+
+    /// Stores a version with no files on top of `parent`; returns it and its id.
+    fn store_version(repo: &Repo, parent: Option<VersionId>, since_base: u32) -> (Version, VersionId) {
+        let v = Version {
+            format: MODEL_FORMAT,
+            parents: parent.into_iter().collect(),
+            time: 0,
+            message: format!("since_base {since_base}"),
+            since_base,
+            files: Vec::new(),
+            raw_bytes: 0,
+            stored_bytes: 0,
+        };
+        let written = repo.store.write_data(ObjectKind::Version, &v.to_bytes(), &Options::default()).unwrap();
+        (v, written.id)
+    }
+
+    #[test]
+    fn ancestors_are_found_by_since_base_and_bad_histories_give_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repo::init(dir.path()).unwrap();
+        let mut chain = Vec::new();
+        let mut parent = None;
+        for s in 0..6 {
+            let (v, id) = store_version(&repo, parent, s);
+            chain.push(v);
+            parent = Some(id);
+        }
+        let tip = chain.last().unwrap();
+        for target in 0..=5 {
+            assert_eq!(repo.ancestor_since_base(tip, target), Some(chain[target as usize].clone()));
+        }
+        // A version claiming 9 versions since its base on top of one with 5: the walk stops
+        // at the first step that does not drop by one instead of trusting the numbers.
+        let (odd, _) = store_version(&repo, parent, 9);
+        assert_eq!(repo.ancestor_since_base(&odd, 4), None);
+        assert_eq!(repo.ancestor_since_base(&odd, 9), Some(odd.clone()));
+        // A missing parent is no ancestor either.
+        let (orphan, _) = store_version(&repo, Some(ObjectId::hash(b"not stored")), 3);
+        assert_eq!(repo.ancestor_since_base(&orphan, 2), None);
     }
 }

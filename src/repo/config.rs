@@ -15,9 +15,11 @@ pub enum DeltaPolicy {
     Base,
     /// Skip-deltas (as in Subversion): the version `s` versions after the base (`since_base`)
     /// deltas against the one `s` with its lowest set bit cleared (1, 2, 4, 8 → base; 3 → 2;
-    /// 5, 6 → 4; 7 → 6), so no chain is deeper than the number of one bits of `s`: at most 4 under
-    /// `base_every = 20`, where `previous` reaches 19. Deltas span more epochs, so the store is
-    /// larger than with `previous` (docs/BENCHMARKS.md, "Delta chain depth").
+    /// 5, 6 → 4; 7 → 6), so a tensor that changes every version has chains no deeper than the
+    /// number of one bits of `s`: at most 4 under `base_every = 20`, where `previous` reaches
+    /// 19. (A tensor unchanged since an earlier version keeps that version's blob and depth, so
+    /// the hard bound stays `base_every - 1`.) Deltas span more epochs, so the store is larger
+    /// than with `previous` (docs/BENCHMARKS.md, "Delta chain depth").
     Skip,
 }
 

@@ -2,7 +2,7 @@
 
 use crate::cli::ui::{map_file, Ui};
 use crate::codec::container::{is_container, Container};
-use crate::codec::Options;
+use crate::codec::{Method, Options};
 use crate::file_codec::{self, Format, Report};
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -56,37 +56,31 @@ fn pct(part: f64, whole: f64) -> f64 {
 }
 
 fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
-    writeln!(
+    write!(
         out,
-        "{:<8} {:>5} {:>14} {:>14} {:>8} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
-        "dtype",
-        "group",
-        "raw bytes",
-        "stored bytes",
-        "stored%",
-        "entropy%",
-        "raw",
-        "zero",
-        "huffman",
-        "zstd",
-        "sparse"
+        "{:<8} {:>5} {:>14} {:>14} {:>8} {:>9}",
+        "dtype", "group", "raw bytes", "stored bytes", "stored%", "entropy%"
     )?;
+    for m in Method::ALL {
+        write!(out, " {:>7}", m.name())?;
+    }
+    writeln!(out)?;
     for g in &r.groups {
-        writeln!(
+        write!(
             out,
-            "{:<8} {:>5} {:>14} {:>14} {:>7.2}% {:>8.2}% {:>7} {:>7} {:>7} {:>7} {:>7}",
+            "{:<8} {:>5} {:>14} {:>14} {:>7.2}% {:>8.2}%",
             g.dtype,
             g.group,
             g.raw_bytes,
             g.stored_bytes,
             pct(g.stored_bytes as f64, g.raw_bytes as f64),
             pct(g.entropy_bytes, g.raw_bytes as f64),
-            g.methods[0],
-            g.methods[1],
-            g.methods[2],
-            g.methods[3],
-            g.methods[4]
         )?;
+        // `methods` is indexed by method tag, which is `Method::ALL`'s order.
+        for count in g.methods {
+            write!(out, " {count:>7}")?;
+        }
+        writeln!(out)?;
     }
     writeln!(out, "index and framing: {} bytes", r.overhead_bytes)?;
     writeln!(
