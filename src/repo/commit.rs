@@ -85,13 +85,11 @@ impl Repo {
             files.remove(r);
         }
         // 1. Plan and hash every file.
+        let mut references = ReferenceFiles::new(reference.as_ref());
         let hashed: Vec<HashedFile> = inputs
             .iter()
             .map(|input| {
-                let reference = reference
-                    .as_ref()
-                    .and_then(|v| v.file(input.path.as_str()))
-                    .and_then(|f| self.manifest(&f.manifest).ok());
+                let reference = references.for_input(self, input);
                 hash_file(input, reference.as_ref())
             })
             .collect();
@@ -299,6 +297,67 @@ impl Repo {
             };
             let _ = ix.put_stat(input.path.as_str(), &record);
         }
+    }
+}
+
+/// The files of the reference version, for finding each input's reference manifest.
+struct ReferenceFiles<'v> {
+    version: Option<&'v Version>,
+    /// Manifests of the reference version's safetensors files, loaded on first need, the files
+    /// the reference version itself added or changed first.
+    candidates: Option<Vec<Manifest>>,
+}
+
+impl<'v> ReferenceFiles<'v> {
+    fn new(version: Option<&'v Version>) -> Self {
+        ReferenceFiles { version, candidates: None }
+    }
+
+    /// The manifest whose tensors `input`'s tensors are delta-coded against: the file at the same
+    /// path in the reference version; or, when there is none (training loops that write
+    /// `epoch_3.safetensors` or `checkpoint-1500/model.safetensors`, a new path every time), the
+    /// safetensors file of the reference version that holds the most of `input`'s tensors (same
+    /// name, dtype and shape), preferring files the reference version itself added or changed,
+    /// so that among older epochs carried along the newest one is chosen. Tensors match by
+    /// name, dtype and shape either way.
+    fn for_input(&mut self, repo: &Repo, input: &Input) -> Option<Manifest> {
+        let version = self.version?;
+        if let Some(f) = version.file(input.path.as_str()) {
+            return repo.manifest(&f.manifest).ok();
+        }
+        let header = input.header.as_ref()?;
+        let wanted: HashSet<TensorRef> = header
+            .tensors
+            .iter()
+            .map(|t| TensorRef {
+                name: t.name.clone(),
+                dtype: t.dtype.safetensors_name().to_string(),
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let candidates = self.candidates.get_or_insert_with(|| Self::load_candidates(repo, version));
+        // Candidates are ordered changed-first; `max_by_key` keeps the last maximum, so scan in
+        // reverse to keep the first.
+        candidates
+            .iter()
+            .rev()
+            .map(|m| (m.tensors().filter(|(t, _)| wanted.contains(*t)).count(), m))
+            .filter(|(score, _)| *score > 0)
+            .max_by_key(|(score, _)| *score)
+            .map(|(_, m)| m.clone())
+    }
+
+    fn load_candidates(repo: &Repo, version: &Version) -> Vec<Manifest> {
+        let parent = version.parents.first().and_then(|p| repo.version(p).ok());
+        let changed =
+            |f: &FileEntry| parent.as_ref().and_then(|p| p.file(&f.path)).is_none_or(|old| old.manifest != f.manifest);
+        let (mut first, rest): (Vec<&FileEntry>, Vec<&FileEntry>) = version.files.iter().partition(|f| changed(f));
+        first.extend(rest);
+        first
+            .into_iter()
+            .filter_map(|f| repo.manifest(&f.manifest).ok())
+            .filter(|m| m.kind == FileFormat::Safetensors)
+            .collect()
     }
 }
 

@@ -115,6 +115,41 @@ fn skip_policy_bounds_depth_by_one_bits() {
     assert!(repo.verify().unwrap().is_ok());
 }
 
+/// Training loops that write every epoch under a new path (`epoch_3.safetensors`,
+/// `checkpoint-1500/model.safetensors`) still get deltas: a path the reference version lacks is
+/// matched to its safetensors file holding the same tensors, the newest one first.
+#[test]
+fn new_paths_delta_against_the_file_with_the_same_tensors() {
+    let t = TestRepo::with_config(&Config { chunk_size: 8192, ..Config::default() });
+    let repo = t.open();
+    // An unrelated model with other tensor names, carried along in every version.
+    let other = synthetic_checkpoint(9, Dtype::Bf16, &[("other.weight", &[64, 64])], 0);
+    t.commit_files(&repo, &[("other.safetensors", &other)], "unrelated");
+    let mut history = Vec::new();
+    for e in 0..4u32 {
+        let path = format!("run/checkpoint-{}/model.safetensors", 100 * (e + 1));
+        let model = synthetic_checkpoint(11, Dtype::Bf16, SMALL_MODEL, e);
+        let id = t.commit_files(&repo, &[(&path, &model)], &format!("epoch {e}"));
+        history.push((id, path, model));
+    }
+    for (e, (id, path, model)) in history.iter().enumerate() {
+        let show = repo.show(&id.to_hex()).unwrap();
+        let file = show.files.iter().find(|f| &f.path == path).unwrap();
+        let tensors: Vec<_> = file.segments.iter().filter(|seg| seg.is_tensor).collect();
+        for seg in &tensors {
+            if e == 0 {
+                assert_eq!(seg.storage, Storage::Base, "epoch 0 has nothing to delta against");
+            } else {
+                // Against the previous epoch's file (depth e), not the first one (depth 1).
+                assert_eq!((seg.storage, seg.depth), (Storage::Delta, e as u32), "epoch {e} {}", seg.name);
+            }
+        }
+        let out = t.checkout_all(&repo, &id.to_hex());
+        assert!(out.contains(&(path.clone(), model.clone())), "epoch {e} checks out bit-exactly");
+    }
+    assert!(repo.verify().unwrap().is_ok());
+}
+
 #[test]
 fn identical_tensors_are_stored_once() {
     let t = TestRepo::init();
