@@ -431,8 +431,9 @@ fn payload_capacity(chunk_len: usize) -> usize {
 }
 
 /// Whether `c` is a chunk size the format allows: a power of two from 4 KiB to 4 MiB. Powers of
-/// two keep every run of chunks at a multiple of its length, so its blake3 is one subtree of the
-/// whole input's and workers can hash runs independently ([`crate::object_id::PieceHashes`]).
+/// two keep every run of a blob's chunks on blake3's 1 KiB grid, so the subtree hashes of the
+/// runs that checkout's workers take join into the blob's hash without its bytes
+/// ([`crate::object_id::RangeHashes`]).
 pub fn is_valid_chunk_size(c: usize) -> bool {
     (super::select::MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&c) && c.is_power_of_two()
 }

@@ -7,7 +7,7 @@ use super::model::{FileEntry, FileFormat, Manifest};
 use super::{Error, Repo, RepoPath, Result, VersionId};
 use crate::index::StatRecord;
 use crate::object_id::ObjectId;
-use crate::object_id::{PieceHash, PieceHashes};
+use crate::object_id::{NodeHash, RangeHashes};
 use crate::safetensors;
 use crate::store;
 use rayon::prelude::*;
@@ -34,14 +34,6 @@ struct Unit {
     offset: u64,
     /// Length of the run's bytes.
     len: usize,
-}
-
-impl Unit {
-    /// The run's index among the blob's runs of [`UNIT_CHUNKS`] chunks, which is its piece of
-    /// the blob's hash ([`PieceHashes`] with pieces of `UNIT_CHUNKS` chunks).
-    fn piece(&self) -> u64 {
-        (self.chunks.start / UNIT_CHUNKS) as u64
-    }
 }
 
 /// Selects tensors by name for `checkout --tensor`.
@@ -291,8 +283,8 @@ impl Repo {
     /// Writes every segment of `manifest` into `tmp` at its offset, decoding chunks of all
     /// blobs in parallel (a file of many small tensors keeps every core busy, and the copy into
     /// the page cache is spread over the workers too). Each worker hashes the run of chunks it
-    /// decoded, while the bytes are in cache, as a piece of the blob's blake3 ([`PieceHashes`]);
-    /// once a blob's pieces are in, its hash is checked against its id (naming the damaged
+    /// decoded, while the bytes are in cache, as part of the blob's blake3 ([`RangeHashes`]);
+    /// once a blob's parts are in, its hash is checked against its id (naming the damaged
     /// chain if it differs). The file's hash is then derived from those ids and checked against
     /// the recorded one ([`super::model::file_hash`]).
     fn write_whole_file(
@@ -324,8 +316,8 @@ impl Repo {
         }
         let file = tmp.as_file();
         file.set_len(manifest.len).map_err(|e| io_err("writing", e))?;
-        // The hashes of the pieces of the blob being checked, so far.
-        let mut blob_pieces = Vec::new();
+        // The subtree hashes of the blob being checked, so far.
+        let mut blob_nodes: Vec<NodeHash> = Vec::new();
         let mut done = 0u64;
         // Two window buffers: the pool decodes into one while this thread checks and writes
         // the other (reused across batches: fresh buffers cost page faults).
@@ -338,17 +330,10 @@ impl Repo {
                 .map(|(o, s)| Ok((*o, self.open_segment(entry, s)?)))
                 .collect::<Result<Vec<_>>>()?;
             let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
-            // Units are pieces: a chain's chunk size is a power of two (`Container::open`
-            // rejects any other) and unit `k` covers bytes from `k * UNIT_CHUNKS * chunk_size`
-            // (the chain checks that every container's chunks lie on that grid).
-            let pieces: Vec<PieceHashes> = decoders
-                .iter()
-                .zip(&chains)
-                .map(|(dec, (_, chain))| {
-                    PieceHashes::new((UNIT_CHUNKS * dec.chunk_size()) as u64, chain.len())
-                        .expect("chunk sizes are powers of two of at least 4 KiB")
-                })
-                .collect();
+            // Units start on blake3's 1 KiB grid: a chain's chunk size is a power of two of at
+            // least 4 KiB (`Container::open` rejects any other), so the units' subtree hashes
+            // cover each blob and join without its bytes.
+            let blob_hashes: Vec<RangeHashes> = chains.iter().map(|(_, chain)| RangeHashes::new(chain.len())).collect();
             // Work units in file order.
             let units: Vec<Unit> = decoders
                 .iter()
@@ -365,7 +350,7 @@ impl Repo {
             // Windows: runs of consecutive units (contiguous in the file) of about WINDOW_BYTES.
             let windows = crate::codec::runs_within(units.iter().map(|u| u.len as u64), WINDOW_BYTES as u64);
             // Decodes window `w` into `buf` and returns the hash of each of its units.
-            let decode_window = |w: &Range<usize>, buf: &mut Vec<u8>| -> Result<Vec<PieceHash>> {
+            let decode_window = |w: &Range<usize>, buf: &mut Vec<u8>| -> Result<Vec<Vec<NodeHash>>> {
                 let len: usize = units[w.clone()].iter().map(|u| u.len).sum();
                 buf.resize(len, 0);
                 let mut rest = &mut buf[..];
@@ -376,9 +361,12 @@ impl Repo {
                     work.push((u, head));
                 }
                 work.into_par_iter()
-                    .map(|(u, dst)| -> Result<PieceHash> {
+                    .map(|(u, dst)| -> Result<Vec<NodeHash>> {
                         decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
-                        Ok(pieces[u.decoder].hash_piece(u.piece(), dst).expect("a unit is exactly its piece"))
+                        let range = decoders[u.decoder].byte_range(u.chunks.clone());
+                        let mut nodes = Vec::new();
+                        blob_hashes[u.decoder].hash_range(range.start as u64..range.end as u64, dst, &mut nodes);
+                        Ok(nodes)
                     })
                     .collect()
             };
@@ -386,12 +374,12 @@ impl Repo {
             // thread checks and writes window k-1. One writer writes sequentially: parallel
             // `pwrite`s to one file serialise on the inode lock (perf: a third of checkout
             // time spinning in rwsem_spin_on_owner).
-            let mut pending: Option<(usize, Vec<PieceHash>)> = None;
+            let mut pending: Option<(usize, Vec<Vec<NodeHash>>)> = None;
             for k in 0..=windows.len() {
                 let (front, back) = buffers.split_at_mut(1);
                 let (decode_buf, write_buf) =
                     if k % 2 == 0 { (&mut front[0], &back[0]) } else { (&mut back[0], &front[0]) };
-                let mut decoded: Option<Result<Vec<PieceHash>>> = None;
+                let mut decoded: Option<Result<Vec<Vec<NodeHash>>>> = None;
                 let written = rayon::in_place_scope(|scope| -> Result<()> {
                     if let Some(w) = windows.get(k) {
                         let decoded = &mut decoded;
@@ -400,14 +388,14 @@ impl Repo {
                     }
                     if let Some((p, hashes)) = pending.take() {
                         let offset = units[windows[p].start].offset;
-                        for (u, hash) in units[windows[p].clone()].iter().zip(hashes) {
-                            blob_pieces.push(hash);
+                        for (u, nodes) in units[windows[p].clone()].iter().zip(hashes) {
+                            blob_nodes.extend(nodes);
                             if u.chunks.end == decoders[u.decoder].chunk_count() {
                                 let (_, chain) = &chains[u.decoder];
-                                let joined =
-                                    pieces[u.decoder].join(&blob_pieces).expect("one hash per unit of the blob");
+                                let joined = blob_hashes[u.decoder]
+                                    .join(std::mem::take(&mut blob_nodes), None)
+                                    .expect("the blob's units cover it on blake3's grid");
                                 chain.check_hash(ObjectId(*joined.as_bytes()))?;
-                                blob_pieces.clear();
                             }
                         }
                         file.write_all_at(write_buf, offset).map_err(|e| io_err("writing", e))?;

@@ -490,9 +490,9 @@ fn an_io_error_is_reported_once_with_the_file() {
     assert_eq!(err.matches(os_error).count(), 1, "the cause once: {err}");
 }
 
-/// Checkout hashes each run of chunks in the worker that decodes it and joins the pieces into
-/// the blob's blake3 (`PieceHashes`): tensors of exactly one piece, just over one, just under
-/// three, exactly five, and tiny ones must all check out, as bases and as deltas.
+/// Checkout hashes each run of chunks in the worker that decodes it and joins the runs' subtree
+/// hashes into the blob's blake3 (`RangeHashes`): tensors of exactly one run, just over one,
+/// just under three, exactly five, and tiny ones must all check out, as bases and as deltas.
 #[test]
 fn tensors_around_piece_boundaries_check_out() {
     // 4 KiB chunks: a checkout work unit (a hash piece) is 8 chunks = 32 KiB = 16384 bf16 values.
