@@ -33,7 +33,8 @@ impl ObjectId {
 
 /// Feeds `bytes` to `hasher`, on the rayon pool when it has several threads and the input is
 /// large enough to split (1 MiB and up); below that the fork-join costs more than it saves.
-/// Every bulk hash of the crate goes through here, so the threshold lives in one place.
+/// Every bulk hash of a whole buffer goes through here, so the threshold lives in one place
+/// (workers hashing what they just decoded use [`RangeHashes`] instead).
 pub fn hash_update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
     if rayon::current_num_threads() > 1 && bytes.len() >= 1 << 20 {
         hasher.update_rayon(bytes);

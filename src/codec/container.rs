@@ -658,12 +658,9 @@ impl<'a> Container<'a> {
         if out.len() as u64 != self.original_len {
             return Err(Error::InvalidInput("output length differs from the original length".into()));
         }
-        // One parallel pass: each unit of chunks is decoded and then hashed by the same worker,
-        // while it is still in cache (the output goes to memory once instead of being written
-        // and read back), as the subtrees of blake3's tree that lie inside it; a final join
-        // hashes the few 1 KiB pieces across unit edges (`RangeHashes`). Hashing batch by batch
-        // instead cost two fork-joins per batch, which left the pool idle 12–14% of the time on
-        // two threads.
+        // One parallel pass: each unit of chunks is decoded and then hashed by the same worker
+        // while still in cache, as the blake3 subtrees inside it; the join hashes the 1 KiB
+        // pieces across unit edges (`RangeHashes`, which says why).
         let hashes = RangeHashes::new(self.original_len);
         let units = super::runs_within(self.chunks.iter().map(|c| c.original_len as u64), DECODE_UNIT as u64);
         let mut work = Vec::with_capacity(units.len());

@@ -303,62 +303,91 @@ impl Repo {
 /// The files of the reference version, for finding each input's reference manifest.
 struct ReferenceFiles<'v> {
     version: Option<&'v Version>,
-    /// Manifests of the reference version's safetensors files, loaded on first need, the files
-    /// the reference version itself added or changed first.
-    candidates: Option<Vec<Manifest>>,
+    /// The reference version's files, most recently changed first (see [`Self::by_recency`]),
+    /// computed on first need.
+    recency: Option<Vec<&'v FileEntry>>,
+    /// Manifests loaded so far, by id.
+    manifests: HashMap<ObjectId, Manifest>,
 }
+
+/// Versions walked back along first parents to order the reference version's files by when they
+/// last changed; files unchanged for longer come after, in path order.
+const RECENCY_WALK: usize = 32;
 
 impl<'v> ReferenceFiles<'v> {
     fn new(version: Option<&'v Version>) -> Self {
-        ReferenceFiles { version, candidates: None }
+        ReferenceFiles { version, recency: None, manifests: HashMap::new() }
     }
 
     /// The manifest whose tensors `input`'s tensors are delta-coded against: the file at the same
     /// path in the reference version; or, when there is none (training loops that write
     /// `epoch_3.safetensors` or `checkpoint-1500/model.safetensors`, a new path every time), the
-    /// safetensors file of the reference version that holds the most of `input`'s tensors (same
-    /// name, dtype and shape), preferring files the reference version itself added or changed,
-    /// so that among older epochs carried along the newest one is chosen. Tensors match by
-    /// name, dtype and shape either way.
+    /// reference version's safetensors file that holds the most of `input`'s tensors (same name,
+    /// dtype and shape). Ties go to the file with the same file name
+    /// (`checkpoint-1000/ema.safetensors` for `checkpoint-1500/ema.safetensors`), then to the one
+    /// changed most recently, so that among older epochs carried along the newest is chosen.
+    /// Files are scored newest first and the first that holds every tensor under the same file
+    /// name ends the search, so a long history is not read in full.
     fn for_input(&mut self, repo: &Repo, input: &Input) -> Option<Manifest> {
         let version = self.version?;
         if let Some(f) = version.file(input.path.as_str()) {
             return repo.manifest(&f.manifest).ok();
         }
         let header = input.header.as_ref()?;
-        let wanted: HashSet<TensorRef> = header
-            .tensors
-            .iter()
-            .map(|t| TensorRef {
-                name: t.name.clone(),
-                dtype: t.dtype.safetensors_name().to_string(),
-                shape: t.shape.clone(),
-            })
-            .collect();
-        let candidates = self.candidates.get_or_insert_with(|| Self::load_candidates(repo, version));
-        // Candidates are ordered changed-first; `max_by_key` keeps the last maximum, so scan in
-        // reverse to keep the first.
-        candidates
-            .iter()
-            .rev()
-            .map(|m| (m.tensors().filter(|(t, _)| wanted.contains(*t)).count(), m))
-            .filter(|(score, _)| *score > 0)
-            .max_by_key(|(score, _)| *score)
-            .map(|(_, m)| m.clone())
+        let wanted: HashSet<TensorRef> = header.tensors.iter().map(TensorRef::of).collect();
+        let name = input.path.as_str().rsplit('/').next();
+        let recency = self.recency.get_or_insert_with(|| Self::by_recency(repo, version));
+        let mut best: Option<((usize, bool), ObjectId)> = None;
+        for f in recency.iter() {
+            let Some(m) = load(&mut self.manifests, repo, &f.manifest) else { continue };
+            if m.kind != FileFormat::Safetensors {
+                continue;
+            }
+            let score = (m.tensors().filter(|(t, _)| wanted.contains(*t)).count(), f.path.rsplit('/').next() == name);
+            if score.0 > 0 && best.as_ref().is_none_or(|(b, _)| score > *b) {
+                best = Some((score, f.manifest));
+                if score == (wanted.len(), true) {
+                    break;
+                }
+            }
+        }
+        best.and_then(|(_, id)| self.manifests.get(&id).cloned())
     }
 
-    fn load_candidates(repo: &Repo, version: &Version) -> Vec<Manifest> {
-        let parent = version.parents.first().and_then(|p| repo.version(p).ok());
-        let changed =
-            |f: &FileEntry| parent.as_ref().and_then(|p| p.file(&f.path)).is_none_or(|old| old.manifest != f.manifest);
-        let (mut first, rest): (Vec<&FileEntry>, Vec<&FileEntry>) = version.files.iter().partition(|f| changed(f));
-        first.extend(rest);
-        first
-            .into_iter()
-            .filter_map(|f| repo.manifest(&f.manifest).ok())
-            .filter(|m| m.kind == FileFormat::Safetensors)
-            .collect()
+    /// The files of `version`, those changed by `version` itself first, then those changed by
+    /// its parent, and so on for [`RECENCY_WALK`] versions along first parents; the rest after.
+    fn by_recency(repo: &Repo, version: &'v Version) -> Vec<&'v FileEntry> {
+        let mut placed: HashSet<&str> = HashSet::new();
+        let mut order = Vec::new();
+        let mut newer = version.clone();
+        for _ in 0..RECENCY_WALK {
+            let older = newer.parents.first().and_then(|p| repo.version(p).ok());
+            for f in &version.files {
+                // `f` is as of `version`; it last changed in `newer` when `newer` holds it and
+                // `older` holds another manifest (or none) at that path.
+                let in_newer = newer.file(&f.path).is_some_and(|n| n.manifest == f.manifest);
+                let in_older = older.as_ref().and_then(|o| o.file(&f.path)).is_some_and(|o| o.manifest == f.manifest);
+                if in_newer && !in_older && placed.insert(f.path.as_str()) {
+                    order.push(f);
+                }
+            }
+            match older {
+                Some(o) => newer = o,
+                None => break,
+            }
+        }
+        order.extend(version.files.iter().filter(|f| !placed.contains(f.path.as_str())));
+        order
     }
+}
+
+/// `id`'s manifest from `cache`, reading it on first use; `None` if it cannot be read.
+fn load<'c>(cache: &'c mut HashMap<ObjectId, Manifest>, repo: &Repo, id: &ObjectId) -> Option<&'c Manifest> {
+    if !cache.contains_key(id) {
+        let m = repo.manifest(id).ok()?;
+        cache.insert(*id, m);
+    }
+    cache.get(id)
 }
 
 /// A planned segment with its id.
@@ -435,11 +464,7 @@ fn plan(len: u64, header: Option<&safetensors::Header>) -> Vec<Planned> {
     let mut out = vec![Planned { range: 0..header.data_start, dtype: None, tensor: None }];
     let mut at = header.data_start;
     for t in &header.tensors {
-        let tensor = Some(TensorRef {
-            name: t.name.clone(),
-            dtype: t.dtype.safetensors_name().to_string(),
-            shape: t.shape.clone(),
-        });
+        let tensor = Some(TensorRef::of(t));
         if t.is_empty() {
             out.push(Planned { range: at..at, dtype: Some(t.dtype), tensor });
             continue;

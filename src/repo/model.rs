@@ -92,6 +92,11 @@ pub struct TensorRef {
 }
 
 impl TensorRef {
+    /// The reference to a tensor of a parsed safetensors header.
+    pub fn of(t: &crate::safetensors::TensorInfo) -> TensorRef {
+        TensorRef { name: t.name.clone(), dtype: t.dtype.safetensors_name().to_string(), shape: t.shape.clone() }
+    }
+
     /// The parsed dtype (checked by [`Manifest::parse`]).
     pub fn dtype(&self) -> Option<Dtype> {
         Dtype::from_safetensors_name(&self.dtype)

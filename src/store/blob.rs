@@ -626,10 +626,6 @@ impl ChainDecoder<'_> {
     pub fn chunk_count(&self) -> usize {
         self.chain.chunk_count
     }
-    /// Chunk size (every chunk but the last is this long).
-    pub fn chunk_size(&self) -> usize {
-        self.chain.chunk_size
-    }
     /// Byte range of chunks `chunks` within the blob's content.
     pub fn byte_range(&self, chunks: Range<usize>) -> Range<usize> {
         if chunks.is_empty() {

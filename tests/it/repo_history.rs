@@ -148,6 +148,34 @@ fn new_paths_delta_against_the_file_with_the_same_tensors() {
         assert!(out.contains(&(path.clone(), model.clone())), "epoch {e} checks out bit-exactly");
     }
     assert!(repo.verify().unwrap().is_ok());
+
+    // Two files with the same tensors under new paths: each deltas against the file of the same
+    // name (an EMA copy and the model), not both against whichever sorts first.
+    let t = TestRepo::with_config(&Config { chunk_size: 8192, ..Config::default() });
+    let repo = t.open();
+    for e in 0..2u32 {
+        let model = synthetic_checkpoint(11, Dtype::Bf16, SMALL_MODEL, e);
+        let ema = synthetic_checkpoint(12, Dtype::Bf16, SMALL_MODEL, e);
+        let (m, a) = (format!("ckpt-{e}/model.safetensors"), format!("ckpt-{e}/ema.safetensors"));
+        let id = t.commit_files(&repo, &[(&m, &model), (&a, &ema)], &format!("step {e}"));
+        if e == 1 {
+            let show = repo.show(&id.to_hex()).unwrap();
+            let previous = repo.show("HEAD~1").unwrap();
+            for name in ["model", "ema"] {
+                let now = show.files.iter().find(|f| f.path == format!("ckpt-1/{name}.safetensors")).unwrap();
+                let before = previous.files.iter().find(|f| f.path == format!("ckpt-0/{name}.safetensors")).unwrap();
+                for (seg, old) in now.segments.iter().zip(&before.segments).filter(|(s, _)| s.is_tensor) {
+                    assert_eq!(seg.storage, Storage::Delta, "{name} {}", seg.name);
+                    assert_eq!(
+                        seg.reference,
+                        Some(old.blob),
+                        "{name} {} deltas against the same file's tensor",
+                        seg.name
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -494,8 +522,9 @@ fn an_io_error_is_reported_once_with_the_file() {
 /// hashes into the blob's blake3 (`RangeHashes`): tensors of exactly one run, just over one,
 /// just under three, exactly five, and tiny ones must all check out, as bases and as deltas.
 #[test]
-fn tensors_around_piece_boundaries_check_out() {
-    // 4 KiB chunks: a checkout work unit (a hash piece) is 8 chunks = 32 KiB = 16384 bf16 values.
+fn tensors_around_unit_boundaries_check_out() {
+    // 4 KiB chunks: a checkout work unit (hashed by its worker) is 8 chunks = 32 KiB = 16384
+    // bf16 values.
     let t = TestRepo::with_config(&Config { base_every: 3, chunk_size: 4096, ..Config::default() });
     let repo = t.open();
     let p = 16384u64;
