@@ -85,13 +85,7 @@ thread_local! {
 }
 
 fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
-    SCRATCH.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        f(&mut buf[..len])
-    })
+    super::with_thread_buffer(&SCRATCH, len, f)
 }
 
 fn code_group(group: &[u8], method: Method, options: &Options, out: &mut Vec<u8>) -> Result<Method> {
@@ -206,13 +200,9 @@ pub fn encode_chunk(
             Some(Reference::Bytes(r)) => byte_group::split(input, Some(r), layout, grouped)?,
             Some(Reference::Grouped { source, offset }) => {
                 byte_group::split(input, None, layout, grouped)?;
-                REFERENCE_SCRATCH.with(|cell| -> Result<()> {
-                    let mut buf = cell.borrow_mut();
-                    if buf.len() < input.len() {
-                        buf.resize(input.len(), 0);
-                    }
-                    source.grouped(offset, &mut buf[..input.len()])?;
-                    xor_in_place(grouped, &buf[..input.len()]);
+                super::with_thread_buffer(&REFERENCE_SCRATCH, input.len(), |buf| -> Result<()> {
+                    source.grouped(offset, buf)?;
+                    xor_in_place(grouped, buf);
                     Ok(())
                 })?;
             }
@@ -355,13 +345,7 @@ thread_local! {
 }
 
 fn with_group_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
-    GROUP_SCRATCH.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        f(&mut buf[..len])
-    })
+    super::with_thread_buffer(&GROUP_SCRATCH, len, f)
 }
 
 /// One coded chunk: header plus payload.

@@ -677,11 +677,8 @@ impl<'a> Container<'a> {
             .into_par_iter()
             .map(|(run, start, region)| -> Result<Vec<NodeHash>> {
                 let end = start + region.len() as u64;
-                let mut at = 0;
-                for c in run {
-                    let len = self.chunks[c].original_len as usize;
-                    self.decode_chunk_into(c, &mut region[at..at + len])?;
-                    at += len;
+                for (c, dst) in split_by_chunks(self, run, start, end, &mut *region) {
+                    self.decode_chunk_into(c, dst)?;
                 }
                 let mut nodes = Vec::new();
                 hashes.hash_range(start..end, region, &mut nodes);

@@ -47,6 +47,23 @@ pub fn runs_within(lens: impl IntoIterator<Item = u64>, budget: u64) -> Vec<Rang
     runs
 }
 
+/// A reusable per-thread byte buffer: a `thread_local!` slot for [`with_thread_buffer`].
+pub type ThreadBuffer = std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>;
+
+/// Runs `f` with the first `len` bytes of this thread's buffer in `slot`, grown on first need and
+/// kept for the next call: the per-chunk loops of coding and decoding would otherwise allocate
+/// (and page-fault) a buffer per chunk. The bytes are whatever the last user left. A slot is
+/// borrowed for the duration, so code that nests these calls uses one slot per level.
+pub fn with_thread_buffer<T>(slot: &'static ThreadBuffer, len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    slot.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        f(&mut buf[..len])
+    })
+}
+
 /// How one byte group of one chunk is stored. The numbers are on-disk tags and never change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]

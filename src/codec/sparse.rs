@@ -69,11 +69,9 @@ pub fn decode(stored: &[u8], out: &mut [u8], xor: bool) -> Result<()> {
     if frame.len() > len {
         return Err(Error::Corrupt(format!("sparse tokens of {len} bytes stored in {} bytes", frame.len())));
     }
-    TOKENS.with(|cell| {
-        let mut tokens = cell.borrow_mut();
-        tokens.resize(len, 0);
-        zstd_block::decode(frame, &mut tokens)?;
-        apply(&tokens, out, xor)
+    super::with_thread_buffer(&TOKENS, len, |tokens| {
+        zstd_block::decode(frame, tokens)?;
+        apply(tokens, out, xor)
     })
 }
 

@@ -363,9 +363,10 @@ impl Repo {
                 work.into_par_iter()
                     .map(|(u, dst)| -> Result<Vec<NodeHash>> {
                         decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
-                        let range = decoders[u.decoder].byte_range(u.chunks.clone());
+                        // Where the unit starts within its blob (the blob starts at chains[d].0).
+                        let start = u.offset - chains[u.decoder].0;
                         let mut nodes = Vec::new();
-                        blob_hashes[u.decoder].hash_range(range.start as u64..range.end as u64, dst, &mut nodes);
+                        blob_hashes[u.decoder].hash_range(start..start + dst.len() as u64, dst, &mut nodes);
                         Ok(nodes)
                     })
                     .collect()

@@ -436,12 +436,8 @@ impl BlobChain {
         }
         // Decode the chain in grouped form: XOR the byte groups of every member into one buffer
         // and regroup once, instead of regrouping once per chain member.
-        CHAIN_SCRATCH.with(|cell| {
-            let mut grouped = cell.borrow_mut();
-            if grouped.len() < dst.len() {
-                grouped.resize(dst.len(), 0);
-            }
-            self.decode_chunk_grouped(containers, i, &mut grouped[..dst.len()], dst)
+        crate::codec::with_thread_buffer(&CHAIN_SCRATCH, dst.len(), |grouped| {
+            self.decode_chunk_grouped(containers, i, grouped, dst)
         })
     }
 
