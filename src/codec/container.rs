@@ -128,11 +128,18 @@ impl InputHasher {
 /// enough that a unit is several chunks. Batches of 1–2 MiB per thread measured best before.
 const DECODE_UNIT: usize = 1 << 20;
 
-/// Input bytes coded per parallel batch: bounds memory to about this much output plus input.
-fn batch_len(chunk_size: usize) -> usize {
-    let stripe = chunk_size * STRIPE_CHUNKS;
-    let threads = rayon::current_num_threads().max(1);
-    stripe * (2 * threads).max(4)
+/// Input bytes a compression codes ahead of the unit it writes next: bounds memory to about
+/// this much payload. Four stripes per thread keep every thread busy while the writer waits for
+/// a slow stripe; counted in bytes, not units, because a file of small tensors has many tiny
+/// units.
+fn bytes_in_flight(chunk_size: usize) -> usize {
+    chunk_size * STRIPE_CHUNKS * 4 * rayon::current_num_threads().max(1)
+}
+
+/// Original bytes [`Container::decode_to_reporting`] decodes per parallel batch before writing
+/// them: bounds its memory.
+fn decode_batch_len(chunk_size: usize) -> usize {
+    chunk_size * STRIPE_CHUNKS * (2 * rayon::current_num_threads().max(1)).max(4)
 }
 
 impl<W: Write> ContainerWriter<W> {
@@ -224,82 +231,70 @@ impl<W: Write> ContainerWriter<W> {
             }
             units.extend((0..part.data.len()).step_by(stripe).map(|at| (p, at..(at + stripe).min(part.data.len()))));
         }
-        let batches = super::runs_within(units.iter().map(|u| u.1.len() as u64), batch_len(chunk_size) as u64);
-        // A two-stage pipeline: while the pool codes (and hashes) batch k, this thread writes
-        // the payloads of batch k-1. Writing used to run between batches with the pool idle,
-        // which was most of what kept two threads from doubling the speed. The hasher is moved
-        // out of `self` for the duration so the two stages borrow disjoint state.
-        let options = self.options.clone();
-        let mut hasher = std::mem::take(&mut self.hasher);
-        let mut pending: Option<(Range<usize>, Vec<Vec<EncodedChunk>>)> = None;
-        let mut result = Ok(());
-        let units = &units;
-        for b in batches.iter().cloned().map(Some).chain([None]) {
-            let mut coded: Option<Result<Vec<Vec<EncodedChunk>>>> = None;
-            let write = rayon::in_place_scope(|scope| {
-                if let Some(b) = b.clone() {
-                    let (coded, hasher, options) = (&mut coded, &mut hasher, &options);
-                    scope.spawn(move |_| {
-                        let group = &units[b];
-                        let (chunks, ()) = rayon::join(
-                            || {
-                                group
-                                    .par_iter()
-                                    .map(|(p, range)| {
-                                        let part = &parts[*p];
-                                        let reference = part.reference.map(|r| r.slice(range.clone()));
-                                        let layout = Layout::for_dtype(part.dtype);
-                                        encode_chunks(&part.data[range.clone()], reference, layout, options)
-                                    })
-                                    .collect::<Result<Vec<_>>>()
-                            },
-                            || {
-                                for (p, range) in group {
-                                    hasher.update(&parts[*p].data[range.clone()]);
-                                }
-                            },
-                        );
-                        *coded = Some(chunks);
+        // A pipeline without barriers: each unit is a task on the pool, and units of at most
+        // `window` bytes are coded ahead of the one this thread writes next. This thread hashes
+        // and writes the units in file order as they arrive, each freeing room for more, and
+        // while the next one is not done it codes others itself (`rayon::yield_now`) when it is
+        // a pool thread. The previous design, batches of stripes with a fork-join each, kept two
+        // threads 1.78 CPUs busy (perf stat): every batch waited for its slowest stripe.
+        let window = bytes_in_flight(chunk_size);
+        let options = &self.options.clone();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, std::thread::Result<Result<Vec<EncodedChunk>>>)>();
+        rayon::in_place_scope_fifo(|scope| {
+            let (mut spawned, mut in_flight) = (0, 0);
+            let mut arrived = std::collections::BTreeMap::<usize, std::thread::Result<_>>::new();
+            for next in 0..units.len() {
+                while spawned < units.len() && (spawned <= next || in_flight + units[spawned].1.len() <= window) {
+                    let (p, range) = units[spawned].clone();
+                    let (part, done, unit) = (&parts[p], done_tx.clone(), spawned);
+                    scope.spawn_fifo(move |_| {
+                        // A panic is sent on, not left to the scope: the scope would report it
+                        // only at its end, and this thread would wait for the unit forever.
+                        let coded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            let reference = part.reference.map(|r| r.slice(range.clone()));
+                            encode_chunks(&part.data[range], reference, Layout::for_dtype(part.dtype), options)
+                        }));
+                        // The receiver is gone only when the writer stopped on an error.
+                        let _ = done.send((unit, coded));
                     });
+                    in_flight += units[spawned].1.len();
+                    spawned += 1;
                 }
-                match pending.take() {
-                    Some((done, chunks)) => self.write_units(parts, &units[done], chunks, progress),
-                    None => Ok(()),
-                }
-            });
-            if let Err(e) = write {
-                result = Err(e);
-                break;
+                let chunks = loop {
+                    if let Some(coded) = arrived.remove(&next) {
+                        break coded.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    }
+                    let message = match done_rx.try_recv() {
+                        Ok(message) => message,
+                        Err(_) if matches!(rayon::yield_now(), Some(rayon::Yield::Executed)) => continue,
+                        // Every unit is spawned before it is awaited and each sends once, so
+                        // the channel cannot run dry while `next` is missing.
+                        Err(_) => done_rx.recv().expect("a spawned unit reports"),
+                    };
+                    arrived.insert(message.0, message.1);
+                };
+                let (p, range) = &units[next];
+                in_flight -= range.len();
+                self.hasher.update(&parts[*p].data[range.clone()]);
+                self.write_unit(&parts[*p], range, chunks?, progress)?;
             }
-            match (b, coded) {
-                (Some(b), Some(Ok(chunks))) => pending = Some((b, chunks)),
-                (_, Some(Err(e))) => {
-                    result = Err(e);
-                    break;
-                }
-                _ => {}
-            }
-        }
-        self.hasher = hasher;
-        result
+            Ok(())
+        })
     }
 
-    /// Appends the coded units (stripes) of one batch, in file order.
-    fn write_units(
+    /// Appends one coded unit (a stripe of a segment, opening the segment at its first).
+    fn write_unit(
         &mut self,
-        parts: &[SegmentInput<'_>],
-        units: &[(usize, Range<usize>)],
-        coded: Vec<Vec<EncodedChunk>>,
+        part: &SegmentInput<'_>,
+        range: &Range<usize>,
+        chunks: Vec<EncodedChunk>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
-        for ((p, range), chunks) in units.iter().zip(coded) {
-            let part = &parts[*p];
-            if range.start == 0 {
-                self.begin_segment(part.data.len(), part.dtype)?;
-            }
-            self.write_chunks(chunks)?;
-            self.covered_progress(range.end as u64, part.data.len() as u64, progress);
+        if range.start == 0 {
+            self.begin_segment(part.data.len(), part.dtype)?;
         }
+        self.write_chunks(chunks)?;
+        self.covered_progress(range.end as u64, part.data.len() as u64, progress);
         Ok(())
     }
 
@@ -707,7 +702,7 @@ impl<'a> Container<'a> {
         if reference.is_some_and(|r| r.len() as u64 != self.original_len) {
             return Err(Error::InvalidInput("reference length differs from the original length".into()));
         }
-        let batch = batch_len(self.chunk_size) as u64;
+        let batch = decode_batch_len(self.chunk_size) as u64;
         let mut hasher = blake3::Hasher::new();
         let mut buf = Vec::new();
         let mut i = 0;
@@ -920,6 +915,89 @@ mod tests {
         assert_eq!(all.finish().unwrap().0, one.finish().unwrap().0);
         assert_eq!(seen.last(), Some(&(data.len() as u64)));
         assert!(seen.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    /// The coding pipeline (units coded ahead of the writer, window in bytes) gives the same
+    /// bytes on any pool, from outside any pool, and for tiny, empty and multi-stripe segments.
+    #[test]
+    fn pipeline_output_is_the_same_on_every_pool() {
+        let mut data = sample();
+        data.extend_from_slice(&sample()[..150_000]);
+        // Empty and tiny segments between ones of many 32 KiB stripes.
+        let lens = [(0, None), (3, Some(Dtype::U8)), (8, None), (4096, Some(Dtype::F32)), (4, Some(Dtype::Bf16))];
+        let lens = lens.into_iter().chain([(115_889, None), (2, Some(Dtype::Bf16)), (0, Some(Dtype::F32))]);
+        let lens = lens.chain([(180_000, Some(Dtype::F32)), (49_998, None)]);
+        let mut parts: Vec<(&[u8], Option<Dtype>)> = Vec::new();
+        let mut at = 0;
+        for (len, dtype) in lens {
+            parts.push((&data[at..at + len], dtype));
+            at += len;
+        }
+        parts.push((&data[at..], Some(Dtype::U8)));
+        let code = || {
+            let options = Options { chunk_size: 4 << 10, ..Options::default() };
+            let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
+            w.segments(&parts, &mut |_| {}).unwrap();
+            w.finish().unwrap()
+        };
+        let outside = std::thread::scope(|s| s.spawn(code).join().unwrap());
+        for threads in [1, 2, 3, 5] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            assert_eq!(pool.install(code), outside, "{threads} threads");
+        }
+        assert_eq!(outside.1, blake3::hash(&data));
+        let mut out = Vec::new();
+        Container::open(&outside.0).unwrap().decode_to(&mut out).unwrap();
+        assert_eq!(out, data);
+    }
+
+    /// A reference that fails at one offset, or panics there: the error (or the panic) reaches
+    /// the caller on every pool size, and nothing waits forever for the failed unit.
+    #[test]
+    fn pipeline_reports_a_failing_unit() {
+        struct Failing {
+            at: usize,
+            panics: bool,
+        }
+        impl crate::codec::chunk::GroupedReference for Failing {
+            fn grouped(&self, offset: usize, grouped: &mut [u8]) -> Result<()> {
+                if (offset..offset + grouped.len()).contains(&self.at) {
+                    assert!(!self.panics, "test panic at {offset}");
+                    return Err(Error::Corrupt(format!("reference unreadable at {offset}")));
+                }
+                grouped.fill(0);
+                Ok(())
+            }
+        }
+        for panics in [false, true] {
+            for threads in [1, 2, 4] {
+                // A thread of its own, not a scoped one, so a hang fails the test instead of
+                // hanging it.
+                let (done_tx, done_rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let data = sample();
+                    let failing = Failing { at: 150_000, panics };
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        pool.install(|| {
+                            let options = Options { chunk_size: 4 << 10, ..Options::default() };
+                            let mut w =
+                                ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
+                            let reference = Some(Reference::Grouped { source: &failing, offset: 0 });
+                            let input = SegmentInput { data: &data, dtype: Some(Dtype::Bf16), reference };
+                            w.segment_inputs(&[input], &mut |_| {}).map_err(|e| e.to_string())
+                        })
+                    }));
+                    done_tx.send(outcome.map_err(|_| "panicked")).unwrap();
+                });
+                let outcome = done_rx.recv_timeout(std::time::Duration::from_secs(60)).expect("no hang");
+                match (panics, outcome) {
+                    (false, Ok(Err(e))) => assert!(e.contains("reference unreadable at 147456"), "{e}"),
+                    (true, Err(_)) => {}
+                    (_, other) => panic!("threads {threads}, panics {panics}: {other:?}"),
+                }
+            }
+        }
     }
 
     #[test]
