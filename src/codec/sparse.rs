@@ -132,6 +132,28 @@ pub fn apply(tokens: &[u8], out: &mut [u8], xor: bool) -> Result<()> {
     let mut p = 0usize;
     let mut at = 0usize;
     while p < tokens.len() {
+        // Fast path for the tokens of a delta: a run under 128 zeros, then 1 to 8 changed bytes.
+        // Both lengths are one byte, and the literals move as one 8-byte word (masked to their
+        // count; bytes past them are XORed with zero, or written as zeros that the following
+        // tokens overwrite). Anything else, including a token that would reach past either
+        // buffer, takes the general path below, which also reports the errors.
+        if let Some(&[zeros, literals, ref word @ ..]) = tokens.get(p..p + 10) {
+            let pos = at + zeros as usize;
+            if zeros < 0x80 && (1..=8).contains(&literals) && pos + 8 <= out.len() {
+                let mask = u64::MAX >> (64 - 8 * u32::from(literals));
+                let bytes = u64::from_le_bytes(word.try_into().expect("8 bytes")) & mask;
+                let value = if xor {
+                    u64::from_le_bytes(out[pos..pos + 8].try_into().expect("8 bytes")) ^ bytes
+                } else {
+                    out[at..pos].fill(0);
+                    bytes
+                };
+                out[pos..pos + 8].copy_from_slice(&value.to_le_bytes());
+                at = pos + literals as usize;
+                p += 2 + literals as usize;
+                continue;
+            }
+        }
         let zeros = read_varint(tokens, &mut p).ok_or_else(|| corrupt("truncated run length"))?;
         let literals = read_varint(tokens, &mut p).ok_or_else(|| corrupt("truncated run length"))?;
         let (zeros, literals) = (zeros as usize, literals as usize);
