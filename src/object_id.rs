@@ -71,7 +71,8 @@ impl fmt::Debug for ObjectId {
 /// cache, keeps the hash off any single thread and out of a separate pass. In a checkout a
 /// worker's range is a run of a blob's chunks (on blake3's 1 KiB grid, so the join needs no
 /// bytes); in an in-memory decompression it is a run of the container's chunks, whose
-/// boundaries follow tensors. blake3 is a Merkle tree and `blake3::hazmat` gives the subtree
+/// boundaries follow tensors; in a compression it is a stripe the worker just coded
+/// ([`RangeHashJoin`] joins those as they are written). blake3 is a Merkle tree and `blake3::hazmat` gives the subtree
 /// hashes and merges but not this composition over arbitrary ranges, hence these lines; a
 /// proptest checks them against `blake3::hash`. (Hashing batch by batch on the pool instead cost
 /// two fork-joins per 2 MiB batch, each waking a sleeping worker: the pool sat idle 12–14% of a
@@ -142,6 +143,96 @@ impl RangeHashes {
         let left = subtree_cv(lo, ll, &nodes, input)?;
         let right = subtree_cv(ro, rl, &nodes, input)?;
         Some(merge_subtrees_root(&left, &right, Mode::Hash))
+    }
+}
+
+/// [`RangeHashes::join`] for ranges that are produced by workers in any order but reach one
+/// thread in input order, after which their bytes are gone (a compression writes each stripe
+/// and moves on). That thread passes each range's bytes and its workers' subtree hashes to
+/// [`Self::add`], which keeps only the bytes of the 1 KiB blake3 chunks that straddle two
+/// ranges and hashes each as soon as it is whole; [`Self::finish`] joins without the input.
+pub struct RangeHashJoin {
+    shape: RangeHashes,
+    nodes: Vec<NodeHash>,
+    /// Offset and bytes so far of the straddling blake3 chunk being assembled.
+    leaf_at: u64,
+    leaf: Vec<u8>,
+    /// End of the last range added; a range that does not start there breaks the join.
+    next: u64,
+    broken: bool,
+}
+
+impl RangeHashJoin {
+    /// For an input of `total_len` bytes.
+    pub fn new(total_len: u64) -> RangeHashJoin {
+        RangeHashJoin {
+            shape: RangeHashes::new(total_len),
+            nodes: Vec::new(),
+            leaf_at: 0,
+            leaf: Vec::new(),
+            next: 0,
+            broken: false,
+        }
+    }
+
+    /// What the workers hash their ranges with.
+    pub fn shape(&self) -> RangeHashes {
+        self.shape
+    }
+
+    /// Adds the next range of the input: its bytes and the subtree hashes a worker took of it
+    /// with [`RangeHashes::hash_range`]. Ranges must come in order, each starting where the
+    /// previous ended; anything else makes [`Self::finish`] return `None`.
+    pub fn add(&mut self, range: std::ops::Range<u64>, bytes: &[u8], nodes: Vec<NodeHash>) {
+        let total = self.shape.total_len;
+        if range.start != self.next || bytes.len() as u64 != range.end - range.start || range.end > total {
+            self.broken = true;
+            return;
+        }
+        self.next = range.end;
+        self.nodes.extend(nodes);
+        if range.is_empty() {
+            return;
+        }
+        let chunk = blake3::CHUNK_LEN as u64;
+        let (first, last) = (range.start / chunk * chunk, (range.end - 1) / chunk * chunk);
+        for leaf in if first == last { vec![first] } else { vec![first, last] } {
+            let leaf_end = (leaf + chunk).min(total);
+            if range.start <= leaf && leaf_end <= range.end {
+                continue; // wholly inside: hashed by the worker
+            }
+            let (from, to) = (range.start.max(leaf), range.end.min(leaf_end));
+            if self.leaf.is_empty() {
+                self.leaf_at = leaf;
+            }
+            self.leaf.extend_from_slice(&bytes[(from - range.start) as usize..(to - range.start) as usize]);
+            if to == leaf_end {
+                self.nodes.push(self.leaf_node(leaf_end - leaf));
+                self.leaf.clear();
+            }
+        }
+    }
+
+    /// The node of the assembled straddling chunk (the root hash when it is the whole input).
+    fn leaf_node(&self, len: u64) -> NodeHash {
+        use blake3::hazmat::HasherExt;
+        let cv = if self.shape.total_len <= blake3::CHUNK_LEN as u64 {
+            *blake3::hash(&self.leaf).as_bytes()
+        } else {
+            blake3::Hasher::new().set_input_offset(self.leaf_at).update(&self.leaf).finalize_non_root()
+        };
+        NodeHash { offset: self.leaf_at, len, cv }
+    }
+
+    /// The hash of the whole input; `None` unless ranges covering it were added in order.
+    pub fn finish(self) -> Option<blake3::Hash> {
+        if self.broken || self.next != self.shape.total_len {
+            return None;
+        }
+        if self.shape.total_len == 0 {
+            return Some(blake3::hash(&[]));
+        }
+        self.shape.join(self.nodes, None)
     }
 }
 
@@ -288,6 +379,43 @@ mod tests {
             }
             let expected = if total == 0 { None } else { Some(blake3::hash(&data)) };
             proptest::prop_assert_eq!(hashes.join(nodes, None), expected);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        /// Ranges with arbitrary boundaries, added in order with the nodes their workers hashed,
+        /// join to blake3 of the whole without the input; a gap or a reordering gives `None`.
+        #[test]
+        fn ordered_ranges_join_without_the_input(
+            total in proptest::prop_oneof![0u64..3000, 3000u64..300_000],
+            cuts in proptest::collection::vec(0u64..300_000, 0..12),
+            seed: u64,
+        ) {
+            let mut s = seed | 1;
+            let data: Vec<u8> = (0..total).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as u8 }).collect();
+            let mut bounds: Vec<u64> = cuts.into_iter().map(|c| c % (total + 1)).collect();
+            bounds.extend([0, total]);
+            bounds.sort_unstable();
+            let ranges: Vec<_> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
+            let add_all = |order: &[std::ops::Range<u64>]| {
+                let mut join = RangeHashJoin::new(total);
+                for r in order {
+                    let bytes = &data[r.start as usize..r.end as usize];
+                    let mut nodes = Vec::new();
+                    join.shape().hash_range(r.clone(), bytes, &mut nodes);
+                    join.add(r.clone(), bytes, nodes);
+                }
+                join.finish()
+            };
+            proptest::prop_assert_eq!(add_all(&ranges), Some(blake3::hash(&data)));
+            let nonempty: Vec<_> = ranges.iter().filter(|r| !r.is_empty()).cloned().collect();
+            if nonempty.len() >= 2 {
+                proptest::prop_assert_eq!(add_all(&nonempty[1..]), None, "a missing range");
+                let mut swapped = nonempty.clone();
+                swapped.swap(0, 1);
+                proptest::prop_assert_eq!(add_all(&swapped), None, "ranges out of order");
+            }
         }
     }
 

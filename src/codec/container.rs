@@ -19,7 +19,7 @@ use super::chunk::{
 use super::select::Options;
 use super::{decode_chunk, Error, Layout, Method, Result};
 use crate::dtype::Dtype;
-use crate::object_id::{hash_update, NodeHash, RangeHashes};
+use crate::object_id::{hash_update, NodeHash, RangeHashJoin, RangeHashes};
 use rayon::prelude::*;
 use std::io::Write;
 use std::ops::Range;
@@ -91,33 +91,40 @@ pub struct ContainerWriter<W: Write> {
 
 /// How a [`ContainerWriter`] obtains the original's blake3 for its footer.
 enum InputHasher {
-    /// By hashing the bytes as they are coded.
-    Blake3(Box<blake3::Hasher>),
+    /// By hashing the bytes as they are coded: each worker hashes the blake3 subtrees inside
+    /// the stripe it coded, and the writer joins them in order. (One thread hashing every
+    /// stripe as it was written took a fifth of a compression's time and kept two threads at
+    /// 1.8× one thread's speed; 1.94× without it.)
+    Blake3(Box<RangeHashJoin>),
     /// From the caller ([`ContainerWriter::with_known_hash`]); the coded bytes are only checked
     /// against the caller's xxh3-64 of them.
     Known { hash: blake3::Hash, expected_xxh3: u64, xxh3: Box<xxhash_rust::xxh3::Xxh3> },
 }
 
-impl Default for InputHasher {
-    fn default() -> Self {
-        InputHasher::Blake3(Box::default())
-    }
-}
-
 impl InputHasher {
-    fn update(&mut self, bytes: &[u8]) {
+    /// What the workers hash their stripes with, if they are to.
+    fn shape(&self) -> Option<RangeHashes> {
         match self {
-            InputHasher::Blake3(h) => {
-                h.update(bytes);
-            }
+            InputHasher::Blake3(join) => Some(join.shape()),
+            InputHasher::Known { .. } => None,
+        }
+    }
+
+    /// Takes the next stripe, `range` of the original (`bytes`), with the subtree hashes its
+    /// worker took of it.
+    fn update(&mut self, range: Range<u64>, bytes: &[u8], nodes: Vec<NodeHash>) {
+        match self {
+            InputHasher::Blake3(join) => join.add(range, bytes, nodes),
             InputHasher::Known { xxh3, .. } => xxh3.update(bytes),
         }
     }
 
-    fn finish(&self) -> Result<blake3::Hash> {
+    fn finish(self) -> Result<blake3::Hash> {
         match self {
-            InputHasher::Blake3(h) => Ok(h.finalize()),
-            InputHasher::Known { hash, expected_xxh3, xxh3 } if xxh3.digest() == *expected_xxh3 => Ok(*hash),
+            InputHasher::Blake3(join) => {
+                join.finish().ok_or_else(|| Error::InvalidInput("the coded stripes do not cover the input".into()))
+            }
+            InputHasher::Known { hash, expected_xxh3, xxh3 } if xxh3.digest() == expected_xxh3 => Ok(hash),
             InputHasher::Known { .. } => Err(Error::InputChanged),
         }
     }
@@ -164,7 +171,7 @@ impl<W: Write> ContainerWriter<W> {
             covered: 0,
             segments: 0,
             index,
-            hasher: InputHasher::default(),
+            hasher: InputHasher::Blake3(Box::new(RangeHashJoin::new(original_len))),
         })
     }
 
@@ -239,20 +246,38 @@ impl<W: Write> ContainerWriter<W> {
         // threads 1.78 CPUs busy (perf stat): every batch waited for its slowest stripe.
         let window = bytes_in_flight(chunk_size);
         let options = &self.options.clone();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, std::thread::Result<Result<Vec<EncodedChunk>>>)>();
+        let hash_shape = self.hasher.shape();
+        // Where each part starts in the original: the segments written so far cover `covered`.
+        let starts: Vec<u64> = parts
+            .iter()
+            .scan(self.covered, |at, part| {
+                let start = *at;
+                *at += part.data.len() as u64;
+                Some(start)
+            })
+            .collect();
+        type Coded = (Result<Vec<EncodedChunk>>, Vec<NodeHash>);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, std::thread::Result<Coded>)>();
         rayon::in_place_scope_fifo(|scope| {
             let (mut spawned, mut in_flight) = (0, 0);
             let mut arrived = std::collections::BTreeMap::<usize, std::thread::Result<_>>::new();
             for next in 0..units.len() {
                 while spawned < units.len() && (spawned <= next || in_flight + units[spawned].1.len() <= window) {
                     let (p, range) = units[spawned].clone();
-                    let (part, done, unit) = (&parts[p], done_tx.clone(), spawned);
+                    let (part, start, done, unit) = (&parts[p], starts[p], done_tx.clone(), spawned);
                     scope.spawn_fifo(move |_| {
                         // A panic is sent on, not left to the scope: the scope would report it
                         // only at its end, and this thread would wait for the unit forever.
                         let coded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            let data = &part.data[range.clone()];
                             let reference = part.reference.map(|r| r.slice(range.clone()));
-                            encode_chunks(&part.data[range], reference, Layout::for_dtype(part.dtype), options)
+                            let chunks = encode_chunks(data, reference, Layout::for_dtype(part.dtype), options);
+                            let mut nodes = Vec::new();
+                            if let Some(shape) = hash_shape {
+                                let at = start + range.start as u64;
+                                shape.hash_range(at..at + data.len() as u64, data, &mut nodes);
+                            }
+                            (chunks, nodes)
                         }));
                         // The receiver is gone only when the writer stopped on an error.
                         let _ = done.send((unit, coded));
@@ -273,9 +298,10 @@ impl<W: Write> ContainerWriter<W> {
                     };
                     arrived.insert(message.0, message.1);
                 };
-                let (p, range) = &units[next];
+                let ((chunks, nodes), (p, range)) = (chunks, &units[next]);
                 in_flight -= range.len();
-                self.hasher.update(&parts[*p].data[range.clone()]);
+                let at = starts[*p] + range.start as u64;
+                self.hasher.update(at..at + range.len() as u64, &parts[*p].data[range.clone()], nodes);
                 self.write_unit(&parts[*p], range, chunks?, progress)?;
             }
             Ok(())
