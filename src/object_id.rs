@@ -72,8 +72,9 @@ impl fmt::Debug for ObjectId {
 /// worker's range is a run of a blob's chunks (on blake3's 1 KiB grid, so the join needs no
 /// bytes); in an in-memory decompression it is a run of the container's chunks, whose
 /// boundaries follow tensors; in a compression it is a stripe the worker just coded
-/// ([`RangeHashJoin`] joins those as they are written). blake3 is a Merkle tree and `blake3::hazmat` gives the subtree
-/// hashes and merges but not this composition over arbitrary ranges, hence these lines; a
+/// ([`RangeHashJoin`] joins those as they are written). blake3 is a Merkle tree and
+/// `blake3::hazmat` gives the subtree hashes and merges but not this composition over
+/// arbitrary ranges, hence these lines; a
 /// proptest checks them against `blake3::hash`. (Hashing batch by batch on the pool instead cost
 /// two fork-joins per 2 MiB batch, each waking a sleeping worker: the pool sat idle 12–14% of a
 /// two-thread decompression on the project's VM.)
@@ -185,7 +186,11 @@ impl RangeHashJoin {
     /// previous ended; anything else makes [`Self::finish`] return `None`.
     pub fn add(&mut self, range: std::ops::Range<u64>, bytes: &[u8], nodes: Vec<NodeHash>) {
         let total = self.shape.total_len;
-        if range.start != self.next || bytes.len() as u64 != range.end - range.start || range.end > total {
+        if range.start != self.next
+            || range.end < range.start
+            || bytes.len() as u64 != range.end - range.start
+            || range.end > total
+        {
             self.broken = true;
             return;
         }
@@ -196,7 +201,8 @@ impl RangeHashJoin {
         }
         let chunk = blake3::CHUNK_LEN as u64;
         let (first, last) = (range.start / chunk * chunk, (range.end - 1) / chunk * chunk);
-        for leaf in if first == last { vec![first] } else { vec![first, last] } {
+        let leaves = [first, last];
+        for &leaf in if first == last { &leaves[..1] } else { &leaves[..] } {
             let leaf_end = (leaf + chunk).min(total);
             if range.start <= leaf && leaf_end <= range.end {
                 continue; // wholly inside: hashed by the worker

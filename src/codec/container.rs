@@ -238,12 +238,13 @@ impl<W: Write> ContainerWriter<W> {
             }
             units.extend((0..part.data.len()).step_by(stripe).map(|at| (p, at..(at + stripe).min(part.data.len()))));
         }
-        // A pipeline without barriers: each unit is a task on the pool, and units of at most
-        // `window` bytes are coded ahead of the one this thread writes next. This thread hashes
-        // and writes the units in file order as they arrive, each freeing room for more, and
-        // while the next one is not done it codes others itself (`rayon::yield_now`) when it is
-        // a pool thread. The previous design, batches of stripes with a fork-join each, kept two
-        // threads 1.78 CPUs busy (perf stat): every batch waited for its slowest stripe.
+        // A pipeline without barriers: each unit is a task on the pool (code it, then hash the
+        // blake3 subtrees inside it), and units of at most `window` bytes are coded ahead of the
+        // one this thread writes next. This thread writes the units in file order as they
+        // arrive, joining their hashes, each unit freeing room for more; while the next one is
+        // not done it codes others itself (`rayon::yield_now`) when it is a pool thread. The
+        // previous design, batches of stripes with a fork-join each, kept two threads 1.55-1.78
+        // CPUs busy (perf stat): every batch waited for its slowest stripe.
         let window = bytes_in_flight(chunk_size);
         let options = &self.options.clone();
         let hash_shape = self.hasher.shape();
