@@ -230,6 +230,11 @@ impl RangeHashJoin {
         NodeHash { offset: self.leaf_at, len, cv }
     }
 
+    /// The input bytes added so far.
+    pub fn covered(&self) -> u64 {
+        self.next
+    }
+
     /// The hash of the whole input; `None` unless ranges covering it were added in order.
     pub fn finish(self) -> Option<blake3::Hash> {
         if self.broken || self.next != self.shape.total_len {

@@ -19,7 +19,7 @@ use super::chunk::{
 use super::select::Options;
 use super::{decode_chunk, Error, Layout, Method, Result};
 use crate::dtype::Dtype;
-use crate::object_id::{hash_update, NodeHash, RangeHashJoin, RangeHashes};
+use crate::object_id::{NodeHash, RangeHashJoin, RangeHashes};
 use rayon::prelude::*;
 use std::io::Write;
 use std::ops::Range;
@@ -720,6 +720,12 @@ impl<'a> Container<'a> {
 
     /// [`Self::decode_to_with_reference`] that calls `progress` with the original bytes written
     /// so far after each batch.
+    ///
+    /// Batches of chunks are double-buffered: while the pool decodes batch k, each worker
+    /// hashing the blake3 subtrees inside the chunks it decoded while they are in cache, this
+    /// thread writes batch k-1 and joins its hashes ([`RangeHashJoin`]). (Decoding, then
+    /// hashing, then writing each batch in turn left the pool idle during the write and forked
+    /// twice per batch.)
     pub fn decode_to_reporting<W: Write>(
         &self,
         reference: Option<&[u8]>,
@@ -729,35 +735,65 @@ impl<'a> Container<'a> {
         if reference.is_some_and(|r| r.len() as u64 != self.original_len) {
             return Err(Error::InvalidInput("reference length differs from the original length".into()));
         }
-        let batch = decode_batch_len(self.chunk_size) as u64;
-        let mut hasher = blake3::Hasher::new();
-        let mut buf = Vec::new();
-        let mut i = 0;
-        while i < self.chunks.len() {
-            let start = self.chunks[i].original_offset;
-            let mut j = i;
-            while j < self.chunks.len()
-                && self.chunks[j].original_offset + self.chunks[j].original_len as u64 - start <= batch
-            {
-                j += 1;
-            }
-            let j = j.max(i + 1);
-            let end = self.chunks[j - 1].original_offset + self.chunks[j - 1].original_len as u64;
-            buf.resize((end - start) as usize, 0);
-            let work = split_by_chunks(self, i..j, start, end, &mut buf);
-            work.into_par_iter().try_for_each(|(c, dst)| {
-                let slot = self.chunks[c];
-                let r = reference.map(|r| {
-                    &r[slot.original_offset as usize..slot.original_offset as usize + slot.original_len as usize]
-                });
-                self.decode_delta_chunk_into(c, r, dst)
+        let lens = self.chunks.iter().map(|c| c.original_len as u64);
+        let batches = super::runs_within(lens, decode_batch_len(self.chunk_size) as u64);
+        let mut join = RangeHashJoin::new(self.original_len);
+        let shape = join.shape();
+        let (mut decoding, mut writing) = (Vec::new(), Vec::new());
+        let mut pending: Option<(Range<usize>, Vec<Vec<NodeHash>>)> = None;
+        for next in batches.into_iter().map(Some).chain([None]) {
+            let mut decoded = None;
+            rayon::in_place_scope(|scope| -> Result<()> {
+                if let Some(run) = next.clone() {
+                    let (buf, decoded) = (&mut decoding, &mut decoded);
+                    scope.spawn(move |_| *decoded = Some(self.decode_batch(run, reference, shape, buf)));
+                }
+                let Some((run, nodes)) = pending.take() else { return Ok(()) };
+                let mut at = 0;
+                for (c, nodes) in run.zip(nodes) {
+                    let slot = self.chunks[c];
+                    let len = slot.original_len as usize;
+                    join.add(slot.original_offset..slot.original_offset + len as u64, &writing[at..at + len], nodes);
+                    at += len;
+                }
+                out.write_all(&writing).map_err(io_error)?;
+                progress(join.covered());
+                Ok(())
             })?;
-            hash_update(&mut hasher, &buf);
-            out.write_all(&buf).map_err(io_error)?;
-            progress(end);
-            i = j;
+            if let (Some(run), Some(nodes)) = (next, decoded) {
+                pending = Some((run, nodes?));
+            }
+            std::mem::swap(&mut decoding, &mut writing);
         }
-        self.check_original_hash(hasher.finalize())
+        let hash = join.finish().ok_or_else(|| Error::Corrupt("the chunks do not cover the original".into()))?;
+        self.check_original_hash(hash)
+    }
+
+    /// Decodes chunks `run` into `buf` (resized to their bytes), each XORed with its part of
+    /// `reference` if given, and returns each chunk's blake3 subtree hashes.
+    fn decode_batch(
+        &self,
+        run: Range<usize>,
+        reference: Option<&[u8]>,
+        shape: RangeHashes,
+        buf: &mut Vec<u8>,
+    ) -> Result<Vec<Vec<NodeHash>>> {
+        let start = self.chunks[run.start].original_offset;
+        let last = self.chunks[run.end - 1];
+        let end = last.original_offset + last.original_len as u64;
+        buf.resize((end - start) as usize, 0);
+        split_by_chunks(self, run, start, end, buf)
+            .into_par_iter()
+            .map(|(c, dst)| {
+                let slot = self.chunks[c];
+                let range = slot.original_offset..slot.original_offset + slot.original_len as u64;
+                let r = reference.map(|r| &r[range.start as usize..range.end as usize]);
+                self.decode_delta_chunk_into(c, r, dst)?;
+                let mut nodes = Vec::new();
+                shape.hash_range(range, dst, &mut nodes);
+                Ok(nodes)
+            })
+            .collect()
     }
 }
 
@@ -968,13 +1004,23 @@ mod tests {
             w.finish().unwrap()
         };
         let outside = std::thread::scope(|s| s.spawn(code).join().unwrap());
+        assert_eq!(outside.1, blake3::hash(&data));
+        // Decoding streams double-buffered batches (here 128 KiB on one thread): several of them.
+        let decode = || {
+            let (mut out, mut seen) = (Vec::new(), Vec::new());
+            let c = Container::open(&outside.0).unwrap();
+            let hash = c.decode_to_reporting(None, &mut out, &mut |done| seen.push(done)).unwrap();
+            (out, hash, seen)
+        };
         for threads in [1, 2, 3, 5] {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             assert_eq!(pool.install(code), outside, "{threads} threads");
+            let (out, hash, seen) = pool.install(decode);
+            assert!(out == data && hash == outside.1, "{threads} threads");
+            assert!(seen.len() >= 2 && seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+            assert_eq!(seen.last(), Some(&(data.len() as u64)));
         }
-        assert_eq!(outside.1, blake3::hash(&data));
-        let mut out = Vec::new();
-        Container::open(&outside.0).unwrap().decode_to(&mut out).unwrap();
+        let (out, _, _) = std::thread::scope(|s| s.spawn(decode).join().unwrap());
         assert_eq!(out, data);
     }
 
