@@ -341,6 +341,28 @@ mod tests {
         assert!(serde_json::from_str::<ObjectId>(&json.to_uppercase()).is_err());
     }
 
+    /// `len` pseudo-random bytes from `seed` (xorshift).
+    fn random_bytes(len: u64, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect()
+    }
+
+    /// Sorted, distinct range boundaries from 0 to `total` with `cuts` (taken modulo) between.
+    fn cut_points(total: u64, cuts: Vec<u64>) -> Vec<u64> {
+        let mut bounds: Vec<u64> = cuts.into_iter().map(|c| c % (total + 1)).collect();
+        bounds.extend([0, total]);
+        bounds.sort_unstable();
+        bounds.dedup();
+        bounds
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
         /// Ranges with arbitrary boundaries, hashed in any order and joined, give blake3 of the
@@ -352,12 +374,8 @@ mod tests {
             skip in proptest::collection::vec(proptest::bool::ANY, 13),
             seed: u64,
         ) {
-            let mut s = seed | 1;
-            let data: Vec<u8> = (0..total).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as u8 }).collect();
-            let mut bounds: Vec<u64> = cuts.into_iter().map(|c| c % (total + 1)).collect();
-            bounds.extend([0, total]);
-            bounds.sort_unstable();
-            bounds.dedup();
+            let data = random_bytes(total, seed);
+            let bounds = cut_points(total, cuts);
             let hashes = RangeHashes::new(total);
             let mut nodes = Vec::new();
             for (i, w) in bounds.windows(2).enumerate().rev() {
@@ -380,8 +398,7 @@ mod tests {
         fn aligned_units_join_without_the_input(unit_log in 10u32..15, units in 0u64..9, extra in 0u64..2048, seed: u64) {
             let unit = 1u64 << unit_log;
             let total = units * unit + extra;
-            let mut s = seed | 1;
-            let data: Vec<u8> = (0..total).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as u8 }).collect();
+            let data = random_bytes(total, seed);
             let hashes = RangeHashes::new(total);
             let mut nodes = Vec::new();
             for start in (0..total).step_by(unit as usize).collect::<Vec<_>>().into_iter().rev() {
@@ -391,10 +408,7 @@ mod tests {
             let expected = if total == 0 { None } else { Some(blake3::hash(&data)) };
             proptest::prop_assert_eq!(hashes.join(nodes, None), expected);
         }
-    }
 
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
         /// Ranges with arbitrary boundaries, added in order with the nodes their workers hashed,
         /// join to blake3 of the whole without the input; a gap or a reordering gives `None`.
         #[test]
@@ -403,12 +417,11 @@ mod tests {
             cuts in proptest::collection::vec(0u64..300_000, 0..12),
             seed: u64,
         ) {
-            let mut s = seed | 1;
-            let data: Vec<u8> = (0..total).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; s as u8 }).collect();
-            let mut bounds: Vec<u64> = cuts.into_iter().map(|c| c % (total + 1)).collect();
-            bounds.extend([0, total]);
-            bounds.sort_unstable();
-            let ranges: Vec<_> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
+            let data = random_bytes(total, seed);
+            let bounds = cut_points(total, cuts);
+            let mut ranges: Vec<_> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
+            let middle = bounds[bounds.len() / 2];
+            ranges.insert(bounds.len() / 2, middle..middle); // an empty range (an empty tensor)
             let add_all = |order: &[std::ops::Range<u64>]| {
                 let mut join = RangeHashJoin::new(total);
                 for r in order {
