@@ -756,7 +756,7 @@ impl<'a> Container<'a> {
                     join.add(slot.original_offset..slot.original_offset + len as u64, &writing[at..at + len], nodes);
                     at += len;
                 }
-                out.write_all(&writing).map_err(io_error)?;
+                out.write_all(&writing).map_err(|e| Error::InvalidInput(format!("writing the decoded bytes: {e}")))?;
                 progress(join.covered());
                 Ok(())
             })?;
