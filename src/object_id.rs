@@ -443,6 +443,30 @@ mod tests {
         }
     }
 
+    /// Ranges that are reversed, of the wrong length or past the end break the join (no panic).
+    #[test]
+    fn bad_ranges_break_the_ordered_join() {
+        let data = random_bytes(5000, 7);
+        let join_of = |ranges: &[(std::ops::Range<u64>, usize)]| {
+            let mut join = RangeHashJoin::new(5000);
+            for (range, len) in ranges {
+                let start = range.start.min(5000) as usize;
+                let bytes = &data[start..start + len];
+                let mut nodes = Vec::new();
+                join.shape().hash_range(range.clone(), bytes, &mut nodes);
+                join.add(range.clone(), bytes, nodes);
+            }
+            join.finish()
+        };
+        assert_eq!(join_of(&[(0..5000, 5000)]), Some(blake3::hash(&data)));
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = 3000..2000;
+        assert_eq!(join_of(&[(0..3000, 3000), (reversed, 0), (3000..5000, 2000)]), None);
+        assert_eq!(join_of(&[(0..3000, 2999), (3000..5000, 2000)]), None, "wrong length");
+        assert_eq!(join_of(&[(0..3000, 3000), (3000..6000, 2000)]), None, "past the end");
+        assert_eq!(join_of(&[(0..3000, 3000)]), None, "not covered");
+    }
+
     #[test]
     fn range_hashes_check_lengths() {
         let hashes = RangeHashes::new(5000);
