@@ -739,32 +739,23 @@ impl<'a> Container<'a> {
         let batches = super::runs_within(lens, decode_batch_len(self.chunk_size) as u64);
         let mut join = RangeHashJoin::new(self.original_len);
         let shape = join.shape();
-        let (mut decoding, mut writing) = (Vec::new(), Vec::new());
-        let mut pending: Option<(Range<usize>, Vec<Vec<NodeHash>>)> = None;
-        for next in batches.into_iter().map(Some).chain([None]) {
-            let mut decoded = None;
-            rayon::in_place_scope(|scope| -> Result<()> {
-                if let Some(run) = next.clone() {
-                    let (buf, decoded) = (&mut decoding, &mut decoded);
-                    scope.spawn(move |_| *decoded = Some(self.decode_batch(run, reference, shape, buf)));
-                }
-                let Some((run, nodes)) = pending.take() else { return Ok(()) };
+        super::double_buffered(
+            batches.len(),
+            &mut [Vec::new(), Vec::new()],
+            |k, buf| self.decode_batch(batches[k].clone(), reference, shape, buf),
+            |k, decoded, nodes| {
                 let mut at = 0;
-                for (c, nodes) in run.zip(nodes) {
+                for (c, nodes) in batches[k].clone().zip(nodes) {
                     let slot = self.chunks[c];
                     let len = slot.original_len as usize;
-                    join.add(slot.original_offset..slot.original_offset + len as u64, &writing[at..at + len], nodes);
+                    join.add(slot.original_offset..slot.original_offset + len as u64, &decoded[at..at + len], nodes);
                     at += len;
                 }
-                out.write_all(&writing).map_err(|e| Error::InvalidInput(format!("writing the decoded bytes: {e}")))?;
+                out.write_all(decoded).map_err(|e| Error::InvalidInput(format!("writing the decoded bytes: {e}")))?;
                 progress(join.covered());
                 Ok(())
-            })?;
-            if let (Some(run), Some(nodes)) = (next, decoded) {
-                pending = Some((run, nodes?));
-            }
-            std::mem::swap(&mut decoding, &mut writing);
-        }
+            },
+        )?;
         let hash = join.finish().ok_or_else(|| Error::Corrupt("the chunks do not cover the original".into()))?;
         self.check_original_hash(hash)
     }

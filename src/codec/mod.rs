@@ -47,6 +47,42 @@ pub fn runs_within(lens: impl IntoIterator<Item = u64>, budget: u64) -> Vec<Rang
     runs
 }
 
+/// A two-stage pipeline over `count` batches with two reused buffers: while the pool runs
+/// `produce(k, buffer)` for batch k, the calling thread runs `consume(k - 1, buffer, output)` on
+/// the batch before. Every decode that writes to a file (checkout, `ckpt decompress`) runs this
+/// way: one thread writes in order (parallel writes to one file serialise on its inode lock:
+/// perf once showed a third of a checkout spinning in `rwsem_spin_on_owner`),
+/// and the pool never waits for the write. The buffers are the caller's so a caller with several
+/// runs reuses them (fresh buffers cost page faults). An error from `consume` is returned
+/// before one from the batch being produced alongside it.
+pub fn double_buffered<T: Send, E: Send>(
+    count: usize,
+    buffers: &mut [Vec<u8>; 2],
+    produce: impl Fn(usize, &mut Vec<u8>) -> Result<T, E> + Sync,
+    mut consume: impl FnMut(usize, &[u8], T) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut pending: Option<(usize, T)> = None;
+    for k in 0..=count {
+        let [even, odd] = &mut *buffers;
+        let (fill, full) = if k % 2 == 0 { (even, &*odd) } else { (odd, &*even) };
+        let mut produced = None;
+        rayon::in_place_scope(|scope| -> Result<(), E> {
+            if k < count {
+                let (produced, produce) = (&mut produced, &produce);
+                scope.spawn(move |_| *produced = Some(produce(k, fill)));
+            }
+            match pending.take() {
+                Some((j, output)) => consume(j, full, output),
+                None => Ok(()),
+            }
+        })?;
+        if let Some(output) = produced {
+            pending = Some((k, output?));
+        }
+    }
+    Ok(())
+}
+
 /// A reusable per-thread byte buffer: a `thread_local!` slot for [`with_thread_buffer`].
 pub type ThreadBuffer = std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>;
 

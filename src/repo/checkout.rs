@@ -360,7 +360,8 @@ impl Repo {
                     rest = tail;
                     work.push((u, head));
                 }
-                work.into_par_iter()
+                let hashes = work
+                    .into_par_iter()
                     .map(|(u, dst)| -> Result<Vec<NodeHash>> {
                         decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
                         // Where the unit starts within its blob (the blob starts at chains[d].0).
@@ -369,59 +370,43 @@ impl Repo {
                         blob_hashes[u.decoder].hash_range(start..start + dst.len() as u64, dst, &mut nodes);
                         Ok(nodes)
                     })
-                    .collect()
-            };
-            // A two-stage pipeline over the windows: while the pool decodes window k, this
-            // thread checks and writes window k-1. One writer writes sequentially: parallel
-            // `pwrite`s to one file serialise on the inode lock (perf: a third of checkout
-            // time spinning in rwsem_spin_on_owner).
-            let mut pending: Option<(usize, Vec<Vec<NodeHash>>)> = None;
-            for k in 0..=windows.len() {
-                let (front, back) = buffers.split_at_mut(1);
-                let (decode_buf, write_buf) =
-                    if k % 2 == 0 { (&mut front[0], &back[0]) } else { (&mut back[0], &front[0]) };
-                let mut decoded: Option<Result<Vec<Vec<NodeHash>>>> = None;
-                let written = rayon::in_place_scope(|scope| -> Result<()> {
-                    if let Some(w) = windows.get(k) {
-                        let decoded = &mut decoded;
-                        let decode_window = &decode_window;
-                        scope.spawn(move |_| *decoded = Some(decode_window(w, decode_buf)));
-                    }
-                    if let Some((p, hashes)) = pending.take() {
-                        let offset = units[windows[p].start].offset;
-                        for (u, nodes) in units[windows[p].clone()].iter().zip(hashes) {
-                            blob_nodes.extend(nodes);
-                            if u.chunks.end == decoders[u.decoder].chunk_count() {
-                                let (_, chain) = &chains[u.decoder];
-                                let joined = blob_hashes[u.decoder]
-                                    .join(std::mem::take(&mut blob_nodes), None)
-                                    .expect("the blob's units cover it on blake3's grid");
-                                chain.check_hash(ObjectId(*joined.as_bytes()))?;
-                            }
-                        }
-                        file.write_all_at(write_buf, offset).map_err(|e| io_err("writing", e))?;
-                        done += write_buf.len() as u64;
-                        self.progress.set(progress_base + done);
-                    }
-                    Ok(())
-                });
-                written?;
-                let hashes = decoded.transpose()?;
+                    .collect::<Result<Vec<_>>>()?;
                 // The chain objects' pages of a decoded window are not read again: drop them
                 // from the resident set, or a deep delta chain keeps (depth + 1) compressed
                 // copies of the batch resident (measured: 319 MiB RSS at depth 10 on a 91 MB
                 // fp32 file).
-                if let Some(w) = windows.get(k) {
-                    let mut last = None;
-                    for u in &units[w.clone()] {
-                        if last != Some(u.decoder) {
-                            chains[u.decoder].1.release_pages();
-                            last = Some(u.decoder);
-                        }
+                let mut last = None;
+                for u in &units[w.clone()] {
+                    if last != Some(u.decoder) {
+                        chains[u.decoder].1.release_pages();
+                        last = Some(u.decoder);
                     }
                 }
-                pending = hashes.map(|h| (k, h));
-            }
+                Ok(hashes)
+            };
+            // While the pool decodes window k, this thread checks and writes window k-1.
+            crate::codec::double_buffered(
+                windows.len(),
+                &mut buffers,
+                |k, buf| decode_window(&windows[k], buf),
+                |p, decoded, hashes| {
+                    for (u, nodes) in units[windows[p].clone()].iter().zip(hashes) {
+                        blob_nodes.extend(nodes);
+                        if u.chunks.end == decoders[u.decoder].chunk_count() {
+                            let (_, chain) = &chains[u.decoder];
+                            let joined = blob_hashes[u.decoder]
+                                .join(std::mem::take(&mut blob_nodes), None)
+                                .expect("the blob's units cover it on blake3's grid");
+                            chain.check_hash(ObjectId(*joined.as_bytes()))?;
+                        }
+                    }
+                    let offset = units[windows[p].start].offset;
+                    file.write_all_at(decoded, offset).map_err(|e| io_err("writing", e))?;
+                    done += decoded.len() as u64;
+                    self.progress.set(progress_base + done);
+                    Ok(())
+                },
+            )?;
         }
         // Every non-empty segment matched its blob id above; empty ones are the empty blob.
         let empty = ObjectId::hash(&[]);
