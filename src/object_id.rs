@@ -74,8 +74,7 @@ impl fmt::Debug for ObjectId {
 /// boundaries follow tensors; in a compression it is a stripe the worker just coded
 /// ([`RangeHashJoin`] joins those as they are written). blake3 is a Merkle tree and
 /// `blake3::hazmat` gives the subtree hashes and merges but not this composition over
-/// arbitrary ranges, hence these lines; a
-/// proptest checks them against `blake3::hash`. (Hashing batch by batch on the pool instead cost
+/// arbitrary ranges, hence these lines; a proptest checks them against `blake3::hash`. (Hashing batch by batch on the pool instead cost
 /// two fork-joins per 2 MiB batch, each waking a sleeping worker: the pool sat idle 12–14% of a
 /// two-thread decompression on the project's VM.)
 #[derive(Clone, Copy, Debug)]
@@ -112,11 +111,8 @@ impl RangeHashes {
             return;
         }
         let mut visit = |offset: u64, len: u64| {
-            use blake3::hazmat::HasherExt;
             let part = &bytes[(offset - range.start) as usize..(offset + len - range.start) as usize];
-            let mut hasher = blake3::Hasher::new();
-            hasher.set_input_offset(offset).update(part);
-            out.push(NodeHash { offset, len, cv: hasher.finalize_non_root() });
+            out.push(NodeHash { offset, len, cv: node_cv(offset, part) });
         };
         for (offset, len) in root_children(self.total_len) {
             inside_nodes(offset, len, &range, &mut visit);
@@ -221,11 +217,10 @@ impl RangeHashJoin {
 
     /// The node of the assembled straddling chunk (the root hash when it is the whole input).
     fn leaf_node(&self, len: u64) -> NodeHash {
-        use blake3::hazmat::HasherExt;
         let cv = if self.shape.total_len <= blake3::CHUNK_LEN as u64 {
             *blake3::hash(&self.leaf).as_bytes()
         } else {
-            blake3::Hasher::new().set_input_offset(self.leaf_at).update(&self.leaf).finalize_non_root()
+            node_cv(self.leaf_at, &self.leaf)
         };
         NodeHash { offset: self.leaf_at, len, cv }
     }
@@ -245,6 +240,13 @@ impl RangeHashJoin {
         }
         self.shape.join(self.nodes, None)
     }
+}
+
+/// The chaining value of the subtree over `bytes` at `offset` in an input of more than one
+/// blake3 chunk (a subtree of the tree, so `offset` is a multiple of its length).
+fn node_cv(offset: u64, bytes: &[u8]) -> [u8; 32] {
+    use blake3::hazmat::HasherExt;
+    blake3::Hasher::new().set_input_offset(offset).update(bytes).finalize_non_root()
 }
 
 /// The two children of the root of blake3's tree over `total_len` (> 1 chunk) bytes, as
@@ -277,15 +279,13 @@ fn inside_nodes(offset: u64, len: u64, range: &std::ops::Range<u64>, visit: &mut
 /// first) when a worker hashed it, else merged from its children, or hashed from `input` for a
 /// leaf (`None` without `input`).
 fn subtree_cv(offset: u64, len: u64, nodes: &[NodeHash], input: Option<&[u8]>) -> Option<[u8; 32]> {
-    use blake3::hazmat::{merge_subtrees_non_root, HasherExt, Mode};
+    use blake3::hazmat::{merge_subtrees_non_root, Mode};
     let at = nodes.partition_point(|n| n.offset < offset);
     if let Some(n) = nodes[at..].iter().take_while(|n| n.offset == offset).find(|n| n.len == len) {
         return Some(n.cv);
     }
     if len <= blake3::CHUNK_LEN as u64 {
-        let mut hasher = blake3::Hasher::new();
-        hasher.set_input_offset(offset).update(&input?[offset as usize..(offset + len) as usize]);
-        return Some(hasher.finalize_non_root());
+        return Some(node_cv(offset, &input?[offset as usize..(offset + len) as usize]));
     }
     let left = blake3::hazmat::left_subtree_len(len);
     let l = subtree_cv(offset, left, nodes, input)?;
