@@ -45,6 +45,8 @@ pub mod object_id;
 pub mod repo;
 pub mod safetensors;
 pub mod store;
+#[cfg(test)]
+mod test_data;
 
 pub use dtype::Dtype;
 pub use object_id::ObjectId;

@@ -326,6 +326,7 @@ impl<'de> serde::Deserialize<'de> for ObjectId {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::random_bytes;
 
     #[test]
     fn hex_round_trip_and_known_vector() {
@@ -339,19 +340,6 @@ mod tests {
         assert_eq!(json, format!("\"{}\"", id.to_hex()));
         assert_eq!(serde_json::from_str::<ObjectId>(&json).unwrap(), id);
         assert!(serde_json::from_str::<ObjectId>(&json.to_uppercase()).is_err());
-    }
-
-    /// `len` pseudo-random bytes from `seed` (xorshift).
-    fn random_bytes(len: u64, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect()
     }
 
     /// Sorted, distinct range boundaries from 0 to `total` with `cuts` (taken modulo) between.
@@ -374,7 +362,7 @@ mod tests {
             skip in proptest::collection::vec(proptest::bool::ANY, 13),
             seed: u64,
         ) {
-            let data = random_bytes(total, seed);
+            let data = random_bytes(seed, total);
             let bounds = cut_points(total, cuts);
             let hashes = RangeHashes::new(total);
             let mut nodes = Vec::new();
@@ -398,7 +386,7 @@ mod tests {
         fn aligned_units_join_without_the_input(unit_log in 10u32..15, units in 0u64..9, extra in 0u64..2048, seed: u64) {
             let unit = 1u64 << unit_log;
             let total = units * unit + extra;
-            let data = random_bytes(total, seed);
+            let data = random_bytes(seed, total);
             let hashes = RangeHashes::new(total);
             let mut nodes = Vec::new();
             for start in (0..total).step_by(unit as usize).collect::<Vec<_>>().into_iter().rev() {
@@ -417,7 +405,7 @@ mod tests {
             cuts in proptest::collection::vec(0u64..300_000, 0..12),
             seed: u64,
         ) {
-            let data = random_bytes(total, seed);
+            let data = random_bytes(seed, total);
             let bounds = cut_points(total, cuts);
             let mut ranges: Vec<_> = bounds.windows(2).map(|w| w[0]..w[1]).collect();
             let middle = bounds[bounds.len() / 2];
@@ -446,7 +434,7 @@ mod tests {
     /// Ranges that are reversed, of the wrong length or past the end break the join (no panic).
     #[test]
     fn bad_ranges_break_the_ordered_join() {
-        let data = random_bytes(5000, 7);
+        let data = random_bytes(7, 5000);
         let join_of = |ranges: &[(std::ops::Range<u64>, usize)]| {
             let mut join = RangeHashJoin::new(5000);
             for (range, len) in ranges {

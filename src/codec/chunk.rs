@@ -444,12 +444,10 @@ mod tests {
 
     /// Bytes that look like float weights: skewed high bytes, noisy low bytes, some zero runs.
     fn weights(seed: u64, len: usize, zero_every: usize) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
+        crate::test_data::xorshift(seed)
+            .take(len)
+            .enumerate()
+            .map(|(i, s)| {
                 if zero_every > 0 && (i / 64) % zero_every == 0 {
                     0
                 } else if i % 2 == 1 {

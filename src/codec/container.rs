@@ -826,12 +826,10 @@ mod tests {
     use super::*;
 
     fn sample() -> Vec<u8> {
-        let mut s = 0x9E3779B97F4A7C15u64;
-        (0..200_000)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
+        crate::test_data::xorshift(0x9E3779B97F4A7C15)
+            .take(200_000)
+            .enumerate()
+            .map(|(i, s)| {
                 if i % 2 == 1 {
                     0x3C + (s % 3) as u8
                 } else if i % 1000 < 100 {
@@ -901,13 +899,8 @@ mod tests {
                 let dtype = Dtype::from_code(code as u8);
                 let len = elems * Layout::for_dtype(dtype).width;
                 let start = data.len();
-                let mut s = seed | 1;
-                data.extend((0..len).map(|i| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    if i % 3 == 0 { 0 } else { (s % 7) as u8 }
-                }));
+                let stream = crate::test_data::xorshift(seed).take(len).enumerate();
+                data.extend(stream.map(|(i, s)| if i % 3 == 0 { 0 } else { (s % 7) as u8 }));
                 segments.push((start..data.len(), dtype));
             }
             let options = Options { chunk_size: chunk_kib << 10, ..Options::default() };

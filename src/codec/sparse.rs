@@ -239,19 +239,8 @@ mod tests {
 
     /// Bytes that are zero except for runs placed by `seed` at density `one_in`.
     fn sparse_bytes(len: usize, seed: u64, one_in: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if s.is_multiple_of(one_in.max(1)) {
-                    (s >> 32) as u8
-                } else {
-                    0
-                }
-            })
-            .collect()
+        let bytes = crate::test_data::xorshift(seed).take(len);
+        bytes.map(|s| if s.is_multiple_of(one_in.max(1)) { (s >> 32) as u8 } else { 0 }).collect()
     }
 
     proptest! {

@@ -49,19 +49,6 @@ fn official(d: Dtype) -> safetensors::Dtype {
     }
 }
 
-/// Deterministic pseudo-random bytes.
-fn bytes(seed: u64, len: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 type Spec = (String, Dtype, Vec<u64>);
 
 /// Whether the official writer can serialize this: safetensors 0.8 writes the invalid JSON
@@ -76,7 +63,7 @@ fn official_serialize(tensors: &[Spec], metadata: Option<&BTreeMap<String, Strin
     let datas: Vec<Vec<u8>> = tensors
         .iter()
         .enumerate()
-        .map(|(i, (_, d, s))| bytes(seed.wrapping_add(i as u64), byte_len(*d, s).unwrap()))
+        .map(|(i, (_, d, s))| crate::test_data::random_bytes(seed.wrapping_add(i as u64), byte_len(*d, s).unwrap()))
         .collect();
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
@@ -698,7 +685,7 @@ proptest! {
         let mut expected = Vec::new();
         for (i, (name, d, s)) in specs.iter().enumerate() {
             let begin = f.len() as u64;
-            f.extend(bytes(seed.wrapping_add(i as u64), byte_len(*d, s).unwrap()));
+            f.extend(crate::test_data::random_bytes(seed.wrapping_add(i as u64), byte_len(*d, s).unwrap()));
             expected.push(TensorInfo {
                 name: name.clone(), dtype: *d, shape: s.clone(), begin, end: f.len() as u64,
             });

@@ -7,18 +7,10 @@ fn options() -> Options {
 
 /// bf16-looking bytes: noisy low bytes, a few distinct exponents.
 fn weights(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            if i % 2 == 1 {
-                0x3C + (s % 3) as u8
-            } else {
-                s as u8
-            }
-        })
+    crate::test_data::xorshift(seed)
+        .take(len)
+        .enumerate()
+        .map(|(i, s)| if i % 2 == 1 { 0x3C + (s % 3) as u8 } else { s as u8 })
         .collect()
 }
 
