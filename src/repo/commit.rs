@@ -7,7 +7,7 @@ use crate::index::StatRecord;
 use crate::mmap::{self, Map};
 use crate::object_id::ObjectId;
 use crate::safetensors;
-use crate::store::{self, DeltaOutcome, Feedback, ObjectKind};
+use crate::store::{self, DeltaOutcome, Feedback, ObjectKind, Store, Written};
 use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -39,12 +39,6 @@ struct Planned {
     range: Range<u64>,
     dtype: Option<Dtype>,
     tensor: Option<TensorRef>,
-}
-
-/// Counts for the version record.
-#[derive(Default)]
-struct Tally {
-    stored_bytes: u64,
 }
 
 impl Repo {
@@ -102,15 +96,28 @@ impl Repo {
             .filter(|(_, _, seg)| seen.insert(seg.id) && !self.store.contains(&seg.id))
             .map(|(file, segment, _)| Job { file, segment })
             .collect();
-        let stored_bytes = self.store_blobs(&inputs, &hashed, &jobs, base_every)?;
-        // 3. Manifests.
-        let mut tally = Tally { stored_bytes };
-        for (input, h) in inputs.iter().zip(&hashed) {
-            let path = input.path.to_string();
-            let entry = self
-                .write_manifest(input, h, &mut tally)
-                .map_err(|e| Error::File { path: path.clone(), source: Box::new(e) })?;
-            files.insert(path, entry);
+        // 2 and 3 write through a view of the store that fsyncs and renames the objects on
+        // other threads while the next ones are coded; it returns once all are durable, before
+        // the version that points to them is written.
+        let (written, entries) = self.store.with_background_sync(|store| {
+            let written = self.store_blobs(store, &inputs, &hashed, &jobs, base_every)?;
+            // 3. Manifests.
+            let mut manifests = Vec::new();
+            let mut entries = Vec::new();
+            for (input, h) in inputs.iter().zip(&hashed) {
+                let (entry, w) = self
+                    .write_manifest(store, input, h)
+                    .map_err(|e| Error::File { path: input.path.to_string(), source: Box::new(e) })?;
+                manifests.extend(w);
+                entries.push(entry);
+            }
+            Ok::<_, Error>((written.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
+        })?;
+        for w in &written {
+            self.index_object(w);
+        }
+        for entry in entries {
+            files.insert(entry.path.clone(), entry);
         }
 
         let files: Vec<FileEntry> = files.into_values().collect();
@@ -121,7 +128,7 @@ impl Repo {
             message: message.to_string(),
             since_base,
             raw_bytes: files.iter().map(|f| f.len).sum(),
-            stored_bytes: tally.stored_bytes,
+            stored_bytes: written.iter().map(|w| w.stored_len).sum(),
             files,
         };
         let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
@@ -186,15 +193,22 @@ impl Repo {
         (v.since_base == target).then_some(v)
     }
 
-    /// Stores the blobs of `jobs`: small ones in parallel, large ones (each parallel inside the
-    /// codec) one at a time, so memory stays bounded. Returns the bytes added to the store.
-    fn store_blobs(&self, inputs: &[Input], hashed: &[HashedFile], jobs: &[Job], base_every: u32) -> Result<u64> {
+    /// Stores the blobs of `jobs` in `store`: small ones in parallel, large ones (each parallel
+    /// inside the codec) one at a time, so memory stays bounded. Returns the objects written.
+    fn store_blobs(
+        &self,
+        store: &Store,
+        inputs: &[Input],
+        hashed: &[HashedFile],
+        jobs: &[Job],
+        base_every: u32,
+    ) -> Result<Vec<Written>> {
         let len =
             |j: &Job| hashed[j.file].segments[j.segment].range.end - hashed[j.file].segments[j.segment].range.start;
         let total: u64 = jobs.iter().map(len).sum();
         self.progress.start("commit", total);
         let done = AtomicU64::new(0);
-        let run = |job: &Job| -> Result<u64> {
+        let run = |job: &Job| -> Result<Written> {
             let input = &inputs[job.file];
             let seg = &hashed[job.file].segments[job.segment];
             let reference = seg.tensor.as_ref().and_then(|t| hashed[job.file].reference.get(t)).copied();
@@ -204,36 +218,37 @@ impl Repo {
                 let now = done.fetch_add(n.saturating_sub(before), Ordering::Relaxed) + n.saturating_sub(before);
                 self.progress.set(now);
             };
-            let stored = self.store_blob(input, seg, reference, base_every, &progress).map_err(|e| match e {
-                Error::Store(store::Error::ChangedWhileWriting { .. }) => {
-                    Error::FileChanged { path: input.path.to_string() }
-                }
-                other => Error::File { path: input.path.to_string(), source: Box::new(other) },
-            })?;
+            let written =
+                self.store_blob(store, input, seg, reference, base_every, &progress).map_err(|e| match e {
+                    Error::Store(store::Error::ChangedWhileWriting { .. }) => {
+                        Error::FileChanged { path: input.path.to_string() }
+                    }
+                    other => Error::File { path: input.path.to_string(), source: Box::new(other) },
+                })?;
             input.map.release(seg.range.start as usize..seg.range.end as usize);
             progress(seg.range.end - seg.range.start);
-            Ok(stored)
+            Ok(written)
         };
         let (large, small): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| len(j) >= PARALLEL_BELOW);
-        let small_bytes: u64 = small.par_iter().map(|j| run(j)).collect::<Result<Vec<u64>>>()?.iter().sum();
-        let mut large_bytes = 0;
+        let mut written = small.par_iter().map(|j| run(j)).collect::<Result<Vec<Written>>>()?;
         for j in large {
-            large_bytes += run(j)?;
+            written.push(run(j)?);
         }
         self.progress.finish();
-        Ok(small_bytes + large_bytes)
+        Ok(written)
     }
 
-    /// Stores one segment's blob: as a delta against `reference` when that is allowed and pays,
-    /// else standalone. Returns the object's size.
+    /// Stores one segment's blob in `store`: as a delta against `reference` when that is
+    /// allowed and pays, else standalone.
     fn store_blob(
         &self,
+        store: &Store,
         input: &Input,
         seg: &HashedSegment,
         reference: Option<ObjectId>,
         base_every: u32,
         progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<u64> {
+    ) -> Result<Written> {
         let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
         let start = seg.range.start as usize;
         let release_input = |r: Range<usize>| input.map.release(start + r.start..start + r.end);
@@ -241,14 +256,11 @@ impl Repo {
         let options = self.config.codec_options();
         if let Some(r) = reference.filter(|r| *r != seg.id) {
             // A damaged or missing reference only means no delta: store standalone.
-            if let Ok(chain) = self.store.open_blob(&r) {
+            if let Ok(chain) = store.open_blob(&r) {
                 if chain.depth() + 1 < base_every && chain.len() == bytes.len() as u64 {
                     let limit = chain.base_stored_len();
-                    match self.store.write_blob_delta(seg.id, bytes, &chain, limit, &options, &feedback) {
-                        Ok(DeltaOutcome::Written(w)) => {
-                            self.index_object(&w);
-                            return Ok(w.stored_len);
-                        }
+                    match store.write_blob_delta(seg.id, bytes, &chain, limit, &options, &feedback) {
+                        Ok(DeltaOutcome::Written(w)) => return Ok(w),
                         Ok(DeltaOutcome::NotSmaller { .. }) => {}
                         Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
                         Err(e) => return Err(e.into()),
@@ -256,12 +268,12 @@ impl Repo {
                 }
             }
         }
-        let w = self.store.write_blob(seg.id, bytes, seg.dtype, &options, &feedback)?;
-        self.index_object(&w);
-        Ok(w.stored_len)
+        Ok(store.write_blob(seg.id, bytes, seg.dtype, &options, &feedback)?)
     }
 
-    fn write_manifest(&self, input: &Input, h: &HashedFile, tally: &mut Tally) -> Result<FileEntry> {
+    /// Writes `input`'s manifest to `store` unless stored already; returns the file's entry and
+    /// the object written, if any.
+    fn write_manifest(&self, store: &Store, input: &Input, h: &HashedFile) -> Result<(FileEntry, Option<Written>)> {
         let manifest = Manifest {
             format: MODEL_FORMAT,
             kind: if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes },
@@ -275,12 +287,13 @@ impl Repo {
         };
         let bytes = manifest.to_bytes();
         let manifest_id = ObjectId::hash(&bytes);
-        if !self.store.contains(&manifest_id) {
-            let w = self.store.write_data(ObjectKind::Manifest, &bytes, &self.config.codec_options())?;
-            self.index_object(&w);
-            tally.stored_bytes += w.stored_len;
-        }
-        Ok(FileEntry { path: input.path.to_string(), manifest: manifest_id, len: manifest.len, hash: h.hash })
+        let written = if store.contains(&manifest_id) {
+            None
+        } else {
+            Some(store.write_data(ObjectKind::Manifest, &bytes, &self.config.codec_options())?)
+        };
+        let entry = FileEntry { path: input.path.to_string(), manifest: manifest_id, len: manifest.len, hash: h.hash };
+        Ok((entry, written))
     }
 
     /// Remembers size, mtime and hash of the committed files for `status`.

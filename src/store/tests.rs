@@ -1,5 +1,6 @@
 use super::*;
 use crate::dtype::Dtype;
+use rayon::prelude::*;
 
 fn options() -> Options {
     Options { chunk_size: 4096, ..Options::default() }
@@ -205,4 +206,54 @@ fn list_remove_and_tmp() {
     store.remove(&ids[0]).unwrap();
     assert_eq!(store.list().unwrap().len(), 4);
     assert_eq!(store.clean_tmp().unwrap(), 1);
+}
+
+#[test]
+fn background_sync_makes_every_object_visible_by_its_return() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    // More objects than the queue holds, so writers also wait for the syncing threads.
+    let contents: Vec<Vec<u8>> = (0..SYNC_QUEUE as u64 + 40).map(|i| weights(i, 3000 + i as usize)).collect();
+    let ids = store
+        .with_background_sync(|view| {
+            contents
+                .par_iter()
+                .map(|c| view.write_data(ObjectKind::Version, c, &options()).map(|w| w.id))
+                .collect::<Result<Vec<_>>>()
+        })
+        .unwrap();
+    for (id, c) in ids.iter().zip(&contents) {
+        assert_eq!(store.read_data(id, ObjectKind::Version).unwrap(), *c);
+    }
+    assert_eq!(store.list().unwrap().len(), contents.len());
+    assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0, "no temp file left");
+}
+
+#[test]
+fn background_sync_reports_a_failed_sync_and_the_callers_error_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::init(dir.path()).unwrap();
+    let (good, bad) = (b"stored fine".to_vec(), b"cannot be moved into place".to_vec());
+    // A file where the bad object's fan-out directory must go makes its rename fail.
+    let bad_id = ObjectId::hash(&bad);
+    let blocker = store.object_path(&bad_id).parent().unwrap().to_path_buf();
+    std::fs::write(&blocker, b"in the way").unwrap();
+    let err = store
+        .with_background_sync(|view| {
+            view.write_data(ObjectKind::Version, &good, &options())?;
+            view.write_data(ObjectKind::Version, &bad, &options())
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::Io { ref path, .. } if path.starts_with(&blocker)), "{err}");
+    assert!(store.contains(&ObjectId::hash(&good)));
+    assert!(!store.contains(&bad_id));
+
+    // The caller's own error wins over a sync error.
+    let err = store
+        .with_background_sync(|view| {
+            view.write_data(ObjectKind::Version, &bad, &options())?;
+            Err::<(), _>(Error::Missing { id: bad_id })
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::Missing { .. }), "{err}");
 }
