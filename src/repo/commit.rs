@@ -298,7 +298,7 @@ impl Repo {
 
     /// Remembers size, mtime and hash of the committed files for `status`.
     fn record_stats(&self, inputs: &[Input], version: &Version) {
-        let Some(ix) = &self.index else { return };
+        let Some(ix) = self.index() else { return };
         let now = now_ns();
         for input in inputs {
             let Some(entry) = version.file(input.path.as_str()) else { continue };

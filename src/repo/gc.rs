@@ -82,7 +82,7 @@ impl Repo {
         self.progress.start("gc", doomed.len() as u64);
         for (n, id) in doomed.iter().enumerate() {
             let len = self.store.stored_len(id).unwrap_or(0);
-            if let Some(ix) = &self.index {
+            if let Some(ix) = self.index() {
                 let _ = ix.remove_object(id);
                 let _ = ix.remove_version(id);
             }

@@ -85,12 +85,12 @@ impl Repo {
             return Ok(FileState::Modified);
         }
         let mtime = mtime_ns(&meta);
-        let cached = self.index.as_ref().and_then(|ix| ix.stat(rp.as_str()).ok().flatten());
+        let cached = self.index().and_then(|ix| ix.stat(rp.as_str()).ok().flatten());
         let actual = match cached {
             Some(c) if c.len == meta.len() && c.mtime_ns == mtime && c.recorded_ns - mtime > RACY_NS => c.hash,
             _ => {
                 let h = hash_file(&path)?;
-                if let Some(ix) = &self.index {
+                if let Some(ix) = self.index() {
                     let record = StatRecord { len: meta.len(), mtime_ns: mtime, recorded_ns: now_ns(), hash: h };
                     let _ = ix.put_stat(rp.as_str(), &record);
                 }
