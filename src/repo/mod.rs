@@ -300,9 +300,9 @@ pub struct Repo {
     root: PathBuf,
     dir: PathBuf,
     store: Store,
-    /// The index, opened on first use ([`Repo::index`]): commands that need no cache (a
-    /// checkout to `--output`, `show`) never pay sled's start-up (~10 ms, a snapshot write and
-    /// two fsyncs) nor contend for its lock.
+    /// The index, opened on first use ([`Repo::index`]): a command that needs no cache (a
+    /// checkout to `--output`) never pays sled's start-up (a snapshot write, two fsyncs, its
+    /// cache: 35–40 MiB of RSS) nor contends for its lock.
     index: OnceLock<Option<Index>>,
     refs: Refs,
     config: Config,

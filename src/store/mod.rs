@@ -206,7 +206,7 @@ impl Store {
     /// durable: each object is still fsynced, renamed into place and its directory fsynced, the
     /// same steps as [`Store::write_data`] and the blob writes take on their own, but by
     /// [`SYNC_THREADS`] threads while `f` goes on coding the next objects. On this project's
-    /// test VM that took a 104-tensor commit from ~160 to ~110 ms (docs/BENCHMARKS.md).
+    /// test VM that took a 104-tensor commit from ~140–165 to ~100 ms (docs/BENCHMARKS.md).
     ///
     /// An object written through the view becomes visible under its name (to
     /// [`Store::contains`], [`Store::raw`], ...) only once synced: nothing may read an object
