@@ -205,7 +205,7 @@ impl Store {
     /// Runs `f` with a view of the store whose object writes return before the object is
     /// durable: each object is still fsynced, renamed into place and its directory fsynced, the
     /// same steps as [`Store::write_data`] and the blob writes take on their own, but by
-    /// [`SYNC_THREADS`] threads while `f` goes on coding the next objects. On this project's
+    /// `SYNC_THREADS` (4) threads while `f` goes on coding the next objects. On this project's
     /// test VM that took a 104-tensor commit from ~140–165 to ~100 ms (docs/BENCHMARKS.md).
     ///
     /// An object written through the view becomes visible under its name (to
