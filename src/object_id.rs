@@ -74,9 +74,10 @@ impl fmt::Debug for ObjectId {
 /// boundaries follow tensors; in a compression it is a stripe the worker just coded
 /// ([`RangeHashJoin`] joins those as they are written). blake3 is a Merkle tree and
 /// `blake3::hazmat` gives the subtree hashes and merges but not this composition over
-/// arbitrary ranges, hence these lines; a proptest checks them against `blake3::hash`. (Hashing batch by batch on the pool instead cost
-/// two fork-joins per 2 MiB batch, each waking a sleeping worker: the pool sat idle 12–14% of a
-/// two-thread decompression on the project's VM.)
+/// arbitrary ranges, hence these lines; a proptest checks them against `blake3::hash`.
+/// (Hashing batch by batch on the pool instead cost two fork-joins per 2 MiB batch, each
+/// waking a sleeping worker: the pool sat idle 12–14% of a two-thread decompression on the
+/// project's VM.)
 #[derive(Clone, Copy, Debug)]
 pub struct RangeHashes {
     total_len: u64,
@@ -197,8 +198,7 @@ impl RangeHashJoin {
         }
         let chunk = blake3::CHUNK_LEN as u64;
         let (first, last) = (range.start / chunk * chunk, (range.end - 1) / chunk * chunk);
-        let leaves = [first, last];
-        for &leaf in if first == last { &leaves[..1] } else { &leaves[..] } {
+        for leaf in std::iter::once(first).chain((last != first).then_some(last)) {
             let leaf_end = (leaf + chunk).min(total);
             if range.start <= leaf && leaf_end <= range.end {
                 continue; // wholly inside: hashed by the worker

@@ -99,8 +99,8 @@ impl Repo {
         // 2 and 3 write through a view of the store that fsyncs and renames the objects on
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
-        let (written, entries) = self.store.with_background_sync(|store| {
-            let written = self.store_blobs(store, &inputs, &hashed, &jobs, base_every)?;
+        let (objects, entries) = self.store.with_background_sync(|store| {
+            let blobs = self.store_blobs(store, &inputs, &hashed, &jobs, base_every)?;
             // 3. Manifests.
             let mut manifests = Vec::new();
             let mut entries = Vec::new();
@@ -111,9 +111,9 @@ impl Repo {
                 manifests.extend(w);
                 entries.push(entry);
             }
-            Ok::<_, Error>((written.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
+            Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
         })?;
-        for w in &written {
+        for w in &objects {
             self.index_object(w);
         }
         for entry in entries {
@@ -128,7 +128,7 @@ impl Repo {
             message: message.to_string(),
             since_base,
             raw_bytes: files.iter().map(|f| f.len).sum(),
-            stored_bytes: written.iter().map(|w| w.stored_len).sum(),
+            stored_bytes: objects.iter().map(|w| w.stored_len).sum(),
             files,
         };
         let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
