@@ -67,7 +67,11 @@ impl Repo {
             _ => 0,
         };
         let reference = match (since_base, policy, &parent) {
-            (0, _, _) | (_, _, None) => None,
+            (_, _, None) => None,
+            // The parent's tensors are what the new ones' deltas are taken of, also when the
+            // new version is a pinned base.
+            (_, DeltaPolicy::Reverse, Some(p)) => Some(p.clone()),
+            (0, _, _) => None,
             (_, DeltaPolicy::Previous, Some(p)) => Some(p.clone()),
             (_, DeltaPolicy::Base, Some(p)) => self.ancestor_since_base(p, 0),
             (s, DeltaPolicy::Skip, Some(p)) => self.ancestor_since_base(p, s & (s - 1)),
@@ -99,8 +103,9 @@ impl Repo {
         // 2 and 3 write through a view of the store that fsyncs and renames the objects on
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
-        let (objects, entries) = self.store.with_background_sync(|store| {
-            let blobs = self.store_blobs(store, &inputs, &hashed, &jobs, base_every)?;
+        let deltas = if policy == DeltaPolicy::Reverse { None } else { Some(base_every) };
+        let (mut objects, entries) = self.store.with_background_sync(|store| {
+            let blobs = self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?;
             // 3. Manifests.
             let mut manifests = Vec::new();
             let mut entries = Vec::new();
@@ -113,6 +118,18 @@ impl Repo {
             }
             Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
         })?;
+        // Reverse deltas: the parent's blobs become deltas against the new ones, now durable.
+        let mut replaced_len = 0;
+        if let (DeltaPolicy::Reverse, Some(p)) = (policy, &parent) {
+            let pinned = self.pinned_blobs(p)?;
+            let rewritten = self
+                .store
+                .with_background_sync(|store| self.rewrite_parent_blobs(store, &inputs, &hashed, &jobs, &pinned))?;
+            for (w, old_len) in rewritten {
+                replaced_len += old_len;
+                objects.push(w);
+            }
+        }
         for w in &objects {
             self.index_object(w);
         }
@@ -128,7 +145,8 @@ impl Repo {
             message: message.to_string(),
             since_base,
             raw_bytes: files.iter().map(|f| f.len).sum(),
-            stored_bytes: objects.iter().map(|w| w.stored_len).sum(),
+            // What the store grew by: rewritten objects replace larger ones.
+            stored_bytes: objects.iter().map(|w| w.stored_len).sum::<u64>().saturating_sub(replaced_len),
             files,
         };
         let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
@@ -193,60 +211,147 @@ impl Repo {
         (v.since_base == target).then_some(v)
     }
 
-    /// Stores the blobs of `jobs` in `store`: small ones in parallel, large ones (each parallel
-    /// inside the codec) one at a time, so memory stays bounded. Returns the objects written.
+    /// Stores the blobs of `jobs` in `store`, as deltas where `deltas` (the `base_every` that
+    /// bounds their chains) allows it and they pay. Returns the objects written.
     fn store_blobs(
         &self,
         store: &Store,
         inputs: &[Input],
         hashed: &[HashedFile],
         jobs: &[Job],
-        base_every: u32,
+        deltas: Option<u32>,
     ) -> Result<Vec<Written>> {
+        let written = self.run_jobs("commit", inputs, hashed, jobs, |job, progress| {
+            let seg = &hashed[job.file].segments[job.segment];
+            let reference = deltas.and_then(|base_every| Some((hashed[job.file].reference_of(seg)?, base_every)));
+            self.store_blob(store, &inputs[job.file], seg, reference, progress).map(Some)
+        })?;
+        Ok(written.into_iter().flatten().collect())
+    }
+
+    /// Reverse deltas: the blobs of the last pinned version before `parent` (its full base, the
+    /// last version with `since_base == 0`, unless that is the root), which keep their blobs
+    /// whole so that chains reach no further back than it. Those blobs can be shared with the
+    /// parent (a tensor unchanged since), hence a set of blobs, not a flag on the parent.
+    fn pinned_blobs(&self, parent: &Version) -> Result<HashSet<ObjectId>> {
+        let mut blobs = HashSet::new();
+        if let Some(pin) = self.ancestor_since_base(parent, 0).filter(|v| !v.parents.is_empty()) {
+            for file in &pin.files {
+                blobs.extend(self.manifest(&file.manifest)?.segments.iter().map(|s| s.blob));
+            }
+        }
+        Ok(blobs)
+    }
+
+    /// Reverse deltas: rewrites each standalone blob of the parent that a blob of `jobs`
+    /// (written standalone by this commit, and durable) replaces as an XOR delta against it,
+    /// where that pays. Blobs the new files still hold and `pinned` blobs are left whole.
+    /// Returns each object written with the size of the object it replaced.
+    fn rewrite_parent_blobs(
+        &self,
+        store: &Store,
+        inputs: &[Input],
+        hashed: &[HashedFile],
+        jobs: &[Job],
+        pinned: &HashSet<ObjectId>,
+    ) -> Result<Vec<(Written, u64)>> {
+        let mut kept: HashSet<ObjectId> = hashed.iter().flat_map(|h| h.segments.iter().map(|s| s.id)).collect();
+        kept.extend(pinned);
+        let mut claimed = HashSet::new();
+        let mut older_of: HashMap<(usize, usize), ObjectId> = HashMap::new();
+        let jobs: Vec<Job> = jobs
+            .iter()
+            .filter(|job| {
+                let Some(older) = hashed[job.file].reference_of(&hashed[job.file].segments[job.segment]) else {
+                    return false;
+                };
+                let take = !kept.contains(&older) && claimed.insert(older);
+                if take {
+                    older_of.insert((job.file, job.segment), older);
+                }
+                take
+            })
+            .copied()
+            .collect();
+        let written = self.run_jobs("deltas", inputs, hashed, &jobs, |job, progress| {
+            let older = older_of[&(job.file, job.segment)];
+            // An older blob that is not a standalone blob of this length (a delta already, or
+            // damaged) just stays as it is.
+            let Ok(chain) = store.open_blob(&older) else { return Ok(None) };
+            let seg = &hashed[job.file].segments[job.segment];
+            if chain.depth() != 0 || chain.len() != seg.range.end - seg.range.start {
+                return Ok(None);
+            }
+            let input = &inputs[job.file];
+            let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
+            let start = seg.range.start as usize;
+            let release_input = |r: Range<usize>| input.map.release(start + r.start..start + r.end);
+            let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
+            let options = self.config.codec_options();
+            match store.rewrite_as_delta_against(&chain, seg.id, bytes, seg.xxh3, &options, &feedback) {
+                Ok(DeltaOutcome::Written(w)) => Ok(Some((w, chain.stored_len()))),
+                Ok(DeltaOutcome::NotSmaller { .. }) => Ok(None),
+                Err(store::Error::Corrupt { .. } | store::Error::Missing { .. } | store::Error::Encode { .. }) => {
+                    Ok(None)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })?;
+        Ok(written.into_iter().flatten().collect())
+    }
+
+    /// Runs `f` on every job, showing progress under `label`: small segments in parallel,
+    /// large ones (each parallel inside the codec) one at a time, so memory stays bounded.
+    /// Errors name the job's file.
+    fn run_jobs<T: Send>(
+        &self,
+        label: &str,
+        inputs: &[Input],
+        hashed: &[HashedFile],
+        jobs: &[Job],
+        f: impl Fn(&Job, &(dyn Fn(u64) + Sync)) -> Result<T> + Sync,
+    ) -> Result<Vec<T>> {
         let len =
             |j: &Job| hashed[j.file].segments[j.segment].range.end - hashed[j.file].segments[j.segment].range.start;
         let total: u64 = jobs.iter().map(len).sum();
-        self.progress.start("commit", total);
+        self.progress.start(label, total);
         let done = AtomicU64::new(0);
-        let run = |job: &Job| -> Result<Written> {
+        let run = |job: &Job| -> Result<T> {
             let input = &inputs[job.file];
             let seg = &hashed[job.file].segments[job.segment];
-            let reference = seg.tensor.as_ref().and_then(|t| hashed[job.file].reference.get(t)).copied();
             let seen = AtomicU64::new(0);
             let progress = |n: u64| {
                 let before = seen.swap(n, Ordering::Relaxed);
                 let now = done.fetch_add(n.saturating_sub(before), Ordering::Relaxed) + n.saturating_sub(before);
                 self.progress.set(now);
             };
-            let written =
-                self.store_blob(store, input, seg, reference, base_every, &progress).map_err(|e| match e {
-                    Error::Store(store::Error::ChangedWhileWriting { .. }) => {
-                        Error::FileChanged { path: input.path.to_string() }
-                    }
-                    other => Error::File { path: input.path.to_string(), source: Box::new(other) },
-                })?;
+            let out = f(job, &progress).map_err(|e| match e {
+                Error::Store(store::Error::ChangedWhileWriting { .. }) => {
+                    Error::FileChanged { path: input.path.to_string() }
+                }
+                other => Error::File { path: input.path.to_string(), source: Box::new(other) },
+            })?;
             input.map.release(seg.range.start as usize..seg.range.end as usize);
             progress(seg.range.end - seg.range.start);
-            Ok(written)
+            Ok(out)
         };
         let (large, small): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| len(j) >= PARALLEL_BELOW);
-        let mut written = small.par_iter().map(|j| run(j)).collect::<Result<Vec<Written>>>()?;
+        let mut out = small.par_iter().map(|j| run(j)).collect::<Result<Vec<T>>>()?;
         for j in large {
-            written.push(run(j)?);
+            out.push(run(j)?);
         }
         self.progress.finish();
-        Ok(written)
+        Ok(out)
     }
 
     /// Stores one segment's blob in `store`: as a delta against `reference` when that is
-    /// allowed and pays, else standalone.
+    /// allowed (its chain stays under the given `base_every`) and pays, else standalone.
     fn store_blob(
         &self,
         store: &Store,
         input: &Input,
         seg: &HashedSegment,
-        reference: Option<ObjectId>,
-        base_every: u32,
+        reference: Option<(ObjectId, u32)>,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<Written> {
         let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
@@ -254,7 +359,7 @@ impl Repo {
         let release_input = |r: Range<usize>| input.map.release(start + r.start..start + r.end);
         let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
         let options = self.config.codec_options();
-        if let Some(r) = reference.filter(|r| *r != seg.id) {
+        if let Some((r, base_every)) = reference.filter(|(r, _)| *r != seg.id) {
             // A damaged or missing reference only means no delta: store standalone.
             if let Ok(chain) = store.open_blob(&r) {
                 if chain.depth() + 1 < base_every && chain.len() == bytes.len() as u64 {
@@ -421,7 +526,15 @@ struct HashedFile {
     reference: HashMap<TensorRef, ObjectId>,
 }
 
+impl HashedFile {
+    /// The blob of `seg`'s tensor in the reference version, if it has one.
+    fn reference_of(&self, seg: &HashedSegment) -> Option<ObjectId> {
+        seg.tensor.as_ref().and_then(|t| self.reference.get(t)).copied()
+    }
+}
+
 /// One blob to store: segment `segment` of file `file`.
+#[derive(Clone, Copy)]
 struct Job {
     file: usize,
     segment: usize,

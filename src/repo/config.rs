@@ -21,6 +21,16 @@ pub enum DeltaPolicy {
     /// the hard bound stays `base_every - 1`.) Deltas span more epochs, so the store is larger
     /// than with `previous` (docs/BENCHMARKS.md, "Delta chain depth").
     Skip,
+    /// Reverse deltas (as RCS keeps its trunk): every commit stores the new version whole, then
+    /// rewrites the parent's blobs of the same tensors as XOR deltas against the new ones. The
+    /// newest version is never a delta, so checking it out (resuming training, deploying) costs
+    /// the same at any history length, and a commit never decodes a chain: it codes each
+    /// changed tensor twice (whole, and the delta against the parent's standalone blob), at any
+    /// depth. Older versions sit deeper the older they are, up to the next pinned version: a
+    /// version with `since_base == 0` that has a parent keeps its blobs whole. The store holds
+    /// the same deltas as with `previous` (XOR is symmetric), with the whole copy at the newest
+    /// end instead of the oldest.
+    Reverse,
 }
 
 /// Repository settings.

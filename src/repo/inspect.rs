@@ -377,7 +377,7 @@ impl Repo {
             stored_bytes: raw.bytes().len() as u64,
             storage,
             reference: raw.header.reference,
-            depth: raw.header.depth,
+            depth: self.store.chain_depth(&s.blob)?,
             chunks: container.chunk_count() as u64,
             groups_per_chunk,
             methods,

@@ -94,9 +94,11 @@ impl Store {
             }
             if let Some(referrer) = objects.last() {
                 let h = &referrer.header;
-                let problem = if raw.header.depth.checked_add(1) != Some(h.depth) {
-                    Some(format!("depth {} over a reference of depth {}", h.depth, raw.header.depth))
-                } else if raw.header.raw_len != h.raw_len {
+                // The header's depth is not compared with the reference's: a reverse-delta
+                // commit turns a standalone reference into a delta, which deepens the chains
+                // above it without rewriting them (docs/format.md, "Objects"). The chain's
+                // real depth is its length, bounded below.
+                let problem = if raw.header.raw_len != h.raw_len {
                     Some(format!("{} bytes over a reference of {} bytes", h.raw_len, raw.header.raw_len))
                 } else if raw.header.dtype != h.dtype {
                     Some("dtype differs from its reference".to_string())
@@ -122,6 +124,22 @@ impl Store {
         // Opening every container checks its layout; decoding re-opens them (cheap: the index).
         chain.containers()?;
         Ok(chain)
+    }
+
+    /// How many deltas lie between blob `id` and its standalone base now, read from the
+    /// headers along its chain. (A header's own depth field is the depth when it was written,
+    /// which a reverse-delta commit may have deepened since.)
+    pub fn chain_depth(&self, id: &ObjectId) -> Result<u32> {
+        let mut depth = 0;
+        let mut next = self.header(id)?.reference;
+        while let Some(reference) = next {
+            depth += 1;
+            if depth > MAX_CHAIN_DEPTH {
+                return Err(Error::Corrupt { id: *id, reason: "delta chain too long".into() });
+            }
+            next = self.header(&reference)?.reference;
+        }
+        Ok(depth)
     }
 
     /// Stores `data` (whose blake3 is `id`) as a standalone blob of `dtype` elements.
@@ -165,20 +183,82 @@ impl Store {
                 )),
             });
         }
-        let depth = reference.depth() + 1;
         let header = ObjectHeader {
             kind: ObjectKind::Blob,
             dtype,
             reference: Some(reference.id()),
-            depth,
+            depth: reference.depth() + 1,
             raw_len: data.len() as u64,
         };
+        self.write_delta_object(id, header, data, reference, limit, options, feedback)
+    }
+
+    /// Replaces the standalone blob `older` by an XOR delta against `newer`, a standalone blob
+    /// of the same length, dtype and chunk size whose content is `newer_data` (with xxh3-64
+    /// `newer_xxh3`), unless the delta would take as many bytes as `older`'s object or more.
+    /// This is how a reverse-delta commit keeps the newest version whole: XOR is symmetric, so
+    /// the delta of `newer` against `older` is also the delta of `older` against `newer`, coded
+    /// here from the bytes at hand (`newer_data`, the file being committed) with `older`'s id as
+    /// the content hash the container records. `newer` must already be durable: the
+    /// replacement is renamed over `older`'s object, and from then on `older` is read through
+    /// `newer`. Chains that went through `older` get one level deeper; their headers keep the
+    /// depth they were written with.
+    pub fn rewrite_as_delta_against(
+        &self,
+        older: &BlobChain,
+        newer: ObjectId,
+        newer_data: &[u8],
+        newer_xxh3: u64,
+        options: &Options,
+        feedback: &Feedback<'_>,
+    ) -> Result<DeltaOutcome> {
+        let newer_chain = self.open_blob(&newer)?;
+        let mismatch = if older.depth() != 0 {
+            Some(format!("{} is not stored standalone", older.id()))
+        } else if newer_chain.depth() != 0 {
+            Some(format!("{newer} is not stored standalone"))
+        } else if newer_chain.len() != older.len() || newer_data.len() as u64 != older.len() {
+            Some(format!("{} bytes against {}", newer_chain.len(), older.len()))
+        } else if newer_chain.dtype() != older.dtype() || newer_chain.chunk_size() != older.chunk_size() {
+            Some("dtype or chunk size differs".to_string())
+        } else {
+            None
+        };
+        if let Some(reason) = mismatch {
+            return Err(Error::Encode { id: older.id(), source: crate::codec::Error::InvalidInput(reason) });
+        }
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype: older.dtype(),
+            reference: Some(newer),
+            depth: 1,
+            raw_len: older.len(),
+        };
+        let feedback = Feedback { input_xxh3: Some(newer_xxh3), ..*feedback };
+        self.write_delta_object(older.id(), header, newer_data, older, older.stored_len(), options, &feedback)
+    }
+
+    /// Writes object `id` with `header`, its container coding `data` XORed with `xor_with`,
+    /// unless the object would take `limit` bytes or more. The container records `id` as its
+    /// content hash: with `feedback.input_xxh3` it is taken as given (and `data` is checked
+    /// against the xxh3), else `data` is hashed and must be `id`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_delta_object(
+        &self,
+        id: ObjectId,
+        header: ObjectHeader,
+        data: &[u8],
+        xor_with: &BlobChain,
+        limit: u64,
+        options: &Options,
+        feedback: &Feedback<'_>,
+    ) -> Result<DeltaOutcome> {
         // The delta must use the reference's chunk size so chunk i lines up with chunk i.
-        let options = Options { chunk_size: reference.chunk_size, ..options.clone() };
+        let options = Options { chunk_size: xor_with.chunk_size, ..options.clone() };
         let mut stored = 0;
         let written = self.write_object(id, header, Some(limit), |out| {
             let mut counting = CountingWriter { inner: out, count: 0 };
-            let result = encode_blob(id, &mut counting, data, Some(reference), dtype, &options, feedback);
+            let result = encode_blob(id, &mut counting, data, Some(xor_with), header.dtype, &options, feedback);
             stored = counting.count;
             result
         })?;
@@ -207,6 +287,7 @@ impl Write for CountingWriter<'_> {
 
 /// The caller's side of a blob write besides the data: what it wants reported while the write
 /// runs, and what it already knows about the data.
+#[derive(Clone, Copy)]
 pub struct Feedback<'a> {
     /// Called with the input bytes coded so far.
     pub progress: &'a (dyn Fn(u64) + Sync),
@@ -340,9 +421,10 @@ impl BlobChain {
     pub fn dtype(&self) -> Option<Dtype> {
         self.header().dtype
     }
-    /// Number of deltas above the standalone base (0: the blob is standalone).
+    /// Number of deltas above the standalone base (0: the blob is standalone): the chain's
+    /// length now, which may exceed the depth its header recorded when it was written.
     pub fn depth(&self) -> u32 {
-        self.header().depth
+        (self.objects.len() - 1) as u32
     }
     /// Chunk size shared by every object of the chain.
     pub fn chunk_size(&self) -> usize {

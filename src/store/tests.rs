@@ -257,3 +257,63 @@ fn background_sync_reports_a_failed_sync_and_the_callers_error_first() {
         .unwrap_err();
     assert!(matches!(err, Error::Missing { .. }), "{err}");
 }
+
+/// Reverse deltas: a standalone blob rewritten against a newer standalone one reads back the
+/// same through it, chains through the old blob get one level deeper, and the rewrite refuses
+/// blobs that are not standalone or do not match.
+#[test]
+fn standalone_blob_is_rewritten_as_a_delta_against_a_newer_one() {
+    let (_dir, store, v0, v1, id0, id1) = store_with_base(5, 40_000, 11);
+    // An older delta on top of v0: a chain that goes through the blob being rewritten.
+    let before = drift(&v0, 13);
+    let id_before = ObjectId::hash(&before);
+    let chain0 = store.open_blob(&id0).unwrap();
+    let DeltaOutcome::Written(_) =
+        store.write_blob_delta(id_before, &before, &chain0, u64::MAX, &options(), &Feedback::NONE).unwrap()
+    else {
+        panic!("delta written")
+    };
+    store.write_blob(id1, &v1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let xxh3 = xxhash_rust::xxh3::xxh3_64(&v1);
+
+    let outcome = store.rewrite_as_delta_against(&chain0, id1, &v1, xxh3, &options(), &Feedback::NONE).unwrap();
+    let DeltaOutcome::Written(w) = outcome else { panic!("a small drift pays") };
+    assert_eq!((w.id, w.header.reference, w.header.depth), (id0, Some(id1), 1));
+    assert!(w.stored_len < chain0.stored_len(), "{} vs {}", w.stored_len, chain0.stored_len());
+    drop(chain0);
+    assert_eq!(read(&store, &id0), v0);
+    assert_eq!(read(&store, &id1), v1);
+    assert_eq!(read(&store, &id_before), before);
+    assert_eq!(store.open_blob(&id_before).unwrap().depth(), 2);
+    assert_eq!(store.chain_depth(&id_before).unwrap(), 2);
+    assert_eq!(store.header(&id_before).unwrap().depth, 1, "the header keeps its written depth");
+    for id in [id0, id1, id_before] {
+        store.verify(&id).unwrap();
+    }
+
+    // id0 is a delta now: it cannot be rewritten again, nor can anything against a delta.
+    let chain0 = store.open_blob(&id0).unwrap();
+    assert!(store.rewrite_as_delta_against(&chain0, id1, &v1, xxh3, &options(), &Feedback::NONE).is_err());
+    let chain1 = store.open_blob(&id1).unwrap();
+    assert!(store.rewrite_as_delta_against(&chain1, id0, &v0, 0, &options(), &Feedback::NONE).is_err());
+    // Bytes that are not the newer blob's fail the xxh3 check and leave the old object.
+    let v2 = drift(&v1, 17);
+    let err = store.rewrite_as_delta_against(&chain1, id1, &v2, xxh3, &options(), &Feedback::NONE);
+    assert!(err.is_err(), "{err:?}");
+    assert_eq!(read(&store, &id1), v1);
+}
+
+/// A rewrite that does not pay leaves the old object as it was.
+#[test]
+fn rewrite_that_does_not_pay_keeps_the_standalone_blob() {
+    let (_dir, store, v0, _, id0, _) = store_with_base(6, 30_000, 11);
+    let unrelated = weights(77, v0.len());
+    let uid = ObjectId::hash(&unrelated);
+    store.write_blob(uid, &unrelated, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let chain0 = store.open_blob(&id0).unwrap();
+    let before = std::fs::read(store.object_path(&id0)).unwrap();
+    let xxh3 = xxhash_rust::xxh3::xxh3_64(&unrelated);
+    let outcome = store.rewrite_as_delta_against(&chain0, uid, &unrelated, xxh3, &options(), &Feedback::NONE);
+    assert!(matches!(outcome, Ok(DeltaOutcome::NotSmaller { .. })), "{outcome:?}");
+    assert_eq!(std::fs::read(store.object_path(&id0)).unwrap(), before);
+}

@@ -3,7 +3,7 @@
 //! commits. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
 
 use crate::repo_util::{stderr, synthetic_checkpoint, Files, Rng, TestRepo};
-use ckpt::repo::{CommitOptions, Config, Repo, VersionId};
+use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Repo, VersionId};
 use ckpt::store::Feedback;
 use ckpt::{Dtype, ObjectId};
 use std::process::{Command, Stdio};
@@ -64,7 +64,9 @@ fn check(t: &TestRepo, history: &mut Vec<(VersionId, Files)>, pending: Option<&F
 fn kill_9_during_commit_and_gc() {
     let trials: u32 = std::env::var("CKPT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let (commit_trials, gc_trials) = if trials > 0 { (trials, trials) } else { (30, 24) };
-    let t = TestRepo::with_config(&Config { base_every: 4, chunk_size: 16 << 10, ..Config::default() });
+    let config = Config { base_every: 4, chunk_size: 16 << 10, ..Config::default() };
+    // Set-up commits with reverse deltas, the slower kind, so that kill times span both kinds.
+    let t = TestRepo::with_config(&Config { delta_policy: DeltaPolicy::Reverse, ..config.clone() });
     let mut history: Vec<(VersionId, Files)> = Vec::new();
     let mut epoch = 0;
     let mut commit_time = Duration::ZERO;
@@ -84,6 +86,9 @@ fn kill_9_during_commit_and_gc() {
     let mut completed = 0;
 
     for trial in 0..commit_trials {
+        // Every other trial commits with reverse deltas, which also rewrite the parent's blobs.
+        let delta_policy = if trial % 2 == 0 { DeltaPolicy::Reverse } else { DeltaPolicy::Previous };
+        t.write(".ckpt/config", &serde_json::to_vec(&Config { delta_policy, ..config.clone() }).unwrap());
         let files = files_for(epoch);
         for (n, b) in &files {
             t.write(n, b);

@@ -115,6 +115,74 @@ fn skip_policy_bounds_depth_by_one_bits() {
     assert!(repo.verify().unwrap().is_ok());
 }
 
+/// Total size of the object files.
+fn store_size(t: &TestRepo) -> u64 {
+    let repo = t.open();
+    let store = repo.store();
+    store.list().unwrap().iter().map(|id| store.stored_len(id).unwrap()).sum()
+}
+
+/// Reverse deltas: after every commit the newest version's tensors are whole, and each older
+/// version's are deltas against the next version's, up to the pinned version (`since_base` 0
+/// with a parent: version 5 under `base_every` 5), which keeps its blobs whole. Every version
+/// checks out bit-exactly throughout, and the store holds about what `previous` stores.
+#[test]
+fn reverse_policy_keeps_the_newest_version_whole() {
+    let config = |delta_policy| Config { base_every: 5, chunk_size: 8192, delta_policy, ..Config::default() };
+    let t = TestRepo::with_config(&config(DeltaPolicy::Reverse));
+    let repo = t.open();
+    let mut history: Vec<(VersionId, Files)> = Vec::new();
+    for e in 0..8u32 {
+        let model = synthetic_checkpoint(11, Dtype::Bf16, SMALL_MODEL, e);
+        let id = t.commit_files(&repo, &[("model.safetensors", &model)], &format!("epoch {e}"));
+        history.push((id, vec![("model.safetensors".to_string(), model)]));
+        for (s, (id, files)) in history.iter().enumerate() {
+            let s = s as u32;
+            assert_eq!(&t.checkout_all(&repo, &id.to_hex()), files, "epoch {e}: version {s}");
+            let expected = match s {
+                0..=4 => e.min(5) - s,
+                5 => 0,
+                _ => e - s,
+            };
+            let show = repo.show(&id.to_hex()).unwrap();
+            let depths: Vec<u32> = show
+                .files
+                .iter()
+                .flat_map(|f| &f.segments)
+                .filter(|seg| seg.is_tensor && seg.storage != Storage::Duplicate)
+                .map(|seg| seg.depth)
+                .collect();
+            assert!(!depths.is_empty(), "version {s} adds tensors");
+            assert!(depths.iter().all(|&d| d == expected), "epoch {e}: version {s}: depths {depths:?}, not {expected}");
+        }
+    }
+    assert!(repo.verify().unwrap().is_ok());
+    drop(repo);
+
+    let previous = TestRepo::with_config(&config(DeltaPolicy::Previous));
+    let repo = previous.open();
+    for (_, files) in &history {
+        previous.commit_files(&repo, &[("model.safetensors", &files[0].1)], "epoch");
+    }
+    drop(repo);
+    let (reverse_size, previous_size) = (store_size(&t), store_size(&previous));
+    assert!(reverse_size * 20 < previous_size * 21, "reverse stores {reverse_size} bytes, previous {previous_size}");
+}
+
+/// A delta that does not pay leaves the parent's blob whole, and the new version's too.
+#[test]
+fn reverse_policy_keeps_unrelated_tensors_whole() {
+    let t =
+        TestRepo::with_config(&Config { chunk_size: 8192, delta_policy: DeltaPolicy::Reverse, ..Config::default() });
+    let repo = t.open();
+    let a = synthetic_checkpoint(1, Dtype::F32, SMALL_MODEL, 0);
+    let b = synthetic_checkpoint(2, Dtype::F32, SMALL_MODEL, 0);
+    let first = t.commit_files(&repo, &[("m.safetensors", &a)], "a");
+    t.commit_files(&repo, &[("m.safetensors", &b)], "b");
+    assert_eq!(t.checkout_all(&repo, &first.to_hex()), vec![("m.safetensors".to_string(), a)]);
+    assert!(blob_depths(&repo).iter().all(|&d| d == 0), "{:?}", blob_depths(&repo));
+}
+
 /// Training loops that write every epoch under a new path (`epoch_3.safetensors`,
 /// `checkpoint-1500/model.safetensors`) still get deltas: a path the reference version lacks is
 /// matched to its safetensors file holding the same tensors, the newest one first.

@@ -2,7 +2,7 @@
 //! model of the expected history (a list of versions, each a map path → bytes, and the tags).
 
 use crate::repo_util::{read_tree, synthetic_checkpoint, TestRepo};
-use ckpt::repo::{CommitOptions, Config, Error, Repo};
+use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Error, Repo};
 use ckpt::Dtype;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,8 +50,8 @@ struct Model {
     tags: BTreeMap<String, usize>,
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let t = TestRepo::with_config(&Config { base_every: 3, chunk_size: 4096, ..Config::default() });
+fn run(ops: Vec<Op>, delta_policy: DeltaPolicy) -> Result<(), TestCaseError> {
+    let t = TestRepo::with_config(&Config { base_every: 3, chunk_size: 4096, delta_policy, ..Config::default() });
     let repo = Repo::open(t.root()).unwrap();
     let mut m = Model { versions: Vec::new(), pending_rm: BTreeSet::new(), tags: BTreeMap::new() };
     for (step, op) in ops.into_iter().enumerate() {
@@ -133,7 +133,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_histories_match_the_model(ops in prop::collection::vec(op(), 1..16)) {
-        run(ops)?;
+    fn random_histories_match_the_model(
+        ops in prop::collection::vec(op(), 1..16),
+        delta_policy in prop_oneof![Just(DeltaPolicy::Previous), Just(DeltaPolicy::Reverse)],
+    ) {
+        run(ops, delta_policy)?;
     }
 }
