@@ -8,7 +8,7 @@
 #   --size    size of each epoch file, GiB or MiB with an M suffix (examples/synthetic_series.rs)
 #   --epochs  versions to commit (default 20: one whole chain under base_every = 20)
 #   --decay   factor by which the update shrinks per epoch (default 0.8: bits keep changing)
-#   --policy  delta_policy of the repository: previous (default), base or skip
+#   --policy  delta_policy of the repository: previous (default), base, skip or reverse
 #   --dir     scratch directory, needs EPOCHS × SIZE for the data plus the store and one output
 #   --ckpt    the ckpt binary to measure (default: this tree's release build), for A/B runs
 #
@@ -74,7 +74,7 @@ cp_time() { # FILE: median wall seconds of three cp runs to a fresh name
     rm -f "$t"
 }
 
-declare -a ids commit_s commit_rss cp_s
+declare -a ids commit_s commit_rss cp_s head_s
 for e in $(seq 0 "$last"); do
     f="$DATA/epoch_$e.safetensors"
     cat "$f" > /dev/null
@@ -85,12 +85,19 @@ for e in $(seq 0 "$last"); do
     read -r "commit_s[e]" "commit_rss[e]" < "$t"
     rm -f "$t"
     ids[e]="$("$CKPT" -C "$REPO" log -n 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')"
+    # The newest version right after its commit: what resuming training from it costs then.
+    rm -rf "$OUT"
+    cp "$f" "$OUT.warm" && rm -f "$OUT.warm"
+    t="$(mktemp)"
+    timed "$t" "$CKPT" -q -j "$JOBS" -C "$REPO" checkout HEAD --output "$OUT"
+    read -r "head_s[e]" _ < "$t"
+    rm -f "$t" && rm -rf "$OUT"
 done
 
 echo "synthetic bf16 series: $EPOCHS epochs of $SIZE, update decay $DECAY per epoch; delta policy $POLICY; -j $JOBS; $(date -u '+%Y-%m-%d %H:%M UTC'), $CKPT at commit $(git rev-parse --short HEAD)"
 echo
-echo "| version | depth | stored MiB | methods | commit s | commit/cp | checkout s | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |"
-echo "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"
+echo "| version | depth | stored MiB | methods | commit s | commit/cp | HEAD checkout s (after its commit) | HEAD checkout/cp | checkout s (at the end) | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |"
+echo "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 for e in $(seq 0 "$last"); do
     f="$DATA/epoch_$e.safetensors"
     rm -rf "$OUT"
@@ -107,13 +114,14 @@ for e in $(seq 0 "$last"); do
     depth="$( (grep -o 'd=[0-9]*' <<< "$show" || true) | sort -t= -k2 -n | tail -1 | cut -d= -f2)"
     stored="$(grep '^bytes' <<< "$show" | sed -E 's/.*, ([0-9.]+ (B|[KMG]iB)) added.*/\1/')"
     methods="$(grep '^methods' <<< "$show" | sed -E 's/^methods *//')"
-    python3 - "$e" "${depth:-0}" "$stored" "$methods" "${commit_s[e]}" "${cp_s[e]}" "$co_s" "${commit_rss[e]}" "$co_rss" "$exact" <<'EOF'
+    python3 - "$e" "${depth:-0}" "$stored" "$methods" "${commit_s[e]}" "${cp_s[e]}" "${head_s[e]}" "$co_s" "${commit_rss[e]}" "$co_rss" "$exact" <<'EOF'
 import sys
-e, depth, stored, methods, commit, cp, co, crss, corss, exact = sys.argv[1:]
+e, depth, stored, methods, commit, cp, head, co, crss, corss, exact = sys.argv[1:]
 num, unit = stored.split()
 mib = float(num) * {"B": 1 / 1048576, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[unit]
-commit, cp, co = float(commit), max(float(cp), 0.01), float(co)
-print(f"| {e} | {depth} | {mib:.1f} | {methods} | {commit:.2f} | {commit / cp:.1f} | {co:.2f} | {co / cp:.1f} "
+commit, cp, head, co = float(commit), max(float(cp), 0.01), float(head), float(co)
+print(f"| {e} | {depth} | {mib:.1f} | {methods} | {commit:.2f} | {commit / cp:.1f} | {head:.2f} | {head / cp:.1f} "
+      f"| {co:.2f} | {co / cp:.1f} "
       f"| {int(crss) // 1024} | {int(corss) // 1024} | {exact} |")
 EOF
 done

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Repository benchmark on the corpus training series (issue #3 targets).
 
-For each series (bf16, fp32) and delta policy (previous, base, skip), commits epoch_00..epoch_10 one
-by one into a fresh repository (as `model.safetensors`), then checks every version out again and
-verifies it byte for byte. Reports per version: bytes the store grew by, commit and checkout wall
-time, peak RSS (from /usr/bin/time), and `cp` of the same file for scale; and the whole store
-against the sum of ZipNN standalone sizes of the same files (computed in the same run).
+For each series (bf16, fp32) and delta policy (previous, base, skip, reverse), commits
+epoch_00..epoch_10 one by one into a fresh repository (as `model.safetensors`), checking the new
+HEAD out right after each commit (median of 3: what resuming from the latest checkpoint costs at
+that point), then checks every version out again and verifies it byte for byte. Reports per
+version: bytes the store grew by, commit and checkout wall time, peak RSS (from /usr/bin/time),
+and `cp` of the same file for scale; and the whole store against the sum of ZipNN standalone
+sizes of the same files (computed in the same run).
 
 Also commits the AdamW state series (epochs 01, 02, 09, 10) to see whether deltas pay for
 optimizer state.
@@ -84,8 +86,14 @@ def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes):
             shutil.copyfile(f, os.path.join(repo, "model.safetensors"))
             wall, rss, _ = timed([ckpt, "-q", "commit", "-m", os.path.basename(f), "model.safetensors"], repo)
             after = store_bytes(repo)
+            head_times = []
+            for _ in range(3):
+                outdir = os.path.join(repo, "co")
+                head_times.append(timed([ckpt, "-q", "checkout", "HEAD", "--output", outdir], repo)[0])
+                shutil.rmtree(outdir)
             rows.append(dict(file=os.path.basename(f), raw=os.path.getsize(f), stored=after - before,
-                             commit_s=wall, commit_rss_kib=rss, cp_s=cp_time(f, repo), zipnn=zipnn_sizes[f]))
+                             commit_s=wall, commit_rss_kib=rss, cp_s=cp_time(f, repo), zipnn=zipnn_sizes[f],
+                             head_checkout_s=statistics.median(head_times)))
             before = after
         _, _, out = timed([ckpt, "log", "--json"], repo)
         ids = [v["id"] for v in json.loads(out)][::-1]  # oldest first
@@ -122,7 +130,7 @@ def main():
     results, ok = {}, True
     print(f"# ckpt {ckpt}, base_every {args.base_every}, load {os.getloadavg()}")
     for name, files in series.items():
-        for policy in ("previous", "base", "skip"):
+        for policy in ("previous", "base", "skip", "reverse"):
             if args.only and f"{name}/{policy}" not in args.only.split(","):
                 continue
             rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes)
@@ -132,13 +140,14 @@ def main():
             results[f"{name}/{policy}"] = dict(rows=rows, store=total, raw=raw, zipnn_sum=zsum)
             print(f"\n### {name}, delta policy `{policy}`: store {total / 1e6:.1f} MB = {100 * total / raw:.2f}% of raw, "
                   f"{total / zsum:.3f}x the sum of ZipNN standalone sizes ({zsum / 1e6:.1f} MB)\n")
-            print("| file | raw MB | stored MB | stored % | ZipNN % | commit s | cp s | commit/cp | checkout s | checkout/cp "
-                  "| commit RSS MiB | checkout RSS MiB | bit-exact |")
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+            print("| file | raw MB | stored MB | stored % | ZipNN % | commit s | cp s | commit/cp | HEAD checkout s "
+                  "| HEAD checkout/cp | checkout s (at the end) | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
             for r in rows:
                 print(f"| {r['file']} | {r['raw'] / 1e6:.1f} | {r['stored'] / 1e6:.2f} | {100 * r['stored'] / r['raw']:.2f} "
                       f"| {100 * r['zipnn'] / r['raw']:.2f} | {r['commit_s']:.3f} | {r['cp_s']:.3f} "
-                      f"| {r['commit_s'] / r['cp_s']:.1f} | {r['checkout_s']:.3f} | {r['checkout_s'] / r['cp_s']:.1f} "
+                      f"| {r['commit_s'] / r['cp_s']:.1f} | {r['head_checkout_s']:.3f} | {r['head_checkout_s'] / r['cp_s']:.1f} "
+                      f"| {r['checkout_s']:.3f} | {r['checkout_s'] / r['cp_s']:.1f} "
                       f"| {r['commit_rss_kib'] / 1024:.0f} | {r['checkout_rss_kib'] / 1024:.0f} | {'yes' if r['bit_exact'] else 'NO'} |")
     if args.json:
         json.dump(results, open(args.json, "w"), indent=1)

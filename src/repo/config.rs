@@ -55,7 +55,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             base_every: 20,
-            delta_policy: DeltaPolicy::Previous,
+            delta_policy: DeltaPolicy::Reverse,
             chunk_size: Options::default().chunk_size,
             zstd_level: Options::default().zstd_level,
         }

@@ -7,14 +7,15 @@ use ckpt::store::ObjectKind;
 use ckpt::Dtype;
 use std::path::PathBuf;
 
-/// Depth of every blob in the store.
+/// Chain depth of every blob in the store, as it is now.
 fn blob_depths(repo: &Repo) -> Vec<u32> {
     let store = repo.store();
     store
         .list()
         .unwrap()
         .iter()
-        .filter_map(|id| store.header(id).ok().filter(|h| h.kind == ObjectKind::Blob).map(|h| h.depth))
+        .filter(|id| store.header(id).is_ok_and(|h| h.kind == ObjectKind::Blob))
+        .map(|id| store.chain_depth(id).unwrap())
         .collect()
 }
 
@@ -35,7 +36,12 @@ fn commit_epochs(t: &TestRepo, repo: &Repo, dtype: Dtype, epochs: u32) -> Vec<(V
 #[test]
 fn epochs_check_out_bit_exactly_and_deltas_pay() {
     for dtype in [Dtype::Bf16, Dtype::F32] {
-        let t = TestRepo::with_config(&Config { base_every: 4, chunk_size: 8192, ..Config::default() });
+        let t = TestRepo::with_config(&Config {
+            base_every: 4,
+            chunk_size: 8192,
+            delta_policy: DeltaPolicy::Previous,
+            ..Config::default()
+        });
         let repo = t.open();
         let history = commit_epochs(&t, &repo, dtype, 7);
         for (id, files) in &history {
@@ -188,7 +194,13 @@ fn reverse_policy_keeps_unrelated_tensors_whole() {
 /// matched to its safetensors file holding the same tensors, the newest one first.
 #[test]
 fn new_paths_delta_against_the_file_with_the_same_tensors() {
-    let t = TestRepo::with_config(&Config { chunk_size: 8192, ..Config::default() });
+    for policy in [DeltaPolicy::Previous, DeltaPolicy::Reverse] {
+        new_paths_delta_against_the_file_with_the_same_tensors_with(policy);
+    }
+}
+
+fn new_paths_delta_against_the_file_with_the_same_tensors_with(delta_policy: DeltaPolicy) {
+    let t = TestRepo::with_config(&Config { chunk_size: 8192, delta_policy, ..Config::default() });
     let repo = t.open();
     // An unrelated model with other tensor names, carried along in every version.
     let other = synthetic_checkpoint(9, Dtype::Bf16, &[("other.weight", &[64, 64])], 0);
@@ -205,11 +217,18 @@ fn new_paths_delta_against_the_file_with_the_same_tensors() {
         let file = show.files.iter().find(|f| &f.path == path).unwrap();
         let tensors: Vec<_> = file.segments.iter().filter(|seg| seg.is_tensor).collect();
         for seg in &tensors {
-            if e == 0 {
-                assert_eq!(seg.storage, Storage::Base, "epoch 0 has nothing to delta against");
+            // `previous`: against the previous epoch's file (depth e), not the first one (depth
+            // 1). `reverse`: against the next epoch's file, up to the newest, which is whole.
+            let depth = if delta_policy == DeltaPolicy::Reverse { 3 - e as u32 } else { e as u32 };
+            if depth == 0 {
+                assert_eq!(seg.storage, Storage::Base, "epoch {e}: {delta_policy:?}");
             } else {
-                // Against the previous epoch's file (depth e), not the first one (depth 1).
-                assert_eq!((seg.storage, seg.depth), (Storage::Delta, e as u32), "epoch {e} {}", seg.name);
+                assert_eq!(
+                    (seg.storage, seg.depth),
+                    (Storage::Delta, depth),
+                    "epoch {e} {}: {delta_policy:?}",
+                    seg.name
+                );
             }
         }
         let out = t.checkout_all(&repo, &id.to_hex());
@@ -219,7 +238,7 @@ fn new_paths_delta_against_the_file_with_the_same_tensors() {
 
     // Two files with the same tensors under new paths: each deltas against the file of the same
     // name (an EMA copy and the model), not both against whichever sorts first.
-    let t = TestRepo::with_config(&Config { chunk_size: 8192, ..Config::default() });
+    let t = TestRepo::with_config(&Config { chunk_size: 8192, delta_policy, ..Config::default() });
     let repo = t.open();
     for e in 0..2u32 {
         let model = synthetic_checkpoint(11, Dtype::Bf16, SMALL_MODEL, e);
@@ -233,10 +252,13 @@ fn new_paths_delta_against_the_file_with_the_same_tensors() {
                 let now = show.files.iter().find(|f| f.path == format!("ckpt-1/{name}.safetensors")).unwrap();
                 let before = previous.files.iter().find(|f| f.path == format!("ckpt-0/{name}.safetensors")).unwrap();
                 for (seg, old) in now.segments.iter().zip(&before.segments).filter(|(s, _)| s.is_tensor) {
-                    assert_eq!(seg.storage, Storage::Delta, "{name} {}", seg.name);
+                    // The delta runs from the newer tensor to the older one with `reverse`.
+                    let (delta, reference) =
+                        if delta_policy == DeltaPolicy::Reverse { (old, seg.blob) } else { (seg, old.blob) };
+                    assert_eq!(delta.storage, Storage::Delta, "{name} {}", seg.name);
                     assert_eq!(
-                        seg.reference,
-                        Some(old.blob),
+                        delta.reference,
+                        Some(reference),
                         "{name} {} deltas against the same file's tensor",
                         seg.name
                     );

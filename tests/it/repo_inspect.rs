@@ -2,13 +2,14 @@
 
 use crate::repo_util::{stderr, synthetic_checkpoint, TestRepo, SMALL_MODEL};
 use crate::util::tensor_data;
-use ckpt::repo::{Config, Storage};
+use ckpt::repo::{Config, DeltaPolicy, Storage};
 use ckpt::Dtype;
 
 const CHUNK: usize = 4096;
 
+/// Forward deltas (`previous`), so that each version's new tensors are deltas against its parent's.
 fn config() -> Config {
-    Config { base_every: 4, chunk_size: CHUNK, ..Config::default() }
+    Config { base_every: 4, chunk_size: CHUNK, delta_policy: DeltaPolicy::Previous, ..Config::default() }
 }
 
 /// A safetensors file from (name, dtype, shape, data).
