@@ -2,11 +2,15 @@
 # Commit and checkout of one large checkpoint against `cp` of the same file (issue #3 targets:
 # commit ≤ 3× cp, checkout ≤ 2× cp, peak RSS ≤ 300 MiB for a 2 GB checkpoint).
 #
-# usage: benches/big_checkpoint.sh [--gib N] [--runs R] [--dir DIR] [-j THREADS]
+# usage: benches/big_checkpoint.sh [--gib N] [--runs R] [--dir DIR] [-j THREADS] [--policy P]
 #   --gib   size of each synthetic epoch file (default 2; examples/synthetic_series.rs)
 #   --runs  repetitions; medians are reported (default 3)
 #   --dir   scratch directory, needs 4 × GIB free plus the store (default $TMPDIR/ckpt-big)
 #   -j      threads for ckpt (default: all cores)
+#   --policy delta_policy of the repository (default: the repository default, reverse). With
+#           reverse the second commit stores epoch 1 whole and rewrites epoch 0 as a delta, so
+#           the checkout of HEAD reads one whole object and HEAD~1 a delta; with previous the
+#           other way round
 #
 # Method: the two epoch files are generated once and read into the page cache. Each run makes a
 # fresh repository and times, in this order: cp of epoch 0 into the working tree, cp + fsync of
@@ -27,12 +31,14 @@ GIB=2
 RUNS=3
 DIR="${TMPDIR:-/tmp}/ckpt-big"
 JOBS="$(nproc)"
+POLICY=""
 while (($#)); do
     case "$1" in
         --gib) GIB="$2"; shift 2 ;;
         --runs) RUNS="$2"; shift 2 ;;
         --dir) DIR="$2"; shift 2 ;;
         -j) JOBS="$2"; shift 2 ;;
+        --policy) POLICY="$2"; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -71,36 +77,37 @@ for ((run = 1; run <= RUNS; run++)); do
     rm -rf "$REPO" "$OUT"
     mkdir -p "$REPO"
     "$CKPT" -q init "$REPO" > /dev/null
+    [[ -z "$POLICY" ]] || echo "{\"delta_policy\": \"$POLICY\"}" > "$REPO/.ckpt/config"
     measure cp cp "$DATA/epoch_0.safetensors" "$REPO/model.safetensors"
     rm -f "$REPO/model.safetensors"
     measure cp_fsync sh -c 'cp "$1" "$2" && sync "$2"' sh "$DATA/epoch_0.safetensors" "$REPO/model.safetensors"
-    measure commit_base "$CKPT" -q -C "$REPO" -j "$JOBS" commit -m "epoch 0" model.safetensors
+    measure commit_epoch0 "$CKPT" -q -C "$REPO" -j "$JOBS" commit -m "epoch 0" model.safetensors
     rm -f "$REPO/model.safetensors"
     measure cp cp "$DATA/epoch_1.safetensors" "$REPO/model.safetensors"
-    measure commit_delta "$CKPT" -q -C "$REPO" -j "$JOBS" commit -m "epoch 1" model.safetensors
-    measure checkout_delta "$CKPT" -q -C "$REPO" -j "$JOBS" checkout HEAD --output "$OUT"
+    measure commit_epoch1 "$CKPT" -q -C "$REPO" -j "$JOBS" commit -m "epoch 1" model.safetensors
+    measure checkout_epoch1_head "$CKPT" -q -C "$REPO" -j "$JOBS" checkout HEAD --output "$OUT"
     cmp -s "$OUT/model.safetensors" "$DATA/epoch_1.safetensors" || { echo "checkout of epoch 1 differs" >&2; exit 1; }
     rm -rf "$OUT"
-    measure checkout_base "$CKPT" -q -C "$REPO" -j "$JOBS" checkout HEAD~1 --output "$OUT"
+    measure checkout_epoch0 "$CKPT" -q -C "$REPO" -j "$JOBS" checkout HEAD~1 --output "$OUT"
     cmp -s "$OUT/model.safetensors" "$DATA/epoch_0.safetensors" || { echo "checkout of epoch 0 differs" >&2; exit 1; }
     rm -rf "$OUT"
 done
 store_bytes=$(du -sb "$REPO/.ckpt/objects" | cut -f1)
 rm -rf "$REPO" "$OUT"
 
-python3 - "$SAMPLES" "$GIB" "$JOBS" "$RUNS" "$store_bytes" <<'EOF'
+python3 - "$SAMPLES" "$GIB" "$JOBS" "$RUNS" "$store_bytes" "${POLICY:-default}" <<'EOF'
 import statistics, sys
-samples, gib, jobs, runs, store = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+samples, gib, jobs, runs, store, policy = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
 wall, rss = {}, {}
 for line in open(samples):
     label, w, r = line.split()
     wall.setdefault(label, []).append(float(w))
     rss.setdefault(label, []).append(int(r))
 med = {k: statistics.median(v) for k, v in wall.items()}
-print(f"{gib} GiB bf16 checkpoint, -j {jobs}, median of {runs} runs; store after both commits: {store / 2**20:.0f} MiB\n")
+print(f"{gib} GiB bf16 checkpoint, delta policy {policy}, -j {jobs}, median of {runs} runs; store after both commits: {store / 2**20:.0f} MiB\n")
 print("| operation | wall s (median) | all runs | ÷ cp | ÷ cp+fsync | peak RSS MiB |")
 print("|---|---:|---|---:|---:|---:|")
-for k in ["cp", "cp_fsync", "commit_base", "commit_delta", "checkout_delta", "checkout_base"]:
+for k in ["cp", "cp_fsync", "commit_epoch0", "commit_epoch1", "checkout_epoch1_head", "checkout_epoch0"]:
     runs_s = " ".join(f"{w:.2f}" for w in wall[k])
     print(f"| {k} | {med[k]:.2f} | {runs_s} | {med[k] / med['cp']:.2f} | {med[k] / med['cp_fsync']:.2f} | {max(rss[k]) / 1024:.0f} |")
 EOF

@@ -120,7 +120,7 @@ impl Repo {
         })?;
         // Reverse deltas: the parent's blobs become deltas against the new ones, now durable.
         let mut replaced_len = 0;
-        if let (DeltaPolicy::Reverse, Some(p)) = (policy, &parent) {
+        if let (DeltaPolicy::Reverse, Some(p), 2..) = (policy, &parent, base_every) {
             let pinned = self.pinned_blobs(p)?;
             let rewritten = self
                 .store

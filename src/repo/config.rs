@@ -5,7 +5,8 @@ use crate::codec::Options;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// What a tensor is delta-coded against (ZipNN's two policies).
+/// What a tensor is delta-coded against: ZipNN's two policies (`Previous`, `Base`), skip-deltas,
+/// and reverse deltas (the default: docs/architecture.md, "Delta policy", has the measurements).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeltaPolicy {
@@ -37,8 +38,9 @@ pub enum DeltaPolicy {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Every `base_every`-th version stores full bases, and no delta chain is deeper than
-    /// `base_every - 1`. 1 disables deltas. The default, 20, is measured (docs/BENCHMARKS.md,
+    /// Every `base_every`-th version stores full bases (with `Reverse`: keeps them), and no
+    /// delta chain is deeper than `base_every - 1` (`base_every` with `Reverse`, whose chains
+    /// run forward to the next kept base). 1 disables deltas. The default, 20, is measured (docs/BENCHMARKS.md,
     /// "base interval"): a full base costs as much as 5-40 late-training deltas, while each
     /// chain level adds only the decoding of one delta to a checkout (git allows 50, its
     /// `pack.depth`).
