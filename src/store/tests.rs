@@ -317,3 +317,32 @@ fn rewrite_that_does_not_pay_keeps_the_standalone_blob() {
     assert!(matches!(outcome, Ok(DeltaOutcome::NotSmaller { .. })), "{outcome:?}");
     assert_eq!(std::fs::read(store.object_path(&id0)).unwrap(), before);
 }
+
+/// Headers no longer have to agree on depth, so a damaged store whose references form a cycle
+/// is stopped by the chain length bound: every reader fails with an error naming the chain, and
+/// none loops.
+#[test]
+fn reference_cycle_is_an_error_not_a_hang() {
+    let (_dir, store, v0, v1, id0, id1) = store_with_base(8, 20_000, 11);
+    let chain0 = store.open_blob(&id0).unwrap();
+    let DeltaOutcome::Written(_) =
+        store.write_blob_delta(id1, &v1, &chain0, u64::MAX, &options(), &Feedback::NONE).unwrap()
+    else {
+        panic!("delta written")
+    };
+    drop(chain0);
+    // Replace v0's object by a delta against v1, which is a delta against v0.
+    let chain1 = store.open_blob(&id1).unwrap();
+    let DeltaOutcome::Written(_) =
+        store.write_blob_delta(id0, &v0, &chain1, u64::MAX, &options(), &Feedback::NONE).unwrap()
+    else {
+        panic!("delta written")
+    };
+    drop(chain1);
+    for id in [id0, id1] {
+        let err = store.open_blob(&id).err().expect("a cycle does not open");
+        assert!(err.to_string().contains("delta chain too long"), "{err}");
+        assert!(store.chain_depth(&id).is_err());
+        assert!(store.verify(&id).is_err());
+    }
+}
