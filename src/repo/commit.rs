@@ -121,10 +121,13 @@ impl Repo {
         // Reverse deltas: the parent's blobs become deltas against the new ones, now durable.
         let mut replaced_len = 0;
         if let (DeltaPolicy::Reverse, Some(p), 2..) = (policy, &parent, base_every) {
-            let pinned = self.pinned_blobs(p)?;
+            // Left whole: the pinned version's blobs (and below, the committed files' own).
+            // Files carried over unchanged are not: a loop writing `checkpoint-N/` paths carries
+            // every earlier epoch along, and those are exactly the blobs to turn into deltas.
+            let keep = self.pinned_blobs(p)?;
             let rewritten = self
                 .store
-                .with_background_sync(|store| self.rewrite_parent_blobs(store, &inputs, &hashed, &jobs, &pinned))?;
+                .with_background_sync(|store| self.rewrite_parent_blobs(store, &inputs, &hashed, &jobs, &keep))?;
             for (w, old_len) in rewritten {
                 replaced_len += old_len;
                 objects.push(w);
@@ -245,7 +248,7 @@ impl Repo {
 
     /// Reverse deltas: rewrites each standalone blob of the parent that a blob of `jobs`
     /// (written standalone by this commit, and durable) replaces as an XOR delta against it,
-    /// where that pays. Blobs the new files still hold and `pinned` blobs are left whole.
+    /// where that pays. Blobs the new files still hold and `keep` blobs are left whole.
     /// Returns each object written with the size of the object it replaced.
     fn rewrite_parent_blobs(
         &self,
@@ -253,10 +256,10 @@ impl Repo {
         inputs: &[Input],
         hashed: &[HashedFile],
         jobs: &[Job],
-        pinned: &HashSet<ObjectId>,
+        keep: &HashSet<ObjectId>,
     ) -> Result<Vec<(Written, u64)>> {
         let mut kept: HashSet<ObjectId> = hashed.iter().flat_map(|h| h.segments.iter().map(|s| s.id)).collect();
-        kept.extend(pinned);
+        kept.extend(keep);
         let mut claimed = HashSet::new();
         let mut older_of: HashMap<(usize, usize), ObjectId> = HashMap::new();
         let jobs: Vec<Job> = jobs
