@@ -294,9 +294,13 @@ impl Repo {
             match store.rewrite_as_delta_against(&chain, seg.id, bytes, seg.xxh3, &options, &feedback) {
                 Ok(DeltaOutcome::Written(w)) => Ok(Some((w, chain.stored_len()))),
                 Ok(DeltaOutcome::NotSmaller { .. }) => Ok(None),
-                Err(store::Error::Corrupt { .. } | store::Error::Missing { .. } | store::Error::Encode { .. }) => {
-                    Ok(None)
-                }
+                // A damaged blob, or a pair the rewrite refuses (another chunk size since a
+                // config change), keeps the older blob as it is; anything else is an error.
+                Err(
+                    store::Error::Corrupt { .. }
+                    | store::Error::Missing { .. }
+                    | store::Error::Encode { source: crate::codec::Error::InvalidInput(_), .. },
+                ) => Ok(None),
                 Err(e) => Err(e.into()),
             }
         })?;

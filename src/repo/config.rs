@@ -40,10 +40,10 @@ pub enum DeltaPolicy {
 pub struct Config {
     /// Every `base_every`-th version stores full bases (with `Reverse`: keeps them), and no
     /// delta chain is deeper than `base_every - 1` (`base_every` with `Reverse`, whose chains
-    /// run forward to the next kept base). 1 disables deltas. The default, 20, is measured (docs/BENCHMARKS.md,
-    /// "base interval"): a full base costs as much as 5-40 late-training deltas, while each
-    /// chain level adds only the decoding of one delta to a checkout (git allows 50, its
-    /// `pack.depth`).
+    /// run forward to the next kept base). 1 disables deltas. The default, 20, is measured
+    /// (docs/BENCHMARKS.md, "base interval"): a full base costs as much as 5-40 late-training
+    /// deltas, while each chain level adds only the decoding of one delta to a checkout (git
+    /// allows 50, its `pack.depth`).
     pub base_every: u32,
     /// What deltas are taken against.
     pub delta_policy: DeltaPolicy,
