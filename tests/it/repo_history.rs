@@ -175,6 +175,23 @@ fn reverse_policy_keeps_the_newest_version_whole() {
     assert!(reverse_size * 20 < previous_size * 21, "reverse stores {reverse_size} bytes, previous {previous_size}");
 }
 
+/// After a change of `chunk_size` the parent's blobs cannot be deltas against the new ones
+/// (chunk i must line up with chunk i): the commit succeeds and keeps both whole.
+#[test]
+fn reverse_policy_skips_blobs_of_another_chunk_size() {
+    let config = |chunk_size| Config { chunk_size, delta_policy: DeltaPolicy::Reverse, ..Config::default() };
+    let t = TestRepo::with_config(&config(8192));
+    let v0 = synthetic_checkpoint(5, Dtype::F32, SMALL_MODEL, 0);
+    let v1 = synthetic_checkpoint(5, Dtype::F32, SMALL_MODEL, 1);
+    let first = t.commit_files(&t.open(), &[("m.safetensors", &v0)], "8 KiB chunks");
+    t.write(".ckpt/config", &serde_json::to_vec(&config(16384)).unwrap());
+    let repo = t.open();
+    t.commit_files(&repo, &[("m.safetensors", &v1)], "16 KiB chunks");
+    assert!(blob_depths(&repo).iter().all(|&d| d == 0), "{:?}", blob_depths(&repo));
+    assert_eq!(t.checkout_all(&repo, &first.to_hex()), vec![("m.safetensors".to_string(), v0)]);
+    assert_eq!(t.checkout_all(&repo, "HEAD"), vec![("m.safetensors".to_string(), v1)]);
+}
+
 /// A delta that does not pay leaves the parent's blob whole, and the new version's too.
 #[test]
 fn reverse_policy_keeps_unrelated_tensors_whole() {
