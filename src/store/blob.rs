@@ -194,8 +194,10 @@ impl Store {
     }
 
     /// Replaces the standalone blob `older` by an XOR delta against `newer`, a standalone blob
-    /// of the same length, dtype and chunk size whose content is `newer_data` (with xxh3-64
-    /// `newer_xxh3`), unless the delta would take as many bytes as `older`'s object or more.
+    /// of the same length, dtype and chunk size whose content is `newer_data`, unless the delta
+    /// object would take `limit` bytes or more (at most `older`'s object size). The xxh3-64 of
+    /// `newer_data` must be given as `feedback.input_xxh3`: it is what checks the bytes coded,
+    /// since the container records `older`'s id, not their hash.
     /// This is how a reverse-delta commit keeps the newest version whole: XOR is symmetric, so
     /// the delta of `newer` against `older` is also the delta of `older` against `newer`, coded
     /// here from the bytes at hand (`newer_data`, the file being committed) with `older`'s id as
@@ -208,12 +210,14 @@ impl Store {
         older: &BlobChain,
         newer: ObjectId,
         newer_data: &[u8],
-        newer_xxh3: u64,
+        limit: u64,
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<DeltaOutcome> {
         let newer_chain = self.open_blob(&newer)?;
-        let mismatch = if older.depth() != 0 {
+        let mismatch = if feedback.input_xxh3.is_none() {
+            Some(format!("no xxh3 given for the bytes of {newer}"))
+        } else if older.depth() != 0 {
             Some(format!("{} is not stored standalone", older.id()))
         } else if newer_chain.depth() != 0 {
             Some(format!("{newer} is not stored standalone"))
@@ -234,8 +238,8 @@ impl Store {
             depth: 1,
             raw_len: older.len(),
         };
-        let feedback = Feedback { input_xxh3: Some(newer_xxh3), ..*feedback };
-        self.write_delta_object(older.id(), header, newer_data, older, older.stored_len(), options, &feedback)
+        let limit = limit.min(older.stored_len());
+        self.write_delta_object(older.id(), header, newer_data, older, limit, options, feedback)
     }
 
     /// Writes object `id` with `header`, its container coding `data` XORed with `xor_with`,
