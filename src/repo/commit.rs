@@ -260,22 +260,16 @@ impl Repo {
     ) -> Result<Vec<(Written, u64)>> {
         let mut kept: HashSet<ObjectId> = hashed.iter().flat_map(|h| h.segments.iter().map(|s| s.id)).collect();
         kept.extend(keep);
+        // Each older blob once, for the first new blob that replaces it.
         let mut claimed = HashSet::new();
-        let mut older_of: HashMap<(usize, usize), ObjectId> = HashMap::new();
-        let jobs: Vec<Job> = jobs
+        let older_of: HashMap<(usize, usize), ObjectId> = jobs
             .iter()
-            .filter(|job| {
-                let Some(older) = hashed[job.file].reference_of(&hashed[job.file].segments[job.segment]) else {
-                    return false;
-                };
-                let take = !kept.contains(&older) && claimed.insert(older);
-                if take {
-                    older_of.insert((job.file, job.segment), older);
-                }
-                take
+            .filter_map(|job| {
+                let older = hashed[job.file].reference_of(&hashed[job.file].segments[job.segment])?;
+                (!kept.contains(&older) && claimed.insert(older)).then_some(((job.file, job.segment), older))
             })
-            .copied()
             .collect();
+        let jobs: Vec<Job> = jobs.iter().filter(|j| older_of.contains_key(&(j.file, j.segment))).copied().collect();
         let written = self.run_jobs("deltas", inputs, hashed, &jobs, |job, progress| {
             let older = older_of[&(job.file, job.segment)];
             // An older blob that is not a standalone blob of this length (a delta already, or
