@@ -291,7 +291,6 @@ impl Write for CountingWriter<'_> {
 
 /// The caller's side of a blob write besides the data: what it wants reported while the write
 /// runs, and what it already knows about the data.
-#[derive(Clone, Copy)]
 pub struct Feedback<'a> {
     /// Called with the input bytes coded so far.
     pub progress: &'a (dyn Fn(u64) + Sync),

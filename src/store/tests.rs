@@ -36,6 +36,11 @@ fn store_with_base(
     (dir, store, v0, v1, id0, id1)
 }
 
+/// Feedback that gives (or not) the data's xxh3; a reverse-delta rewrite needs it.
+fn with_xxh3(xxh3: Option<u64>) -> Feedback<'static> {
+    Feedback { input_xxh3: xxh3, ..Feedback::NONE }
+}
+
 fn read(store: &Store, id: &ObjectId) -> Vec<u8> {
     let mut out = Vec::new();
     store.open_blob(id).unwrap().copy_to(&mut out).unwrap();
@@ -174,18 +179,18 @@ fn data_that_changed_after_hashing_is_not_stored() {
     let v1 = drift(&v0, 9);
     let id0 = ObjectId::hash(&v0);
     let xxh3 = |d: &[u8]| xxhash_rust::xxh3::xxh3_64(d);
-    let hooks = |x: Option<u64>| Feedback { input_xxh3: x, ..Feedback::NONE };
     let changed = |r: Result<Written>| matches!(r, Err(Error::ChangedWhileWriting { id }) if id == id0);
     // v1 arrives where v0 was hashed.
-    assert!(changed(store.write_blob(id0, &v1, Some(Dtype::Bf16), &options(), &hooks(None))));
-    assert!(changed(store.write_blob(id0, &v1, Some(Dtype::Bf16), &options(), &hooks(Some(xxh3(&v0))))));
+    assert!(changed(store.write_blob(id0, &v1, Some(Dtype::Bf16), &options(), &with_xxh3(None))));
+    assert!(changed(store.write_blob(id0, &v1, Some(Dtype::Bf16), &options(), &with_xxh3(Some(xxh3(&v0))))));
     assert!(!store.contains(&id0));
     // The right checksum stores, and the recorded id checks out on reading.
-    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &hooks(Some(xxh3(&v0)))).unwrap();
+    store.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &with_xxh3(Some(xxh3(&v0)))).unwrap();
     assert_eq!(read(&store, &id0), v0);
     let reference = store.open_blob(&id0).unwrap();
     let id2 = ObjectId::hash(&drift(&v0, 4));
-    let delta = store.write_blob_delta(id2, &v1, &reference, u64::MAX, &options(), &hooks(Some(xxh3(&drift(&v0, 4)))));
+    let delta =
+        store.write_blob_delta(id2, &v1, &reference, u64::MAX, &options(), &with_xxh3(Some(xxh3(&drift(&v0, 4)))));
     assert!(matches!(delta, Err(Error::ChangedWhileWriting { id }) if id == id2), "{delta:?}");
     assert!(!store.contains(&id2));
 }
@@ -258,11 +263,6 @@ fn background_sync_reports_a_failed_sync_and_the_callers_error_first() {
     assert!(matches!(err, Error::Missing { .. }), "{err}");
 }
 
-/// Feedback that gives the data's xxh3, as a reverse-delta rewrite needs.
-fn known(xxh3: u64) -> Feedback<'static> {
-    Feedback { input_xxh3: Some(xxh3), ..Feedback::NONE }
-}
-
 /// Reverse deltas: a standalone blob rewritten against a newer standalone one reads back the
 /// same through it, chains through the old blob get one level deeper, and the rewrite refuses
 /// blobs that are not standalone or do not match.
@@ -281,7 +281,8 @@ fn standalone_blob_is_rewritten_as_a_delta_against_a_newer_one() {
     store.write_blob(id1, &v1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
     let xxh3 = xxhash_rust::xxh3::xxh3_64(&v1);
 
-    let outcome = store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &known(xxh3)).unwrap();
+    let outcome =
+        store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &with_xxh3(Some(xxh3))).unwrap();
     let DeltaOutcome::Written(w) = outcome else { panic!("a small drift pays") };
     assert_eq!((w.id, w.header.reference, w.header.depth), (id0, Some(id1), 1));
     assert!(w.stored_len < chain0.stored_len(), "{} vs {}", w.stored_len, chain0.stored_len());
@@ -298,9 +299,9 @@ fn standalone_blob_is_rewritten_as_a_delta_against_a_newer_one() {
 
     // id0 is a delta now: it cannot be rewritten again, nor can anything against a delta.
     let chain0 = store.open_blob(&id0).unwrap();
-    assert!(store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &known(xxh3)).is_err());
+    assert!(store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &with_xxh3(Some(xxh3))).is_err());
     let chain1 = store.open_blob(&id1).unwrap();
-    assert!(store.rewrite_as_delta_against(&chain1, id0, &v0, u64::MAX, &options(), &known(0)).is_err());
+    assert!(store.rewrite_as_delta_against(&chain1, id0, &v0, u64::MAX, &options(), &with_xxh3(Some(0))).is_err());
     // Without the newer bytes' xxh3 nothing would check them: refused, the old object kept.
     let (_d, store2, w0, w1, jd0, jd1) = store_with_base(9, 20_000, 11);
     store2.write_blob(jd1, &w1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
@@ -311,7 +312,7 @@ fn standalone_blob_is_rewritten_as_a_delta_against_a_newer_one() {
     assert_eq!(store2.header(&jd0).unwrap().reference, None);
     // Bytes that are not the newer blob's fail the xxh3 check and leave the old object.
     let v2 = drift(&v1, 17);
-    let err = store.rewrite_as_delta_against(&chain1, id1, &v2, u64::MAX, &options(), &known(xxh3));
+    let err = store.rewrite_as_delta_against(&chain1, id1, &v2, u64::MAX, &options(), &with_xxh3(Some(xxh3)));
     assert!(err.is_err(), "{err:?}");
     assert_eq!(read(&store, &id1), v1);
 }
@@ -326,7 +327,8 @@ fn rewrite_that_does_not_pay_keeps_the_standalone_blob() {
     let chain0 = store.open_blob(&id0).unwrap();
     let before = std::fs::read(store.object_path(&id0)).unwrap();
     let xxh3 = xxhash_rust::xxh3::xxh3_64(&unrelated);
-    let outcome = store.rewrite_as_delta_against(&chain0, uid, &unrelated, u64::MAX, &options(), &known(xxh3));
+    let outcome =
+        store.rewrite_as_delta_against(&chain0, uid, &unrelated, u64::MAX, &options(), &with_xxh3(Some(xxh3)));
     assert!(matches!(outcome, Ok(DeltaOutcome::NotSmaller { .. })), "{outcome:?}");
     assert_eq!(std::fs::read(store.object_path(&id0)).unwrap(), before);
 }
