@@ -298,22 +298,27 @@ fn standalone_blob_is_rewritten_as_a_delta_against_a_newer_one() {
     }
 
     // id0 is a delta now: it cannot be rewritten again, nor can anything against a delta.
+    // Each refusal names the object and why.
+    let message = |r: Result<DeltaOutcome>| r.expect_err("refused").to_string();
     let chain0 = store.open_blob(&id0).unwrap();
-    assert!(store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &with_xxh3(Some(xxh3))).is_err());
+    let err = message(store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &with_xxh3(Some(xxh3))));
+    assert!(err.contains(&format!("{id0} is not stored standalone")), "{err}");
     let chain1 = store.open_blob(&id1).unwrap();
-    assert!(store.rewrite_as_delta_against(&chain1, id0, &v0, u64::MAX, &options(), &with_xxh3(Some(0))).is_err());
+    let err = message(store.rewrite_as_delta_against(&chain1, id0, &v0, u64::MAX, &options(), &with_xxh3(Some(0))));
+    assert!(err.contains(&format!("{id0} is not stored standalone")), "{err}");
     // Without the newer bytes' xxh3 nothing would check them: refused, the old object kept.
     let (_d, store2, w0, w1, jd0, jd1) = store_with_base(9, 20_000, 11);
     store2.write_blob(jd1, &w1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
     let chain = store2.open_blob(&jd0).unwrap();
-    assert!(store2.rewrite_as_delta_against(&chain, jd1, &w1, u64::MAX, &options(), &Feedback::NONE).is_err());
+    let err = message(store2.rewrite_as_delta_against(&chain, jd1, &w1, u64::MAX, &options(), &Feedback::NONE));
+    assert!(err.contains(&format!("no xxh3 given for the bytes of {jd1}")), "{err}");
     drop(chain);
     assert_eq!(read(&store2, &jd0), w0);
     assert_eq!(store2.header(&jd0).unwrap().reference, None);
     // Bytes that are not the newer blob's fail the xxh3 check and leave the old object.
     let v2 = drift(&v1, 17);
     let err = store.rewrite_as_delta_against(&chain1, id1, &v2, u64::MAX, &options(), &with_xxh3(Some(xxh3)));
-    assert!(err.is_err(), "{err:?}");
+    assert!(matches!(err, Err(Error::ChangedWhileWriting { id }) if id == id1), "{err:?}");
     assert_eq!(read(&store, &id1), v1);
 }
 
