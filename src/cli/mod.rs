@@ -56,6 +56,9 @@ enum Command {
     Rm(commands::rm::RmArgs),
     /// Delete objects no branch, tag or HEAD reaches.
     Gc(commands::gc::GcArgs),
+    /// Rewrite the blobs of earlier versions as deltas against newer ones (commit starts this
+    /// in the background).
+    Compact(commands::compact::CompactArgs),
     /// Re-hash every object and version; exit 1 if anything is damaged.
     Verify(commands::verify::VerifyArgs),
     /// Maintain the index (a rebuildable cache).
@@ -97,6 +100,7 @@ pub fn main() -> ExitCode {
                 Command::Switch(args) => commands::switch::run(&ui, base, args),
                 Command::Rm(args) => commands::rm::run(&ui, base, args),
                 Command::Gc(args) => commands::gc::run(&ui, base, args),
+                Command::Compact(args) => commands::compact::run(&ui, base, args),
                 Command::Verify(args) => commands::verify::run(&ui, base, args),
                 Command::Index(args) => commands::index::run(&ui, base, args),
             })

@@ -180,6 +180,58 @@ thread_local! {
     static REFERENCE_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The bytes a chunk (or a run of chunks) codes.
+#[derive(Clone, Copy)]
+pub enum Data<'a> {
+    /// Plain bytes.
+    Bytes(&'a [u8]),
+    /// `len` bytes of `source` from `offset` on, fetched chunk by chunk in grouped form: bytes
+    /// that are already stored (a blob rewritten as a delta against another) are coded without
+    /// being regrouped and split again, and never sit whole in memory.
+    Grouped {
+        /// Where the bytes come from.
+        source: &'a dyn GroupedReference,
+        /// Offset in `source` of the first byte.
+        offset: usize,
+        /// Number of bytes.
+        len: usize,
+    },
+}
+
+impl<'a> Data<'a> {
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::Bytes(b) => b.len(),
+            Data::Grouped { len, .. } => *len,
+        }
+    }
+
+    /// Whether there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes `range` of these.
+    pub fn slice(self, range: std::ops::Range<usize>) -> Data<'a> {
+        match self {
+            Data::Bytes(b) => Data::Bytes(&b[range]),
+            Data::Grouped { source, offset, len } => {
+                assert!(range.start <= range.end && range.end <= len, "data range out of bounds");
+                Data::Grouped { source, offset: offset + range.start, len: range.len() }
+            }
+        }
+    }
+
+    /// The plain bytes, if these are plain bytes.
+    pub fn bytes(&self) -> Option<&'a [u8]> {
+        match self {
+            Data::Bytes(b) => Some(b),
+            Data::Grouped { .. } => None,
+        }
+    }
+}
+
 /// Codes one chunk: appends the payload to `out` and returns its header. With `reference`, the
 /// chunk is coded as `input XOR reference` (an XOR delta; same length required).
 pub fn encode_chunk(
@@ -190,24 +242,54 @@ pub fn encode_chunk(
     skip: &mut SkipState,
     out: &mut Vec<u8>,
 ) -> Result<ChunkHeader> {
-    if input.len() > MAX_CHUNK_SIZE {
-        return Err(Error::InvalidInput(format!("chunk of {} bytes is over the limit", input.len())));
+    encode_chunk_of(Data::Bytes(input), reference, layout, options, skip, out)
+}
+
+/// [`encode_chunk`] of plain or grouped [`Data`].
+pub fn encode_chunk_of(
+    input: Data<'_>,
+    reference: Option<Reference<'_>>,
+    layout: Layout,
+    options: &Options,
+    skip: &mut SkipState,
+    out: &mut Vec<u8>,
+) -> Result<ChunkHeader> {
+    let len = input.len();
+    if len > MAX_CHUNK_SIZE {
+        return Err(Error::InvalidInput(format!("chunk of {len} bytes is over the limit")));
     }
     let width = layout.width;
-    with_scratch(input.len(), |grouped| {
-        match reference {
-            None => byte_group::split(input, None, layout, grouped)?,
-            Some(Reference::Bytes(r)) => byte_group::split(input, Some(r), layout, grouped)?,
-            Some(Reference::Grouped { source, offset }) => {
-                byte_group::split(input, None, layout, grouped)?;
-                super::with_thread_buffer(&REFERENCE_SCRATCH, input.len(), |buf| -> Result<()> {
-                    source.grouped(offset, buf)?;
-                    xor_in_place(grouped, buf);
-                    Ok(())
-                })?;
+    with_scratch(len, |grouped| {
+        let grouped_reference = match (input, reference) {
+            (Data::Bytes(bytes), Some(Reference::Bytes(r))) => {
+                byte_group::split(bytes, Some(r), layout, grouped)?;
+                None
             }
+            (Data::Bytes(bytes), r) => {
+                byte_group::split(bytes, None, layout, grouped)?;
+                r
+            }
+            (Data::Grouped { .. }, Some(Reference::Bytes(_))) => {
+                return Err(Error::InvalidInput("grouped data takes a grouped reference".into()));
+            }
+            (Data::Grouped { source, offset, .. }, r) => {
+                if !len.is_multiple_of(width) {
+                    return Err(Error::InvalidInput(format!(
+                        "chunk of {len} bytes is not a whole number of {width}-byte elements"
+                    )));
+                }
+                source.grouped(offset, grouped)?;
+                r
+            }
+        };
+        if let Some(Reference::Grouped { source, offset }) = grouped_reference {
+            super::with_thread_buffer(&REFERENCE_SCRATCH, len, |buf| -> Result<()> {
+                source.grouped(offset, buf)?;
+                xor_in_place(grouped, buf);
+                Ok(())
+            })?;
         }
-        let n = input.len() / width;
+        let n = len / width;
         let mut entries = [GroupEntry { method: Method::Zero, stored_len: 0 }; 8];
         for g in 0..width {
             let group = &grouped[g * n..(g + 1) * n];
@@ -378,25 +460,34 @@ pub fn encode_chunks(
     layout: Layout,
     options: &Options,
 ) -> Result<Vec<EncodedChunk>> {
-    if matches!(reference, Some(Reference::Bytes(r)) if r.len() != input.len()) {
+    encode_chunks_of(Data::Bytes(input), reference, layout, options)
+}
+
+/// [`encode_chunks`] of plain or grouped [`Data`].
+pub fn encode_chunks_of(
+    input: Data<'_>,
+    reference: Option<Reference<'_>>,
+    layout: Layout,
+    options: &Options,
+) -> Result<Vec<EncodedChunk>> {
+    let len = input.len();
+    if matches!(reference, Some(Reference::Bytes(r)) if r.len() != len) {
         return Err(Error::InvalidInput("reference and input lengths differ".into()));
     }
     let chunk_size = checked_chunk_size(options)?;
     let stripe = chunk_size * STRIPE_CHUNKS;
-    let stripes: Vec<Vec<EncodedChunk>> = input
-        .par_chunks(stripe)
-        .enumerate()
-        .map(|(s, stripe_input)| {
+    let stripes: Vec<Vec<EncodedChunk>> = (0..len)
+        .into_par_iter()
+        .step_by(stripe)
+        .map(|base| {
             let mut skip = SkipState::default();
-            let base = s * stripe;
-            stripe_input
-                .chunks(chunk_size)
-                .enumerate()
-                .map(|(c, chunk)| {
-                    let at = base + c * chunk_size;
+            (base..(base + stripe).min(len))
+                .step_by(chunk_size)
+                .map(|at| {
+                    let chunk = input.slice(at..(at + chunk_size).min(len));
                     let r = reference.map(|r| r.slice(at..at + chunk.len()));
                     let mut payload = Vec::with_capacity(payload_capacity(chunk.len()));
-                    let header = encode_chunk(chunk, r, layout, options, &mut skip, &mut payload)?;
+                    let header = encode_chunk_of(chunk, r, layout, options, &mut skip, &mut payload)?;
                     let checksum = payload_checksum(&payload);
                     Ok(EncodedChunk { header, payload, checksum })
                 })
@@ -528,6 +619,54 @@ mod tests {
                 prop_assert_eq!(&a.payload, &b.payload);
             }
         }
+
+        /// Data supplied in grouped form (a stored blob rewritten as a delta) codes to exactly the
+        /// bytes of the same data given plain, standalone and as a delta, and decodes back to it.
+        #[test]
+        fn grouped_data_codes_like_plain_data_and_round_trips(layout in layouts(), chunks in 1usize..5,
+                                                               seed in any::<u64>(), zero_every in 0usize..4) {
+            let options = Options { chunk_size: 4096, ..Options::default() };
+            let len = chunks * 4096 - 2 * layout.width;
+            let reference = weights(seed, len, zero_every);
+            let mut input = reference.clone();
+            for (i, b) in input.iter_mut().enumerate() { if i % 3 == 0 { *b ^= (i % 5) as u8 } }
+            let (input_source, reference_source) =
+                (SplitOnRequest { bytes: &input, layout }, SplitOnRequest { bytes: &reference, layout });
+            let data = Data::Grouped { source: &input_source, offset: 0, len };
+            for with_reference in [false, true] {
+                let plain_reference = with_reference.then_some(Reference::Bytes(&reference));
+                let grouped_reference =
+                    with_reference.then_some(Reference::Grouped { source: &reference_source, offset: 0 });
+                let plain = encode_chunks(&input, plain_reference, layout, &options).unwrap();
+                let grouped = encode_chunks_of(data, grouped_reference, layout, &options).unwrap();
+                prop_assert_eq!(plain.len(), grouped.len());
+                let mut decoded = Vec::new();
+                for (i, (a, b)) in plain.iter().zip(&grouped).enumerate() {
+                    prop_assert_eq!(a.header, b.header);
+                    prop_assert_eq!(&a.payload, &b.payload);
+                    let range = i * 4096..((i + 1) * 4096).min(len);
+                    let mut chunk = vec![0; range.len()];
+                    let r = with_reference.then(|| &reference[range]);
+                    decode_chunk(&b.payload, &b.header, layout, r, &mut chunk).unwrap();
+                    decoded.extend_from_slice(&chunk);
+                }
+                prop_assert_eq!(&decoded, &input);
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_data_refuses_a_plain_reference_and_partial_elements() {
+        let layout = Layout { width: 4, extract_exponent: true };
+        let options = Options { chunk_size: 4096, ..Options::default() };
+        let input = weights(5, 4096, 0);
+        let source = SplitOnRequest { bytes: &input, layout };
+        let data = Data::Grouped { source: &source, offset: 0, len: input.len() };
+        let err = encode_chunks_of(data, Some(Reference::Bytes(&input)), layout, &options).unwrap_err();
+        assert!(err.to_string().contains("grouped data takes a grouped reference"), "{err}");
+        let odd = Data::Grouped { source: &source, offset: 0, len: 4094 };
+        let err = encode_chunks_of(odd, None, layout, &options).unwrap_err();
+        assert!(err.to_string().contains("not a whole number of 4-byte elements"), "{err}");
     }
 
     #[test]

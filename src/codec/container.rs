@@ -13,7 +13,7 @@
 //! before anything is allocated or sliced.
 
 use super::chunk::{
-    checked_chunk_size, encode_chunks, payload_checksum, ChunkHeader, EncodedChunk, GroupEntry, Reference,
+    checked_chunk_size, encode_chunks_of, payload_checksum, ChunkHeader, Data, EncodedChunk, GroupEntry, Reference,
     STRIPE_CHUNKS,
 };
 use super::select::Options;
@@ -67,8 +67,10 @@ impl FileKind {
 /// One segment to code: its bytes, element type and, for an XOR delta, its reference.
 #[derive(Clone, Copy)]
 pub struct SegmentInput<'a> {
-    /// The segment's original bytes.
-    pub data: &'a [u8],
+    /// The segment's original bytes. Grouped data (bytes already stored) needs a writer that
+    /// was given the original's hash ([`ContainerWriter::with_given_hash`]): there are no plain
+    /// bytes to hash.
+    pub data: Data<'a>,
     /// Element type (`None`: plain bytes).
     pub dtype: Option<Dtype>,
     /// For an XOR delta: what `data` is XORed with before grouping.
@@ -99,6 +101,9 @@ enum InputHasher {
     /// From the caller ([`ContainerWriter::with_known_hash`]); the coded bytes are only checked
     /// against the caller's xxh3-64 of them.
     Known { hash: blake3::Hash, expected_xxh3: u64, xxh3: Box<xxhash_rust::xxh3::Xxh3> },
+    /// From the caller, unchecked ([`ContainerWriter::with_given_hash`]): the bytes come from
+    /// objects whose payload checksums are checked as they are decoded.
+    Given(blake3::Hash),
 }
 
 impl InputHasher {
@@ -106,17 +111,22 @@ impl InputHasher {
     fn shape(&self) -> Option<RangeHashes> {
         match self {
             InputHasher::Blake3(join) => Some(join.shape()),
-            InputHasher::Known { .. } => None,
+            InputHasher::Known { .. } | InputHasher::Given(_) => None,
         }
     }
 
     /// Takes the next stripe, `range` of the original (`bytes`), with the subtree hashes its
     /// worker took of it.
-    fn update(&mut self, range: Range<u64>, bytes: &[u8], nodes: Vec<NodeHash>) {
-        match self {
-            InputHasher::Blake3(join) => join.add(range, bytes, nodes),
-            InputHasher::Known { xxh3, .. } => xxh3.update(bytes),
+    fn update(&mut self, range: Range<u64>, data: Data<'_>, nodes: Vec<NodeHash>) -> Result<()> {
+        match (self, data) {
+            (InputHasher::Blake3(join), Data::Bytes(bytes)) => join.add(range, bytes, nodes),
+            (InputHasher::Known { xxh3, .. }, Data::Bytes(bytes)) => xxh3.update(bytes),
+            (InputHasher::Given(_), _) => {}
+            (_, Data::Grouped { .. }) => {
+                return Err(Error::InvalidInput("grouped data needs the original's hash given".into()))
+            }
         }
+        Ok(())
     }
 
     fn finish(self) -> Result<blake3::Hash> {
@@ -126,6 +136,7 @@ impl InputHasher {
             }
             InputHasher::Known { hash, expected_xxh3, xxh3 } if xxh3.digest() == expected_xxh3 => Ok(hash),
             InputHasher::Known { .. } => Err(Error::InputChanged),
+            InputHasher::Given(hash) => Ok(hash),
         }
     }
 }
@@ -188,10 +199,17 @@ impl<W: Write> ContainerWriter<W> {
         self
     }
 
+    /// Records `hash` as the original's blake3, unchecked: for data that is already stored and
+    /// checksum-checked as it is read ([`Data::Grouped`], a stored blob rewritten as a delta).
+    pub fn with_given_hash(mut self, hash: blake3::Hash) -> Self {
+        self.hasher = InputHasher::Given(hash);
+        self
+    }
+
     /// Codes the next `data.len()` bytes of the original file as one segment of `dtype`
     /// elements (`None`: plain bytes).
     pub fn segment(&mut self, data: &[u8], dtype: Option<Dtype>) -> Result<()> {
-        self.segment_inputs(&[SegmentInput { data, dtype, reference: None }], &mut |_| {})
+        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference: None }], &mut |_| {})
     }
 
     /// Codes several consecutive segments (in file order), in parallel across segments as well
@@ -199,8 +217,10 @@ impl<W: Write> ContainerWriter<W> {
     /// `progress` is called with the original bytes covered so far. The output is the same as
     /// calling [`Self::segment`] for each part.
     pub fn segments(&mut self, parts: &[(&[u8], Option<Dtype>)], progress: &mut dyn FnMut(u64)) -> Result<()> {
-        let inputs: Vec<SegmentInput<'_>> =
-            parts.iter().map(|&(data, dtype)| SegmentInput { data, dtype, reference: None }).collect();
+        let inputs: Vec<SegmentInput<'_>> = parts
+            .iter()
+            .map(|&(data, dtype)| SegmentInput { data: Data::Bytes(data), dtype, reference: None })
+            .collect();
         self.segment_inputs(&inputs, progress)
     }
 
@@ -209,7 +229,7 @@ impl<W: Write> ContainerWriter<W> {
     /// reference ([`Container::decode_to_with_reference`]).
     pub fn segment_delta(&mut self, data: &[u8], reference: Option<&[u8]>, dtype: Option<Dtype>) -> Result<()> {
         let reference = reference.map(Reference::Bytes);
-        self.segment_inputs(&[SegmentInput { data, dtype, reference }], &mut |_| {})
+        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference }], &mut |_| {})
     }
 
     /// Codes consecutive segments, each standalone or as an XOR delta against its reference.
@@ -270,13 +290,13 @@ impl<W: Write> ContainerWriter<W> {
                         // A panic is sent on, not left to the scope: the scope would report it
                         // only at its end, and this thread would wait for the unit forever.
                         let coded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            let data = &part.data[range.clone()];
+                            let data = part.data.slice(range.clone());
                             let reference = part.reference.map(|r| r.slice(range.clone()));
-                            let chunks = encode_chunks(data, reference, Layout::for_dtype(part.dtype), options);
+                            let chunks = encode_chunks_of(data, reference, Layout::for_dtype(part.dtype), options);
                             let mut nodes = Vec::new();
-                            if let Some(shape) = hash_shape {
+                            if let (Some(shape), Some(bytes)) = (hash_shape, data.bytes()) {
                                 let at = start + range.start as u64;
-                                shape.hash_range(at..at + data.len() as u64, data, &mut nodes);
+                                shape.hash_range(at..at + bytes.len() as u64, bytes, &mut nodes);
                             }
                             (chunks, nodes)
                         }));
@@ -302,7 +322,7 @@ impl<W: Write> ContainerWriter<W> {
                 let ((chunks, nodes), (p, range)) = (chunks, &units[next]);
                 in_flight -= range.len();
                 let at = starts[*p] + range.start as u64;
-                self.hasher.update(at..at + range.len() as u64, &parts[*p].data[range.clone()], nodes);
+                self.hasher.update(at..at + range.len() as u64, parts[*p].data.slice(range.clone()), nodes)?;
                 self.write_unit(&parts[*p], range, chunks?, progress)?;
             }
             Ok(())
@@ -841,6 +861,42 @@ mod tests {
             .collect()
     }
 
+    /// Grouped data, as a stored blob hands it over: split on request.
+    struct Split<'a>(&'a [u8]);
+
+    impl crate::codec::chunk::GroupedReference for Split<'_> {
+        fn grouped(&self, offset: usize, grouped: &mut [u8]) -> Result<()> {
+            let plain = &self.0[offset..offset + grouped.len()];
+            crate::codec::byte_group::split(plain, None, Layout::for_dtype(Some(Dtype::Bf16)), grouped)
+        }
+    }
+
+    #[test]
+    fn grouped_data_records_the_given_hash_and_needs_one() {
+        let data = sample();
+        let options = Options { chunk_size: 16 << 10, ..Options::default() };
+        let source = Split(&data);
+        let input = SegmentInput {
+            data: Data::Grouped { source: &source, offset: 0, len: data.len() },
+            dtype: Some(Dtype::Bf16),
+            reference: None,
+        };
+        let hash = blake3::hash(&data);
+        let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options.clone())
+            .unwrap()
+            .with_given_hash(hash);
+        w.segment_inputs(&[input], &mut |_| {}).unwrap();
+        let (bytes, recorded) = w.finish().unwrap();
+        assert_eq!(recorded, hash);
+        let mut out = Vec::new();
+        assert_eq!(Container::open(&bytes).unwrap().decode_to(&mut out).unwrap(), hash);
+        assert_eq!(out, data);
+        // Without a given hash there are no bytes to hash: refused, not a wrong footer.
+        let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
+        let err = w.segment_inputs(&[input], &mut |_| {}).unwrap_err();
+        assert!(err.to_string().contains("grouped data needs the original's hash given"), "{err}");
+    }
+
     fn build(data: &[u8]) -> Vec<u8> {
         let options = Options { chunk_size: 16 << 10, ..Options::default() };
         let mut w = ContainerWriter::new(Vec::new(), FileKind::Safetensors, data.len() as u64, options).unwrap();
@@ -1041,7 +1097,7 @@ mod tests {
                             let mut w =
                                 ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
                             let reference = Some(Reference::Grouped { source: &failing, offset: 0 });
-                            let input = SegmentInput { data: &data, dtype: Some(Dtype::Bf16), reference };
+                            let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference };
                             w.segment_inputs(&[input], &mut |_| {}).map_err(|e| e.to_string())
                         })
                     }));

@@ -24,6 +24,11 @@ pub struct CommitOptions {
     pub delta_policy: Option<DeltaPolicy>,
     /// Overrides the config's `base_every`.
     pub base_every: Option<u32>,
+    /// With the `reverse` delta policy: leave the rewrite of the parent's blobs as deltas to
+    /// [`Repo::compact`] (recorded in `.ckpt/pending-deltas`) instead of doing it before
+    /// returning. The commit then costs one coding pass instead of two; `ckpt commit` runs the
+    /// compaction in a background process.
+    pub defer_deltas: bool,
 }
 
 /// A file to commit, mapped and parsed.
@@ -118,16 +123,16 @@ impl Repo {
             }
             Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
         })?;
-        // Reverse deltas: the parent's blobs become deltas against the new ones, now durable.
+        // Reverse deltas: the parent's blobs become deltas against the new ones, now durable,
+        // here or (deferred) in a later `compact`.
         let mut replaced_len = 0;
-        if let (DeltaPolicy::Reverse, Some(p), 2..) = (policy, &parent, base_every) {
-            // Left whole: the pinned version's blobs (and below, the committed files' own).
-            // Files carried over unchanged are not: a loop writing `checkpoint-N/` paths carries
-            // every earlier epoch along, and those are exactly the blobs to turn into deltas.
-            let keep = self.pinned_blobs(p)?;
-            let rewritten = self
-                .store
-                .with_background_sync(|store| self.rewrite_parent_blobs(store, &inputs, &hashed, &jobs, &keep))?;
+        // (Only tensors are rewritten: a commit of opaque files leaves nothing to do.)
+        let reverse_parent = parent
+            .as_ref()
+            .filter(|_| policy == DeltaPolicy::Reverse && base_every >= 2 && inputs.iter().any(|i| i.header.is_some()));
+        if let (Some(p), false) = (reverse_parent, options.defer_deltas) {
+            let rewritten =
+                self.store.with_background_sync(|store| self.rewrite_parent_blobs(store, &entries, p, &|| false))?.0;
             for (w, old_len) in rewritten {
                 replaced_len += old_len;
                 objects.push(w);
@@ -159,6 +164,11 @@ impl Repo {
         match head {
             Head::Branch(b) => self.refs.set(RefKind::Branch, &b, &written.id)?,
             Head::Detached(_) => self.refs.set_head(&Head::Detached(written.id))?,
+        }
+        if reverse_parent.is_some() && options.defer_deltas {
+            let mut pending = self.pending_deltas()?;
+            pending.push(written.id);
+            self.write_pending_deltas(&pending)?;
         }
         self.write_removals(&[])?;
         self.record_stats(&inputs, &version);
@@ -236,7 +246,7 @@ impl Repo {
     /// last version with `since_base == 0`, unless that is the root), which keep their blobs
     /// whole so that chains reach no further back than it. Those blobs can be shared with the
     /// parent (a tensor unchanged since), hence a set of blobs, not a flag on the parent.
-    fn pinned_blobs(&self, parent: &Version) -> Result<HashSet<ObjectId>> {
+    pub(super) fn pinned_blobs(&self, parent: &Version) -> Result<HashSet<ObjectId>> {
         let mut blobs = HashSet::new();
         if let Some(pin) = self.ancestor_since_base(parent, 0).filter(|v| !v.parents.is_empty()) {
             for file in &pin.files {
@@ -244,67 +254,6 @@ impl Repo {
             }
         }
         Ok(blobs)
-    }
-
-    /// Reverse deltas: rewrites each standalone blob of the parent that a blob of `jobs`
-    /// (written standalone by this commit, and durable) replaces as an XOR delta against it,
-    /// where that pays. Blobs the new files still hold and `keep` blobs are left whole.
-    /// Returns each object written with the size of the object it replaced.
-    fn rewrite_parent_blobs(
-        &self,
-        store: &Store,
-        inputs: &[Input],
-        hashed: &[HashedFile],
-        jobs: &[Job],
-        keep: &HashSet<ObjectId>,
-    ) -> Result<Vec<(Written, u64)>> {
-        let mut kept: HashSet<ObjectId> = hashed.iter().flat_map(|h| h.segments.iter().map(|s| s.id)).collect();
-        kept.extend(keep);
-        // Each older blob once, for the first new blob that replaces it.
-        let mut claimed = HashSet::new();
-        let older_of: HashMap<(usize, usize), ObjectId> = jobs
-            .iter()
-            .filter_map(|job| {
-                let older = hashed[job.file].reference_of(&hashed[job.file].segments[job.segment])?;
-                (!kept.contains(&older) && claimed.insert(older)).then_some(((job.file, job.segment), older))
-            })
-            .collect();
-        let jobs: Vec<Job> = jobs.iter().filter(|j| older_of.contains_key(&(j.file, j.segment))).copied().collect();
-        let written = self.run_jobs("deltas", inputs, hashed, &jobs, |job, progress| {
-            let older = older_of[&(job.file, job.segment)];
-            // An older blob that is not a standalone blob of this length (a delta already, or
-            // damaged) just stays as it is.
-            let Ok(chain) = store.open_blob(&older) else { return Ok(None) };
-            let seg = &hashed[job.file].segments[job.segment];
-            // A rewrite costs an object write, an fsync pair and a rename; it pays only if the
-            // new object frees at least one file-system block. (Most small tensors, biases and
-            // norms, are one block either way: in the corpus model 65 of 104 tensors.)
-            let blocks = chain.stored_len().div_ceil(FS_BLOCK);
-            if chain.depth() != 0 || chain.len() != seg.range.end - seg.range.start || blocks <= 1 {
-                return Ok(None);
-            }
-            // Objects of fewer than `limit` bytes take at most `blocks - 1` blocks.
-            let limit = (blocks - 1) * FS_BLOCK + 1;
-            let input = &inputs[job.file];
-            let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
-            let start = seg.range.start as usize;
-            let release_input = |r: Range<usize>| input.map.release(start + r.start..start + r.end);
-            let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
-            let options = self.config.codec_options();
-            match store.rewrite_as_delta_against(&chain, seg.id, bytes, limit, &options, &feedback) {
-                Ok(DeltaOutcome::Written(w)) => Ok(Some((w, chain.stored_len()))),
-                Ok(DeltaOutcome::NotSmaller { .. }) => Ok(None),
-                // A damaged blob, or a pair the rewrite refuses (another chunk size since a
-                // config change), keeps the older blob as it is; anything else is an error.
-                Err(
-                    store::Error::Corrupt { .. }
-                    | store::Error::Missing { .. }
-                    | store::Error::Encode { source: crate::codec::Error::InvalidInput(_), .. },
-                ) => Ok(None),
-                Err(e) => Err(e.into()),
-            }
-        })?;
-        Ok(written.into_iter().flatten().collect())
     }
 
     /// Runs `f` on every job, showing progress under `label`: small segments in parallel,
@@ -426,7 +375,7 @@ impl Repo {
 }
 
 /// The files of the reference version, for finding each input's reference manifest.
-struct ReferenceFiles<'v> {
+pub(super) struct ReferenceFiles<'v> {
     version: Option<&'v Version>,
     /// The reference version's files, most recently changed first (see [`Self::by_recency`]),
     /// computed on first need.
@@ -440,7 +389,7 @@ struct ReferenceFiles<'v> {
 const RECENCY_WALK: usize = 32;
 
 impl<'v> ReferenceFiles<'v> {
-    fn new(version: Option<&'v Version>) -> Self {
+    pub(super) fn new(version: Option<&'v Version>) -> Self {
         ReferenceFiles { version, recency: None, manifests: HashMap::new() }
     }
 
@@ -454,13 +403,24 @@ impl<'v> ReferenceFiles<'v> {
     /// Files are scored newest first and the first that holds every tensor under the same file
     /// name ends the search, so a long history is not read in full.
     fn for_input(&mut self, repo: &Repo, input: &Input) -> Option<Manifest> {
+        let tensors = input.header.as_ref().map(|h| h.tensors.iter().map(TensorRef::of).collect());
+        self.for_file(repo, input.path.as_str(), tensors)
+    }
+
+    /// [`Self::for_input`] for a file at `path` whose `tensors` are given (`None`: not a
+    /// safetensors file).
+    pub(super) fn for_file(
+        &mut self,
+        repo: &Repo,
+        path: &str,
+        tensors: Option<HashSet<TensorRef>>,
+    ) -> Option<Manifest> {
         let version = self.version?;
-        if let Some(f) = version.file(input.path.as_str()) {
+        if let Some(f) = version.file(path) {
             return repo.manifest(&f.manifest).ok();
         }
-        let header = input.header.as_ref()?;
-        let wanted: HashSet<TensorRef> = header.tensors.iter().map(TensorRef::of).collect();
-        let name = input.path.as_str().rsplit('/').next();
+        let wanted = tensors?;
+        let name = path.rsplit('/').next();
         let recency = self.recency.get_or_insert_with(|| Self::by_recency(repo, version));
         let mut best: Option<((usize, bool), ObjectId)> = None;
         for f in recency.iter() {
@@ -548,11 +508,11 @@ struct Job {
 }
 
 /// The file-system block size assumed when deciding whether a reverse-delta rewrite frees space.
-const FS_BLOCK: u64 = 4096;
+pub(super) const FS_BLOCK: u64 = 4096;
 
 /// Segments below this size are coded several at a time (each is at most one codec stripe or
 /// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
-const PARALLEL_BELOW: u64 = 4 << 20;
+pub(super) const PARALLEL_BELOW: u64 = 4 << 20;
 
 fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
     let (segments, hash) = hash_content(&input.map, input.header.as_ref());

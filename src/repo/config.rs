@@ -34,6 +34,30 @@ pub enum DeltaPolicy {
     Reverse,
 }
 
+/// When `ckpt commit` rewrites the parent's blobs as deltas under the `reverse` policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compaction {
+    /// In a background process started after the commit (`ckpt compact --background`): the
+    /// commit returns after one coding pass. A writer that arrives meanwhile makes it stop
+    /// between two rewrites; the next commit's compaction finishes the work.
+    Background,
+    /// Before the commit returns (two coding passes).
+    Inline,
+}
+
+impl Compaction {
+    /// The setting in force: the `CKPT_COMPACT` environment variable (`background` or
+    /// `inline`) if set, else `configured`.
+    pub fn from_env_or(configured: Compaction) -> std::result::Result<Compaction, String> {
+        match std::env::var("CKPT_COMPACT") {
+            Ok(v) => serde_json::from_value(serde_json::Value::String(v.clone()))
+                .map_err(|_| format!("CKPT_COMPACT={v:?}: expected \"background\" or \"inline\"")),
+            Err(_) => Ok(configured),
+        }
+    }
+}
+
 /// Repository settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -51,6 +75,10 @@ pub struct Config {
     pub chunk_size: usize,
     /// zstd level for groups coded with zstd.
     pub zstd_level: i32,
+    /// When `ckpt commit` turns the parent's blobs into deltas (`reverse` policy). The library's
+    /// [`super::Repo::commit`] does it inline unless told otherwise
+    /// ([`super::CommitOptions::defer_deltas`]).
+    pub compact: Compaction,
 }
 
 impl Default for Config {
@@ -60,6 +88,7 @@ impl Default for Config {
             delta_policy: DeltaPolicy::Reverse,
             chunk_size: Options::default().chunk_size,
             zstd_level: Options::default().zstd_level,
+            compact: Compaction::Background,
         }
     }
 }

@@ -14,6 +14,7 @@
 
 mod checkout;
 mod commit;
+mod compact;
 mod config;
 mod gc;
 mod inspect;
@@ -26,7 +27,8 @@ mod verify;
 
 pub use checkout::{CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
-pub use config::{Config, DeltaPolicy};
+pub use compact::{CompactOptions, CompactReport};
+pub use config::{Compaction, Config, DeltaPolicy};
 pub use gc::GcReport;
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
@@ -54,6 +56,9 @@ pub type VersionId = ObjectId;
 pub const DIR_NAME: &str = ".ckpt";
 /// Branch a new repository starts on.
 pub const DEFAULT_BRANCH: &str = "main";
+/// Files `rm`-ed since the last commit, as a JSON list of paths.
+const REMOVALS_FILE: &str = "pending-removals";
+
 /// How long a writer waits for another writer by default.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -444,6 +449,11 @@ impl Repo {
         WriterLock::acquire(&self.dir.join("lock"), self.lock_timeout)
     }
 
+    /// Whether another writer is waiting for the writer lock.
+    fn writer_waiting(&self) -> bool {
+        WriterLock::is_wanted(&self.dir.join("lock"))
+    }
+
     /// The path of `input` (absolute, or relative to the root) as a repository path.
     pub fn repo_path(&self, input: &Path) -> Result<RepoPath> {
         RepoPath::from_input(&self.root, input)
@@ -671,24 +681,31 @@ impl Repo {
 
     // ---- rm -----------------------------------------------------------------------------
 
-    fn removals_path(&self) -> PathBuf {
-        self.dir.join("pending-removals")
-    }
-
     /// Files `rm`-ed since the last commit.
     pub fn pending_removals(&self) -> Result<Vec<String>> {
-        let path = self.removals_path();
+        self.read_list(REMOVALS_FILE, "pending removals")
+    }
+
+    fn write_removals(&self, paths: &[String]) -> Result<()> {
+        self.write_list(REMOVALS_FILE, paths)
+    }
+
+    /// A JSON list kept in `.ckpt/<name>` (empty when the file is missing).
+    fn read_list<T: serde::de::DeserializeOwned>(&self, name: &str, what: &str) -> Result<Vec<T>> {
+        let path = self.dir.join(name);
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| Error::Config { path: path.clone(), reason: format!("pending removals: {e}") }),
+                .map_err(|e| Error::Config { path: path.clone(), reason: format!("{what}: {e}") }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(source) => Err(Error::Io { action: "reading", path, source }),
         }
     }
 
-    fn write_removals(&self, paths: &[String]) -> Result<()> {
-        let path = self.removals_path();
-        if paths.is_empty() {
+    /// Replaces `.ckpt/<name>` with `items` as JSON (written in `tmp/`, then renamed), or
+    /// deletes it when `items` is empty.
+    fn write_list<T: serde::Serialize>(&self, name: &str, items: &[T]) -> Result<()> {
+        let path = self.dir.join(name);
+        if items.is_empty() {
             return match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     Err(Error::Io { action: "deleting", path, source: e })
@@ -696,8 +713,8 @@ impl Repo {
                 _ => Ok(()),
             };
         }
-        let tmp = self.dir.join("tmp").join("pending-removals");
-        let json = serde_json::to_vec(paths).expect("strings serialize");
+        let tmp = self.dir.join("tmp").join(name);
+        let json = serde_json::to_vec(items).expect("plain data serializes");
         std::fs::write(&tmp, json).map_err(io("writing", &tmp))?;
         std::fs::rename(&tmp, &path).map_err(io("renaming to", &path))
     }

@@ -8,7 +8,7 @@
 
 use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, MAX_CHAIN_DEPTH};
 use crate::codec::chunk::STRIPE_CHUNKS;
-use crate::codec::chunk::{GroupedReference, Reference};
+use crate::codec::chunk::{Data, GroupedReference, Reference};
 use crate::codec::container::{Container, ContainerWriter, FileKind, SegmentInput};
 use crate::codec::{byte_group, Layout, Method, Options};
 use crate::dtype::Dtype;
@@ -154,8 +154,9 @@ impl Store {
     ) -> Result<Written> {
         let header =
             ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, raw_len: data.len() as u64 };
-        let written =
-            self.write_object(id, header, None, |out| encode_blob(id, out, data, None, dtype, options, feedback))?;
+        let written = self.write_object(id, header, None, |out| {
+            encode_blob(id, out, BlobData::Bytes(data), None, dtype, options, feedback)
+        })?;
         Ok(written.expect("no size limit"))
     }
 
@@ -190,40 +191,39 @@ impl Store {
             depth: reference.depth() + 1,
             raw_len: data.len() as u64,
         };
-        self.write_delta_object(id, header, data, reference, limit, options, feedback)
+        self.write_delta_object(id, header, BlobData::Bytes(data), reference, limit, options, feedback)
     }
 
     /// Replaces the standalone blob `older` by an XOR delta against `newer`, a standalone blob
-    /// of the same length, dtype and chunk size whose content is `newer_data`, unless the delta
-    /// object would take `limit` bytes or more (at most `older`'s object size). The xxh3-64 of
-    /// `newer_data` must be given as `feedback.input_xxh3`: it is what checks the bytes coded,
-    /// since the container records `older`'s id, not their hash.
-    /// This is how a reverse-delta commit keeps the newest version whole: XOR is symmetric, so
-    /// the delta of `newer` against `older` is also the delta of `older` against `newer`, coded
-    /// here from the bytes at hand (`newer_data`, the file being committed) with `older`'s id as
-    /// the content hash the container records. `newer` must already be durable: the
+    /// of the same length, dtype and chunk size, unless the delta object would take `limit`
+    /// bytes or more (at most `older`'s object size).
+    ///
+    /// This is how reverse deltas keep the newest version whole: XOR is symmetric, so the delta
+    /// of `newer` against `older` is also the delta of `older` against `newer`. Both are read
+    /// from the store chunk by chunk in grouped form (their payload checksums checked), XORed
+    /// and coded, with `older`'s id as the content hash the container records: no working file
+    /// is needed, and nothing is regrouped or held whole. `newer` must already be durable: the
     /// replacement is renamed over `older`'s object, and from then on `older` is read through
     /// `newer`. Chains that went through `older` get one level deeper; their headers keep the
-    /// depth they were written with.
+    /// depth they were written with. Since `newer` must be standalone, no rewrite can close a
+    /// reference cycle.
     pub fn rewrite_as_delta_against(
         &self,
         older: &BlobChain,
-        newer: ObjectId,
-        newer_data: &[u8],
+        newer: &BlobChain,
         limit: u64,
         options: &Options,
-        feedback: &Feedback<'_>,
+        progress: &(dyn Fn(u64) + Sync),
     ) -> Result<DeltaOutcome> {
-        let newer_chain = self.open_blob(&newer)?;
-        let mismatch = if feedback.input_xxh3.is_none() {
-            Some(format!("no xxh3 given for the bytes of {newer}"))
-        } else if older.depth() != 0 {
+        let mismatch = if older.depth() != 0 {
             Some(format!("{} is not stored standalone", older.id()))
-        } else if newer_chain.depth() != 0 {
-            Some(format!("{newer} is not stored standalone"))
-        } else if newer_chain.len() != older.len() || newer_data.len() as u64 != older.len() {
-            Some(format!("{} bytes against {}", newer_chain.len(), older.len()))
-        } else if newer_chain.dtype() != older.dtype() || newer_chain.chunk_size() != older.chunk_size() {
+        } else if newer.depth() != 0 {
+            Some(format!("{} is not stored standalone", newer.id()))
+        } else if newer.id() == older.id() {
+            Some(format!("{} against itself", older.id()))
+        } else if newer.len() != older.len() {
+            Some(format!("{} bytes against {}", newer.len(), older.len()))
+        } else if newer.dtype() != older.dtype() || newer.chunk_size() != older.chunk_size() {
             Some("dtype or chunk size differs".to_string())
         } else {
             None
@@ -234,24 +234,26 @@ impl Store {
         let header = ObjectHeader {
             kind: ObjectKind::Blob,
             dtype: older.dtype(),
-            reference: Some(newer),
+            reference: Some(newer.id()),
             depth: 1,
             raw_len: older.len(),
         };
         let limit = limit.min(older.stored_len());
-        self.write_delta_object(older.id(), header, newer_data, older, limit, options, feedback)
+        let feedback = Feedback { progress, release_input: &|_| {}, input_xxh3: None };
+        self.write_delta_object(older.id(), header, BlobData::Stored(older), newer, limit, options, &feedback)
     }
 
     /// Writes object `id` with `header`, its container coding `data` XORed with `xor_with`,
     /// unless the object would take `limit` bytes or more. The container records `id` as its
-    /// content hash: with `feedback.input_xxh3` it is taken as given (and `data` is checked
-    /// against the xxh3), else `data` is hashed and must be `id`.
+    /// content hash: for stored data it is taken as given; for bytes with
+    /// `feedback.input_xxh3` it is taken as given and the bytes are checked against the xxh3,
+    /// else they are hashed and must be `id`.
     #[allow(clippy::too_many_arguments)]
     fn write_delta_object(
         &self,
         id: ObjectId,
         header: ObjectHeader,
-        data: &[u8],
+        data: BlobData<'_>,
         xor_with: &BlobChain,
         limit: u64,
         options: &Options,
@@ -270,6 +272,24 @@ impl Store {
             Some(w) => DeltaOutcome::Written(w),
             None => DeltaOutcome::NotSmaller { stored_len: stored + super::HEADER_LEN as u64 },
         })
+    }
+}
+
+/// What a blob write codes: bytes the caller has (a file being committed), or a blob that is
+/// already stored (rewritten as a delta).
+#[derive(Clone, Copy)]
+enum BlobData<'a> {
+    Bytes(&'a [u8]),
+    Stored(&'a BlobChain),
+}
+
+impl BlobData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            BlobData::Bytes(b) => b.len(),
+            // A stored blob's length fits in memory: it was mapped when opened.
+            BlobData::Stored(chain) => chain.len() as usize,
+        }
     }
 }
 
@@ -330,7 +350,7 @@ fn window_len(chunk_size: usize) -> usize {
 fn encode_blob(
     id: ObjectId,
     out: &mut dyn Write,
-    data: &[u8],
+    data: BlobData<'_>,
     reference: Option<&BlobChain>,
     dtype: Option<Dtype>,
     options: &Options,
@@ -340,35 +360,52 @@ fn encode_blob(
         crate::codec::Error::InputChanged => Error::ChangedWhileWriting { id },
         source => Error::Encode { id, source },
     };
-    let mut w = ContainerWriter::new(out, FileKind::Bytes, data.len() as u64, options.clone()).map_err(encode)?;
-    if let Some(xxh3) = feedback.input_xxh3 {
-        w = w.with_known_hash(blake3::Hash::from_bytes(id.0), xxh3);
-    }
-    let source = match reference {
-        Some(chain) => Some(ChainReference { chain, containers: chain.containers()?, error: Mutex::new(None) }),
-        None => None,
+    let len = data.len();
+    let mut w = ContainerWriter::new(out, FileKind::Bytes, len as u64, options.clone()).map_err(encode)?;
+    let given = blake3::Hash::from_bytes(id.0);
+    w = match (data, feedback.input_xxh3) {
+        (BlobData::Stored(_), _) => w.with_given_hash(given),
+        (BlobData::Bytes(_), Some(xxh3)) => w.with_known_hash(given, xxh3),
+        (BlobData::Bytes(_), None) => w,
     };
-    let input =
-        SegmentInput { data, dtype, reference: source.as_ref().map(|s| Reference::Grouped { source: s, offset: 0 }) };
-    // Pages of the input and of the reference's objects are dropped every window once coded,
+    let chain_source = |chain| ChainReference { chain, containers: Vec::new(), error: Mutex::new(None) };
+    let mut source = reference.map(chain_source);
+    let mut stored = match data {
+        BlobData::Stored(chain) => Some(chain_source(chain)),
+        BlobData::Bytes(_) => None,
+    };
+    for s in source.iter_mut().chain(stored.iter_mut()) {
+        s.containers = s.chain.containers()?;
+    }
+    let input = SegmentInput {
+        data: match (data, &stored) {
+            (BlobData::Bytes(bytes), _) => Data::Bytes(bytes),
+            (BlobData::Stored(_), Some(s)) => Data::Grouped { source: s, offset: 0, len },
+            (BlobData::Stored(_), None) => unreachable!("a stored blob has its source"),
+        },
+        dtype,
+        reference: source.as_ref().map(|s| Reference::Grouped { source: s, offset: 0 }),
+    };
+    // Pages of the input and of the stored objects read are dropped every window once coded,
     // so the resident set stays about one window whatever the blob's size.
     let window = window_len(options.chunk_size);
     let mut released = 0;
     let coded = w.segment_inputs(&[input], &mut |covered| {
         let covered = covered as usize;
         (feedback.progress)(covered as u64);
-        if covered - released >= window || covered == data.len() {
+        if covered - released >= window || covered == len {
             (feedback.release_input)(released..covered);
-            if let Some(r) = reference {
-                r.release_pages();
+            for s in source.iter().chain(stored.iter()) {
+                s.chain.release_pages();
             }
             released = covered;
         }
     });
     if let Err(e) = coded {
-        // A reference that failed to decode is the reference's problem, not this blob's.
-        let reference_error = source.and_then(|s| s.error.into_inner().unwrap_or_else(|p| p.into_inner()));
-        return Err(reference_error.unwrap_or_else(|| encode(e)));
+        // A stored blob that failed to decode is that blob's problem, not this one's.
+        let stored_error =
+            |s: Option<ChainReference<'_>>| s.and_then(|s| s.error.into_inner().unwrap_or_else(|p| p.into_inner()));
+        return Err(stored_error(source).or_else(|| stored_error(stored)).unwrap_or_else(|| encode(e)));
     }
     Ok(w.finish().map_err(encode)?.1)
 }

@@ -279,10 +279,9 @@ fn standalone_blob_is_rewritten_as_a_delta_against_a_newer_one() {
         panic!("delta written")
     };
     store.write_blob(id1, &v1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
-    let xxh3 = xxhash_rust::xxh3::xxh3_64(&v1);
+    let chain1 = store.open_blob(&id1).unwrap();
 
-    let outcome =
-        store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &with_xxh3(Some(xxh3))).unwrap();
+    let outcome = store.rewrite_as_delta_against(&chain0, &chain1, u64::MAX, &options(), &|_| {}).unwrap();
     let DeltaOutcome::Written(w) = outcome else { panic!("a small drift pays") };
     assert_eq!((w.id, w.header.reference, w.header.depth), (id0, Some(id1), 1));
     assert!(w.stored_len < chain0.stored_len(), "{} vs {}", w.stored_len, chain0.stored_len());
@@ -297,29 +296,44 @@ fn standalone_blob_is_rewritten_as_a_delta_against_a_newer_one() {
         store.verify(&id).unwrap();
     }
 
-    // id0 is a delta now: it cannot be rewritten again, nor can anything against a delta.
-    // Each refusal names the object and why.
+    // id0 is a delta now: it cannot be rewritten again, nor can anything against a delta, nor
+    // a blob against itself. Each refusal names the object and why, and changes nothing.
     let message = |r: Result<DeltaOutcome>| r.expect_err("refused").to_string();
     let chain0 = store.open_blob(&id0).unwrap();
-    let err = message(store.rewrite_as_delta_against(&chain0, id1, &v1, u64::MAX, &options(), &with_xxh3(Some(xxh3))));
+    let err = message(store.rewrite_as_delta_against(&chain0, &chain1, u64::MAX, &options(), &|_| {}));
     assert!(err.contains(&format!("{id0} is not stored standalone")), "{err}");
-    let chain1 = store.open_blob(&id1).unwrap();
-    let err = message(store.rewrite_as_delta_against(&chain1, id0, &v0, u64::MAX, &options(), &with_xxh3(Some(0))));
+    let err = message(store.rewrite_as_delta_against(&chain1, &chain0, u64::MAX, &options(), &|_| {}));
     assert!(err.contains(&format!("{id0} is not stored standalone")), "{err}");
-    // Without the newer bytes' xxh3 nothing would check them: refused, the old object kept.
-    let (_d, store2, w0, w1, jd0, jd1) = store_with_base(9, 20_000, 11);
-    store2.write_blob(jd1, &w1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
-    let chain = store2.open_blob(&jd0).unwrap();
-    let err = message(store2.rewrite_as_delta_against(&chain, jd1, &w1, u64::MAX, &options(), &Feedback::NONE));
-    assert!(err.contains(&format!("no xxh3 given for the bytes of {jd1}")), "{err}");
-    drop(chain);
-    assert_eq!(read(&store2, &jd0), w0);
-    assert_eq!(store2.header(&jd0).unwrap().reference, None);
-    // Bytes that are not the newer blob's fail the xxh3 check and leave the old object.
-    let v2 = drift(&v1, 17);
-    let err = store.rewrite_as_delta_against(&chain1, id1, &v2, u64::MAX, &options(), &with_xxh3(Some(xxh3)));
-    assert!(matches!(err, Err(Error::ChangedWhileWriting { id }) if id == id1), "{err:?}");
+    let err = message(store.rewrite_as_delta_against(&chain1, &chain1, u64::MAX, &options(), &|_| {}));
+    assert!(err.contains(&format!("{id1} against itself")), "{err}");
+    assert_eq!(store.header(&id1).unwrap().reference, None);
     assert_eq!(read(&store, &id1), v1);
+    // Blobs of other lengths do not pair.
+    let short = weights(3, v1.len() - 2);
+    let short_id = ObjectId::hash(&short);
+    store.write_blob(short_id, &short, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let short_chain = store.open_blob(&short_id).unwrap();
+    let err = message(store.rewrite_as_delta_against(&chain1, &short_chain, u64::MAX, &options(), &|_| {}));
+    assert!(err.contains(&format!("{} bytes against {}", short.len(), v1.len())), "{err}");
+}
+
+/// A damaged newer blob fails the rewrite with an error naming it, and the older blob stays as
+/// it was: nothing is written from bytes that do not check out.
+#[test]
+fn rewrite_against_a_damaged_blob_names_it_and_keeps_the_older() {
+    let (_dir, store, v0, v1, id0, id1) = store_with_base(8, 30_000, 11);
+    store.write_blob(id1, &v1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let path1 = store.object_path(&id1);
+    let mut bytes = std::fs::read(&path1).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&path1, &bytes).unwrap();
+    let before = std::fs::read(store.object_path(&id0)).unwrap();
+    let (chain0, chain1) = (store.open_blob(&id0).unwrap(), store.open_blob(&id1).unwrap());
+    let err = store.rewrite_as_delta_against(&chain0, &chain1, u64::MAX, &options(), &|_| {}).unwrap_err();
+    assert!(matches!(err, Error::Corrupt { id, .. } if id == id1), "{err:?}");
+    assert_eq!(std::fs::read(store.object_path(&id0)).unwrap(), before);
+    assert_eq!(read(&store, &id0), v0);
 }
 
 /// A rewrite that does not pay leaves the old object as it was.
@@ -330,10 +344,9 @@ fn rewrite_that_does_not_pay_keeps_the_standalone_blob() {
     let uid = ObjectId::hash(&unrelated);
     store.write_blob(uid, &unrelated, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
     let chain0 = store.open_blob(&id0).unwrap();
+    let unrelated_chain = store.open_blob(&uid).unwrap();
     let before = std::fs::read(store.object_path(&id0)).unwrap();
-    let xxh3 = xxhash_rust::xxh3::xxh3_64(&unrelated);
-    let outcome =
-        store.rewrite_as_delta_against(&chain0, uid, &unrelated, u64::MAX, &options(), &with_xxh3(Some(xxh3)));
+    let outcome = store.rewrite_as_delta_against(&chain0, &unrelated_chain, u64::MAX, &options(), &|_| {});
     assert!(matches!(outcome, Ok(DeltaOutcome::NotSmaller { .. })), "{outcome:?}");
     assert_eq!(std::fs::read(store.object_path(&id0)).unwrap(), before);
 }

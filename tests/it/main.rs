@@ -1,6 +1,7 @@
 //! The integration test binary: one module per area.
 
 mod codec_cli;
+mod repo_compact;
 mod repo_crash;
 mod repo_faults;
 mod repo_history;

@@ -1,12 +1,12 @@
-//! kill -9 of `ckpt commit` and `ckpt gc` at random moments. After every kill the repository
-//! opens, verifies, checks out every version committed before bit-exactly, and takes new
-//! commits. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
+//! kill -9 of `ckpt commit`, `ckpt compact` and `ckpt gc` at random moments. After every kill
+//! the repository opens, verifies, checks out every version committed before bit-exactly, and
+//! takes new commits. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
 
-use crate::repo_util::{stderr, synthetic_checkpoint, Files, Rng, TestRepo};
+use crate::repo_util::{ckpt_command, stderr, synthetic_checkpoint, Files, Rng, TestRepo};
 use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Repo, VersionId};
 use ckpt::store::Feedback;
 use ckpt::{Dtype, ObjectId};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const MODEL: &[(&str, &[u64])] = &[("embed", &[256, 512]), ("layer.w", &[512, 512]), ("layer.b", &[512])];
@@ -21,19 +21,13 @@ fn files_for(epoch: u32) -> Files {
 }
 
 fn spawn(t: &TestRepo, args: &[&str]) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_ckpt"))
-        .args(args)
-        .current_dir(t.root())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn ckpt")
+    ckpt_command(t.root(), args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn ckpt")
 }
 
 /// Runs `args` to completion and returns how long it took.
 fn timed(t: &TestRepo, args: &[&str]) -> Duration {
     let start = Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_ckpt")).args(args).current_dir(t.root()).output().unwrap();
+    let o = ckpt_command(t.root(), args).output().unwrap();
     assert!(o.status.success(), "{args:?}: {}", stderr(&o));
     start.elapsed()
 }
@@ -61,9 +55,9 @@ fn check(t: &TestRepo, history: &mut Vec<(VersionId, Files)>, pending: Option<&F
 }
 
 #[test]
-fn kill_9_during_commit_and_gc() {
+fn kill_9_during_commit_compact_and_gc() {
     let trials: u32 = std::env::var("CKPT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    let (commit_trials, gc_trials) = if trials > 0 { (trials, trials) } else { (30, 24) };
+    let (commit_trials, compact_trials, gc_trials) = if trials > 0 { (trials, trials, trials) } else { (30, 16, 16) };
     let config = Config { base_every: 4, chunk_size: 16 << 10, ..Config::default() };
     // Set-up commits with reverse deltas, the slower kind, so that kill times span both kinds.
     let t = TestRepo::with_config(&Config { delta_policy: DeltaPolicy::Reverse, ..config.clone() });
@@ -126,6 +120,39 @@ fn kill_9_during_commit_and_gc() {
         }
     }
 
+    // Compactions: a commit that leaves its deltas pending, then `ckpt compact` killed.
+    let deferred = CommitOptions { defer_deltas: true, ..CommitOptions::default() };
+    t.write(
+        ".ckpt/config",
+        &serde_json::to_vec(&Config { delta_policy: DeltaPolicy::Reverse, ..config.clone() }).unwrap(),
+    );
+    let mut compact_time = Duration::from_millis(5);
+    for trial in 0..compact_trials {
+        let files = files_for(epoch);
+        for (n, b) in &files {
+            t.write(n, b);
+        }
+        let id = Repo::open(t.root())
+            .unwrap()
+            .commit(&["model.safetensors", "optim.safetensors", "step.txt"], "deferred", &deferred)
+            .unwrap();
+        history.push((id, files));
+        epoch += 1;
+        assert!(Repo::open(t.root()).unwrap().has_pending_deltas());
+        if trial == 0 {
+            // The first one runs to the end, to time the rest.
+            compact_time = timed(&t, &["compact"]).max(compact_time);
+            check(&t, &mut history, None, "first compaction");
+            continue;
+        }
+        let mut child = spawn(&t, &["compact"]);
+        let delay = compact_time.mul_f64(rng.unit() * 1.2);
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        completed += child.wait().unwrap().success() as u32;
+        check(&t, &mut history, None, &format!("compact trial {trial} (killed after {delay:?})"));
+    }
+
     for trial in 0..gc_trials {
         // Garbage for gc to find: unreferenced blobs, as an interrupted commit leaves them.
         {
@@ -155,9 +182,10 @@ fn kill_9_during_commit_and_gc() {
     assert!(o.status.success(), "{}", stderr(&o));
     check(&t, &mut history, Some(&files), "final");
     assert!(std::fs::read_dir(t.path(".ckpt/tmp")).unwrap().next().is_none(), "gc removed temp files");
+    assert!(!Repo::open(t.root()).unwrap().has_pending_deltas(), "gc finished the pending deltas");
     eprintln!(
         "{} kill trials in {:?}; {completed} finished before the kill; {} versions",
-        commit_trials + gc_trials,
+        commit_trials + compact_trials + gc_trials,
         started.elapsed(),
         history.len()
     );

@@ -90,8 +90,18 @@ impl TestRepo {
 }
 
 /// Runs `ckpt` with `args` in `dir`.
+/// Runs the `ckpt` binary in `dir`. Commits rewrite the parent's blobs before they return
+/// (`CKPT_COMPACT=inline`), so what a test reads next does not race a background compaction;
+/// `tests/it/repo_compact.rs` tests the background mode itself.
 pub fn ckpt_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ckpt")).args(args).current_dir(dir).output().expect("run ckpt")
+    ckpt_command(dir, args).output().expect("run ckpt")
+}
+
+/// The `ckpt` command for [`ckpt_in`], to run some other way.
+pub fn ckpt_command(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ckpt"));
+    c.args(args).current_dir(dir).env("CKPT_COMPACT", "inline");
+    c
 }
 
 pub fn stderr(o: &Output) -> String {

@@ -1,7 +1,7 @@
 //! `ckpt commit -m MSG FILE...`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::CommitOptions;
+use crate::repo::{CommitOptions, Compaction};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,16 @@ pub struct CommitArgs {
 pub fn run(ui: &Ui, base: &Path, args: CommitArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let files: Vec<PathBuf> = args.files.iter().map(|f| base.join(f)).collect();
-    let id = repo.commit(&files, &args.message, &CommitOptions::default())?;
+    let compaction = Compaction::from_env_or(repo.config().compact).map_err(anyhow::Error::msg)?;
+    let options = CommitOptions { defer_deltas: compaction == Compaction::Background, ..CommitOptions::default() };
+    let id = repo.commit(&files, &args.message, &options)?;
+    if options.defer_deltas && repo.has_pending_deltas() {
+        // The commit is complete without it: a failure to start only leaves the work pending
+        // for the next commit or `ckpt compact`.
+        if let Err(e) = super::compact::start_in_background(&repo) {
+            eprintln!("warning: could not start the background compaction ({e}); run `ckpt compact`");
+        }
+    }
     let info = repo.version_info(&id)?;
     println!(
         "version {}: {} file{}, {} stored for {} ({:.1}%)",

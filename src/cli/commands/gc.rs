@@ -15,6 +15,8 @@ pub struct GcArgs {
 /// Runs `ckpt gc`.
 pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
+    // Deltas still pending make the store smaller too: finish them first.
+    repo.compact(&crate::repo::CompactOptions::default())?;
     let r = repo.gc()?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -3,6 +3,7 @@
 pub mod branch;
 pub mod checkout;
 pub mod commit;
+pub mod compact;
 pub mod compress;
 pub mod decompress;
 pub mod diff;

@@ -1,0 +1,65 @@
+//! `ckpt compact`: rewrite the blobs of versions whose children are committed as deltas
+//! against the children's (the second half of a `reverse` commit, which `ckpt commit` runs in
+//! the background).
+
+use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::repo::{CompactOptions, Repo};
+use anyhow::Result;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Arguments of `ckpt compact`.
+#[derive(clap::Args, Debug)]
+pub struct CompactArgs {
+    /// Run as the background job `ckpt commit` starts: stop between two rewrites when another
+    /// writer waits for the repository, and print nothing.
+    #[arg(long, hide = true)]
+    background: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ckpt compact`.
+pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let r = repo.compact(&CompactOptions { yield_to_writers: args.background })?;
+    if args.background {
+        return Ok(());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else if r.versions == 0 && r.pending == 0 {
+        println!("nothing to compact");
+    } else {
+        println!(
+            "{} version{} compacted: {} blob{} of their parents rewritten as deltas ({} -> {}){}",
+            r.versions,
+            if r.versions == 1 { "" } else { "s" },
+            r.rewritten,
+            if r.rewritten == 1 { "" } else { "s" },
+            bytes(r.bytes_before),
+            bytes(r.bytes_after),
+            if r.pending > 0 { format!("; {} still pending", r.pending) } else { String::new() }
+        );
+    }
+    Ok(())
+}
+
+/// Starts `ckpt compact --background` for `repo` in a process of its own, not waited for (git
+/// runs `gc --auto` after a commit the same way). Its own process group keeps a Ctrl-C meant
+/// for the command that started it from killing it; its errors go to `.ckpt/compact.log`.
+pub fn start_in_background(repo: &Repo) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::File::create(repo.ckpt_dir().join("compact.log"))?;
+    Command::new(std::env::current_exe()?)
+        .arg("-C")
+        .arg(repo.root())
+        .args(["--quiet", "compact", "--background"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map(drop)
+}

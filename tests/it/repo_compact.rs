@@ -1,0 +1,191 @@
+//! Reverse deltas done after the commit: `defer_deltas` and `Repo::compact`, and `ckpt commit`
+//! running the compaction in a background process.
+
+use crate::repo_util::{ckpt_command, read_tree, stderr, synthetic_checkpoint, Files, TestRepo};
+use ckpt::repo::{CommitOptions, CompactOptions, Config, DeltaPolicy, Repo};
+use ckpt::store::ObjectKind;
+use ckpt::{Dtype, ObjectId};
+use std::time::{Duration, Instant};
+
+const MODEL: &[(&str, &[u64])] = &[("embed", &[256, 512]), ("layer.w", &[512, 512]), ("layer.b", &[512])];
+const OPTIM: &[(&str, &[u64])] = &[("exp_avg.layer.w", &[512, 256])];
+
+fn files_for(epoch: u32) -> Files {
+    vec![
+        ("model.safetensors".to_string(), synthetic_checkpoint(31, Dtype::Bf16, MODEL, epoch)),
+        ("optim.safetensors".to_string(), synthetic_checkpoint(32, Dtype::F32, OPTIM, epoch)),
+    ]
+}
+
+fn config() -> Config {
+    Config { delta_policy: DeltaPolicy::Reverse, base_every: 20, chunk_size: 16 << 10, ..Config::default() }
+}
+
+/// Every blob and manifest of the store: id, what it references, size. (Version objects differ
+/// between repositories by their time and recorded sizes.)
+fn layout(t: &TestRepo) -> Vec<(ObjectId, Option<ObjectId>, u64)> {
+    let repo = t.open();
+    let store = repo.store();
+    let mut out: Vec<_> = store
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|id| (id, store.header(&id).unwrap(), store.stored_len(&id).unwrap()))
+        .filter(|(_, header, _)| header.kind != ObjectKind::Version)
+        .map(|(id, header, len)| (id, header.reference, len))
+        .collect();
+    out.sort();
+    out
+}
+
+fn commit_epochs(t: &TestRepo, epochs: std::ops::Range<u32>, options: &CommitOptions) -> Vec<(ckpt::ObjectId, Files)> {
+    let repo = t.open();
+    epochs
+        .map(|e| {
+            let files = files_for(e);
+            for (n, b) in &files {
+                t.write(n, b);
+            }
+            let id = repo.commit(&["model.safetensors", "optim.safetensors"], &format!("epoch {e}"), options).unwrap();
+            (id, files)
+        })
+        .collect()
+}
+
+fn assert_checkouts(t: &TestRepo, history: &[(ckpt::ObjectId, Files)]) {
+    let repo = t.open();
+    for (id, files) in history {
+        let out = tempfile::tempdir().unwrap();
+        repo.checkout(&id.to_hex(), None, Some(out.path()), None).unwrap();
+        assert_eq!(&read_tree(out.path()), files, "version {id}");
+    }
+    assert!(repo.verify().unwrap().is_ok());
+}
+
+#[test]
+fn deferred_deltas_compacted_later_store_what_inline_commits_store() {
+    let inline = TestRepo::with_config(&config());
+    let deferred = TestRepo::with_config(&config());
+    let history = commit_epochs(&inline, 0..5, &CommitOptions::default());
+    let history_deferred =
+        commit_epochs(&deferred, 0..5, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
+    assert!(history.iter().zip(&history_deferred).all(|(a, b)| a.1 == b.1), "the same files");
+    // Until compacted, every version is stored whole: the store is larger, and correct.
+    let whole: u64 = layout(&deferred).iter().map(|o| o.2).sum();
+    let compacted: u64 = layout(&inline).iter().map(|o| o.2).sum();
+    assert!(whole > compacted * 2, "{whole} vs {compacted}");
+    assert!(layout(&deferred).iter().all(|o| o.1.is_none()), "nothing is a delta before compaction");
+    assert_checkouts(&deferred, &history_deferred);
+
+    let repo = deferred.open();
+    assert!(repo.has_pending_deltas());
+    let report = repo.compact(&CompactOptions::default()).unwrap();
+    assert_eq!((report.versions, report.pending), (4, 0), "{report:?}");
+    assert!(report.rewritten >= 4 && report.bytes_after < report.bytes_before, "{report:?}");
+    assert!(!repo.has_pending_deltas());
+    drop(repo);
+    assert!(layout(&deferred) == layout(&inline), "the same objects, the same deltas");
+    assert_checkouts(&deferred, &history_deferred);
+    // Nothing left to do: a second compaction changes nothing.
+    let report = deferred.open().compact(&CompactOptions::default()).unwrap();
+    assert_eq!((report.versions, report.rewritten), (0, 0));
+}
+
+#[test]
+fn compaction_steps_aside_for_a_waiting_writer_and_resumes() {
+    let t = TestRepo::with_config(&config());
+    let history = commit_epochs(&t, 0..4, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
+    // A writer waiting for the lock (as `WriterLock` marks it).
+    t.write(".ckpt/lock.waiting", b"");
+    let repo = t.open();
+    let report = repo.compact(&CompactOptions { yield_to_writers: true }).unwrap();
+    assert_eq!((report.versions, report.rewritten, report.pending), (0, 0, 3), "{report:?}");
+    // An explicit compaction does not step aside; nor does one once nobody waits.
+    std::fs::remove_file(t.path(".ckpt/lock.waiting")).unwrap();
+    let report = repo.compact(&CompactOptions { yield_to_writers: true }).unwrap();
+    assert_eq!((report.versions, report.pending), (3, 0), "{report:?}");
+    drop(repo);
+    assert_checkouts(&t, &history);
+}
+
+#[test]
+fn pending_versions_that_are_gone_are_dropped() {
+    let t = TestRepo::with_config(&config());
+    commit_epochs(&t, 0..2, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
+    // A pending list naming a version that no longer exists (a deleted branch, gc) and garbage.
+    let missing = ObjectId::hash(b"no such version");
+    let list = std::fs::read_to_string(t.path(".ckpt/pending-deltas")).unwrap();
+    let with_missing = list.replacen('[', &format!("[\"{}\",", missing.to_hex()), 1);
+    t.write(".ckpt/pending-deltas", with_missing.as_bytes());
+    let report = t.open().compact(&CompactOptions::default()).unwrap();
+    assert_eq!((report.versions, report.pending), (2, 0), "{report:?}");
+    // A damaged list is an error naming the file, not a panic; the commit path still works.
+    t.write(".ckpt/pending-deltas", b"[\"zz\"");
+    let err = t.open().compact(&CompactOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("pending-deltas") && err.contains("pending deltas"), "{err}");
+}
+
+#[test]
+fn cli_commit_compacts_in_the_background() {
+    let t = TestRepo::with_config(&config());
+    let inline = TestRepo::with_config(&config());
+    let history = commit_epochs(&inline, 0..4, &CommitOptions::default());
+    for (e, (_, files)) in history.iter().enumerate() {
+        for (n, b) in files {
+            t.write(n, b);
+        }
+        let o =
+            ckpt_command(t.root(), &["commit", "-m", &format!("epoch {e}"), "model.safetensors", "optim.safetensors"])
+                .env_remove("CKPT_COMPACT")
+                .output()
+                .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    // The background compactions finish on their own (each takes the writer lock, so a commit
+    // never races them).
+    let start = Instant::now();
+    while t.path(".ckpt/pending-deltas").exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "the background compaction never finished");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Wait for the last one to let go of the lock, then compare with inline commits.
+    let o = ckpt_command(t.root(), &["compact"]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "nothing to compact");
+    assert!(layout(&t) == layout(&inline), "the same objects, the same deltas");
+    let repo = t.open();
+    let versions: Vec<_> = repo.log("HEAD").unwrap().into_iter().rev().map(|v| v.id).collect();
+    let cli_history: Vec<_> = versions.into_iter().zip(history.into_iter().map(|h| h.1)).collect();
+    drop(repo);
+    assert_checkouts(&t, &cli_history);
+}
+
+#[test]
+fn a_bad_ckpt_compact_value_fails_the_commit_before_anything_is_written() {
+    let t = TestRepo::with_config(&config());
+    for (n, b) in files_for(0) {
+        t.write(&n, &b);
+    }
+    let o = ckpt_command(t.root(), &["commit", "-m", "x", "model.safetensors"])
+        .env("CKPT_COMPACT", "later")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("CKPT_COMPACT=\"later\": expected \"background\" or \"inline\""), "{}", stderr(&o));
+    assert!(t.object_files().is_empty());
+}
+
+#[test]
+fn gc_finishes_pending_deltas() {
+    let t = TestRepo::with_config(&config());
+    let history = commit_epochs(&t, 0..3, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
+    let before: u64 = layout(&t).iter().map(|o| o.2).sum();
+    let o = ckpt_command(t.root(), &["gc"]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let after: u64 = layout(&t).iter().map(|o| o.2).sum();
+    assert!(after < before, "{after} vs {before}");
+    assert!(!t.open().has_pending_deltas());
+    assert_checkouts(&t, &history);
+    let repo: Repo = t.open();
+    assert_eq!(repo.log("HEAD").unwrap().len(), 3);
+}
