@@ -11,6 +11,11 @@
 #           reverse the second commit stores epoch 1 whole and rewrites epoch 0 as a delta, so
 #           the checkout of HEAD reads one whole object and HEAD~1 a delta; with previous the
 #           other way round
+#   --compact when a reverse commit rewrites the parent's blobs (CKPT_COMPACT): manual (default)
+#           times the commit and then `ckpt compact` as its own row, as a training loop sees
+#           them with the default background compaction (the commit returns, the compaction
+#           runs while training goes on); inline times both in the commit
+# CKPT=path runs that binary instead of building one (for A/B runs of two builds).
 #
 # Method: the two epoch files are generated once and read into the page cache. Each run makes a
 # fresh repository and times, in this order: cp of epoch 0 into the working tree, cp + fsync of
@@ -32,6 +37,7 @@ RUNS=3
 DIR="${TMPDIR:-/tmp}/ckpt-big"
 JOBS="$(nproc)"
 POLICY=""
+COMPACT=manual
 while (($#)); do
     case "$1" in
         --gib) GIB="$2"; shift 2 ;;
@@ -39,13 +45,15 @@ while (($#)); do
         --dir) DIR="$2"; shift 2 ;;
         -j) JOBS="$2"; shift 2 ;;
         --policy) POLICY="$2"; shift 2 ;;
+        --compact) COMPACT="$2"; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
 
 cd "$ROOT"
 cargo build --release --quiet --bin ckpt --example synthetic_series
-CKPT="$ROOT/target/release/ckpt"
+CKPT="${CKPT:-$ROOT/target/release/ckpt}"
+export CKPT_COMPACT="$COMPACT"
 DATA="$DIR/data-${GIB}g"
 if [[ ! -f "$DATA/epoch_1.safetensors" ]]; then
     rm -rf "$DATA"
@@ -85,6 +93,9 @@ for ((run = 1; run <= RUNS; run++)); do
     rm -f "$REPO/model.safetensors"
     measure cp cp "$DATA/epoch_1.safetensors" "$REPO/model.safetensors"
     measure commit_epoch1 "$CKPT" -q -C "$REPO" -j "$JOBS" commit -m "epoch 1" model.safetensors
+    if [[ "$COMPACT" == manual ]]; then
+        measure compact "$CKPT" -q -C "$REPO" -j "$JOBS" compact
+    fi
     measure checkout_epoch1_head "$CKPT" -q -C "$REPO" -j "$JOBS" checkout HEAD --output "$OUT"
     cmp -s "$OUT/model.safetensors" "$DATA/epoch_1.safetensors" || { echo "checkout of epoch 1 differs" >&2; exit 1; }
     rm -rf "$OUT"
@@ -95,19 +106,21 @@ done
 store_bytes=$(du -sb "$REPO/.ckpt/objects" | cut -f1)
 rm -rf "$REPO" "$OUT"
 
-python3 - "$SAMPLES" "$GIB" "$JOBS" "$RUNS" "$store_bytes" "${POLICY:-default}" <<'EOF'
+python3 - "$SAMPLES" "$GIB" "$JOBS" "$RUNS" "$store_bytes" "${POLICY:-default}" "$COMPACT" <<'EOF'
 import statistics, sys
-samples, gib, jobs, runs, store, policy = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
+samples, gib, jobs, runs, store, policy, compact = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7]
 wall, rss = {}, {}
 for line in open(samples):
     label, w, r = line.split()
     wall.setdefault(label, []).append(float(w))
     rss.setdefault(label, []).append(int(r))
 med = {k: statistics.median(v) for k, v in wall.items()}
-print(f"{gib} GiB bf16 checkpoint, delta policy {policy}, -j {jobs}, median of {runs} runs; store after both commits: {store / 2**20:.0f} MiB\n")
+print(f"{gib} GiB bf16 checkpoint, delta policy {policy}, compaction {compact}, -j {jobs}, median of {runs} runs; store after both commits: {store / 2**20:.0f} MiB\n")
 print("| operation | wall s (median) | all runs | ÷ cp | ÷ cp+fsync | peak RSS MiB |")
 print("|---|---:|---|---:|---:|---:|")
-for k in ["cp", "cp_fsync", "commit_epoch0", "commit_epoch1", "checkout_epoch1_head", "checkout_epoch0"]:
+for k in ["cp", "cp_fsync", "commit_epoch0", "commit_epoch1", "compact", "checkout_epoch1_head", "checkout_epoch0"]:
+    if k not in wall:
+        continue
     runs_s = " ".join(f"{w:.2f}" for w in wall[k])
     print(f"| {k} | {med[k]:.2f} | {runs_s} | {med[k] / med['cp']:.2f} | {med[k] / med['cp_fsync']:.2f} | {max(rss[k]) / 1024:.0f} |")
 EOF

@@ -12,7 +12,13 @@ sizes of the same files (computed in the same run).
 Also commits the AdamW state series (epochs 01, 02, 09, 10) to see whether deltas pay for
 optimizer state.
 
+With `reverse`, the commit leaves the rewrite of the parent's blobs pending (CKPT_COMPACT=manual)
+and `ckpt compact` runs right after it as its own timed step: what the default background
+compaction does while training goes on. "stored" is what the store grew by after both.
+`--compact inline` times the two together in the commit instead.
+
 usage: $CKPT_CORPUS/venv/bin/python benches/series.py [--ckpt target/release/ckpt] [--json OUT]
+       [--only bf16/reverse,...] [--compact manual|inline]
 """
 import argparse
 import hashlib
@@ -29,10 +35,10 @@ import warnings
 CORPUS = os.environ.get("CKPT_CORPUS") or os.path.join(os.path.expanduser("~"), ".cache", "ckpt-corpus")
 
 
-def timed(cmd, cwd):
+def timed(cmd, cwd, env=None):
     """Wall seconds and peak RSS (KiB) of a command; raises on failure."""
     t = time.perf_counter()
-    r = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, cwd=cwd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
@@ -73,7 +79,7 @@ def cp_time(src, tmp):
     return statistics.median(times)
 
 
-def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes):
+def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes, compact):
     repo = tempfile.mkdtemp(prefix="series-", dir=scratch)
     try:
         subprocess.run([ckpt, "-q", "init", repo], check=True, capture_output=True)
@@ -84,7 +90,9 @@ def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes):
         rows, before = [], store_bytes(repo)
         for i, f in enumerate(files):
             shutil.copyfile(f, os.path.join(repo, "model.safetensors"))
-            wall, rss, _ = timed([ckpt, "-q", "commit", "-m", os.path.basename(f), "model.safetensors"], repo)
+            env = dict(os.environ, CKPT_COMPACT=compact)
+            wall, rss, _ = timed([ckpt, "-q", "commit", "-m", os.path.basename(f), "model.safetensors"], repo, env)
+            compact_s = timed([ckpt, "-q", "compact"], repo)[0] if compact == "manual" else 0.0
             after = store_bytes(repo)
             head_times = []
             for _ in range(3):
@@ -92,7 +100,8 @@ def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes):
                 head_times.append(timed([ckpt, "-q", "checkout", "HEAD", "--output", outdir], repo)[0])
                 shutil.rmtree(outdir)
             rows.append(dict(file=os.path.basename(f), raw=os.path.getsize(f), stored=after - before,
-                             commit_s=wall, commit_rss_kib=rss, cp_s=cp_time(f, repo), zipnn=zipnn_sizes[f],
+                             commit_s=wall, compact_s=compact_s, commit_rss_kib=rss, cp_s=cp_time(f, repo),
+                             zipnn=zipnn_sizes[f],
                              head_checkout_s=statistics.median(head_times)))
             before = after
         _, _, out = timed([ckpt, "log", "--json"], repo)
@@ -114,6 +123,8 @@ def main():
     ap.add_argument("--base-every", type=int, default=20)
     ap.add_argument("--json")
     ap.add_argument("--only", help="comma-separated series/policy pairs, e.g. bf16/previous")
+    ap.add_argument("--compact", default="manual", choices=["manual", "inline"],
+                    help="reverse deltas: timed apart after each commit (manual), or inside it")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     with warnings.catch_warnings():
@@ -128,25 +139,26 @@ def main():
         series = {k: v for k, v in series.items() if k in wanted}
     zipnn_sizes = {f: zipnn_size(ZipNN, f) for fs in series.values() for f in fs}
     results, ok = {}, True
-    print(f"# ckpt {ckpt}, base_every {args.base_every}, load {os.getloadavg()}")
+    print(f"# ckpt {ckpt}, base_every {args.base_every}, compaction {args.compact}, load {os.getloadavg()}")
     for name, files in series.items():
         for policy in ("previous", "base", "skip", "reverse"):
             if args.only and f"{name}/{policy}" not in args.only.split(","):
                 continue
-            rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes)
+            rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes, args.compact)
             raw = sum(r["raw"] for r in rows)
             zsum = sum(r["zipnn"] for r in rows)
             ok = ok and all(r["bit_exact"] for r in rows)
             results[f"{name}/{policy}"] = dict(rows=rows, store=total, raw=raw, zipnn_sum=zsum)
             print(f"\n### {name}, delta policy `{policy}`: store {total / 1e6:.1f} MB = {100 * total / raw:.2f}% of raw, "
                   f"{total / zsum:.3f}x the sum of ZipNN standalone sizes ({zsum / 1e6:.1f} MB)\n")
-            print("| file | raw MB | stored MB | stored % | ZipNN % | commit s | cp s | commit/cp | HEAD checkout s "
+            print("| file | raw MB | stored MB | stored % | ZipNN % | commit s | cp s | commit/cp | compact s | HEAD checkout s "
                   "| HEAD checkout/cp | checkout s (at the end) | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |")
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
             for r in rows:
                 print(f"| {r['file']} | {r['raw'] / 1e6:.1f} | {r['stored'] / 1e6:.2f} | {100 * r['stored'] / r['raw']:.2f} "
                       f"| {100 * r['zipnn'] / r['raw']:.2f} | {r['commit_s']:.3f} | {r['cp_s']:.3f} "
-                      f"| {r['commit_s'] / r['cp_s']:.1f} | {r['head_checkout_s']:.3f} | {r['head_checkout_s'] / r['cp_s']:.1f} "
+                      f"| {r['commit_s'] / r['cp_s']:.1f} | {r['compact_s']:.3f} | {r['head_checkout_s']:.3f} "
+                      f"| {r['head_checkout_s'] / r['cp_s']:.1f} "
                       f"| {r['checkout_s']:.3f} | {r['checkout_s'] / r['cp_s']:.1f} "
                       f"| {r['commit_rss_kib'] / 1024:.0f} | {r['checkout_rss_kib'] / 1024:.0f} | {'yes' if r['bit_exact'] else 'NO'} |")
     if args.json:

@@ -44,15 +44,18 @@ pub enum Compaction {
     Background,
     /// Before the commit returns (two coding passes).
     Inline,
+    /// Only when asked: `ckpt compact` or `ckpt gc` (for a schedule of one's own, and for
+    /// benchmarks that time the two halves apart).
+    Manual,
 }
 
 impl Compaction {
-    /// The setting in force: the `CKPT_COMPACT` environment variable (`background` or
-    /// `inline`) if set, else `configured`.
+    /// The setting in force: the `CKPT_COMPACT` environment variable (`background`, `inline`
+    /// or `manual`) if set, else `configured`.
     pub fn from_env_or(configured: Compaction) -> std::result::Result<Compaction, String> {
         match std::env::var("CKPT_COMPACT") {
             Ok(v) => serde_json::from_value(serde_json::Value::String(v.clone()))
-                .map_err(|_| format!("CKPT_COMPACT={v:?}: expected \"background\" or \"inline\"")),
+                .map_err(|_| format!("CKPT_COMPACT={v:?}: expected \"background\", \"inline\" or \"manual\"")),
             Err(_) => Ok(configured),
         }
     }

@@ -171,7 +171,11 @@ fn a_bad_ckpt_compact_value_fails_the_commit_before_anything_is_written() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("CKPT_COMPACT=\"later\": expected \"background\" or \"inline\""), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("CKPT_COMPACT=\"later\": expected \"background\", \"inline\" or \"manual\""),
+        "{}",
+        stderr(&o)
+    );
     assert!(t.object_files().is_empty());
 }
 
@@ -188,4 +192,28 @@ fn gc_finishes_pending_deltas() {
     assert_checkouts(&t, &history);
     let repo: Repo = t.open();
     assert_eq!(repo.log("HEAD").unwrap().len(), 3);
+}
+
+#[test]
+fn manual_compaction_waits_for_ckpt_compact() {
+    let t = TestRepo::with_config(&config());
+    for e in 0..2 {
+        for (n, b) in files_for(e) {
+            t.write(&n, &b);
+        }
+        let o = ckpt_command(t.root(), &["commit", "-m", "e", "model.safetensors", "optim.safetensors"])
+            .env("CKPT_COMPACT", "manual")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("background"));
+    }
+    assert!(!t.path(".ckpt/compact.log").exists(), "no background process was started");
+    assert!(t.open().has_pending_deltas());
+    let o = ckpt_command(t.root(), &["compact", "--json"]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((report["versions"].as_u64(), report["pending"].as_u64()), (Some(1), Some(0)), "{report}");
+    assert!(report["rewritten"].as_u64().unwrap() >= 2, "{report}");
+    assert!(!t.open().has_pending_deltas());
 }

@@ -20,24 +20,29 @@ pub fn run(ui: &Ui, base: &Path, args: CommitArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let files: Vec<PathBuf> = args.files.iter().map(|f| base.join(f)).collect();
     let compaction = Compaction::from_env_or(repo.config().compact).map_err(anyhow::Error::msg)?;
-    let options = CommitOptions { defer_deltas: compaction == Compaction::Background, ..CommitOptions::default() };
+    let options = CommitOptions { defer_deltas: compaction != Compaction::Inline, ..CommitOptions::default() };
     let id = repo.commit(&files, &args.message, &options)?;
-    if options.defer_deltas && repo.has_pending_deltas() {
-        // The commit is complete without it: a failure to start only leaves the work pending
-        // for the next commit or `ckpt compact`.
-        if let Err(e) = super::compact::start_in_background(&repo) {
-            eprintln!("warning: could not start the background compaction ({e}); run `ckpt compact`");
-        }
-    }
     let info = repo.version_info(&id)?;
+    let background = compaction == Compaction::Background && repo.has_pending_deltas();
     println!(
-        "version {}: {} file{}, {} stored for {} ({:.1}%)",
+        "version {}: {} file{}, {} stored for {} ({:.1}%){}",
         id.short(12),
         info.files.len(),
         if info.files.len() == 1 { "" } else { "s" },
         bytes(info.stored_bytes),
         bytes(info.raw_bytes),
-        100.0 * info.stored_bytes as f64 / info.raw_bytes.max(1) as f64
+        100.0 * info.stored_bytes as f64 / info.raw_bytes.max(1) as f64,
+        if background { "; the previous version becomes deltas in the background" } else { "" }
     );
+    if background {
+        // Closed first, so that the compaction finds the index free.
+        let root = repo.root().to_path_buf();
+        drop(repo);
+        // The commit is complete without it: a failure to start only leaves the work pending
+        // for the next commit or `ckpt compact`.
+        if let Err(e) = super::compact::start_in_background(&root) {
+            eprintln!("warning: could not start the background compaction ({e}); run `ckpt compact`");
+        }
+    }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! the background).
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::{CompactOptions, Repo};
+use crate::repo::CompactOptions;
 use anyhow::Result;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -46,15 +46,16 @@ pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
     Ok(())
 }
 
-/// Starts `ckpt compact --background` for `repo` in a process of its own, not waited for (git
-/// runs `gc --auto` after a commit the same way). Its own process group keeps a Ctrl-C meant
-/// for the command that started it from killing it; its errors go to `.ckpt/compact.log`.
-pub fn start_in_background(repo: &Repo) -> std::io::Result<()> {
+/// Starts `ckpt compact --background` for the repository at `root` in a process of its own, not
+/// waited for (git runs `gc --auto` after a commit the same way). Its own process group keeps a
+/// Ctrl-C meant for the command that started it from killing it; its errors go to
+/// `.ckpt/compact.log`.
+pub fn start_in_background(root: &Path) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
-    let log = std::fs::File::create(repo.ckpt_dir().join("compact.log"))?;
+    let log = std::fs::File::create(root.join(crate::repo::DIR_NAME).join("compact.log"))?;
     Command::new(std::env::current_exe()?)
         .arg("-C")
-        .arg(repo.root())
+        .arg(root)
         .args(["--quiet", "compact", "--background"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
