@@ -140,6 +140,8 @@ fn cli_commit_compacts_in_the_background() {
                 .output()
                 .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out.contains("the previous version becomes deltas in the background"), e > 0, "epoch {e}: {out}");
     }
     // The background compactions finish on their own (each takes the writer lock, so a commit
     // never races them).
