@@ -11,6 +11,9 @@
 #   --policy  delta_policy of the repository: previous (default), base, skip or reverse
 #   --dir     scratch directory, needs EPOCHS × SIZE for the data plus the store and one output
 #   --ckpt    the ckpt binary to measure (default: this tree's release build), for A/B runs
+#   --compact reverse deltas (CKPT_COMPACT): manual (default) runs `ckpt compact` right after each
+#             commit as its own timed column, as the default background compaction does while
+#             training goes on; inline times both in the commit (and suits builds before 28b9982)
 #
 # cp of each epoch file is timed three times (median) as the scale. Each checkout is preceded by
 # an untimed cp and rm of the same file, so it finds the page cache as the timed cp did.
@@ -24,6 +27,7 @@ POLICY=previous
 DIR="${TMPDIR:-/tmp}/ckpt-deep"
 JOBS="$(nproc)"
 CKPT=""
+COMPACT=manual
 while (($#)); do
     case "$1" in
         --size) SIZE="$2"; shift 2 ;;
@@ -33,6 +37,7 @@ while (($#)); do
         --dir) DIR="$(realpath -m "$2")"; shift 2 ;;
         -j) JOBS="$2"; shift 2 ;;
         --ckpt) CKPT="$(realpath "$2")"; shift 2 ;;
+        --compact) COMPACT="$2"; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -40,6 +45,7 @@ done
 cd "$ROOT"
 cargo build --release --quiet --bin ckpt --example synthetic_series
 CKPT="${CKPT:-$ROOT/target/release/ckpt}"
+export CKPT_COMPACT="$COMPACT"
 DATA="$DIR/data-$SIZE-$EPOCHS-$DECAY"
 last=$((EPOCHS - 1))
 if [[ ! -f "$DATA/epoch_$last.safetensors" ]]; then
@@ -74,7 +80,7 @@ cp_time() { # FILE: median wall seconds of three cp runs to a fresh name
     rm -f "$t"
 }
 
-declare -a ids commit_s commit_rss cp_s head_s
+declare -a ids commit_s commit_rss cp_s head_s compact_s
 for e in $(seq 0 "$last"); do
     f="$DATA/epoch_$e.safetensors"
     cat "$f" > /dev/null
@@ -84,6 +90,13 @@ for e in $(seq 0 "$last"); do
     timed "$t" "$CKPT" -q -j "$JOBS" -C "$REPO" commit -m "epoch $e" model.safetensors
     read -r "commit_s[e]" "commit_rss[e]" < "$t"
     rm -f "$t"
+    compact_s[e]=0
+    if [[ "$COMPACT" == manual ]]; then
+        t="$(mktemp)"
+        timed "$t" "$CKPT" -q -j "$JOBS" -C "$REPO" compact
+        read -r "compact_s[e]" _ < "$t"
+        rm -f "$t"
+    fi
     ids[e]="$("$CKPT" -C "$REPO" log -n 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')"
     # The newest version right after its commit (median of 3): what resuming training from it
     # costs then.
@@ -97,10 +110,10 @@ for e in $(seq 0 "$last"); do
     rm -f "$t" && rm -rf "$OUT"
 done
 
-echo "synthetic bf16 series: $EPOCHS epochs of $SIZE, update decay $DECAY per epoch; delta policy $POLICY; -j $JOBS; $(date -u '+%Y-%m-%d %H:%M UTC'), $CKPT at commit $(git rev-parse --short HEAD)"
+echo "synthetic bf16 series: $EPOCHS epochs of $SIZE, update decay $DECAY per epoch; delta policy $POLICY; compaction $COMPACT; -j $JOBS; $(date -u '+%Y-%m-%d %H:%M UTC'), $CKPT at commit $(git rev-parse --short HEAD)"
 echo
-echo "| version | depth | stored MiB | methods | commit s | commit/cp | HEAD checkout s (after its commit, median of 3) | HEAD checkout/cp | checkout s (at the end) | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |"
-echo "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+echo "| version | depth | stored MiB | methods | commit s | commit/cp | compact s | HEAD checkout s (after its commit, median of 3) | HEAD checkout/cp | checkout s (at the end) | checkout/cp | commit RSS MiB | checkout RSS MiB | bit-exact |"
+echo "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 for e in $(seq 0 "$last"); do
     f="$DATA/epoch_$e.safetensors"
     rm -rf "$OUT"
@@ -117,13 +130,13 @@ for e in $(seq 0 "$last"); do
     depth="$( (grep -o 'd=[0-9]*' <<< "$show" || true) | sort -t= -k2 -n | tail -1 | cut -d= -f2)"
     stored="$(grep '^bytes' <<< "$show" | sed -E 's/.*, ([0-9.]+ (B|[KMG]iB)) added.*/\1/')"
     methods="$(grep '^methods' <<< "$show" | sed -E 's/^methods *//')"
-    python3 - "$e" "${depth:-0}" "$stored" "$methods" "${commit_s[e]}" "${cp_s[e]}" "${head_s[e]}" "$co_s" "${commit_rss[e]}" "$co_rss" "$exact" <<'EOF'
+    python3 - "$e" "${depth:-0}" "$stored" "$methods" "${commit_s[e]}" "${compact_s[e]}" "${cp_s[e]}" "${head_s[e]}" "$co_s" "${commit_rss[e]}" "$co_rss" "$exact" <<'EOF'
 import sys
-e, depth, stored, methods, commit, cp, head, co, crss, corss, exact = sys.argv[1:]
+e, depth, stored, methods, commit, compact, cp, head, co, crss, corss, exact = sys.argv[1:]
 num, unit = stored.split()
 mib = float(num) * {"B": 1 / 1048576, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[unit]
 commit, cp, head, co = float(commit), max(float(cp), 0.01), float(head), float(co)
-print(f"| {e} | {depth} | {mib:.1f} | {methods} | {commit:.2f} | {commit / cp:.1f} | {head:.2f} | {head / cp:.1f} "
+print(f"| {e} | {depth} | {mib:.1f} | {methods} | {commit:.2f} | {commit / cp:.1f} | {float(compact):.2f} | {head:.2f} | {head / cp:.1f} "
       f"| {co:.2f} | {co / cp:.1f} "
       f"| {int(crss) // 1024} | {int(corss) // 1024} | {exact} |")
 EOF

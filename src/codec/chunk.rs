@@ -149,29 +149,8 @@ pub trait GroupedReference: Sync {
     fn grouped(&self, offset: usize, grouped: &mut [u8]) -> Result<()>;
 }
 
-/// What an XOR delta is taken against.
-#[derive(Clone, Copy)]
-pub enum Reference<'a> {
-    /// Plain bytes, as long as the input.
-    Bytes(&'a [u8]),
-    /// `source`'s bytes from `offset` on, fetched chunk by chunk in grouped form.
-    Grouped {
-        /// Where the bytes come from.
-        source: &'a dyn GroupedReference,
-        /// Offset in `source` of the input's first byte.
-        offset: usize,
-    },
-}
-
-impl<'a> Reference<'a> {
-    /// The reference of input bytes `range`.
-    pub fn slice(self, range: std::ops::Range<usize>) -> Reference<'a> {
-        match self {
-            Reference::Bytes(r) => Reference::Bytes(&r[range]),
-            Reference::Grouped { source, offset } => Reference::Grouped { source, offset: offset + range.start },
-        }
-    }
-}
+/// What an XOR delta is taken against: bytes as long as the input, plain or grouped.
+pub type Reference<'a> = Data<'a>;
 
 thread_local! {
     /// A chunk's grouped reference while it is coded (kept apart from [`SCRATCH`], which holds
@@ -180,14 +159,15 @@ thread_local! {
     static REFERENCE_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The bytes a chunk (or a run of chunks) codes.
+/// The bytes a chunk (or a run of chunks) codes, or XORs with ([`Reference`]).
 #[derive(Clone, Copy)]
 pub enum Data<'a> {
     /// Plain bytes.
     Bytes(&'a [u8]),
     /// `len` bytes of `source` from `offset` on, fetched chunk by chunk in grouped form: bytes
-    /// that are already stored (a blob rewritten as a delta against another) are coded without
-    /// being regrouped and split again, and never sit whole in memory.
+    /// that are already stored (a delta reference; a blob rewritten as a delta against another)
+    /// are XORed or coded without being regrouped and split again, and never sit whole in
+    /// memory.
     Grouped {
         /// Where the bytes come from.
         source: &'a dyn GroupedReference,
@@ -282,7 +262,7 @@ pub fn encode_chunk_of(
                 r
             }
         };
-        if let Some(Reference::Grouped { source, offset }) = grouped_reference {
+        if let Some(Reference::Grouped { source, offset, .. }) = grouped_reference {
             super::with_thread_buffer(&REFERENCE_SCRATCH, len, |buf| -> Result<()> {
                 source.grouped(offset, buf)?;
                 xor_in_place(grouped, buf);
@@ -471,7 +451,7 @@ pub fn encode_chunks_of(
     options: &Options,
 ) -> Result<Vec<EncodedChunk>> {
     let len = input.len();
-    if matches!(reference, Some(Reference::Bytes(r)) if r.len() != len) {
+    if reference.is_some_and(|r| r.len() != len) {
         return Err(Error::InvalidInput("reference and input lengths differ".into()));
     }
     let chunk_size = checked_chunk_size(options)?;
@@ -612,7 +592,7 @@ mod tests {
             for (i, b) in input.iter_mut().enumerate() { if i % 5 == 0 { *b ^= (i % 7) as u8 } }
             let plain = encode_chunks(&input, Some(Reference::Bytes(&reference)), layout, &options).unwrap();
             let source = SplitOnRequest { bytes: &reference, layout };
-            let grouped = encode_chunks(&input, Some(Reference::Grouped { source: &source, offset: 0 }), layout, &options).unwrap();
+            let grouped = encode_chunks(&input, Some(Reference::Grouped { source: &source, offset: 0, len: input.len() }), layout, &options).unwrap();
             prop_assert_eq!(plain.len(), grouped.len());
             for (a, b) in plain.iter().zip(&grouped) {
                 prop_assert_eq!(a.header, b.header);
@@ -636,7 +616,7 @@ mod tests {
             for with_reference in [false, true] {
                 let plain_reference = with_reference.then_some(Reference::Bytes(&reference));
                 let grouped_reference =
-                    with_reference.then_some(Reference::Grouped { source: &reference_source, offset: 0 });
+                    with_reference.then_some(Reference::Grouped { source: &reference_source, offset: 0, len });
                 let plain = encode_chunks(&input, plain_reference, layout, &options).unwrap();
                 let grouped = encode_chunks_of(data, grouped_reference, layout, &options).unwrap();
                 prop_assert_eq!(plain.len(), grouped.len());
@@ -676,7 +656,12 @@ mod tests {
         let short = &input[..4096];
         let source = SplitOnRequest { bytes: short, layout };
         let options = Options { chunk_size: 4096, ..Options::default() };
-        let result = encode_chunks(&input, Some(Reference::Grouped { source: &source, offset: 0 }), layout, &options);
+        let result = encode_chunks(
+            &input,
+            Some(Reference::Grouped { source: &source, offset: 0, len: input.len() }),
+            layout,
+            &options,
+        );
         assert!(result.is_err(), "the second chunk's reference is out of range");
     }
 

@@ -250,7 +250,7 @@ impl<W: Write> ContainerWriter<W> {
                     part.dtype.map_or("byte", |d| d.safetensors_name())
                 )));
             }
-            if matches!(part.reference, Some(Reference::Bytes(r)) if r.len() != part.data.len()) {
+            if part.reference.is_some_and(|r| r.len() != part.data.len()) {
                 return Err(Error::InvalidInput("reference and data lengths differ".into()));
             }
             if part.data.is_empty() {
@@ -1096,7 +1096,7 @@ mod tests {
                             let options = Options { chunk_size: 4 << 10, ..Options::default() };
                             let mut w =
                                 ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
-                            let reference = Some(Reference::Grouped { source: &failing, offset: 0 });
+                            let reference = Some(Reference::Grouped { source: &failing, offset: 0, len: data.len() });
                             let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference };
                             w.segment_inputs(&[input], &mut |_| {}).map_err(|e| e.to_string())
                         })

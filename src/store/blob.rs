@@ -384,7 +384,7 @@ fn encode_blob(
             (BlobData::Stored(_), None) => unreachable!("a stored blob has its source"),
         },
         dtype,
-        reference: source.as_ref().map(|s| Reference::Grouped { source: s, offset: 0 }),
+        reference: source.as_ref().map(|s| Reference::Grouped { source: s, offset: 0, len }),
     };
     // Pages of the input and of the stored objects read are dropped every window once coded,
     // so the resident set stays about one window whatever the blob's size.
