@@ -25,6 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 /// of version ids, oldest first (docs/format.md, "Repository").
 pub(super) const PENDING_FILE: &str = "pending-deltas";
 
+/// Where `ckpt commit` sends the stderr of the background compaction it starts.
+pub const COMPACTION_LOG: &str = "compact.log";
+
 /// Settings of [`Repo::compact`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CompactOptions {
@@ -111,6 +114,16 @@ impl Repo {
     /// Whether versions wait for their parent's blobs to be rewritten ([`Repo::compact`]).
     pub fn has_pending_deltas(&self) -> bool {
         self.pending_deltas().is_ok_and(|p| !p.is_empty())
+    }
+
+    /// The last lines of `.ckpt/compact.log` (what the last background compaction printed on
+    /// stderr: it prints only errors), or `None` when it is empty or missing.
+    pub fn compaction_log(&self) -> Option<String> {
+        let text = std::fs::read(self.ckpt_dir().join(COMPACTION_LOG)).ok()?;
+        // Bounded: only the end is shown, however large the file grew.
+        let tail = &text[text.len().saturating_sub(2000)..];
+        let text = String::from_utf8_lossy(tail).trim().to_string();
+        (!text.is_empty()).then_some(text)
     }
 
     /// The versions in `.ckpt/pending-deltas`, oldest first.

@@ -27,7 +27,7 @@ mod verify;
 
 pub use checkout::{CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
-pub use compact::{CompactOptions, CompactReport};
+pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy};
 pub use gc::GcReport;
 pub use inspect::{

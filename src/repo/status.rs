@@ -43,6 +43,11 @@ pub struct Status {
     pub head: Option<VersionId>,
     /// Every file of the current version, by path.
     pub files: Vec<FileStatus>,
+    /// Versions whose parent's blobs are still to be rewritten as deltas (`ckpt compact`).
+    pub pending_deltas: usize,
+    /// What the last background compaction reported on stderr, if anything (an error: it
+    /// prints nothing otherwise).
+    pub compaction_log: Option<String>,
 }
 
 impl Repo {
@@ -53,7 +58,11 @@ impl Repo {
             Head::Detached(_) => None,
         };
         let head = self.refs.head_version()?;
-        let Some(head_id) = head else { return Ok(Status { branch, head, files: Vec::new() }) };
+        let pending_deltas = self.pending_deltas()?.len();
+        let compaction_log = self.compaction_log();
+        let Some(head_id) = head else {
+            return Ok(Status { branch, head, files: Vec::new(), pending_deltas, compaction_log });
+        };
         let version = self.version(&head_id)?;
         let removals = self.pending_removals()?;
         let mut files = Vec::with_capacity(version.files.len());
@@ -70,7 +79,7 @@ impl Repo {
             files.push(FileStatus { path: entry.path.clone(), state });
         }
         self.flush_index();
-        Ok(Status { branch, head, files })
+        Ok(Status { branch, head, files, pending_deltas, compaction_log })
     }
 
     fn file_state(&self, rp: &RepoPath, len: u64, hash: &ObjectId) -> Result<FileState> {

@@ -219,3 +219,25 @@ fn manual_compaction_waits_for_ckpt_compact() {
     assert!(report["rewritten"].as_u64().unwrap() >= 2, "{report}");
     assert!(!t.open().has_pending_deltas());
 }
+
+#[test]
+fn status_reports_pending_deltas_and_a_failed_background_compaction() {
+    let t = TestRepo::with_config(&config());
+    commit_epochs(&t, 0..3, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
+    let status = t.open().status().unwrap();
+    assert_eq!((status.pending_deltas, status.compaction_log), (2, None));
+    let o = ckpt_command(t.root(), &["status"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("2 versions still to be turned into deltas"), "{out}");
+    // What a failed background run leaves in its log is shown, and only its end.
+    let mut log = "x".repeat(10_000);
+    log.push_str("\nerror: writing .ckpt/tmp/obj-1: No space left on device\n");
+    t.write(".ckpt/compact.log", log.as_bytes());
+    let o = ckpt_command(t.root(), &["status", "--json"]).output().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let shown = status["compaction_log"].as_str().unwrap();
+    assert!(shown.ends_with("No space left on device") && shown.len() <= 2000, "{shown}");
+    assert_eq!(status["pending_deltas"], 2);
+    t.open().compact(&CompactOptions::default()).unwrap();
+    assert_eq!(t.open().status().unwrap().pending_deltas, 0);
+}

@@ -48,19 +48,33 @@ pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
 
 /// Starts `ckpt compact --background` for the repository at `root` in a process of its own, not
 /// waited for (git runs `gc --auto` after a commit the same way). Its own process group keeps a
-/// Ctrl-C meant for the command that started it from killing it; its errors go to
-/// `.ckpt/compact.log`.
+/// Ctrl-C meant for the command that started it from killing it; it runs at nice 10, so that it
+/// takes the cores the training loop leaves idle rather than slowing the loop down; its errors go
+/// to `.ckpt/compact.log`.
 pub fn start_in_background(root: &Path) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
-    let log = std::fs::File::create(root.join(crate::repo::DIR_NAME).join("compact.log"))?;
-    Command::new(std::env::current_exe()?)
+    let log = std::fs::File::create(root.join(crate::repo::DIR_NAME).join(crate::repo::COMPACTION_LOG))?;
+    let mut command = Command::new(std::env::current_exe()?);
+    command
         .arg("-C")
         .arg(root)
         .args(["--quiet", "compact", "--background"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
-        .process_group(0)
-        .spawn()
-        .map(drop)
+        .process_group(0);
+    // SAFETY: runs in the forked child before exec, where only async-signal-safe calls are
+    // allowed; setpriority is a plain system call. Every thread the child starts inherits the
+    // priority. A failure only leaves the default priority.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(|| {
+            libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE);
+            Ok(())
+        });
+    }
+    command.spawn().map(drop)
 }
+
+/// Nice value of the background compaction.
+const BACKGROUND_NICE: libc::c_int = 10;

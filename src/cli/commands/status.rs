@@ -44,5 +44,19 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
         writeln!(out, "  {label:<9} {}", f.path)?;
     }
     writeln!(out, "{unchanged} of {} tracked files unchanged", status.files.len())?;
+    if status.pending_deltas > 0 {
+        let n = status.pending_deltas;
+        let s = if n == 1 { "" } else { "s" };
+        writeln!(
+            out,
+            "{n} version{s} still to be turned into deltas (by the background compaction, or `ckpt compact`)"
+        )?;
+    }
+    if let Some(log) = &status.compaction_log {
+        writeln!(out, "the last background compaction reported (.ckpt/compact.log):")?;
+        for line in log.lines() {
+            writeln!(out, "  {line}")?;
+        }
+    }
     Ok(())
 }
