@@ -256,9 +256,8 @@ impl Repo {
         Ok(blobs)
     }
 
-    /// Runs `f` on every job, showing progress under `label`: small segments in parallel,
-    /// large ones (each parallel inside the codec) one at a time, so memory stays bounded.
-    /// Errors name the job's file.
+    /// Runs `f` on every job (see [`Self::run_sized`]); errors name the job's file, and each
+    /// segment's input pages are dropped once it is stored.
     fn run_jobs<T: Send>(
         &self,
         label: &str,
@@ -267,31 +266,49 @@ impl Repo {
         jobs: &[Job],
         f: impl Fn(&Job, &(dyn Fn(u64) + Sync)) -> Result<T> + Sync,
     ) -> Result<Vec<T>> {
-        let len =
-            |j: &Job| hashed[j.file].segments[j.segment].range.end - hashed[j.file].segments[j.segment].range.start;
-        let total: u64 = jobs.iter().map(len).sum();
-        self.progress.start(label, total);
+        let range = |j: &Job| hashed[j.file].segments[j.segment].range.clone();
+        self.run_sized(
+            label,
+            jobs,
+            |j| range(j).end - range(j).start,
+            |job, progress| {
+                let input = &inputs[job.file];
+                let out = f(job, progress).map_err(|e| match e {
+                    Error::Store(store::Error::ChangedWhileWriting { .. }) => {
+                        Error::FileChanged { path: input.path.to_string() }
+                    }
+                    other => Error::File { path: input.path.to_string(), source: Box::new(other) },
+                })?;
+                let r = range(job);
+                input.map.release(r.start as usize..r.end as usize);
+                Ok(out)
+            },
+        )
+    }
+
+    /// Runs `f` on every item, `len(item)` bytes of work each, showing progress under `label`:
+    /// items under [`PARALLEL_BELOW`] in parallel, larger ones (each parallel inside the codec)
+    /// one at a time, so memory stays bounded. `f` reports the bytes it has done so far.
+    pub(super) fn run_sized<J: Sync, T: Send>(
+        &self,
+        label: &str,
+        items: &[J],
+        len: impl Fn(&J) -> u64 + Sync,
+        f: impl Fn(&J, &(dyn Fn(u64) + Sync)) -> Result<T> + Sync,
+    ) -> Result<Vec<T>> {
+        self.progress.start(label, items.iter().map(&len).sum());
         let done = AtomicU64::new(0);
-        let run = |job: &Job| -> Result<T> {
-            let input = &inputs[job.file];
-            let seg = &hashed[job.file].segments[job.segment];
+        let run = |item: &J| -> Result<T> {
             let seen = AtomicU64::new(0);
             let progress = |n: u64| {
-                let before = seen.swap(n, Ordering::Relaxed);
-                let now = done.fetch_add(n.saturating_sub(before), Ordering::Relaxed) + n.saturating_sub(before);
-                self.progress.set(now);
+                let step = n.saturating_sub(seen.swap(n, Ordering::Relaxed));
+                self.progress.set(done.fetch_add(step, Ordering::Relaxed) + step);
             };
-            let out = f(job, &progress).map_err(|e| match e {
-                Error::Store(store::Error::ChangedWhileWriting { .. }) => {
-                    Error::FileChanged { path: input.path.to_string() }
-                }
-                other => Error::File { path: input.path.to_string(), source: Box::new(other) },
-            })?;
-            input.map.release(seg.range.start as usize..seg.range.end as usize);
-            progress(seg.range.end - seg.range.start);
+            let out = f(item, &progress)?;
+            progress(len(item));
             Ok(out)
         };
-        let (large, small): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| len(j) >= PARALLEL_BELOW);
+        let (large, small): (Vec<&J>, Vec<&J>) = items.iter().partition(|j| len(j) >= PARALLEL_BELOW);
         let mut out = small.par_iter().map(|j| run(j)).collect::<Result<Vec<T>>>()?;
         for j in large {
             out.push(run(j)?);
@@ -512,7 +529,7 @@ pub(super) const FS_BLOCK: u64 = 4096;
 
 /// Segments below this size are coded several at a time (each is at most one codec stripe or
 /// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
-pub(super) const PARALLEL_BELOW: u64 = 4 << 20;
+const PARALLEL_BELOW: u64 = 4 << 20;
 
 fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
     let (segments, hash) = hash_content(&input.map, input.header.as_ref());

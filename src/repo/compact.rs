@@ -12,14 +12,13 @@
 //! Each rewrite is atomic (temp object, fsync, rename over the old one), and a rewrite whose
 //! blob is a delta already is skipped, so an interrupted compaction is simply run again.
 
-use super::commit::{ReferenceFiles, FS_BLOCK, PARALLEL_BELOW};
+use super::commit::{ReferenceFiles, FS_BLOCK};
 use super::model::{FileEntry, TensorRef, Version};
 use super::{Error, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::{self, DeltaOutcome, Store, Written};
-use rayon::prelude::*;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Versions whose parent's blobs are still to be rewritten as deltas against theirs, a JSON list
 /// of version ids, oldest first (docs/format.md, "Repository").
@@ -173,32 +172,20 @@ impl Repo {
                 }
             }
         }
-        let total = plan.iter().map(|r| r.len).sum();
-        self.progress.start("deltas", total);
-        let done = AtomicU64::new(0);
         let stopped = AtomicBool::new(false);
-        let run = |r: &Rewrite| -> Result<Option<(Written, u64)>> {
-            if stopped.load(Ordering::Relaxed) || stop() {
-                stopped.store(true, Ordering::Relaxed);
-                return Ok(None);
-            }
-            let seen = AtomicU64::new(0);
-            let progress = |n: u64| {
-                let step = n.saturating_sub(seen.swap(n, Ordering::Relaxed));
-                self.progress.set(done.fetch_add(step, Ordering::Relaxed) + step);
-            };
-            let out = self.rewrite_one(store, r, &progress);
-            progress(r.len);
-            out
-        };
-        let (large, small): (Vec<&Rewrite>, Vec<&Rewrite>) = plan.iter().partition(|r| r.len >= PARALLEL_BELOW);
-        let mut out: Vec<(Written, u64)> =
-            small.par_iter().map(|r| run(r)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
-        for r in large {
-            out.extend(run(r)?);
-        }
-        self.progress.finish();
-        Ok((out, !stopped.load(Ordering::Relaxed)))
+        let written = self.run_sized(
+            "deltas",
+            &plan,
+            |r| r.len,
+            |r, progress| {
+                if stopped.load(Ordering::Relaxed) || stop() {
+                    stopped.store(true, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                self.rewrite_one(store, r, progress)
+            },
+        )?;
+        Ok((written.into_iter().flatten().collect(), !stopped.load(Ordering::Relaxed)))
     }
 
     /// One rewrite of [`Self::rewrite_parent_blobs`]: `None` when it does not apply (either blob
