@@ -39,7 +39,8 @@ impl WriterLock {
             if waited >= timeout {
                 return Err(Error::Locked { path: path.to_path_buf(), waited });
             }
-            waiting.get_or_insert_with(|| WaitingMarker::create(path));
+            // Made again at every poll: another waiter that got the lock first removed it.
+            waiting.get_or_insert_with(|| WaitingMarker(waiting_path(path))).refresh();
             std::thread::sleep(pause.min(timeout - waited));
             pause = (pause * 2).min(Duration::from_millis(200));
         }
@@ -62,10 +63,11 @@ fn waiting_path(path: &Path) -> std::path::PathBuf {
 struct WaitingMarker(std::path::PathBuf);
 
 impl WaitingMarker {
-    fn create(lock: &Path) -> WaitingMarker {
-        let path = waiting_path(lock);
-        let _ = File::create(&path);
-        WaitingMarker(path)
+    /// Creates the marker file if it is not there.
+    fn refresh(&self) {
+        if !self.0.exists() {
+            let _ = File::create(&self.0);
+        }
     }
 }
 
@@ -104,6 +106,14 @@ mod tests {
         let start = Instant::now();
         while !WriterLock::is_wanted(&path) {
             assert!(start.elapsed() < Duration::from_secs(20), "the waiter never showed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Another waiter that got the lock first takes the marker away; a writer still waiting
+        // puts it back at its next poll.
+        std::fs::remove_file(waiting_path(&path)).unwrap();
+        let start = Instant::now();
+        while !WriterLock::is_wanted(&path) {
+            assert!(start.elapsed() < Duration::from_secs(20), "the marker never came back");
             std::thread::sleep(Duration::from_millis(5));
         }
         drop(first);
