@@ -131,6 +131,11 @@ impl Repo {
             .as_ref()
             .filter(|_| policy == DeltaPolicy::Reverse && base_every >= 2 && inputs.iter().any(|i| i.header.is_some()));
         if let (Some(p), false) = (reverse_parent, options.defer_deltas) {
+            // Deferred rewrites first, oldest first: the parent's own may be among them, and it
+            // must still be whole when its turn comes.
+            if self.has_pending_deltas() {
+                self.compact_locked(&super::CompactOptions::default())?;
+            }
             let rewritten =
                 self.store.with_background_sync(|store| self.rewrite_parent_blobs(store, &entries, p, &|| false))?.0;
             for (w, old_len) in rewritten {

@@ -64,6 +64,11 @@ impl Repo {
     /// blob is still whole). Takes the writer lock. Versions that no longer exist are dropped.
     pub fn compact(&self, options: &CompactOptions) -> Result<CompactReport> {
         let _lock = self.lock()?;
+        self.compact_locked(options)
+    }
+
+    /// [`Self::compact`] with the writer lock held.
+    pub(super) fn compact_locked(&self, options: &CompactOptions) -> Result<CompactReport> {
         let mut pending = self.pending_deltas()?;
         let mut report = CompactReport::default();
         let stop = || options.yield_to_writers && self.writer_waiting();

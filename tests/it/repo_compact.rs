@@ -241,3 +241,15 @@ fn status_reports_pending_deltas_and_a_failed_background_compaction() {
     t.open().compact(&CompactOptions::default()).unwrap();
     assert_eq!(t.open().status().unwrap().pending_deltas, 0);
 }
+
+#[test]
+fn an_inline_commit_finishes_deferred_deltas_first() {
+    let inline = TestRepo::with_config(&config());
+    let mixed = TestRepo::with_config(&config());
+    commit_epochs(&inline, 0..4, &CommitOptions::default());
+    commit_epochs(&mixed, 0..3, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
+    let history = commit_epochs(&mixed, 3..4, &CommitOptions::default());
+    assert!(!mixed.open().has_pending_deltas());
+    assert!(layout(&mixed) == layout(&inline), "the same objects, the same deltas");
+    assert_checkouts(&mixed, &history);
+}
