@@ -314,6 +314,37 @@ impl Repo {
         })
     }
 
+    /// What each version of `history` (a [`Repo::log`], newest first, along first parents)
+    /// takes in the store now: its version object plus the manifests and blobs it was the
+    /// first along first parents to hold, at their current sizes. Unlike the `stored_bytes`
+    /// a version records at commit time, this follows later rewrites: with reverse deltas a
+    /// version is whole while it is the newest and a delta once a newer one is compacted. The
+    /// figures of a history back to its root add up to what its versions take in the store.
+    /// Missing objects count 0 (`ckpt verify` names them).
+    pub fn sizes_now(&self, history: &[super::VersionInfo]) -> Result<Vec<u64>> {
+        let mut seen: HashSet<ObjectId> = HashSet::new();
+        let mut sizes = vec![0; history.len()];
+        let size = |id: &ObjectId| self.store.stored_len(id).unwrap_or(0);
+        for (info, out) in history.iter().zip(sizes.iter_mut()).rev() {
+            let v = self.version(&info.id)?;
+            *out += size(&info.id);
+            for f in &v.files {
+                if seen.insert(f.manifest) {
+                    *out += size(&f.manifest);
+                    let m = self
+                        .manifest(&f.manifest)
+                        .map_err(|e| super::Error::File { path: f.path.clone(), source: Box::new(e) })?;
+                    for s in &m.segments {
+                        if seen.insert(s.blob) {
+                            *out += size(&s.blob);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(sizes)
+    }
+
     /// Blob ids of every version before `v` along first parents.
     fn ancestor_blobs(&self, v: &Version) -> Result<HashSet<ObjectId>> {
         let mut blobs = HashSet::new();

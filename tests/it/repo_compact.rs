@@ -253,3 +253,31 @@ fn an_inline_commit_finishes_deferred_deltas_first() {
     assert!(layout(&mixed) == layout(&inline), "the same objects, the same deltas");
     assert_checkouts(&mixed, &history);
 }
+
+#[test]
+fn log_shows_what_each_version_takes_now() {
+    let t = TestRepo::with_config(&config());
+    commit_epochs(&t, 0..3, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
+    let log = |t: &TestRepo| -> Vec<serde_json::Value> {
+        let o = ckpt_command(t.root(), &["log", "--json"]).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let now = |v: &serde_json::Value| v["stored_now_bytes"].as_u64().unwrap();
+    let before = log(&t);
+    t.open().compact(&CompactOptions::default()).unwrap();
+    let after = log(&t);
+    // Newest first: the newest stays whole, the older ones shrink to deltas; what each recorded
+    // at commit time does not change.
+    assert_eq!(now(&after[0]), now(&before[0]));
+    for (b, a) in before.iter().zip(&after).skip(1) {
+        assert!(now(a) * 2 < now(b), "{a} vs {b}");
+        assert_eq!(a["stored_bytes"], b["stored_bytes"]);
+    }
+    // Together they are the store.
+    let store: u64 = t.object_files().iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    assert_eq!(after.iter().map(now).sum::<u64>(), store);
+    let o = ckpt_command(t.root(), &["log", "-n", "2"]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("added at commit") && text.matches("version ").count() == 2, "{text}");
+}

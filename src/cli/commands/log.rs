@@ -16,7 +16,7 @@ pub struct LogArgs {
     /// Show at most N versions (the newest).
     #[arg(short = 'n', long = "max-count", value_name = "N")]
     max_count: Option<usize>,
-    /// One line per version: short id, date, stored/raw bytes, refs, first line of the message.
+    /// One line per version: short id, date, stored (now)/raw bytes, refs, first line of the message.
     #[arg(long, conflicts_with = "json")]
     oneline: bool,
     /// A JSON array of versions, newest first.
@@ -33,7 +33,10 @@ struct JsonVersion<'a> {
     message: &'a str,
     files: &'a [String],
     raw_bytes: u64,
+    /// What the store grew by at commit time.
     stored_bytes: u64,
+    /// What the version's own objects take now ([`Repo::sizes_now`]).
+    stored_now_bytes: u64,
     refs: Vec<String>,
 }
 
@@ -62,15 +65,19 @@ fn decorations(repo: &Repo) -> Result<HashMap<VersionId, Vec<String>>> {
 pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let mut versions = repo.log(&args.rev)?;
+    // Over the whole history: what a version was the first to hold needs the ones before it.
+    let mut sizes = repo.sizes_now(&versions)?;
     if let Some(n) = args.max_count {
         versions.truncate(n);
+        sizes.truncate(n);
     }
     let refs = decorations(&repo)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let list: Vec<JsonVersion> = versions
             .iter()
-            .map(|v| JsonVersion {
+            .zip(&sizes)
+            .map(|(v, &now)| JsonVersion {
                 id: v.id.to_hex(),
                 parents: v.parents.iter().map(|p| p.to_hex()).collect(),
                 date: format_time(v.time),
@@ -79,6 +86,7 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
                 files: &v.files,
                 raw_bytes: v.raw_bytes,
                 stored_bytes: v.stored_bytes,
+                stored_now_bytes: now,
                 refs: refs.get(&v.id).cloned().unwrap_or_default(),
             })
             .collect();
@@ -86,11 +94,11 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
         writeln!(out)?;
         return Ok(());
     }
-    for v in &versions {
+    for (v, &now) in versions.iter().zip(&sizes) {
         let decoration = refs.get(&v.id).map(|r| format!(" ({})", r.join(", "))).unwrap_or_default();
         if args.oneline {
             let subject = v.message.lines().next().unwrap_or("");
-            let stored = format!("{}/{}", bytes(v.stored_bytes), bytes(v.raw_bytes));
+            let stored = format!("{}/{}", bytes(now), bytes(v.raw_bytes));
             writeln!(out, "{} {} {stored:>21}{decoration} {subject}", v.id.short(12), format_time(v.time))?;
             continue;
         }
@@ -99,10 +107,15 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
         writeln!(out, "files   {}", v.files.join(" "))?;
         writeln!(
             out,
-            "stored  {} added for {} ({:.1}%)",
-            bytes(v.stored_bytes),
+            "stored  {} for {} ({:.1}%){}",
+            bytes(now),
             bytes(v.raw_bytes),
-            100.0 * v.stored_bytes as f64 / v.raw_bytes.max(1) as f64
+            100.0 * now as f64 / v.raw_bytes.max(1) as f64,
+            if bytes(now) == bytes(v.stored_bytes) {
+                String::new()
+            } else {
+                format!("; {} added at commit", bytes(v.stored_bytes))
+            }
         )?;
         writeln!(out)?;
         for line in v.message.lines() {
