@@ -320,20 +320,19 @@ impl Repo {
     /// a version records at commit time, this follows later rewrites: with reverse deltas a
     /// version is whole while it is the newest and a delta once a newer one is compacted. The
     /// figures of a history back to its root add up to what its versions take in the store.
-    /// Missing objects count 0 (`ckpt verify` names them).
-    pub fn sizes_now(&self, history: &[super::VersionInfo]) -> Result<Vec<u64>> {
+    /// Objects that are missing or cannot be read count 0, and what they would have listed is
+    /// not counted (`ckpt verify` names them): history stays readable in a damaged store.
+    pub fn sizes_now(&self, history: &[super::VersionInfo]) -> Vec<u64> {
         let mut seen: HashSet<ObjectId> = HashSet::new();
         let mut sizes = vec![0; history.len()];
         let size = |id: &ObjectId| self.store.stored_len(id).unwrap_or(0);
         for (info, out) in history.iter().zip(sizes.iter_mut()).rev() {
-            let v = self.version(&info.id)?;
             *out += size(&info.id);
+            let Ok(v) = self.version(&info.id) else { continue };
             for f in &v.files {
                 if seen.insert(f.manifest) {
                     *out += size(&f.manifest);
-                    let m = self
-                        .manifest(&f.manifest)
-                        .map_err(|e| super::Error::File { path: f.path.clone(), source: Box::new(e) })?;
+                    let Ok(m) = self.manifest(&f.manifest) else { continue };
                     for s in &m.segments {
                         if seen.insert(s.blob) {
                             *out += size(&s.blob);
@@ -342,7 +341,7 @@ impl Repo {
                 }
             }
         }
-        Ok(sizes)
+        sizes
     }
 
     /// Blob ids of every version before `v` along first parents.

@@ -134,6 +134,16 @@ fn missing_object_is_reported_with_its_versions() {
     // gc refuses to run on a history it cannot read completely? Blobs are only read by
     // header, so a missing blob stops gc before it deletes anything.
     assert!(repo.gc().is_err());
+    // History stays readable: log counts the missing blob as 0 bytes.
+    let o = t.ckpt(&["log", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(log.as_array().unwrap().len(), 2);
+    // A damaged manifest too.
+    let manifest = repo.version(&repo.resolve("HEAD").unwrap()).unwrap().files[0].manifest;
+    std::fs::write(repo.store().object_path(&manifest), b"not a manifest").unwrap();
+    let o = t.ckpt(&["log"]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]
