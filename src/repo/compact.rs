@@ -27,6 +27,9 @@ pub(super) const PENDING_FILE: &str = "pending-deltas";
 /// Where `ckpt commit` sends the stderr of the background compaction it starts.
 pub const COMPACTION_LOG: &str = "compact.log";
 
+/// Bytes of the end of [`COMPACTION_LOG`] that `status` shows.
+const COMPACTION_LOG_TAIL: usize = 2000;
+
 /// Settings of [`Repo::compact`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CompactOptions {
@@ -43,7 +46,7 @@ pub struct CompactReport {
     pub versions: usize,
     /// Blobs rewritten as deltas.
     pub rewritten: usize,
-    /// Bytes of the objects rewritten, before and after.
+    /// Bytes of the objects rewritten, before.
     pub bytes_before: u64,
     /// Bytes of the objects rewritten, after.
     pub bytes_after: u64,
@@ -123,10 +126,13 @@ impl Repo {
     /// The last lines of `.ckpt/compact.log` (what the last background compaction printed on
     /// stderr: it prints only errors), or `None` when it is empty or missing.
     pub fn compaction_log(&self) -> Option<String> {
-        let text = std::fs::read(self.ckpt_dir().join(COMPACTION_LOG)).ok()?;
-        // Bounded: only the end is shown, however large the file grew.
-        let tail = &text[text.len().saturating_sub(2000)..];
-        let text = String::from_utf8_lossy(tail).trim().to_string();
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = std::fs::File::open(self.ckpt_dir().join(COMPACTION_LOG)).ok()?;
+        // Only the end is read and shown, however large the file grew.
+        file.seek(SeekFrom::End(-(COMPACTION_LOG_TAIL as i64))).or_else(|_| file.seek(SeekFrom::Start(0))).ok()?;
+        let mut tail = Vec::with_capacity(COMPACTION_LOG_TAIL);
+        file.take(COMPACTION_LOG_TAIL as u64).read_to_end(&mut tail).ok()?;
+        let text = String::from_utf8_lossy(&tail).trim().to_string();
         (!text.is_empty()).then_some(text)
     }
 

@@ -1,19 +1,18 @@
 //! Reverse deltas done after the commit: `defer_deltas` and `Repo::compact`, and `ckpt commit`
 //! running the compaction in a background process.
 
-use crate::repo_util::{ckpt_command, read_tree, stderr, synthetic_checkpoint, Files, TestRepo};
+use crate::repo_util::{
+    ckpt_command, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, TRAINING_MODEL, TRAINING_OPTIM,
+};
 use ckpt::repo::{CommitOptions, CompactOptions, Config, DeltaPolicy, Repo};
 use ckpt::store::ObjectKind;
 use ckpt::{Dtype, ObjectId};
 use std::time::{Duration, Instant};
 
-const MODEL: &[(&str, &[u64])] = &[("embed", &[256, 512]), ("layer.w", &[512, 512]), ("layer.b", &[512])];
-const OPTIM: &[(&str, &[u64])] = &[("exp_avg.layer.w", &[512, 256])];
-
 fn files_for(epoch: u32) -> Files {
     vec![
-        ("model.safetensors".to_string(), synthetic_checkpoint(31, Dtype::Bf16, MODEL, epoch)),
-        ("optim.safetensors".to_string(), synthetic_checkpoint(32, Dtype::F32, OPTIM, epoch)),
+        ("model.safetensors".to_string(), synthetic_checkpoint(31, Dtype::Bf16, TRAINING_MODEL, epoch)),
+        ("optim.safetensors".to_string(), synthetic_checkpoint(32, Dtype::F32, TRAINING_OPTIM, epoch)),
     ]
 }
 
@@ -43,9 +42,7 @@ fn commit_epochs(t: &TestRepo, epochs: std::ops::Range<u32>, options: &CommitOpt
     epochs
         .map(|e| {
             let files = files_for(e);
-            for (n, b) in &files {
-                t.write(n, b);
-            }
+            t.write_files(&files);
             let id = repo.commit(&["model.safetensors", "optim.safetensors"], &format!("epoch {e}"), options).unwrap();
             (id, files)
         })
@@ -131,9 +128,7 @@ fn cli_commit_compacts_in_the_background() {
     let inline = TestRepo::with_config(&config());
     let history = commit_epochs(&inline, 0..4, &CommitOptions::default());
     for (e, (_, files)) in history.iter().enumerate() {
-        for (n, b) in files {
-            t.write(n, b);
-        }
+        t.write_files(files);
         let o =
             ckpt_command(t.root(), &["commit", "-m", &format!("epoch {e}"), "model.safetensors", "optim.safetensors"])
                 .env_remove("CKPT_COMPACT")
@@ -165,9 +160,7 @@ fn cli_commit_compacts_in_the_background() {
 #[test]
 fn a_bad_ckpt_compact_value_fails_the_commit_before_anything_is_written() {
     let t = TestRepo::with_config(&config());
-    for (n, b) in files_for(0) {
-        t.write(&n, &b);
-    }
+    t.write_files(&files_for(0));
     let o = ckpt_command(t.root(), &["commit", "-m", "x", "model.safetensors"])
         .env("CKPT_COMPACT", "later")
         .output()
@@ -200,9 +193,7 @@ fn gc_finishes_pending_deltas() {
 fn manual_compaction_waits_for_ckpt_compact() {
     let t = TestRepo::with_config(&config());
     for e in 0..2 {
-        for (n, b) in files_for(e) {
-            t.write(&n, &b);
-        }
+        t.write_files(&files_for(e));
         let o = ckpt_command(t.root(), &["commit", "-m", "e", "model.safetensors", "optim.safetensors"])
             .env("CKPT_COMPACT", "manual")
             .output()

@@ -2,26 +2,35 @@
 //! the repository opens, verifies, checks out every version committed before bit-exactly, and
 //! takes new commits. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
 
-use crate::repo_util::{ckpt_command, stderr, synthetic_checkpoint, Files, Rng, TestRepo};
+use crate::repo_util::{
+    ckpt_command, stderr, synthetic_checkpoint, Files, Rng, TestRepo, TRAINING_MODEL, TRAINING_OPTIM,
+};
 use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Repo, VersionId};
 use ckpt::store::Feedback;
 use ckpt::{Dtype, ObjectId};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-const MODEL: &[(&str, &[u64])] = &[("embed", &[256, 512]), ("layer.w", &[512, 512]), ("layer.b", &[512])];
-const OPTIM: &[(&str, &[u64])] = &[("exp_avg.layer.w", &[512, 256])];
-
 fn files_for(epoch: u32) -> Files {
     vec![
-        ("model.safetensors".to_string(), synthetic_checkpoint(21, Dtype::Bf16, MODEL, epoch)),
-        ("optim.safetensors".to_string(), synthetic_checkpoint(22, Dtype::F32, OPTIM, epoch)),
+        ("model.safetensors".to_string(), synthetic_checkpoint(21, Dtype::Bf16, TRAINING_MODEL, epoch)),
+        ("optim.safetensors".to_string(), synthetic_checkpoint(22, Dtype::F32, TRAINING_OPTIM, epoch)),
         ("step.txt".to_string(), format!("step {}\n", epoch * 1000).into_bytes()),
     ]
 }
 
 fn spawn(t: &TestRepo, args: &[&str]) -> std::process::Child {
     ckpt_command(t.root(), args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn ckpt")
+}
+
+/// Starts `args`, kills it with SIGKILL after a random part (0 to 1.2) of `typical`, and returns
+/// how long it ran and whether it had finished by then.
+fn kill_during(t: &TestRepo, args: &[&str], typical: Duration, rng: &mut Rng) -> (Duration, bool) {
+    let mut child = spawn(t, args);
+    let delay = typical.mul_f64(rng.unit() * 1.2);
+    std::thread::sleep(delay);
+    let _ = child.kill();
+    (delay, child.wait().unwrap().success())
 }
 
 /// Runs `args` to completion and returns how long it took.
@@ -66,9 +75,7 @@ fn kill_9_during_commit_compact_and_gc() {
     let mut commit_time = Duration::ZERO;
     for _ in 0..2 {
         let files = files_for(epoch);
-        for (n, b) in &files {
-            t.write(n, b);
-        }
+        t.write_files(&files);
         commit_time = commit_time
             .max(timed(&t, &["commit", "-m", "setup", "model.safetensors", "optim.safetensors", "step.txt"]));
         history.push((Repo::open(t.root()).unwrap().resolve("HEAD").unwrap(), files));
@@ -84,18 +91,11 @@ fn kill_9_during_commit_compact_and_gc() {
         let delta_policy = if trial % 2 == 0 { DeltaPolicy::Reverse } else { DeltaPolicy::Previous };
         t.write(".ckpt/config", &serde_json::to_vec(&Config { delta_policy, ..config.clone() }).unwrap());
         let files = files_for(epoch);
-        for (n, b) in &files {
-            t.write(n, b);
-        }
-        let mut child = spawn(
-            &t,
-            &["commit", "-m", &format!("trial {trial}"), "model.safetensors", "optim.safetensors", "step.txt"],
-        );
-        let delay = commit_time.mul_f64(rng.unit() * 1.2);
-        std::thread::sleep(delay);
-        let _ = child.kill(); // SIGKILL
-        let status = child.wait().unwrap();
-        completed += status.success() as u32;
+        t.write_files(&files);
+        let message = format!("trial {trial}");
+        let args = ["commit", "-m", &message, "model.safetensors", "optim.safetensors", "step.txt"];
+        let (delay, finished) = kill_during(&t, &args, commit_time, &mut rng);
+        completed += finished as u32;
         let before = history.len();
         check(&t, &mut history, Some(&files), &format!("commit trial {trial} (killed after {delay:?})"));
         if history.len() > before {
@@ -104,9 +104,7 @@ fn kill_9_during_commit_compact_and_gc() {
         if trial % 10 == 9 {
             // A new commit through the library works.
             let files = files_for(epoch);
-            for (n, b) in &files {
-                t.write(n, b);
-            }
+            t.write_files(&files);
             let repo = Repo::open(t.root()).unwrap();
             let id = repo
                 .commit(
@@ -129,9 +127,7 @@ fn kill_9_during_commit_compact_and_gc() {
     let mut compact_time = Duration::from_millis(5);
     for trial in 0..compact_trials {
         let files = files_for(epoch);
-        for (n, b) in &files {
-            t.write(n, b);
-        }
+        t.write_files(&files);
         let id = Repo::open(t.root())
             .unwrap()
             .commit(&["model.safetensors", "optim.safetensors", "step.txt"], "deferred", &deferred)
@@ -145,11 +141,8 @@ fn kill_9_during_commit_compact_and_gc() {
             check(&t, &mut history, None, "first compaction");
             continue;
         }
-        let mut child = spawn(&t, &["compact"]);
-        let delay = compact_time.mul_f64(rng.unit() * 1.2);
-        std::thread::sleep(delay);
-        let _ = child.kill();
-        completed += child.wait().unwrap().success() as u32;
+        let (delay, finished) = kill_during(&t, &["compact"], compact_time, &mut rng);
+        completed += finished as u32;
         check(&t, &mut history, None, &format!("compact trial {trial} (killed after {delay:?})"));
     }
 
@@ -163,19 +156,14 @@ fn kill_9_during_commit_compact_and_gc() {
                 repo.store().write_blob(id, &bytes, None, &repo.config().codec_options(), &Feedback::NONE).unwrap();
             }
         }
-        let mut child = spawn(&t, &["gc"]);
-        let delay = gc_time.mul_f64(rng.unit() * 1.2);
-        std::thread::sleep(delay);
-        let _ = child.kill();
-        completed += child.wait().unwrap().success() as u32;
+        let (delay, finished) = kill_during(&t, &["gc"], gc_time, &mut rng);
+        completed += finished as u32;
         check(&t, &mut history, None, &format!("gc trial {trial} (killed after {delay:?})"));
     }
 
     // Finally: a commit and a complete gc work, and everything still checks out.
     let files = files_for(epoch);
-    for (n, b) in &files {
-        t.write(n, b);
-    }
+    t.write_files(&files);
     let o = t.ckpt(&["commit", "-m", "final", "model.safetensors", "optim.safetensors", "step.txt"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = t.ckpt(&["gc"]);

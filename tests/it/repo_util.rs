@@ -50,6 +50,13 @@ impl TestRepo {
         std::fs::write(p, bytes).unwrap();
     }
 
+    /// Writes every file of `files` into the working tree.
+    pub fn write_files(&self, files: &Files) {
+        for (name, bytes) in files {
+            self.write(name, bytes);
+        }
+    }
+
     pub fn read(&self, rel: &str) -> Vec<u8> {
         std::fs::read(self.path(rel)).unwrap()
     }
@@ -196,6 +203,10 @@ pub fn synthetic_checkpoint(seed: u64, dtype: Dtype, shapes: &[(&str, &[u64])], 
 }
 
 /// A small model: a few matrices and a bias.
+/// A small model (bf16) and its optimizer state (f32) as a training loop saves them.
+pub const TRAINING_MODEL: &[(&str, &[u64])] = &[("embed", &[256, 512]), ("layer.w", &[512, 512]), ("layer.b", &[512])];
+pub const TRAINING_OPTIM: &[(&str, &[u64])] = &[("exp_avg.layer.w", &[512, 256])];
+
 pub const SMALL_MODEL: &[(&str, &[u64])] = &[
     ("embed.weight", &[64, 96]),
     ("layers.0.attn.q", &[96, 96]),
