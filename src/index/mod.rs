@@ -12,6 +12,14 @@
 //! without waiting: when another process holds it, the caller gets [`Error::Locked`] and works
 //! without the index. The index does not know about the store (layer rule); records carry plain
 //! numbers the caller maps.
+//!
+//! A writer that has not opened the index (a commit does not: sled's start-up is a fifth of a
+//! small commit) appends what it changed to a [`Journal`] instead; the next process to open the
+//! index replays it first.
+
+mod journal;
+
+pub use journal::{Entry as JournalEntry, Journal};
 
 use crate::object_id::ObjectId;
 use std::fs::File;

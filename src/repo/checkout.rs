@@ -445,10 +445,9 @@ impl Repo {
 
     /// Remembers a checked-out working file's size, mtime and hash for `status`.
     fn record_stat(&self, rp: &RepoPath, entry: &FileEntry) {
-        let Some(ix) = self.index() else { return };
         if let Ok(m) = std::fs::metadata(rp.under(&self.root)) {
             let record = StatRecord { len: m.len(), mtime_ns: mtime_ns(&m), recorded_ns: now_ns(), hash: entry.hash };
-            let _ = ix.put_stat(rp.as_str(), &record);
+            self.index_stat(rp.as_str(), &record);
         }
     }
 }

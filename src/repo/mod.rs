@@ -40,13 +40,13 @@ pub use refs::{check_name, Head, RefKind};
 pub use status::{FileState, FileStatus, Status};
 pub use verify::{BadObject, BadVersion, VerifyReport};
 
-use crate::index::{self, Index, ObjectRecord, VersionRecord};
+use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};
 use crate::object_id::ObjectId;
 use crate::store::{self, ObjectKind, Store};
 use lock::WriterLock;
 use refs::Refs;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// A version's id: the blake3 of its serialized form.
@@ -309,6 +309,10 @@ pub struct Repo {
     /// checkout to `--output`) never pays sled's start-up (a snapshot write, two fsyncs, its
     /// cache: 35–40 MiB of RSS) nor contends for its lock.
     index: OnceLock<Option<Index>>,
+    /// Index changes made while the index was not open, appended to `.ckpt/index-journal` by
+    /// [`Repo::flush_index`] for the next process that opens it ([`index::Journal`]): a commit
+    /// or checkout does not pay sled's start-up for a cache it does not read.
+    unjournaled: Mutex<Vec<JournalEntry>>,
     refs: Refs,
     config: Config,
     progress: Arc<dyn Progress>,
@@ -318,6 +322,13 @@ pub struct Repo {
 impl std::fmt::Debug for Repo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Repo").field("root", &self.root).field("index", &self.index.get().map(Option::is_some)).finish()
+    }
+}
+
+impl Drop for Repo {
+    fn drop(&mut self) {
+        // Index changes of a failed operation, which returned before its `flush_index`.
+        self.flush_index();
     }
 }
 
@@ -370,6 +381,7 @@ impl Repo {
             dir,
             store,
             index: OnceLock::new(),
+            unjournaled: Mutex::new(Vec::new()),
             config,
             progress: Arc::new(NoProgress),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
@@ -406,7 +418,41 @@ impl Repo {
         if !ix.is_complete() && self.rebuild_into(&ix).is_err() {
             return None;
         }
+        self.replay_journal(&ix);
         Some(ix)
+    }
+
+    fn journal(&self) -> Journal {
+        Journal::new(&self.dir.join("index-journal"))
+    }
+
+    /// Applies the index journal to `ix`: what writers changed while the index was closed.
+    /// Objects and versions are read from the store again (a missing object loses its record).
+    fn replay_journal(&self, ix: &Index) {
+        let journal = self.journal();
+        let Ok(entries) = journal.take() else { return };
+        for entry in entries {
+            // The index is a cache: a failed update only costs speed later.
+            let _ = match entry {
+                JournalEntry::Object(id) => match (self.store.header(&id), self.store.stored_len(&id)) {
+                    (Ok(h), Ok(stored_len)) => self.index_object_into(ix, &id, &h, stored_len),
+                    (Err(store::Error::Missing { .. }), _) | (_, Err(store::Error::Missing { .. })) => {
+                        ix.remove_object(&id).map_err(Error::from)
+                    }
+                    _ => Ok(()),
+                },
+                JournalEntry::Version(id) => match self.version(&id) {
+                    Ok(v) => ix.put_version(&id, &version_record(&v)).map_err(Error::from),
+                    Err(_) => ix.remove_version(&id).map_err(Error::from),
+                },
+                JournalEntry::Stat { path, len, mtime_ns, recorded_ns, hash } => {
+                    ix.put_stat(&path, &StatRecord { len, mtime_ns, recorded_ns, hash }).map_err(Error::from)
+                }
+            };
+        }
+        if ix.flush().is_ok() {
+            let _ = journal.finish();
+        }
     }
 
     /// Working tree root.
@@ -461,8 +507,20 @@ impl Repo {
 
     // ---- index as a cache -------------------------------------------------------------
 
+    /// The index if this process has opened it; otherwise `entry` is kept for the journal and
+    /// `None` returned.
+    fn open_index_or_journal(&self, entry: impl FnOnce() -> JournalEntry) -> Option<&Index> {
+        match self.index.get() {
+            Some(Some(ix)) => Some(ix),
+            _ => {
+                self.unjournaled.lock().unwrap_or_else(|e| e.into_inner()).push(entry());
+                None
+            }
+        }
+    }
+
     fn index_object(&self, w: &store::Written) {
-        if let Some(ix) = self.index() {
+        if let Some(ix) = self.open_index_or_journal(|| JournalEntry::Object(w.id)) {
             let record = ObjectRecord {
                 kind: w.header.kind as u8,
                 dtype: w.header.dtype.map_or(0, crate::Dtype::code),
@@ -477,7 +535,7 @@ impl Repo {
     }
 
     fn index_version(&self, id: &VersionId, v: &Version) {
-        if let Some(ix) = self.index() {
+        if let Some(ix) = self.open_index_or_journal(|| JournalEntry::Version(*id)) {
             let _ = ix.put_version(id, &version_record(v));
         }
     }
@@ -759,6 +817,9 @@ impl Repo {
             },
         };
         let result = self.rebuild_into(&ix);
+        if result.is_ok() {
+            self.replay_journal(&ix);
+        }
         self.index = OnceLock::from(Some(ix));
         result
     }
@@ -812,11 +873,20 @@ impl Repo {
         })
     }
 
-    /// Flushes the index if it was opened.
+    /// Records a working file's identity for `status`.
+    fn index_stat(&self, path: &str, record: &StatRecord) {
+        if let Some(ix) = self.open_index_or_journal(|| JournalEntry::stat(path, record)) {
+            let _ = ix.put_stat(path, record);
+        }
+    }
+
+    /// Flushes the index if it was opened, and appends what was kept for the journal.
     fn flush_index(&self) {
         if let Some(Some(ix)) = self.index.get() {
             let _ = ix.flush();
         }
+        let entries = std::mem::take(&mut *self.unjournaled.lock().unwrap_or_else(|e| e.into_inner()));
+        let _ = self.journal().append(&entries);
     }
 }
 

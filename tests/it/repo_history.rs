@@ -563,6 +563,38 @@ fn index_is_rebuilt_when_missing_or_damaged() {
     assert_eq!(holder.log("HEAD").unwrap().len(), 4);
 }
 
+/// A commit does not open the index: it appends the committed files' identities (size, mtime,
+/// hash) to `.ckpt/index-journal`, which the next process to open the index replays. Shown with
+/// a stat cache's one blind spot: a file rewritten with the same length and mtime is trusted
+/// (as git trusts it), which it can only be if the commit's record reached the index.
+#[test]
+fn a_commit_records_file_identities_through_the_index_journal() {
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    let set_old_mtime = |path: &std::path::Path| {
+        std::fs::File::options().write(true).open(path).unwrap().set_modified(old).unwrap();
+    };
+    let status_of = |t: &TestRepo| t.open().status().unwrap().files[0].state;
+    let commit_then_rewrite = |t: &TestRepo| {
+        t.write("a.bin", b"first content");
+        set_old_mtime(&t.path("a.bin"));
+        t.open().commit(&["a.bin"], "v", &CommitOptions::default()).unwrap();
+        t.write("a.bin", b"other content");
+        set_old_mtime(&t.path("a.bin"));
+    };
+
+    let t = TestRepo::init();
+    commit_then_rewrite(&t);
+    assert!(t.path(".ckpt/index-journal").is_file());
+    assert_eq!(status_of(&t), FileState::Unchanged);
+    assert!(!t.path(".ckpt/index-journal").exists(), "replayed and deleted");
+
+    // Without the journal the same rewrite is found by hashing.
+    let t = TestRepo::init();
+    commit_then_rewrite(&t);
+    std::fs::remove_file(t.path(".ckpt/index-journal")).unwrap();
+    assert_eq!(status_of(&t), FileState::Modified);
+}
+
 fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {

@@ -22,7 +22,8 @@ pub fn run(ui: &Ui, base: &Path, args: CommitArgs) -> Result<()> {
     let compaction = Compaction::from_env_or(repo.config().compact).map_err(anyhow::Error::msg)?;
     let options = CommitOptions { defer_deltas: compaction != Compaction::Inline, ..CommitOptions::default() };
     let id = repo.commit(&files, &args.message, &options)?;
-    let info = repo.version_info(&id)?;
+    // From the store, not `version_info`: that would open the index, which the commit avoided.
+    let info = repo.version(&id)?;
     let background = compaction == Compaction::Background && repo.has_pending_deltas();
     println!(
         "version {}: {} file{}, {} stored for {} ({:.1}%){}",
