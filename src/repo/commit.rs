@@ -552,9 +552,7 @@ pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (
     let segments: Vec<HashedSegment> = plan(map.len() as u64, header)
         .into_par_iter()
         .map(|p| {
-            let range = p.range.start as usize..p.range.end as usize;
-            let (id, xxh3) = hash_segment(&map[range.clone()]);
-            map.release(range);
+            let (id, xxh3) = hash_segment(map, p.range.start as usize..p.range.end as usize);
             HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id, xxh3 }
         })
         .collect();
@@ -562,15 +560,21 @@ pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (
     (segments, hash)
 }
 
-/// A segment's blake3 (its id) and xxh3-64 (which lets the store check that the bytes it
-/// codes are these, without a second blake3 pass: `Feedback::input_xxh3`). Block by block, so
-/// both read each block while it is in cache.
-fn hash_segment(bytes: &[u8]) -> (ObjectId, u64) {
+/// The blake3 (its id) and xxh3-64 (which lets the store check that the bytes it codes are
+/// these, without a second blake3 pass: `Feedback::input_xxh3`) of `map[range]`. Block by block,
+/// so both read each block while it is in cache, and each block's pages leave the resident set
+/// once hashed (segments are hashed in parallel: without this, two 1 GiB tensors would be
+/// resident at once).
+fn hash_segment(map: &Map, range: Range<usize>) -> (ObjectId, u64) {
+    const BLOCK: usize = 8 << 20;
     let mut blake3 = blake3::Hasher::new();
     let mut xxh3 = xxhash_rust::xxh3::Xxh3::new();
-    for block in bytes.chunks(8 << 20) {
+    for start in range.clone().step_by(BLOCK) {
+        let block = start..(start + BLOCK).min(range.end);
+        let bytes = &map[block.clone()];
         // Side by side: the pool splits blake3's tree while one worker runs xxh3 over the block.
-        rayon::join(|| crate::object_id::hash_update(&mut blake3, block), || xxh3.update(block));
+        rayon::join(|| crate::object_id::hash_update(&mut blake3, bytes), || xxh3.update(bytes));
+        map.release(block);
     }
     (blake3.finalize().into(), xxh3.digest())
 }
