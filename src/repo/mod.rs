@@ -327,8 +327,9 @@ impl std::fmt::Debug for Repo {
 
 impl Drop for Repo {
     fn drop(&mut self) {
-        // Index changes of a failed operation, which returned before its `flush_index`.
-        self.flush_index();
+        // Index changes of a failed operation, which returned before its `flush_index` (sled
+        // flushes itself when dropped).
+        self.append_journal();
     }
 }
 
@@ -885,6 +886,11 @@ impl Repo {
         if let Some(Some(ix)) = self.index.get() {
             let _ = ix.flush();
         }
+        self.append_journal();
+    }
+
+    /// Appends the index changes kept for the journal (a cache: failures are ignored).
+    fn append_journal(&self) {
         let entries = std::mem::take(&mut *self.unjournaled.lock().unwrap_or_else(|e| e.into_inner()));
         let _ = self.journal().append(&entries);
     }

@@ -1,7 +1,9 @@
 //! Commit and check out histories: bit-exact round trips, dedup, the delta policies, files
 //! carried over and removed, tensor filters, revisions, refs, status, log and the index.
 
-use crate::repo_util::{ckpt_in, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, SMALL_MODEL};
+use crate::repo_util::{
+    ckpt_in, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, SMALL_MODEL, TRAINING_MODEL,
+};
 use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileState, Repo, SegmentShow, Storage, VersionId};
 use ckpt::store::ObjectKind;
 use ckpt::Dtype;
@@ -593,6 +595,39 @@ fn a_commit_records_file_identities_through_the_index_journal() {
     commit_then_rewrite(&t);
     std::fs::remove_file(t.path(".ckpt/index-journal")).unwrap();
     assert_eq!(status_of(&t), FileState::Modified);
+}
+
+/// An object rewritten while the index was closed (the parent's blob becoming a reverse delta
+/// in a commit) reaches the index through the journal: the next open re-reads its header, so
+/// the cached record is not left saying "standalone".
+#[test]
+fn a_blob_rewritten_while_the_index_was_closed_is_re_read_from_the_store() {
+    // Commits epoch 0, indexes every object as it is then (standalone) in a process that closes
+    // the index again, and commits epoch 1, which rewrites epoch 0's blobs as deltas against
+    // epoch 1's without opening the index. Returns one rewritten blob.
+    let two_commits = |t: &TestRepo| {
+        let v0 = t.commit_files(
+            &t.open(),
+            &[("m.safetensors", &synthetic_checkpoint(5, Dtype::F32, TRAINING_MODEL, 0))],
+            "e0",
+        );
+        assert!(t.open().rebuild_index().is_ok());
+        let repo = t.open();
+        let blob = repo.manifest(&repo.version(&v0).unwrap().files[0].manifest).unwrap().segments[1].blob;
+        assert_eq!(repo.object_record(&blob).unwrap().depth, 0);
+        drop(repo);
+        t.commit_files(&t.open(), &[("m.safetensors", &synthetic_checkpoint(5, Dtype::F32, TRAINING_MODEL, 1))], "e1");
+        assert_eq!(t.open().store().header(&blob).unwrap().depth, 1, "the commit made it a delta");
+        blob
+    };
+    let t = TestRepo::init();
+    let blob = two_commits(&t);
+    assert_eq!(t.open().object_record(&blob).unwrap().depth, 1, "replayed from the journal");
+    // Without the journal, the index would still answer with the old record.
+    let t = TestRepo::init();
+    let blob = two_commits(&t);
+    std::fs::remove_file(t.path(".ckpt/index-journal")).unwrap();
+    assert_eq!(t.open().object_record(&blob).unwrap().depth, 0, "stale without the journal");
 }
 
 fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
