@@ -18,7 +18,7 @@ compaction does while training goes on. "stored" is what the store grew by after
 `--compact inline` times the two together in the commit instead.
 
 usage: $CKPT_CORPUS/venv/bin/python benches/series.py [--ckpt target/release/ckpt] [--json OUT]
-       [--only bf16/reverse,...] [--compact manual|inline]
+       [--only bf16/reverse,...] [--compact manual|inline] [--ballast MB]
 """
 import argparse
 import hashlib
@@ -35,8 +35,25 @@ import warnings
 CORPUS = os.environ.get("CKPT_CORPUS") or os.path.join(os.path.expanduser("~"), ".cache", "ckpt-corpus")
 
 
+# Written and deleted right before every timed command (`--ballast MB`). On the VM this was
+# measured on, writing new data into the page cache runs at ~3 GB/s after memory was freed and
+# ~0.4 GB/s otherwise (docs/BENCHMARKS.md, "Fixed costs again"); freeing some first puts `cp`,
+# commit and checkout in the same phase, as benches/big_checkpoint.sh does.
+BALLAST = b""
+BALLAST_DIR = tempfile.gettempdir()
+
+
+def settle():
+    if BALLAST:
+        path = os.path.join(BALLAST_DIR, "ballast")
+        with open(path, "wb") as f:
+            f.write(BALLAST)
+        os.remove(path)
+
+
 def timed(cmd, cwd, env=None):
     """Wall seconds and peak RSS (KiB) of a command; raises on failure."""
+    settle()
     t = time.perf_counter()
     r = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, cwd=cwd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
@@ -72,6 +89,7 @@ def cp_time(src, tmp):
     times = []
     for _ in range(3):
         dst = os.path.join(tmp, "cp.out")
+        settle()
         t = time.perf_counter()
         subprocess.run(["cp", src, dst], check=True)
         times.append(time.perf_counter() - t)
@@ -125,12 +143,17 @@ def main():
     ap.add_argument("--only", help="comma-separated series/policy pairs, e.g. bf16/previous")
     ap.add_argument("--compact", default="manual", choices=["manual", "inline"],
                     help="reverse deltas: timed apart after each commit (manual), or inside it")
+    ap.add_argument("--ballast", type=int, default=200,
+                    help="MB written and deleted before each timed command (0: none)")
     args = ap.parse_args()
+    global BALLAST, BALLAST_DIR
+    BALLAST = os.urandom(1 << 20) * args.ballast
     ckpt = os.path.abspath(args.ckpt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from zipnn import ZipNN
     scratch = os.path.join(CORPUS, "work")
+    BALLAST_DIR = scratch
     series = {s: [os.path.join(CORPUS, "series", s, f"epoch_{e:02d}.safetensors") for e in range(11)]
               for s in ("bf16", "fp32")}
     series["optim"] = [os.path.join(CORPUS, "series", "optim", f"adamw_epoch_{e:02d}.safetensors") for e in (1, 2, 9, 10)]
@@ -139,7 +162,8 @@ def main():
         series = {k: v for k, v in series.items() if k in wanted}
     zipnn_sizes = {f: zipnn_size(ZipNN, f) for fs in series.values() for f in fs}
     results, ok = {}, True
-    print(f"# ckpt {ckpt}, base_every {args.base_every}, compaction {args.compact}, load {os.getloadavg()}")
+    print(f"# ckpt {ckpt}, base_every {args.base_every}, compaction {args.compact}, ballast {args.ballast} MB, "
+          f"load {os.getloadavg()}")
     for name, files in series.items():
         for policy in ("previous", "base", "skip", "reverse"):
             if args.only and f"{name}/{policy}" not in args.only.split(","):
