@@ -18,13 +18,17 @@ use std::path::{Path, PathBuf};
 /// Chunks decoded per work unit of a parallel checkout (2 MiB with the default chunk size):
 /// small enough to balance two cores on a 2 MiB tensor.
 const UNIT_CHUNKS: usize = 8;
-/// Bytes per window of a whole-file checkout: decoded in parallel, then hashed and written by
-/// one thread while the next window decodes. Two such buffers are live. 4 MiB rather than 16:
-/// the buffers are fresh memory whose first touch faults page by page, which on a 45 MB file
-/// was a quarter of the checkout (0.08 s against 0.04 s, medians of 11, A/B); on a 2 GiB file
-/// HEAD checks out in 1.09 s against 1.22 s, with 22 MiB of RSS instead of 53
-/// (docs/BENCHMARKS.md, "Checkout window").
-const WINDOW_BYTES: usize = 4 << 20;
+/// Bytes per window of a whole-file checkout, per worker thread: decoded in parallel, then
+/// hashed and written by one thread while the next window decodes. Two such buffers are live.
+/// 2 MiB per thread (one unit of 8 default chunks each; 4 MiB on two cores) rather than a
+/// fixed 16 MiB: the buffers are fresh memory whose first touch faults page by page, which on a
+/// 45 MB file was half of the checkout (0.08 s against 0.04 s on two cores, medians of 11, A/B);
+/// on a 2 GiB file HEAD checked out in 1.09 s against 1.22 s, with 22 MiB of RSS instead of 53
+/// (docs/BENCHMARKS.md, "Fixed costs again"). Per thread, so that many cores still find a unit
+/// each in every window.
+const WINDOW_BYTES_PER_THREAD: usize = 2 << 20;
+/// The smallest window, whatever the thread count.
+const MIN_WINDOW_BYTES: usize = 4 << 20;
 /// Original bytes of the segments decoded together (at least one segment per batch).
 const BATCH_BYTES: u64 = 64 << 20;
 
@@ -351,8 +355,9 @@ impl Repo {
                     })
                 })
                 .collect();
-            // Windows: runs of consecutive units (contiguous in the file) of about WINDOW_BYTES.
-            let windows = crate::codec::runs_within(units.iter().map(|u| u.len as u64), WINDOW_BYTES as u64);
+            // Windows: runs of consecutive units (contiguous in the file) of about this many bytes.
+            let window_bytes = (rayon::current_num_threads() * WINDOW_BYTES_PER_THREAD).max(MIN_WINDOW_BYTES);
+            let windows = crate::codec::runs_within(units.iter().map(|u| u.len as u64), window_bytes as u64);
             // Decodes window `w` into `buf` and returns the hash of each of its units.
             let decode_window = |w: &Range<usize>, buf: &mut Vec<u8>| -> Result<Vec<Vec<NodeHash>>> {
                 let len: usize = units[w.clone()].iter().map(|u| u.len).sum();
