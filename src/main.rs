@@ -22,7 +22,7 @@ fn main() -> std::process::ExitCode {
     // short and has a dozen threads (the pool, the syncing threads, sled's): perf of a 45 MB
     // commit showed 40% of its samples in `clear_page_erms` under those faults; with THP off
     // for the process, system time fell from 0.24 to 0.15 s and the index opened in ~10 ms
-    // instead of ~65 (docs/BENCHMARKS.md, "Transparent huge pages"). mimalloc's own
+    // instead of ~65 (docs/BENCHMARKS.md, "Fixed costs again"). mimalloc's own
     // `allow_thp` option is read at its initialisation, before `main`, so it is too late here;
     // PR_SET_THP_DISABLE applies at fault time to every mapping, the arena included.
     // SAFETY: a plain system call with integer arguments; its failure (old kernels) is harmless.
