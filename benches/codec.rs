@@ -2,7 +2,7 @@
 //! Run: `cargo bench --bench codec`. Data: synthetic normally distributed weights (bf16 and f32)
 //! and an XOR delta with few changed bits, generated in memory.
 
-use ckpt::codec::chunk::{encode_chunks, Reference, SkipState};
+use ckpt::codec::chunk::{encode_chunks, Data, Reference, SkipState};
 use ckpt::codec::container::{Container, ContainerWriter, FileKind};
 use ckpt::codec::select::{predict, Options};
 use ckpt::codec::{byte_group, encode_chunk, Layout};
@@ -95,7 +95,7 @@ fn stages(c: &mut Criterion) {
         let mut payload = Vec::with_capacity(chunk.len());
         b.iter(|| {
             payload.clear();
-            encode_chunk(chunk, None, bf16_layout, &opts, &mut SkipState::default(), &mut payload).unwrap()
+            encode_chunk(Data::Bytes(chunk), None, bf16_layout, &opts, &mut SkipState::default(), &mut payload).unwrap()
         })
     });
     g.finish();
@@ -125,7 +125,8 @@ fn stages(c: &mut Criterion) {
     g.bench_function("xor_delta_bf16_1thread", |b| {
         b.iter(|| {
             pool.install(|| {
-                encode_chunks(&bf16_next, Some(Reference::Bytes(&bf16)), bf16_layout, &Options::default()).unwrap()
+                encode_chunks(Data::Bytes(&bf16_next), Some(Reference::Bytes(&bf16)), bf16_layout, &Options::default())
+                    .unwrap()
             })
         })
     });

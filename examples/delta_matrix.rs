@@ -10,7 +10,7 @@
 //!
 //! `cargo run --release --example delta_matrix -- EPOCH_0.safetensors EPOCH_1.safetensors ...`
 
-use ckpt::codec::chunk::{encode_chunks, Reference};
+use ckpt::codec::chunk::{encode_chunks, Data, Reference};
 use ckpt::codec::{Layout, Options};
 use rayon::prelude::*;
 
@@ -27,7 +27,7 @@ fn stored_size(new: &[u8], old: Option<&[u8]>, options: &Options) -> Result<u64,
             let data = &new[t.begin as usize..t.end as usize];
             let layout = Layout::for_dtype(Some(t.dtype));
             let cost = |r: Option<&[u8]>| -> Result<u64, BoxError> {
-                let chunks = encode_chunks(data, r.map(Reference::Bytes), layout, options)?;
+                let chunks = encode_chunks(Data::Bytes(data), r.map(Reference::Bytes), layout, options)?;
                 Ok(chunks.iter().map(|c| c.payload.len() as u64 + 5 * layout.width as u64).sum())
             };
             let reference = match (&old_header, old) {

@@ -8,7 +8,7 @@
 //!
 //! `cargo run --release --example method_table -- [--chunk-kib K] [--skip N] FILES... [--delta OLD NEW]...`
 
-use ckpt::codec::chunk::{encode_chunks, Reference};
+use ckpt::codec::chunk::{encode_chunks, Data, Reference};
 use ckpt::codec::select::Selection;
 use ckpt::codec::{Layout, Method, Options};
 use std::time::Instant;
@@ -36,7 +36,7 @@ fn code(job: &Job, options: &Options) -> Result<(u64, u64, f64), Box<dyn std::er
             _ => None,
         };
         let layout = Layout::for_dtype(Some(t.dtype));
-        let chunks = encode_chunks(data, reference.map(Reference::Bytes), layout, options)?;
+        let chunks = encode_chunks(Data::Bytes(data), reference.map(Reference::Bytes), layout, options)?;
         original += data.len() as u64;
         stored += chunks.iter().map(|c| c.payload.len() as u64 + 5 * layout.width as u64).sum::<u64>();
     }

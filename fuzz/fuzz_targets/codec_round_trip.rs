@@ -1,6 +1,6 @@
 //! encode -> decode must give back the input, for every layout and with or without a reference.
 #![no_main]
-use ckpt::codec::chunk::{Reference, SkipState};
+use ckpt::codec::chunk::{Data, Reference, SkipState};
 use ckpt::codec::{decode_chunk, encode_chunk, Layout, Options};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
@@ -13,7 +13,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let reference = delta.then_some(reference);
     let options = Options::default();
     let mut payload = Vec::new();
-    let header = encode_chunk(input, reference.map(Reference::Bytes), layout, &options, &mut SkipState::default(), &mut payload)
+    let header = encode_chunk(Data::Bytes(input), reference.map(Reference::Bytes), layout, &options, &mut SkipState::default(), &mut payload)
         .expect("valid input encodes");
     let mut out = vec![0u8; input.len()];
     decode_chunk(&payload, &header, layout, reference, &mut out).expect("own output decodes");

@@ -212,21 +212,10 @@ impl<'a> Data<'a> {
     }
 }
 
-/// Codes one chunk: appends the payload to `out` and returns its header. With `reference`, the
-/// chunk is coded as `input XOR reference` (an XOR delta; same length required).
+/// Codes one chunk of plain or grouped [`Data`]: appends the payload to `out` and returns its
+/// header. With `reference`, the chunk is coded as `input XOR reference` (an XOR delta; same
+/// length required).
 pub fn encode_chunk(
-    input: &[u8],
-    reference: Option<Reference<'_>>,
-    layout: Layout,
-    options: &Options,
-    skip: &mut SkipState,
-    out: &mut Vec<u8>,
-) -> Result<ChunkHeader> {
-    encode_chunk_of(Data::Bytes(input), reference, layout, options, skip, out)
-}
-
-/// [`encode_chunk`] of plain or grouped [`Data`].
-pub fn encode_chunk_of(
     input: Data<'_>,
     reference: Option<Reference<'_>>,
     layout: Layout,
@@ -435,16 +424,6 @@ pub const STRIPE_CHUNKS: usize = 8;
 /// chunks start at multiples of `STRIPE_CHUNKS * chunk_size` from the start of `input`, so a
 /// caller that feeds a long tensor in batches should cut batches at such multiples.
 pub fn encode_chunks(
-    input: &[u8],
-    reference: Option<Reference<'_>>,
-    layout: Layout,
-    options: &Options,
-) -> Result<Vec<EncodedChunk>> {
-    encode_chunks_of(Data::Bytes(input), reference, layout, options)
-}
-
-/// [`encode_chunks`] of plain or grouped [`Data`].
-pub fn encode_chunks_of(
     input: Data<'_>,
     reference: Option<Reference<'_>>,
     layout: Layout,
@@ -467,7 +446,7 @@ pub fn encode_chunks_of(
                     let chunk = input.slice(at..(at + chunk_size).min(len));
                     let r = reference.map(|r| r.slice(at..at + chunk.len()));
                     let mut payload = Vec::with_capacity(payload_capacity(chunk.len()));
-                    let header = encode_chunk_of(chunk, r, layout, options, &mut skip, &mut payload)?;
+                    let header = encode_chunk(chunk, r, layout, options, &mut skip, &mut payload)?;
                     let checksum = payload_checksum(&payload);
                     Ok(EncodedChunk { header, payload, checksum })
                 })
@@ -554,7 +533,7 @@ mod tests {
             let r = delta.then_some(reference.as_slice());
             let options = Options { selection, ..Options::default() };
             let mut payload = Vec::new();
-            let header = encode_chunk(&input, r.map(Reference::Bytes), layout, &options, &mut SkipState::default(), &mut payload).unwrap();
+            let header = encode_chunk(Data::Bytes(&input), r.map(Reference::Bytes), layout, &options, &mut SkipState::default(), &mut payload).unwrap();
             prop_assert_eq!(header.stored_len(), payload.len() as u64);
             prop_assert!(payload.len() <= input.len());
             let mut out = vec![0xAA; len];
@@ -590,9 +569,9 @@ mod tests {
             let reference = weights(seed, len, zero_every);
             let mut input = reference.clone();
             for (i, b) in input.iter_mut().enumerate() { if i % 5 == 0 { *b ^= (i % 7) as u8 } }
-            let plain = encode_chunks(&input, Some(Reference::Bytes(&reference)), layout, &options).unwrap();
+            let plain = encode_chunks(Data::Bytes(&input), Some(Reference::Bytes(&reference)), layout, &options).unwrap();
             let source = SplitOnRequest { bytes: &reference, layout };
-            let grouped = encode_chunks(&input, Some(Reference::Grouped { source: &source, offset: 0, len: input.len() }), layout, &options).unwrap();
+            let grouped = encode_chunks(Data::Bytes(&input), Some(Reference::Grouped { source: &source, offset: 0, len: input.len() }), layout, &options).unwrap();
             prop_assert_eq!(plain.len(), grouped.len());
             for (a, b) in plain.iter().zip(&grouped) {
                 prop_assert_eq!(a.header, b.header);
@@ -617,8 +596,8 @@ mod tests {
                 let plain_reference = with_reference.then_some(Reference::Bytes(&reference));
                 let grouped_reference =
                     with_reference.then_some(Reference::Grouped { source: &reference_source, offset: 0, len });
-                let plain = encode_chunks(&input, plain_reference, layout, &options).unwrap();
-                let grouped = encode_chunks_of(data, grouped_reference, layout, &options).unwrap();
+                let plain = encode_chunks(Data::Bytes(&input), plain_reference, layout, &options).unwrap();
+                let grouped = encode_chunks(data, grouped_reference, layout, &options).unwrap();
                 prop_assert_eq!(plain.len(), grouped.len());
                 let mut decoded = Vec::new();
                 for (i, (a, b)) in plain.iter().zip(&grouped).enumerate() {
@@ -642,10 +621,10 @@ mod tests {
         let input = weights(5, 4096, 0);
         let source = SplitOnRequest { bytes: &input, layout };
         let data = Data::Grouped { source: &source, offset: 0, len: input.len() };
-        let err = encode_chunks_of(data, Some(Reference::Bytes(&input)), layout, &options).unwrap_err();
+        let err = encode_chunks(data, Some(Reference::Bytes(&input)), layout, &options).unwrap_err();
         assert!(err.to_string().contains("grouped data takes a grouped reference"), "{err}");
         let odd = Data::Grouped { source: &source, offset: 0, len: 4094 };
-        let err = encode_chunks_of(odd, None, layout, &options).unwrap_err();
+        let err = encode_chunks(odd, None, layout, &options).unwrap_err();
         assert!(err.to_string().contains("not a whole number of 4-byte elements"), "{err}");
     }
 
@@ -657,7 +636,7 @@ mod tests {
         let source = SplitOnRequest { bytes: short, layout };
         let options = Options { chunk_size: 4096, ..Options::default() };
         let result = encode_chunks(
-            &input,
+            Data::Bytes(&input),
             Some(Reference::Grouped { source: &source, offset: 0, len: input.len() }),
             layout,
             &options,
@@ -670,9 +649,9 @@ mod tests {
         let layout = Layout { width: 2, extract_exponent: true };
         let options = Options { chunk_size: 4096, ..Options::default() };
         let input = weights(7, 4096 * 20 + 6, 3);
-        let a = encode_chunks(&input, None, layout, &options).unwrap();
+        let a = encode_chunks(Data::Bytes(&input), None, layout, &options).unwrap();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let b = pool.install(|| encode_chunks(&input, None, layout, &options)).unwrap();
+        let b = pool.install(|| encode_chunks(Data::Bytes(&input), None, layout, &options)).unwrap();
         assert_eq!(a.len(), 21);
         let mut out = Vec::new();
         for (x, y) in a.iter().zip(&b) {
@@ -707,7 +686,7 @@ mod tests {
             let reference = if k == 0 { None } else { Some(versions[k - 1].as_slice()) };
             let mut payload = Vec::new();
             let header = encode_chunk(
-                v,
+                Data::Bytes(v),
                 reference.map(Reference::Bytes),
                 layout,
                 &options,

@@ -13,7 +13,7 @@
 //! before anything is allocated or sliced.
 
 use super::chunk::{
-    checked_chunk_size, encode_chunks_of, payload_checksum, ChunkHeader, Data, EncodedChunk, GroupEntry, Reference,
+    checked_chunk_size, encode_chunks, payload_checksum, ChunkHeader, Data, EncodedChunk, GroupEntry, Reference,
     STRIPE_CHUNKS,
 };
 use super::select::Options;
@@ -292,7 +292,7 @@ impl<W: Write> ContainerWriter<W> {
                         let coded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             let data = part.data.slice(range.clone());
                             let reference = part.reference.map(|r| r.slice(range.clone()));
-                            let chunks = encode_chunks_of(data, reference, Layout::for_dtype(part.dtype), options);
+                            let chunks = encode_chunks(data, reference, Layout::for_dtype(part.dtype), options);
                             let mut nodes = Vec::new();
                             if let (Some(shape), Some(bytes)) = (hash_shape, data.bytes()) {
                                 let at = start + range.start as u64;
