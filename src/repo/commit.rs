@@ -261,8 +261,8 @@ impl Repo {
         Ok(blobs)
     }
 
-    /// Runs `f` on every job (see [`Self::run_sized`]); errors name the job's file, and each
-    /// segment's input pages are dropped once it is stored.
+    /// Runs `f` on every job (see [`Self::run_sized`]); errors name the job's file. (The
+    /// store drops each segment's input pages as it codes them: `Feedback::release_input`.)
     fn run_jobs<T: Send>(
         &self,
         label: &str,
@@ -277,16 +277,11 @@ impl Repo {
             jobs,
             |j| range(j).end - range(j).start,
             |job, progress| {
-                let input = &inputs[job.file];
-                let out = f(job, progress).map_err(|e| match e {
-                    Error::Store(store::Error::ChangedWhileWriting { .. }) => {
-                        Error::FileChanged { path: input.path.to_string() }
-                    }
-                    other => Error::File { path: input.path.to_string(), source: Box::new(other) },
-                })?;
-                let r = range(job);
-                input.map.release(r.start as usize..r.end as usize);
-                Ok(out)
+                let path = || inputs[job.file].path.to_string();
+                f(job, progress).map_err(|e| match e {
+                    Error::Store(store::Error::ChangedWhileWriting { .. }) => Error::FileChanged { path: path() },
+                    other => Error::File { path: path(), source: Box::new(other) },
+                })
             },
         )
     }

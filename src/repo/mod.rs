@@ -436,7 +436,9 @@ impl Repo {
             // The index is a cache: a failed update only costs speed later.
             let _ = match entry {
                 JournalEntry::Object(id) => match (self.store.header(&id), self.store.stored_len(&id)) {
-                    (Ok(h), Ok(stored_len)) => self.index_object_into(ix, &id, &h, stored_len),
+                    (Ok(h), Ok(stored_len)) => {
+                        ix.put_object(&id, &object_record_of(&h, stored_len)).map_err(Error::from)
+                    }
                     (Err(store::Error::Missing { .. }), _) | (_, Err(store::Error::Missing { .. })) => {
                         ix.remove_object(&id).map_err(Error::from)
                     }
@@ -522,16 +524,8 @@ impl Repo {
 
     fn index_object(&self, w: &store::Written) {
         if let Some(ix) = self.open_index_or_journal(|| JournalEntry::Object(w.id)) {
-            let record = ObjectRecord {
-                kind: w.header.kind as u8,
-                dtype: w.header.dtype.map_or(0, crate::Dtype::code),
-                depth: w.header.depth,
-                raw_len: w.header.raw_len,
-                stored_len: w.stored_len,
-                reference: w.header.reference,
-            };
             // The index is a cache: a failed insert only costs speed later.
-            let _ = ix.put_object(&w.id, &record);
+            let _ = ix.put_object(&w.id, &object_record_of(&w.header, w.stored_len));
         }
     }
 
@@ -833,7 +827,7 @@ impl Repo {
         let mut n = 0;
         for id in &ids {
             let (Ok(header), Ok(stored_len)) = (self.store.header(id), self.store.stored_len(id)) else { continue };
-            self.index_object_into(ix, id, &header, stored_len)?;
+            ix.put_object(id, &object_record_of(&header, stored_len))?;
             if header.kind == ObjectKind::Version {
                 if let Ok(v) = self.version(id) {
                     ix.put_version(id, &version_record(&v))?;
@@ -845,33 +839,12 @@ impl Repo {
         Ok(n)
     }
 
-    fn index_object_into(&self, ix: &Index, id: &ObjectId, h: &store::ObjectHeader, stored_len: u64) -> Result<()> {
-        let record = ObjectRecord {
-            kind: h.kind as u8,
-            dtype: h.dtype.map_or(0, crate::Dtype::code),
-            depth: h.depth,
-            raw_len: h.raw_len,
-            stored_len,
-            reference: h.reference,
-        };
-        ix.put_object(id, &record)?;
-        Ok(())
-    }
-
     /// The index's record of an object, or the store's header if the index lacks it.
     pub fn object_record(&self, id: &ObjectId) -> Result<ObjectRecord> {
         if let Some(Ok(Some(r))) = self.index().map(|ix| ix.object(id)) {
             return Ok(r);
         }
-        let h = self.store.header(id)?;
-        Ok(ObjectRecord {
-            kind: h.kind as u8,
-            dtype: h.dtype.map_or(0, crate::Dtype::code),
-            depth: h.depth,
-            raw_len: h.raw_len,
-            stored_len: self.store.stored_len(id)?,
-            reference: h.reference,
-        })
+        Ok(object_record_of(&self.store.header(id)?, self.store.stored_len(id)?))
     }
 
     /// Records a working file's identity for `status`.
@@ -893,6 +866,18 @@ impl Repo {
     fn append_journal(&self) {
         let entries = std::mem::take(&mut *self.unjournaled.lock().unwrap_or_else(|e| e.into_inner()));
         let _ = self.journal().append(&entries);
+    }
+}
+
+/// The index record of an object with header `h` and file size `stored_len`.
+fn object_record_of(h: &store::ObjectHeader, stored_len: u64) -> ObjectRecord {
+    ObjectRecord {
+        kind: h.kind as u8,
+        dtype: h.dtype.map_or(0, crate::Dtype::code),
+        depth: h.depth,
+        raw_len: h.raw_len,
+        stored_len,
+        reference: h.reference,
     }
 }
 
