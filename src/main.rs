@@ -17,15 +17,5 @@ fn main() -> std::process::ExitCode {
     // and its peak is bounded by the codec windows, so keeping freed pages costs nothing.
     // SAFETY: sets an integer option before any thread is started; -1 means "never purge".
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-    // mimalloc reserves its 1 GiB arena before `main` and marks it MADV_HUGEPAGE, so every
-    // thread's first pages fault in as 2 MiB pages the kernel zeroes whole. A ckpt process is
-    // short and has a dozen threads (the pool, the syncing threads, sled's): perf of a 45 MB
-    // commit showed 40% of its samples in `clear_page_erms` under those faults; with THP off
-    // for the process, system time fell from 0.24 to 0.15 s and the index opened in ~10 ms
-    // instead of ~65 (docs/BENCHMARKS.md, "Fixed costs again"). mimalloc's own
-    // `allow_thp` option is read at its initialisation, before `main`, so it is too late here;
-    // PR_SET_THP_DISABLE applies at fault time to every mapping, the arena included.
-    // SAFETY: a plain system call with integer arguments; its failure (old kernels) is harmless.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     ckpt::cli::main()
 }

@@ -21,8 +21,9 @@ const UNIT_CHUNKS: usize = 8;
 /// Bytes per window of a whole-file checkout, per worker thread: decoded in parallel, then
 /// hashed and written by one thread while the next window decodes. Two such buffers are live.
 /// 2 MiB per thread (one unit of 8 default chunks each; 4 MiB on two cores) rather than a
-/// fixed 16 MiB: the buffers are fresh memory whose first touch faults page by page, which on a
-/// 45 MB file was half of the checkout (0.08 s against 0.04 s on two cores, medians of 11, A/B);
+/// fixed 16 MiB: the buffers are fresh memory the kernel faults in and zeroes, which on a
+/// 45 MB file was half of the checkout (0.08 s against 0.04 s on two cores, medians of 11, A/B;
+/// 52 against 100 ms with transparent huge pages on);
 /// on a 2 GiB file HEAD checked out in 1.09 s against 1.22 s, with 22 MiB of RSS instead of 53
 /// (docs/BENCHMARKS.md, "Fixed costs again"). Per thread, so that many cores still find a unit
 /// each in every window.
