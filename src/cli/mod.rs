@@ -1,6 +1,16 @@
 //! The command-line interface: clap parsing, one file per command in `commands/`, shared output
 //! helpers in `ui`. This is the only module that uses clap and anyhow.
 
+/// `println!` that returns the write's error instead of panicking: a closed stdout (`ckpt log
+/// | head -1`) must end the command quietly ([`ui::is_broken_pipe`]), and `println!` panics on
+/// it (Rust ignores SIGPIPE, so the write fails with EPIPE).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod commands;
 pub mod ui;
 

@@ -118,7 +118,13 @@ pub fn thread_pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
 
 /// True if the error chain holds a broken pipe (stdout closed by `head` etc.).
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    use std::io::ErrorKind::BrokenPipe;
+    e.chain().any(|c| {
+        // serde_json wraps the writer's io::Error without exposing it as a source: `log
+        // --json | head` failed with "Broken pipe" and exit 1 before this asked it.
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>().is_some_and(|j| j.io_error_kind() == Some(BrokenPipe))
+    })
 }
 
 /// Writes an output file atomically: `write` fills a temporary file next to `path`, which is

@@ -397,8 +397,8 @@ impl<W: Write> ContainerWriter<W> {
     }
 }
 
-fn io_error(e: std::io::Error) -> Error {
-    Error::InvalidInput(format!("writing the container: {e}"))
+fn io_error(source: std::io::Error) -> Error {
+    Error::Io { action: "writing the container", source }
 }
 
 fn checksum(header: &[u8], index: &[u8], footer_head: &[u8]) -> [u8; 8] {
@@ -771,7 +771,7 @@ impl<'a> Container<'a> {
                     join.add(slot.original_offset..slot.original_offset + len as u64, &decoded[at..at + len], nodes);
                     at += len;
                 }
-                out.write_all(decoded).map_err(|e| Error::InvalidInput(format!("writing the decoded bytes: {e}")))?;
+                out.write_all(decoded).map_err(|source| Error::Io { action: "writing the decoded bytes", source })?;
                 progress(join.covered());
                 Ok(())
             },

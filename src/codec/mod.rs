@@ -187,6 +187,16 @@ pub enum Error {
     /// the input changed while it was being read (a file rewritten during a commit).
     #[error("the input changed while it was being coded")]
     InputChanged,
+    /// Writing the coded or decoded bytes to the caller's output failed (a full disk, a closed
+    /// pipe): the caller's I/O, not the codec's input, so it keeps the OS error for the caller to
+    /// name the file.
+    #[error("{action}: {source}")]
+    Io {
+        /// What was being written.
+        action: &'static str,
+        /// The output's error.
+        source: std::io::Error,
+    },
 }
 
 /// Shorthand for codec results.

@@ -37,6 +37,11 @@ pub enum Entry {
         len: u64,
         /// Modification time, ns since the Unix epoch.
         mtime_ns: i128,
+        /// Status-change time, ns since the Unix epoch. Required: a line without it (written
+        /// before it was recorded) does not parse and is skipped, so that file is hashed again.
+        ctime_ns: i128,
+        /// Inode number (required, as `ctime_ns`).
+        ino: u64,
         /// When the record was made, ns since the Unix epoch.
         recorded_ns: i128,
         /// blake3 of the file.
@@ -51,6 +56,8 @@ impl Entry {
             path: path.to_string(),
             len: record.len,
             mtime_ns: record.mtime_ns,
+            ctime_ns: record.ctime_ns,
+            ino: record.ino,
             recorded_ns: record.recorded_ns,
             hash: record.hash,
         }
@@ -140,8 +147,14 @@ mod tests {
     use super::*;
 
     fn stat(path: &str, n: u8) -> Entry {
-        let record =
-            StatRecord { len: n as u64, mtime_ns: -(n as i128), recorded_ns: 1 << 100, hash: ObjectId([n; 32]) };
+        let record = StatRecord {
+            len: n as u64,
+            mtime_ns: -(n as i128),
+            ctime_ns: n as i128 * 3,
+            ino: u64::MAX - n as u64,
+            recorded_ns: 1 << 100,
+            hash: ObjectId([n; 32]),
+        };
         Entry::stat(path, &record)
     }
 
@@ -181,7 +194,14 @@ mod tests {
         let journal = Journal::new(&path);
         journal.append(&[stat("kept", 1)]).unwrap();
         let mut f = std::fs::File::options().append(true).open(&path).unwrap();
-        f.write_all(b"{\"object\":\"zz\"}\nnot json\n\xff\xfe\n{\"stat\":{\"path\":\"torn\",\"len\":").unwrap();
+        f.write_all(b"{\"object\":\"zz\"}\nnot json\n\xff\xfe\n").unwrap();
+        // A stat line of the earlier layout (no ctime_ns, no ino): skipped, not trusted.
+        let old = format!(
+            "{{\"stat\":{{\"path\":\"old\",\"len\":1,\"mtime_ns\":1,\"recorded_ns\":9,\"hash\":\"{}\"}}}}\n",
+            ObjectId([7; 32])
+        );
+        f.write_all(old.as_bytes()).unwrap();
+        f.write_all(b"{\"stat\":{\"path\":\"torn\",\"len\":").unwrap();
         journal.append(&[stat("after", 2)]).unwrap();
         // The torn line loses only itself: the next append starts on a line of its own.
         assert_eq!(journal.take().unwrap(), vec![stat("kept", 1), stat("after", 2)]);

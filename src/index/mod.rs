@@ -1,6 +1,7 @@
 //! The index: a sled database under `.ckpt/index/` caching what is slow to recompute from the
 //! object store: per object its kind, lengths, delta reference and chain depth; per version the
-//! metadata `log` shows; and per working file its size, mtime and hash (for `status`).
+//! metadata `log` shows; and per working file its size, mtime, ctime, inode and hash (for
+//! `status`, `checkout` and `switch`).
 //!
 //! This is the only module that names sled. Nothing in it is authoritative: the object store and
 //! the ref files are the truth, and callers treat every answer as a hint that may be missing
@@ -137,13 +138,23 @@ pub struct VersionRecord {
     pub stored_bytes: u64,
 }
 
-/// Cached identity of a working file (for `status`).
+/// Cached identity of a working file (for `status`, and for `checkout` and `switch` deciding
+/// whether a file holds changes they would destroy).
+///
+/// Size and mtime alone miss a same-size rewrite whose mtime was put back (`touch -d`, a
+/// restore from a backup): the ctime and inode catch it, as in git's index, because the kernel
+/// sets the ctime on every change and no call sets it back, and a file replaced by rename gets
+/// another inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatRecord {
     /// File length.
     pub len: u64,
     /// Modification time, nanoseconds since the Unix epoch.
     pub mtime_ns: i128,
+    /// Status-change time (ctime), nanoseconds since the Unix epoch.
+    pub ctime_ns: i128,
+    /// Inode number.
+    pub ino: u64,
     /// When the record was made, nanoseconds since the Unix epoch. A file modified within the
     /// file system's timestamp granularity of this moment cannot be trusted by mtime.
     pub recorded_ns: i128,
@@ -151,15 +162,19 @@ pub struct StatRecord {
     pub hash: ObjectId,
 }
 
-const STAT_RECORD_LEN: usize = 8 + 16 + 16 + 32;
+/// Encoded length of a [`StatRecord`]. A record of another length (the 72-byte records before
+/// ctime and inode were added) decodes as absent: the file is hashed again, never trusted.
+const STAT_RECORD_LEN: usize = 8 + 16 + 16 + 8 + 16 + 32;
 
 impl StatRecord {
     fn encode(&self) -> [u8; STAT_RECORD_LEN] {
         let mut b = [0u8; STAT_RECORD_LEN];
         b[..8].copy_from_slice(&self.len.to_le_bytes());
         b[8..24].copy_from_slice(&self.mtime_ns.to_le_bytes());
-        b[24..40].copy_from_slice(&self.recorded_ns.to_le_bytes());
-        b[40..].copy_from_slice(self.hash.as_bytes());
+        b[24..40].copy_from_slice(&self.ctime_ns.to_le_bytes());
+        b[40..48].copy_from_slice(&self.ino.to_le_bytes());
+        b[48..64].copy_from_slice(&self.recorded_ns.to_le_bytes());
+        b[64..].copy_from_slice(self.hash.as_bytes());
         b
     }
 
@@ -170,8 +185,10 @@ impl StatRecord {
         Some(StatRecord {
             len: u64::from_le_bytes(b[..8].try_into().ok()?),
             mtime_ns: i128::from_le_bytes(b[8..24].try_into().ok()?),
-            recorded_ns: i128::from_le_bytes(b[24..40].try_into().ok()?),
-            hash: ObjectId(b[40..].try_into().ok()?),
+            ctime_ns: i128::from_le_bytes(b[24..40].try_into().ok()?),
+            ino: u64::from_le_bytes(b[40..48].try_into().ok()?),
+            recorded_ns: i128::from_le_bytes(b[48..64].try_into().ok()?),
+            hash: ObjectId(b[64..].try_into().ok()?),
         })
     }
 }
@@ -397,9 +414,12 @@ mod tests {
         assert_eq!(ix.version(&id).unwrap(), Some(v));
         assert_eq!(ix.versions_with_prefix(&id.short(5)).unwrap(), vec![id]);
         assert_eq!(ix.versions_with_prefix("0000000").unwrap(), vec![]);
-        let s = StatRecord { len: 1, mtime_ns: -5, recorded_ns: 7, hash: id };
+        let s = StatRecord { len: 1, mtime_ns: -5, ctime_ns: 6, ino: 1 << 40, recorded_ns: 7, hash: id };
         ix.put_stat("a/b", &s).unwrap();
         assert_eq!(ix.stat("a/b").unwrap(), Some(s));
+        // A record of the earlier 72-byte layout (no ctime, no inode) is not trusted.
+        ix.stat.insert(b"old", &[0u8; 72][..]).unwrap();
+        assert_eq!(ix.stat("old").unwrap(), None);
 
         // A second opener is refused while the first holds the index.
         assert!(matches!(Index::open(&path), Err(Error::Locked { .. })));

@@ -2,10 +2,10 @@
 //! hash-checked, then renamed into place. A damaged object makes the file fail; nothing wrong is
 //! ever left under the target name.
 
-use super::commit::{mtime_ns, now_ns};
+use super::commit::now_ns;
 use super::model::{FileEntry, FileFormat, Manifest};
+use super::status::Observed;
 use super::{Error, Repo, RepoPath, Result, VersionId};
-use crate::index::StatRecord;
 use crate::object_id::ObjectId;
 use crate::object_id::{NodeHash, RangeHashes};
 use crate::safetensors;
@@ -73,6 +73,28 @@ impl TensorFilter {
     }
 }
 
+/// How [`Repo::checkout_version`] writes a version: the internal form of [`CheckoutOptions`].
+pub(super) struct Target<'a> {
+    /// Only these files.
+    pub files: Option<&'a [PathBuf]>,
+    /// Instead of the working tree.
+    pub output_dir: Option<&'a Path>,
+    /// Only these tensors.
+    pub filter: Option<&'a TensorFilter>,
+    /// Destroy changes rather than refuse.
+    pub force: bool,
+    /// `switch`: also remove the current version's files that the target lacks.
+    pub switching: bool,
+}
+
+/// The directory file `path` (a repository path) goes into under `root`.
+fn rp_parent(root: &Path, path: &str) -> PathBuf {
+    let mut p = root.to_path_buf();
+    p.extend(path.split('/'));
+    p.pop();
+    p
+}
+
 /// Iterative glob matching with backtracking to the last `*` (linear in practice).
 fn glob(p: &[char], n: &[char]) -> bool {
     let (mut pi, mut ni) = (0, 0);
@@ -106,12 +128,30 @@ pub struct CheckoutSummary {
     pub bytes: u64,
 }
 
+/// What [`Repo::checkout_with`] writes and how.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckoutOptions {
+    /// Only these files (absolute, or relative to the repository root); `None`: all of them.
+    pub files: Option<Vec<PathBuf>>,
+    /// Write under this directory instead of the working tree. It must not lie inside the
+    /// repository's `.ckpt` directory.
+    pub output: Option<PathBuf>,
+    /// Only the tensors this pattern selects ([`TensorFilter`]).
+    pub tensor: Option<String>,
+    /// Overwrite working files even when that destroys changes the repository does not hold
+    /// (a modified tracked file, an untracked file in the way), and let `tensor` replace whole
+    /// working files.
+    pub force: bool,
+}
+
 impl Repo {
     /// Writes the files of version `rev` (all, or those named in `files`, absolute or relative
     /// to the repository root) under `output_dir` (default: the working tree) at their
     /// committed relative paths. With `tensor_filter` (see [`TensorFilter`]), each safetensors
     /// file is written as a valid safetensors file holding only the matching tensors; files
-    /// with no match, and non-safetensors files, are skipped. `HEAD` does not move.
+    /// with no match, and non-safetensors files, are skipped. `HEAD` does not move. Into the
+    /// working tree this refuses to destroy changes ([`CheckoutOptions::force`] off): see
+    /// [`Repo::checkout_with`].
     pub fn checkout(
         &self,
         rev: &str,
@@ -119,19 +159,39 @@ impl Repo {
         output_dir: Option<&Path>,
         tensor_filter: Option<&str>,
     ) -> Result<CheckoutSummary> {
-        let id = self.resolve(rev)?;
-        self.checkout_version(&id, files, output_dir, tensor_filter.map(TensorFilter::new).as_ref())
+        let options = CheckoutOptions {
+            files: files.map(<[PathBuf]>::to_vec),
+            output: output_dir.map(Path::to_path_buf),
+            tensor: tensor_filter.map(str::to_string),
+            force: false,
+        };
+        self.checkout_with(rev, &options)
     }
 
-    pub(super) fn checkout_version(
-        &self,
-        id: &VersionId,
-        files: Option<&[PathBuf]>,
-        output_dir: Option<&Path>,
-        filter: Option<&TensorFilter>,
-    ) -> Result<CheckoutSummary> {
+    /// Writes the files of version `rev` as [`CheckoutOptions`] say. Into the working tree
+    /// (no output directory, or the root itself), unless `force`: every file to be written is
+    /// compared with the current version and the version checked out first (size, mtime, ctime,
+    /// inode, else its hash), and a file whose content neither holds (modified since it was
+    /// committed or checked out, or untracked) fails the checkout with
+    /// [`Error::DirtyWorkingTree`] naming every such file, before anything is written; a
+    /// tensor selection fails with [`Error::PartialCheckoutInTree`].
+    pub fn checkout_with(&self, rev: &str, options: &CheckoutOptions) -> Result<CheckoutSummary> {
+        let id = self.resolve(rev)?;
+        let filter = options.tensor.as_deref().map(TensorFilter::new);
+        let target = Target {
+            files: options.files.as_deref(),
+            output_dir: options.output.as_deref(),
+            filter: filter.as_ref(),
+            force: options.force,
+            switching: false,
+        };
+        self.checkout_version(&id, &target)
+    }
+
+    pub(super) fn checkout_version(&self, id: &VersionId, target: &Target<'_>) -> Result<CheckoutSummary> {
+        let filter = target.filter;
         let version = self.version(id)?;
-        let selected: Vec<&FileEntry> = match files {
+        let selected: Vec<&FileEntry> = match target.files {
             None => version.files.iter().collect(),
             Some(paths) => paths
                 .iter()
@@ -141,14 +201,15 @@ impl Repo {
                 })
                 .collect::<Result<_>>()?,
         };
-        let (out_dir, in_tree) = match output_dir {
+        let (out_dir, in_tree) = match target.output_dir {
             None => (self.root.clone(), true),
             Some(d) => {
-                std::fs::create_dir_all(d).map_err(|source| Error::Io {
-                    action: "creating",
-                    path: d.to_path_buf(),
-                    source,
-                })?;
+                // Checked before anything is created: `refs/` or `objects/` overwritten by a
+                // checkout would break the repository.
+                if super::path::resolve_prospective(d).is_some_and(|r| r.starts_with(&self.dir)) {
+                    return Err(Error::OutputInRepository { path: d.to_path_buf(), ckpt_dir: self.dir.clone() });
+                }
+                super::path::create_dirs(d)?;
                 let d = std::fs::canonicalize(d).map_err(|source| Error::Io {
                     action: "resolving",
                     path: d.to_path_buf(),
@@ -158,14 +219,41 @@ impl Repo {
                 (d, in_tree)
             }
         };
-        let total = selected.iter().map(|f| f.len).sum();
-        self.progress.start("checkout", total);
-        let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
+        let mut planned = Vec::with_capacity(selected.len());
         for entry in selected {
             let rp = RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
                 id: *id,
                 reason: format!("path {:?}: {reason}", entry.path),
             })?;
+            // An output directory above the root must not reach `.ckpt` through a stored path
+            // such as `repo/.ckpt/HEAD` (out_dir is canonical; symlinked directories below it
+            // are refused when the file is written).
+            if rp.under(&out_dir).starts_with(&self.dir) {
+                return Err(Error::OutputInRepository { path: rp.under(&out_dir), ckpt_dir: self.dir.clone() });
+            }
+            planned.push((entry, rp));
+        }
+        if in_tree && !target.force {
+            if let Some(f) = filter {
+                return Err(Error::PartialCheckoutInTree {
+                    pattern: f.pattern.clone(),
+                    files: planned.iter().map(|(e, _)| e.path.clone()).collect(),
+                });
+            }
+        }
+        let to_remove = if in_tree {
+            let entries: Vec<&FileEntry> = planned.iter().map(|(e, _)| *e).collect();
+            self.protect_working_tree(&entries, target.switching, target.force)?
+        } else {
+            Vec::new()
+        };
+        for rp in &to_remove {
+            self.remove_working_file(rp)?;
+        }
+        let total = planned.iter().map(|(f, _)| f.len).sum();
+        self.progress.start("checkout", total);
+        let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
+        for (entry, rp) in planned {
             let written = self
                 .checkout_file(entry, &rp, &out_dir, filter, summary.bytes)
                 .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
@@ -180,6 +268,106 @@ impl Repo {
         self.progress.finish();
         self.flush_index();
         Ok(summary)
+    }
+
+    /// Checks, before a checkout into the working tree writes anything, that it destroys no
+    /// bytes the repository does not hold, the way git's checkout does: a working file may be
+    /// replaced when its content is the current version's (committed) or the one about to be
+    /// written, or when nothing is there. When `switching`, the current version's files the
+    /// target lacks are to be removed, and may be when unmodified (files `rm`-ed since the last
+    /// commit are left alone: they are the user's now). Returns those files to remove. With
+    /// `force`, every conflict is overwritten or removed instead of refused.
+    fn protect_working_tree(&self, targets: &[&FileEntry], switching: bool, force: bool) -> Result<Vec<RepoPath>> {
+        let current = match self.refs.head_version()? {
+            Some(head) => Some(self.version(&head)?),
+            None => None,
+        };
+        let committed = |path: &str| current.as_ref().and_then(|v| v.file(path));
+        let (mut modified, mut untracked) = (Vec::new(), Vec::new());
+        for entry in targets {
+            let rp = self.stored_path(entry)?;
+            let mut candidates = vec![(entry.len, entry.hash)];
+            candidates.extend(committed(&entry.path).map(|c| (c.len, c.hash)));
+            match self.observe(&rp, &candidates)? {
+                Observed::Missing | Observed::Matches(_) => {}
+                Observed::NotAFile if rp.under(&self.root).is_dir() => {
+                    return Err(Error::InvalidPath { path: rp.under(&self.root), reason: "is a directory".into() })
+                }
+                Observed::NotAFile | Observed::Differs => match committed(&entry.path) {
+                    Some(_) => modified.push(entry.path.clone()),
+                    None => untracked.push(entry.path.clone()),
+                },
+            }
+        }
+        let mut to_remove = Vec::new();
+        if let (true, Some(current)) = (switching, &current) {
+            let removals = self.pending_removals()?;
+            for old in &current.files {
+                if targets.iter().any(|t| t.path == old.path) || removals.contains(&old.path) {
+                    continue;
+                }
+                let rp = self.stored_path(old)?;
+                match self.observe(&rp, &[(old.len, old.hash)])? {
+                    Observed::Missing => {}
+                    Observed::Matches(_) => to_remove.push(rp),
+                    // A directory now stands where the file was: not the file, not removed.
+                    Observed::NotAFile if rp.under(&self.root).is_dir() => {}
+                    Observed::NotAFile | Observed::Differs => {
+                        modified.push(old.path.clone());
+                        to_remove.push(rp);
+                    }
+                }
+            }
+        }
+        // A file standing where a directory is needed (a checked-out path under it) must
+        // be on its way out, or the writes would fail half-way.
+        for entry in targets {
+            let mut at = self.root.clone();
+            let parts: Vec<&str> = entry.path.split('/').collect();
+            for (i, part) in parts[..parts.len() - 1].iter().enumerate() {
+                at.push(part);
+                let is_file = std::fs::symlink_metadata(&at).is_ok_and(|m| !m.is_dir());
+                let removed = to_remove.iter().any(|r| r.as_str() == parts[..=i].join("/"));
+                if is_file && !removed {
+                    return Err(Error::NotADirectory { path: at, creating: rp_parent(&self.root, &entry.path) });
+                }
+            }
+        }
+        let conflicts = !(modified.is_empty() && untracked.is_empty());
+        if conflicts && !force {
+            modified.sort();
+            untracked.sort();
+            return Err(Error::DirtyWorkingTree { paths: modified, untracked });
+        }
+        Ok(to_remove)
+    }
+
+    /// The validated path of a version's file entry.
+    fn stored_path(&self, entry: &FileEntry) -> Result<RepoPath> {
+        RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
+            id: entry.manifest,
+            reason: format!("path {:?}: {reason}", entry.path),
+        })
+    }
+
+    /// Deletes a working file `switch` leaves behind, then the directories above it that this
+    /// left empty (up to the root).
+    fn remove_working_file(&self, rp: &RepoPath) -> Result<()> {
+        let path = rp.under(&self.root);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::Io { action: "removing", path, source }),
+        }
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| *d != self.root && d.starts_with(&self.root)) {
+            // Fails (and stops) at the first directory that is not empty.
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+        Ok(())
     }
 
     /// Writes one file; `None` if the filter selects nothing in it.
@@ -232,11 +420,7 @@ impl Repo {
             }
         }
         let dir = dest.parent().expect("a file path under a directory");
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            action: "creating",
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        super::path::create_dirs(dir)?;
         if dest.is_dir() {
             return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
         }
@@ -456,8 +640,7 @@ impl Repo {
     /// Remembers a checked-out working file's size, mtime and hash for `status`.
     fn record_stat(&self, rp: &RepoPath, entry: &FileEntry) {
         if let Ok(m) = std::fs::metadata(rp.under(&self.root)) {
-            let record = StatRecord { len: m.len(), mtime_ns: mtime_ns(&m), recorded_ns: now_ns(), hash: entry.hash };
-            self.index_stat(rp.as_str(), &record);
+            self.index_stat(rp.as_str(), &super::status::stat_record(&m, entry.hash, now_ns()));
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use super::model::{FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, RepoPath, Result, VersionId};
-use crate::index::StatRecord;
 use crate::mmap::{self, Map};
 use crate::object_id::ObjectId;
 use crate::safetensors;
@@ -379,12 +378,7 @@ impl Repo {
         let now = now_ns();
         for input in inputs {
             let Some(entry) = version.file(input.path.as_str()) else { continue };
-            let record = StatRecord {
-                len: input.metadata.len(),
-                mtime_ns: mtime_ns(&input.metadata),
-                recorded_ns: now,
-                hash: entry.hash,
-            };
+            let record = super::status::stat_record(&input.metadata, entry.hash, now);
             self.index_stat(input.path.as_str(), &record);
         }
     }

@@ -25,7 +25,7 @@ mod refs;
 mod status;
 mod verify;
 
-pub use checkout::{CheckoutSummary, TensorFilter};
+pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy};
@@ -217,11 +217,44 @@ pub enum Error {
         /// The file.
         path: String,
     },
-    /// `switch` with modified tracked files.
-    #[error("modified files would be overwritten: {} (commit them, or switch with force)", paths.join(", "))]
+    /// A checkout into the working tree or a `switch` that would destroy bytes the repository
+    /// does not hold: nothing was written.
+    #[error("{}", dirty_message(paths, untracked))]
     DirtyWorkingTree {
-        /// The modified files.
+        /// Tracked files modified since they were committed or checked out (to be overwritten
+        /// or, by `switch`, removed).
         paths: Vec<String>,
+        /// Files the current version does not track, in the way of files to be written.
+        untracked: Vec<String>,
+    },
+    /// `checkout --tensor` into the working tree without `force`: it would replace each whole
+    /// file with one holding only the matching tensors.
+    #[error(
+        "checkout --tensor {pattern:?} would replace {} in the working tree with files holding only \
+         the matching tensors; write them elsewhere with --output DIR, or pass --force",
+        files.join(", ")
+    )]
+    PartialCheckoutInTree {
+        /// The tensor pattern.
+        pattern: String,
+        /// The working files it would replace.
+        files: Vec<String>,
+    },
+    /// An output directory inside the repository's own `.ckpt` directory.
+    #[error("{}: is inside the repository's own directory {}; not writing there", path.display(), ckpt_dir.display())]
+    OutputInRepository {
+        /// The output path as given.
+        path: PathBuf,
+        /// The `.ckpt` directory.
+        ckpt_dir: PathBuf,
+    },
+    /// A directory to create where a path component is a file.
+    #[error("creating {}: {} is not a directory", creating.display(), path.display())]
+    NotADirectory {
+        /// The component that is not a directory.
+        path: PathBuf,
+        /// The directory being created.
+        creating: PathBuf,
     },
     /// An operation that needs a version on an unborn branch.
     #[error("branch {branch:?} has no version yet")]
@@ -229,6 +262,22 @@ pub enum Error {
         /// The branch HEAD names.
         branch: String,
     },
+}
+
+/// The message of [`Error::DirtyWorkingTree`].
+fn dirty_message(modified: &[String], untracked: &[String]) -> String {
+    let mut parts = Vec::new();
+    if !modified.is_empty() {
+        parts.push(format!("modified since the last commit or checkout: {}", modified.join(", ")));
+    }
+    if !untracked.is_empty() {
+        parts.push(format!("untracked files in the way: {}", untracked.join(", ")));
+    }
+    format!(
+        "refusing to overwrite or remove files whose changes would be lost ({}); commit or move them, \
+         or pass --force to discard them",
+        parts.join("; ")
+    )
 }
 
 /// Shorthand for repository results.
@@ -338,7 +387,7 @@ impl Repo {
     /// index, default config and `HEAD` on branch `main`. The directory is built under a
     /// temporary name and renamed, so an interrupted init leaves no half repository.
     pub fn init(dir: &Path) -> Result<Repo> {
-        std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+        path::create_dirs(dir)?;
         let root = std::fs::canonicalize(dir).map_err(io("resolving", dir))?;
         let final_dir = root.join(DIR_NAME);
         if final_dir.exists() {
@@ -448,8 +497,9 @@ impl Repo {
                     Ok(v) => ix.put_version(&id, &version_record(&v)).map_err(Error::from),
                     Err(_) => ix.remove_version(&id).map_err(Error::from),
                 },
-                JournalEntry::Stat { path, len, mtime_ns, recorded_ns, hash } => {
-                    ix.put_stat(&path, &StatRecord { len, mtime_ns, recorded_ns, hash }).map_err(Error::from)
+                JournalEntry::Stat { path, len, mtime_ns, ctime_ns, ino, recorded_ns, hash } => {
+                    let record = StatRecord { len, mtime_ns, ctime_ns, ino, recorded_ns, hash };
+                    ix.put_stat(&path, &record).map_err(Error::from)
                 }
             };
         }
@@ -713,22 +763,18 @@ impl Repo {
             .collect())
     }
 
-    /// Moves `HEAD` to branch `name` and checks out its files into the working tree. Refuses
-    /// when a tracked file is modified (its changes would be lost) unless `force`. Files of the
-    /// old version that the branch lacks are left in place.
+    /// Moves `HEAD` to branch `name` and checks out its files into the working tree, removing
+    /// the current version's files that the branch lacks. Refuses, before anything is written,
+    /// when that would destroy bytes the repository does not hold (a tracked file modified since
+    /// it was committed or checked out, an untracked file in the way of one of the branch's
+    /// files), naming them ([`Error::DirtyWorkingTree`]), unless `force`.
     pub fn switch(&self, name: &str, force: bool) -> Result<()> {
         check_name(name)?;
         let _lock = self.lock()?;
         let tip =
             self.refs.get(RefKind::Branch, name)?.ok_or_else(|| Error::NoSuchBranch { name: name.to_string() })?;
-        if !force {
-            let modified: Vec<String> =
-                self.status()?.files.into_iter().filter(|f| f.state == FileState::Modified).map(|f| f.path).collect();
-            if !modified.is_empty() {
-                return Err(Error::DirtyWorkingTree { paths: modified });
-            }
-        }
-        self.checkout_version(&tip, None, None, None)?;
+        let target = checkout::Target { files: None, output_dir: None, filter: None, force, switching: true };
+        self.checkout_version(&tip, &target)?;
         self.refs.set_head(&Head::Branch(name.to_string()))
     }
 

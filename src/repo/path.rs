@@ -104,6 +104,51 @@ fn normalize(path: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
+/// Where directory `dir` will be once created: its longest existing ancestor resolved by the
+/// file system (symbolic links followed), the components that do not exist yet appended
+/// lexically (a `..` among them undoes the directory before it, as creating them would). Lets a
+/// caller see, before creating anything, that `out/../.ckpt` or a symlink to `.ckpt` leads into
+/// the repository's own directory. `None` if not even the file system root resolves.
+pub(super) fn resolve_prospective(dir: &Path) -> Option<PathBuf> {
+    let absolute = if dir.is_absolute() { dir.to_path_buf() } else { std::env::current_dir().ok()?.join(dir) };
+    let parts: Vec<Component> = absolute.components().collect();
+    for n in (1..=parts.len()).rev() {
+        let prefix: PathBuf = parts[..n].iter().collect();
+        if let Ok(mut resolved) = std::fs::canonicalize(&prefix) {
+            for c in &parts[n..] {
+                match c {
+                    Component::Normal(s) => resolved.push(s),
+                    Component::ParentDir => {
+                        resolved.pop();
+                    }
+                    _ => {}
+                }
+            }
+            return Some(resolved);
+        }
+    }
+    None
+}
+
+/// `create_dir_all`, with the real cause when a component of `dir` is a file: the OS reports
+/// `EEXIST` ("File exists") for the last one, which would name the wrong problem.
+pub(super) fn create_dirs(dir: &Path) -> Result<()> {
+    let source = match std::fs::create_dir_all(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    // The deepest component that exists says what stood in the way.
+    for at in dir.ancestors() {
+        if let Ok(m) = std::fs::metadata(at) {
+            if !m.is_dir() {
+                return Err(Error::NotADirectory { path: at.to_path_buf(), creating: dir.to_path_buf() });
+            }
+            break;
+        }
+    }
+    Err(Error::Io { action: "creating", path: dir.to_path_buf(), source })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +169,23 @@ mod tests {
             assert!(RepoPath::parse(bad).is_err(), "{bad:?}");
         }
         assert!(RepoPath::parse("x/.ckpt").is_ok());
+    }
+
+    #[test]
+    fn prospective_directories_resolve_links_and_dots() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(root.join("real")).unwrap();
+        std::os::unix::fs::symlink(root.join("real"), root.join("link")).unwrap();
+        let r = |p: &str| resolve_prospective(&root.join(p)).unwrap();
+        assert_eq!(r("link/new/x"), root.join("real/new/x"));
+        assert_eq!(r("new/../real/a/../b"), root.join("real/b"));
+        assert_eq!(r("link/../real"), root.join("real"));
+        // A file where a directory is needed: named as such, not as "File exists".
+        std::fs::write(root.join("f"), b"").unwrap();
+        for p in ["f", "f/sub"] {
+            let err = create_dirs(&root.join(p)).unwrap_err();
+            assert!(matches!(&err, Error::NotADirectory { path, .. } if *path == root.join("f")), "{err}");
+        }
     }
 }

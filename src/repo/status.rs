@@ -1,14 +1,16 @@
-//! `status`: the working files against the current version. A file whose size and mtime match
-//! the cached record (and whose mtime is safely older than the record, so a same-tick rewrite
-//! cannot hide) is not read; any other file is hashed.
+//! `status`: the working files against the current version. A file whose size, mtime, ctime
+//! and inode match the cached record (and whose last change is safely older than the record, so
+//! a same-tick rewrite cannot hide) is not read; any other file is hashed. `checkout` and
+//! `switch` use the same comparison ([`Repo::observe`]) to find the changes they would destroy.
 
 use super::commit::{mtime_ns, now_ns};
 use super::{Head, Repo, RepoPath, Result, VersionId};
 use crate::index::StatRecord;
 use crate::object_id::ObjectId;
 
-/// How far a file's mtime must lie before the cache record for the record to be trusted
-/// (covers coarse file system timestamps).
+/// How far a file's mtime and ctime must lie before the cache record for the record to be
+/// trusted: covers the coarsest common file system timestamps (FAT's 2 s; ext4, XFS, btrfs and
+/// tmpfs keep nanoseconds but update them at the kernel's tick).
 const RACY_NS: i128 = 2_000_000_000;
 
 /// State of one tracked file.
@@ -83,31 +85,91 @@ impl Repo {
     }
 
     fn file_state(&self, rp: &RepoPath, len: u64, hash: &ObjectId) -> Result<FileState> {
+        Ok(match self.observe(rp, &[(len, *hash)])? {
+            Observed::Missing => FileState::Missing,
+            Observed::Matches(0) => FileState::Unchanged,
+            Observed::Matches(_) | Observed::Differs | Observed::NotAFile => FileState::Modified,
+        })
+    }
+
+    /// Compares the working file at `rp` with the contents `candidates` (length, file hash)
+    /// and with the content last committed from or checked out to that path (the cached
+    /// record's, reported as `Matches(candidates.len())`), hashing the file only when its cached
+    /// identity cannot be trusted (see [`stat_is_fresh`]).
+    ///
+    /// Every record's hash is content the repository holds: commit and checkout record what
+    /// they stored or wrote, and a hashed file is recorded only when it matched one of those.
+    /// A modified file is therefore hashed again each time, as git does with a file whose stat
+    /// data differs from its index; in exchange `checkout` and `switch` may overwrite a file
+    /// that a record vouches for.
+    pub(super) fn observe(&self, rp: &RepoPath, candidates: &[(u64, ObjectId)]) -> Result<Observed> {
         let path = rp.under(&self.root);
-        let meta = match std::fs::metadata(&path) {
+        // Not followed: a symbolic link is not the file it points to, and replacing it would
+        // not write through it.
+        let meta = match std::fs::symlink_metadata(&path) {
             Ok(m) if m.is_file() => m,
-            Ok(_) => return Ok(FileState::Modified),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(FileState::Missing),
+            Ok(_) => return Ok(Observed::NotAFile),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Observed::Missing),
+            // A path component that is a file: nothing can be at this path.
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return Ok(Observed::Missing),
             Err(source) => return Err(super::Error::Io { action: "reading", path, source }),
         };
-        if meta.len() != len {
-            return Ok(FileState::Modified);
-        }
-        let mtime = mtime_ns(&meta);
         let cached = self.index().and_then(|ix| ix.stat(rp.as_str()).ok().flatten());
+        let mut known = candidates.to_vec();
+        known.extend(cached.map(|c| (c.len, c.hash)));
+        if !known.iter().any(|(len, _)| *len == meta.len()) {
+            return Ok(Observed::Differs);
+        }
         let actual = match cached {
-            Some(c) if c.len == meta.len() && c.mtime_ns == mtime && c.recorded_ns - mtime > RACY_NS => c.hash,
-            _ => {
-                let h = hash_file(&path)?;
-                if let Some(ix) = self.index() {
-                    let record = StatRecord { len: meta.len(), mtime_ns: mtime, recorded_ns: now_ns(), hash: h };
-                    let _ = ix.put_stat(rp.as_str(), &record);
-                }
-                h
-            }
+            Some(c) if stat_is_fresh(&c, &meta) => c.hash,
+            _ => hash_file(&path)?,
         };
-        Ok(if actual == *hash { FileState::Unchanged } else { FileState::Modified })
+        let Some(i) = known.iter().position(|(_, h)| *h == actual) else { return Ok(Observed::Differs) };
+        if !cached.is_some_and(|c| stat_is_fresh(&c, &meta)) {
+            if let Some(ix) = self.index() {
+                let _ = ix.put_stat(rp.as_str(), &stat_record(&meta, actual, now_ns()));
+            }
+        }
+        Ok(Observed::Matches(i))
     }
+}
+
+/// What [`Repo::observe`] found at a working path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Observed {
+    /// Nothing there.
+    Missing,
+    /// A directory, symbolic link or other non-regular file.
+    NotAFile,
+    /// A file with the content of `candidates[i]`, or (`i == candidates.len()`) the content
+    /// last committed from or checked out to this path.
+    Matches(usize),
+    /// A file with none of the candidates' contents.
+    Differs,
+}
+
+/// The identity of a working file with `meta` and content hash `hash`, recorded at `recorded_ns`.
+pub(super) fn stat_record(meta: &std::fs::Metadata, hash: ObjectId, recorded_ns: i128) -> StatRecord {
+    use std::os::unix::fs::MetadataExt;
+    StatRecord {
+        len: meta.len(),
+        mtime_ns: mtime_ns(meta),
+        ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
+        ino: meta.ino(),
+        recorded_ns,
+        hash,
+    }
+}
+
+/// Whether the cached record `c` still describes the file with `meta`, so that its hash can be
+/// trusted without reading the file: same size, mtime, ctime and inode, and the file's last
+/// change (mtime or ctime) strictly older than the record by more than the file system's
+/// timestamp granularity. Without that last rule a file rewritten within the same timestamp
+/// tick right after the record was made (a training loop saving twice in a second on a file
+/// system of coarse timestamps) would keep the stale hash: git's "racy" files.
+pub(super) fn stat_is_fresh(c: &StatRecord, meta: &std::fs::Metadata) -> bool {
+    let now = stat_record(meta, c.hash, c.recorded_ns);
+    now == *c && c.recorded_ns - c.mtime_ns.max(c.ctime_ns) > RACY_NS
 }
 
 /// The content hash a commit of the file at `path` would record (`model::file_hash`),

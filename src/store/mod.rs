@@ -339,7 +339,14 @@ impl Store {
         let stored_len = {
             let mut w = BufWriter::with_capacity(1 << 20, EarlyWriteback::new(tmp.as_file()));
             w.write_all(&header.encode()).map_err(io("writing", tmp.path()))?;
-            let hash = encode(&mut w)?;
+            // The codec reports a failed write of its output as its own error; name the temp
+            // file and keep the OS cause (a full disk must not read as a coding problem).
+            let hash = encode(&mut w).map_err(|e| match e {
+                Error::Encode { source: codec::Error::Io { source, .. }, .. } => {
+                    Error::Io { action: "writing", path: tmp.path().to_path_buf(), source }
+                }
+                other => other,
+            })?;
             w.flush().map_err(io("writing", tmp.path()))?;
             if ObjectId(*hash.as_bytes()) != id {
                 return Err(Error::ChangedWhileWriting { id });

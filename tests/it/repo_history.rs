@@ -4,7 +4,9 @@
 use crate::repo_util::{
     ckpt_in, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, SMALL_MODEL, TRAINING_MODEL,
 };
-use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileState, Repo, SegmentShow, Storage, VersionId};
+use ckpt::repo::{
+    CheckoutOptions, CommitOptions, Config, DeltaPolicy, FileState, Repo, SegmentShow, Storage, VersionId,
+};
 use ckpt::store::ObjectKind;
 use ckpt::Dtype;
 use std::path::PathBuf;
@@ -369,9 +371,15 @@ fn files_carry_over_until_removed() {
         repo.commit::<&str>(&[], "empty", &CommitOptions::default()),
         Err(ckpt::repo::Error::NothingToCommit)
     ));
-    // Checking out one file of an old version, into the working tree.
+    // Checking out one file of an old version, into the working tree: refused over changes
+    // the repository does not hold, unless forced.
     std::fs::write(t.path("sub/b.bin"), b"changed").unwrap();
-    repo.checkout("HEAD~2", Some(&[PathBuf::from("sub/b.bin")]), None, None).unwrap();
+    let only_b = [PathBuf::from("sub/b.bin")];
+    let refused = repo.checkout("HEAD~2", Some(&only_b), None, None).unwrap_err();
+    assert!(matches!(&refused, ckpt::repo::Error::DirtyWorkingTree { paths, .. } if paths == &["sub/b.bin"]));
+    assert_eq!(t.read("sub/b.bin"), b"changed");
+    let options = CheckoutOptions { files: Some(only_b.to_vec()), force: true, ..CheckoutOptions::default() };
+    repo.checkout_with("HEAD~2", &options).unwrap();
     assert_eq!(t.read("sub/b.bin"), b"b1");
     assert!(repo.checkout("HEAD~2", Some(&[PathBuf::from("c.bin")]), None, None).is_err());
 }
@@ -566,35 +574,39 @@ fn index_is_rebuilt_when_missing_or_damaged() {
 }
 
 /// A commit does not open the index: it appends the committed files' identities (size, mtime,
-/// hash) to `.ckpt/index-journal`, which the next process to open the index replays. Shown with
-/// a stat cache's one blind spot: a file rewritten with the same length and mtime is trusted
-/// (as git trusts it), which it can only be if the commit's record reached the index.
+/// ctime, inode, hash) to `.ckpt/index-journal`, which the next process to open the index
+/// replays into its `stat` records.
 #[test]
 fn a_commit_records_file_identities_through_the_index_journal() {
-    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
-    let set_old_mtime = |path: &std::path::Path| {
-        std::fs::File::options().write(true).open(path).unwrap().set_modified(old).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    // The `stat` record of a.bin once a process has opened the index (and replayed the journal).
+    let record_after_open = |t: &TestRepo| {
+        assert!(t.open().has_index());
+        ckpt::index::Index::open(&t.path(".ckpt/index")).unwrap().stat("a.bin").unwrap()
     };
-    let status_of = |t: &TestRepo| t.open().status().unwrap().files[0].state;
-    let commit_then_rewrite = |t: &TestRepo| {
+    let commit = |t: &TestRepo| {
         t.write("a.bin", b"first content");
-        set_old_mtime(&t.path("a.bin"));
         t.open().commit(&["a.bin"], "v", &CommitOptions::default()).unwrap();
-        t.write("a.bin", b"other content");
-        set_old_mtime(&t.path("a.bin"));
     };
 
     let t = TestRepo::init();
-    commit_then_rewrite(&t);
+    commit(&t);
     assert!(t.path(".ckpt/index-journal").is_file());
-    assert_eq!(status_of(&t), FileState::Unchanged);
+    let record = record_after_open(&t).expect("replayed from the journal");
     assert!(!t.path(".ckpt/index-journal").exists(), "replayed and deleted");
+    let meta = std::fs::metadata(t.path("a.bin")).unwrap();
+    let committed = t.open().version(&t.open().resolve("HEAD").unwrap()).unwrap().files[0].hash;
+    assert_eq!(record.hash, committed);
+    assert_eq!((record.len, record.ino), (meta.len(), meta.ino()));
+    assert_eq!(record.ctime_ns, meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128);
+    assert_eq!(t.open().status().unwrap().files[0].state, FileState::Unchanged);
 
-    // Without the journal the same rewrite is found by hashing.
+    // Without the journal the index has no record (status then hashes the file).
     let t = TestRepo::init();
-    commit_then_rewrite(&t);
+    commit(&t);
     std::fs::remove_file(t.path(".ckpt/index-journal")).unwrap();
-    assert_eq!(status_of(&t), FileState::Modified);
+    assert_eq!(record_after_open(&t), None);
+    assert_eq!(t.open().status().unwrap().files[0].state, FileState::Unchanged);
 }
 
 /// An object rewritten while the index was closed (the parent's blob becoming a reverse delta

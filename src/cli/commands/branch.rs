@@ -19,11 +19,11 @@ pub fn run(ui: &Ui, base: &Path, args: BranchArgs) -> Result<()> {
     match args.name {
         Some(name) => {
             let id = repo.create_branch(&name, args.rev.as_deref())?;
-            println!("branch {name} -> {}", id.short(12));
+            outln!("branch {name} -> {}", id.short(12))?;
         }
         None => {
             for b in repo.branches()? {
-                println!("{} {}\t{}", if b.current { '*' } else { ' ' }, b.name, b.id);
+                outln!("{} {}\t{}", if b.current { '*' } else { ' ' }, b.name, b.id)?;
             }
         }
     }

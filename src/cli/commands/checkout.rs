@@ -1,6 +1,7 @@
-//! `ckpt checkout REV [FILE...] [--output DIR] [--tensor PATTERN]`.
+//! `ckpt checkout REV [FILE...] [--output DIR] [--tensor PATTERN] [--force]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::repo::CheckoutOptions;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
@@ -14,8 +15,14 @@ pub struct CheckoutArgs {
     /// Write under this directory instead of the working tree.
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Into the working tree, also overwrite files with changes the repository does not hold
+    /// (modified tracked files, untracked files in the way), and let --tensor replace whole
+    /// working files.
+    #[arg(long, short)]
+    force: bool,
     /// Only tensors whose name matches: a glob if it contains `*` or `?` (matching the whole
-    /// name), else a substring. Writes valid safetensors files holding just those tensors.
+    /// name), else a substring. Writes valid safetensors files holding just those tensors
+    /// (into the working tree only with --force: it replaces the whole files).
     #[arg(long, value_name = "PATTERN")]
     tensor: Option<String>,
 }
@@ -25,12 +32,13 @@ pub fn run(ui: &Ui, base: &Path, args: CheckoutArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let files: Vec<PathBuf> = args.files.iter().map(|f| base.join(f)).collect();
     let output = args.output.map(|o| base.join(o));
-    let summary = repo.checkout(
-        &args.rev,
-        (!files.is_empty()).then_some(files.as_slice()),
-        output.as_deref(),
-        args.tensor.as_deref(),
-    )?;
+    let options = CheckoutOptions {
+        files: (!files.is_empty()).then_some(files),
+        output,
+        tensor: args.tensor.clone(),
+        force: args.force,
+    };
+    let summary = repo.checkout_with(&args.rev, &options)?;
     if summary.files.is_empty() && args.tensor.is_some() {
         anyhow::bail!("no tensor matches {:?}", args.tensor.unwrap_or_default());
     }

@@ -25,7 +25,8 @@ pub fn run(ui: &Ui, base: &Path, args: CommitArgs) -> Result<()> {
     // From the store, not `version_info`: that would open the index, which the commit avoided.
     let info = repo.version(&id)?;
     let background = compaction == Compaction::Background && repo.has_pending_deltas();
-    println!(
+    // A closed stdout must not keep the compaction from starting: its error is returned last.
+    let printed = outln!(
         "version {}: {} file{}, {} stored for {} ({:.1}%){}",
         id.short(12),
         info.files.len(),
@@ -45,5 +46,5 @@ pub fn run(ui: &Ui, base: &Path, args: CommitArgs) -> Result<()> {
             eprintln!("warning: could not start the background compaction ({e}); run `ckpt compact`");
         }
     }
-    Ok(())
+    Ok(printed?)
 }

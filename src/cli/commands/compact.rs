@@ -28,11 +28,11 @@ pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
         return Ok(());
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?)?;
     } else if r.versions == 0 && r.pending == 0 {
-        println!("nothing to compact");
+        outln!("nothing to compact")?;
     } else {
-        println!(
+        outln!(
             "{} version{} compacted: {} blob{} of their parents rewritten as deltas ({} -> {}){}",
             r.versions,
             if r.versions == 1 { "" } else { "s" },
@@ -41,7 +41,7 @@ pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
             bytes(r.bytes_before),
             bytes(r.bytes_after),
             if r.pending > 0 { format!("; {} still pending", r.pending) } else { String::new() }
-        );
+        )?;
     }
     Ok(())
 }

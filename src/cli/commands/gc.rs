@@ -19,16 +19,16 @@ pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     repo.compact(&crate::repo::CompactOptions::default())?;
     let r = repo.gc()?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?)?;
     } else {
-        println!(
+        outln!(
             "{} versions reachable; kept {} objects, deleted {} ({}), removed {} temp files",
             r.versions,
             r.kept,
             r.deleted,
             bytes(r.bytes_freed),
             r.temp_files
-        );
+        )?;
     }
     Ok(())
 }

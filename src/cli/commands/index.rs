@@ -23,7 +23,7 @@ pub fn run(ui: &Ui, base: &Path, args: IndexArgs) -> Result<()> {
     match args.action {
         IndexAction::Rebuild => {
             let n = repo.rebuild_index()?;
-            println!("indexed {n} objects");
+            outln!("indexed {n} objects")?;
         }
     }
     Ok(())

@@ -19,6 +19,6 @@ pub struct InitArgs {
 pub fn run(_ui: &Ui, base: &Path, args: InitArgs) -> Result<()> {
     let dir = args.dir.map_or_else(|| base.to_path_buf(), |d| base.join(d));
     let repo = Repo::init(&dir)?;
-    println!("Initialized an empty ckpt repository in {}", repo.ckpt_dir().display());
+    outln!("Initialized an empty ckpt repository in {}", repo.ckpt_dir().display())?;
     Ok(())
 }

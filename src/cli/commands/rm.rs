@@ -17,7 +17,7 @@ pub fn run(ui: &Ui, base: &Path, args: RmArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let files: Vec<PathBuf> = args.files.iter().map(|f| base.join(f)).collect();
     for p in repo.rm(&files)? {
-        println!("rm {p} (untracked from the next commit on)");
+        outln!("rm {p} (untracked from the next commit on)")?;
     }
     Ok(())
 }

@@ -9,8 +9,9 @@ use std::path::Path;
 pub struct SwitchArgs {
     /// Branch to switch to; its files are checked out into the working tree.
     name: String,
-    /// Overwrite modified tracked files.
-    #[arg(long)]
+    /// Overwrite or remove files with changes the repository does not hold (modified tracked
+    /// files, untracked files in the way).
+    #[arg(long, short)]
     force: bool,
 }
 

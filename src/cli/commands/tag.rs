@@ -19,11 +19,11 @@ pub fn run(ui: &Ui, base: &Path, args: TagArgs) -> Result<()> {
     match args.name {
         Some(name) => {
             let id = repo.tag(&name, args.rev.as_deref())?;
-            println!("tag {name} -> {}", id.short(12));
+            outln!("tag {name} -> {}", id.short(12))?;
         }
         None => {
             for (name, id) in repo.tags()? {
-                println!("{name}\t{id}");
+                outln!("{name}\t{id}")?;
             }
         }
     }

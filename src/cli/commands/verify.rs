@@ -17,24 +17,24 @@ pub fn run(ui: &Ui, base: &Path, args: VerifyArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let r = repo.verify()?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?)?;
     } else {
         for o in &r.bad_objects {
-            println!("bad object {}: {}", o.id, o.problem);
+            outln!("bad object {}: {}", o.id, o.problem)?;
         }
         for v in &r.bad_versions {
             let ids: Vec<String> = v.objects.iter().map(|o| o.short(12)).collect();
-            println!("bad version {}: needs damaged or missing {}", v.id, ids.join(", "));
+            outln!("bad version {}: needs damaged or missing {}", v.id, ids.join(", "))?;
         }
         for line in &r.bad_refs {
-            println!("bad ref: {line}");
+            outln!("bad ref: {line}")?;
         }
-        println!(
+        outln!(
             "checked {} objects ({}) and {} versions",
             r.objects_checked,
             bytes(r.bytes_checked),
             r.versions_checked
-        );
+        )?;
     }
     anyhow::ensure!(
         r.is_ok(),
