@@ -9,3 +9,4 @@ mod repo_inspect;
 mod repo_model;
 mod repo_util;
 mod util;
+mod worktree_safety;
