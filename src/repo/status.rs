@@ -183,3 +183,39 @@ pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     let header = crate::safetensors::parse(&map).ok();
     Ok(super::commit::hash_content(&map, header.as_ref()).1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_trusted_only_when_every_field_matches_and_it_is_not_racy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"content").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let hash = ObjectId::hash(b"content");
+        // Made just after the file changed: within the racy window, not trusted.
+        assert!(!stat_is_fresh(&stat_record(&meta, hash, now_ns()), &meta));
+        // Made well after it: trusted while nothing differs.
+        let later = now_ns() + 2 * RACY_NS;
+        let good = stat_record(&meta, hash, later);
+        assert!(stat_is_fresh(&good, &meta));
+        for stale in [
+            StatRecord { len: good.len + 1, ..good },
+            StatRecord { mtime_ns: good.mtime_ns - 1, ..good },
+            StatRecord { ctime_ns: good.ctime_ns - 1, ..good },
+            StatRecord { ino: good.ino ^ 1, ..good },
+        ] {
+            assert!(!stat_is_fresh(&stale, &meta), "{stale:?}");
+        }
+        // A change the record missed (same size, mtime put back) moves the ctime.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut &f, b"CONTENT").unwrap();
+        f.set_modified(meta.modified().unwrap()).unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!((after.len(), mtime_ns(&after)), (meta.len(), mtime_ns(&meta)));
+        assert!(!stat_is_fresh(&good, &after));
+    }
+}
