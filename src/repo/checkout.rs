@@ -320,15 +320,23 @@ impl Repo {
             }
         }
         // A file standing where a directory is needed (a checked-out path under it) must
-        // be on its way out, or the writes would fail half-way.
+        // be on its way out, or the writes would fail half-way; a symbolic link there is
+        // refused (checkout never writes through one).
         for entry in targets {
             let mut at = self.root.clone();
             let parts: Vec<&str> = entry.path.split('/').collect();
             for (i, part) in parts[..parts.len() - 1].iter().enumerate() {
                 at.push(part);
-                let is_file = std::fs::symlink_metadata(&at).is_ok_and(|m| !m.is_dir());
+                let Ok(meta) = std::fs::symlink_metadata(&at) else { break };
+                if meta.file_type().is_symlink() {
+                    // Refused here rather than when the file is written, after others were.
+                    return Err(Error::InvalidPath {
+                        path: at,
+                        reason: "is a symbolic link; not writing through it".into(),
+                    });
+                }
                 let removed = to_remove.iter().any(|r| r.as_str() == parts[..=i].join("/"));
-                if is_file && !removed {
+                if !meta.is_dir() && !removed {
                     return Err(Error::NotADirectory { path: at, creating: rp_parent(&self.root, &entry.path) });
                 }
             }

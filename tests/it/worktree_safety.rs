@@ -209,6 +209,13 @@ fn a_file_where_a_directory_is_needed_is_named_as_such() {
     let err = refused(&t, &["checkout", "HEAD"]);
     assert!(err.contains("d is not a directory") && !err.contains("File exists"), "{err}");
     assert_eq!(t.read("d"), b"in the way");
+    // A symbolic link there is refused before anything is written, never written through.
+    std::fs::remove_file(t.path("d")).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), t.path("d")).unwrap();
+    let err = refused(&t, &["checkout", "HEAD"]);
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none());
 }
 
 /// A tmpfs of 1 MiB, unmounted when dropped.
