@@ -288,7 +288,9 @@ impl Repo {
             let rp = self.stored_path(entry)?;
             let mut candidates = vec![(entry.len, entry.hash)];
             candidates.extend(committed(&entry.path).map(|c| (c.len, c.hash)));
-            match self.observe(&rp, &candidates)? {
+            // With force the content does not matter (nothing is refused): not hashed.
+            let seen = if force { self.observe_kind(&rp) } else { self.observe(&rp, &candidates)? };
+            match seen {
                 Observed::Missing | Observed::Matches(_) => {}
                 Observed::NotAFile if rp.under(&self.root).is_dir() => {
                     return Err(Error::InvalidPath { path: rp.under(&self.root), reason: "is a directory".into() })
@@ -307,7 +309,8 @@ impl Repo {
                     continue;
                 }
                 let rp = self.stored_path(old)?;
-                match self.observe(&rp, &[(old.len, old.hash)])? {
+                let seen = if force { self.observe_kind(&rp) } else { self.observe(&rp, &[(old.len, old.hash)])? };
+                match seen {
                     Observed::Missing => {}
                     Observed::Matches(_) => to_remove.push(rp),
                     // A directory now stands where the file was: not the file, not removed.

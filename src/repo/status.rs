@@ -134,6 +134,18 @@ impl Repo {
     }
 }
 
+impl Repo {
+    /// What stands at `rp` without reading it: `Missing`, `NotAFile`, or a file as `Differs`
+    /// (for `--force`, where only directories matter).
+    pub(super) fn observe_kind(&self, rp: &RepoPath) -> Observed {
+        match std::fs::symlink_metadata(rp.under(&self.root)) {
+            Ok(m) if m.is_file() => Observed::Differs,
+            Ok(_) => Observed::NotAFile,
+            Err(_) => Observed::Missing,
+        }
+    }
+}
+
 /// What [`Repo::observe`] found at a working path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Observed {
