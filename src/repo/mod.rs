@@ -37,7 +37,7 @@ pub use inspect::{
 pub use model::{file_hash, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
 pub use path::RepoPath;
 pub use refs::{check_name, Head, RefKind};
-pub use status::{FileState, FileStatus, Status};
+pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use verify::{BadObject, BadVersion, VerifyReport};
 
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};

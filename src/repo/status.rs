@@ -50,6 +50,19 @@ pub struct Status {
     /// What the last background compaction reported on stderr, if anything (an error: it
     /// prints nothing otherwise).
     pub compaction_log: Option<String>,
+    /// Files the current version does not track at paths other branches track: a `switch` to
+    /// those branches refuses to overwrite them (unless they hold the branch's content).
+    /// Found by a stat per path of the branches' tips, without reading any file.
+    pub in_the_way: Vec<InTheWay>,
+}
+
+/// An untracked working file at a path other branches track.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct InTheWay {
+    /// Path relative to the root.
+    pub path: String,
+    /// The branches whose tip tracks it, sorted.
+    pub branches: Vec<String>,
 }
 
 impl Repo {
@@ -63,9 +76,11 @@ impl Repo {
         let pending_deltas = self.pending_deltas()?.len();
         let compaction_log = self.compaction_log();
         let Some(head_id) = head else {
-            return Ok(Status { branch, head, files: Vec::new(), pending_deltas, compaction_log });
+            let in_the_way = self.untracked_in_the_way(None)?;
+            return Ok(Status { branch, head, files: Vec::new(), pending_deltas, compaction_log, in_the_way });
         };
         let version = self.version(&head_id)?;
+        let in_the_way = self.untracked_in_the_way(Some((head_id, &version)))?;
         let removals = self.pending_removals()?;
         let mut files = Vec::with_capacity(version.files.len());
         for entry in &version.files {
@@ -81,7 +96,30 @@ impl Repo {
             files.push(FileStatus { path: entry.path.clone(), state });
         }
         self.flush_index();
-        Ok(Status { branch, head, files, pending_deltas, compaction_log })
+        Ok(Status { branch, head, files, pending_deltas, compaction_log, in_the_way })
+    }
+
+    /// Working files at paths the branches' tips track and the current version (`head`) does
+    /// not. Cheap: one small version object per branch tip and one `lstat` per path; a tip
+    /// that cannot be read is skipped (`verify` reports it).
+    fn untracked_in_the_way(&self, head: Option<(VersionId, &super::Version)>) -> Result<Vec<InTheWay>> {
+        let mut found: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (name, tip) in self.refs.list(super::RefKind::Branch)? {
+            if head.is_some_and(|(id, _)| id == tip) {
+                continue;
+            }
+            let Ok(v) = self.version(&tip) else { continue };
+            for f in &v.files {
+                if head.is_some_and(|(_, h)| h.file(&f.path).is_some()) {
+                    continue;
+                }
+                let Ok(rp) = RepoPath::parse(&f.path) else { continue };
+                if std::fs::symlink_metadata(rp.under(&self.root)).is_ok() {
+                    found.entry(f.path.clone()).or_default().push(name.clone());
+                }
+            }
+        }
+        Ok(found.into_iter().map(|(path, branches)| InTheWay { path, branches }).collect())
     }
 
     fn file_state(&self, rp: &RepoPath, len: u64, hash: &ObjectId) -> Result<FileState> {

@@ -113,7 +113,9 @@ fn switch_removes_what_the_target_lacks_and_keeps_untracked_files() {
     assert!(err.contains("untracked") && err.contains("sub/extra.safetensors"), "{err}");
     assert_eq!(t.read("sub/extra.safetensors"), users);
     assert_eq!(t.read("m.safetensors"), v2);
-    assert!(ok(&t, &["status"]).contains("On branch base"), "HEAD did not move");
+    let status = ok(&t, &["status"]);
+    assert!(status.contains("On branch base"), "HEAD did not move: {status}");
+    assert!(status.contains("untracked sub/extra.safetensors (tracked by branch main"), "{status}");
     ok(&t, &["switch", "main", "--force"]);
     assert_eq!(t.read("sub/extra.safetensors"), extra);
 }

@@ -44,6 +44,15 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
         writeln!(out, "  {label:<9} {}", f.path)?;
     }
     writeln!(out, "{unchanged} of {} tracked files unchanged", status.files.len())?;
+    for w in &status.in_the_way {
+        let s = if w.branches.len() == 1 { "" } else { "es" };
+        writeln!(
+            out,
+            "  untracked {} (tracked by branch{s} {}: a switch there needs --force unless the content is the same)",
+            w.path,
+            w.branches.join(", ")
+        )?;
+    }
     if status.pending_deltas > 0 {
         let n = status.pending_deltas;
         let s = if n == 1 { "" } else { "s" };
