@@ -1,12 +1,17 @@
-//! `.gitattributes` lines for ckpt: `PATTERN filter=ckpt diff=ckpt -text`. Editing keeps every
-//! other line byte for byte; only lines whose pattern is named and that set `filter=ckpt` are
-//! added or removed.
+//! `.gitattributes` lines for ckpt: `PATTERN filter=ckpt diff=ckpt merge=binary -text`. Editing
+//! keeps every other line byte for byte; only lines whose pattern is named and that set
+//! `filter=ckpt` are added or removed.
+//!
+//! `merge=binary`: a pointer is text, so git's default merge would write conflict markers into
+//! it and the working file would become a broken pointer; as binary, a conflicting weight file
+//! keeps our version in the working tree, git names the conflict, and `git checkout --ours` /
+//! `--theirs` pick a side.
 
 use super::{Error, Result};
 use std::path::Path;
 
 /// The attributes ckpt gives a tracked pattern.
-pub const ATTRIBUTES: &str = "filter=ckpt diff=ckpt -text";
+pub const ATTRIBUTES: &str = "filter=ckpt diff=ckpt merge=binary -text";
 
 /// Checks that `pattern` can be written as one `.gitattributes` pattern.
 pub fn check_pattern(pattern: &str) -> Result<()> {
