@@ -143,7 +143,8 @@ fn ten_epochs_through_git_check_out_bit_exact_and_dedup_on_touch() {
     let later = std::time::SystemTime::now() + Duration::from_secs(5);
     std::fs::File::options().write(true).open(dir.join("model.safetensors")).unwrap().set_modified(later).unwrap();
     status_is_clean(&env, &dir);
-    assert_eq!(objects(&store), before);
+    let after = objects(&store);
+    assert!(after == before, "the re-clean wrote {} object files", after.len() as i64 - before.len() as i64);
     assert_eq!(env.ckpt(&store, &["log", "--oneline"]), log_before);
 }
 
