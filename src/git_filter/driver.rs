@@ -23,13 +23,20 @@ pub struct GitFilter {
     store: Repo,
     fallbacks: Vec<Repo>,
     options: CommitOptions,
+    skip_smudge: bool,
 }
 
 impl GitFilter {
     /// A filter storing into `store` with `options` (whether deltas are deferred, see
     /// [`CommitOptions::defer_deltas`]), reading missing objects from `fallbacks` in order.
     pub fn new(store: Repo, fallbacks: Vec<Repo>, options: CommitOptions) -> GitFilter {
-        GitFilter { store, fallbacks, options }
+        GitFilter { store, fallbacks, options, skip_smudge: false }
+    }
+
+    /// With `skip`, smudge leaves valid pointers as they are (`CKPT_SKIP_SMUDGE=1`); `ckpt git
+    /// checkout` writes the files later.
+    pub fn set_skip_smudge(&mut self, skip: bool) {
+        self.skip_smudge = skip;
     }
 
     /// The store written to.
@@ -81,6 +88,9 @@ impl GitFilter {
             return io::copy(input, output).map(|_| ()).map_err(|e| format!("passing content through: {e}"));
         }
         let p = Pointer::parse(&head).map_err(|e| format!("invalid ckpt pointer: {e}"))?;
+        if self.skip_smudge {
+            return output.write_all(&head).map_err(|e| format!("writing to git: {e}"));
+        }
         let tmp_dir = self.store.ckpt_dir().join("tmp");
         let dir = tempfile::Builder::new()
             .prefix("git-smudge-")
@@ -92,9 +102,9 @@ impl GitFilter {
         copy_with_buffer(&mut f, output).map_err(|e| format!("sending the file to git: {e}"))
     }
 
-    /// Writes `p`'s file to `dest` from the own store, else from the first fallback store that
-    /// has its manifest.
-    fn write_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
+    /// Writes `p`'s file to `dest` (temporary file + rename, verified) from the own store, else
+    /// from the first fallback store that has its manifest.
+    pub fn write_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
         let own = self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest);
         let own_err = match own {
             Ok(_) => return Ok(()),

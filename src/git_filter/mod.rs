@@ -60,6 +60,14 @@ pub enum Error {
         /// The git directory.
         path: PathBuf,
     },
+    /// A file `ckpt git checkout` could not write.
+    #[error("{path}: {reason}")]
+    Checkout {
+        /// The file, relative to the working tree.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A `.gitattributes` pattern ckpt cannot write.
     #[error("pattern {pattern:?}: {reason}")]
     Pattern {
@@ -146,6 +154,87 @@ pub fn uninstall(start: &Path, global: bool) -> Result<()> {
             Err(e) if e.code() == git2::ErrorCode::NotFound => {}
             Err(source) => return Err(Error::Git { action: format!("removing {key}"), source }),
         }
+    }
+    Ok(())
+}
+
+/// Whether smudge leaves pointers in the working tree: `CKPT_SKIP_SMUDGE=1`, or `git config
+/// ckpt.skipSmudge true`.
+pub fn skip_smudge(git: &git2::Repository) -> bool {
+    if let Some(v) = std::env::var_os("CKPT_SKIP_SMUDGE") {
+        return v == "1" || v.eq_ignore_ascii_case("true");
+    }
+    git.config().ok().and_then(|c| c.get_bool("ckpt.skipSmudge").ok()).unwrap_or(false)
+}
+
+/// Writes the real file in place of every working-tree file of `git`'s index that is a valid
+/// ckpt pointer (all, or those at or under `paths`, relative to the working tree), then has
+/// git refresh its index so `git status` stays clean. Returns the paths written.
+pub fn checkout_pointers(git: &git2::Repository, filter: &GitFilter, paths: &[String]) -> Result<Vec<String>> {
+    let workdir = workdir(git)?.to_path_buf();
+    let index = git.index().map_err(self::git("reading git's index"))?;
+    let mut written = Vec::new();
+    for entry in index.iter() {
+        let Ok(path) = String::from_utf8(entry.path.clone()) else { continue };
+        let wanted = paths.is_empty()
+            || paths.iter().any(|p| {
+                let p = p.trim_end_matches('/');
+                path == p || path.starts_with(&format!("{p}/"))
+            });
+        if !wanted {
+            continue;
+        }
+        let file = workdir.join(&path);
+        let Ok(meta) = std::fs::symlink_metadata(&file) else { continue };
+        if !meta.is_file() || meta.len() > pointer::MAX_LEN as u64 {
+            continue;
+        }
+        let bytes =
+            std::fs::read(&file).map_err(|source| Error::Io { action: "reading", path: file.clone(), source })?;
+        let Ok(p) = Pointer::parse(&bytes) else { continue };
+        // Only a pointer git has staged as is: re-staging the real file below must not stage
+        // anything the user changed.
+        if git2::Oid::hash_object(git2::ObjectType::Blob, &bytes).ok() != Some(entry.id) {
+            continue;
+        }
+        filter.write_from_stores(&p, &file).map_err(|reason| Error::Checkout { path: path.clone(), reason })?;
+        written.push(path);
+    }
+    if !written.is_empty() {
+        refresh_index(&workdir, &written)?;
+    }
+    Ok(written)
+}
+
+/// Has git re-stage `paths` from the working tree (`git update-index -z --stdin`): it cleans
+/// each through the filter (a hash: the content is stored) into the pointer it already has and
+/// records the new stat data. A plain `--refresh` is not enough: git takes a size different from
+/// the recorded one (the pointer's) as modified without looking at the content.
+fn refresh_index(workdir: &Path, paths: &[String]) -> Result<()> {
+    use std::io::Write;
+    let io = |action| move |source| Error::Io { action, path: workdir.to_path_buf(), source };
+    let mut child = std::process::Command::new("git")
+        .args(["update-index", "-z", "--stdin"])
+        .current_dir(workdir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(io("running git update-index in"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    for p in paths {
+        stdin
+            .write_all(p.as_bytes())
+            .and_then(|()| stdin.write_all(b"\0"))
+            .map_err(io("writing paths to git update-index in"))?;
+    }
+    drop(stdin);
+    let status = child.wait().map_err(io("running git update-index in"))?;
+    if !status.success() {
+        return Err(Error::Io {
+            action: "refreshing git's index (git update-index failed) in",
+            path: workdir.to_path_buf(),
+            source: std::io::Error::other(format!("exit status {status}")),
+        });
     }
     Ok(())
 }

@@ -429,3 +429,29 @@ fn bad_pointers_and_garbage_on_the_pipe_are_clear_errors() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("w.safetensors: invalid ckpt pointer"));
     assert!(o.stdout.is_empty());
 }
+
+#[test]
+fn skip_smudge_leaves_pointers_and_ckpt_git_checkout_fills_them() {
+    let env = GitEnv::new();
+    let dir = env.repo("r");
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/model.safetensors"), model(4)).unwrap();
+    std::fs::write(dir.join("other.safetensors"), model(6)).unwrap();
+    env.git(&dir, &["add", "."]);
+    env.git(&dir, &["commit", "-qm", "four"]);
+    std::fs::remove_file(dir.join("sub/model.safetensors")).unwrap();
+    std::fs::remove_file(dir.join("other.safetensors")).unwrap();
+    let o = env.command("git", &dir, &["checkout", "--", "."]).env("CKPT_SKIP_SMUDGE", "1").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pointer = std::fs::read(dir.join("sub/model.safetensors")).unwrap();
+    assert!(pointer.starts_with(b"version ckpt/1\n"));
+    // A pointer in the working tree cleans to itself: nothing looks modified.
+    status_is_clean(&env, &dir);
+    env.ckpt(&dir, &["git", "checkout", "sub"]);
+    assert_eq!(std::fs::read(dir.join("sub/model.safetensors")).unwrap(), model(4));
+    assert!(std::fs::read(dir.join("other.safetensors")).unwrap().starts_with(b"version ckpt/1\n"));
+    status_is_clean(&env, &dir);
+    env.ckpt(&dir, &["git", "checkout"]);
+    assert_eq!(std::fs::read(dir.join("other.safetensors")).unwrap(), model(6));
+    status_is_clean(&env, &dir);
+}

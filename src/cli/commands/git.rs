@@ -42,6 +42,12 @@ enum GitCommand {
         #[arg(required = true)]
         patterns: Vec<String>,
     },
+    /// Write the real files in place of pointers left by CKPT_SKIP_SMUDGE=1 (all, or those at
+    /// or under PATH), and refresh git's index.
+    Checkout {
+        /// Files or directories, relative to the working tree root.
+        paths: Vec<String>,
+    },
     /// The long-running filter git starts (filter.ckpt.process): protocol on stdin/stdout.
     FilterProcess,
     /// One-shot clean: content on stdin, pointer on stdout.
@@ -73,6 +79,7 @@ pub fn run(_ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
         }
         GitCommand::Track { patterns } => track(base, &patterns),
         GitCommand::Untrack { patterns } => untrack(base, &patterns),
+        GitCommand::Checkout { paths } => checkout(base, &paths),
         GitCommand::FilterProcess => filter_process(base),
         GitCommand::Clean { path } => one_shot(base, process::Command::Clean, &path),
         GitCommand::Smudge { path } => one_shot(base, process::Command::Smudge, &path),
@@ -125,7 +132,9 @@ fn open_filter(base: &Path) -> Result<(GitFilter, Compaction)> {
     let compaction = Compaction::from_env_or(store.config().compact).map_err(anyhow::Error::msg)?;
     let options = CommitOptions { defer_deltas: compaction != Compaction::Inline, ..CommitOptions::default() };
     let fallbacks = git_filter::driver::origin_store(&git).into_iter().collect();
-    Ok((GitFilter::new(store, fallbacks, options), compaction))
+    let mut filter = GitFilter::new(store, fallbacks, options);
+    filter.set_skip_smudge(git_filter::skip_smudge(&git));
+    Ok((filter, compaction))
 }
 
 /// After the filter stored new versions: rewrite the previous ones as deltas in the
@@ -140,6 +149,15 @@ fn compact_later(filter: GitFilter, compaction: Compaction) {
     if let Err(e) = super::compact::start_in_background(&root) {
         eprintln!("ckpt: could not start the background compaction ({e}); run `ckpt -C {} compact`", root.display());
     }
+}
+
+fn checkout(base: &Path, paths: &[String]) -> Result<()> {
+    let git = git_filter::discover(base)?;
+    let (mut filter, _) = open_filter(base)?;
+    filter.set_skip_smudge(false);
+    let written = git_filter::checkout_pointers(&git, &filter, paths)?;
+    eprintln!("{} file{} written", written.len(), if written.len() == 1 { "" } else { "s" });
+    Ok(())
 }
 
 fn filter_process(base: &Path) -> Result<()> {
