@@ -10,7 +10,7 @@
 
 use super::pointer::{self, Pointer};
 use super::process::{Command, Filter};
-use crate::repo::{CommitOptions, Repo, RepoPath};
+use crate::repo::{CommitOptions, Manifest, Repo, RepoPath};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -132,6 +132,48 @@ impl GitFilter {
             self.store.root().display(),
             self.store.root().display(),
         ))
+    }
+}
+
+impl GitFilter {
+    /// The manifest of the file `p` points to, from the own store or a fallback.
+    pub fn manifest(&self, p: &Pointer) -> Result<Manifest, String> {
+        std::iter::once(&self.store)
+            .chain(&self.fallbacks)
+            .find(|r| r.store().contains(&p.manifest))
+            .ok_or_else(|| {
+                format!("manifest {} is in no ckpt store (looked in {})", p.manifest, self.store.root().display())
+            })?
+            .manifest(&p.manifest)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The text `git diff` shows for a tracked file (the diff driver's textconv): its size and
+    /// hash, then one line per segment: each tensor's name, dtype, shape and blob id (so a
+    /// changed tensor is a changed line), headers and gaps as bytes. `file` is either a pointer
+    /// (git's side of a diff), whose manifest is read from the store, or the real file (the
+    /// working tree's side), which is hashed.
+    pub fn textconv(&self, file: &Path) -> Result<String, String> {
+        let small = std::fs::metadata(file).is_ok_and(|m| m.len() <= pointer::MAX_LEN as u64);
+        let pointer = if small { std::fs::read(file).ok().and_then(|b| Pointer::parse(&b).ok()) } else { None };
+        let manifest = match pointer {
+            Some(p) => self.manifest(&p)?,
+            None => crate::repo::manifest_of_file(file).map_err(|e| e.to_string())?,
+        };
+        let kind = match manifest.kind {
+            crate::repo::FileFormat::Safetensors => "safetensors",
+            crate::repo::FileFormat::Bytes => "opaque",
+        };
+        let mut out = format!("ckpt: {kind} file, {} bytes, hash {}\n", manifest.len, manifest.hash);
+        for s in &manifest.segments {
+            match &s.tensor {
+                Some(t) => {
+                    out.push_str(&format!("tensor {} {} {:?} blob {}\n", t.name, t.dtype, t.shape, s.blob.short(16)))
+                }
+                None => out.push_str(&format!("bytes {} blob {}\n", s.len, s.blob.short(16))),
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -22,11 +22,13 @@ pub use pointer::Pointer;
 /// The filter and diff driver name in git config and `.gitattributes`.
 pub const DRIVER: &str = "ckpt";
 
-/// Git config entries `ckpt git install` writes (`filter.ckpt.*`).
-pub const FILTER_CONFIG: [(&str, &str); 3] = [
+/// Git config entries `ckpt git install` writes: the filter (`filter.ckpt.*`) and the diff
+/// driver's textconv (`diff.ckpt.textconv`).
+pub const FILTER_CONFIG: [(&str, &str); 4] = [
     ("filter.ckpt.process", "ckpt git filter-process"),
     ("filter.ckpt.clean", "ckpt git clean %f"),
     ("filter.ckpt.smudge", "ckpt git smudge %f"),
+    ("diff.ckpt.textconv", "ckpt git textconv"),
 ];
 
 /// Errors of the git layer.

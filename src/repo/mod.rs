@@ -39,7 +39,7 @@ pub use model::{file_hash, FileEntry, FileFormat, Manifest, Segment, TensorRef, 
 pub use path::RepoPath;
 pub use refs::{check_name, Head, RefKind};
 pub use status::{FileState, FileStatus, Status};
-pub use store_file::StoredFile;
+pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
 
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};

@@ -80,6 +80,13 @@ impl Repo {
     }
 }
 
+/// The manifest the store would hold for the file at `disk`, computed without storing anything
+/// (one hash pass): its segments, tensors and blob ids.
+pub fn manifest_of_file(disk: &Path) -> Result<Manifest> {
+    let path = RepoPath::parse("file").expect("a valid path");
+    Ok(manifest_of(&map_input(disk, &path)?))
+}
+
 /// Maps and parses the file at `disk` as the content of `path`.
 fn map_input(disk: &Path, path: &RepoPath) -> Result<Input> {
     let io = |action| move |source| Error::Io { action, path: disk.to_path_buf(), source };

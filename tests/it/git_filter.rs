@@ -455,3 +455,35 @@ fn skip_smudge_leaves_pointers_and_ckpt_git_checkout_fills_them() {
     assert_eq!(std::fs::read(dir.join("other.safetensors")).unwrap(), model(6));
     status_is_clean(&env, &dir);
 }
+
+#[test]
+fn git_diff_shows_which_tensors_changed() {
+    let env = GitEnv::new();
+    let dir = env.repo("r");
+    let shapes: &[(&str, &[u64])] = &[("a.weight", &[64, 64]), ("b.weight", &[64, 64])];
+    let v1 = synthetic_checkpoint(1, Dtype::Bf16, shapes, 0);
+    std::fs::write(dir.join("model.safetensors"), &v1).unwrap();
+    env.git(&dir, &["add", "."]);
+    env.git(&dir, &["commit", "-qm", "one"]);
+    // Change b.weight only (its last element), keeping the header.
+    let mut v2 = v1.clone();
+    let n = v2.len();
+    v2[n - 1] ^= 0x01;
+    std::fs::write(dir.join("model.safetensors"), &v2).unwrap();
+    // Working tree side: the real file, hashed.
+    let diff = env.git(&dir, &["diff"]);
+    let changed: Vec<&str> =
+        diff.lines().filter(|l| l.starts_with(['-', '+']) && !l.starts_with("---") && !l.starts_with("+++")).collect();
+    // The file hash line and b.weight's line, nothing else.
+    assert_eq!(changed.len(), 4, "{diff}");
+    let tensors: Vec<&&str> = changed.iter().filter(|l| l.contains("tensor")).collect();
+    assert_eq!(tensors.len(), 2, "{diff}");
+    assert!(tensors.iter().all(|l| l.contains("tensor b.weight BF16 [64, 64] blob")), "{diff}");
+    // Both sides from git (pointers): the same summary.
+    env.git(&dir, &["commit", "-qam", "two"]);
+    let log = env.git(&dir, &["log", "-p", "-1"]);
+    assert!(
+        log.contains("-tensor b.weight") && log.contains("+tensor b.weight") && !log.contains("+tensor a.weight"),
+        "{log}"
+    );
+}

@@ -48,6 +48,12 @@ enum GitCommand {
         /// Files or directories, relative to the working tree root.
         paths: Vec<String>,
     },
+    /// The diff driver's textconv (diff.ckpt.textconv): a per-tensor summary of FILE (a pointer
+    /// or the real file) for `git diff` and `git log -p`.
+    Textconv {
+        /// The file git passes.
+        file: std::path::PathBuf,
+    },
     /// The long-running filter git starts (filter.ckpt.process): protocol on stdin/stdout.
     FilterProcess,
     /// One-shot clean: content on stdin, pointer on stdout.
@@ -80,6 +86,12 @@ pub fn run(_ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
         GitCommand::Track { patterns } => track(base, &patterns),
         GitCommand::Untrack { patterns } => untrack(base, &patterns),
         GitCommand::Checkout { paths } => checkout(base, &paths),
+        GitCommand::Textconv { file } => {
+            let (filter, _) = open_filter(base)?;
+            let text = filter.textconv(&base.join(&file)).map_err(|m| anyhow::anyhow!("{}: {m}", file.display()))?;
+            print!("{text}");
+            Ok(())
+        }
         GitCommand::FilterProcess => filter_process(base),
         GitCommand::Clean { path } => one_shot(base, process::Command::Clean, &path),
         GitCommand::Smudge { path } => one_shot(base, process::Command::Smudge, &path),
