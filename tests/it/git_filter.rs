@@ -476,7 +476,7 @@ fn git_diff_shows_which_tensors_changed() {
         diff.lines().filter(|l| l.starts_with(['-', '+']) && !l.starts_with("---") && !l.starts_with("+++")).collect();
     // The file hash line and b.weight's line, nothing else.
     assert_eq!(changed.len(), 4, "{diff}");
-    let tensors: Vec<&&str> = changed.iter().filter(|l| l.contains("tensor")).collect();
+    let tensors: Vec<&&str> = changed.iter().filter(|l| l[1..].starts_with("tensor ")).collect();
     assert_eq!(tensors.len(), 2, "{diff}");
     assert!(tensors.iter().all(|l| l.contains("tensor b.weight BF16 [64, 64] blob")), "{diff}");
     // Both sides from git (pointers): the same summary.
