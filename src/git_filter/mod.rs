@@ -208,6 +208,58 @@ pub fn checkout_pointers(git: &git2::Repository, filter: &GitFilter, paths: &[St
     Ok(written)
 }
 
+/// A tracked weight file in a git tree, as `ckpt git ls-files` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrackedFile {
+    /// Path in the tree.
+    pub path: String,
+    /// What the pointer says.
+    pub pointer: Pointer,
+    /// Bytes its objects take in the store now (manifest and blobs; a delta blob counts its
+    /// own object only), or `None` if the manifest is not in the store.
+    pub stored: Option<u64>,
+}
+
+/// The ckpt pointers in the tree of `rev` (a git revision), in path order, with what their
+/// objects take in `store`.
+pub fn ls_files(git: &git2::Repository, store: &Repo, rev: &str) -> Result<Vec<TrackedFile>> {
+    let tree = git
+        .revparse_single(rev)
+        .and_then(|o| o.peel_to_tree())
+        .map_err(self::git(format!("resolving {rev:?} to a tree")))?;
+    let mut out = Vec::new();
+    let mut failure = None;
+    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+        if entry.kind() != Some(git2::ObjectType::Blob) {
+            return git2::TreeWalkResult::Ok;
+        }
+        let blob = match git.find_blob(entry.id()) {
+            Ok(b) => b,
+            Err(e) => {
+                failure = Some(e);
+                return git2::TreeWalkResult::Abort;
+            }
+        };
+        if blob.size() > pointer::MAX_LEN {
+            return git2::TreeWalkResult::Ok;
+        }
+        if let Ok(p) = Pointer::parse(blob.content()) {
+            let path = format!("{dir}{}", String::from_utf8_lossy(entry.name_bytes()));
+            let stored = store.manifest(&p.manifest).ok().map(|m| {
+                let blobs: std::collections::HashSet<_> = m.segments.iter().map(|s| s.blob).collect();
+                blobs.iter().chain([&p.manifest]).filter_map(|id| store.store().stored_len(id).ok()).sum()
+            });
+            out.push(TrackedFile { path, pointer: p, stored });
+        }
+        git2::TreeWalkResult::Ok
+    })
+    .map_err(self::git(format!("reading the tree of {rev:?}")))?;
+    if let Some(e) = failure {
+        return Err(Error::Git { action: format!("reading a blob of {rev:?}"), source: e });
+    }
+    Ok(out)
+}
+
 /// Has git re-stage `paths` from the working tree (`git update-index -z --stdin`): it cleans
 /// each through the filter (a hash: the content is stored) into the pointer it already has and
 /// records the new stat data. A plain `--refresh` is not enough: git takes a size different from

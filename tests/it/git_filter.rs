@@ -146,6 +146,12 @@ fn ten_epochs_through_git_check_out_bit_exact_and_dedup_on_touch() {
     let after = objects(&store);
     assert!(after == before, "the re-clean wrote {} object files", after.len() as i64 - before.len() as i64);
     assert_eq!(env.ckpt(&store, &["log", "--oneline"]), log_before);
+    // ls-files: the tracked files of a revision, with their sizes.
+    let ls = env.ckpt(&dir, &["git", "ls-files", &commits[0]]);
+    let lines: Vec<&str> = ls.lines().collect();
+    assert_eq!(lines.len(), 2, "{ls}");
+    assert!(lines[0].ends_with("  model.safetensors") && lines[1].ends_with("  notes.bin"), "{ls}");
+    assert!(!ls.contains("missing"), "{ls}");
 }
 
 #[test]

@@ -54,6 +54,13 @@ enum GitCommand {
         /// The file git passes.
         file: std::path::PathBuf,
     },
+    /// List the weight files (ckpt pointers) in a revision's tree: raw size, what their objects
+    /// take in the store now, path.
+    LsFiles {
+        /// A git revision (default HEAD).
+        #[arg(default_value = "HEAD")]
+        rev: String,
+    },
     /// The long-running filter git starts (filter.ckpt.process): protocol on stdin/stdout.
     FilterProcess,
     /// One-shot clean: content on stdin, pointer on stdout.
@@ -90,6 +97,15 @@ pub fn run(_ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
             let (filter, _) = open_filter(base)?;
             let text = filter.textconv(&base.join(&file)).map_err(|m| anyhow::anyhow!("{}: {m}", file.display()))?;
             print!("{text}");
+            Ok(())
+        }
+        GitCommand::LsFiles { rev } => {
+            let git = git_filter::discover(base)?;
+            let store = git_filter::open_store(&git)?;
+            for f in git_filter::ls_files(&git, &store, &rev)? {
+                let stored = f.stored.map_or_else(|| "missing".to_string(), crate::cli::ui::bytes);
+                println!("{:>12}  {:>12}  {}", crate::cli::ui::bytes(f.pointer.size), stored, f.path);
+            }
             Ok(())
         }
         GitCommand::FilterProcess => filter_process(base),
