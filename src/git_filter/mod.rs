@@ -260,6 +260,74 @@ pub fn ls_files(git: &git2::Repository, store: &Repo, rev: &str) -> Result<Vec<T
     Ok(out)
 }
 
+/// The ckpt pointers git can reach: in the trees of every commit reachable from any ref
+/// (branches, tags, remotes, the stash), from any reflog entry, and in the index; each pointer
+/// once, with one path where it was seen.
+pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
+    let mut walk = git.revwalk().map_err(self::git("walking history"))?;
+    let refs = git.references().map_err(self::git("listing refs"))?;
+    for r in refs.flatten() {
+        if let Ok(name) = r.name() {
+            if let Ok(commit) = r.peel_to_commit() {
+                let _ = walk.push(commit.id());
+            }
+            if let Ok(log) = git.reflog(name) {
+                for e in log.iter() {
+                    // Reflog entries may name commits since deleted; those are skipped.
+                    if git.find_commit(e.id_new()).is_ok() {
+                        let _ = walk.push(e.id_new());
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(log) = git.reflog("HEAD") {
+        for e in log.iter() {
+            if git.find_commit(e.id_new()).is_ok() {
+                let _ = walk.push(e.id_new());
+            }
+        }
+    }
+    let mut seen_blobs = std::collections::HashSet::new();
+    let mut seen_trees = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut consider = |path: String, id: git2::Oid, out: &mut Vec<(String, Pointer)>| {
+        if !seen_blobs.insert(id) {
+            return;
+        }
+        if let Ok(blob) = git.find_blob(id) {
+            if blob.size() <= pointer::MAX_LEN {
+                if let Ok(p) = Pointer::parse(blob.content()) {
+                    out.push((path, p));
+                }
+            }
+        }
+    };
+    for oid in walk {
+        let oid = oid.map_err(self::git("walking history"))?;
+        let tree = git.find_commit(oid).and_then(|c| c.tree()).map_err(self::git(format!("reading commit {oid}")))?;
+        if !seen_trees.insert(tree.id()) {
+            continue;
+        }
+        let mut blobs = Vec::new();
+        tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+            if entry.kind() == Some(git2::ObjectType::Blob) {
+                blobs.push((format!("{dir}{}", String::from_utf8_lossy(entry.name_bytes())), entry.id()));
+            }
+            git2::TreeWalkResult::Ok
+        })
+        .map_err(self::git(format!("reading the tree of {oid}")))?;
+        for (path, id) in blobs {
+            consider(path, id, &mut out);
+        }
+    }
+    let index = git.index().map_err(self::git("reading git's index"))?;
+    for e in index.iter() {
+        consider(String::from_utf8_lossy(&e.path).into_owned(), e.id, &mut out);
+    }
+    Ok(out)
+}
+
 /// Has git re-stage `paths` from the working tree (`git update-index -z --stdin`): it cleans
 /// each through the filter (a hash: the content is stored) into the pointer it already has and
 /// records the new stat data. A plain `--refresh` is not enough: git takes a size different from

@@ -170,6 +170,8 @@ fn branch_switch_stash_and_reset_keep_weights_exact() {
     std::fs::write(dir.join("model.safetensors"), model(2)).unwrap();
     env.git(&dir, &["stash", "-q"]);
     assert_eq!(std::fs::read(dir.join("model.safetensors")).unwrap(), model(0));
+    // fsck reaches the stashed content too: three distinct files.
+    assert!(env.ckpt(&dir, &["git", "fsck"]).contains("3 distinct files checked, 0 bad"));
     status_is_clean(&env, &dir);
     env.git(&dir, &["stash", "pop", "-q"]);
     assert_eq!(std::fs::read(dir.join("model.safetensors")).unwrap(), model(2));
@@ -312,7 +314,13 @@ fn a_missing_or_damaged_object_fails_the_checkout_without_wrong_bytes() {
 
     // Missing: git stops (the filter is required) and names the file; the working file is
     // still the one from before, never partial or wrong.
+    assert!(env.ckpt(&dir, &["git", "fsck"]).contains("2 distinct files checked, 0 bad"));
     std::fs::remove_file(&object).unwrap();
+    // fsck names the file whose object is gone.
+    let o = env.run(env!("CARGO_BIN_EXE_ckpt"), &dir, &["git", "fsck"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("model.safetensors") && err.contains(&manifest), "{err}");
     let o = env.run("git", &dir, &["checkout", "-q", "HEAD~1"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
