@@ -112,6 +112,13 @@ impl GitFilter {
         };
         for fallback in &self.fallbacks {
             if fallback.store().contains(&p.manifest) {
+                // Copied into the own store first, so this clone keeps working without its
+                // origin; written from the own store, which checks every copied object.
+                if self.store.copy_file_objects_from(fallback, &p.manifest).is_ok()
+                    && self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest).is_ok()
+                {
+                    return Ok(());
+                }
                 return fallback.write_stored_file(&p.manifest, p.size, &p.hash, dest).map(|_| ()).map_err(|e| {
                     format!(
                         "file {} (manifest {}) from the ckpt store at {}: {e}",

@@ -80,6 +80,34 @@ impl Repo {
     }
 }
 
+impl Repo {
+    /// Copies the objects of the file whose manifest is `manifest` from `other` (the manifest,
+    /// and every object of each segment's delta chain) into this repository's store, object
+    /// files byte for byte; returns how many were copied. Used when a clone smudges from its
+    /// origin's store, so the clone keeps working without it.
+    pub fn copy_file_objects_from(&self, other: &Repo, manifest: &ObjectId) -> Result<usize> {
+        let m = other.manifest(manifest)?;
+        let mut ids = Vec::new();
+        for s in &m.segments {
+            ids.extend(other.store.open_blob(&s.blob)?.ids());
+        }
+        // Chains first, manifest last: a manifest present means its blobs are.
+        ids.push(*manifest);
+        let mut copied = 0;
+        for id in &ids {
+            if self.store.copy_object_from(&other.store, id)? {
+                copied += 1;
+                if let Ok(h) = self.store.header(id) {
+                    let stored_len = self.store.stored_len(id).unwrap_or(0);
+                    self.index_object(&crate::store::Written { id: *id, header: h, stored_len });
+                }
+            }
+        }
+        self.flush_index();
+        Ok(copied)
+    }
+}
+
 /// The manifest the store would hold for the file at `disk`, computed without storing anything
 /// (one hash pass): its segments, tensors and blob ids.
 pub fn manifest_of_file(disk: &Path) -> Result<Manifest> {

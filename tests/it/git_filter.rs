@@ -197,6 +197,16 @@ fn a_clone_from_a_local_path_reads_the_origins_store() {
     env.git(env.tmp.path(), &["clone", "-q", dir.to_str().unwrap(), "copy"]);
     assert_eq!(std::fs::read(env.path("copy/model.safetensors")).unwrap(), model(3));
     status_is_clean(&env, &env.path("copy"));
+    // The objects were copied into the clone's store as they were smudged (so git status's
+    // re-clean found the content stored and coded nothing: no version in the clone's store);
+    // without the origin, the clone still checks the file out.
+    let log = env.run(env!("CARGO_BIN_EXE_ckpt"), &env.path("copy/.git/ckpt"), &["log", "--oneline"]);
+    assert!(String::from_utf8_lossy(&log.stdout).trim().is_empty(), "{log:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_file(env.path("copy/model.safetensors")).unwrap();
+    env.git(&env.path("copy"), &["checkout", "model.safetensors"]);
+    assert_eq!(std::fs::read(env.path("copy/model.safetensors")).unwrap(), model(3));
+    env.ckpt(&env.path("copy/.git/ckpt"), &["verify"]);
     // Uninstall removes the entries again.
     env.ckpt(env.tmp.path(), &["git", "uninstall", "--global"]);
     let global = std::fs::read_to_string(env.home().join(".gitconfig")).unwrap();
