@@ -1,4 +1,4 @@
-//! The git filter driver: git keeps a small pointer ([`pointer`]) where the working tree has a
+//! The git filter driver: git keeps a small pointer ([`mod@pointer`]) where the working tree has a
 //! checkpoint, and the checkpoint lives in a ckpt store, tensor by tensor with deltas.
 //!
 //! This is the only module that speaks git: the filter protocol ([`pktline`], [`process`]),
