@@ -511,3 +511,19 @@ fn git_diff_shows_which_tensors_changed() {
         "{log}"
     );
 }
+
+#[test]
+fn two_hundred_files_in_one_git_add_start_the_filter_once() {
+    let env = GitEnv::new();
+    let dir = env.repo("r");
+    for i in 0..200 {
+        std::fs::write(dir.join(format!("f{i}.bin")), format!("file {i}")).unwrap();
+    }
+    let o = env.command("git", &dir, &["add", "."]).env("GIT_TRACE", "1").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(trace.matches("run_command: 'ckpt git filter-process'").count(), 1, "{trace}");
+    let staged = env.git(&dir, &["ls-files", "--cached", "*.bin"]);
+    assert_eq!(staged.lines().count(), 200);
+    assert!(env.git(&dir, &["show", ":f7.bin"]).starts_with("version ckpt/1\n"));
+}
