@@ -11,6 +11,7 @@
 //! - [`store`] (immutable objects on disk) and [`index`] (a rebuildable sled cache), which do
 //!   not know each other;
 //! - [`repo`]: commit, checkout, log, refs, gc, verify;
+//! - [`git_filter`]: the git filter driver (pointers, git's filter protocol, set-up);
 //! - [`cli`]: the `ckpt` command.
 //!
 //! ```
@@ -39,6 +40,7 @@ pub mod cli;
 pub mod codec;
 pub mod dtype;
 pub mod file_codec;
+pub mod git_filter;
 pub mod index;
 pub mod mmap;
 pub mod object_id;

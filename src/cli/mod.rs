@@ -73,6 +73,8 @@ enum Command {
     Verify(commands::verify::VerifyArgs),
     /// Maintain the index (a rebuildable cache).
     Index(commands::index::IndexArgs),
+    /// Keep weight files in git: install the filter driver, track patterns, run the filter.
+    Git(commands::git::GitArgs),
 }
 
 /// The directory commands run in: `-C DIR` (relative to the current directory) or the current
@@ -113,6 +115,7 @@ pub fn main() -> ExitCode {
                 Command::Compact(args) => commands::compact::run(&ui, base, args),
                 Command::Verify(args) => commands::verify::run(&ui, base, args),
                 Command::Index(args) => commands::index::run(&ui, base, args),
+                Command::Git(args) => commands::git::run(&ui, base, args),
             })
         })
     });

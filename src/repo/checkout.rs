@@ -382,7 +382,7 @@ impl Repo {
     }
 
     /// Writes one file; `None` if the filter selects nothing in it.
-    fn checkout_file(
+    pub(super) fn checkout_file(
         &self,
         entry: &FileEntry,
         rp: &RepoPath,

@@ -31,11 +31,11 @@ pub struct CommitOptions {
 }
 
 /// A file to commit, mapped and parsed.
-struct Input {
-    path: RepoPath,
-    map: Map,
-    header: Option<safetensors::Header>,
-    metadata: std::fs::Metadata,
+pub(super) struct Input {
+    pub(super) path: RepoPath,
+    pub(super) map: Map,
+    pub(super) header: Option<safetensors::Header>,
+    pub(super) metadata: std::fs::Metadata,
 }
 
 /// One planned segment: byte range, dtype, tensor identity.
@@ -54,6 +54,18 @@ impl Repo {
     /// tensor if they parse as safetensors and as opaque bytes otherwise.
     pub fn commit<P: AsRef<Path>>(&self, paths: &[P], message: &str, options: &CommitOptions) -> Result<VersionId> {
         let _lock = self.lock()?;
+        let inputs = self.read_inputs(paths)?;
+        self.commit_inputs(inputs, message, options)
+    }
+
+    /// [`Self::commit`] of inputs already mapped and parsed, under the writer lock the caller
+    /// holds (the git filter stores a spooled file under its logical path this way).
+    pub(super) fn commit_inputs(
+        &self,
+        inputs: Vec<Input>,
+        message: &str,
+        options: &CommitOptions,
+    ) -> Result<VersionId> {
         let policy = options.delta_policy.unwrap_or(self.config.delta_policy);
         let base_every = options.base_every.unwrap_or(self.config.base_every).max(1);
         let head = self.refs.head()?;
@@ -61,7 +73,6 @@ impl Repo {
         let parent = parent_id.map(|id| self.version(&id)).transpose()?;
         let removals = self.pending_removals()?;
 
-        let inputs = self.read_inputs(paths)?;
         if inputs.is_empty() && removals.is_empty() {
             return Err(Error::NothingToCommit);
         }
@@ -487,10 +498,10 @@ fn load<'c>(cache: &'c mut HashMap<ObjectId, Manifest>, repo: &Repo, id: &Object
 
 /// A planned segment with its id.
 pub(super) struct HashedSegment {
-    range: Range<u64>,
+    pub(super) range: Range<u64>,
     dtype: Option<Dtype>,
-    tensor: Option<TensorRef>,
-    id: ObjectId,
+    pub(super) tensor: Option<TensorRef>,
+    pub(super) id: ObjectId,
     /// xxh3-64 of the segment's bytes.
     xxh3: u64,
 }

@@ -23,6 +23,7 @@ mod model;
 mod path;
 mod refs;
 mod status;
+mod store_file;
 mod verify;
 
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
@@ -38,6 +39,7 @@ pub use model::{file_hash, FileEntry, FileFormat, Manifest, Segment, TensorRef, 
 pub use path::RepoPath;
 pub use refs::{check_name, Head, RefKind};
 pub use status::{FileState, FileStatus, InTheWay, Status};
+pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
 
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};

@@ -1,6 +1,7 @@
 //! The integration test binary: one module per area.
 
 mod codec_cli;
+mod git_filter;
 mod repo_compact;
 mod repo_crash;
 mod repo_faults;

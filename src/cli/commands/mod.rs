@@ -8,6 +8,7 @@ pub mod compress;
 pub mod decompress;
 pub mod diff;
 pub mod gc;
+pub mod git;
 pub mod index;
 pub mod init;
 pub mod log;

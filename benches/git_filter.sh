@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The git filter against `ckpt commit` and Git LFS, in one run on the same files:
+#   1. the corpus series (11 epochs of one checkpoint) added and committed epoch by epoch:
+#      store size and total time; then a checkout of epoch 0 from the newest;
+#   2. peak RSS of ckpt's clean and smudge of one large synthetic file (SIZE_MIB, default 1024).
+# Needs: a release build (cargo build --release), the corpus (bash ../shared/corpus/make_corpus.sh),
+# git, and git-lfs for the LFS column (apt-get install git-lfs; skipped if absent).
+# Compaction runs inline (CKPT_COMPACT=inline) for both ckpt columns, so each figure includes
+# the reverse-delta rewrite and the stores are final when measured.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CKPT=${CKPT:-$ROOT/target/release/ckpt}
+SERIES=${SERIES:-$HOME/.cache/ckpt-corpus/series/bf16}
+SIZE_MIB=${SIZE_MIB:-1024}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export PATH="$(dirname "$CKPT"):$PATH" CKPT_COMPACT=inline HOME="$WORK/home" GIT_CONFIG_NOSYSTEM=1
+export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.com GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.com
+mkdir -p "$HOME"
+
+now() { date +%s.%N; }
+since() { echo "$(now) - $1" | bc; }
+size() { du -sb "$1" | cut -f1; }
+
+epochs=("$SERIES"/epoch_*.safetensors)
+raw=0
+for f in "${epochs[@]}"; do raw=$((raw + $(stat -c %s "$f"))); done
+echo "series: ${#epochs[@]} files from $SERIES, $raw bytes"
+
+# ckpt commit
+mkdir "$WORK/ckpt" && cd "$WORK/ckpt" && ckpt init -q . >/dev/null
+t=$(now)
+for f in "${epochs[@]}"; do cp "$f" model.safetensors; ckpt -q commit -m e model.safetensors >/dev/null; done
+ckpt_commit_s=$(since "$t")
+ckpt_store=$(size .ckpt/objects)
+t=$(now); ckpt -q checkout "HEAD~$(( ${#epochs[@]} - 1 ))" model.safetensors >/dev/null; ckpt_checkout_s=$(since "$t")
+cmp model.safetensors "${epochs[0]}"
+
+# git + ckpt filter
+mkdir "$WORK/git" && cd "$WORK/git" && git init -q -b main && ckpt git install 2>/dev/null && ckpt git track '*.safetensors' 2>/dev/null
+git add .gitattributes && git commit -qm attributes
+t=$(now)
+for f in "${epochs[@]}"; do cp "$f" model.safetensors; git add model.safetensors; git commit -qm e; done
+git_commit_s=$(since "$t")
+git_store=$(size .git/ckpt/.ckpt/objects)
+t=$(now); git checkout -q "HEAD~$(( ${#epochs[@]} - 1 ))"; git_checkout_s=$(since "$t")
+cmp model.safetensors "${epochs[0]}"
+
+# Git LFS
+lfs="skipped (git-lfs not installed)"
+if command -v git-lfs >/dev/null; then
+    mkdir "$WORK/lfs" && cd "$WORK/lfs" && git init -q -b main && git lfs install --local >/dev/null && git lfs track '*.safetensors' >/dev/null
+    git add .gitattributes && git commit -qm attributes
+    t=$(now)
+    for f in "${epochs[@]}"; do cp "$f" model.safetensors; git add model.safetensors; git commit -qm e; done
+    lfs_commit_s=$(since "$t")
+    lfs_store=$(size .git/lfs/objects)
+    t=$(now); git checkout -q "HEAD~$(( ${#epochs[@]} - 1 ))"; lfs_checkout_s=$(since "$t")
+    cmp model.safetensors "${epochs[0]}"
+    lfs="$lfs_store bytes ($(echo "scale=3; $lfs_store / $raw" | bc) of raw), add+commit ${lfs_commit_s} s, checkout of epoch 0 ${lfs_checkout_s} s"
+fi
+echo "ckpt commit:     $ckpt_store bytes ($(echo "scale=3; $ckpt_store / $raw" | bc) of raw), commits ${ckpt_commit_s} s, checkout of epoch 0 ${ckpt_checkout_s} s"
+echo "git + ckpt:      $git_store bytes ($(echo "scale=3; $git_store / $raw" | bc) of raw, $(echo "scale=3; $git_store / $ckpt_store" | bc)x ckpt commit), add+commit ${git_commit_s} s, checkout of epoch 0 ${git_checkout_s} s"
+echo "git + LFS:       $lfs"
+
+# Peak RSS of clean and smudge (ckpt's own process; git's memory is git's).
+cd "$WORK/git"
+python3 - "$SIZE_MIB" <<'EOF'
+import json, os, struct, sys
+mib = int(sys.argv[1])
+n = mib << 20
+header = json.dumps({"w": {"dtype": "BF16", "shape": [n // 2], "data_offsets": [0, n]}}).encode()
+header += b" " * (-len(header) % 8)
+with open("big.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(header)) + header)
+    chunk = os.urandom(64 << 20)
+    for _ in range(n // len(chunk)):
+        f.write(chunk)
+EOF
+/usr/bin/time -f "%M %e" -o clean.time ckpt git clean big.safetensors < big.safetensors > big.pointer
+/usr/bin/time -f "%M %e" -o smudge.time ckpt git smudge big.safetensors < big.pointer > big.out
+cmp big.out big.safetensors
+read -r clean_kb clean_s < clean.time
+read -r smudge_kb smudge_s < smudge.time
+echo "${SIZE_MIB} MiB file: clean peak RSS $((clean_kb / 1024)) MiB (${clean_s} s), smudge peak RSS $((smudge_kb / 1024)) MiB (${smudge_s} s)"

@@ -1,0 +1,228 @@
+//! clean and smudge: a file's content to its pointer (storing the content in the ckpt store),
+//! and a pointer back to the content, verified.
+//!
+//! clean spools its input to a temporary file in the store's `tmp/` (git gives the content as
+//! a stream; the store codes a mapped file, tensor by tensor, with bounded memory) and stores
+//! it with [`Repo::store_file`]: content the store already holds costs one hash pass and writes
+//! nothing. smudge writes the file from the store into a temporary file, where every segment
+//! and the file hash are verified, and only then sends it: git never receives a byte of a file
+//! that does not verify.
+
+use super::pointer::{self, Pointer};
+use super::process::{Command, Filter};
+use crate::repo::{CommitOptions, Manifest, Repo, RepoPath};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Buffer size for copying content between pipes and files.
+const COPY_BUF: usize = 1 << 20;
+
+/// The filter of one git repository: its ckpt store, and stores to read from when an object
+/// is not there (the store of a local `origin`).
+pub struct GitFilter {
+    store: Repo,
+    fallbacks: Vec<Repo>,
+    options: CommitOptions,
+    skip_smudge: bool,
+}
+
+impl GitFilter {
+    /// A filter storing into `store` with `options` (whether deltas are deferred, see
+    /// [`CommitOptions::defer_deltas`]), reading missing objects from `fallbacks` in order.
+    pub fn new(store: Repo, fallbacks: Vec<Repo>, options: CommitOptions) -> GitFilter {
+        GitFilter { store, fallbacks, options, skip_smudge: false }
+    }
+
+    /// With `skip`, smudge leaves valid pointers as they are (`CKPT_SKIP_SMUDGE=1`); `ckpt git
+    /// checkout` writes the files later.
+    pub fn set_skip_smudge(&mut self, skip: bool) {
+        self.skip_smudge = skip;
+    }
+
+    /// The store written to.
+    pub fn store(&self) -> &Repo {
+        &self.store
+    }
+
+    /// clean: `input` (the content of `path`) → its pointer on `output`. A valid pointer is
+    /// returned unchanged.
+    pub fn clean(&self, path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
+        let mut head = Vec::with_capacity(pointer::MAX_LEN + 1);
+        input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(|e| format!("reading from git: {e}"))?;
+        if head.len() <= pointer::MAX_LEN && Pointer::parse(&head).is_ok() {
+            // Already a pointer (a checkout whose smudge was skipped, or a pointer committed
+            // on purpose): storing it as content would hide the weights behind a pointer to a
+            // pointer.
+            return output.write_all(&head).map_err(|e| format!("writing to git: {e}"));
+        }
+        let rp = RepoPath::parse(path).map_err(|reason| format!("cannot store under this path: {reason}"))?;
+        let tmp_dir = self.store.ckpt_dir().join("tmp");
+        let spool = tempfile::Builder::new()
+            .prefix("git-clean-")
+            .tempfile_in(&tmp_dir)
+            .map_err(|e| format!("creating a file in {}: {e}", tmp_dir.display()))?;
+        {
+            let mut w = io::BufWriter::with_capacity(COPY_BUF, spool.as_file());
+            let spool_err = |e: io::Error| format!("writing {}: {e}", spool.path().display());
+            w.write_all(&head).map_err(spool_err)?;
+            io::copy(input, &mut w).map_err(|e| format!("spooling the content to {}: {e}", spool.path().display()))?;
+            w.flush().map_err(spool_err)?;
+        }
+        let stored = self
+            .store
+            .store_file(spool.path(), &rp, &format!("git clean {path}"), &self.options)
+            .map_err(|e| format!("storing in the ckpt store at {}: {e}", self.store.root().display()))?;
+        let p = Pointer::new(stored.hash, stored.manifest, stored.len);
+        output.write_all(&p.to_bytes()).map_err(|e| format!("writing to git: {e}"))
+    }
+
+    /// smudge: `input` (what git stores for the file at `_path`) → the file on `output`. Content that does
+    /// not start like a ckpt pointer (committed before the path was tracked) passes through
+    /// unchanged; a malformed ckpt pointer, or one whose objects are missing or damaged, is an
+    /// error before any byte is sent.
+    pub fn smudge(&self, _path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
+        let mut head = Vec::with_capacity(pointer::MAX_LEN + 1);
+        input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(|e| format!("reading from git: {e}"))?;
+        if !head.starts_with(pointer::PREFIX) {
+            output.write_all(&head).map_err(|e| format!("writing to git: {e}"))?;
+            return io::copy(input, output).map(|_| ()).map_err(|e| format!("passing content through: {e}"));
+        }
+        let p = Pointer::parse(&head).map_err(|e| format!("invalid ckpt pointer: {e}"))?;
+        if self.skip_smudge {
+            return output.write_all(&head).map_err(|e| format!("writing to git: {e}"));
+        }
+        let tmp_dir = self.store.ckpt_dir().join("tmp");
+        let dir = tempfile::Builder::new()
+            .prefix("git-smudge-")
+            .tempdir_in(&tmp_dir)
+            .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
+        let file = dir.path().join("file");
+        self.write_from_stores(&p, &file)?;
+        let mut f = std::fs::File::open(&file).map_err(|e| format!("opening {}: {e}", file.display()))?;
+        copy_with_buffer(&mut f, output).map_err(|e| format!("sending the file to git: {e}"))
+    }
+
+    /// Writes `p`'s file to `dest` (temporary file + rename, verified) from the own store, else
+    /// from the first fallback store that has its manifest.
+    pub fn write_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
+        let own = self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest);
+        let own_err = match own {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        for fallback in &self.fallbacks {
+            if fallback.store().contains(&p.manifest) {
+                // Copied into the own store first, so this clone keeps working without its
+                // origin; written from the own store, which checks every copied object.
+                if self.store.copy_file_objects_from(fallback, &p.manifest).is_ok()
+                    && self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest).is_ok()
+                {
+                    return Ok(());
+                }
+                return fallback.write_stored_file(&p.manifest, p.size, &p.hash, dest).map(|_| ()).map_err(|e| {
+                    format!(
+                        "file {} (manifest {}) from the ckpt store at {}: {e}",
+                        p.hash,
+                        p.manifest,
+                        fallback.root().display()
+                    )
+                });
+            }
+        }
+        Err(format!(
+            "cannot restore the file {} (manifest {}, {} bytes) from the ckpt store at {}: {own_err}; \
+             if this repository was cloned or the store moved, point `git config ckpt.store` at a store \
+             that has it, or run `ckpt -C {} verify` to find damaged objects",
+            p.hash,
+            p.manifest,
+            p.size,
+            self.store.root().display(),
+            self.store.root().display(),
+        ))
+    }
+}
+
+impl GitFilter {
+    /// The manifest of the file `p` points to, from the own store or a fallback.
+    pub fn manifest(&self, p: &Pointer) -> Result<Manifest, String> {
+        std::iter::once(&self.store)
+            .chain(&self.fallbacks)
+            .find(|r| r.store().contains(&p.manifest))
+            .ok_or_else(|| {
+                format!("manifest {} is in no ckpt store (looked in {})", p.manifest, self.store.root().display())
+            })?
+            .manifest(&p.manifest)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The text `git diff` shows for a tracked file (the diff driver's textconv): its size and
+    /// hash, then one line per segment: each tensor's name, dtype, shape and blob id (so a
+    /// changed tensor is a changed line), headers and gaps as bytes. `file` is either a pointer
+    /// (git's side of a diff), whose manifest is read from the store, or the real file (the
+    /// working tree's side), which is hashed.
+    pub fn textconv(&self, file: &Path) -> Result<String, String> {
+        let small = std::fs::metadata(file).is_ok_and(|m| m.len() <= pointer::MAX_LEN as u64);
+        let pointer = if small { std::fs::read(file).ok().and_then(|b| Pointer::parse(&b).ok()) } else { None };
+        let manifest = match pointer {
+            Some(p) => self.manifest(&p)?,
+            None => crate::repo::manifest_of_file(file).map_err(|e| e.to_string())?,
+        };
+        let kind = match manifest.kind {
+            crate::repo::FileFormat::Safetensors => "safetensors",
+            crate::repo::FileFormat::Bytes => "opaque",
+        };
+        let mut out = format!("ckpt: {kind} file, {} bytes, hash {}\n", manifest.len, manifest.hash);
+        for s in &manifest.segments {
+            match &s.tensor {
+                Some(t) => {
+                    out.push_str(&format!("tensor {} {} {:?} blob {}\n", t.name, t.dtype, t.shape, s.blob.short(16)))
+                }
+                None => out.push_str(&format!("bytes {} blob {}\n", s.len, s.blob.short(16))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn copy_with_buffer(from: &mut dyn Read, to: &mut dyn Write) -> io::Result<()> {
+    let mut buf = vec![0u8; COPY_BUF];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => to.write_all(&buf[..n])?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Filter for GitFilter {
+    fn filter(
+        &mut self,
+        command: Command,
+        path: &str,
+        input: &mut dyn Read,
+        output: &mut dyn Write,
+    ) -> Result<(), String> {
+        match command {
+            Command::Clean => self.clean(path, input, output),
+            Command::Smudge => self.smudge(path, input, output),
+        }
+    }
+}
+
+/// The ckpt store of `git`'s `origin` remote when that is a local path with a store (so a
+/// `git clone /path/to/repo` smudges from the original's objects); `None` otherwise.
+pub fn origin_store(git: &git2::Repository) -> Option<Repo> {
+    let remote = git.find_remote("origin").ok()?;
+    let url = remote.url().ok()?;
+    let path = PathBuf::from(url.strip_prefix("file://").unwrap_or(url));
+    if url.contains("://") && !url.starts_with("file://") {
+        return None;
+    }
+    let base = git.workdir().unwrap_or_else(|| git.path());
+    let origin = git2::Repository::open(base.join(path)).ok()?;
+    let root = super::store_root(&origin).ok()?;
+    // Only an existing store: a read must not create one in someone else's repository.
+    root.join(crate::repo::DIR_NAME).join("HEAD").is_file().then(|| Repo::open(&root).ok()).flatten()
+}

@@ -1,0 +1,367 @@
+//! The git filter driver: git keeps a small pointer ([`mod@pointer`]) where the working tree has a
+//! checkpoint, and the checkpoint lives in a ckpt store, tensor by tensor with deltas.
+//!
+//! This is the only module that speaks git: the filter protocol ([`pktline`], [`process`]),
+//! the clean/smudge driver ([`driver`]) and the set-up through git2 (config entries,
+//! `.gitattributes`, where the store is). It sits above [`crate::repo`], which it calls to store
+//! and write files; it never touches the store's objects itself. In filter mode stdout belongs
+//! to git: nothing here prints.
+
+pub mod attributes;
+pub mod driver;
+pub mod pktline;
+pub mod pointer;
+pub mod process;
+
+use crate::repo::{self, Repo};
+use std::path::{Path, PathBuf};
+
+pub use driver::GitFilter;
+pub use pointer::Pointer;
+
+/// The filter and diff driver name in git config and `.gitattributes`.
+pub const DRIVER: &str = "ckpt";
+
+/// Git config entries `ckpt git install` writes: the filter (`filter.ckpt.*`) and the diff
+/// driver's textconv (`diff.ckpt.textconv`).
+pub const FILTER_CONFIG: [(&str, &str); 4] = [
+    ("filter.ckpt.process", "ckpt git filter-process"),
+    ("filter.ckpt.clean", "ckpt git clean %f"),
+    ("filter.ckpt.smudge", "ckpt git smudge %f"),
+    ("diff.ckpt.textconv", "ckpt git textconv"),
+];
+
+/// Errors of the git layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// libgit2 failed.
+    #[error("{action}: {source}")]
+    Git {
+        /// What was being done.
+        action: String,
+        /// libgit2's error.
+        source: git2::Error,
+    },
+    /// The ckpt store failed.
+    #[error(transparent)]
+    Repo(#[from] repo::Error),
+    /// A file system operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A repository without a working tree where one is needed.
+    #[error("{} is a bare git repository: it has no working tree", path.display())]
+    Bare {
+        /// The git directory.
+        path: PathBuf,
+    },
+    /// A file `ckpt git checkout` could not write.
+    #[error("{path}: {reason}")]
+    Checkout {
+        /// The file, relative to the working tree.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A `.gitattributes` pattern ckpt cannot write.
+    #[error("pattern {pattern:?}: {reason}")]
+    Pattern {
+        /// The pattern.
+        pattern: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+/// Results of the git layer.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn git(action: impl Into<String>) -> impl FnOnce(git2::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Git { action, source }
+}
+
+/// The git repository containing `start`.
+pub fn discover(start: &Path) -> Result<git2::Repository> {
+    git2::Repository::discover(start).map_err(git(format!("finding the git repository of {}", start.display())))
+}
+
+/// Where `git`'s ckpt store lives: `git config ckpt.store` (relative to the working tree, or
+/// absolute) if set, else `ckpt` under git's common directory (shared by linked worktrees).
+pub fn store_root(git: &git2::Repository) -> Result<PathBuf> {
+    let config = git.config().map_err(self::git("reading git config"))?;
+    if let Ok(p) = config.get_path("ckpt.store") {
+        let base = git.workdir().unwrap_or_else(|| git.path());
+        return Ok(base.join(p));
+    }
+    Ok(git.commondir().join("ckpt"))
+}
+
+/// Opens `git`'s ckpt store, creating it on first use.
+pub fn open_store(git: &git2::Repository) -> Result<Repo> {
+    let root = store_root(git)?;
+    if root.join(repo::DIR_NAME).join("HEAD").is_file() {
+        return Ok(Repo::open(&root)?);
+    }
+    match Repo::init(&root) {
+        Ok(r) => Ok(r),
+        // Another filter process created it first.
+        Err(repo::Error::AlreadyExists { .. }) => Ok(Repo::open(&root)?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The git config ckpt writes to: the repository's own (`.git/config`), or the user's global
+/// one (`~/.gitconfig`, created if missing).
+fn config_for(start: &Path, global: bool) -> Result<git2::Config> {
+    if global {
+        let path = match git2::Config::find_global() {
+            Ok(p) => p,
+            Err(_) => {
+                let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+                home.join(".gitconfig")
+            }
+        };
+        return git2::Config::open(&path).map_err(git(format!("opening {}", path.display())));
+    }
+    let repo = discover(start)?;
+    let path = repo.path().join("config");
+    git2::Config::open(&path).map_err(git(format!("opening {}", path.display())))
+}
+
+/// Writes the filter driver (process, one-shot clean/smudge, `required`) into git config.
+/// Idempotent.
+pub fn install(start: &Path, global: bool) -> Result<()> {
+    let mut config = config_for(start, global)?;
+    for (key, value) in FILTER_CONFIG {
+        config.set_str(key, value).map_err(git(format!("setting {key}")))?;
+    }
+    config.set_bool("filter.ckpt.required", true).map_err(git("setting filter.ckpt.required"))?;
+    Ok(())
+}
+
+/// Removes what [`install`] wrote; entries already absent are fine.
+pub fn uninstall(start: &Path, global: bool) -> Result<()> {
+    let mut config = config_for(start, global)?;
+    for key in FILTER_CONFIG.iter().map(|(k, _)| *k).chain(["filter.ckpt.required"]) {
+        match config.remove(key) {
+            Ok(()) => {}
+            Err(e) if e.code() == git2::ErrorCode::NotFound => {}
+            Err(source) => return Err(Error::Git { action: format!("removing {key}"), source }),
+        }
+    }
+    Ok(())
+}
+
+/// Whether smudge leaves pointers in the working tree: `CKPT_SKIP_SMUDGE=1`, or `git config
+/// ckpt.skipSmudge true`.
+pub fn skip_smudge(git: &git2::Repository) -> bool {
+    if let Some(v) = std::env::var_os("CKPT_SKIP_SMUDGE") {
+        return v == "1" || v.eq_ignore_ascii_case("true");
+    }
+    git.config().ok().and_then(|c| c.get_bool("ckpt.skipSmudge").ok()).unwrap_or(false)
+}
+
+/// Writes the real file in place of every working-tree file of `git`'s index that is a valid
+/// ckpt pointer (all, or those at or under `paths`, relative to the working tree), then has
+/// git refresh its index so `git status` stays clean. Returns the paths written.
+pub fn checkout_pointers(git: &git2::Repository, filter: &GitFilter, paths: &[String]) -> Result<Vec<String>> {
+    let workdir = workdir(git)?.to_path_buf();
+    let index = git.index().map_err(self::git("reading git's index"))?;
+    let mut written = Vec::new();
+    for entry in index.iter() {
+        let Ok(path) = String::from_utf8(entry.path.clone()) else { continue };
+        let wanted = paths.is_empty()
+            || paths.iter().any(|p| {
+                let p = p.trim_end_matches('/');
+                path == p || path.starts_with(&format!("{p}/"))
+            });
+        if !wanted {
+            continue;
+        }
+        let file = workdir.join(&path);
+        let Ok(meta) = std::fs::symlink_metadata(&file) else { continue };
+        if !meta.is_file() || meta.len() > pointer::MAX_LEN as u64 {
+            continue;
+        }
+        let bytes =
+            std::fs::read(&file).map_err(|source| Error::Io { action: "reading", path: file.clone(), source })?;
+        let Ok(p) = Pointer::parse(&bytes) else { continue };
+        // Only a pointer git has staged as is: re-staging the real file below must not stage
+        // anything the user changed.
+        if git2::Oid::hash_object(git2::ObjectType::Blob, &bytes).ok() != Some(entry.id) {
+            continue;
+        }
+        filter.write_from_stores(&p, &file).map_err(|reason| Error::Checkout { path: path.clone(), reason })?;
+        written.push(path);
+    }
+    if !written.is_empty() {
+        refresh_index(&workdir, &written)?;
+    }
+    Ok(written)
+}
+
+/// A tracked weight file in a git tree, as `ckpt git ls-files` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrackedFile {
+    /// Path in the tree.
+    pub path: String,
+    /// What the pointer says.
+    pub pointer: Pointer,
+    /// Bytes its objects take in the store now (manifest and blobs; a delta blob counts its
+    /// own object only), or `None` if the manifest is not in the store.
+    pub stored: Option<u64>,
+}
+
+/// The ckpt pointers in the tree of `rev` (a git revision), in path order, with what their
+/// objects take in `store`.
+pub fn ls_files(git: &git2::Repository, store: &Repo, rev: &str) -> Result<Vec<TrackedFile>> {
+    let tree = git
+        .revparse_single(rev)
+        .and_then(|o| o.peel_to_tree())
+        .map_err(self::git(format!("resolving {rev:?} to a tree")))?;
+    let mut out = Vec::new();
+    let mut failure = None;
+    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+        if entry.kind() != Some(git2::ObjectType::Blob) {
+            return git2::TreeWalkResult::Ok;
+        }
+        let blob = match git.find_blob(entry.id()) {
+            Ok(b) => b,
+            Err(e) => {
+                failure = Some(e);
+                return git2::TreeWalkResult::Abort;
+            }
+        };
+        if blob.size() > pointer::MAX_LEN {
+            return git2::TreeWalkResult::Ok;
+        }
+        if let Ok(p) = Pointer::parse(blob.content()) {
+            let path = format!("{dir}{}", String::from_utf8_lossy(entry.name_bytes()));
+            let stored = store.manifest(&p.manifest).ok().map(|m| {
+                let blobs: std::collections::HashSet<_> = m.segments.iter().map(|s| s.blob).collect();
+                blobs.iter().chain([&p.manifest]).filter_map(|id| store.store().stored_len(id).ok()).sum()
+            });
+            out.push(TrackedFile { path, pointer: p, stored });
+        }
+        git2::TreeWalkResult::Ok
+    })
+    .map_err(self::git(format!("reading the tree of {rev:?}")))?;
+    if let Some(e) = failure {
+        return Err(Error::Git { action: format!("reading a blob of {rev:?}"), source: e });
+    }
+    Ok(out)
+}
+
+/// The ckpt pointers git can reach: in the trees of every commit reachable from any ref
+/// (branches, tags, remotes, the stash), from any reflog entry, and in the index; each pointer
+/// once, with one path where it was seen.
+pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
+    let mut walk = git.revwalk().map_err(self::git("walking history"))?;
+    let refs = git.references().map_err(self::git("listing refs"))?;
+    for r in refs.flatten() {
+        if let Ok(name) = r.name() {
+            if let Ok(commit) = r.peel_to_commit() {
+                let _ = walk.push(commit.id());
+            }
+            if let Ok(log) = git.reflog(name) {
+                for e in log.iter() {
+                    // Reflog entries may name commits since deleted; those are skipped.
+                    if git.find_commit(e.id_new()).is_ok() {
+                        let _ = walk.push(e.id_new());
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(log) = git.reflog("HEAD") {
+        for e in log.iter() {
+            if git.find_commit(e.id_new()).is_ok() {
+                let _ = walk.push(e.id_new());
+            }
+        }
+    }
+    let mut seen_blobs = std::collections::HashSet::new();
+    let mut seen_trees = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut consider = |path: String, id: git2::Oid, out: &mut Vec<(String, Pointer)>| {
+        if !seen_blobs.insert(id) {
+            return;
+        }
+        if let Ok(blob) = git.find_blob(id) {
+            if blob.size() <= pointer::MAX_LEN {
+                if let Ok(p) = Pointer::parse(blob.content()) {
+                    out.push((path, p));
+                }
+            }
+        }
+    };
+    for oid in walk {
+        let oid = oid.map_err(self::git("walking history"))?;
+        let tree = git.find_commit(oid).and_then(|c| c.tree()).map_err(self::git(format!("reading commit {oid}")))?;
+        if !seen_trees.insert(tree.id()) {
+            continue;
+        }
+        let mut blobs = Vec::new();
+        tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+            if entry.kind() == Some(git2::ObjectType::Blob) {
+                blobs.push((format!("{dir}{}", String::from_utf8_lossy(entry.name_bytes())), entry.id()));
+            }
+            git2::TreeWalkResult::Ok
+        })
+        .map_err(self::git(format!("reading the tree of {oid}")))?;
+        for (path, id) in blobs {
+            consider(path, id, &mut out);
+        }
+    }
+    let index = git.index().map_err(self::git("reading git's index"))?;
+    for e in index.iter() {
+        consider(String::from_utf8_lossy(&e.path).into_owned(), e.id, &mut out);
+    }
+    Ok(out)
+}
+
+/// Has git re-stage `paths` from the working tree (`git update-index -z --stdin`): it cleans
+/// each through the filter (a hash: the content is stored) into the pointer it already has and
+/// records the new stat data. A plain `--refresh` is not enough: git takes a size different from
+/// the recorded one (the pointer's) as modified without looking at the content.
+fn refresh_index(workdir: &Path, paths: &[String]) -> Result<()> {
+    use std::io::Write;
+    let io = |action| move |source| Error::Io { action, path: workdir.to_path_buf(), source };
+    let mut child = std::process::Command::new("git")
+        .args(["update-index", "-z", "--stdin"])
+        .current_dir(workdir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(io("running git update-index in"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    for p in paths {
+        stdin
+            .write_all(p.as_bytes())
+            .and_then(|()| stdin.write_all(b"\0"))
+            .map_err(io("writing paths to git update-index in"))?;
+    }
+    drop(stdin);
+    let status = child.wait().map_err(io("running git update-index in"))?;
+    if !status.success() {
+        return Err(Error::Io {
+            action: "refreshing git's index (git update-index failed) in",
+            path: workdir.to_path_buf(),
+            source: std::io::Error::other(format!("exit status {status}")),
+        });
+    }
+    Ok(())
+}
+
+/// The working tree of `git`.
+pub fn workdir(git: &git2::Repository) -> Result<&Path> {
+    git.workdir().ok_or_else(|| Error::Bare { path: git.path().to_path_buf() })
+}

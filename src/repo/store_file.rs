@@ -1,0 +1,230 @@
+//! One file in, one file out, outside the working tree: the repository side of the git filter.
+//! [`Repo::store_file`] stores a file read from any path under a logical path (as a commit on
+//! the current branch, so deltas, compaction, `verify` and `show` apply as to any commit), and
+//! [`Repo::write_stored_file`] writes a stored file back by its manifest, verified.
+
+use super::commit::{hash_content, Input};
+use super::model::{FileEntry, FileFormat, Manifest, Segment, MODEL_FORMAT};
+use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
+use crate::mmap;
+use crate::object_id::ObjectId;
+use crate::safetensors;
+use std::path::Path;
+
+/// A file stored by [`Repo::store_file`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredFile {
+    /// The file's manifest object.
+    pub manifest: ObjectId,
+    /// The file hash (docs/format.md, "file hash").
+    pub hash: ObjectId,
+    /// The file's length.
+    pub len: u64,
+    /// The version written, or `None` when the store already held this content (nothing was
+    /// coded or written).
+    pub version: Option<VersionId>,
+}
+
+impl Repo {
+    /// Stores the file at `disk` as the content of `path` (which need not exist in the working
+    /// tree). Content the store already holds whole (its manifest exists) costs one hash pass
+    /// and writes nothing. Otherwise it is committed as a new version on top of `HEAD` with
+    /// `path` replaced, so its tensors are delta-coded against the same tensors in the last
+    /// content stored for `path` (or, for a new path, as [`Repo::commit`] chooses), and, under
+    /// the `reverse` policy, that content is rewritten as deltas against it (inline, or later
+    /// with `options.defer_deltas`).
+    ///
+    /// Any content is accepted: a file that parses as safetensors is stored tensor by tensor,
+    /// anything else (an invalid `*.safetensors` included) as bytes.
+    pub fn store_file(
+        &self,
+        disk: &Path,
+        path: &RepoPath,
+        message: &str,
+        options: &CommitOptions,
+    ) -> Result<StoredFile> {
+        let input = map_input(disk, path)?;
+        let manifest = manifest_of(&input);
+        let bytes = manifest.to_bytes();
+        let id = ObjectId::hash(&bytes);
+        if self.store.contains(&id) {
+            return Ok(StoredFile { manifest: id, hash: manifest.hash, len: manifest.len, version: None });
+        }
+        let _lock = self.lock()?;
+        let version_id = self.commit_inputs(vec![input], message, options)?;
+        let version = self.version(&version_id)?;
+        let entry =
+            version.file(path.as_str()).ok_or(Error::NotInVersion { path: path.to_string(), version: version_id })?;
+        // The commit planned the same segments from the same bytes; a difference means the
+        // file changed while it was read.
+        if entry.manifest != id {
+            return Err(Error::InvalidPath {
+                path: disk.to_path_buf(),
+                reason: "changed while it was being stored".into(),
+            });
+        }
+        Ok(StoredFile { manifest: id, hash: manifest.hash, len: manifest.len, version: Some(version_id) })
+    }
+
+    /// Writes the file whose manifest is `manifest` (of `len` bytes and file hash `hash`, as a
+    /// pointer records them) to `dest`, through a temporary file in the same directory renamed
+    /// only once every segment and the file hash verified: on any error `dest` is untouched.
+    pub fn write_stored_file(&self, manifest: &ObjectId, len: u64, hash: &ObjectId, dest: &Path) -> Result<u64> {
+        let invalid = |reason: &str| Error::InvalidPath { path: dest.to_path_buf(), reason: reason.into() };
+        let name = dest.file_name().and_then(|n| n.to_str()).ok_or_else(|| invalid("no UTF-8 file name"))?;
+        let dir = dest.parent().ok_or_else(|| invalid("no parent directory"))?;
+        let rp = RepoPath::parse(name).map_err(invalid)?;
+        let entry = FileEntry { path: name.to_string(), manifest: *manifest, len, hash: *hash };
+        let written = self.checkout_file(&entry, &rp, dir, None, 0)?;
+        Ok(written.unwrap_or(0))
+    }
+}
+
+impl Repo {
+    /// Copies the objects of the file whose manifest is `manifest` from `other` (the manifest,
+    /// and every object of each segment's delta chain) into this repository's store, object
+    /// files byte for byte; returns how many were copied. Used when a clone smudges from its
+    /// origin's store, so the clone keeps working without it.
+    pub fn copy_file_objects_from(&self, other: &Repo, manifest: &ObjectId) -> Result<usize> {
+        let m = other.manifest(manifest)?;
+        let mut ids = Vec::new();
+        for s in &m.segments {
+            ids.extend(other.store.open_blob(&s.blob)?.ids());
+        }
+        // Chains first, manifest last: a manifest present means its blobs are.
+        ids.push(*manifest);
+        let mut copied = 0;
+        for id in &ids {
+            if self.store.copy_object_from(&other.store, id)? {
+                copied += 1;
+                if let Ok(h) = self.store.header(id) {
+                    let stored_len = self.store.stored_len(id).unwrap_or(0);
+                    self.index_object(&crate::store::Written { id: *id, header: h, stored_len });
+                }
+            }
+        }
+        self.flush_index();
+        Ok(copied)
+    }
+}
+
+/// The manifest the store would hold for the file at `disk`, computed without storing anything
+/// (one hash pass): its segments, tensors and blob ids.
+pub fn manifest_of_file(disk: &Path) -> Result<Manifest> {
+    let path = RepoPath::parse("file").expect("a valid path");
+    Ok(manifest_of(&map_input(disk, &path)?))
+}
+
+/// Maps and parses the file at `disk` as the content of `path`.
+fn map_input(disk: &Path, path: &RepoPath) -> Result<Input> {
+    let io = |action| move |source| Error::Io { action, path: disk.to_path_buf(), source };
+    let file = std::fs::File::open(disk).map_err(io("opening"))?;
+    let metadata = file.metadata().map_err(io("reading"))?;
+    let map = mmap::map(&file).map_err(io("reading"))?;
+    let header = safetensors::parse(&map).ok();
+    Ok(Input { path: path.clone(), map, header, metadata })
+}
+
+/// The manifest a commit writes for `input` (the same as `commit`'s `write_manifest`: pinned
+/// by `store_file_writes_the_manifest_commit_writes`).
+fn manifest_of(input: &Input) -> Manifest {
+    let (segments, hash) = hash_content(&input.map, input.header.as_ref());
+    Manifest {
+        format: MODEL_FORMAT,
+        kind: if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes },
+        len: input.map.len() as u64,
+        hash,
+        segments: segments
+            .iter()
+            .map(|s| Segment { len: s.range.end - s.range.start, blob: s.id, tensor: s.tensor.clone() })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_data;
+
+    /// A safetensors file of two BF16 tensors (64 KiB and 16 KiB) of float-like values.
+    fn checkpoint(seed: u64) -> Vec<u8> {
+        let tensors = vec![
+            ("w".to_string(), crate::Dtype::Bf16, vec![128, 256]),
+            ("b".to_string(), crate::Dtype::Bf16, vec![8192]),
+        ];
+        let mut bytes = safetensors::write_header(&tensors, None).unwrap();
+        // BF16 values near 1: a narrow exponent, random mantissas.
+        for r in test_data::xorshift(seed).take(128 * 256 + 8192) {
+            bytes.extend_from_slice(&[(r >> 8) as u8, 0x3f ^ ((r & 1) as u8)]);
+        }
+        bytes
+    }
+
+    /// `bytes` with every 64th element's low byte changed (a training step).
+    fn perturbed(bytes: &[u8], seed: u64) -> Vec<u8> {
+        let mut out = bytes.to_vec();
+        let start = out.len() - (128 * 256 + 8192) * 2;
+        for (i, r) in (start..out.len()).step_by(128).zip(test_data::xorshift(seed)) {
+            out[i] ^= (r as u8) | 1;
+        }
+        out
+    }
+
+    #[test]
+    fn store_file_writes_the_manifest_commit_writes_and_dedups_without_a_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Repo::init(&dir.path().join("store")).unwrap();
+        let plain = Repo::init(&dir.path().join("plain")).unwrap();
+        let bytes = checkpoint(1);
+        std::fs::write(dir.path().join("plain/m.safetensors"), &bytes).unwrap();
+        let v = plain.commit(&["m.safetensors"], "m", &CommitOptions::default()).unwrap();
+        let expected = plain.version(&v).unwrap().files[0].clone();
+
+        let spool = dir.path().join("spooled");
+        std::fs::write(&spool, &bytes).unwrap();
+        let path = RepoPath::parse("models/m.safetensors").unwrap();
+        let first = store.store_file(&spool, &path, "clean", &CommitOptions::default()).unwrap();
+        assert_eq!((first.manifest, first.hash, first.len), (expected.manifest, expected.hash, expected.len));
+        assert!(first.version.is_some());
+        let objects = store.store().list().unwrap().len();
+
+        // The same content again: no version, no object.
+        let again = store.store_file(&spool, &path, "clean", &CommitOptions::default()).unwrap();
+        assert_eq!(again.version, None);
+        assert_eq!(again.manifest, first.manifest);
+        assert_eq!(store.store().list().unwrap().len(), objects);
+        assert_eq!(store.log("HEAD").unwrap().len(), 1);
+
+        // Written back bit-exactly; a wrong hash fails and leaves no file.
+        let out = dir.path().join("out.safetensors");
+        store.write_stored_file(&first.manifest, first.len, &first.hash, &out).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), bytes);
+        let bad = dir.path().join("bad.safetensors");
+        assert!(store.write_stored_file(&first.manifest, first.len, &ObjectId::hash(b"x"), &bad).is_err());
+        assert!(!bad.exists());
+    }
+
+    #[test]
+    fn the_next_content_of_a_path_is_a_delta_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Repo::init(dir.path()).unwrap();
+        let path = RepoPath::parse("m.safetensors").unwrap();
+        let spool = dir.path().join("spooled");
+        let a = checkpoint(1);
+        std::fs::write(&spool, &a).unwrap();
+        let first = store.store_file(&spool, &path, "a", &CommitOptions::default()).unwrap();
+        let b = perturbed(&a, 2);
+        std::fs::write(&spool, &b).unwrap();
+        let second = store.store_file(&spool, &path, "b", &CommitOptions::default()).unwrap();
+        // Reverse deltas, inline by default: the first content's tensors now reference the second's.
+        let m = store.manifest(&first.manifest).unwrap();
+        let deltas =
+            m.tensors().filter(|(_, s)| store.store().header(&s.blob).is_ok_and(|h| h.reference.is_some())).count();
+        assert!(deltas > 0, "no tensor of the older content became a delta");
+        for (s, bytes) in [(&first, &a), (&second, &b)] {
+            let out = dir.path().join("out");
+            store.write_stored_file(&s.manifest, s.len, &s.hash, &out).unwrap();
+            assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+        }
+    }
+}
