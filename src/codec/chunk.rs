@@ -123,10 +123,19 @@ fn code_group_counted(
 /// A 2 MB JSON header of 20,000 tensor entries took 1.26 MB with Huffman and 154 KB with zstd
 /// level 1 per 256 KiB chunk (less than `zstd -3` gives it whole, 188 KB). Not for deltas,
 /// whose groups the other methods already cover, nor for wider elements, whose byte groups are
-/// not text; and only where Huffman is estimated to save a fifth or more: bytes it cannot
+/// not text; only for text ([`is_text`]); and only where Huffman is estimated to save a fifth or more: bytes it cannot
 /// shrink that far (floats stored as plain bytes, 85-100%) rarely have repeats for zstd to
 /// find, and would pay a second coding pass for nothing. zstd is tried first so that text is
 /// coded once.
+/// Whether a group with these statistics looks like text: under 1% of its bytes have the top
+/// bit set. JSON and other ASCII text pass; numbers stored as bytes (int8 and fp8 weights, whose
+/// negative values set the top bit) do not, so they keep their single Huffman pass (zstd on
+/// them would only code the same literals with Huffman, more slowly).
+fn is_text(stats: &super::select::GroupStats, n: usize) -> bool {
+    let high: u64 = stats.histogram[128..].iter().map(|&c| u64::from(c)).sum();
+    high * 100 < n as u64
+}
+
 fn zstd_beats_huffman(group: &[u8], estimate: f64, options: &Options, out: &mut Vec<u8>) -> Result<bool> {
     if estimate >= 0.8 * group.len() as f64 {
         return Ok(false);
@@ -298,7 +307,7 @@ pub fn encode_chunk(
                     let (predicted, stats) = predict_with_stats(group, options);
                     let histogram = stats.as_ref().map(|s| &s.histogram);
                     let text_like = width == 1 && plain && predicted == Method::Huffman;
-                    let chosen = match stats.as_ref().filter(|_| text_like) {
+                    let chosen = match stats.as_ref().filter(|s| text_like && is_text(s, group.len())) {
                         Some(stats) if zstd_beats_huffman(group, stats.huffman_estimate(), options, out)? => {
                             Method::Zstd
                         }
@@ -775,6 +784,10 @@ mod tests {
         // from which zstd is tried, so it is coded once, with Huffman.
         let noise: Vec<u8> = crate::test_data::xorshift(9).take(65536).map(|x| x as u8 & 0x7f).collect();
         let (header, _) = code(&noise, Selection::Auto);
+        assert_eq!(header.groups()[0].method, Method::Huffman);
+        // int8-like weights (negative values set the top bit) are not text either.
+        let int8: Vec<u8> = crate::test_data::xorshift(3).take(65536).map(|x| (x % 16) as u8 ^ 0xf8).collect();
+        let (header, _) = code(&int8, Selection::Auto);
         assert_eq!(header.groups()[0].method, Method::Huffman);
     }
 
