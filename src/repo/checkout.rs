@@ -451,6 +451,7 @@ impl Repo {
         let io_err = |source| Error::Io { action: "writing", path: tmp.path().to_path_buf(), source };
         let mut w = std::io::BufWriter::with_capacity(4 << 20, tmp.as_file());
         let mut written = 0u64;
+        let mut bundles = super::bundle::BundleCache::new();
         if let Some(h) = &header {
             w.write_all(h).map_err(io_err)?;
             written += h.len() as u64;
@@ -460,7 +461,13 @@ impl Repo {
             if s.len == 0 {
                 continue;
             }
-            let chain = self.open_segment(entry, s)?;
+            // A bundled tensor: its bundle was checked against its id when decoded.
+            if let Some(bytes) = bundles.segment(self, &manifest, s)? {
+                w.write_all(bytes).map_err(io_err)?;
+                written += s.len;
+                continue;
+            }
+            let chain = self.open_segment(entry, &manifest, s)?;
             let start = written;
             chain.copy_to_with_progress(&mut w, &|done| self.progress.set(progress_base + start + done))?;
             written += s.len;
@@ -471,14 +478,20 @@ impl Repo {
         Ok(Some(written))
     }
 
-    /// Opens the blob of segment `s` of `entry`'s manifest and checks that it has the
-    /// segment's length.
-    fn open_segment(&self, entry: &FileEntry, s: &super::model::Segment) -> Result<store::BlobChain> {
-        let chain = self.store.open_blob(&s.blob)?;
+    /// Opens the blob of segment `s` (not bundled) of `entry`'s manifest and checks that it
+    /// has the segment's length.
+    fn open_segment(
+        &self,
+        entry: &FileEntry,
+        manifest: &Manifest,
+        s: &super::model::Segment,
+    ) -> Result<store::BlobChain> {
+        let (blob, _) = manifest.location(s);
+        let chain = self.store.open_blob(&blob)?;
         if chain.len() != s.len {
             return Err(Error::CorruptMetadata {
                 id: entry.manifest,
-                reason: format!("segment of {} bytes names blob {} of {} bytes", s.len, s.blob, chain.len()),
+                reason: format!("segment of {} bytes names blob {} of {} bytes", s.len, blob, chain.len()),
             });
         }
         Ok(chain)
@@ -500,11 +513,15 @@ impl Repo {
     ) -> Result<u64> {
         use std::os::unix::fs::FileExt;
         let io_err = |action, source| Error::Io { action, path: tmp.path().to_path_buf(), source };
-        // (file offset, segment) of every non-empty segment.
+        // (file offset, segment) of every non-empty segment stored as its own blob; the file
+        // offset of every bundled one.
         let mut placed = Vec::new();
+        let mut bundled_at = vec![0u64; manifest.segments.len()];
         let mut offset = 0u64;
-        for s in &manifest.segments {
-            if s.len > 0 {
+        for (i, s) in manifest.segments.iter().enumerate() {
+            if s.bundle.is_some() {
+                bundled_at[i] = offset;
+            } else if s.len > 0 {
                 placed.push((offset, s));
             }
             offset = offset.checked_add(s.len).ok_or_else(|| Error::CorruptMetadata {
@@ -531,7 +548,7 @@ impl Repo {
         for batch in crate::codec::runs_within(placed.iter().map(|(_, s)| s.len), BATCH_BYTES) {
             let chains = placed[batch]
                 .iter()
-                .map(|(o, s)| Ok((*o, self.open_segment(entry, s)?)))
+                .map(|(o, s)| Ok((*o, self.open_segment(entry, manifest, s)?)))
                 .collect::<Result<Vec<_>>>()?;
             let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
             // Units start on blake3's 1 KiB grid: a chain's chunk size is a power of two of at
@@ -551,7 +568,7 @@ impl Repo {
                     })
                 })
                 .collect();
-            // Windows: runs of consecutive units (contiguous in the file) of about this many bytes.
+            // Windows: runs of consecutive units (in file order) of about this many bytes.
             let window_bytes = (rayon::current_num_threads() * WINDOW_BYTES_PER_THREAD).max(MIN_WINDOW_BYTES);
             let windows = crate::codec::runs_within(units.iter().map(|u| u.len as u64), window_bytes as u64);
             // Decodes window `w` into `buf` and returns the hash of each of its units.
@@ -605,8 +622,15 @@ impl Repo {
                             chain.check_hash(ObjectId(*joined.as_bytes()))?;
                         }
                     }
-                    let offset = units[windows[p].start].offset;
-                    file.write_all_at(decoded, offset).map_err(|e| io_err("writing", e))?;
+                    // One pwrite per run of units contiguous in the file: bundled tensors
+                    // (written below) leave holes between the blobs' segments.
+                    let mut at = 0;
+                    let window = &units[windows[p].clone()];
+                    for run in window.chunk_by(|a, b| a.offset + a.len as u64 == b.offset) {
+                        let len: usize = run.iter().map(|u| u.len).sum();
+                        file.write_all_at(&decoded[at..at + len], run[0].offset).map_err(|e| io_err("writing", e))?;
+                        at += len;
+                    }
                     done += decoded.len() as u64;
                     self.progress.set(progress_base + done);
                     Ok(())
@@ -615,8 +639,22 @@ impl Repo {
         }
         // Every non-empty segment matched its blob id above; empty ones are the empty blob.
         let empty = ObjectId::hash(&[]);
-        let ids = manifest.segments.iter().map(|s| (s.len, if s.len == 0 { empty } else { s.blob }));
-        let hash = super::model::file_hash(manifest.len, ids);
+        let mut ids: Vec<ObjectId> =
+            manifest.segments.iter().map(|s| if s.len == 0 { empty } else { s.blob.unwrap_or(empty) }).collect();
+        // Bundles: each decoded whole (at most `BUNDLE_MAX` bytes, checked against its id), its
+        // tensors written where they belong and hashed: their ids are not recorded, the file
+        // hash below binds them.
+        for (bundle, members) in manifest.bundles.iter().zip(manifest.bundle_members()) {
+            let bytes = super::bundle::read_bundle(self, bundle)?;
+            for i in members {
+                let slice = &bytes[super::bundle::slice(manifest, &manifest.segments[i])];
+                ids[i] = ObjectId::hash(slice);
+                file.write_all_at(slice, bundled_at[i]).map_err(|e| io_err("writing", e))?;
+            }
+            done += bundle.len;
+            self.progress.set(progress_base + done);
+        }
+        let hash = super::model::file_hash(manifest.len, manifest.segments.iter().map(|s| s.len).zip(ids));
         if hash != entry.hash {
             return Err(Error::HashMismatch { path: entry.path.clone(), expected: entry.hash, actual: hash });
         }
@@ -630,10 +668,11 @@ impl Repo {
             id: manifest.hash,
             reason: "safetensors manifest without a header segment".into(),
         })?;
+        let (first_blob, _) = manifest.location(first);
         let mut raw = Vec::with_capacity(first.len as usize);
-        self.store.open_blob(&first.blob)?.copy_to(&mut raw)?;
+        self.store.open_blob(&first_blob)?.copy_to(&mut raw)?;
         let parsed = safetensors::parse_header(&raw, manifest.len).map_err(|e| Error::CorruptMetadata {
-            id: first.blob,
+            id: first_blob,
             reason: format!("stored safetensors header: {e}"),
         })?;
         let tensors: Vec<(String, crate::Dtype, Vec<u64>)> = segments
@@ -645,7 +684,7 @@ impl Repo {
             })
             .collect();
         safetensors::write_header(&tensors, parsed.metadata.as_ref())
-            .map_err(|e| Error::CorruptMetadata { id: first.blob, reason: format!("building a header: {e}") })
+            .map_err(|e| Error::CorruptMetadata { id: first_blob, reason: format!("building a header: {e}") })
     }
 
     /// Remembers a checked-out working file's size, mtime and hash for `status`.

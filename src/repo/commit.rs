@@ -1,7 +1,7 @@
 //! `commit`: files → blobs (deduplicated, delta-coded where it pays) → manifests → version →
 //! ref. All inputs are parsed before anything is written, so an invalid file changes nothing.
 
-use super::model::{FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
+use super::model::{Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, RepoPath, Result, VersionId};
 use crate::mmap::{self, Map};
 use crate::object_id::ObjectId;
@@ -107,13 +107,23 @@ impl Repo {
             })
             .collect();
         // 2. Store every blob not stored yet (each id once).
+        // (Bundled tensors are stored in their bundle, not as blobs of their own.)
         let mut seen = HashSet::new();
         let jobs: Vec<Job> = hashed
             .iter()
             .enumerate()
-            .flat_map(|(f, h)| h.segments.iter().enumerate().map(move |(s, seg)| (f, s, seg)))
-            .filter(|(_, _, seg)| seen.insert(seg.id) && !self.store.contains(&seg.id))
-            .map(|(file, segment, _)| Job { file, segment })
+            .flat_map(|(f, h)| {
+                let segments = h.segments.iter().enumerate().filter(|(_, seg)| seg.bundle.is_none());
+                let segments = segments.map(move |(s, seg)| (Job { file: f, target: Target::Segment(s) }, seg.id));
+                let bundles = h
+                    .bundles
+                    .iter()
+                    .enumerate()
+                    .map(move |(b, bundle)| (Job { file: f, target: Target::Bundle(b) }, bundle.id));
+                segments.chain(bundles)
+            })
+            .filter(|(_, id)| seen.insert(*id) && !self.store.contains(id))
+            .map(|(job, _)| job)
             .collect();
         // 2 and 3 write through a view of the store that fsyncs and renames the objects on
         // other threads while the next ones are coded; it returns once all are durable, before
@@ -250,9 +260,32 @@ impl Repo {
         deltas: Option<u32>,
     ) -> Result<Vec<Written>> {
         let written = self.run_jobs("commit", inputs, hashed, jobs, |job, progress| {
-            let seg = &hashed[job.file].segments[job.segment];
-            let reference = deltas.and_then(|base_every| Some((hashed[job.file].reference_of(seg)?, base_every)));
-            self.store_blob(store, &inputs[job.file], seg, reference, progress).map(Some)
+            let h = &hashed[job.file];
+            match job.target {
+                Target::Segment(s) => {
+                    let seg = &h.segments[s];
+                    let reference = deltas.and_then(|base_every| Some((h.reference_of(seg)?, base_every)));
+                    let bytes = &inputs[job.file].map[seg.range.start as usize..seg.range.end as usize];
+                    let start = seg.range.start as usize;
+                    let release_input = |r: Range<usize>| inputs[job.file].map.release(start + r.start..start + r.end);
+                    let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
+                    self.store_blob(store, seg.id, bytes, seg.dtype, reference, &feedback).map(Some)
+                }
+                Target::Bundle(b) => {
+                    let bundle = &h.bundles[b];
+                    let reference =
+                        deltas.and_then(|base_every| Some((*h.bundle_reference.get(&bundle.key)?, base_every)));
+                    // The members, gathered (at most `BUNDLE_MAX` bytes); the store checks that
+                    // they are the bytes hashed (xxh3), or the file changed meanwhile.
+                    let mut bytes = Vec::with_capacity(bundle.len as usize);
+                    for &m in &bundle.members {
+                        let r = &h.segments[m].range;
+                        bytes.extend_from_slice(&inputs[job.file].map[r.start as usize..r.end as usize]);
+                    }
+                    let feedback = Feedback { progress, release_input: &|_| {}, input_xxh3: Some(bundle.xxh3) };
+                    self.store_blob(store, bundle.id, &bytes, Some(bundle.dtype), reference, &feedback).map(Some)
+                }
+            }
         })?;
         Ok(written.into_iter().flatten().collect())
     }
@@ -265,7 +298,7 @@ impl Repo {
         let mut blobs = HashSet::new();
         if let Some(pin) = self.ancestor_since_base(parent, 0).filter(|v| !v.parents.is_empty()) {
             for file in &pin.files {
-                blobs.extend(self.manifest(&file.manifest)?.segments.iter().map(|s| s.blob));
+                blobs.extend(self.manifest(&file.manifest)?.blobs());
             }
         }
         Ok(blobs)
@@ -281,19 +314,17 @@ impl Repo {
         jobs: &[Job],
         f: impl Fn(&Job, &(dyn Fn(u64) + Sync)) -> Result<T> + Sync,
     ) -> Result<Vec<T>> {
-        let range = |j: &Job| hashed[j.file].segments[j.segment].range.clone();
-        self.run_sized(
-            label,
-            jobs,
-            |j| range(j).end - range(j).start,
-            |job, progress| {
-                let path = || inputs[job.file].path.to_string();
-                f(job, progress).map_err(|e| match e {
-                    Error::Store(store::Error::ChangedWhileWriting { .. }) => Error::FileChanged { path: path() },
-                    other => Error::File { path: path(), source: Box::new(other) },
-                })
-            },
-        )
+        let len = |j: &Job| match j.target {
+            Target::Segment(s) => hashed[j.file].segments[s].range.end - hashed[j.file].segments[s].range.start,
+            Target::Bundle(b) => hashed[j.file].bundles[b].len,
+        };
+        self.run_sized(label, jobs, len, |job, progress| {
+            let path = || inputs[job.file].path.to_string();
+            f(job, progress).map_err(|e| match e {
+                Error::Store(store::Error::ChangedWhileWriting { .. }) => Error::FileChanged { path: path() },
+                other => Error::File { path: path(), source: Box::new(other) },
+            })
+        })
     }
 
     /// Runs `f` on every item, `len(item)` bytes of work each, showing progress under `label`:
@@ -327,27 +358,25 @@ impl Repo {
         Ok(out)
     }
 
-    /// Stores one segment's blob in `store`: as a delta against `reference` when that is
-    /// allowed (its chain stays under the given `base_every`) and pays, else standalone.
+    /// Stores blob `id` (`bytes` of `dtype` elements) in `store`: as a delta against
+    /// `reference` when that is allowed (its chain stays under the given `base_every`) and
+    /// pays, else standalone.
     fn store_blob(
         &self,
         store: &Store,
-        input: &Input,
-        seg: &HashedSegment,
+        id: ObjectId,
+        bytes: &[u8],
+        dtype: Option<Dtype>,
         reference: Option<(ObjectId, u32)>,
-        progress: &(dyn Fn(u64) + Sync),
+        feedback: &Feedback<'_>,
     ) -> Result<Written> {
-        let bytes = &input.map[seg.range.start as usize..seg.range.end as usize];
-        let start = seg.range.start as usize;
-        let release_input = |r: Range<usize>| input.map.release(start + r.start..start + r.end);
-        let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
         let options = self.config.codec_options();
-        if let Some((r, base_every)) = reference.filter(|(r, _)| *r != seg.id) {
+        if let Some((r, base_every)) = reference.filter(|(r, _)| *r != id) {
             // A damaged or missing reference only means no delta: store standalone.
             if let Ok(chain) = store.open_blob(&r) {
                 if chain.depth() + 1 < base_every && chain.len() == bytes.len() as u64 {
                     let limit = chain.base_stored_len();
-                    match store.write_blob_delta(seg.id, bytes, &chain, limit, &options, &feedback) {
+                    match store.write_blob_delta(id, bytes, &chain, limit, &options, feedback) {
                         Ok(DeltaOutcome::Written(w)) => return Ok(w),
                         Ok(DeltaOutcome::NotSmaller { .. }) => {}
                         Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
@@ -356,23 +385,30 @@ impl Repo {
                 }
             }
         }
-        Ok(store.write_blob(seg.id, bytes, seg.dtype, &options, &feedback)?)
+        Ok(store.write_blob(id, bytes, dtype, &options, feedback)?)
     }
 
     /// Writes `input`'s manifest to `store` unless stored already; returns the file's entry and
     /// the object written, if any.
     fn write_manifest(&self, store: &Store, input: &Input, h: &HashedFile) -> Result<(FileEntry, Option<Written>)> {
-        let manifest = Manifest {
-            format: MODEL_FORMAT,
-            kind: if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes },
-            len: input.map.len() as u64,
-            hash: h.hash,
-            segments: h
-                .segments
-                .iter()
-                .map(|s| Segment { len: s.range.end - s.range.start, blob: s.id, tensor: s.tensor.clone() })
-                .collect(),
-        };
+        let segments = h
+            .segments
+            .iter()
+            .map(|s| {
+                let len = s.range.end - s.range.start;
+                match (s.bundle, &s.tensor) {
+                    (Some(b), Some(t)) => Segment::bundled(len, t.clone(), b),
+                    _ => Segment::whole(len, s.id, s.tensor.clone()),
+                }
+            })
+            .collect();
+        let bundles = h
+            .bundles
+            .iter()
+            .map(|b| Bundle { blob: b.id, dtype: b.dtype.safetensors_name().to_string(), len: b.len })
+            .collect();
+        let kind = if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes };
+        let manifest = Manifest::new(kind, input.map.len() as u64, h.hash, bundles, segments);
         let bytes = manifest.to_bytes();
         let manifest_id = ObjectId::hash(&bytes);
         let written = if store.contains(&manifest_id) {
@@ -424,7 +460,10 @@ impl<'v> ReferenceFiles<'v> {
     /// Files are scored newest first and the first that holds every tensor under the same file
     /// name ends the search, so a long history is not read in full.
     fn for_input(&mut self, repo: &Repo, input: &Input) -> Option<Manifest> {
-        let tensors = input.header.as_ref().map(|h| h.tensors.iter().map(TensorRef::of).collect());
+        // The tensor set only matters for a path the reference version lacks (20,000 tensors:
+        // a tenth of a commit's CPU time to build and hash).
+        let new_path = self.version.is_some_and(|v| v.file(input.path.as_str()).is_none());
+        let tensors = input.header.as_ref().filter(|_| new_path).map(|h| h.tensors.iter().map(TensorRef::of).collect());
         self.for_file(repo, input.path.as_str(), tensors)
     }
 
@@ -504,14 +543,39 @@ pub(super) struct HashedSegment {
     pub(super) id: ObjectId,
     /// xxh3-64 of the segment's bytes.
     xxh3: u64,
+    /// The bundle (index in [`HashedSegments::bundles`]) holding it, if any.
+    bundle: Option<u32>,
 }
 
-/// A file's segments with their ids, its whole-file hash and the blobs of the same tensors in
-/// the reference version.
+/// A planned bundle ([`super::bundle`]) with its id.
+pub(super) struct HashedBundle {
+    dtype: Dtype,
+    /// Its segments, in file order.
+    members: Vec<usize>,
+    len: u64,
+    /// The blake3 of the members' bytes, concatenated.
+    id: ObjectId,
+    /// Their xxh3-64.
+    xxh3: u64,
+    /// The first member's tensor: what the same bundle of the reference file starts with.
+    key: TensorRef,
+}
+
+/// A file's segments and bundles, hashed.
+pub(super) struct HashedSegments {
+    segments: Vec<HashedSegment>,
+    bundles: Vec<HashedBundle>,
+}
+
+/// A file's segments and bundles with their ids, its whole-file hash and the blobs of the same
+/// tensors (and bundles) in the reference version.
 struct HashedFile {
     segments: Vec<HashedSegment>,
+    bundles: Vec<HashedBundle>,
     hash: ObjectId,
     reference: HashMap<TensorRef, ObjectId>,
+    /// Bundles of the reference file by their first member's tensor.
+    bundle_reference: HashMap<TensorRef, ObjectId>,
 }
 
 impl HashedFile {
@@ -521,11 +585,20 @@ impl HashedFile {
     }
 }
 
-/// One blob to store: segment `segment` of file `file`.
+/// One blob to store, of file `file`.
 #[derive(Clone, Copy)]
 struct Job {
     file: usize,
-    segment: usize,
+    target: Target,
+}
+
+/// What a [`Job`] stores.
+#[derive(Clone, Copy)]
+enum Target {
+    /// The segment of this index.
+    Segment(usize),
+    /// The bundle of this index.
+    Bundle(usize),
 }
 
 /// The file-system block size assumed when deciding whether a reverse-delta rewrite frees space.
@@ -536,28 +609,85 @@ pub(super) const FS_BLOCK: u64 = 4096;
 const PARALLEL_BELOW: u64 = 4 << 20;
 
 fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
-    let (segments, hash) = hash_content(&input.map, input.header.as_ref());
-    let reference = reference.map(|m| m.tensors().map(|(t, s)| (t.clone(), s.blob)).collect()).unwrap_or_default();
-    HashedFile { segments, hash, reference }
+    let (HashedSegments { segments, bundles }, hash) = hash_content(&input.map, input.header.as_ref());
+    let tensors = reference.map(|m| m.tensors().filter_map(|(t, s)| Some((t.clone(), s.blob?))).collect());
+    let bundle_reference = reference.map(|m| {
+        let keys = m.bundle_keys().into_iter().zip(&m.bundles);
+        keys.filter_map(|(k, b)| Some((k?.clone(), b.blob))).collect()
+    });
+    HashedFile {
+        segments,
+        bundles,
+        hash,
+        reference: tensors.unwrap_or_default(),
+        bundle_reference: bundle_reference.unwrap_or_default(),
+    }
 }
 
-/// Plans `map`'s segments (safetensors when `header` is given, else one opaque segment), hashes
-/// each (its blob id) and derives the file hash from them ([`super::model::file_hash`]). Each
-/// segment's pages are dropped from the resident set once hashed. `status` hashes working
-/// files with this too, so both agree on what a file's hash is.
-pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (Vec<HashedSegment>, ObjectId) {
+/// Plans `map`'s segments (safetensors when `header` is given, else one opaque segment) and
+/// bundles ([`super::bundle::plan`]), hashes each segment (its blob id) and bundle, and derives
+/// the file hash from the segments ([`super::model::file_hash`]). Each segment's pages are
+/// dropped from the resident set once hashed. `status` hashes working files with this too, so
+/// both agree on what a file's hash is.
+pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (HashedSegments, ObjectId) {
+    let planned = plan(map.len() as u64, header);
+    let bundle_plan = super::bundle::plan(
+        planned.iter().map(|p| (p.range.end - p.range.start, p.dtype.filter(|_| p.tensor.is_some()))),
+    );
+    let mut bundle_of: Vec<Option<u32>> = vec![None; planned.len()];
+    for (b, (_, members)) in bundle_plan.iter().enumerate() {
+        for &m in members {
+            bundle_of[m] = Some(b as u32);
+        }
+    }
     // Segments in parallel: a checkpoint of many small tensors leaves blake3's own tree
     // parallelism little to split (45 MB of MiniLM, 105 segments: 10-14 ms one after the
     // other, ~10 ms side by side in the same phase timestamps; the pass is memory-bound).
-    let segments: Vec<HashedSegment> = plan(map.len() as u64, header)
+    // Bundled ones are hashed with their bundle, below.
+    let mut segments: Vec<HashedSegment> = planned
         .into_par_iter()
-        .map(|p| {
-            let (id, xxh3) = hash_segment(map, p.range.start as usize..p.range.end as usize);
-            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id, xxh3 }
+        .zip(bundle_of)
+        .map(|(p, bundle)| {
+            let (id, xxh3) = match bundle {
+                None => hash_segment(map, p.range.start as usize..p.range.end as usize),
+                Some(_) => (ObjectId([0; 32]), 0),
+            };
+            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id, xxh3, bundle }
         })
         .collect();
+    // Each member is copied once and hashed from the copy, as itself (its id) and as part of
+    // the bundle, so the two agree even if the file changes meanwhile (the store then finds
+    // that the bundle's bytes are not those hashed).
+    let hashed_bundles: Vec<(HashedBundle, Vec<ObjectId>)> = bundle_plan
+        .into_par_iter()
+        .map(|(dtype, members)| {
+            let mut blake3 = blake3::Hasher::new();
+            let mut xxh3 = xxhash_rust::xxh3::Xxh3::new();
+            let mut copy = Vec::with_capacity(super::bundle::BUNDLE_BELOW as usize);
+            let mut ids = Vec::with_capacity(members.len());
+            let mut len = 0;
+            for &m in &members {
+                let r = &segments[m].range;
+                copy.clear();
+                copy.extend_from_slice(&map[r.start as usize..r.end as usize]);
+                ids.push(ObjectId::hash(&copy));
+                blake3.update(&copy);
+                xxh3.update(&copy);
+                len += copy.len() as u64;
+            }
+            let key = segments[members[0]].tensor.clone().expect("bundles hold tensors");
+            (HashedBundle { dtype, members, len, id: blake3.finalize().into(), xxh3: xxh3.digest(), key }, ids)
+        })
+        .collect();
+    let mut bundles = Vec::with_capacity(hashed_bundles.len());
+    for (bundle, ids) in hashed_bundles {
+        for (&m, id) in bundle.members.iter().zip(ids) {
+            segments[m].id = id;
+        }
+        bundles.push(bundle);
+    }
     let hash = super::model::file_hash(map.len() as u64, segments.iter().map(|s| (s.range.end - s.range.start, s.id)));
-    (segments, hash)
+    (HashedSegments { segments, bundles }, hash)
 }
 
 /// The blake3 (its id) and xxh3-64 (which lets the store check that the bytes it codes are

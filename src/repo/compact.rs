@@ -163,7 +163,7 @@ impl Repo {
         let mut manifests = Vec::new();
         for f in files {
             let m = self.manifest(&f.manifest)?;
-            keep.extend(m.segments.iter().map(|s| s.blob));
+            keep.extend(m.blobs());
             manifests.push((f, m));
         }
         let mut references = ReferenceFiles::new(Some(parent));
@@ -175,11 +175,24 @@ impl Repo {
                 continue;
             };
             let older_of: std::collections::HashMap<&TensorRef, ObjectId> =
-                reference.tensors().map(|(t, s)| (t, s.blob)).collect();
-            for (t, seg) in m.tensors() {
-                let Some(&older) = older_of.get(t) else { continue };
-                if older != seg.blob && !keep.contains(&older) && claimed.insert(older) {
-                    plan.push(Rewrite { older, newer: seg.blob, len: seg.len });
+                reference.tensors().filter_map(|(t, s)| Some((t, s.blob?))).collect();
+            // A bundle pairs with the reference file's bundle that starts with the same tensor
+            // (the rewrite checks that both have the same length).
+            let older_bundle: std::collections::HashMap<&TensorRef, ObjectId> = reference
+                .bundle_keys()
+                .into_iter()
+                .zip(&reference.bundles)
+                .filter_map(|(k, b)| Some((k?, b.blob)))
+                .collect();
+            let pairs = m.tensors().filter_map(|(t, seg)| Some((older_of.get(t)?, seg.blob?, seg.len)));
+            let bundle_pairs = m
+                .bundle_keys()
+                .into_iter()
+                .zip(&m.bundles)
+                .filter_map(|(k, b)| Some((older_bundle.get(k?)?, b.blob, b.len)));
+            for (&older, newer, len) in pairs.chain(bundle_pairs) {
+                if older != newer && !keep.contains(&older) && claimed.insert(older) {
+                    plan.push(Rewrite { older, newer, len });
                 }
             }
         }

@@ -49,8 +49,8 @@ impl Repo {
                     continue;
                 }
                 let manifest = self.manifest(&file.manifest)?;
-                for segment in &manifest.segments {
-                    let mut next = Some(segment.blob);
+                for blob in manifest.blobs() {
+                    let mut next = Some(blob);
                     while let Some(blob) = next {
                         if !reachable.insert(blob) {
                             break;

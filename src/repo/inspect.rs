@@ -81,11 +81,15 @@ pub struct SegmentShow {
     pub dtype: Option<String>,
     /// Dimensions (tensors only).
     pub shape: Option<Vec<u64>>,
-    /// The blob.
+    /// The blob (for a tensor in a bundle: the bundle).
     pub blob: ObjectId,
+    /// Where a bundled tensor starts in its bundle (`None`: the segment is the whole blob).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle_offset: Option<u64>,
     /// Length of the content.
     pub raw_bytes: u64,
-    /// Size of the blob's object file.
+    /// Size of the blob's object file (for a tensor in a bundle: its share of the bundle's,
+    /// in proportion to its length; the shares add up to the bundle's size).
     pub stored_bytes: u64,
     /// Base, delta or duplicate.
     pub storage: Storage,
@@ -93,7 +97,8 @@ pub struct SegmentShow {
     pub reference: Option<ObjectId>,
     /// Deltas between the object and its standalone base (0: standalone).
     pub depth: u32,
-    /// Chunks of the object's container.
+    /// Chunks of the object's container (a bundle's are counted on its first tensor only, as
+    /// are its methods, so that the totals count each once).
     pub chunks: u64,
     /// Byte groups per chunk.
     pub groups_per_chunk: u64,
@@ -276,11 +281,47 @@ impl Repo {
                 added_bytes: 0,
                 segments: Vec::with_capacity(m.segments.len()),
             };
+            // Each bundle's object, looked at once (at its first tensor): (show of the object,
+            // whether this version is the first to list it).
+            let mut bundles: Vec<Option<(SegmentShow, bool)>> = vec![None; m.bundles.len()];
             for (i, s) in m.segments.iter().enumerate() {
-                let first_here = seen.insert(s.blob);
-                let seg = self
-                    .show_segment(&m, i, s, first_here && !earlier.contains(&s.blob))
-                    .map_err(|e| super::Error::File { path: f.path.clone(), source: Box::new(e) })?;
+                let (blob, range) = m.location(s);
+                let file_err = |e| super::Error::File { path: f.path.clone(), source: Box::new(e) };
+                let (seg, first_here) = match s.bundle {
+                    None => {
+                        let first_here = seen.insert(blob);
+                        let seg =
+                            self.show_segment(&m, i, s, first_here && !earlier.contains(&blob)).map_err(file_err)?;
+                        (seg, first_here)
+                    }
+                    Some(b) => {
+                        let slot = &mut bundles[b as usize];
+                        let (mut seg, first_here) = match slot {
+                            Some((shown, first_here)) => {
+                                let mut seg = shown.clone();
+                                (seg.chunks, seg.methods) = (0, MethodCounts::default());
+                                seg.name.clone_from(&s.tensor.as_ref().expect("bundles hold tensors").name);
+                                (seg, *first_here)
+                            }
+                            None => {
+                                let first_here = seen.insert(blob);
+                                let new = first_here && !earlier.contains(&blob);
+                                let seg = self.show_segment(&m, i, s, new).map_err(file_err)?;
+                                *slot = Some((seg.clone(), first_here));
+                                (seg, first_here)
+                            }
+                        };
+                        let bundle_len = u128::from(m.bundles[b as usize].len.max(1));
+                        let bundle_stored = u128::from(seg.stored_bytes);
+                        let share = |at: u64| (bundle_stored * u128::from(at) / bundle_len) as u64;
+                        seg.stored_bytes = share(range.end) - share(range.start);
+                        seg.raw_bytes = s.len;
+                        seg.bundle_offset = Some(range.start);
+                        seg.dtype = s.tensor.as_ref().map(|t| t.dtype.clone());
+                        seg.shape = s.tensor.as_ref().map(|t| t.shape.clone());
+                        (seg, first_here)
+                    }
+                };
                 file.stored_bytes += seg.stored_bytes;
                 match seg.storage {
                     Storage::Base => totals.base += 1,
@@ -333,9 +374,9 @@ impl Repo {
                 if seen.insert(f.manifest) {
                     *out += size(&f.manifest);
                     let Ok(m) = self.manifest(&f.manifest) else { continue };
-                    for s in &m.segments {
-                        if seen.insert(s.blob) {
-                            *out += size(&s.blob);
+                    for blob in m.blobs() {
+                        if seen.insert(blob) {
+                            *out += size(&blob);
                         }
                     }
                 }
@@ -354,7 +395,7 @@ impl Repo {
             let pv = self.version(&id)?;
             for f in &pv.files {
                 if manifests.insert(f.manifest) {
-                    blobs.extend(self.manifest(&f.manifest)?.segments.iter().map(|s| s.blob));
+                    blobs.extend(self.manifest(&f.manifest)?.blobs());
                 }
             }
             next = pv.parents.first().copied();
@@ -367,10 +408,11 @@ impl Repo {
     }
 
     fn show_segment(&self, m: &Manifest, i: usize, s: &Segment, new: bool) -> Result<SegmentShow> {
-        let raw = self.store.raw(&s.blob)?;
+        let (blob, _) = m.location(s);
+        let raw = self.store.raw(&blob)?;
         if raw.header.kind != ObjectKind::Blob {
             return Err(crate::store::Error::WrongKind {
-                id: s.blob,
+                id: blob,
                 expected: ObjectKind::Blob,
                 found: raw.header.kind,
             }
@@ -402,12 +444,13 @@ impl Repo {
             is_tensor: s.tensor.is_some(),
             dtype: s.tensor.as_ref().map(|t| t.dtype.clone()),
             shape: s.tensor.as_ref().map(|t| t.shape.clone()),
-            blob: s.blob,
+            blob,
+            bundle_offset: None,
             raw_bytes: s.len,
             stored_bytes: raw.bytes().len() as u64,
             storage,
             reference: raw.header.reference,
-            depth: self.store.chain_depth(&s.blob)?,
+            depth: self.store.chain_depth(&blob)?,
             chunks: container.chunk_count() as u64,
             groups_per_chunk,
             methods,
@@ -434,12 +477,15 @@ impl Repo {
             files_removed: Vec::new(),
             files_changed: Vec::new(),
         };
-        let tensors_of = |path: &str, manifest: &ObjectId| -> Result<BTreeMap<String, (TensorRef, Segment)>> {
+        type Tensors = BTreeMap<String, (TensorRef, Segment)>;
+        let tensors_of = |path: &str, manifest: &ObjectId| -> Result<(Manifest, Tensors)> {
             let m = self
                 .manifest(manifest)
                 .map_err(|e| super::Error::File { path: path.to_string(), source: Box::new(e) })?;
-            Ok(m.tensors().map(|(t, s)| (t.name.clone(), (t.clone(), s.clone()))).collect())
+            let tensors = m.tensors().map(|(t, s)| (t.name.clone(), (t.clone(), s.clone()))).collect();
+            Ok((m, tensors))
         };
+        let mut bundles = super::bundle::BundleCache::new();
         let name_of = |file: &str, t: &TensorRef| TensorName {
             file: file.to_string(),
             name: t.name.clone(),
@@ -449,7 +495,7 @@ impl Repo {
         for fa in &va.files {
             let Some(fb) = vb.file(&fa.path) else {
                 report.files_removed.push(fa.path.clone());
-                for (t, _) in tensors_of(&fa.path, &fa.manifest)?.values() {
+                for (t, _) in tensors_of(&fa.path, &fa.manifest)?.1.values() {
                     report.removed.push(name_of(&fa.path, t));
                 }
                 continue;
@@ -457,8 +503,9 @@ impl Repo {
             if fa.hash != fb.hash {
                 report.files_changed.push(fa.path.clone());
             }
-            let ta = tensors_of(&fa.path, &fa.manifest)?;
-            let tb = if fb.manifest == fa.manifest { ta.clone() } else { tensors_of(&fb.path, &fb.manifest)? };
+            let (ma, ta) = tensors_of(&fa.path, &fa.manifest)?;
+            let (mb, tb) =
+                if fb.manifest == fa.manifest { (ma.clone(), ta.clone()) } else { tensors_of(&fb.path, &fb.manifest)? };
             for (name, (t1, s1)) in &ta {
                 let Some((t2, s2)) = tb.get(name) else {
                     report.removed.push(name_of(&fa.path, t1));
@@ -476,7 +523,7 @@ impl Repo {
                     continue;
                 }
                 let d = self
-                    .diff_tensor(&fa.path, t1, s1, s2)
+                    .diff_tensor(&fa.path, t1, (&ma, s1), (&mb, s2), &mut bundles)
                     .map_err(|e| super::Error::File { path: format!("{} [{name}]", fa.path), source: Box::new(e) })?;
                 report.tensors.push(d);
             }
@@ -489,7 +536,7 @@ impl Repo {
         for fb in &vb.files {
             if va.file(&fb.path).is_none() {
                 report.files_added.push(fb.path.clone());
-                for (t, _) in tensors_of(&fb.path, &fb.manifest)?.values() {
+                for (t, _) in tensors_of(&fb.path, &fb.manifest)?.1.values() {
                     report.added.push(name_of(&fb.path, t));
                 }
             }
@@ -497,25 +544,62 @@ impl Repo {
         Ok(report)
     }
 
-    fn diff_tensor(&self, file: &str, t: &TensorRef, a: &Segment, b: &Segment) -> Result<TensorDiff> {
+    /// Compares tensor `t` as segment `a.1` of manifest `a.0` and `b.1` of `b.0`.
+    fn diff_tensor(
+        &self,
+        file: &str,
+        t: &TensorRef,
+        (ma, a): (&Manifest, &Segment),
+        (mb, b): (&Manifest, &Segment),
+        bundles: &mut super::bundle::BundleCache,
+    ) -> Result<TensorDiff> {
+        let (blob_a, range_a) = ma.location(a);
+        let (blob_b, range_b) = mb.location(b);
         let dtype = t.dtype().ok_or_else(|| super::Error::CorruptMetadata {
-            id: a.blob,
+            id: blob_a,
             reason: format!("tensor {:?}: dtype {:?}", t.name, t.dtype),
         })?;
         let width = dtype.size();
         let elements = a.len / width as u64;
         let mut acc = DiffAcc::new(dtype);
-        if a.blob != b.blob {
-            let ca = self.store.open_blob(&a.blob)?;
-            let cb = self.store.open_blob(&b.blob)?;
+        let mut grouped = Vec::new();
+        if (blob_a, &range_a) == (blob_b, &range_b) {
+            // The same bytes: nothing changed.
+        } else if a.bundle.is_some() || b.bundle.is_some() {
+            // A small tensor (a bundled one is below `BUNDLE_BELOW` bytes, and both sides have
+            // the same length): compared whole.
+            let mut bytes_of = |m: &Manifest, s: &Segment| -> Result<Vec<u8>> {
+                if let Some(bytes) = bundles.segment(self, m, s)? {
+                    return Ok(bytes.to_vec());
+                }
+                let (blob, _) = m.location(s);
+                let chain = self.store.open_blob(&blob)?;
+                if chain.len() != s.len || s.len >= super::bundle::BUNDLE_BELOW {
+                    return Err(super::Error::CorruptMetadata {
+                        id: blob,
+                        reason: "blobs of one tensor differ in length".into(),
+                    });
+                }
+                let mut bytes = Vec::with_capacity(s.len as usize);
+                chain.copy_to(&mut bytes)?;
+                Ok(bytes)
+            };
+            let (xa, xb) = (bytes_of(ma, a)?, bytes_of(mb, b)?);
+            if xa.len() != xb.len() {
+                return Err(super::Error::CorruptMetadata { id: blob_b, reason: "tensors differ in length".into() });
+            }
+            acc.add(&xa, &xb, &mut grouped)
+                .map_err(|e| super::Error::CorruptMetadata { id: blob_b, reason: e.to_string() })?;
+        } else {
+            let ca = self.store.open_blob(&blob_a)?;
+            let cb = self.store.open_blob(&blob_b)?;
             let (mut ra, mut rb) = (Stream::new(ca.reader()?), Stream::new(cb.reader()?));
-            let mut grouped = Vec::new();
             loop {
                 let (more_a, more_b) = (ra.fill()?, rb.fill()?);
                 if !more_a || !more_b {
                     if more_a || more_b {
                         return Err(super::Error::CorruptMetadata {
-                            id: if more_a { b.blob } else { a.blob },
+                            id: if more_a { blob_b } else { blob_a },
                             reason: "blobs of one tensor differ in length".into(),
                         });
                     }
@@ -524,7 +608,7 @@ impl Repo {
                 let (xa, xb) = (ra.rest(), rb.rest());
                 let n = xa.len().min(xb.len());
                 acc.add(&xa[..n], &xb[..n], &mut grouped)
-                    .map_err(|e| super::Error::CorruptMetadata { id: b.blob, reason: e.to_string() })?;
+                    .map_err(|e| super::Error::CorruptMetadata { id: blob_b, reason: e.to_string() })?;
                 ra.pos += n;
                 rb.pos += n;
             }

@@ -12,6 +12,7 @@
 //! blobs, then manifests, then the version, then the ref. An interrupted writer leaves at most
 //! unreferenced objects, which `gc` deletes. This module never speaks git or clap.
 
+mod bundle;
 mod checkout;
 mod commit;
 mod compact;
@@ -35,7 +36,10 @@ pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
     TensorDiff, TensorName,
 };
-pub use model::{file_hash, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
+pub use model::{
+    file_hash, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
+    MODEL_FORMAT,
+};
 pub use path::RepoPath;
 pub use refs::{check_name, Head, RefKind};
 pub use status::{FileState, FileStatus, InTheWay, Status};

@@ -10,10 +10,17 @@ use super::{Error, Result};
 use crate::dtype::Dtype;
 use crate::object_id::ObjectId;
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
-/// Format number written in every manifest and version. 2: a file's `hash` is [`file_hash`]
-/// (format 1 used the blake3 of the whole file; its repositories are not read).
+/// Format number written in every version, and in every manifest without bundles. 2: a file's
+/// `hash` is [`file_hash`] (format 1 used the blake3 of the whole file; its repositories are
+/// not read).
 pub const MODEL_FORMAT: u32 = 2;
+
+/// Format number of a manifest with bundles ([`Bundle`]). Written only for those, so a
+/// file without small tensors keeps the manifest (and id) it had, and a build that reads only
+/// format 2 still reads every other file.
+pub const BUNDLED_MANIFEST_FORMAT: u32 = 3;
 
 /// blake3 key-derivation context of [`file_hash`] (domain separation: a file hash can never
 /// equal the id of a blob, manifest or version).
@@ -62,21 +69,63 @@ pub struct Manifest {
     pub len: u64,
     /// The file's content hash ([`file_hash`] of its segments).
     pub hash: ObjectId,
+    /// Blobs that hold several small tensors each (format 3 only; empty in format 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundles: Vec<Bundle>,
     /// Segments in file order, covering the file.
     pub segments: Vec<Segment>,
 }
 
-/// A byte range of a file stored as one blob.
+/// A blob holding small tensors of one dtype of a file, concatenated in file order: the
+/// segments whose `bundle` is its index, in manifest order. It is an ordinary tensor blob of
+/// that dtype (byte grouping, chunk coding, dedup, XOR deltas against the same bundle of the
+/// reference file, gc, verify), so that 20,000 tensors of 128 bytes are one object and one
+/// coded stream instead of 20,000 objects of one file-system block each.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bundle {
+    /// The blob (the blake3 of the members' bytes, concatenated).
+    pub blob: ObjectId,
+    /// safetensors dtype name of every member.
+    pub dtype: String,
+    /// Length in bytes: the sum of the members' lengths.
+    pub len: u64,
+}
+
+/// A byte range of a file stored as one blob, or as a slice of a bundle.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Segment {
     /// Length in bytes (the blob's length).
     pub len: u64,
-    /// The blob holding the bytes.
-    pub blob: ObjectId,
+    /// The blob holding the bytes (its id is the blake3 of the bytes). `None` for a tensor in a
+    /// bundle: its id is not recorded (32 bytes that do not compress, a quarter of a 128-byte
+    /// tensor); the file hash, derived from every segment's id, still binds its bytes and is
+    /// checked against the bundle's decoded slices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob: Option<ObjectId>,
     /// The tensor these bytes are, for tensor segments of a safetensors file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensor: Option<TensorRef>,
+    /// Index in [`Manifest::bundles`] of the bundle holding the bytes (format 3).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "in")]
+    pub bundle: Option<u32>,
+    /// Where the bytes start in the bundle (not stored: the members lie in manifest order;
+    /// set by [`Manifest::parse`] and [`Manifest::new`]).
+    #[serde(skip)]
+    pub offset: u64,
+}
+
+impl Segment {
+    /// A segment stored as its own blob.
+    pub fn whole(len: u64, blob: ObjectId, tensor: Option<TensorRef>) -> Segment {
+        Segment { len, blob: Some(blob), tensor, bundle: None, offset: 0 }
+    }
+
+    /// A tensor stored in bundle `bundle` (the offset is set by [`Manifest::new`]).
+    pub fn bundled(len: u64, tensor: TensorRef, bundle: u32) -> Segment {
+        Segment { len, blob: None, tensor: Some(tensor), bundle: Some(bundle), offset: 0 }
+    }
 }
 
 /// Identity of a tensor for delta matching and `--tensor` filtering.
@@ -145,20 +194,119 @@ fn corrupt(id: ObjectId, reason: impl Into<String>) -> Error {
 }
 
 impl Manifest {
+    /// A manifest of `segments` and `bundles` (format 3 if there are bundles, else 2), with
+    /// each bundled segment's offset set.
+    pub fn new(kind: FileFormat, len: u64, hash: ObjectId, bundles: Vec<Bundle>, segments: Vec<Segment>) -> Manifest {
+        let format = if bundles.is_empty() { MODEL_FORMAT } else { BUNDLED_MANIFEST_FORMAT };
+        let mut m = Manifest { format, kind, len, hash, bundles, segments };
+        m.place_bundled();
+        m
+    }
+
+    /// Sets the offset of every bundled segment (its members lie in manifest order); returns
+    /// the bytes found per bundle.
+    fn place_bundled(&mut self) -> Vec<u64> {
+        let mut filled = vec![0u64; self.bundles.len()];
+        for s in &mut self.segments {
+            if let Some(f) = s.bundle.and_then(|b| filled.get_mut(b as usize)) {
+                s.offset = *f;
+                *f = f.saturating_add(s.len);
+            }
+        }
+        filled
+    }
+
     /// Canonical bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("plain data serializes")
     }
 
-    /// Parses and checks a manifest read from object `id`.
+    /// Every blob the file's bytes are stored in: the segments' own blobs and the bundles.
+    pub fn blobs(&self) -> impl Iterator<Item = ObjectId> + '_ {
+        self.segments.iter().filter_map(|s| s.blob).chain(self.bundles.iter().map(|b| b.blob))
+    }
+
+    /// Where segment `s` (of this manifest) is stored: the blob and the byte range in it.
+    pub fn location(&self, s: &Segment) -> (ObjectId, Range<u64>) {
+        match (s.blob, s.bundle) {
+            (Some(blob), _) => (blob, 0..s.len),
+            (None, Some(b)) => {
+                let bundle = &self.bundles[b as usize];
+                (bundle.blob, s.offset..s.offset + s.len)
+            }
+            (None, None) => unreachable!("Manifest::parse and Manifest::new give every segment a blob or a bundle"),
+        }
+    }
+
+    /// The segments (indices) each bundle holds, in order.
+    pub fn bundle_members(&self) -> Vec<Vec<usize>> {
+        let mut members = vec![Vec::new(); self.bundles.len()];
+        for (i, s) in self.segments.iter().enumerate() {
+            if let Some(m) = s.bundle.and_then(|b| members.get_mut(b as usize)) {
+                m.push(i);
+            }
+        }
+        members
+    }
+
+    /// Each bundle's first member's tensor (how a bundle is matched with the same bundle of
+    /// the reference file, for deltas).
+    pub fn bundle_keys(&self) -> Vec<Option<&TensorRef>> {
+        let mut keys = vec![None; self.bundles.len()];
+        for s in &self.segments {
+            if let Some(k) = s.bundle.and_then(|b| keys.get_mut(b as usize)) {
+                if k.is_none() {
+                    *k = s.tensor.as_ref();
+                }
+            }
+        }
+        keys
+    }
+
+    /// Parses and checks a manifest read from object `id`. The file hash is checked here
+    /// unless the manifest has bundles (the ids of bundled tensors are not recorded): then
+    /// checkout and verify check it from the bundles' bytes.
     pub fn parse(id: ObjectId, bytes: &[u8]) -> Result<Manifest> {
-        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("manifest JSON: {e}")))?;
-        if m.format != MODEL_FORMAT {
-            return Err(corrupt(id, format!("manifest format {} (this ckpt reads format {MODEL_FORMAT})", m.format)));
+        let mut m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("manifest JSON: {e}")))?;
+        let bundled = match m.format {
+            MODEL_FORMAT if m.bundles.is_empty() => false,
+            BUNDLED_MANIFEST_FORMAT if !m.bundles.is_empty() => true,
+            MODEL_FORMAT | BUNDLED_MANIFEST_FORMAT => {
+                return Err(corrupt(id, format!("manifest format {} with {} bundles", m.format, m.bundles.len())));
+            }
+            f => {
+                return Err(corrupt(
+                    id,
+                    format!(
+                        "manifest format {f} (this ckpt reads formats {MODEL_FORMAT} and {BUNDLED_MANIFEST_FORMAT})"
+                    ),
+                ));
+            }
+        };
+        for (i, b) in m.bundles.iter().enumerate() {
+            if Dtype::from_safetensors_name(&b.dtype).is_none() {
+                return Err(corrupt(id, format!("bundle {i}: dtype {:?}", b.dtype)));
+            }
         }
         let mut total = 0u64;
         for s in &m.segments {
             total = total.checked_add(s.len).ok_or_else(|| corrupt(id, "segment lengths overflow"))?;
+            match (s.blob, s.bundle) {
+                (Some(_), None) => {}
+                (None, Some(b)) => {
+                    let bundle = m.bundles.get(b as usize).ok_or_else(|| corrupt(id, format!("no bundle {b}")))?;
+                    match &s.tensor {
+                        Some(t) if t.dtype == bundle.dtype && s.len > 0 => {}
+                        _ => {
+                            return Err(corrupt(
+                                id,
+                                format!("bundle {b} holds a segment that is not a {} tensor", bundle.dtype),
+                            ))
+                        }
+                    }
+                }
+                _ => return Err(corrupt(id, "a segment needs exactly one of a blob and a bundle")),
+            }
             if let Some(t) = &s.tensor {
                 let dtype =
                     t.dtype().ok_or_else(|| corrupt(id, format!("tensor {:?}: dtype {:?}", t.name, t.dtype)))?;
@@ -182,8 +330,17 @@ impl Manifest {
         if total != m.len {
             return Err(corrupt(id, format!("segments cover {total} of {} bytes", m.len)));
         }
-        if m.hash != file_hash(m.len, m.segments.iter().map(|s| (s.len, s.blob))) {
-            return Err(corrupt(id, "file hash does not match the segments"));
+        let filled = m.place_bundled();
+        for (i, (b, f)) in m.bundles.iter().zip(filled).enumerate() {
+            if b.len != f || f == 0 {
+                return Err(corrupt(id, format!("bundle {i} of {} bytes holds {f} bytes of segments", b.len)));
+            }
+        }
+        if !bundled {
+            let ids = m.segments.iter().map(|s| (s.len, s.blob.expect("checked above: no bundles")));
+            if m.hash != file_hash(m.len, ids) {
+                return Err(corrupt(id, "file hash does not match the segments"));
+            }
         }
         Ok(m)
     }
@@ -237,13 +394,10 @@ mod tests {
             kind: FileFormat::Safetensors,
             len: 12,
             hash: file,
+            bundles: vec![],
             segments: vec![
-                Segment { len: 8, blob: id, tensor: None },
-                Segment {
-                    len: 4,
-                    blob: id,
-                    tensor: Some(TensorRef { name: "w".into(), dtype: "BF16".into(), shape: vec![2] }),
-                },
+                Segment::whole(8, id, None),
+                Segment::whole(4, id, Some(TensorRef { name: "w".into(), dtype: "BF16".into(), shape: vec![2] })),
             ],
         };
         let (hex, file_hex) = (id.to_hex(), file.to_hex());
@@ -277,6 +431,41 @@ mod tests {
         for evil in ["../x", "/etc/passwd", ".ckpt/HEAD", "a//b", ""] {
             let bad = expected.replace("\"a/b\"", &format!("{evil:?}"));
             assert!(Version::parse(ObjectId([1; 32]), bad.as_bytes()).is_err(), "{evil}");
+        }
+    }
+
+    /// Format 3: bundles, and bundled segments without their own blob id.
+    #[test]
+    fn bundled_manifests_are_pinned_and_checked() {
+        let (header, bundle) = (ObjectId([0xab; 32]), ObjectId([0xcd; 32]));
+        let t = |name: &str| TensorRef { name: name.into(), dtype: "F32".into(), shape: vec![2] };
+        let bundles = vec![Bundle { blob: bundle, dtype: "F32".into(), len: 16 }];
+        let segments =
+            vec![Segment::whole(8, header, None), Segment::bundled(8, t("a"), 0), Segment::bundled(8, t("b"), 0)];
+        let hash = ObjectId([0xef; 32]);
+        let m = Manifest::new(FileFormat::Safetensors, 24, hash, bundles, segments);
+        assert_eq!(m.format, BUNDLED_MANIFEST_FORMAT);
+        assert_eq!(m.segments[2].offset, 8);
+        assert_eq!(m.location(&m.segments[2]), (bundle, 8..16));
+        assert_eq!(m.blobs().collect::<Vec<_>>(), vec![header, bundle]);
+        assert_eq!(m.bundle_keys(), vec![Some(&t("a"))]);
+        let (h, b, f) = (header.to_hex(), bundle.to_hex(), hash.to_hex());
+        let expected = format!(
+            r#"{{"format":3,"kind":"safetensors","len":24,"hash":"{f}","bundles":[{{"blob":"{b}","dtype":"F32","len":16}}],"segments":[{{"len":8,"blob":"{h}"}},{{"len":8,"tensor":{{"name":"a","dtype":"F32","shape":[2]}},"in":0}},{{"len":8,"tensor":{{"name":"b","dtype":"F32","shape":[2]}},"in":0}}]}}"#
+        );
+        assert_eq!(String::from_utf8(m.to_bytes()).unwrap(), expected);
+        // (The file hash of a bundled manifest is checked against the bundles' bytes later.)
+        assert_eq!(Manifest::parse(header, expected.as_bytes()).unwrap(), m);
+        for bad in [
+            expected.replace("\"format\":3", "\"format\":2"),
+            expected.replace("\"in\":0}]", "\"in\":1}]"),
+            expected.replace("\"len\":16", "\"len\":17"),
+            expected.replace("\"dtype\":\"F32\",\"len\"", "\"dtype\":\"BF16\",\"len\""),
+            expected.replace("{\"len\":8,\"blob\":\"", "{\"len\":8,\"in\":0,\"blob\":\""),
+            expected.replace(",\"in\":0}]}", "}]}"),
+        ] {
+            assert_ne!(bad, expected);
+            assert!(Manifest::parse(header, bad.as_bytes()).is_err(), "{bad}");
         }
     }
 

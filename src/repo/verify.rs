@@ -142,8 +142,8 @@ impl Repo {
                 for file in &version.files {
                     check(file.manifest, &mut missing);
                     if let Ok(manifest) = self.manifest(&file.manifest) {
-                        for s in &manifest.segments {
-                            check(s.blob, &mut missing);
+                        for blob in manifest.blobs() {
+                            check(blob, &mut missing);
                         }
                     }
                 }
@@ -168,7 +168,16 @@ impl Repo {
             }
             ObjectKind::Manifest => {
                 let bytes = self.store.read_data(id, ObjectKind::Manifest).map_err(|e| e.to_string())?;
-                Manifest::parse(*id, &bytes).map_err(|e| e.to_string())?;
+                let manifest = Manifest::parse(*id, &bytes).map_err(|e| e.to_string())?;
+                // With bundles the file hash is checked from their bytes (parsing could not).
+                // A bundle that cannot be read is reported as itself (or as missing), not here.
+                if !manifest.bundles.is_empty() {
+                    if let Ok(hash) = super::bundle::file_hash_of(self, &manifest) {
+                        if hash != manifest.hash {
+                            return Err("file hash does not match the bundled tensors".into());
+                        }
+                    }
+                }
             }
             ObjectKind::Blob => {}
         }

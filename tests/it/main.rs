@@ -8,6 +8,7 @@ mod repo_faults;
 mod repo_history;
 mod repo_inspect;
 mod repo_model;
+mod repo_small;
 mod repo_util;
 mod util;
 mod worktree_safety;

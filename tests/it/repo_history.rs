@@ -625,7 +625,7 @@ fn a_blob_rewritten_while_the_index_was_closed_is_re_read_from_the_store() {
         );
         assert!(t.open().rebuild_index().is_ok());
         let repo = t.open();
-        let blob = repo.manifest(&repo.version(&v0).unwrap().files[0].manifest).unwrap().segments[1].blob;
+        let blob = repo.manifest(&repo.version(&v0).unwrap().files[0].manifest).unwrap().segments[1].blob.unwrap();
         assert_eq!(repo.object_record(&blob).unwrap().depth, 0);
         drop(repo);
         t.commit_files(&t.open(), &[("m.safetensors", &synthetic_checkpoint(5, Dtype::F32, TRAINING_MODEL, 1))], "e1");

@@ -37,7 +37,13 @@ fn op() -> impl Strategy<Value = Op> {
 fn content(f: usize, seed: u8) -> Vec<u8> {
     match f {
         0 => synthetic_checkpoint(1, Dtype::Bf16, &[("a", &[40, 24]), ("b", &[24])], seed as u32),
-        1 => synthetic_checkpoint(2, Dtype::F32, &[("x", &[30, 20])], seed as u32),
+        // Small tensors around a larger one: a bundle whose members the large tensor separates.
+        1 => synthetic_checkpoint(
+            2,
+            Dtype::F32,
+            &[("x", &[30, 20]), ("big", &[40, 40]), ("n1", &[20]), ("n2", &[20])],
+            seed as u32,
+        ),
         _ => format!("notes {seed}\n").repeat(50).into_bytes(),
     }
 }
