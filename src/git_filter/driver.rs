@@ -173,11 +173,19 @@ impl GitFilter {
         };
         let mut out = format!("ckpt: {kind} file, {} bytes, hash {}\n", manifest.len, manifest.hash);
         for s in &manifest.segments {
+            // A bundled tensor has no id of its own: its line names its bundle's blob, so a
+            // change in one small tensor shows on the lines of its bundle's tensors.
+            let blob = match (s.blob, s.bundle) {
+                (Some(b), _) => b.short(16),
+                (None, Some(i)) => match manifest.bundles.get(i as usize) {
+                    Some(b) => format!("{} (bundle {i})", b.blob.short(16)),
+                    None => format!("(bundle {i})"),
+                },
+                (None, None) => "-".to_string(),
+            };
             match &s.tensor {
-                Some(t) => {
-                    out.push_str(&format!("tensor {} {} {:?} blob {}\n", t.name, t.dtype, t.shape, s.blob.short(16)))
-                }
-                None => out.push_str(&format!("bytes {} blob {}\n", s.len, s.blob.short(16))),
+                Some(t) => out.push_str(&format!("tensor {} {} {:?} blob {blob}\n", t.name, t.dtype, t.shape)),
+                None => out.push_str(&format!("bytes {} blob {blob}\n", s.len)),
             }
         }
         Ok(out)

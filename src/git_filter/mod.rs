@@ -246,7 +246,7 @@ pub fn ls_files(git: &git2::Repository, store: &Repo, rev: &str) -> Result<Vec<T
         if let Ok(p) = Pointer::parse(blob.content()) {
             let path = format!("{dir}{}", String::from_utf8_lossy(entry.name_bytes()));
             let stored = store.manifest(&p.manifest).ok().map(|m| {
-                let blobs: std::collections::HashSet<_> = m.segments.iter().map(|s| s.blob).collect();
+                let blobs: std::collections::HashSet<_> = m.blobs().collect();
                 blobs.iter().chain([&p.manifest]).filter_map(|id| store.store().stored_len(id).ok()).sum()
             });
             out.push(TrackedFile { path, pointer: p, stored });

@@ -391,24 +391,7 @@ impl Repo {
     /// Writes `input`'s manifest to `store` unless stored already; returns the file's entry and
     /// the object written, if any.
     fn write_manifest(&self, store: &Store, input: &Input, h: &HashedFile) -> Result<(FileEntry, Option<Written>)> {
-        let segments = h
-            .segments
-            .iter()
-            .map(|s| {
-                let len = s.range.end - s.range.start;
-                match (s.bundle, &s.tensor) {
-                    (Some(b), Some(t)) => Segment::bundled(len, t.clone(), b),
-                    _ => Segment::whole(len, s.id, s.tensor.clone()),
-                }
-            })
-            .collect();
-        let bundles = h
-            .bundles
-            .iter()
-            .map(|b| Bundle { blob: b.id, dtype: b.dtype.safetensors_name().to_string(), len: b.len })
-            .collect();
-        let kind = if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes };
-        let manifest = Manifest::new(kind, input.map.len() as u64, h.hash, bundles, segments);
+        let manifest = manifest_of(input, &h.segments, &h.bundles, h.hash);
         let bytes = manifest.to_bytes();
         let manifest_id = ObjectId::hash(&bytes);
         let written = if store.contains(&manifest_id) {
@@ -563,8 +546,34 @@ pub(super) struct HashedBundle {
 
 /// A file's segments and bundles, hashed.
 pub(super) struct HashedSegments {
-    segments: Vec<HashedSegment>,
-    bundles: Vec<HashedBundle>,
+    pub(super) segments: Vec<HashedSegment>,
+    pub(super) bundles: Vec<HashedBundle>,
+}
+
+/// The manifest of `input` with these hashed segments and bundles: what a commit writes, and
+/// what the git filter computes to find a file the store already holds.
+pub(super) fn manifest_of(
+    input: &Input,
+    segments: &[HashedSegment],
+    bundles: &[HashedBundle],
+    hash: ObjectId,
+) -> Manifest {
+    let segments = segments
+        .iter()
+        .map(|s| {
+            let len = s.range.end - s.range.start;
+            match (s.bundle, &s.tensor) {
+                (Some(b), Some(t)) => Segment::bundled(len, t.clone(), b),
+                _ => Segment::whole(len, s.id, s.tensor.clone()),
+            }
+        })
+        .collect();
+    let bundles = bundles
+        .iter()
+        .map(|b| Bundle { blob: b.id, dtype: b.dtype.safetensors_name().to_string(), len: b.len })
+        .collect();
+    let kind = if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes };
+    Manifest::new(kind, input.map.len() as u64, hash, bundles, segments)
 }
 
 /// A file's segments and bundles with their ids, its whole-file hash and the blobs of the same

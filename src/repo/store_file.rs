@@ -4,7 +4,7 @@
 //! [`Repo::write_stored_file`] writes a stored file back by its manifest, verified.
 
 use super::commit::{hash_content, Input};
-use super::model::{FileEntry, FileFormat, Manifest, Segment, MODEL_FORMAT};
+use super::model::{FileEntry, Manifest};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
 use crate::mmap;
 use crate::object_id::ObjectId;
@@ -88,8 +88,8 @@ impl Repo {
     pub fn copy_file_objects_from(&self, other: &Repo, manifest: &ObjectId) -> Result<usize> {
         let m = other.manifest(manifest)?;
         let mut ids = Vec::new();
-        for s in &m.segments {
-            ids.extend(other.store.open_blob(&s.blob)?.ids());
+        for blob in m.blobs() {
+            ids.extend(other.store.open_blob(&blob)?.ids());
         }
         // Chains first, manifest last: a manifest present means its blobs are.
         ids.push(*manifest);
@@ -128,17 +128,8 @@ fn map_input(disk: &Path, path: &RepoPath) -> Result<Input> {
 /// The manifest a commit writes for `input` (the same as `commit`'s `write_manifest`: pinned
 /// by `store_file_writes_the_manifest_commit_writes`).
 fn manifest_of(input: &Input) -> Manifest {
-    let (segments, hash) = hash_content(&input.map, input.header.as_ref());
-    Manifest {
-        format: MODEL_FORMAT,
-        kind: if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes },
-        len: input.map.len() as u64,
-        hash,
-        segments: segments
-            .iter()
-            .map(|s| Segment { len: s.range.end - s.range.start, blob: s.id, tensor: s.tensor.clone() })
-            .collect(),
-    }
+    let (hashed, hash) = hash_content(&input.map, input.header.as_ref());
+    super::commit::manifest_of(input, &hashed.segments, &hashed.bundles, hash)
 }
 
 #[cfg(test)]
@@ -218,8 +209,7 @@ mod tests {
         let second = store.store_file(&spool, &path, "b", &CommitOptions::default()).unwrap();
         // Reverse deltas, inline by default: the first content's tensors now reference the second's.
         let m = store.manifest(&first.manifest).unwrap();
-        let deltas =
-            m.tensors().filter(|(_, s)| store.store().header(&s.blob).is_ok_and(|h| h.reference.is_some())).count();
+        let deltas = m.blobs().filter(|b| store.store().header(b).is_ok_and(|h| h.reference.is_some())).count();
         assert!(deltas > 0, "no tensor of the older content became a delta");
         for (s, bytes) in [(&first, &a), (&second, &b)] {
             let out = dir.path().join("out");
