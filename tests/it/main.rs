@@ -7,5 +7,6 @@ mod repo_faults;
 mod repo_history;
 mod repo_inspect;
 mod repo_model;
+mod repo_torch;
 mod repo_util;
 mod util;
