@@ -63,6 +63,8 @@ enum Command {
     Verify(commands::verify::VerifyArgs),
     /// Maintain the index (a rebuildable cache).
     Index(commands::index::IndexArgs),
+    /// Commit each checkpoint (file or folder) that appears in a directory, once it is finished.
+    Watch(commands::watch::WatchArgs),
 }
 
 /// The directory commands run in: `-C DIR` (relative to the current directory) or the current
@@ -103,6 +105,7 @@ pub fn main() -> ExitCode {
                 Command::Compact(args) => commands::compact::run(&ui, base, args),
                 Command::Verify(args) => commands::verify::run(&ui, base, args),
                 Command::Index(args) => commands::index::run(&ui, base, args),
+                Command::Watch(args) => commands::watch::run(&ui, base, args),
             })
         })
     });

@@ -24,6 +24,7 @@ mod path;
 mod refs;
 mod status;
 mod verify;
+mod watch;
 
 pub use checkout::{CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
@@ -39,6 +40,7 @@ pub use path::RepoPath;
 pub use refs::{check_name, Head, RefKind};
 pub use status::{FileState, FileStatus, Status};
 pub use verify::{BadObject, BadVersion, VerifyReport};
+pub use watch::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};
 use crate::object_id::ObjectId;

@@ -9,4 +9,5 @@ mod repo_inspect;
 mod repo_model;
 mod repo_torch;
 mod repo_util;
+mod repo_watch;
 mod util;
