@@ -155,3 +155,29 @@ fn zip64_archives_are_read() {
     check_cover(&repacked, &layout);
     assert_eq!(table(&layout), table(&parse(MODEL).unwrap()));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+    /// Random multi-byte damage anywhere (mostly in data.pkl and the directory, where the reader
+    /// looks) never panics, and whatever is accepted still covers the file.
+    #[test]
+    fn random_mutations_never_panic(
+        edits in proptest::collection::vec((0usize..1 << 20, proptest::prelude::any::<u8>()), 1..16),
+        in_pickle in proptest::prelude::any::<bool>(),
+    ) {
+        for fixture in [OPTIMIZER, LIGHTNING] {
+            let mut file = fixture.to_vec();
+            for &(at, byte) in &edits {
+                // Half the runs aim at data.pkl (the first entry, right after its local header).
+                let at = if in_pickle { 60 + at % 1000 } else { at % file.len() };
+                if let Some(b) = file.get_mut(at) {
+                    *b = byte;
+                }
+            }
+            if let Ok(layout) = parse(&file) {
+                check_cover(&file, &layout);
+            }
+        }
+    }
+}
