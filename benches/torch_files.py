@@ -15,8 +15,13 @@ into three fresh repositories:
 Reports the store growth (bytes of .ckpt/objects) per epoch and in total for each, with the
 ratios the issue targets: torch ≤ st × 1.02 and torch ≤ 0.75 × opaque.
 
+With `--corpus`, the two states are instead the corpus AdamW state of a real fine-tune
+(`series/optim/adamw_epoch_01` and `_02.safetensors`, from ../shared/corpus/make_corpus.sh),
+saved with `torch.save` in `optimizer.state_dict()` form (`state.<i>.exp_avg`, ...) and as
+the safetensors files themselves.
+
 usage: ~/.cache/ckpt-corpus/venv/bin/python benches/torch_files.py [--ckpt target/release/ckpt]
-       [--dim 256] [--layers 4] [--steps 20]
+       [--dim 256] [--layers 4] [--steps 20] [--corpus]
 """
 import argparse
 import os
@@ -24,7 +29,9 @@ import subprocess
 import tempfile
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+
+CORPUS = os.environ.get("CKPT_CORPUS") or os.path.join(os.path.expanduser("~"), ".cache", "ckpt-corpus")
 
 
 def objects_bytes(repo):
@@ -49,6 +56,7 @@ def main():
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--corpus", action="store_true")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
 
@@ -72,22 +80,34 @@ def main():
             loss.backward()
             opt.step()
 
+    def corpus_state(epoch):
+        flat = load_file(os.path.join(CORPUS, "series", "optim", f"adamw_epoch_{epoch:02}.safetensors"))
+        params = sorted({k.rsplit(".", 1)[0] for k in flat})
+        state = {
+            i: {"step": torch.tensor(float(epoch)), "exp_avg": flat[p + ".exp_avg"], "exp_avg_sq": flat[p + ".exp_avg_sq"]}
+            for i, p in enumerate(params)
+        }
+        return {"state": state, "param_groups": [{"lr": 1e-4, "params": list(range(len(params)))}]}, flat
+
     with tempfile.TemporaryDirectory() as work:
         sources = []
         for epoch in (1, 2):
-            train(args.steps)
-            pt = os.path.join(work, f"optimizer_{epoch}.pt")
-            torch.save(opt.state_dict(), pt)
             st = os.path.join(work, f"optimizer_{epoch}.safetensors")
-            flat = {f"state.{i}.{k}": v.contiguous() for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+            pt = os.path.join(work, f"optimizer_{epoch}.pt")
+            if args.corpus:
+                state, flat = corpus_state(epoch)
+            else:
+                train(args.steps)
+                state = opt.state_dict()
+                flat = {f"state.{i}.{k}": v.contiguous() for i, s in state["state"].items() for k, v in s.items()}
+            torch.save(state, pt)
             save_file(flat, st)
             opaque = os.path.join(work, f"optimizer_{epoch}.opaque")
             data = bytearray(open(pt, "rb").read())
             data[0] ^= 0xFF
             open(opaque, "wb").write(data)
             sources.append((pt, st, opaque))
-        print(f"optimizer.pt: {os.path.getsize(sources[0][0]):,} bytes, "
-              f"{sum(len(s) for s in opt.state_dict()['state'].values())} tensors")
+        print(f"optimizer.pt: {os.path.getsize(sources[0][0]):,} bytes, {len(flat)} tensors")
         results = {}
         for kind, idx, name in (("torch", 0, "optimizer.pt"), ("st", 1, "optimizer.safetensors"), ("opaque", 2, "optimizer.pt")):
             repo = os.path.join(work, f"repo_{kind}")

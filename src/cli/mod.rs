@@ -26,7 +26,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Compress one file (safetensors tensor by tensor, anything else as bytes).
+    /// Compress one file (safetensors and torch.save tensor by tensor, anything else as bytes).
     Compress(commands::compress::CompressArgs),
     /// Decompress a container written by `ckpt compress`, verifying its hash.
     Decompress(commands::decompress::DecompressArgs),
@@ -34,7 +34,7 @@ enum Command {
     Stats(commands::stats::StatsArgs),
     /// Create a repository (.ckpt) in DIR or the current directory.
     Init(commands::init::InitArgs),
-    /// Store files as a new version (safetensors tensor by tensor, with deltas).
+    /// Store files as a new version (safetensors and torch.save tensor by tensor, with deltas).
     Commit(commands::commit::CommitArgs),
     /// Write a version's files (all or some, whole or some tensors), verified by hash.
     Checkout(commands::checkout::CheckoutArgs),
