@@ -12,9 +12,10 @@ use super::Error;
 use crate::dtype::Dtype;
 use std::collections::HashMap;
 
-/// Values built or copied (from the memo) at most: bounds time and memory for any input. A
-/// state dict costs about 10 nodes per tensor, so this allows millions of tensors.
-pub const MAX_NODES: usize = 1 << 25;
+/// Values built or copied (from the memo) at most, marks included, a string counting one per 16
+/// bytes: bounds time and memory (a few hundred MiB at worst) for any input. A state dict
+/// costs about 10 per tensor, so this allows some 400,000 tensors.
+pub const MAX_NODES: usize = 1 << 22;
 /// Deepest nesting of containers accepted (also bounds the recursion of walking and dropping).
 pub const MAX_DEPTH: usize = 256;
 /// Most memo entries.
@@ -114,6 +115,7 @@ fn size_of(v: &Value) -> usize {
         Value::Seq(items, _) => 1 + items.iter().map(size_of).sum::<usize>(),
         Value::Dict(items, _) => 1 + items.iter().map(|(k, v)| size_of(k) + size_of(v)).sum::<usize>(),
         Value::Tensor { shape, stride, .. } => 1 + shape.len() + stride.len(),
+        Value::Str(text) => 1 + text.len() / 16,
         _ => 1,
     }
 }
@@ -168,7 +170,7 @@ impl<'a> Reader<'a> {
     }
     fn string(&mut self, n: u64) -> Result<String, Error> {
         let n = usize::try_from(n).map_err(|_| bad(self.at, "string length"))?;
-        self.charge(1 + n / 64)?;
+        self.charge(1 + n / 16)?;
         Ok(String::from_utf8_lossy(self.take(n)?).into_owned())
     }
     /// A `GLOBAL` argument: a line of text.
@@ -343,7 +345,10 @@ impl<'a> Reader<'a> {
                     let root = self.pop()?;
                     return Ok(Pickle { root, storages: self.storages });
                 }
-                b'(' => self.marks.push(self.stack.len()),
+                b'(' => {
+                    self.charge(1)?;
+                    self.marks.push(self.stack.len());
+                }
                 b'}' => self.push(Value::Dict(Vec::new(), 1))?,
                 b']' | b')' => self.push(Value::Seq(Vec::new(), 1))?,
                 b'N' | 0x88 | 0x89 => self.push(Value::Leaf)?,

@@ -27,6 +27,9 @@ const FLAG_ENCRYPTED: u16 = 1;
 /// Most entries accepted. A torch archive has one per storage plus a handful; a million is far
 /// beyond any real checkpoint and keeps the entry table of a hostile file small.
 pub const MAX_ENTRIES: usize = 1 << 20;
+/// Largest central directory read (its names are copied): about 100 bytes per entry in a torch
+/// archive, so this is far beyond real checkpoints.
+pub const MAX_DIRECTORY_LEN: u64 = 64 << 20;
 
 /// One archive entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +81,9 @@ pub fn entries(file: &[u8]) -> Result<Vec<Entry>, Error> {
         .checked_add(cd_size)
         .filter(|&e| e <= eocd as u64)
         .ok_or_else(|| bad(format!("central directory at {cd_offset} (+{cd_size} bytes) lies outside the archive")))?;
+    if cd_size > MAX_DIRECTORY_LEN {
+        return Err(bad(format!("central directory of {cd_size} bytes (at most {MAX_DIRECTORY_LEN} read)")));
+    }
     if count > MAX_ENTRIES as u64 {
         return Err(bad(format!("{count} entries (at most {MAX_ENTRIES} accepted)")));
     }
