@@ -70,6 +70,14 @@ pub enum WatchEvent {
         /// The checkpoint's path relative to the repository root.
         path: String,
     },
+    /// A checkpoint could not be committed (an invalid `.safetensors` file, the writer lock held
+    /// too long); it is tried again after the settle time. The watcher goes on with the others.
+    Failed {
+        /// The checkpoint's path relative to the repository root.
+        path: String,
+        /// The commit's error.
+        reason: String,
+    },
     /// File-system events are unavailable; the directory is polled.
     Polling {
         /// Why.
@@ -165,6 +173,8 @@ impl<'r> Watcher<'r> {
     /// Whether the entry called `name` is a checkpoint to watch.
     fn wanted(&self, name: &str) -> bool {
         match &self.filter {
+            // The repository's own directory is never a checkpoint (when DIR is the root).
+            Some(_) if name == super::DIR_NAME => false,
             Some(f) => f.matches(name),
             None => {
                 !(name.starts_with('.')
@@ -211,8 +221,18 @@ impl<'r> Watcher<'r> {
                 continue;
             }
             let signature = c.signature.clone();
-            if let Some(e) = self.commit(&path, &signature)? {
-                out.push(e);
+            match self.commit(&path, &signature) {
+                Ok(e) => out.push(e),
+                // Hashing failed (a file deleted or replaced under us) or the commit did: try
+                // again after the settle time; the other checkpoints go on.
+                Err(e) => {
+                    if let Some(c) = self.candidates.get_mut(&path) {
+                        c.since = Instant::now();
+                    }
+                    let path =
+                        self.repo.repo_path(&path).map_or_else(|_| path.display().to_string(), |p| p.to_string());
+                    out.push(WatchEvent::Failed { path, reason: e.to_string() });
+                }
             }
         }
         // Deleted checkpoints are forgotten (their versions stay); one that reappears is new.
@@ -221,8 +241,8 @@ impl<'r> Watcher<'r> {
     }
 
     /// Commits the checkpoint at `path` whose files are `signature`, unless it was committed
-    /// before; records it.
-    fn commit(&mut self, path: &Path, signature: &Signature) -> Result<Option<WatchEvent>> {
+    /// before; records it. An error leaves the checkpoint to be tried again.
+    fn commit(&mut self, path: &Path, signature: &Signature) -> Result<WatchEvent> {
         let rel = self.repo.repo_path(path)?.to_string();
         let files: Vec<&Path> = signature.iter().map(|(p, _, _)| p.as_path()).collect();
         let mut hashes = Vec::with_capacity(files.len());
@@ -234,7 +254,7 @@ impl<'r> Watcher<'r> {
         let candidate = self.candidates.get_mut(path).expect("scanned");
         if hashes.iter().all(|h| self.log.contains(h) || in_head(h)) {
             candidate.committed = Some(signature.clone());
-            return Ok(Some(WatchEvent::AlreadyCommitted { path: rel }));
+            return Ok(WatchEvent::AlreadyCommitted { path: rel });
         }
         let message = format!("watch: {rel}");
         let version = match self.repo.commit(&files, &message, &CommitOptions::default()) {
@@ -242,7 +262,7 @@ impl<'r> Watcher<'r> {
             Err(Error::FileChanged { .. }) => {
                 // Settle again from now before the retry.
                 candidate.since = Instant::now();
-                return Ok(Some(WatchEvent::Retrying { path: rel }));
+                return Ok(WatchEvent::Retrying { path: rel });
             }
             Err(e) => return Err(e),
         };
@@ -255,7 +275,7 @@ impl<'r> Watcher<'r> {
         // A file that changed after it was hashed here (so after or during the commit) shows up
         // as a new signature on the next scan and is committed again once it settles.
         candidate.committed = Some(signature.clone());
-        Ok(Some(WatchEvent::Committed { path: rel, version, files: files.len() }))
+        Ok(WatchEvent::Committed { path: rel, version, files: files.len() })
     }
 }
 

@@ -123,6 +123,24 @@ fn a_restarted_watcher_does_not_commit_again_but_commits_rewrites() {
 }
 
 #[test]
+fn a_checkpoint_that_cannot_be_committed_is_reported_and_the_others_go_on() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    std::fs::create_dir(t.path("w")).unwrap();
+    t.write("w/bad.safetensors", b"not a safetensors file");
+    t.write("w/good.pt", b"good");
+    let mut w = Watcher::new(&repo, &t.path("w"), options()).unwrap();
+    let t0 = Instant::now();
+    w.step(t0).unwrap();
+    let e = w.step(t0 + SETTLE).unwrap();
+    assert!(
+        matches!(&e[0], WatchEvent::Failed { path, reason } if path == "w/bad.safetensors" && reason.contains("safetensors")),
+        "{e:?}"
+    );
+    assert_eq!(committed(&e), vec!["w/good.pt"]);
+}
+
+#[test]
 fn the_cli_commits_while_running_and_after_a_restart_commits_nothing_twice() {
     let t = TestRepo::init();
     std::fs::create_dir(t.path("out")).unwrap();

@@ -38,6 +38,7 @@ pub fn run(ui: &Ui, base: &Path, args: WatchArgs) -> Result<()> {
         }
         WatchEvent::AlreadyCommitted { path } => eprintln!("{path}: committed before"),
         WatchEvent::Retrying { path } => eprintln!("{path}: changed while being committed; retrying once it settles"),
+        WatchEvent::Failed { path, reason } => eprintln!("{path}: not committed: {reason}"),
         WatchEvent::Polling { reason } => eprintln!("file-system events unavailable ({reason}); polling"),
     })
     .with_context(|| format!("watching {}", dir.display()))
