@@ -1,6 +1,7 @@
 //! Standalone compression of one file: a safetensors file is coded tensor by tensor (each with
-//! its dtype's byte grouping; header, gaps and trailing bytes as plain bytes), any other file as
-//! plain bytes. Pure: bytes in, bytes out, so the CLI and the fuzzers share it.
+//! its dtype's byte grouping; header, gaps and trailing bytes as plain bytes), a `torch.save`
+//! archive storage by storage (zip headers, pickle and other entries as plain bytes), any other
+//! file as plain bytes. Pure: bytes in, bytes out, so the CLI and the fuzzers share it.
 
 use crate::codec::container::{is_container, Container, ContainerWriter, FileKind};
 use crate::codec::{self, Method, Options};
@@ -28,7 +29,8 @@ pub enum Format {
     Safetensors,
     /// Plain bytes.
     Bytes,
-    /// Safetensors if it parses as such, else plain bytes.
+    /// Safetensors if it parses as such, else a `torch.save` archive if it is one
+    /// ([`crate::torch_zip`]), else plain bytes.
     Detect,
 }
 
@@ -53,6 +55,10 @@ pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<Segme
         Format::Detect => safetensors::parse(file).ok(),
     };
     let Some(header) = header else {
+        if let Some(layout) = (format == Format::Detect).then(|| crate::torch_zip::parse(file).ok()).flatten() {
+            let segments = layout.segments().into_iter().filter(|(r, _)| r.end > r.start);
+            return Ok((FileKind::Torch, segments.map(|(r, s)| (r, s.map(|s| s.dtype))).collect()));
+        }
         return Ok((FileKind::Bytes, vec![(0..len, None)]));
     };
     let mut segments = vec![(0..header.data_start, None)];

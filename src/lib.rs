@@ -49,6 +49,7 @@ pub mod safetensors;
 pub mod store;
 #[cfg(test)]
 mod test_data;
+pub mod torch_zip;
 
 pub use dtype::Dtype;
 pub use object_id::ObjectId;

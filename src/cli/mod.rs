@@ -36,7 +36,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Compress one file (safetensors tensor by tensor, anything else as bytes).
+    /// Compress one file (safetensors and torch.save tensor by tensor, anything else as bytes).
     Compress(commands::compress::CompressArgs),
     /// Decompress a container written by `ckpt compress`, verifying its hash.
     Decompress(commands::decompress::DecompressArgs),
@@ -44,7 +44,7 @@ enum Command {
     Stats(commands::stats::StatsArgs),
     /// Create a repository (.ckpt) in DIR or the current directory.
     Init(commands::init::InitArgs),
-    /// Store files as a new version (safetensors tensor by tensor, with deltas).
+    /// Store files as a new version (safetensors and torch.save tensor by tensor, with deltas).
     Commit(commands::commit::CommitArgs),
     /// Write a version's files (all or some, whole or some tensors), verified by hash.
     Checkout(commands::checkout::CheckoutArgs),
@@ -75,6 +75,9 @@ enum Command {
     Index(commands::index::IndexArgs),
     /// Keep weight files in git: install the filter driver, track patterns, run the filter.
     Git(commands::git::GitArgs),
+
+    /// Commit each checkpoint (file or folder) that appears in a directory, once it is finished.
+    Watch(commands::watch::WatchArgs),
 }
 
 /// The directory commands run in: `-C DIR` (relative to the current directory) or the current
@@ -116,6 +119,8 @@ pub fn main() -> ExitCode {
                 Command::Verify(args) => commands::verify::run(&ui, base, args),
                 Command::Index(args) => commands::index::run(&ui, base, args),
                 Command::Git(args) => commands::git::run(&ui, base, args),
+
+                Command::Watch(args) => commands::watch::run(&ui, base, args),
             })
         })
     });

@@ -52,6 +52,8 @@ pub enum FileKind {
     Bytes = 0,
     /// A safetensors file, coded tensor by tensor.
     Safetensors = 1,
+    /// A `torch.save` archive, coded storage by storage (see `crate::torch_zip`).
+    Torch = 2,
 }
 
 impl FileKind {
@@ -59,6 +61,7 @@ impl FileKind {
         match tag {
             0 => Ok(FileKind::Bytes),
             1 => Ok(FileKind::Safetensors),
+            2 => Ok(FileKind::Torch),
             t => Err(Error::Corrupt(format!("unknown file kind {t}"))),
         }
     }

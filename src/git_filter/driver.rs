@@ -169,6 +169,7 @@ impl GitFilter {
         };
         let kind = match manifest.kind {
             crate::repo::FileFormat::Safetensors => "safetensors",
+            crate::repo::FileFormat::Torch => "torch.save",
             crate::repo::FileFormat::Bytes => "opaque",
         };
         let mut out = format!("ckpt: {kind} file, {} bytes, hash {}\n", manifest.len, manifest.hash);

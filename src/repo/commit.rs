@@ -7,6 +7,7 @@ use crate::mmap::{self, Map};
 use crate::object_id::ObjectId;
 use crate::safetensors;
 use crate::store::{self, DeltaOutcome, Feedback, ObjectKind, Store, Written};
+use crate::torch_zip;
 use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -35,6 +36,8 @@ pub(super) struct Input {
     pub(super) path: RepoPath,
     pub(super) map: Map,
     pub(super) header: Option<safetensors::Header>,
+    /// The storages of a `torch.save` archive (when `header` is `None`).
+    pub(super) torch: Option<torch_zip::Layout>,
     pub(super) metadata: std::fs::Metadata,
 }
 
@@ -51,7 +54,8 @@ impl Repo {
     /// `rm`-ed. Returns the new version's id.
     ///
     /// Files named `*.safetensors` must be valid safetensors; other files are stored tensor by
-    /// tensor if they parse as safetensors and as opaque bytes otherwise.
+    /// tensor if they parse as safetensors, storage by storage if they are `torch.save` archives
+    /// ([`torch_zip`]), and as opaque bytes otherwise.
     pub fn commit<P: AsRef<Path>>(&self, paths: &[P], message: &str, options: &CommitOptions) -> Result<VersionId> {
         let _lock = self.lock()?;
         let inputs = self.read_inputs(paths)?;
@@ -147,9 +151,11 @@ impl Repo {
         // here or (deferred) in a later `compact`.
         let mut replaced_len = 0;
         // (Only tensors are rewritten: a commit of opaque files leaves nothing to do.)
-        let reverse_parent = parent
-            .as_ref()
-            .filter(|_| policy == DeltaPolicy::Reverse && base_every >= 2 && inputs.iter().any(|i| i.header.is_some()));
+        let reverse_parent = parent.as_ref().filter(|_| {
+            policy == DeltaPolicy::Reverse
+                && base_every >= 2
+                && inputs.iter().any(|i| i.header.is_some() || i.torch.is_some())
+        });
         if let (Some(p), false) = (reverse_parent, options.defer_deltas) {
             // Deferred rewrites first, oldest first: the parent's own may be among them, and it
             // must still be whole when its turn comes.
@@ -227,7 +233,8 @@ impl Repo {
             } else {
                 safetensors::parse(&map).ok()
             };
-            inputs.push(Input { path, map, header, metadata });
+            let torch = torch_layout(&map, header.as_ref());
+            inputs.push(Input { path, map, header, torch, metadata });
         }
         Ok(inputs)
     }
@@ -446,7 +453,12 @@ impl<'v> ReferenceFiles<'v> {
         // The tensor set only matters for a path the reference version lacks (20,000 tensors:
         // a tenth of a commit's CPU time to build and hash).
         let new_path = self.version.is_some_and(|v| v.file(input.path.as_str()).is_none());
-        let tensors = input.header.as_ref().filter(|_| new_path).map(|h| h.tensors.iter().map(TensorRef::of).collect());
+        let tensors = match (&input.header, &input.torch) {
+            _ if !new_path => None,
+            (Some(h), _) => Some(h.tensors.iter().map(TensorRef::of).collect()),
+            (None, Some(t)) => Some(t.storages.iter().map(TensorRef::of_storage).collect()),
+            (None, None) => None,
+        };
         self.for_file(repo, input.path.as_str(), tensors)
     }
 
@@ -468,7 +480,7 @@ impl<'v> ReferenceFiles<'v> {
         let mut best: Option<((usize, bool), ObjectId)> = None;
         for f in recency.iter() {
             let Some(m) = load(&mut self.manifests, repo, &f.manifest) else { continue };
-            if m.kind != FileFormat::Safetensors {
+            if m.kind == FileFormat::Bytes {
                 continue;
             }
             let score = (m.tensors().filter(|(t, _)| wanted.contains(*t)).count(), f.path.rsplit('/').next() == name);
@@ -572,7 +584,11 @@ pub(super) fn manifest_of(
         .iter()
         .map(|b| Bundle { blob: b.id, dtype: b.dtype.safetensors_name().to_string(), len: b.len })
         .collect();
-    let kind = if input.header.is_some() { FileFormat::Safetensors } else { FileFormat::Bytes };
+    let kind = match (&input.header, &input.torch) {
+        (Some(_), _) => FileFormat::Safetensors,
+        (None, Some(_)) => FileFormat::Torch,
+        (None, None) => FileFormat::Bytes,
+    };
     Manifest::new(kind, input.map.len() as u64, hash, bundles, segments)
 }
 
@@ -618,7 +634,8 @@ pub(super) const FS_BLOCK: u64 = 4096;
 const PARALLEL_BELOW: u64 = 4 << 20;
 
 fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
-    let (HashedSegments { segments, bundles }, hash) = hash_content(&input.map, input.header.as_ref());
+    let (HashedSegments { segments, bundles }, hash) =
+        hash_content(&input.map, input.header.as_ref(), input.torch.as_ref());
     let tensors = reference.map(|m| m.tensors().filter_map(|(t, s)| Some((t.clone(), s.blob?))).collect());
     let bundle_reference = reference.map(|m| {
         let keys = m.bundle_keys().into_iter().zip(&m.bundles);
@@ -633,13 +650,18 @@ fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
     }
 }
 
-/// Plans `map`'s segments (safetensors when `header` is given, else one opaque segment) and
+/// Plans `map`'s segments (safetensors when `header` is given, a `torch.save` archive's
+/// storages and the bytes between them when `torch` is, else one opaque segment) and
 /// bundles ([`super::bundle::plan`]), hashes each segment (its blob id) and bundle, and derives
 /// the file hash from the segments ([`super::model::file_hash`]). Each segment's pages are
 /// dropped from the resident set once hashed. `status` hashes working files with this too, so
 /// both agree on what a file's hash is.
-pub(super) fn hash_content(map: &Map, header: Option<&safetensors::Header>) -> (HashedSegments, ObjectId) {
-    let planned = plan(map.len() as u64, header);
+pub(super) fn hash_content(
+    map: &Map,
+    header: Option<&safetensors::Header>,
+    torch: Option<&torch_zip::Layout>,
+) -> (HashedSegments, ObjectId) {
+    let planned = plan(map.len() as u64, header, torch);
     let bundle_plan = super::bundle::plan(
         planned.iter().map(|p| (p.range.end - p.range.start, p.dtype.filter(|_| p.tensor.is_some()))),
     );
@@ -718,9 +740,28 @@ fn hash_segment(map: &Map, range: Range<usize>) -> (ObjectId, u64) {
     (blake3.finalize().into(), xxh3.digest())
 }
 
+/// The storages of `map` if it is a `torch.save` archive and not a safetensors file (`header`).
+/// Anything the reader does not fully understand (a pickle with other globals or opcodes, a
+/// damaged or compressed archive) is `None`: the file is then stored as opaque bytes, never
+/// refused. Commit and `status` both call this, so both cut a file the same way.
+pub(super) fn torch_layout(map: &Map, header: Option<&safetensors::Header>) -> Option<torch_zip::Layout> {
+    if header.is_some() || !torch_zip::looks_like_zip(map) {
+        return None;
+    }
+    torch_zip::parse(map).ok()
+}
+
 /// Segments of a file of `len` bytes: a safetensors file as header, tensors (empty ones as
-/// zero-length segments) and gaps, in file order; anything else as one opaque segment.
-fn plan(len: u64, header: Option<&safetensors::Header>) -> Vec<Planned> {
+/// zero-length segments) and gaps, in file order; a `torch.save` archive as its storages and
+/// the opaque ranges between them; anything else as one opaque segment.
+fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::Layout>) -> Vec<Planned> {
+    if let (None, Some(layout)) = (header, torch) {
+        return layout
+            .segments()
+            .into_iter()
+            .map(|(range, s)| Planned { range, dtype: s.map(|s| s.dtype), tensor: s.map(TensorRef::of_storage) })
+            .collect();
+    }
     let Some(header) = header else {
         return vec![Planned { range: 0..len, dtype: None, tensor: None }];
     };

@@ -26,6 +26,7 @@ mod refs;
 mod status;
 mod store_file;
 mod verify;
+mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
@@ -45,6 +46,7 @@ pub use refs::{check_name, Head, RefKind};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
+pub use watch::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};
 use crate::object_id::ObjectId;

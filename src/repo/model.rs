@@ -55,6 +55,9 @@ pub enum FileFormat {
     Safetensors,
     /// Any other file: one opaque blob.
     Bytes,
+    /// A `torch.save` archive: each storage a tensor blob, the bytes between them (zip headers,
+    /// the pickle, other entries) as opaque blobs.
+    Torch,
 }
 
 /// One committed file: its bytes are the concatenation of its segments' blobs.
@@ -144,6 +147,11 @@ impl TensorRef {
     /// The reference to a tensor of a parsed safetensors header.
     pub fn of(t: &crate::safetensors::TensorInfo) -> TensorRef {
         TensorRef { name: t.name.clone(), dtype: t.dtype.safetensors_name().to_string(), shape: t.shape.clone() }
+    }
+
+    /// The reference to a storage of a `torch.save` archive.
+    pub fn of_storage(s: &crate::torch_zip::Storage) -> TensorRef {
+        TensorRef { name: s.name.clone(), dtype: s.dtype.safetensors_name().to_string(), shape: s.shape.clone() }
     }
 
     /// The parsed dtype (checked by [`Manifest::parse`]).
@@ -322,7 +330,7 @@ impl Manifest {
                         format!("tensor {:?}: shape {:?} does not match {} bytes", t.name, t.shape, s.len),
                     ));
                 }
-                if m.kind != FileFormat::Safetensors {
+                if m.kind == FileFormat::Bytes {
                     return Err(corrupt(id, "a tensor in a plain file"));
                 }
             }

@@ -223,15 +223,16 @@ pub(super) fn stat_is_fresh(c: &StatRecord, meta: &std::fs::Metadata) -> bool {
 }
 
 /// The content hash a commit of the file at `path` would record (`model::file_hash`),
-/// memory-mapped. A file that does not parse as safetensors hashes as opaque bytes, as commit
-/// stores it (a `.safetensors` file that does not parse cannot be committed, so it never
+/// memory-mapped. A file that does not parse as safetensors (or as a `torch.save` archive)
+/// hashes as opaque bytes, as commit stores it (a `.safetensors` file that does not parse cannot be committed, so it never
 /// matches).
 pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     let err = |source| super::Error::Io { action: "reading", path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(err)?;
     let map = crate::mmap::map(&file).map_err(err)?;
     let header = crate::safetensors::parse(&map).ok();
-    Ok(super::commit::hash_content(&map, header.as_ref()).1)
+    let torch = super::commit::torch_layout(&map, header.as_ref());
+    Ok(super::commit::hash_content(&map, header.as_ref(), torch.as_ref()).1)
 }
 
 #[cfg(test)]

@@ -122,13 +122,14 @@ fn map_input(disk: &Path, path: &RepoPath) -> Result<Input> {
     let metadata = file.metadata().map_err(io("reading"))?;
     let map = mmap::map(&file).map_err(io("reading"))?;
     let header = safetensors::parse(&map).ok();
-    Ok(Input { path: path.clone(), map, header, metadata })
+    let torch = super::commit::torch_layout(&map, header.as_ref());
+    Ok(Input { path: path.clone(), map, header, torch, metadata })
 }
 
 /// The manifest a commit writes for `input` (the same as `commit`'s `write_manifest`: pinned
 /// by `store_file_writes_the_manifest_commit_writes`).
 fn manifest_of(input: &Input) -> Manifest {
-    let (hashed, hash) = hash_content(&input.map, input.header.as_ref());
+    let (hashed, hash) = hash_content(&input.map, input.header.as_ref(), input.torch.as_ref());
     super::commit::manifest_of(input, &hashed.segments, &hashed.bundles, hash)
 }
 

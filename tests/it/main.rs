@@ -9,6 +9,9 @@ mod repo_history;
 mod repo_inspect;
 mod repo_model;
 mod repo_small;
+
+mod repo_torch;
 mod repo_util;
+mod repo_watch;
 mod util;
 mod worktree_safety;

@@ -19,3 +19,4 @@ pub mod status;
 pub mod switch;
 pub mod tag;
 pub mod verify;
+pub mod watch;
