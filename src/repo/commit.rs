@@ -37,6 +37,21 @@ struct Input {
     map: Map,
     header: Option<safetensors::Header>,
     metadata: std::fs::Metadata,
+    /// The open file, whose metadata is compared with `metadata` once it is read
+    /// ([`Input::check_unchanged`]).
+    file: std::fs::File,
+}
+
+impl Input {
+    /// Fails with [`Error::FileChanged`] if the file shrank (its map read zeros past the new end:
+    /// see [`crate::mmap`]) or was rewritten since it was opened: what was read may mix two
+    /// versions of it, so nothing read from it may become a version.
+    fn check_unchanged(&self) -> Result<()> {
+        if mmap::FileStamp::of(&self.metadata).changed(&self.file, &self.map) {
+            return Err(Error::FileChanged { path: self.path.to_string() });
+        }
+        Ok(())
+    }
 }
 
 /// One planned segment: byte range, dtype, tensor identity.
@@ -56,7 +71,8 @@ impl Repo {
     pub fn commit<P: AsRef<Path>>(&self, paths: &[P], message: &str, options: &CommitOptions) -> Result<VersionId> {
         let _lock = self.lock()?;
         let policy = options.delta_policy.unwrap_or(self.config.delta_policy);
-        let base_every = options.base_every.unwrap_or(self.config.base_every).max(1);
+        // Clamped like the config (`Config::check`), so no caller can make chains the reader refuses.
+        let base_every = options.base_every.unwrap_or(self.config.base_every).clamp(1, super::config::MAX_BASE_EVERY);
         let head = self.refs.head()?;
         let parent_id = self.refs.head_version()?;
         let parent = parent_id.map(|id| self.version(&id)).transpose()?;
@@ -109,7 +125,7 @@ impl Repo {
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
         let deltas = if policy == DeltaPolicy::Reverse { None } else { Some(base_every) };
-        let (mut objects, entries) = self.store.with_background_sync(|store| {
+        let stored = self.store.with_background_sync(|store| {
             let blobs = self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?;
             // 3. Manifests.
             let mut manifests = Vec::new();
@@ -122,7 +138,15 @@ impl Repo {
                 entries.push(entry);
             }
             Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
-        })?;
+        });
+        // Every input is read by now. One that changed meanwhile (a training loop rewriting it
+        // with O_TRUNC) fails the commit here, before any ref moves: the objects written from it
+        // are complete but unreferenced (gc deletes them), and a retry reads the file anew.
+        // Checked before the store's own error, which such a change may have caused.
+        for input in &inputs {
+            input.check_unchanged()?;
+        }
+        let (mut objects, entries) = stored?;
         // Reverse deltas: the parent's blobs become deltas against the new ones, now durable,
         // here or (deferred) in a later `compact`.
         let mut replaced_len = 0;
@@ -191,23 +215,30 @@ impl Repo {
                 continue;
             }
             let abs = path.under(&self.root);
-            let file = std::fs::File::open(&abs).map_err(|source| Error::Io {
-                action: "opening",
-                path: abs.clone(),
-                source,
+            // A named pipe, socket or device is refused here, before anything blocks on it (the
+            // writer lock is held).
+            let file = mmap::open_regular(&abs).map_err(|source| match source.kind() {
+                std::io::ErrorKind::InvalidInput => {
+                    Error::InvalidPath { path: abs.clone(), reason: source.to_string() }
+                }
+                _ => Error::Io { action: "opening", path: abs.clone(), source },
             })?;
             let metadata =
                 file.metadata().map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-            if !metadata.is_file() {
-                return Err(Error::InvalidPath { path: abs, reason: "not a regular file".into() });
+            let map =
+                mmap::map_input(&file).map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
+            let mut input = Input { path, map, header: None, metadata, file };
+            let parsed = safetensors::parse(&input.map);
+            if parsed.is_err() {
+                // A header cut short by a rewrite is the change, not an invalid file.
+                input.check_unchanged()?;
             }
-            let map = mmap::map(&file).map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-            let header = if path.as_str().ends_with(".safetensors") {
-                Some(safetensors::parse(&map).map_err(|source| Error::Safetensors { path: path.to_string(), source })?)
+            input.header = if input.path.as_str().ends_with(".safetensors") {
+                Some(parsed.map_err(|source| Error::Safetensors { path: input.path.to_string(), source })?)
             } else {
-                safetensors::parse(&map).ok()
+                parsed.ok()
             };
-            inputs.push(Input { path, map, header, metadata });
+            inputs.push(input);
         }
         Ok(inputs)
     }
@@ -218,15 +249,39 @@ impl Repo {
     /// something else) ends the walk with `None`, which means no delta, after at most
     /// `v.since_base - target` steps.
     fn ancestor_since_base(&self, v: &Version, target: u32) -> Option<Version> {
-        let mut v = v.clone();
-        while v.since_base > target {
-            let expected = v.since_base - 1;
-            v = self.version(v.parents.first()?).ok()?;
-            if v.since_base != expected {
+        if v.since_base <= target {
+            return (v.since_base == target).then(|| v.clone());
+        }
+        let mut since = v.since_base;
+        let mut id = *v.parents.first()?;
+        loop {
+            let (s, parent) = self.since_base_step(&id)?;
+            if s + 1 != since {
                 return None;
             }
+            since = s;
+            if since == target {
+                return self.version(&id).ok();
+            }
+            id = parent?;
         }
-        (v.since_base == target).then_some(v)
+    }
+
+    /// `since_base` and first parent of version `id` (cached: see `Repo::since_base_walk`).
+    fn since_base_step(&self, id: &VersionId) -> Option<(u32, Option<VersionId>)> {
+        if let Some(step) = self.since_base_walk.lock().ok().and_then(|c| c.get(id).copied()) {
+            return Some(step);
+        }
+        let v = self.version(id).ok()?;
+        let step = (v.since_base, v.parents.first().copied());
+        if let Ok(mut cache) = self.since_base_walk.lock() {
+            // A bound on memory for a process that lives long (about 100 bytes an entry).
+            if cache.len() >= 1 << 16 {
+                cache.clear();
+            }
+            cache.insert(*id, step);
+        }
+        Some(step)
     }
 
     /// Stores the blobs of `jobs` in `store`, as deltas where `deltas` (the `base_every` that

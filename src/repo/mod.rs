@@ -28,7 +28,7 @@ mod verify;
 pub use checkout::{CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
-pub use config::{Compaction, Config, DeltaPolicy};
+pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use gc::GcReport;
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
@@ -45,6 +45,7 @@ use crate::object_id::ObjectId;
 use crate::store::{self, ObjectKind, Store};
 use lock::WriterLock;
 use refs::Refs;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -217,6 +218,13 @@ pub enum Error {
         /// The file.
         path: String,
     },
+    /// A file that changed while it was being read for something other than a commit
+    /// (hashed by `status`): what was read is a mix of two versions.
+    #[error("{}: the file changed while it was being read; try again", path.display())]
+    ChangedWhileRead {
+        /// The file.
+        path: PathBuf,
+    },
     /// `switch` with modified tracked files.
     #[error("modified files would be overwritten: {} (commit them, or switch with force)", paths.join(", "))]
     DirtyWorkingTree {
@@ -317,6 +325,11 @@ pub struct Repo {
     config: Config,
     progress: Arc<dyn Progress>,
     lock_timeout: Duration,
+    /// Each version read by [`Repo::ancestor_since_base`] as (`since_base`, first parent):
+    /// versions are immutable, and a commit walks up to `base_every` of them to find its pinned
+    /// base, so a process committing many versions (the library, the git filter) would otherwise
+    /// read O(base_every) versions per commit.
+    since_base_walk: Mutex<HashMap<VersionId, (u32, Option<VersionId>)>>,
 }
 
 impl std::fmt::Debug for Repo {
@@ -386,6 +399,7 @@ impl Repo {
             config,
             progress: Arc::new(NoProgress),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            since_base_walk: Mutex::new(HashMap::new()),
         })
     }
 

@@ -116,8 +116,15 @@ impl Repo {
 /// matches).
 pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     let err = |source| super::Error::Io { action: "reading", path: path.to_path_buf(), source };
-    let file = std::fs::File::open(path).map_err(err)?;
-    let map = crate::mmap::map(&file).map_err(err)?;
+    // Not `File::open`: a named pipe at a tracked path would block; and a guarded map, so that a
+    // file truncated while it is hashed is reported, not a SIGBUS.
+    let file = crate::mmap::open_regular(path).map_err(err)?;
+    let stamp = crate::mmap::FileStamp::of(&file.metadata().map_err(err)?);
+    let map = crate::mmap::map_input(&file).map_err(err)?;
     let header = crate::safetensors::parse(&map).ok();
-    Ok(super::commit::hash_content(&map, header.as_ref()).1)
+    let hash = super::commit::hash_content(&map, header.as_ref()).1;
+    if stamp.changed(&file, &map) {
+        return Err(super::Error::ChangedWhileRead { path: path.to_path_buf() });
+    }
+    Ok(hash)
 }

@@ -8,4 +8,5 @@ mod repo_history;
 mod repo_inspect;
 mod repo_model;
 mod repo_util;
+mod robustness;
 mod util;

@@ -1,0 +1,200 @@
+//! Robustness (issue 18, items 2-4): history the reader accepts whatever the config, inputs that
+//! change or block under a commit, huge `-j`, verify beside writers, compaction that fails, and
+//! a stale waiter marker.
+
+use crate::repo_util::{ckpt_in, stderr, TestRepo};
+use crate::util::safetensors_file;
+use ckpt::repo::{CommitOptions, Compaction, Config, DeltaPolicy, Repo, MAX_BASE_EVERY};
+use ckpt::Dtype;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A temporary directory on tmpfs when the machine has one (`/dev/shm`): tests that write
+/// thousands of objects then pay no fsync (each costs milliseconds on a disk).
+fn fast_tempdir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::tempdir_in(shm) {
+            return dir;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+/// A safetensors file of one 8 KiB u8 tensor of noise with `version` written into its first
+/// bytes: incompressible, so its standalone blob takes three 4 KiB blocks, while the delta
+/// between two versions is a few bytes and frees blocks (the condition for a reverse rewrite).
+fn tiny_checkpoint(version: u32) -> Vec<u8> {
+    let mut file = safetensors_file(7, &[("w", Dtype::U8, &[8192])]);
+    let at = file.len() - 8192;
+    file[at..at + 4].copy_from_slice(&version.to_le_bytes());
+    file
+}
+
+#[test]
+fn config_over_the_reader_limit_is_refused_naming_the_file() {
+    let t = TestRepo::init();
+    let config = Config { base_every: MAX_BASE_EVERY + 1, ..Config::default() };
+    std::fs::write(t.path(".ckpt/config"), serde_json::to_vec(&config).unwrap()).unwrap();
+    let err = Repo::open(t.root()).unwrap_err().to_string();
+    assert!(err.contains(".ckpt/config") && err.contains("base_every 1001"), "{err}");
+    let out = ckpt_in(t.root(), &["log"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("base_every 1001 is over 1000"), "{}", stderr(&out));
+}
+
+/// The longest history the config allows: `base_every` at its maximum, reverse deltas rewritten
+/// inline, so the root version's blob ends at the bottom of a chain `MAX_BASE_EVERY` deltas
+/// deep (root, then versions 1 ..= MAX_BASE_EVERY - 1, then the kept base at MAX_BASE_EVERY).
+/// Every version must check out bit-exactly, the oldest through the whole chain.
+#[test]
+fn the_longest_history_the_config_allows_reads_back() {
+    let dir = fast_tempdir();
+    Repo::init(dir.path()).unwrap();
+    let config = Config {
+        base_every: MAX_BASE_EVERY,
+        delta_policy: DeltaPolicy::Reverse,
+        compact: Compaction::Inline,
+        ..Config::default()
+    };
+    std::fs::write(dir.path().join(".ckpt/config"), config.to_json()).unwrap();
+    let repo = Repo::open(dir.path()).unwrap();
+    let file = dir.path().join("m.safetensors");
+    let start = Instant::now();
+    let mut ids = Vec::new();
+    // One more than base_every: the last one makes version MAX_BASE_EVERY's blobs a kept base
+    // and checks that the chain stops there.
+    for v in 0..=MAX_BASE_EVERY + 1 {
+        std::fs::write(&file, tiny_checkpoint(v)).unwrap();
+        ids.push(repo.commit(&[&file], &format!("v{v}"), &CommitOptions::default()).unwrap());
+    }
+    eprintln!("{} commits in {:?}", ids.len(), start.elapsed());
+    let manifest = repo.manifest(&repo.version(&ids[0]).unwrap().files[0].manifest).unwrap();
+    let root_blob = manifest.segments.iter().find(|s| s.tensor.is_some()).unwrap().blob;
+    assert_eq!(repo.store().chain_depth(&root_blob).unwrap(), MAX_BASE_EVERY, "the deepest chain allowed");
+    for v in [0, 1, MAX_BASE_EVERY - 1, MAX_BASE_EVERY, MAX_BASE_EVERY + 1] {
+        let out = dir.path().join(format!("out{v}"));
+        repo.checkout(&ids[v as usize].to_string(), None, Some(&out), None).unwrap();
+        assert!(std::fs::read(out.join("m.safetensors")).unwrap() == tiny_checkpoint(v), "version {v}");
+    }
+    assert!(repo.verify().unwrap().is_ok());
+}
+
+/// Runs `command`, killing it after `limit`; `None` if it had to be killed.
+fn output_within(mut command: std::process::Command, limit: Duration) -> Option<std::process::Output> {
+    use std::process::Stdio;
+    let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(status.success());
+}
+
+/// A named pipe (which nobody writes) given to `commit`, `compress`, `stats` or `status` is
+/// refused at once: before, `open` waited for a writer forever, `commit` with the writer lock
+/// held.
+#[test]
+fn a_named_pipe_is_refused_without_blocking() {
+    let t = TestRepo::init();
+    t.write("m.safetensors", &tiny_checkpoint(0));
+    assert!(t.ckpt(&["commit", "-m", "v0", "m.safetensors"]).status.success());
+    mkfifo(&t.path("pipe"));
+    for args in [&["commit", "-m", "pipe", "pipe"][..], &["compress", "pipe"], &["stats", "pipe"]] {
+        let out = output_within(crate::repo_util::ckpt_command(t.root(), args), Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("ckpt {args:?} blocked on a named pipe"));
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr(&out).contains("named pipe"), "{args:?}: {}", stderr(&out));
+    }
+    // A tracked file replaced by a pipe: status says it is modified (its size differs) or fails
+    // clearly, without blocking.
+    std::fs::remove_file(t.path("m.safetensors")).unwrap();
+    mkfifo(&t.path("m.safetensors"));
+    let out = output_within(crate::repo_util::ckpt_command(t.root(), &["status"]), Duration::from_secs(10))
+        .expect("status blocked on a named pipe");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("modified") || stderr(&out).contains("named pipe"));
+    // The writer lock was not left held: a commit goes through.
+    std::fs::remove_file(t.path("m.safetensors")).unwrap();
+    t.write("m.safetensors", &tiny_checkpoint(1));
+    let out = t.ckpt(&["commit", "-m", "v1", "m.safetensors"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// `-j` far beyond the cores is capped with a note instead of a panic.
+#[test]
+fn a_huge_thread_count_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.safetensors"), tiny_checkpoint(0)).unwrap();
+    let out = ckpt_in(dir.path(), &["-j", "100000000", "compress", "m.safetensors"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("-j 100000000 is more than"), "{}", stderr(&out));
+    assert!(dir.path().join("m.safetensors.ckz").is_file());
+}
+
+/// Rewrites `path` in place the way a training loop does: `open(O_TRUNC)`, then the new content
+/// in pieces, `pause` after each.
+fn rewrite_in_place(path: &Path, content: &[u8], pause: Duration) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    for piece in content.chunks(content.len().div_ceil(8)) {
+        std::thread::sleep(pause);
+        f.write_all(piece).unwrap();
+    }
+}
+
+/// A checkpoint rewritten in place (truncated) while `ckpt commit` reads it: the commit either
+/// succeeds or fails with "changed while being committed", never dies of SIGBUS; nothing it
+/// half-did moves a ref, and a retry succeeds with the new content. The store verifies after.
+#[test]
+fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
+    use std::os::unix::process::ExitStatusExt;
+    let t = TestRepo::init();
+    let shapes: Vec<(String, Dtype, Vec<u64>)> =
+        (0..4).map(|i| (format!("l{i}"), Dtype::F32, vec![1024, 1024])).collect();
+    let spec: Vec<(&str, Dtype, &[u64])> = shapes.iter().map(|(n, d, s)| (n.as_str(), *d, s.as_slice())).collect();
+    let path = t.path("m.safetensors");
+    std::fs::write(&path, safetensors_file(0, &spec)).unwrap();
+    let start = Instant::now();
+    assert!(t.ckpt(&["commit", "-m", "v0", "m.safetensors"]).status.success());
+    let commit_time = start.elapsed();
+    let (mut changed, mut succeeded) = (0, 0);
+    for trial in 1..=24u64 {
+        let content = safetensors_file(trial, &spec);
+        let mut command = crate::repo_util::ckpt_command(t.root(), &["commit", "-m", "racing", "m.safetensors"]);
+        command.env("CKPT_COMPACT", "manual");
+        let child = std::thread::spawn(move || output_within(command, Duration::from_secs(120)));
+        // Somewhere inside the commit's read of the file.
+        std::thread::sleep(commit_time.mul_f64((trial % 8 + 1) as f64 / 10.0));
+        rewrite_in_place(&path, &content, Duration::from_millis(3));
+        let out = child.join().unwrap().expect("the commit hung");
+        assert_eq!(out.status.signal(), None, "trial {trial}: killed by a signal; {}", stderr(&out));
+        if out.status.success() {
+            succeeded += 1;
+        } else if stderr(&out).contains("changed while it was being committed") {
+            changed += 1;
+        } else {
+            // Opened between the truncation and the rewrite's first bytes: the file was not a
+            // checkpoint at that moment, which is what the commit says.
+            assert!(stderr(&out).contains("invalid safetensors file"), "trial {trial}: {}", stderr(&out));
+        }
+        // The retry, with the file complete, commits exactly its content.
+        let out = t.ckpt(&["commit", "-m", "retry", "m.safetensors"]);
+        assert!(out.status.success(), "trial {trial}: {}", stderr(&out));
+        let repo = t.open();
+        assert!(t.checkout_all(&repo, "HEAD") == vec![("m.safetensors".to_string(), content)], "trial {trial}");
+    }
+    eprintln!("{changed} commits saw the file change, {succeeded} did not");
+    assert!(changed > 0, "no trial raced the rewrite (commit took {commit_time:?})");
+    let out = t.ckpt(&["verify"]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+}
