@@ -225,6 +225,16 @@ pub enum Error {
         /// The file.
         path: PathBuf,
     },
+    /// Rewriting a version's parent's blobs as reverse deltas failed (`compact`, or inline in
+    /// a commit); the version stays pending and the next compaction retries it. Also recorded
+    /// in `.ckpt/compact.log`.
+    #[error("compacting version {}: {source} (it stays pending: the next compaction retries it)", version.short(12))]
+    CompactionFailed {
+        /// The version whose parent's blobs were being rewritten.
+        version: VersionId,
+        /// What failed.
+        source: Box<Error>,
+    },
     /// `switch` with modified tracked files.
     #[error("modified files would be overwritten: {} (commit them, or switch with force)", paths.join(", "))]
     DirtyWorkingTree {

@@ -45,8 +45,8 @@ pub struct Status {
     pub files: Vec<FileStatus>,
     /// Versions whose parent's blobs are still to be rewritten as deltas (`ckpt compact`).
     pub pending_deltas: usize,
-    /// What the last background compaction reported on stderr, if anything (an error: it
-    /// prints nothing otherwise).
+    /// The end of `.ckpt/compact.log`, if not empty: compactions that failed (the versions
+    /// stay pending) and what background compactions printed on stderr (errors only).
     pub compaction_log: Option<String>,
 }
 

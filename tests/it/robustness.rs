@@ -167,15 +167,15 @@ fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
     let start = Instant::now();
     assert!(t.ckpt(&["commit", "-m", "v0", "m.safetensors"]).status.success());
     let commit_time = start.elapsed();
-    let (mut changed, mut succeeded) = (0, 0);
+    let (mut changed, mut succeeded, mut invalid) = (0, 0, 0);
     for trial in 1..=24u64 {
         let content = safetensors_file(trial, &spec);
         let mut command = crate::repo_util::ckpt_command(t.root(), &["commit", "-m", "racing", "m.safetensors"]);
         command.env("CKPT_COMPACT", "manual");
         let child = std::thread::spawn(move || output_within(command, Duration::from_secs(120)));
         // Somewhere inside the commit's read of the file.
-        std::thread::sleep(commit_time.mul_f64((trial % 8 + 1) as f64 / 10.0));
-        rewrite_in_place(&path, &content, Duration::from_millis(3));
+        std::thread::sleep(commit_time.mul_f64((trial % 8) as f64 / 12.0));
+        rewrite_in_place(&path, &content, Duration::from_millis(10));
         let out = child.join().unwrap().expect("the commit hung");
         assert_eq!(out.status.signal(), None, "trial {trial}: killed by a signal; {}", stderr(&out));
         if out.status.success() {
@@ -186,6 +186,7 @@ fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
             // Opened between the truncation and the rewrite's first bytes: the file was not a
             // checkpoint at that moment, which is what the commit says.
             assert!(stderr(&out).contains("invalid safetensors file"), "trial {trial}: {}", stderr(&out));
+            invalid += 1;
         }
         // The retry, with the file complete, commits exactly its content.
         let out = t.ckpt(&["commit", "-m", "retry", "m.safetensors"]);
@@ -193,8 +194,227 @@ fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
         let repo = t.open();
         assert!(t.checkout_all(&repo, "HEAD") == vec![("m.safetensors".to_string(), content)], "trial {trial}");
     }
-    eprintln!("{changed} commits saw the file change, {succeeded} did not");
+    eprintln!("{changed} commits saw the file change, {invalid} opened it half-written, {succeeded} did not");
     assert!(changed > 0, "no trial raced the rewrite (commit took {commit_time:?})");
     let out = t.ckpt(&["verify"]);
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+}
+
+/// `verify` run again and again beside a writer that commits (reverse deltas rewritten inline,
+/// so blobs are renamed over), leaves unreferenced objects (as an interrupted commit does) and
+/// runs gc: a healthy repository is never reported damaged.
+#[test]
+fn verify_beside_commits_and_gc_raises_no_false_alarm() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = fast_tempdir();
+    Repo::init(dir.path()).unwrap();
+    let config = Config { compact: Compaction::Inline, ..Config::default() };
+    std::fs::write(dir.path().join(".ckpt/config"), config.to_json()).unwrap();
+    let file = dir.path().join("m.safetensors");
+    std::fs::write(&file, tiny_checkpoint(0)).unwrap();
+    Repo::open(dir.path()).unwrap().commit(&[&file], "v0", &CommitOptions::default()).unwrap();
+    let done = AtomicBool::new(false);
+    let writes = std::sync::atomic::AtomicU32::new(0);
+    let (runs, alarms, writes) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let repo = Repo::open(dir.path()).unwrap();
+            let mut n = 0u32;
+            // Paced, so that the history (which every verify re-hashes) stays small.
+            while !done.load(Ordering::Relaxed) && n < 400 {
+                std::thread::sleep(Duration::from_millis(20));
+                n += 1;
+                writes.store(n, Ordering::Relaxed);
+                // Garbage for gc: a (valid) blob nothing refers to, as an interrupted commit
+                // leaves.
+                let junk = format!("junk {n}").into_bytes();
+                let id = ckpt::ObjectId::hash(&junk);
+                repo.store().write_blob(id, &junk, None, &Default::default(), &ckpt::store::Feedback::NONE).unwrap();
+                std::fs::write(&file, tiny_checkpoint(n)).unwrap();
+                repo.commit(&[&file], &format!("v{n}"), &CommitOptions::default()).unwrap();
+                if n.is_multiple_of(2) {
+                    repo.gc().unwrap();
+                }
+            }
+            n
+        });
+        let repo = Repo::open(dir.path()).unwrap();
+        let start = Instant::now();
+        let (mut runs, mut alarms) = (0, Vec::new());
+        while runs < 50 || start.elapsed() < Duration::from_secs(2) || writes.load(Ordering::Relaxed) < 40 {
+            let report = repo.verify().unwrap();
+            if !report.is_ok() {
+                alarms.push(report);
+            }
+            runs += 1;
+            if start.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        (runs, alarms, writer.join().unwrap())
+    });
+    eprintln!("{runs} verify runs beside {writes} commits");
+    assert!(runs >= 50, "only {runs} runs");
+    assert!(alarms.is_empty(), "{} false alarms, the first: {:?}", alarms.len(), alarms.first());
+    assert!(writes >= 40, "the writer hardly ran ({writes} commits)");
+}
+
+/// Two versions of a 1 MiB tensor of noise, with every other 4 KiB block of the second
+/// replaced: the delta between them is about half the size of either, so a reverse rewrite
+/// pays, but needs half a MiB of free space.
+fn half_changed_checkpoint(version: u64) -> Vec<u8> {
+    let mut file = safetensors_file(1, &[("w", Dtype::U8, &[1 << 20])]);
+    let data = file.len() - (1 << 20);
+    let other = crate::util::noise(100 + version, 1 << 20);
+    for block in (0..256).filter(|b| version > 0 && b % 2 == 0) {
+        let r = block * 4096..(block + 1) * 4096;
+        file[data + r.start..data + r.end].copy_from_slice(&other[r]);
+    }
+    file
+}
+
+/// A tmpfs of `size` at a new directory, unmounted and removed on drop; `None` (with a note)
+/// where mounting is not allowed.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("skipped: cannot mount a tmpfs here ({})", String::from_utf8_lossy(&out.stderr).trim());
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// Fills the file system with `filler` until at most `leave` bytes are free.
+    fn fill(&self, filler: &Path, leave: u64) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(filler).unwrap();
+        let block = vec![0xA5u8; 64 << 10];
+        while f.write_all(&block).is_ok() {}
+        let len = f.metadata().unwrap().len();
+        f.set_len(len.saturating_sub(leave)).unwrap();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// Compaction on a full file system: `ckpt compact` fails (non-zero exit naming the cause), the
+/// failure is in `.ckpt/compact.log` and `ckpt status`, the version stays pending; with space
+/// again, the next compaction does it. An inline compaction that fails keeps the commit.
+#[test]
+fn a_compaction_that_fails_on_a_full_disk_is_reported_and_retried() {
+    let Some(fs) = Tmpfs::mount("8m") else { return };
+    let root = fs.path().join("repo");
+    std::fs::create_dir(&root).unwrap();
+    let run = |args: &[&str], compact: &str| {
+        let mut c = crate::repo_util::ckpt_command(&root, args);
+        c.env("CKPT_COMPACT", compact);
+        c.output().unwrap()
+    };
+    assert!(run(&["init"], "manual").status.success());
+    for v in 0..2 {
+        std::fs::write(root.join("m.safetensors"), half_changed_checkpoint(v)).unwrap();
+        let out = run(&["commit", "-m", &format!("v{v}"), "m.safetensors"], "manual");
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let filler = fs.path().join("filler");
+    fs.fill(&filler, 128 << 10);
+    let out = run(&["compact"], "manual");
+    assert!(!out.status.success(), "compact reported success on a full disk");
+    assert!(stderr(&out).contains("No space left") && stderr(&out).contains("stays pending"), "{}", stderr(&out));
+    let log = std::fs::read_to_string(root.join(".ckpt/compact.log")).unwrap();
+    assert!(log.contains("No space left"), "{log}");
+    let status = String::from_utf8_lossy(&run(&["status"], "manual").stdout).into_owned();
+    assert!(
+        status.contains("1 version still to be turned into deltas") && status.contains("No space left"),
+        "{status}"
+    );
+
+    // Space again: the next compaction retries it, and the record goes.
+    std::fs::remove_file(&filler).unwrap();
+    let out = run(&["compact"], "manual");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 version compacted: 1 blob"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let status = String::from_utf8_lossy(&run(&["status"], "manual").stdout).into_owned();
+    assert!(!status.contains("still to be turned") && !status.contains("compaction reported"), "{status}");
+
+    // Inline: room for the new version's blob, not for the rewrite of its parent's.
+    std::fs::write(root.join("m.safetensors"), half_changed_checkpoint(2)).unwrap();
+    fs.fill(&filler, (1 << 20) + (200 << 10));
+    let out = run(&["commit", "-m", "v2", "m.safetensors"], "inline");
+    assert!(out.status.success(), "the commit itself must stand: {}", stderr(&out));
+    assert!(stderr(&out).contains("stays pending") && stderr(&out).contains("No space left"), "{}", stderr(&out));
+    let status = String::from_utf8_lossy(&run(&["status"], "manual").stdout).into_owned();
+    assert!(status.contains("1 version still to be turned into deltas"), "{status}");
+    std::fs::remove_file(&filler).unwrap();
+    let out = run(&["compact"], "manual");
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 version compacted: 1 blob"));
+    let out = run(&["verify"], "manual");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    for (v, rev) in [(0, "HEAD~2"), (1, "HEAD~1"), (2, "HEAD")] {
+        let out_dir = fs.path().join(format!("out{v}"));
+        let out = run(&["checkout", rev, "--output", out_dir.to_str().unwrap()], "manual");
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(std::fs::read(out_dir.join("m.safetensors")).unwrap() == half_changed_checkpoint(v), "v{v}");
+        std::fs::remove_dir_all(&out_dir).unwrap();
+    }
+}
+
+/// `.ckpt/lock.waiting` left by a waiter that is gone (killed while it waited) no longer stops
+/// background compaction for good: the marker is ignored and removed.
+#[test]
+fn a_stale_waiter_marker_is_ignored_and_cleaned_up() {
+    use std::os::unix::process::CommandExt;
+    let t = TestRepo::init();
+    let run = |args: &[&str]| {
+        let mut c = crate::repo_util::ckpt_command(t.root(), args);
+        c.env("CKPT_COMPACT", "manual");
+        c.output().unwrap()
+    };
+    for v in 0..2 {
+        t.write("m.safetensors", &half_changed_checkpoint(v));
+        assert!(run(&["commit", "-m", &format!("v{v}"), "m.safetensors"]).status.success());
+    }
+    // A real waiter, killed while it waits: the lock is held here (as another writer would).
+    let lock = std::fs::File::options().write(true).open(t.path(".ckpt/lock")).unwrap();
+    lock.lock().unwrap();
+    let mut waiter = crate::repo_util::ckpt_command(t.root(), &["commit", "-m", "waits", "m.safetensors"]);
+    waiter.env("CKPT_LOCK_TIMEOUT", "60").process_group(0);
+    let mut child = waiter.spawn().unwrap();
+    let marker = t.path(".ckpt/lock.waiting");
+    let start = Instant::now();
+    while !marker.exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "the waiter never showed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    lock.unlock().unwrap();
+    assert!(marker.exists(), "a killed waiter leaves its marker");
+    // The background compaction (which steps aside for waiting writers) does its work.
+    let out = run(&["compact", "--background"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status = String::from_utf8_lossy(&run(&["status"]).stdout).into_owned();
+    assert!(!status.contains("still to be turned"), "the stale marker stopped the compaction: {status}");
+    assert!(!marker.exists(), "the stale marker is removed");
 }
