@@ -66,7 +66,9 @@ fn the_longest_history_the_config_allows_reads_back() {
     // and checks that the chain stops there.
     for v in 0..=MAX_BASE_EVERY + 1 {
         std::fs::write(&file, tiny_checkpoint(v)).unwrap();
-        ids.push(repo.commit(&[&file], &format!("v{v}"), &CommitOptions::default()).unwrap());
+        // A caller's override cannot go past the limit either: it is clamped like the config.
+        let options = CommitOptions { base_every: Some(u32::MAX), ..CommitOptions::default() };
+        ids.push(repo.commit(&[&file], &format!("v{v}"), &options).unwrap());
     }
     eprintln!("{} commits in {:?}", ids.len(), start.elapsed());
     let manifest = repo.manifest(&repo.version(&ids[0]).unwrap().files[0].manifest).unwrap();
@@ -152,9 +154,10 @@ fn rewrite_in_place(path: &Path, content: &[u8], pause: Duration) {
     }
 }
 
-/// A checkpoint rewritten in place (truncated) while `ckpt commit` reads it: the commit either
-/// succeeds or fails with "changed while being committed", never dies of SIGBUS; nothing it
-/// half-did moves a ref, and a retry succeeds with the new content. The store verifies after.
+/// A checkpoint rewritten in place (truncated, then written again) over and over while `ckpt
+/// commit` reads it: the commit fails with "changed while being committed" (or, opened
+/// half-written, as an invalid file), never dies of SIGBUS; nothing it half-did moves a ref, and
+/// a retry once the file is complete commits exactly its content. The store verifies after.
 #[test]
 fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
     use std::os::unix::process::ExitStatusExt;
@@ -164,29 +167,40 @@ fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
     let spec: Vec<(&str, Dtype, &[u64])> = shapes.iter().map(|(n, d, s)| (n.as_str(), *d, s.as_slice())).collect();
     let path = t.path("m.safetensors");
     std::fs::write(&path, safetensors_file(0, &spec)).unwrap();
-    let start = Instant::now();
     assert!(t.ckpt(&["commit", "-m", "v0", "m.safetensors"]).status.success());
-    let commit_time = start.elapsed();
+    // Made beforehand: the rewrites follow each other without a pause.
+    let contents: Vec<Vec<u8>> = (1..=3).map(|seed| safetensors_file(seed, &spec)).collect();
+    let head = || std::fs::read_to_string(t.path(".ckpt/refs/heads/main")).unwrap();
     let (mut changed, mut succeeded, mut invalid) = (0, 0, 0);
-    for trial in 1..=24u64 {
-        let content = safetensors_file(trial, &spec);
+    for trial in 1..=20u64 {
+        let before = head();
         let mut command = crate::repo_util::ckpt_command(t.root(), &["commit", "-m", "racing", "m.safetensors"]);
-        command.env("CKPT_COMPACT", "manual");
-        let child = std::thread::spawn(move || output_within(command, Duration::from_secs(120)));
-        // Somewhere inside the commit's read of the file.
-        std::thread::sleep(commit_time.mul_f64((trial % 8) as f64 / 12.0));
-        rewrite_in_place(&path, &content, Duration::from_millis(10));
-        let out = child.join().unwrap().expect("the commit hung");
+        command.env("CKPT_COMPACT", "manual").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        // The training loop: rewrites the file until the commit is over.
+        let mut n = trial as usize;
+        // The file is complete at first (the last retry committed it): the commit opens a whole
+        // file, which is truncated under it somewhere while it reads.
+        std::thread::sleep(Duration::from_millis(2 * (trial % 10)));
+        while child.try_wait().unwrap().is_none() {
+            n += 1;
+            rewrite_in_place(&path, &contents[n % contents.len()], Duration::from_millis(1));
+        }
+        let content = contents[n % contents.len()].clone();
+        let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.signal(), None, "trial {trial}: killed by a signal; {}", stderr(&out));
         if out.status.success() {
             succeeded += 1;
-        } else if stderr(&out).contains("changed while it was being committed") {
-            changed += 1;
         } else {
-            // Opened between the truncation and the rewrite's first bytes: the file was not a
-            // checkpoint at that moment, which is what the commit says.
-            assert!(stderr(&out).contains("invalid safetensors file"), "trial {trial}: {}", stderr(&out));
-            invalid += 1;
+            if stderr(&out).contains("changed while it was being committed") {
+                changed += 1;
+            } else {
+                // Opened between the truncation and the end of a rewrite: the file was not a
+                // checkpoint at that moment, which is what the commit says.
+                assert!(stderr(&out).contains("invalid safetensors file"), "trial {trial}: {}", stderr(&out));
+                invalid += 1;
+            }
+            assert_eq!(head(), before, "trial {trial}: a failed commit moved the branch");
         }
         // The retry, with the file complete, commits exactly its content.
         let out = t.ckpt(&["commit", "-m", "retry", "m.safetensors"]);
@@ -195,7 +209,7 @@ fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
         assert!(t.checkout_all(&repo, "HEAD") == vec![("m.safetensors".to_string(), content)], "trial {trial}");
     }
     eprintln!("{changed} commits saw the file change, {invalid} opened it half-written, {succeeded} did not");
-    assert!(changed > 0, "no trial raced the rewrite (commit took {commit_time:?})");
+    assert!(changed > 0, "no commit saw the file change");
     let out = t.ckpt(&["verify"]);
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
 }
