@@ -110,7 +110,7 @@ pub fn bytes(n: u64) -> String {
 /// coding buffers) and scheduling, and a huge count would exhaust the process's threads.
 const MAX_JOBS_PER_CORE: usize = 4;
 
-/// A rayon pool with `jobs` threads (all cores when `None`), at most [`MAX_JOBS_PER_CORE`] per
+/// A rayon pool with `jobs` threads (all cores when `None`), at most `MAX_JOBS_PER_CORE` (4) per
 /// core (with a note on stderr when capped).
 pub fn thread_pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
     let mut builder = rayon::ThreadPoolBuilder::new();
