@@ -432,3 +432,46 @@ fn a_stale_waiter_marker_is_ignored_and_cleaned_up() {
     assert!(!status.contains("still to be turned"), "the stale marker stopped the compaction: {status}");
     assert!(!marker.exists(), "the stale marker is removed");
 }
+
+/// `compress` and `status` reading a file that is rewritten in place meanwhile: never a SIGBUS;
+/// `compress` either succeeds or fails saying the file changed (leaving no output), and
+/// `status` either answers or says the same.
+#[test]
+fn compress_and_status_of_a_file_truncated_under_them_fail_cleanly() {
+    use std::os::unix::process::ExitStatusExt;
+    let t = TestRepo::init();
+    let spec = [("a", Dtype::F32, &[1024u64, 1024][..]), ("b", Dtype::F32, &[1024, 1024][..])];
+    let contents: Vec<Vec<u8>> = (1..=2).map(|seed| safetensors_file(seed, &spec)).collect();
+    let path = t.path("m.safetensors");
+    std::fs::write(&path, &contents[0]).unwrap();
+    assert!(t.ckpt(&["commit", "-m", "v0", "m.safetensors"]).status.success());
+    let mut changed = 0;
+    for trial in 0..16u64 {
+        let args: &[&str] = if trial % 2 == 0 { &["compress", "m.safetensors", "-o", "m.ckz"] } else { &["status"] };
+        let mut command = crate::repo_util::ckpt_command(t.root(), args);
+        command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(trial % 8));
+        let mut n = 0;
+        while child.try_wait().unwrap().is_none() {
+            n += 1;
+            rewrite_in_place(&path, &contents[n % 2], Duration::from_millis(1));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.signal(), None, "{args:?}: killed by a signal; {}", stderr(&out));
+        if !out.status.success() {
+            // Or, opened half-written, an invalid file at that moment.
+            let e = stderr(&out);
+            assert!(
+                e.contains("changed while it was being read") || e.contains("invalid safetensors"),
+                "{args:?}: {e}"
+            );
+            changed += e.contains("changed while") as usize;
+            if trial % 2 == 0 {
+                assert!(!t.path("m.ckz").exists(), "a failed compress leaves no output");
+            }
+        }
+        let _ = std::fs::remove_file(t.path("m.ckz"));
+    }
+    eprintln!("{changed} of 16 runs saw the file change");
+}
