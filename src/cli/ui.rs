@@ -106,12 +106,22 @@ pub fn bytes(n: u64) -> String {
     indicatif::HumanBytes(n).to_string()
 }
 
-/// A rayon pool with `jobs` threads (all cores when `None`).
+/// Threads per core beyond which `-j` is capped: more only adds memory (each worker keeps its
+/// coding buffers) and scheduling, and a huge count would exhaust the process's threads.
+const MAX_JOBS_PER_CORE: usize = 4;
+
+/// A rayon pool with `jobs` threads (all cores when `None`), at most `MAX_JOBS_PER_CORE` (4) per
+/// core (with a note on stderr when capped).
 pub fn thread_pool(jobs: Option<usize>) -> Result<rayon::ThreadPool> {
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = jobs {
         anyhow::ensure!(n > 0, "-j must be at least 1");
-        builder = builder.num_threads(n);
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let max = cores.saturating_mul(MAX_JOBS_PER_CORE);
+        if n > max {
+            eprintln!("ckpt: -j {n} is more than {MAX_JOBS_PER_CORE} threads per core; using {max} ({cores} cores)");
+        }
+        builder = builder.num_threads(n.min(max));
     }
     builder.build().context("starting worker threads")
 }
@@ -153,8 +163,41 @@ pub fn write_atomically<T>(
     Ok(value)
 }
 
-/// Maps a whole input file read-only (see [`crate::mmap`]).
-pub fn map_file(path: &Path) -> Result<crate::mmap::Map> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    crate::mmap::map(&file).with_context(|| format!("reading {}", path.display()))
+/// An input file mapped read-only (see [`crate::mmap`]), guarded against it shrinking
+/// meanwhile: call [`InputFile::check_unchanged`] once everything is read, before trusting what
+/// was read.
+pub struct InputFile {
+    map: crate::mmap::Map,
+    file: std::fs::File,
+    stamp: crate::mmap::FileStamp,
+    path: std::path::PathBuf,
+}
+
+impl std::ops::Deref for InputFile {
+    type Target = crate::mmap::Map;
+    fn deref(&self) -> &crate::mmap::Map {
+        &self.map
+    }
+}
+
+impl InputFile {
+    /// Fails if the file changed (shrank, or was rewritten) since it was mapped: what was read
+    /// may then be a mix of two versions, or zeros where the file ended.
+    pub fn check_unchanged(&self) -> Result<()> {
+        anyhow::ensure!(
+            !self.stamp.changed(&self.file, &self.map),
+            "{} changed while it was being read; nothing was written (try again once it is complete)",
+            self.path.display()
+        );
+        Ok(())
+    }
+}
+
+/// Maps a whole input file read-only; refuses anything but a regular file (a named pipe would
+/// block) without waiting.
+pub fn map_file(path: &Path) -> Result<InputFile> {
+    let file = crate::mmap::open_regular(path).with_context(|| format!("opening {}", path.display()))?;
+    let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
+    let map = crate::mmap::map_input(&file).with_context(|| format!("reading {}", path.display()))?;
+    Ok(InputFile { map, file, stamp: crate::mmap::FileStamp::of(&meta), path: path.to_path_buf() })
 }

@@ -39,6 +39,21 @@ pub(super) struct Input {
     /// The storages of a `torch.save` archive (when `header` is `None`).
     pub(super) torch: Option<torch_zip::Layout>,
     pub(super) metadata: std::fs::Metadata,
+    /// The open file, whose metadata is compared with `metadata` once it is read
+    /// ([`Input::check_unchanged`]).
+    pub(super) file: std::fs::File,
+}
+
+impl Input {
+    /// Fails with [`Error::FileChanged`] if the file shrank (its map read zeros past the new end:
+    /// see [`crate::mmap`]) or was rewritten since it was opened: what was read may mix two
+    /// versions of it, so nothing read from it may become a version.
+    pub(super) fn check_unchanged(&self) -> Result<()> {
+        if mmap::FileStamp::of(&self.metadata).changed(&self.file, &self.map) {
+            return Err(Error::FileChanged { path: self.path.to_string() });
+        }
+        Ok(())
+    }
 }
 
 /// One planned segment: byte range, dtype, tensor identity.
@@ -71,7 +86,8 @@ impl Repo {
         options: &CommitOptions,
     ) -> Result<VersionId> {
         let policy = options.delta_policy.unwrap_or(self.config.delta_policy);
-        let base_every = options.base_every.unwrap_or(self.config.base_every).max(1);
+        // Clamped like the config (`Config::check`), so no caller can make chains the reader refuses.
+        let base_every = options.base_every.unwrap_or(self.config.base_every).clamp(1, super::config::MAX_BASE_EVERY);
         let head = self.refs.head()?;
         let parent_id = self.refs.head_version()?;
         let parent = parent_id.map(|id| self.version(&id)).transpose()?;
@@ -133,7 +149,7 @@ impl Repo {
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
         let deltas = if policy == DeltaPolicy::Reverse { None } else { Some(base_every) };
-        let (mut objects, entries) = self.store.with_background_sync(|store| {
+        let stored = self.store.with_background_sync(|store| {
             let blobs = self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?;
             // 3. Manifests.
             let mut manifests = Vec::new();
@@ -146,7 +162,28 @@ impl Repo {
                 entries.push(entry);
             }
             Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
-        })?;
+        });
+        // Every input is read by now. One that changed meanwhile (a training loop rewriting it
+        // with O_TRUNC) fails the commit here, before any ref moves: the objects written from it
+        // are complete but unreferenced (gc deletes them), and a retry reads the file anew.
+        // Checked before the store's own error, which such a change may have caused.
+        if let Some(changed) = inputs.iter().position(|i| i.check_unchanged().is_err()) {
+            // The blobs this commit wrote from a changed file may hold other bytes than their id
+            // says: the id (blake3) and the xxh3 the store checks the coded bytes against are
+            // taken in one pass but are two reads of the map, which a concurrent rewrite can
+            // tell apart. They are removed, so that no later commit deduplicates against them.
+            // (Jobs name only objects that were not stored before this commit, which holds the
+            // writer lock; nothing refers to them yet.)
+            for job in jobs.iter().filter(|j| inputs[j.file].check_unchanged().is_err()) {
+                let id = match job.target {
+                    Target::Segment(i) => hashed[job.file].segments[i].id,
+                    Target::Bundle(b) => hashed[job.file].bundles[b].id,
+                };
+                let _ = self.store.remove(&id);
+            }
+            return Err(Error::FileChanged { path: inputs[changed].path.to_string() });
+        }
+        let (mut objects, entries) = stored?;
         // Reverse deltas: the parent's blobs become deltas against the new ones, now durable,
         // here or (deferred) in a later `compact`.
         let mut replaced_len = 0;
@@ -156,17 +193,31 @@ impl Repo {
                 && base_every >= 2
                 && inputs.iter().any(|i| i.header.is_some() || i.torch.is_some())
         });
+        let mut compaction_error = None;
         if let (Some(p), false) = (reverse_parent, options.defer_deltas) {
-            // Deferred rewrites first, oldest first: the parent's own may be among them, and it
-            // must still be whole when its turn comes.
-            if self.has_pending_deltas() {
-                self.compact_locked(&super::CompactOptions::default())?;
-            }
-            let rewritten =
-                self.store.with_background_sync(|store| self.rewrite_parent_blobs(store, &entries, p, &|| false))?.0;
-            for (w, old_len) in rewritten {
-                replaced_len += old_len;
-                objects.push(w);
+            let rewrites = || {
+                // Deferred rewrites first, oldest first: the parent's own may be among them, and
+                // it must still be whole when its turn comes.
+                if self.has_pending_deltas() {
+                    self.compact_locked(&super::CompactOptions::default())?;
+                }
+                Ok::<_, Error>(
+                    self.store
+                        .with_background_sync(|store| self.rewrite_parent_blobs(store, &entries, p, &|| false))?
+                        .0,
+                )
+            };
+            match rewrites() {
+                Ok(rewritten) => {
+                    for (w, old_len) in rewritten {
+                        replaced_len += old_len;
+                        objects.push(w);
+                    }
+                }
+                // The version itself is complete and durable: it is committed anyway, with the
+                // parent left whole and this version pending (below), as a deferred commit
+                // leaves it; the failure is recorded once the version has an id.
+                Err(e) => compaction_error = Some(e),
             }
         }
         for w in &objects {
@@ -196,10 +247,15 @@ impl Repo {
             Head::Branch(b) => self.refs.set(RefKind::Branch, &b, &written.id)?,
             Head::Detached(_) => self.refs.set_head(&Head::Detached(written.id))?,
         }
-        if reverse_parent.is_some() && options.defer_deltas {
+        if reverse_parent.is_some() && (options.defer_deltas || compaction_error.is_some()) {
             let mut pending = self.pending_deltas()?;
             pending.push(written.id);
             self.write_pending_deltas(&pending)?;
+        }
+        if let Some(e) = compaction_error {
+            // Reported through `.ckpt/compact.log` and the pending list (`ckpt commit` warns);
+            // the commit succeeded.
+            let _ = self.compaction_failed(&written.id, e);
         }
         self.write_removals(&[])?;
         self.record_stats(&inputs, &version);
@@ -217,24 +273,31 @@ impl Repo {
                 continue;
             }
             let abs = path.under(&self.root);
-            let file = std::fs::File::open(&abs).map_err(|source| Error::Io {
-                action: "opening",
-                path: abs.clone(),
-                source,
+            // A named pipe, socket or device is refused here, before anything blocks on it (the
+            // writer lock is held).
+            let file = mmap::open_regular(&abs).map_err(|source| match source.kind() {
+                std::io::ErrorKind::InvalidInput => {
+                    Error::InvalidPath { path: abs.clone(), reason: source.to_string() }
+                }
+                _ => Error::Io { action: "opening", path: abs.clone(), source },
             })?;
             let metadata =
                 file.metadata().map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-            if !metadata.is_file() {
-                return Err(Error::InvalidPath { path: abs, reason: "not a regular file".into() });
+            let map =
+                mmap::map_input(&file).map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
+            let mut input = Input { path, map, header: None, torch: None, metadata, file };
+            let parsed = safetensors::parse(&input.map);
+            if parsed.is_err() {
+                // A header cut short by a rewrite is the change, not an invalid file.
+                input.check_unchanged()?;
             }
-            let map = mmap::map(&file).map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-            let header = if path.as_str().ends_with(".safetensors") {
-                Some(safetensors::parse(&map).map_err(|source| Error::Safetensors { path: path.to_string(), source })?)
+            input.header = if input.path.as_str().ends_with(".safetensors") {
+                Some(parsed.map_err(|source| Error::Safetensors { path: input.path.to_string(), source })?)
             } else {
-                safetensors::parse(&map).ok()
+                parsed.ok()
             };
-            let torch = torch_layout(&map, header.as_ref());
-            inputs.push(Input { path, map, header, torch, metadata });
+            input.torch = torch_layout(&input.map, input.header.as_ref());
+            inputs.push(input);
         }
         Ok(inputs)
     }
@@ -245,15 +308,39 @@ impl Repo {
     /// something else) ends the walk with `None`, which means no delta, after at most
     /// `v.since_base - target` steps.
     fn ancestor_since_base(&self, v: &Version, target: u32) -> Option<Version> {
-        let mut v = v.clone();
-        while v.since_base > target {
-            let expected = v.since_base - 1;
-            v = self.version(v.parents.first()?).ok()?;
-            if v.since_base != expected {
+        if v.since_base <= target {
+            return (v.since_base == target).then(|| v.clone());
+        }
+        let mut since = v.since_base;
+        let mut id = *v.parents.first()?;
+        loop {
+            let (s, parent) = self.since_base_step(&id)?;
+            if s + 1 != since {
                 return None;
             }
+            since = s;
+            if since == target {
+                return self.version(&id).ok();
+            }
+            id = parent?;
         }
-        (v.since_base == target).then_some(v)
+    }
+
+    /// `since_base` and first parent of version `id` (cached: see `Repo::since_base_walk`).
+    fn since_base_step(&self, id: &VersionId) -> Option<(u32, Option<VersionId>)> {
+        if let Some(step) = self.since_base_walk.lock().ok().and_then(|c| c.get(id).copied()) {
+            return Some(step);
+        }
+        let v = self.version(id).ok()?;
+        let step = (v.since_base, v.parents.first().copied());
+        if let Ok(mut cache) = self.since_base_walk.lock() {
+            // A bound on memory for a process that lives long (about 100 bytes an entry).
+            if cache.len() >= 1 << 16 {
+                cache.clear();
+            }
+            cache.insert(*id, step);
+        }
+        Some(step)
     }
 
     /// Stores the blobs of `jobs` in `store`, as deltas where `deltas` (the `base_every` that

@@ -14,7 +14,7 @@
 
 use super::commit::{ReferenceFiles, FS_BLOCK};
 use super::model::{FileEntry, TensorRef, Version};
-use super::{Error, Repo, Result, VersionId};
+use super::{now_secs, Error, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::{self, DeltaOutcome, Store, Written};
 use std::collections::HashSet;
@@ -70,7 +70,11 @@ impl Repo {
         self.compact_locked(options)
     }
 
-    /// [`Self::compact`] with the writer lock held.
+    /// [`Self::compact`] with the writer lock held. A failure (a full disk, an unreadable
+    /// version) is appended to `.ckpt/compact.log` and returned as [`Error::CompactionFailed`];
+    /// the version stays in `.ckpt/pending-deltas`, so the next compaction retries it (the
+    /// rewrites it did finish are deltas already and are skipped then). A compaction that leaves
+    /// nothing pending empties the log: whatever failed before is done.
     pub(super) fn compact_locked(&self, options: &CompactOptions) -> Result<CompactReport> {
         let mut pending = self.pending_deltas()?;
         let mut report = CompactReport::default();
@@ -79,43 +83,84 @@ impl Repo {
             if stop() {
                 break;
             }
-            let finished = match self.version(&id) {
-                Ok(v) => match v.parents.first().map(|p| self.version(p)) {
-                    Some(Ok(parent)) => {
-                        let changed: Vec<FileEntry> = v
-                            .files
-                            .iter()
-                            .filter(|f| parent.file(&f.path).is_none_or(|p| p.manifest != f.manifest))
-                            .cloned()
-                            .collect();
-                        let (rewritten, finished) = self
-                            .store
-                            .with_background_sync(|store| self.rewrite_parent_blobs(store, &changed, &parent, &stop))?;
-                        for (w, old_len) in &rewritten {
-                            report.bytes_before += old_len;
-                            report.bytes_after += w.stored_len;
-                            self.index_object(w);
-                        }
-                        report.rewritten += rewritten.len();
-                        finished
+            let finished = self
+                .compact_version(&id, &mut report, &stop)
+                .and_then(|finished| {
+                    if finished {
+                        self.write_pending_deltas(&pending[1..])?;
                     }
-                    // A root version, or a parent gone (gc): nothing to rewrite.
-                    _ => true,
-                },
-                // Gone (gc of a deleted branch): nothing to rewrite.
-                Err(Error::Store(store::Error::Missing { .. })) => true,
-                Err(e) => return Err(e),
-            };
+                    Ok(finished)
+                })
+                .map_err(|e| self.compaction_failed(&id, e))?;
             if !finished {
                 break;
             }
             report.versions += 1;
             pending.remove(0);
-            self.write_pending_deltas(&pending)?;
         }
         report.pending = pending.len();
         self.flush_index();
+        if pending.is_empty() {
+            self.clear_compaction_log();
+        }
         Ok(report)
+    }
+
+    /// Rewrites the blobs of version `id`'s parent as deltas against `id`'s; returns whether
+    /// every rewrite was tried (`stop` can end it early).
+    fn compact_version(
+        &self,
+        id: &VersionId,
+        report: &mut CompactReport,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<bool> {
+        let v = match self.version(id) {
+            Ok(v) => v,
+            // Gone (gc of a deleted branch): nothing to rewrite.
+            Err(Error::Store(store::Error::Missing { .. })) => return Ok(true),
+            Err(e) => return Err(e),
+        };
+        let parent = match v.parents.first().map(|p| self.version(p)) {
+            Some(Ok(parent)) => parent,
+            // A root version, or a parent gone (gc): nothing to rewrite.
+            _ => return Ok(true),
+        };
+        let changed: Vec<FileEntry> =
+            v.files.iter().filter(|f| parent.file(&f.path).is_none_or(|p| p.manifest != f.manifest)).cloned().collect();
+        let (rewritten, finished) =
+            self.store.with_background_sync(|store| self.rewrite_parent_blobs(store, &changed, &parent, stop))?;
+        for (w, old_len) in &rewritten {
+            report.bytes_before += old_len;
+            report.bytes_after += w.stored_len;
+            self.index_object(w);
+        }
+        report.rewritten += rewritten.len();
+        Ok(finished)
+    }
+
+    /// Records that compacting `version` failed with `error` in `.ckpt/compact.log` (best
+    /// effort: on a full disk even that may fail; the error still reaches the caller) and
+    /// returns the error to report.
+    pub(super) fn compaction_failed(&self, version: &VersionId, error: Error) -> Error {
+        if matches!(error, Error::CompactionFailed { .. }) {
+            return error;
+        }
+        let error = Error::CompactionFailed { version: *version, source: Box::new(error) };
+        let line = format!("{} {error}\n", now_secs());
+        let _ = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.ckpt_dir().join(COMPACTION_LOG))
+            .and_then(|mut log| std::io::Write::write_all(&mut log, line.as_bytes()));
+        error
+    }
+
+    /// Empties `.ckpt/compact.log` (nothing is pending: earlier failures are resolved).
+    fn clear_compaction_log(&self) {
+        let path = self.ckpt_dir().join(COMPACTION_LOG);
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
+            let _ = std::fs::File::options().write(true).open(&path).and_then(|f| f.set_len(0));
+        }
     }
 
     /// Whether versions wait for their parent's blobs to be rewritten ([`Repo::compact`]).
@@ -123,8 +168,9 @@ impl Repo {
         self.pending_deltas().is_ok_and(|p| !p.is_empty())
     }
 
-    /// The last lines of `.ckpt/compact.log` (what the last background compaction printed on
-    /// stderr: it prints only errors), or `None` when it is empty or missing.
+    /// The last lines of `.ckpt/compact.log` (compactions that failed since the last one that
+    /// left nothing pending, and what background compactions printed on stderr: only errors),
+    /// or `None` when it is empty or missing.
     pub fn compaction_log(&self) -> Option<String> {
         use std::io::{Read, Seek, SeekFrom};
         let mut file = std::fs::File::open(self.ckpt_dir().join(COMPACTION_LOG)).ok()?;
@@ -236,12 +282,15 @@ impl Repo {
             Ok(DeltaOutcome::Written(w)) => Ok(Some((w, older.stored_len()))),
             Ok(DeltaOutcome::NotSmaller { .. }) => Ok(None),
             // A damaged blob, or a pair the rewrite refuses (another chunk size since a config
-            // change), keeps the older blob as it is; anything else is an error.
-            Err(
-                store::Error::Corrupt { .. }
-                | store::Error::Missing { .. }
-                | store::Error::Encode { source: crate::codec::Error::InvalidInput(_), .. },
-            ) => Ok(None),
+            // change), keeps the older blob as it is; anything else is an error. Not a failure
+            // to write (a full disk): skipping that would drop the version from the pending
+            // list as if done, and the space would never be reclaimed.
+            Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => Ok(None),
+            Err(store::Error::Encode { source: crate::codec::Error::InvalidInput(reason), .. })
+                if !reason.starts_with("writing") =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -61,6 +61,12 @@ impl Compaction {
     }
 }
 
+/// The largest `base_every` allowed. Chains reach `base_every` deltas deep (the `reverse`
+/// policy: from the root version to the first kept base; the other policies stop at
+/// `base_every - 1`), and a reader follows at most [`crate::store::MAX_CHAIN_DEPTH`] deltas: a
+/// larger setting would let the writer produce history the reader refuses.
+pub const MAX_BASE_EVERY: u32 = crate::store::MAX_CHAIN_DEPTH;
+
 /// Repository settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -119,6 +125,13 @@ impl Config {
     pub fn check(&self) -> std::result::Result<(), String> {
         if self.base_every == 0 {
             return Err("base_every must be at least 1".into());
+        }
+        if self.base_every > MAX_BASE_EVERY {
+            return Err(format!(
+                "base_every {} is over {MAX_BASE_EVERY}: delta chains reach base_every deep (with \"reverse\"), \
+                 and readers refuse chains deeper than {MAX_BASE_EVERY}",
+                self.base_every
+            ));
         }
         crate::codec::chunk::checked_chunk_size(&self.codec_options()).map_err(|e| e.to_string())?;
         if !(1..=22).contains(&self.zstd_level) {

@@ -1,14 +1,21 @@
 //! The writer lock: `.ckpt/lock`, held (with an OS file lock, released when the process exits,
 //! even on kill -9) by every operation that changes the store or refs. A second writer polls
-//! until the lock is free or its timeout passes, then fails with [`Error::Locked`].
+//! until the lock is free or its timeout passes, then fails with [`Error::Locked`]. A reader that
+//! needs the store and refs to hold still (`verify` confirming a problem it saw) takes the
+//! shared side ([`ReaderLock`]): readers run together, writers wait for them.
 //!
-//! A writer that has to wait says so by creating `.ckpt/lock.waiting` until it has the lock,
-//! so that a background compaction holding the lock can step aside between two rewrites
-//! ([`WriterLock::is_wanted`]) instead of making a commit wait for all of its work.
+//! A process that has to wait says so with `.ckpt/lock.waiting` until it has the lock, so that a
+//! background compaction holding the lock can step aside between two rewrites
+//! ([`WriterLock::is_wanted`]) instead of making a commit wait for all of its work. Each waiter
+//! holds a shared OS lock on the marker file while it waits; a marker nobody holds a lock on was
+//! left by a waiter that is gone (killed, or interrupted), and [`WriterLock::is_wanted`] deletes
+//! it instead of stepping aside for it forever. (An OS lock rather than a pid in the file: it is
+//! released by the kernel however the waiter ends, and works across pid namespaces, such as a
+//! training container and the host sharing a repository.)
 
 use super::{Error, Result};
 use std::fs::{File, TryLockError};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Proof of holding the writer lock; dropping it releases the lock.
@@ -16,64 +23,120 @@ pub struct WriterLock {
     _file: File,
 }
 
+/// Proof of holding the shared side of the writer lock: no writer runs until it is dropped.
+pub struct ReaderLock {
+    _file: File,
+}
+
 impl WriterLock {
     /// Takes the lock at `path`, waiting up to `timeout`.
     pub fn acquire(path: &Path, timeout: Duration) -> Result<WriterLock> {
-        let file = File::options().create(true).truncate(false).write(true).open(path).map_err(|source| Error::Io {
-            action: "opening the lock file",
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(10);
-        let mut waiting: Option<WaitingMarker> = None;
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(WriterLock { _file: file }),
-                Err(TryLockError::WouldBlock) => {}
-                Err(TryLockError::Error(source)) => {
-                    return Err(Error::Io { action: "locking", path: path.to_path_buf(), source })
-                }
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(Error::Locked { path: path.to_path_buf(), waited });
-            }
-            // Made again at every poll: another waiter that got the lock first removed it.
-            waiting.get_or_insert_with(|| WaitingMarker(waiting_path(path))).refresh();
-            std::thread::sleep(pause.min(timeout - waited));
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
+        acquire(path, timeout, false).map(|file| WriterLock { _file: file })
     }
 
-    /// Whether another writer is waiting for the lock at `path`.
+    /// Whether another process is waiting for the lock at `path`. A marker left by a waiter that
+    /// is gone is deleted (and does not count).
     pub fn is_wanted(path: &Path) -> bool {
-        waiting_path(path).exists()
+        let marker = waiting_path(path);
+        let Ok(file) = File::open(&marker) else { return false };
+        match file.try_lock() {
+            Err(TryLockError::WouldBlock) => true,
+            Ok(()) => {
+                // No waiter holds it. Deleted only if it is still the file we locked: a waiter
+                // that made a new one meanwhile keeps it. (A waiter that opened this one just
+                // now fails its lock and makes a new one at its next poll.)
+                if same_file(&file, &marker) {
+                    let _ = std::fs::remove_file(&marker);
+                }
+                false
+            }
+            // A file system without locks: the marker's presence is all there is to go by.
+            Err(TryLockError::Error(_)) => true,
+        }
+    }
+}
+
+impl ReaderLock {
+    /// Takes the shared side of the lock at `path`, waiting up to `timeout` for a writer to
+    /// finish (and saying so in `.ckpt/lock.waiting`, so a background compaction steps aside).
+    pub fn acquire(path: &Path, timeout: Duration) -> Result<ReaderLock> {
+        acquire(path, timeout, true).map(|file| ReaderLock { _file: file })
+    }
+}
+
+/// Locks `path` (exclusively, or `shared`), polling up to `timeout`.
+fn acquire(path: &Path, timeout: Duration, shared: bool) -> Result<File> {
+    let file = File::options().create(true).truncate(false).write(true).open(path).map_err(|source| Error::Io {
+        action: "opening the lock file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(10);
+    let mut waiting: Option<WaitingMarker> = None;
+    loop {
+        match if shared { file.try_lock_shared() } else { file.try_lock() } {
+            Ok(()) => return Ok(file),
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(source)) => {
+                return Err(Error::Io { action: "locking", path: path.to_path_buf(), source })
+            }
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(Error::Locked { path: path.to_path_buf(), waited });
+        }
+        // Checked at every poll: another waiter that got the lock first removed the marker.
+        waiting.get_or_insert_with(|| WaitingMarker { path: waiting_path(path), held: None }).refresh();
+        std::thread::sleep(pause.min(timeout - waited));
+        pause = (pause * 2).min(Duration::from_millis(200));
     }
 }
 
 /// `.ckpt/lock.waiting` for the lock at `path`.
-fn waiting_path(path: &Path) -> std::path::PathBuf {
+fn waiting_path(path: &Path) -> PathBuf {
     path.with_extension("waiting")
 }
 
-/// The marker of a waiting writer, removed when it gets the lock or gives up. Best effort: a
-/// marker left by a killed writer only makes background compactions step aside until the next
-/// writer that waits removes it.
-struct WaitingMarker(std::path::PathBuf);
+/// Whether `file` is the file at `path` now (same device and inode).
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// A waiting process's claim on the marker: the marker file with a shared OS lock held on it,
+/// removed when the process gets the lock or gives up. Best effort: failing to make it only
+/// means a background compaction does not step aside.
+struct WaitingMarker {
+    path: PathBuf,
+    /// The marker file, locked, once made.
+    held: Option<File>,
+}
 
 impl WaitingMarker {
-    /// Creates the marker file if it is not there.
-    fn refresh(&self) {
-        if !self.0.exists() {
-            let _ = File::create(&self.0);
+    /// Makes (or joins) the marker unless the file at the path is already the one we hold.
+    fn refresh(&mut self) {
+        if self.held.as_ref().is_some_and(|f| same_file(f, &self.path)) {
+            return;
+        }
+        self.held = None;
+        let Ok(file) = File::options().create(true).truncate(false).write(true).open(&self.path) else { return };
+        // Fails only while `is_wanted` holds it exclusively to delete it: made anew next poll.
+        if file.try_lock_shared().is_ok() {
+            self.held = Some(file);
         }
     }
 }
 
 impl Drop for WaitingMarker {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        // Other waiters may share this file; they make a new one at their next poll.
+        if self.held.as_ref().is_some_and(|f| same_file(f, &self.path)) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -119,5 +182,41 @@ mod tests {
         drop(first);
         waiter.join().unwrap().unwrap();
         assert!(!WriterLock::is_wanted(&path), "the marker goes once the waiter has the lock");
+    }
+
+    #[test]
+    fn a_marker_left_by_a_waiter_that_is_gone_is_ignored_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let _holder = WriterLock::acquire(&path, Duration::ZERO).unwrap();
+        // What a killed waiter leaves: the file, with nobody holding its lock.
+        File::create(waiting_path(&path)).unwrap();
+        assert!(!WriterLock::is_wanted(&path), "a stale marker is no waiter");
+        assert!(!waiting_path(&path).exists(), "and it is cleaned up");
+        // A reader waiting for the shared side is a waiter too.
+        let reader = {
+            let path = path.clone();
+            std::thread::spawn(move || ReaderLock::acquire(&path, Duration::from_secs(30)).map(|_| ()))
+        };
+        let start = Instant::now();
+        while !WriterLock::is_wanted(&path) {
+            assert!(start.elapsed() < Duration::from_secs(20), "the reader never showed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(_holder);
+        reader.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn readers_share_the_lock_and_keep_writers_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let a = ReaderLock::acquire(&path, Duration::ZERO).unwrap();
+        let b = ReaderLock::acquire(&path, Duration::ZERO).unwrap();
+        assert!(matches!(WriterLock::acquire(&path, Duration::from_millis(30)), Err(Error::Locked { .. })));
+        drop((a, b));
+        let w = WriterLock::acquire(&path, Duration::ZERO).unwrap();
+        assert!(matches!(ReaderLock::acquire(&path, Duration::from_millis(30)), Err(Error::Locked { .. })));
+        drop(w);
     }
 }

@@ -31,7 +31,7 @@ mod watch;
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
-pub use config::{Compaction, Config, DeltaPolicy};
+pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use gc::GcReport;
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
@@ -53,6 +53,7 @@ use crate::object_id::ObjectId;
 use crate::store::{self, ObjectKind, Store};
 use lock::WriterLock;
 use refs::Refs;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -225,6 +226,23 @@ pub enum Error {
         /// The file.
         path: String,
     },
+    /// A file that changed while it was being read for something other than a commit
+    /// (hashed by `status`): what was read is a mix of two versions.
+    #[error("{}: the file changed while it was being read; try again", path.display())]
+    ChangedWhileRead {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Rewriting a version's parent's blobs as reverse deltas failed (`compact`, or inline in
+    /// a commit); the version stays pending and the next compaction retries it. Also recorded
+    /// in `.ckpt/compact.log`.
+    #[error("compacting version {}: {source} (it stays pending: the next compaction retries it)", version.short(12))]
+    CompactionFailed {
+        /// The version whose parent's blobs were being rewritten.
+        version: VersionId,
+        /// What failed.
+        source: Box<Error>,
+    },
     /// A checkout into the working tree or a `switch` that would destroy bytes the repository
     /// does not hold: nothing was written.
     #[error("{}", dirty_message(paths, untracked))]
@@ -374,6 +392,11 @@ pub struct Repo {
     config: Config,
     progress: Arc<dyn Progress>,
     lock_timeout: Duration,
+    /// Each version read by [`Repo::ancestor_since_base`] as (`since_base`, first parent):
+    /// versions are immutable, and a commit walks up to `base_every` of them to find its pinned
+    /// base, so a process committing many versions (the library, the git filter) would otherwise
+    /// read O(base_every) versions per commit.
+    since_base_walk: Mutex<HashMap<VersionId, (u32, Option<VersionId>)>>,
 }
 
 impl std::fmt::Debug for Repo {
@@ -443,6 +466,7 @@ impl Repo {
             config,
             progress: Arc::new(NoProgress),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            since_base_walk: Mutex::new(HashMap::new()),
         })
     }
 

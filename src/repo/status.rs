@@ -47,8 +47,8 @@ pub struct Status {
     pub files: Vec<FileStatus>,
     /// Versions whose parent's blobs are still to be rewritten as deltas (`ckpt compact`).
     pub pending_deltas: usize,
-    /// What the last background compaction reported on stderr, if anything (an error: it
-    /// prints nothing otherwise).
+    /// The end of `.ckpt/compact.log`, if not empty: compactions that failed (the versions
+    /// stay pending) and what background compactions printed on stderr (errors only).
     pub compaction_log: Option<String>,
     /// Files the current version does not track at paths other branches track: a `switch` to
     /// those branches refuses to overwrite them (unless they hold the branch's content).
@@ -228,11 +228,18 @@ pub(super) fn stat_is_fresh(c: &StatRecord, meta: &std::fs::Metadata) -> bool {
 /// matches).
 pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     let err = |source| super::Error::Io { action: "reading", path: path.to_path_buf(), source };
-    let file = std::fs::File::open(path).map_err(err)?;
-    let map = crate::mmap::map(&file).map_err(err)?;
+    // Not `File::open`: a named pipe at a tracked path would block; and a guarded map, so that a
+    // file truncated while it is hashed is reported, not a SIGBUS.
+    let file = crate::mmap::open_regular(path).map_err(err)?;
+    let stamp = crate::mmap::FileStamp::of(&file.metadata().map_err(err)?);
+    let map = crate::mmap::map_input(&file).map_err(err)?;
     let header = crate::safetensors::parse(&map).ok();
     let torch = super::commit::torch_layout(&map, header.as_ref());
-    Ok(super::commit::hash_content(&map, header.as_ref(), torch.as_ref()).1)
+    let hash = super::commit::hash_content(&map, header.as_ref(), torch.as_ref()).1;
+    if stamp.changed(&file, &map) {
+        return Err(super::Error::ChangedWhileRead { path: path.to_path_buf() });
+    }
+    Ok(hash)
 }
 
 #[cfg(test)]

@@ -118,12 +118,14 @@ pub fn manifest_of_file(disk: &Path) -> Result<Manifest> {
 /// Maps and parses the file at `disk` as the content of `path`.
 fn map_input(disk: &Path, path: &RepoPath) -> Result<Input> {
     let io = |action| move |source| Error::Io { action, path: disk.to_path_buf(), source };
-    let file = std::fs::File::open(disk).map_err(io("opening"))?;
+    // Refuses a named pipe before anything blocks; the map is guarded, so a spool truncated
+    // meanwhile is reported (`Input::check_unchanged`), not a SIGBUS.
+    let file = mmap::open_regular(disk).map_err(io("opening"))?;
     let metadata = file.metadata().map_err(io("reading"))?;
-    let map = mmap::map(&file).map_err(io("reading"))?;
+    let map = mmap::map_input(&file).map_err(io("reading"))?;
     let header = safetensors::parse(&map).ok();
     let torch = super::commit::torch_layout(&map, header.as_ref());
-    Ok(Input { path: path.clone(), map, header, torch, metadata })
+    Ok(Input { path: path.clone(), map, header, torch, metadata, file })
 }
 
 /// The manifest a commit writes for `input` (the same as `commit`'s `write_manifest`: pinned

@@ -52,55 +52,43 @@ impl VerifyReport {
 impl Repo {
     /// Checks every object and ref; reports rather than fails on damage (errors are for
     /// failures to run at all, such as an unreadable objects directory).
+    ///
+    /// Runs beside writers without holding them up: a commit, gc or compaction running
+    /// meanwhile can make a healthy repository look damaged to a reader that takes no lock (an
+    /// object gc deletes after it was listed, a ref moved to a version written after the
+    /// listing, a blob rewritten as a reverse delta mid-check). So when this first pass finds
+    /// anything, it is confirmed under the shared side of the writer lock, which waits for the
+    /// running writer (up to the lock timeout) and keeps others out: the objects found bad are
+    /// checked again and the refs and versions are walked again over a fresh listing. Only what
+    /// is still wrong then is reported.
     pub fn verify(&self) -> Result<VerifyReport> {
-        let ids = self.store.list()?;
-        let sizes: Vec<u64> = ids.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).collect();
-        let total: u64 = sizes.iter().sum();
-        let mut report = VerifyReport::default();
-        let mut bad: BTreeMap<ObjectId, String> = BTreeMap::new();
-        self.progress.start("verify", total);
-        let mut done = 0;
-        // Blobs are checked a delta chain at a time (below); everything else one by one.
-        let mut blobs: BTreeMap<ObjectId, Option<ObjectId>> = BTreeMap::new();
-        let mut size_of: BTreeMap<ObjectId, u64> = BTreeMap::new();
-        for (id, size) in ids.iter().zip(&sizes) {
-            size_of.insert(*id, *size);
-            if let Ok(header) = self.store.header(id) {
-                if header.kind == ObjectKind::Blob {
-                    blobs.insert(*id, header.reference);
-                    continue;
-                }
-            }
-            if let Err(problem) = self.verify_object(id) {
-                bad.insert(*id, problem);
-            }
-            done += size;
-            report.objects_checked += 1;
-            self.progress.set(done);
+        let first = self.verify_pass(None)?;
+        if first.is_ok() {
+            return Ok(first);
         }
-        for path in blob_paths(&blobs) {
-            let target = path[0];
-            let together = self.store.open_blob(&target).and_then(|chain| chain.verify_members(path.len()));
-            if together.is_err() {
-                // Something on this chain is damaged: check each member on its own, which names
-                // every affected object with its own error.
-                for id in &path {
-                    if let Err(problem) = self.verify_object(id) {
-                        bad.insert(*id, problem);
-                    }
-                }
+        let _lock = match super::lock::ReaderLock::acquire(&self.dir.join("lock"), self.lock_timeout) {
+            Ok(lock) => lock,
+            // The lock file cannot be opened for writing (a read-only copy of a repository):
+            // no writer can run there either, so the first pass stands.
+            Err(super::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::PermissionDenied
+                    || source.raw_os_error() == Some(libc::EROFS) =>
+            {
+                return Ok(first)
             }
-            for id in &path {
-                done += size_of.get(id).copied().unwrap_or(0);
-                report.objects_checked += 1;
-            }
-            self.progress.set(done);
-        }
-        report.bytes_checked = total;
-        self.progress.finish();
+            Err(e) => return Err(e),
+        };
+        let suspects: HashSet<ObjectId> = first.bad_objects.iter().map(|o| o.id).collect();
+        let confirmed = self.verify_pass(Some(&suspects))?;
+        Ok(VerifyReport { objects_checked: first.objects_checked, bytes_checked: first.bytes_checked, ..confirmed })
+    }
 
-        // Refs, then every version they reach.
-        let present: HashSet<ObjectId> = ids.iter().copied().collect();
+    /// One pass of [`Self::verify`]: every object re-hashed (`suspects: None`), or only the
+    /// listed ones; then the refs and every version they reach.
+    fn verify_pass(&self, suspects: Option<&HashSet<ObjectId>>) -> Result<VerifyReport> {
+        let mut report = VerifyReport::default();
+        // Refs before the listing: a version a ref names was written before the ref moved, so
+        // it is in the listing unless gc deleted it since (which the locked pass sorts out).
         let mut roots = Vec::new();
         for kind in [super::RefKind::Branch, super::RefKind::Tag] {
             match self.refs.list(kind) {
@@ -113,6 +101,21 @@ impl Repo {
             Ok(super::Head::Branch(_)) => {}
             Err(e) => report.bad_refs.push(e.to_string()),
         }
+        let ids = self.store.list()?;
+        let mut bad: BTreeMap<ObjectId, String> = BTreeMap::new();
+        match suspects {
+            None => self.verify_objects(&ids, &mut report, &mut bad),
+            Some(suspects) => {
+                for id in ids.iter().filter(|id| suspects.contains(id)) {
+                    if let Err(problem) = self.verify_object(id) {
+                        bad.insert(*id, problem);
+                    }
+                }
+            }
+        }
+
+        // Every version the refs reach.
+        let present: HashSet<ObjectId> = ids.iter().copied().collect();
         let mut stack = Vec::new();
         for (name, id) in roots {
             if !present.contains(&id) || !matches!(self.store.header(&id), Ok(h) if h.kind == ObjectKind::Version) {
@@ -157,6 +160,53 @@ impl Repo {
         bad.extend(missing);
         report.bad_objects = bad.into_iter().map(|(id, problem)| BadObject { id, problem }).collect();
         Ok(report)
+    }
+
+    /// Re-hashes every object of `ids` (blobs a delta chain at a time), counting them in
+    /// `report` and naming the damaged ones in `bad`.
+    fn verify_objects(&self, ids: &[ObjectId], report: &mut VerifyReport, bad: &mut BTreeMap<ObjectId, String>) {
+        let sizes: Vec<u64> = ids.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).collect();
+        let total: u64 = sizes.iter().sum();
+        self.progress.start("verify", total);
+        let mut done = 0;
+        // Blobs are checked a delta chain at a time (below); everything else one by one.
+        let mut blobs: BTreeMap<ObjectId, Option<ObjectId>> = BTreeMap::new();
+        let mut size_of: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        for (id, size) in ids.iter().zip(&sizes) {
+            size_of.insert(*id, *size);
+            if let Ok(header) = self.store.header(id) {
+                if header.kind == ObjectKind::Blob {
+                    blobs.insert(*id, header.reference);
+                    continue;
+                }
+            }
+            if let Err(problem) = self.verify_object(id) {
+                bad.insert(*id, problem);
+            }
+            done += size;
+            report.objects_checked += 1;
+            self.progress.set(done);
+        }
+        for path in blob_paths(&blobs) {
+            let target = path[0];
+            let together = self.store.open_blob(&target).and_then(|chain| chain.verify_members(path.len()));
+            if together.is_err() {
+                // Something on this chain is damaged: check each member on its own, which names
+                // every affected object with its own error.
+                for id in &path {
+                    if let Err(problem) = self.verify_object(id) {
+                        bad.insert(*id, problem);
+                    }
+                }
+            }
+            for id in &path {
+                done += size_of.get(id).copied().unwrap_or(0);
+                report.objects_checked += 1;
+            }
+            self.progress.set(done);
+        }
+        report.bytes_checked = total;
+        self.progress.finish();
     }
 
     fn verify_object(&self, id: &ObjectId) -> std::result::Result<(), String> {

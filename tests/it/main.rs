@@ -13,5 +13,6 @@ mod repo_small;
 mod repo_torch;
 mod repo_util;
 mod repo_watch;
+mod robustness;
 mod util;
 mod worktree_safety;

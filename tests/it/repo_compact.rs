@@ -92,13 +92,16 @@ fn deferred_deltas_compacted_later_store_what_inline_commits_store() {
 fn compaction_steps_aside_for_a_waiting_writer_and_resumes() {
     let t = TestRepo::with_config(&config());
     let history = commit_epochs(&t, 0..4, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
-    // A writer waiting for the lock (as `WriterLock` marks it).
-    t.write(".ckpt/lock.waiting", b"");
+    // A writer waiting for the lock, as `WriterLock` marks it: the marker file, with a shared
+    // lock held on it for as long as the writer waits.
+    let waiter = std::fs::File::create(t.path(".ckpt/lock.waiting")).unwrap();
+    waiter.lock_shared().unwrap();
     let repo = t.open();
     let report = repo.compact(&CompactOptions { yield_to_writers: true }).unwrap();
     assert_eq!((report.versions, report.rewritten, report.pending), (0, 0, 3), "{report:?}");
     // An explicit compaction does not step aside; nor does one once nobody waits.
     std::fs::remove_file(t.path(".ckpt/lock.waiting")).unwrap();
+    drop(waiter);
     let report = repo.compact(&CompactOptions { yield_to_writers: true }).unwrap();
     assert_eq!((report.versions, report.pending), (3, 0), "{report:?}");
     drop(repo);

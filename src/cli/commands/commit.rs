@@ -36,6 +36,16 @@ pub fn run(ui: &Ui, base: &Path, args: CommitArgs) -> Result<()> {
         100.0 * info.stored_bytes as f64 / info.raw_bytes.max(1) as f64,
         if background { "; the previous version becomes deltas in the background" } else { "" }
     );
+    if compaction == Compaction::Inline && repo.has_pending_deltas() {
+        // Inline compaction failed (a full disk): the version is committed all the same, and
+        // the rewrite is left pending for a later compaction.
+        eprintln!(
+            "warning: version {} is committed, but rewriting its parent as deltas failed; it stays pending \
+             (`ckpt compact` retries it):\n{}",
+            id.short(12),
+            repo.compaction_log().unwrap_or_default()
+        );
+    }
     if background {
         // Closed first, so that the compaction finds the index free.
         let root = repo.root().to_path_buf();

@@ -23,10 +23,16 @@ pub struct CompactArgs {
 /// Runs `ckpt compact`.
 pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
-    let r = repo.compact(&CompactOptions { yield_to_writers: args.background })?;
+    let r = repo.compact(&CompactOptions { yield_to_writers: args.background });
     if args.background {
-        return Ok(());
+        // Its stderr is `.ckpt/compact.log`, where the library has recorded a failed
+        // compaction already; other errors (the lock not free in time) are printed there.
+        return match r {
+            Err(crate::repo::Error::CompactionFailed { .. }) | Ok(_) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
     }
+    let r = r?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r)?)?;
     } else if r.versions == 0 && r.pending == 0 {
@@ -50,10 +56,15 @@ pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
 /// waited for (git runs `gc --auto` after a commit the same way). Its own process group keeps a
 /// Ctrl-C meant for the command that started it from killing it; it runs at nice 10, so that it
 /// takes the cores the training loop leaves idle rather than slowing the loop down; its errors go
-/// to `.ckpt/compact.log`.
+/// are appended to `.ckpt/compact.log`.
 pub fn start_in_background(root: &Path) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
-    let log = std::fs::File::create(root.join(crate::repo::DIR_NAME).join(crate::repo::COMPACTION_LOG))?;
+    // Appended to, not truncated: failures recorded there stay until a compaction leaves
+    // nothing pending (which empties it), so `ckpt status` shows them meanwhile.
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(root.join(crate::repo::DIR_NAME).join(crate::repo::COMPACTION_LOG))?;
     let mut command = Command::new(std::env::current_exe()?);
     command
         .arg("-C")

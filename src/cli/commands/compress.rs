@@ -43,12 +43,16 @@ pub fn run(ui: &Ui, args: CompressArgs) -> Result<()> {
         PathBuf::from(name)
     });
     // Validate before creating any output file.
-    file_codec::plan_segments(&input, format).with_context(|| format!("{}", args.input.display()))?;
+    let planned = file_codec::plan_segments(&input, format);
+    input.check_unchanged()?;
+    planned.with_context(|| format!("{}", args.input.display()))?;
     let bar = ui.bytes_bar(input.len() as u64, "compress");
     write_atomically(&output, |w| {
-        file_codec::compress(&input, format, &options, w, &mut |done| bar.set_position(done))
-            .map(|_| ())
-            .with_context(|| format!("compressing {}", args.input.display()))
+        let coded = file_codec::compress(&input, format, &options, w, &mut |done| bar.set_position(done));
+        // A file that shrank meanwhile read as zeros past its new end: say so (and write
+        // nothing) rather than keep a container of bytes the file never held.
+        input.check_unchanged()?;
+        coded.map(|_| ()).with_context(|| format!("compressing {}", args.input.display()))
     })?;
     bar.finish_and_clear();
     Ok(())

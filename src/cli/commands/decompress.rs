@@ -30,12 +30,14 @@ pub fn run(ui: &Ui, args: DecompressArgs) -> Result<()> {
     };
     let input = map_file(&args.input)?;
     // Open (and check header and index) before creating the output file.
-    let container = Container::open(&input).with_context(|| format!("{}", args.input.display()))?;
+    let container = Container::open(&input);
+    input.check_unchanged()?;
+    let container = container.with_context(|| format!("{}", args.input.display()))?;
     let bar = ui.bytes_bar(container.original_len(), "decompress");
     write_atomically(&output, |w| {
-        container
-            .decode_to_reporting(None, w, &mut |done| bar.set_position(done))
-            .with_context(|| format!("{}", args.input.display()))
+        let decoded = container.decode_to_reporting(None, w, &mut |done| bar.set_position(done));
+        input.check_unchanged()?;
+        decoded.with_context(|| format!("{}", args.input.display()))
     })?;
     bar.finish_and_clear();
     Ok(())

@@ -62,7 +62,7 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
         )?;
     }
     if let Some(log) = &status.compaction_log {
-        writeln!(out, "the last background compaction reported (.ckpt/compact.log):")?;
+        writeln!(out, "compaction reported (.ckpt/compact.log; retried by the next compaction):")?;
         for line in log.lines() {
             writeln!(out, "  {line}")?;
         }
