@@ -1,6 +1,7 @@
 //! The integration test binary: one module per area.
 
 mod codec_cli;
+mod remote;
 mod repo_compact;
 mod repo_crash;
 mod repo_faults;
