@@ -29,6 +29,18 @@ impl Repo {
     /// Every version and manifest reached is read and every blob's header: an unreadable one
     /// is an error (gc must not delete what it cannot see the needs of).
     pub fn reachable(&self, roots: &[VersionId], skip: &dyn Fn(&ObjectId) -> bool) -> Result<Vec<Needed>> {
+        self.walk(roots, skip, true)
+    }
+
+    /// The objects the versions `roots` name: [`Repo::reachable`] without the blobs that are
+    /// only references of deltas. What another store holds for these versions is these ids,
+    /// each with a chain of that store's own: the references here are how this store encodes
+    /// them (a compaction may have made an old blob a delta against a newer one).
+    pub fn named(&self, roots: &[VersionId]) -> Result<Vec<Needed>> {
+        self.walk(roots, &|_| false, false)
+    }
+
+    fn walk(&self, roots: &[VersionId], skip: &dyn Fn(&ObjectId) -> bool, chains: bool) -> Result<Vec<Needed>> {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         let mut stack: Vec<VersionId> = roots.to_vec();
@@ -61,7 +73,7 @@ impl Repo {
                             .into());
                         }
                         out.push(Needed { id: blob, kind: ObjectKind::Blob, reference: header.reference });
-                        next = header.reference;
+                        next = header.reference.filter(|_| chains);
                     }
                 }
             }

@@ -353,9 +353,11 @@ impl Repo {
             return Ok(report);
         }
 
-        // What the pushed versions need, less what the remote's refs already reach (the
-        // remote holds all of that: refs move only after their objects).
-        let have: HashSet<ObjectId> = self.reachable(&remote_known, &|_| false)?.into_iter().map(|n| n.id).collect();
+        // What the pushed versions need, less what the remote's refs already name (the remote
+        // holds all of that, each with its chain: refs move only after their objects). Not
+        // less the local chains of those blobs: after a compaction here, an old blob is a delta
+        // against a new one, which the remote does not have.
+        let have: HashSet<ObjectId> = self.named(&remote_known)?.into_iter().map(|n| n.id).collect();
         let roots: Vec<VersionId> = moves.iter().map(|m| m.4).collect();
         let mut need = self.reachable(&roots, &|id| have.contains(id))?;
         if !need.is_empty() {
