@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Objects at least this large (and allowed to: [`UploadMode::MayReplace`]) go up as multipart
-/// uploads of [`PART_SIZE`] parts.
+/// uploads of [`PART_SIZE`] parts (4 parts: smaller ones gain little from parallel parts).
 pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
 /// Part size of multipart uploads (S3 allows 5 MiB to 5 GiB, at most 10,000 parts).
 pub const PART_SIZE: usize = 16 << 20;
@@ -36,6 +36,8 @@ pub struct StoreRemote {
     /// The backend keeps the uploaded buffers themselves (the in-memory store): uploads are
     /// copied, not handed over as a map of a file that may change after the upload.
     keeps_buffers: bool,
+    /// Part size of multipart uploads ([`PART_SIZE`] unless set).
+    part_size: usize,
 }
 
 impl std::fmt::Debug for StoreRemote {
@@ -53,11 +55,37 @@ fn runtime(url: &str) -> Result<tokio::runtime::Runtime> {
 }
 
 impl StoreRemote {
+    /// [`StoreRemote::s3`] with these credentials instead of the environment's (for programs
+    /// that hold them elsewhere).
+    pub fn s3_with_credentials(
+        url: &str,
+        options: &S3Options,
+        access_key_id: &str,
+        secret_access_key: &str,
+    ) -> Result<StoreRemote> {
+        Self::build(url, options, Some((access_key_id, secret_access_key)))
+    }
+
+    /// Multipart uploads in parts of `part_size` bytes (S3's minimum is 5 MiB), from objects
+    /// of 4 parts on (default: [`PART_SIZE`], from [`MULTIPART_THRESHOLD`]).
+    pub fn with_part_size(mut self, part_size: usize) -> StoreRemote {
+        self.part_size = part_size.max(1);
+        self
+    }
+
+    fn multipart_threshold(&self) -> u64 {
+        4 * self.part_size as u64
+    }
+
     /// Opens `s3://bucket[/prefix]`. Credentials, region and endpoint come from the `AWS_*`
     /// environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
     /// `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`), overridden by `options`. Requests
     /// are path-style (`endpoint/bucket/key`), which every S3-compatible server accepts.
     pub fn s3(url: &str, options: &S3Options) -> Result<StoreRemote> {
+        Self::build(url, options, None)
+    }
+
+    fn build(url: &str, options: &S3Options, credentials: Option<(&str, &str)>) -> Result<StoreRemote> {
         let rest = url.strip_prefix("s3://").unwrap_or(url);
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
@@ -73,6 +101,9 @@ impl StoreRemote {
         if options.allow_http {
             builder = builder.with_allow_http(true);
         }
+        if let Some((key, secret)) = credentials {
+            builder = builder.with_access_key_id(key).with_secret_access_key(secret);
+        }
         // The builder's errors quote settings, never the secret key.
         let store = builder.build().map_err(|e| Error::BadUrl { url: url.into(), reason: e.to_string() })?;
         Ok(StoreRemote {
@@ -82,6 +113,7 @@ impl StoreRemote {
             runtime: runtime(url)?,
             requests: AtomicU64::new(0),
             keeps_buffers: false,
+            part_size: PART_SIZE,
         })
     }
 
@@ -94,6 +126,7 @@ impl StoreRemote {
             runtime: runtime("memory://").expect("a runtime starts"),
             requests: AtomicU64::new(0),
             keeps_buffers: true,
+            part_size: PART_SIZE,
         }
     }
 
@@ -215,17 +248,18 @@ impl Remote for StoreRemote {
     fn upload(&self, key: &str, file: &std::fs::File, path: &Path, len: u64, mode: UploadMode) -> Result<Uploaded> {
         let location = self.location(key);
         let data = self.map(file, path, len)?;
-        if mode == UploadMode::MayReplace && len >= MULTIPART_THRESHOLD {
-            let parts = len.div_ceil(PART_SIZE as u64);
+        let part_size = self.part_size;
+        if mode == UploadMode::MayReplace && len >= self.multipart_threshold() {
+            let parts = len.div_ceil(part_size as u64);
             self.count(parts + 2);
             return self.runtime.block_on(async {
                 let fail = |e| self.backend("uploading", key, e);
                 let upload = self.store.put_multipart(&location).await.map_err(fail)?;
-                let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+                let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
                 let mut offset = 0;
                 while offset < data.len() {
                     writer.wait_for_capacity(PARTS_IN_FLIGHT).await.map_err(fail)?;
-                    let end = (offset + PART_SIZE).min(data.len());
+                    let end = (offset + part_size).min(data.len());
                     writer.put(data.slice(offset..end));
                     offset = end;
                 }
