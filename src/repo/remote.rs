@@ -143,6 +143,27 @@ fn parse_ref(remote: &dyn Remote, key: &str, bytes: &[u8]) -> Result<VersionId> 
     hex.parse::<ObjectId>().ok().filter(|id| id.to_hex() == hex).ok_or_else(bad)
 }
 
+/// Attempts at an object upload or download (the backend's own retries come first; these
+/// cover what it does not retry, such as a connection dropped in the middle of a PUT).
+const OBJECT_ATTEMPTS: u32 = 4;
+
+/// Runs `f` until it succeeds, up to [`OBJECT_ATTEMPTS`] times, backing off (0.2, 0.4, 0.8 s)
+/// after a transport or server error. Safe for objects only: an object key's content is fixed
+/// by its id, so a repeated upload is create-if-absent (finding the first one's bytes there
+/// is success) and a repeated download starts a fresh temp file.
+fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match f() {
+            Err(Error::Remote(remote::Error::Backend { .. })) if attempt < OBJECT_ATTEMPTS => {
+                std::thread::sleep(std::time::Duration::from_millis(100 << attempt));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Runs `work` on every item with `transfers` threads; the first error stops the others from
 /// taking new items and is returned.
 fn parallel<T: Sync>(items: &[T], transfers: usize, work: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
@@ -440,7 +461,7 @@ impl Repo {
                 })?;
                 let header = crate::store::ObjectHeader::decode(*id, &head)?;
                 let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
-                match remote.upload(&remote::object_key(id), &file, &path, len, mode)? {
+                match with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))? {
                     Uploaded::Created => {
                         sent.fetch_add(1, Ordering::Relaxed);
                         sent_bytes.fetch_add(len, Ordering::Relaxed);
@@ -524,6 +545,10 @@ impl Repo {
 
     /// Downloads one object into a temp file of the store (not stored yet).
     fn receive(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
+        with_retries(|| self.receive_once(remote, id, received))
+    }
+
+    fn receive_once(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
         let tmp = self.store.receive_file()?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
         let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;

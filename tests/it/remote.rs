@@ -472,3 +472,98 @@ fn s3_conditional_puts_and_multipart_uploads() {
     let file = std::fs::File::open(&path).unwrap();
     assert_eq!(s3.upload(&key, &file, &path, 5, UploadMode::CreateOnly).unwrap(), Uploaded::Existed);
 }
+
+/// A TCP proxy to `upstream` that cuts the first `drops` connections once they have carried
+/// `after` bytes (either way), in the middle of whatever request or response is in flight.
+/// Returns its port and the number of cuts still to make.
+fn fault_proxy(upstream: u16, drops: usize, after: usize) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let left = Arc::new(AtomicUsize::new(drops));
+    let left_in = left.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
+            let carried = Arc::new(AtomicUsize::new(0));
+            let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server.try_clone().unwrap(), client.try_clone().unwrap()),
+            ] {
+                let (carried, cut, left) = (carried.clone(), cut.clone(), left_in.clone());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let total = carried.fetch_add(n, Ordering::SeqCst) + n;
+                        let doomed = total > after
+                            && !cut.load(Ordering::SeqCst)
+                            && left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1)).is_ok();
+                        if doomed || cut.load(Ordering::SeqCst) {
+                            cut.store(true, Ordering::SeqCst);
+                            let _ = from.shutdown(Shutdown::Both);
+                            let _ = to.shutdown(Shutdown::Both);
+                            break;
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+    (port, left)
+}
+
+#[test]
+fn dropped_connections_mid_transfer_are_retried_or_resumed() {
+    let Some(served) = s3() else { return };
+    let server = served._server.as_ref().unwrap();
+    let a = trained(&served, 6, 2);
+    let (port, left) = fault_proxy(server.port, 4, 4 << 10);
+    let mut through_proxy = Served {
+        url: served.url.clone(),
+        env: served.env.clone(),
+        objects: served.objects.clone(),
+        _dir: None,
+        _server: None,
+    };
+    for (k, v) in through_proxy.env.iter_mut() {
+        if *k == "AWS_ENDPOINT_URL" {
+            *v = format!("http://127.0.0.1:{port}");
+        }
+    }
+    let r = &through_proxy;
+    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    // Each command either completes through the cuts (retries) or fails naming the remote;
+    // run again, it completes.
+    let run = |dir: &Path, args: &[&str]| {
+        let out = r.ckpt(dir, args);
+        if !out.status.success() {
+            assert!(stderr(&out).contains(&r.url), "the error names the remote: {}", stderr(&out));
+            r.ok(dir, args);
+        }
+    };
+    run(a.path(), &["push"]);
+    let parent = tempfile::tempdir().unwrap();
+    let out = r.ckpt(parent.path(), &["clone", &r.url, "b"]);
+    let b = parent.path().join("b");
+    if !out.status.success() {
+        assert!(stderr(&out).contains(&r.url), "the error names the remote: {}", stderr(&out));
+        run(&b, &["pull"]);
+    }
+    assert_eq!(left.load(std::sync::atomic::Ordering::SeqCst), 0, "the proxy cut connections");
+    assert_eq!(head_of(a.path(), "main"), head_of(&b, "main"));
+    same_history(r, a.path(), &b, "main", 2);
+    r.ok(&b, &["verify"]);
+}
