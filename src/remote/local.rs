@@ -19,19 +19,39 @@ pub struct DirRemote {
 }
 
 impl DirRemote {
-    /// Opens (creating if missing) the directory named by `url`: a path or `file://` URL.
+    /// Opens the directory named by `url`: a path or `file://` URL. It must exist (a typo in
+    /// a clone's URL is an error, not an empty repository); [`DirRemote::create`] makes one.
     pub fn open(url: &str) -> Result<DirRemote> {
+        let remote = DirRemote::at(url)?;
+        if !remote.root.is_dir() {
+            return Err(Error::BadUrl { url: url.into(), reason: "no such directory".into() });
+        }
+        remote.make_dirs()?;
+        Ok(remote)
+    }
+
+    /// Opens the directory named by `url`, creating it if missing.
+    pub fn create(url: &str) -> Result<DirRemote> {
+        let remote = DirRemote::at(url)?;
+        remote.make_dirs()?;
+        Ok(remote)
+    }
+
+    fn at(url: &str) -> Result<DirRemote> {
         let path = url.strip_prefix("file://").unwrap_or(url);
         if path.is_empty() {
             return Err(Error::BadUrl { url: url.into(), reason: "no directory".into() });
         }
-        let root = PathBuf::from(path);
-        let remote = DirRemote { url: url.to_string(), root, requests: AtomicU64::new(0) };
+        Ok(DirRemote { url: url.to_string(), root: PathBuf::from(path), requests: AtomicU64::new(0) })
+    }
+
+    fn make_dirs(&self) -> Result<()> {
+        let remote = self;
         for d in ["objects", "refs/heads", "refs/tags", "tmp"] {
             let dir = remote.root.join(d);
             std::fs::create_dir_all(&dir).map_err(remote.io("creating", &dir))?;
         }
-        Ok(remote)
+        Ok(())
     }
 
     fn io<'a>(&'a self, action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {

@@ -184,8 +184,8 @@ pub struct S3Options {
     pub allow_http: bool,
 }
 
-/// Opens the remote at `url`: `s3://bucket[/prefix]`, `file:///path` or a local path (a
-/// directory, created if missing). `memory://` is a process-local in-memory store (tests).
+/// Opens the remote at `url`: `s3://bucket[/prefix]`, `file:///path` or a local path (an
+/// existing directory). `memory://` is a fresh in-memory store (tests).
 pub fn open(url: &str, s3: &S3Options) -> Result<Box<dyn Remote>> {
     if url.starts_with("s3://") {
         return Ok(Box::new(s3::StoreRemote::s3(url, s3)?));

@@ -46,7 +46,9 @@ fn contract(remote: &dyn Remote) {
 #[test]
 fn directory_remote_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
-    let remote = local::DirRemote::open(dir.path().join("r").to_str().unwrap()).unwrap();
+    let url = dir.path().join("r").to_str().unwrap().to_string();
+    assert!(matches!(local::DirRemote::open(&url), Err(Error::BadUrl { .. })), "a missing directory is an error");
+    let remote = local::DirRemote::create(&url).unwrap();
     contract(&remote);
 }
 

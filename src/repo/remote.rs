@@ -219,10 +219,13 @@ impl Repo {
             return Err(Error::RemoteExists { name: name.into() });
         }
         let config = RemoteConfig { url: url.to_string(), s3 };
-        if !url.starts_with("s3://") {
-            // A directory remote is created now, so a typo shows at once. An S3 remote is
-            // not contacted: the credentials may only be set where it is used.
+        if url.starts_with("s3://") || url.contains("://") && !url.starts_with("file://") {
+            // Checks the URL; an S3 remote is not contacted (the credentials may only be set
+            // where it is used).
             remote::open(url, &config.s3)?;
+        } else {
+            // A directory remote is created now (as `git init --bare` would).
+            remote::local::DirRemote::create(url)?;
         }
         remotes.insert(name.to_string(), config);
         self.write_remotes(&remotes)

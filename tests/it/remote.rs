@@ -414,7 +414,7 @@ fn interrupted_push_and_fetch_resume(inner: &dyn Remote) {
 #[test]
 fn interrupted_push_and_fetch_resume_on_a_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let remote = remote::local::DirRemote::open(dir.path().join("r").to_str().unwrap()).unwrap();
+    let remote = remote::local::DirRemote::create(dir.path().join("r").to_str().unwrap()).unwrap();
     interrupted_push_and_fetch_resume(&remote);
 }
 
