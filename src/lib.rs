@@ -10,7 +10,8 @@
 //!   Huffman/zstd/zero/raw, the container), both pure; [`file_codec`] for whole files;
 //! - [`store`] (immutable objects on disk) and [`index`] (a rebuildable sled cache), which do
 //!   not know each other;
-//! - [`repo`]: commit, checkout, log, refs, gc, verify;
+//! - [`remote`] (a directory or S3-compatible object storage), which knows neither;
+//! - [`repo`]: commit, checkout, log, refs, gc, verify, push, fetch;
 //! - [`git_filter`]: the git filter driver (pointers, git's filter protocol, set-up);
 //! - [`cli`]: the `ckpt` command.
 //!
@@ -44,6 +45,7 @@ pub mod git_filter;
 pub mod index;
 pub mod mmap;
 pub mod object_id;
+pub mod remote;
 pub mod repo;
 pub mod safetensors;
 pub mod store;

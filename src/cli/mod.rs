@@ -78,6 +78,17 @@ enum Command {
 
     /// Commit each checkpoint (file or folder) that appears in a directory, once it is finished.
     Watch(commands::watch::WatchArgs),
+
+    /// List, add or remove remotes (a directory or s3://BUCKET/PREFIX).
+    Remote(commands::remote::RemoteArgs),
+    /// Send versions (and the objects they need) to a remote and move its refs.
+    Push(commands::push::PushArgs),
+    /// Receive a remote's versions (verified) and update refs/remotes/REMOTE/BRANCH.
+    Fetch(commands::fetch::FetchArgs),
+    /// Fetch, then fast-forward the current branch and check it out.
+    Pull(commands::pull::PullArgs),
+    /// Create a repository from a remote and check out its main branch.
+    Clone(commands::clone::CloneArgs),
 }
 
 /// The directory commands run in: `-C DIR` (relative to the current directory) or the current
@@ -121,6 +132,12 @@ pub fn main() -> ExitCode {
                 Command::Git(args) => commands::git::run(&ui, base, args),
 
                 Command::Watch(args) => commands::watch::run(&ui, base, args),
+
+                Command::Remote(args) => commands::remote::run(&ui, base, args),
+                Command::Push(args) => commands::push::run(&ui, base, args),
+                Command::Fetch(args) => commands::fetch::run(&ui, base, args),
+                Command::Pull(args) => commands::pull::run(&ui, base, args),
+                Command::Clone(args) => commands::clone::run(&ui, base, args),
             })
         })
     });

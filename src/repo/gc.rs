@@ -34,42 +34,9 @@ impl Repo {
 
     /// The set of objects reachable from the refs, and the number of versions among them.
     fn mark(&self) -> Result<(HashSet<ObjectId>, usize)> {
-        let mut reachable = HashSet::new();
-        let mut versions = 0;
-        let mut stack = self.ref_roots()?;
-        while let Some(id) = stack.pop() {
-            if !reachable.insert(id) {
-                continue;
-            }
-            versions += 1;
-            let version = self.version(&id)?;
-            stack.extend(version.parents.iter().copied());
-            for file in &version.files {
-                if !reachable.insert(file.manifest) {
-                    continue;
-                }
-                let manifest = self.manifest(&file.manifest)?;
-                for blob in manifest.blobs() {
-                    let mut next = Some(blob);
-                    while let Some(blob) = next {
-                        if !reachable.insert(blob) {
-                            break;
-                        }
-                        let header = self.store.header(&blob)?;
-                        if header.kind != ObjectKind::Blob {
-                            return Err(crate::store::Error::WrongKind {
-                                id: blob,
-                                expected: ObjectKind::Blob,
-                                found: header.kind,
-                            }
-                            .into());
-                        }
-                        next = header.reference;
-                    }
-                }
-            }
-        }
-        Ok((reachable, versions))
+        let needed = self.reachable(&self.ref_roots()?, &|_| false)?;
+        let versions = needed.iter().filter(|n| n.kind == ObjectKind::Version).count();
+        Ok((needed.into_iter().map(|n| n.id).collect(), versions))
     }
 
     /// Deletes unreachable objects and leftover temp files.

@@ -22,7 +22,9 @@ mod inspect;
 mod lock;
 mod model;
 mod path;
+mod reachable;
 mod refs;
+mod remote;
 mod status;
 mod store_file;
 mod verify;
@@ -42,7 +44,9 @@ pub use model::{
     MODEL_FORMAT,
 };
 pub use path::RepoPath;
+pub use reachable::Needed;
 pub use refs::{check_name, Head, RefKind};
+pub use remote::{FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
@@ -187,6 +191,51 @@ pub enum Error {
         path: PathBuf,
         /// What is wrong.
         reason: String,
+    },
+    /// A remote failed (its error names the remote, the key and the cause).
+    #[error(transparent)]
+    Remote(#[from] crate::remote::Error),
+    /// No remote of this name in `.ckpt/remotes`.
+    #[error("no remote named {name:?} (ckpt remote add NAME URL)")]
+    NoSuchRemote {
+        /// The name.
+        name: String,
+    },
+    /// A remote name that is already configured.
+    #[error("remote {name:?} already exists")]
+    RemoteExists {
+        /// The name.
+        name: String,
+    },
+    /// A push that would overwrite what the remote holds.
+    #[error("{remote}: rejected {what}: {reason}")]
+    Rejected {
+        /// The remote's URL.
+        remote: String,
+        /// The ref (`branch main`, `tag v1`).
+        what: String,
+        /// Why, with what to do.
+        reason: String,
+    },
+    /// A remote ref whose content is not a version id.
+    #[error("{remote}: {key}: not a ref (expected 64 hex digits and a newline)")]
+    BadRemoteRef {
+        /// The remote's URL.
+        remote: String,
+        /// The key.
+        key: String,
+    },
+    /// A pull whose branch and remote branch have both moved.
+    #[error("branch {branch:?} and {remote}/{branch} have diverged (local {local}, remote {theirs}); ckpt pull --rebase puts your versions (same files) on top of the remote's; or push yours to another branch")]
+    Diverged {
+        /// The branch.
+        branch: String,
+        /// The remote's name.
+        remote: String,
+        /// The local tip.
+        local: VersionId,
+        /// The remote tip.
+        theirs: VersionId,
     },
     /// A manifest or version object that decodes but is not valid.
     #[error("object {id} is corrupt: {reason}")]
@@ -691,6 +740,11 @@ impl Repo {
         }
         if let Some(id) = self.refs.get(RefKind::Branch, base)? {
             return Ok(id);
+        }
+        if let Some((remote, branch)) = base.split_once('/') {
+            return self.refs.get_remote(remote, branch)?.ok_or_else(|| {
+                unknown(format!("no remote-tracking branch {branch:?} of remote {remote:?} (fetch first)"))
+            });
         }
         if let Some(id) = self.refs.get(RefKind::Tag, base)? {
             return Ok(id);

@@ -160,8 +160,49 @@ impl Refs {
         Ok(out)
     }
 
+    fn remote_dir(&self, remote: &str) -> PathBuf {
+        self.dir.join("refs").join("remotes").join(remote)
+    }
+
+    /// The remote-tracking ref `refs/remotes/REMOTE/BRANCH`: where `BRANCH` was on `REMOTE` at
+    /// the last fetch or push.
+    pub fn get_remote(&self, remote: &str, branch: &str) -> Result<Option<ObjectId>> {
+        if check_name(remote).is_err() || check_name(branch).is_err() {
+            return Ok(None);
+        }
+        let path = self.remote_dir(remote).join(branch);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => parse_id(text.trim_end_matches('\n'))
+                .map(Some)
+                .ok_or_else(|| Error::CorruptRef { path, reason: "not a version id".into() }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::Io { action: "reading", path, source }),
+        }
+    }
+
+    /// Sets a remote-tracking ref.
+    pub fn set_remote(&self, remote: &str, branch: &str, id: &ObjectId) -> Result<()> {
+        check_name(remote)?;
+        check_name(branch)?;
+        let dir = self.remote_dir(remote);
+        std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        self.write(&dir.join(branch), &format!("{id}\n"))
+    }
+
+    /// Deletes every remote-tracking ref of `remote`.
+    pub fn remove_remote(&self, remote: &str) -> Result<()> {
+        check_name(remote)?;
+        let dir = self.remote_dir(remote);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::Io { action: "deleting", path: dir, source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Writes `text` to `path` atomically.
-    fn write(&self, path: &Path, text: &str) -> Result<()> {
+    pub(super) fn write(&self, path: &Path, text: &str) -> Result<()> {
         let dir = path.parent().expect("ref paths have a parent");
         let mut tmp =
             tempfile::Builder::new().prefix(".ref-").tempfile_in(dir).map_err(io("creating a file in", dir))?;

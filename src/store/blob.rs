@@ -70,10 +70,22 @@ pub struct BlobChain {
 impl Store {
     /// Opens blob `id` and every blob it is a delta against.
     pub fn open_blob(&self, id: &ObjectId) -> Result<BlobChain> {
+        self.open_chain_from(None, id)
+    }
+
+    /// Opens the chain of blob `id`, whose own object is `first` when given (an object not in
+    /// the store yet: `Store::import` checks a received object this way), else read from the
+    /// store; its references are read from the store.
+    pub(super) fn open_chain_from(&self, first: Option<RawObject>, id: &ObjectId) -> Result<BlobChain> {
         let mut objects: Vec<RawObject> = Vec::new();
+        let mut first = first;
         let mut next = Some(*id);
         while let Some(current) = next {
-            let raw = match (self.raw(&current), objects.last()) {
+            let read = match first.take() {
+                Some(raw) => Ok(raw),
+                None => self.raw(&current),
+            };
+            let raw = match (read, objects.last()) {
                 (Ok(raw), _) => raw,
                 (Err(Error::Missing { id: missing }), Some(referrer)) => {
                     return Err(Error::Corrupt {

@@ -15,6 +15,7 @@
 
 mod blob;
 mod header;
+mod import;
 
 pub use blob::{BlobChain, BlobReader, ChainDecoder, DeltaOutcome, Feedback};
 pub use header::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH, OBJECT_FORMAT_VERSION, OBJECT_MAGIC};

@@ -2,6 +2,8 @@
 
 mod codec_cli;
 mod git_filter;
+
+mod remote;
 mod repo_compact;
 mod repo_crash;
 mod repo_faults;

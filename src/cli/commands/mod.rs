@@ -2,16 +2,21 @@
 
 pub mod branch;
 pub mod checkout;
+pub mod clone;
 pub mod commit;
 pub mod compact;
 pub mod compress;
 pub mod decompress;
 pub mod diff;
+pub mod fetch;
 pub mod gc;
 pub mod git;
 pub mod index;
 pub mod init;
 pub mod log;
+pub mod pull;
+pub mod push;
+pub mod remote;
 pub mod rm;
 pub mod show;
 pub mod stats;

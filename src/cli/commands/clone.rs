@@ -1,0 +1,49 @@
+//! `ckpt clone URL [DIR] [--endpoint URL] [--region R] [--allow-http]`.
+
+use crate::cli::ui::{BarProgress, Ui};
+use crate::remote::S3Options;
+use crate::repo::Repo;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+/// Arguments of `ckpt clone`.
+#[derive(clap::Args, Debug)]
+pub struct CloneArgs {
+    /// The remote: a directory (path or file:///path) or s3://BUCKET/PREFIX.
+    url: String,
+    /// Where to create the repository (default: the URL's last component).
+    // Its own id, as in `init`: `dir` would merge with the global `-C DIR`.
+    #[arg(id = "clone_dir", value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// S3 region (default: AWS_REGION).
+    #[arg(long)]
+    region: Option<String>,
+    /// Allow plain HTTP to the endpoint (a local server; default: AWS_ALLOW_HTTP).
+    #[arg(long)]
+    allow_http: bool,
+    /// Machine-readable summary of the fetch.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ckpt clone`.
+pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
+    let dir = match args.dir {
+        Some(d) => base.join(d),
+        None => {
+            let last = args.url.trim_end_matches('/').rsplit('/').next().unwrap_or_default();
+            anyhow::ensure!(!last.is_empty() && !last.contains(':'), "name the directory to clone into");
+            base.join(last)
+        }
+    };
+    let s3 = S3Options { endpoint: args.endpoint, region: args.region, allow_http: args.allow_http };
+    let progress = std::sync::Arc::new(BarProgress::new(ui));
+    let (repo, report) = Repo::clone_from(&args.url, &dir, s3, super::push::transfers(), Some(progress))
+        .with_context(|| format!("cloning {}", args.url))?;
+    super::fetch::print(&report, args.json)?;
+    eprintln!("cloned into {}", repo.root().display());
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! `ckpt fetch [REMOTE] [--json]`.
+
+use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::repo::FetchReport;
+use anyhow::{Context, Result};
+use std::path::Path;
+
+/// Arguments of `ckpt fetch`.
+#[derive(clap::Args, Debug)]
+pub struct FetchArgs {
+    /// The remote (default: origin, or the only remote).
+    remote: Option<String>,
+    /// Machine-readable summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints what a fetch did (stderr), or its JSON (stdout).
+pub fn print(report: &FetchReport, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    for u in &report.updated {
+        let from = u.old.map_or_else(|| "(new)".to_string(), |o| o.short(12));
+        eprintln!("{} {}: {} -> {}", u.kind, u.name, from, u.new.short(12));
+    }
+    eprintln!(
+        "{}: received {} objects ({}), {} requests",
+        report.remote,
+        report.objects_received,
+        bytes(report.bytes_received),
+        report.requests
+    );
+    Ok(())
+}
+
+/// Runs `ckpt fetch`.
+pub fn run(ui: &Ui, base: &Path, args: FetchArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let remote = match args.remote {
+        Some(r) => r,
+        None => repo.default_remote()?,
+    };
+    let report = repo.fetch(&remote, super::push::transfers()).with_context(|| format!("fetching from {remote}"))?;
+    print(&report, args.json)
+}

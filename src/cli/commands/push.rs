@@ -1,0 +1,57 @@
+//! `ckpt push [REMOTE] [BRANCH|TAG...] [--all] [--json]`.
+
+use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::repo::PushOptions;
+use anyhow::{Context, Result};
+use std::path::Path;
+
+/// Arguments of `ckpt push`.
+#[derive(clap::Args, Debug)]
+pub struct PushArgs {
+    /// The remote (default: origin, or the only remote).
+    remote: Option<String>,
+    /// Branches and tags to push (default: the current branch).
+    refs: Vec<String>,
+    /// Push every branch and tag.
+    #[arg(long, conflicts_with = "refs")]
+    all: bool,
+    /// Machine-readable summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Transfers in flight: network-bound, so four per worker thread (`-j`).
+pub fn transfers() -> usize {
+    4 * rayon::current_num_threads()
+}
+
+/// Runs `ckpt push`.
+pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    let remote = match args.remote {
+        Some(r) => r,
+        None => repo.default_remote()?,
+    };
+    let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers() };
+    let report = repo.push(&remote, &options).with_context(|| format!("pushing to {remote}"))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    for u in &report.updated {
+        let from = u.old.map_or_else(|| "(new)".to_string(), |o| o.short(12));
+        eprintln!("{} {}: {} -> {}", u.kind, u.name, from, u.new.short(12));
+    }
+    for name in &report.up_to_date {
+        eprintln!("{name}: up to date");
+    }
+    eprintln!(
+        "{}: sent {} objects ({}), {} already there, {} requests",
+        report.remote,
+        report.objects_sent,
+        bytes(report.bytes_sent),
+        report.objects_present,
+        report.requests
+    );
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! `ckpt remote add NAME URL [--endpoint URL] [--region R] [--allow-http]`, `ckpt remote remove
+//! NAME`, `ckpt remote [-v]`.
+
+use crate::cli::ui::{open_repo, Ui};
+use crate::remote::S3Options;
+use anyhow::Result;
+use std::path::Path;
+
+/// Arguments of `ckpt remote`.
+#[derive(clap::Args, Debug)]
+pub struct RemoteArgs {
+    /// Show each remote's URL and settings (never credentials).
+    #[arg(short, long)]
+    verbose: bool,
+    #[command(subcommand)]
+    action: Option<Action>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Action {
+    /// Add a remote: a directory (path or file:///path) or s3://BUCKET/PREFIX.
+    Add {
+        /// Its name (`origin` is the default of push, fetch and pull).
+        name: String,
+        /// Where it is.
+        url: String,
+        /// S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// S3 region (default: AWS_REGION).
+        #[arg(long)]
+        region: Option<String>,
+        /// Allow plain HTTP to the endpoint (a local server; default: AWS_ALLOW_HTTP).
+        #[arg(long)]
+        allow_http: bool,
+    },
+    /// Remove a remote and its remote-tracking branches.
+    Remove {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// Runs `ckpt remote`.
+pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
+    let repo = open_repo(ui, base)?;
+    match args.action {
+        Some(Action::Add { name, url, endpoint, region, allow_http }) => {
+            repo.add_remote(&name, &url, S3Options { endpoint, region, allow_http })?;
+        }
+        Some(Action::Remove { name }) => repo.remove_remote(&name)?,
+        None => {
+            for (name, config) in repo.remotes()? {
+                if !args.verbose {
+                    println!("{name}");
+                    continue;
+                }
+                let mut extra = Vec::new();
+                if let Some(e) = &config.s3.endpoint {
+                    extra.push(format!("endpoint={e}"));
+                }
+                if let Some(r) = &config.s3.region {
+                    extra.push(format!("region={r}"));
+                }
+                if config.s3.allow_http {
+                    extra.push("allow-http".to_string());
+                }
+                let extra = if extra.is_empty() { String::new() } else { format!(" ({})", extra.join(", ")) };
+                println!("{name}\t{}{extra}", config.url);
+            }
+        }
+    }
+    Ok(())
+}

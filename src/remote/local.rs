@@ -1,0 +1,219 @@
+//! A remote in a local directory (a shared disk, NFS, tests). Objects appear atomically and
+//! only if absent: written to `tmp/`, fsynced, then hard-linked to their key (`link` fails if
+//! the key exists, so a second writer never replaces an object) and the temp name removed.
+//! Small files (refs) are compared and swapped under an exclusive lock on `refs.lock`, then
+//! replaced by temp file + fsync + rename; their tag is their content.
+
+use super::{Error, Expect, Remote, Result, Small, UploadMode, Uploaded, MAX_REF_LEN};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A remote in a directory.
+#[derive(Debug)]
+pub struct DirRemote {
+    url: String,
+    root: PathBuf,
+    requests: AtomicU64,
+}
+
+impl DirRemote {
+    /// Opens the directory named by `url`: a path or `file://` URL. It must exist (a typo in
+    /// a clone's URL is an error, not an empty repository); [`DirRemote::create`] makes one.
+    pub fn open(url: &str) -> Result<DirRemote> {
+        let remote = DirRemote::at(url)?;
+        if !remote.root.is_dir() {
+            return Err(Error::BadUrl { url: url.into(), reason: "no such directory".into() });
+        }
+        remote.make_dirs()?;
+        Ok(remote)
+    }
+
+    /// Opens the directory named by `url`, creating it if missing.
+    pub fn create(url: &str) -> Result<DirRemote> {
+        let remote = DirRemote::at(url)?;
+        remote.make_dirs()?;
+        Ok(remote)
+    }
+
+    fn at(url: &str) -> Result<DirRemote> {
+        let path = url.strip_prefix("file://").unwrap_or(url);
+        if path.is_empty() {
+            return Err(Error::BadUrl { url: url.into(), reason: "no directory".into() });
+        }
+        Ok(DirRemote { url: url.to_string(), root: PathBuf::from(path), requests: AtomicU64::new(0) })
+    }
+
+    fn make_dirs(&self) -> Result<()> {
+        let remote = self;
+        for d in ["objects", "refs/heads", "refs/tags", "tmp"] {
+            let dir = remote.root.join(d);
+            std::fs::create_dir_all(&dir).map_err(remote.io("creating", &dir))?;
+        }
+        Ok(())
+    }
+
+    fn io<'a>(&'a self, action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+        move |source| Error::Io { remote: self.url.clone(), action, path: path.to_path_buf(), source }
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf> {
+        // Keys come from this crate (object and ref keys), but a listing could return anything:
+        // never let one leave the root.
+        if key.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+            return Err(Error::BadUrl { url: self.url.clone(), reason: format!("invalid key {key:?}") });
+        }
+        Ok(self.root.join(key))
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn temp(&self) -> Result<tempfile::NamedTempFile> {
+        let dir = self.root.join("tmp");
+        tempfile::Builder::new().prefix("up-").tempfile_in(&dir).map_err(self.io("creating a file in", &dir))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<()> {
+        File::open(dir).and_then(|d| d.sync_all()).map_err(self.io("syncing", dir))
+    }
+}
+
+impl Remote for DirRemote {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.count();
+        let mut out = Vec::new();
+        let mut stack = vec![prefix.trim_end_matches('/').to_string()];
+        while let Some(rel) = stack.pop() {
+            let dir = self.path(&rel)?;
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(self.io("listing", &dir)(e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(self.io("listing", &dir))?;
+                let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+                let key = format!("{rel}/{name}");
+                let ty = entry.file_type().map_err(self.io("listing", &dir))?;
+                if ty.is_dir() {
+                    stack.push(key);
+                } else if ty.is_file() && !name.starts_with('.') {
+                    out.push(key);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn get_small(&self, key: &str) -> Result<Option<Small>> {
+        self.count();
+        let path = self.path(key)?;
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.io("opening", &path)(e)),
+        };
+        let mut bytes = Vec::new();
+        file.take(MAX_REF_LEN + 1).read_to_end(&mut bytes).map_err(self.io("reading", &path))?;
+        if bytes.len() as u64 > MAX_REF_LEN {
+            return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit: MAX_REF_LEN });
+        }
+        let tag = hex_tag(&bytes);
+        Ok(Some(Small { bytes, tag }))
+    }
+
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &Expect) -> Result<()> {
+        let lock_path = self.root.join("refs.lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(self.io("opening", &lock_path))?;
+        // Blocks while another pusher compares and swaps; held for a read and a rename.
+        lock.lock().map_err(self.io("locking", &lock_path))?;
+        let current = self.get_small(key)?;
+        let ok = match (expect, &current) {
+            (Expect::Absent, None) => true,
+            (Expect::Tag(tag), Some(small)) => &small.tag == tag,
+            _ => false,
+        };
+        if !ok {
+            return Err(Error::Conflict { remote: self.url.clone(), key: key.into() });
+        }
+        let path = self.path(key)?;
+        let dir = path.parent().expect("keys have a directory").to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(self.io("creating", &dir))?;
+        let mut tmp = self.temp()?;
+        tmp.write_all(bytes).map_err(self.io("writing", &path))?;
+        tmp.as_file().sync_all().map_err(self.io("syncing", &path))?;
+        tmp.persist(&path).map_err(|e| self.io("renaming to", &path)(e.error))?;
+        self.sync_dir(&dir)
+    }
+
+    fn upload(&self, key: &str, file: &File, path: &Path, len: u64, _mode: UploadMode) -> Result<Uploaded> {
+        self.count();
+        let target = self.path(key)?;
+        if target.is_file() {
+            return Ok(Uploaded::Existed);
+        }
+        let mut tmp = self.temp()?;
+        let mut src = file.try_clone().map_err(self.io("opening", path))?;
+        std::io::Seek::rewind(&mut src).map_err(self.io("reading", path))?;
+        let copied = std::io::copy(&mut src.take(len), tmp.as_file_mut()).map_err(self.io("copying", path))?;
+        if copied != len {
+            return Err(Error::Io {
+                remote: self.url.clone(),
+                action: "copying",
+                path: path.to_path_buf(),
+                source: std::io::Error::other(format!("{copied} bytes, expected {len}")),
+            });
+        }
+        tmp.as_file().sync_all().map_err(self.io("syncing", tmp.path()))?;
+        let dir = target.parent().expect("keys have a directory").to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(self.io("creating", &dir))?;
+        // `link` never replaces: create-if-absent, whatever the mode (a directory has no use
+        // for replacement: its copies are not split into parts).
+        let outcome = match std::fs::hard_link(tmp.path(), &target) {
+            Ok(()) => Uploaded::Created,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Uploaded::Existed,
+            Err(e) => return Err(self.io("linking", &target)(e)),
+        };
+        drop(tmp);
+        self.sync_dir(&dir)?;
+        Ok(outcome)
+    }
+
+    fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64> {
+        self.count();
+        let path = self.path(key)?;
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NotFound { remote: self.url.clone(), key: key.into() })
+            }
+            Err(e) => return Err(self.io("opening", &path)(e)),
+        };
+        let n = std::io::copy(&mut file.take(limit.saturating_add(1)), out).map_err(self.io("reading", &path))?;
+        if n > limit {
+            return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });
+        }
+        Ok(n)
+    }
+
+    fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+/// A directory remote's tag for a small file: its content in hex (refs are tiny).
+fn hex_tag(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

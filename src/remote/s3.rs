@@ -1,0 +1,313 @@
+//! A remote on any `object_store` backend: S3-compatible storage (AWS S3, MinIO, Ceph, R2,
+//! s3s-fs) and, for tests, `object_store`'s in-memory store. The only module that names
+//! `object_store` or tokio.
+//!
+//! `object_store` is async; the [`Remote`] trait is blocking, so each remote owns a small tokio
+//! runtime and blocks on it (callers get parallelism from their own threads: `block_on` may be
+//! called from several threads at once). Transient errors (connection drops, 5xx, timeouts) are
+//! retried by `object_store`'s own retry layer with exponential backoff (its default
+//! `RetryConfig`: up to 10 retries within 3 minutes); what is left is reported with the
+//! remote, the key and the backend's message (which carries the HTTP status).
+
+use super::{Error, Expect, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_REF_LEN};
+use futures_util::StreamExt;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart};
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Objects at least this large (and allowed to: [`UploadMode::MayReplace`]) go up as multipart
+/// uploads of [`PART_SIZE`] parts (4 parts: smaller ones gain little from parallel parts).
+pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
+/// Part size of multipart uploads (S3 allows 5 MiB to 5 GiB, at most 10,000 parts).
+pub const PART_SIZE: usize = 16 << 20;
+/// Parts of one multipart upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// A remote on an `object_store` backend.
+pub struct StoreRemote {
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    runtime: tokio::runtime::Runtime,
+    requests: AtomicU64,
+    /// The backend keeps the uploaded buffers themselves (the in-memory store): uploads are
+    /// copied, not handed over as a map of a file that may change after the upload.
+    keeps_buffers: bool,
+    /// Part size of multipart uploads ([`PART_SIZE`] unless set).
+    part_size: usize,
+}
+
+impl std::fmt::Debug for StoreRemote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreRemote").field("url", &self.url).finish()
+    }
+}
+
+fn runtime(url: &str) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::BadUrl { url: url.into(), reason: format!("starting the I/O runtime: {e}") })
+}
+
+impl StoreRemote {
+    /// [`StoreRemote::s3`] with these credentials instead of the environment's (for programs
+    /// that hold them elsewhere).
+    pub fn s3_with_credentials(
+        url: &str,
+        options: &S3Options,
+        access_key_id: &str,
+        secret_access_key: &str,
+    ) -> Result<StoreRemote> {
+        Self::build(url, options, Some((access_key_id, secret_access_key)))
+    }
+
+    /// Multipart uploads in parts of `part_size` bytes (S3's minimum is 5 MiB), from objects
+    /// of 4 parts on (default: [`PART_SIZE`], from [`MULTIPART_THRESHOLD`]).
+    pub fn with_part_size(mut self, part_size: usize) -> StoreRemote {
+        self.part_size = part_size.max(1);
+        self
+    }
+
+    fn multipart_threshold(&self) -> u64 {
+        4 * self.part_size as u64
+    }
+
+    /// Opens `s3://bucket[/prefix]`. Credentials, region and endpoint come from the `AWS_*`
+    /// environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
+    /// `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`), overridden by `options`. Requests
+    /// are path-style (`endpoint/bucket/key`), which every S3-compatible server accepts.
+    pub fn s3(url: &str, options: &S3Options) -> Result<StoreRemote> {
+        Self::build(url, options, None)
+    }
+
+    fn build(url: &str, options: &S3Options, credentials: Option<(&str, &str)>) -> Result<StoreRemote> {
+        let rest = url.strip_prefix("s3://").unwrap_or(url);
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(Error::BadUrl { url: url.into(), reason: "no bucket (s3://BUCKET/PREFIX)".into() });
+        }
+        let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if let Some(endpoint) = &options.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some(region) = &options.region {
+            builder = builder.with_region(region);
+        }
+        if options.allow_http {
+            builder = builder.with_allow_http(true);
+        }
+        if let Some((key, secret)) = credentials {
+            builder = builder.with_access_key_id(key).with_secret_access_key(secret);
+        }
+        // The builder's errors quote settings, never the secret key.
+        let store = builder.build().map_err(|e| Error::BadUrl { url: url.into(), reason: e.to_string() })?;
+        Ok(StoreRemote {
+            url: url.to_string(),
+            store: Arc::new(store),
+            prefix: prefix.trim_matches('/').to_string(),
+            runtime: runtime(url)?,
+            requests: AtomicU64::new(0),
+            keeps_buffers: false,
+            part_size: PART_SIZE,
+        })
+    }
+
+    /// A fresh, empty in-memory remote (tests).
+    pub fn memory() -> StoreRemote {
+        StoreRemote {
+            url: "memory://".into(),
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: String::new(),
+            runtime: runtime("memory://").expect("a runtime starts"),
+            requests: AtomicU64::new(0),
+            keeps_buffers: true,
+            part_size: PART_SIZE,
+        }
+    }
+
+    fn location(&self, key: &str) -> StorePath {
+        if self.prefix.is_empty() {
+            StorePath::from(key)
+        } else {
+            StorePath::from(format!("{}/{key}", self.prefix))
+        }
+    }
+
+    fn backend(&self, action: &'static str, key: &str, e: object_store::Error) -> Error {
+        match e {
+            object_store::Error::NotFound { .. } => Error::NotFound { remote: self.url.clone(), key: key.into() },
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
+                Error::Conflict { remote: self.url.clone(), key: key.into() }
+            }
+            e => Error::Backend { remote: self.url.clone(), action, key: key.into(), source: Box::new(e) },
+        }
+    }
+
+    fn count(&self, n: u64) {
+        self.requests.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn io(&self, action: &'static str, path: &Path, source: std::io::Error) -> Error {
+        Error::Io { remote: self.url.clone(), action, path: path.to_path_buf(), source }
+    }
+
+    /// The file `path` as shared bytes without copying it into memory: a read-only map, which
+    /// the kernel pages in as the upload reads it.
+    fn map(&self, file: &std::fs::File, path: &Path, len: u64) -> Result<bytes::Bytes> {
+        let map = crate::mmap::map(file).map_err(|e| self.io("reading", path, e))?;
+        if map.len() as u64 != len {
+            let e = std::io::Error::other(format!("{} bytes, expected {len}", map.len()));
+            return Err(self.io("reading", path, e));
+        }
+        if self.keeps_buffers {
+            return Ok(bytes::Bytes::copy_from_slice(&map));
+        }
+        Ok(bytes::Bytes::from_owner(MapBytes(map)))
+    }
+}
+
+/// A file map as the owner of [`bytes::Bytes`].
+struct MapBytes(crate::mmap::Map);
+
+impl AsRef<[u8]> for MapBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Remote for StoreRemote {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let location = self.location(prefix.trim_end_matches('/'));
+        let strip = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        self.runtime.block_on(async {
+            let mut stream = self.store.list(Some(&location));
+            let mut out = Vec::new();
+            // One request per page of (up to) 1000 keys.
+            self.count(1);
+            while let Some(meta) = stream.next().await {
+                let meta = meta.map_err(|e| self.backend("listing", prefix, e))?;
+                if out.len() % 1000 == 999 {
+                    self.count(1);
+                }
+                let key = meta.location.as_ref();
+                if let Some(rel) = key.strip_prefix(strip.as_str()) {
+                    out.push(rel.to_string());
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn get_small(&self, key: &str) -> Result<Option<Small>> {
+        self.count(1);
+        let location = self.location(key);
+        self.runtime.block_on(async {
+            let got = match self.store.get(&location).await {
+                Ok(g) => g,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(self.backend("reading", key, e)),
+            };
+            if got.meta.size > MAX_REF_LEN {
+                return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit: MAX_REF_LEN });
+            }
+            let tag =
+                serde_json::to_string(&(got.meta.e_tag.clone(), got.meta.version.clone())).expect("strings serialize");
+            let bytes = got.bytes().await.map_err(|e| self.backend("reading", key, e))?;
+            Ok(Some(Small { bytes: bytes.to_vec(), tag }))
+        })
+    }
+
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &Expect) -> Result<()> {
+        self.count(1);
+        let mode = match expect {
+            Expect::Absent => PutMode::Create,
+            Expect::Tag(tag) => {
+                let (e_tag, version): (Option<String>, Option<String>) = serde_json::from_str(tag)
+                    .map_err(|_| Error::Conflict { remote: self.url.clone(), key: key.into() })?;
+                PutMode::Update(UpdateVersion { e_tag, version })
+            }
+        };
+        let location = self.location(key);
+        let payload = PutPayload::from(bytes.to_vec());
+        self.runtime.block_on(async {
+            let options = PutOptions { mode, ..PutOptions::default() };
+            self.store.put_opts(&location, payload, options).await.map_err(|e| self.backend("writing", key, e))?;
+            Ok(())
+        })
+    }
+
+    fn upload(&self, key: &str, file: &std::fs::File, path: &Path, len: u64, mode: UploadMode) -> Result<Uploaded> {
+        let location = self.location(key);
+        let data = self.map(file, path, len)?;
+        let part_size = self.part_size;
+        if mode == UploadMode::MayReplace && len >= self.multipart_threshold() {
+            let parts = len.div_ceil(part_size as u64);
+            self.count(parts + 2);
+            return self.runtime.block_on(async {
+                let fail = |e| self.backend("uploading", key, e);
+                let upload = self.store.put_multipart(&location).await.map_err(fail)?;
+                let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
+                let mut offset = 0;
+                while offset < data.len() {
+                    writer.wait_for_capacity(PARTS_IN_FLIGHT).await.map_err(fail)?;
+                    let end = (offset + part_size).min(data.len());
+                    writer.put(data.slice(offset..end));
+                    offset = end;
+                }
+                writer.finish().await.map_err(fail)?;
+                Ok(Uploaded::Created)
+            });
+        }
+        self.count(1);
+        self.runtime.block_on(async {
+            let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+            match self.store.put_opts(&location, PutPayload::from_bytes(data), options).await {
+                Ok(_) => Ok(Uploaded::Created),
+                Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
+                    Ok(Uploaded::Existed)
+                }
+                Err(e) => Err(self.backend("uploading", key, e)),
+            }
+        })
+    }
+
+    fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64> {
+        self.count(1);
+        let location = self.location(key);
+        self.runtime.block_on(async {
+            let got = self.store.get(&location).await.map_err(|e| self.backend("downloading", key, e))?;
+            if got.meta.size > limit {
+                return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });
+            }
+            let mut stream = got.into_stream();
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.backend("downloading", key, e))?;
+                n += chunk.len() as u64;
+                if n > limit {
+                    return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });
+                }
+                out.write_all(&chunk).map_err(|e| Error::Io {
+                    remote: self.url.clone(),
+                    action: "writing what was downloaded of",
+                    path: key.into(),
+                    source: e,
+                })?;
+            }
+            Ok(n)
+        })
+    }
+
+    fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}

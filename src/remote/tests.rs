@@ -1,0 +1,66 @@
+use super::*;
+use crate::ObjectId;
+
+/// The contract every remote keeps: create-if-absent uploads, compare-and-swap on small files,
+/// listing, bounded downloads.
+fn contract(remote: &dyn Remote) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("obj");
+    std::fs::write(&file, b"object bytes").unwrap();
+    let id = ObjectId::hash(b"x");
+    let key = object_key(&id);
+    assert_eq!(object_of_key(&key), Some(id));
+    assert_eq!(
+        remote.upload(&key, &std::fs::File::open(&file).unwrap(), &file, 12, UploadMode::CreateOnly).unwrap(),
+        Uploaded::Created
+    );
+    std::fs::write(&file, b"OTHER bytes!").unwrap();
+    assert_eq!(
+        remote.upload(&key, &std::fs::File::open(&file).unwrap(), &file, 12, UploadMode::CreateOnly).unwrap(),
+        Uploaded::Existed
+    );
+    let mut out = Vec::new();
+    remote.download(&key, &mut out, 100).unwrap();
+    assert_eq!(out, b"object bytes", "an existing object is never replaced");
+    assert!(matches!(remote.download(&key, &mut Vec::new(), 5), Err(Error::TooLarge { .. })));
+    assert!(matches!(remote.download("objects/00/none", &mut Vec::new(), 5), Err(Error::NotFound { .. })));
+    assert_eq!(remote.list("objects/").unwrap(), vec![key.clone()]);
+
+    assert_eq!(remote.get_small("refs/heads/main").unwrap(), None);
+    remote.put_small("refs/heads/main", b"one\n", &Expect::Absent).unwrap();
+    assert!(matches!(remote.put_small("refs/heads/main", b"two\n", &Expect::Absent), Err(Error::Conflict { .. })));
+    let seen = remote.get_small("refs/heads/main").unwrap().unwrap();
+    assert_eq!(seen.bytes, b"one\n");
+    remote.put_small("refs/heads/main", b"two\n", &Expect::Tag(seen.tag.clone())).unwrap();
+    assert!(
+        matches!(remote.put_small("refs/heads/main", b"three\n", &Expect::Tag(seen.tag)), Err(Error::Conflict { .. })),
+        "a stale tag loses"
+    );
+    assert_eq!(remote.get_small("refs/heads/main").unwrap().unwrap().bytes, b"two\n");
+    let mut refs = remote.list("refs/").unwrap();
+    refs.sort();
+    assert_eq!(refs, vec!["refs/heads/main".to_string()]);
+    assert!(remote.requests() > 0);
+}
+
+#[test]
+fn directory_remote_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("r").to_str().unwrap().to_string();
+    assert!(matches!(local::DirRemote::open(&url), Err(Error::BadUrl { .. })), "a missing directory is an error");
+    let remote = local::DirRemote::create(&url).unwrap();
+    contract(&remote);
+}
+
+#[test]
+fn memory_remote_keeps_the_contract() {
+    contract(&s3::StoreRemote::memory());
+}
+
+#[test]
+fn urls() {
+    assert!(matches!(open("ftp://x", &S3Options::default()), Err(Error::BadUrl { .. })));
+    assert!(matches!(open("s3://", &S3Options::default()), Err(Error::BadUrl { .. })));
+    assert_eq!(object_of_key("objects/ab/cd"), None);
+    assert_eq!(object_of_key("refs/heads/main"), None);
+}

@@ -1,0 +1,83 @@
+//! What versions need: the versions themselves, their ancestors, their manifests, the blobs
+//! those list and every blob a delta is coded against, down to its standalone base. `gc`
+//! keeps this set; `push` sends the part of it the remote lacks; `fetch` walks the same
+//! relation on the remote's side.
+
+use super::{Repo, Result, VersionId};
+use crate::object_id::ObjectId;
+use crate::store::ObjectKind;
+use std::collections::HashSet;
+
+/// One object a set of versions needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Needed {
+    /// The object.
+    pub id: ObjectId,
+    /// Its kind.
+    pub kind: ObjectKind,
+    /// For a delta blob, the blob it is coded against (also in the set, unless skipped).
+    pub reference: Option<ObjectId>,
+}
+
+impl Repo {
+    /// Every object the versions `roots` need (docs/format.md: a version names its parents and
+    /// manifests, a manifest its blobs, a delta blob its reference), each once, in the order
+    /// found: a version before its manifests, a delta before its reference. An object for
+    /// which `skip` returns true is left out together with everything below it that is reached
+    /// only through it (for objects known to be elsewhere with all they need).
+    ///
+    /// Every version and manifest reached is read and every blob's header: an unreadable one
+    /// is an error (gc must not delete what it cannot see the needs of).
+    pub fn reachable(&self, roots: &[VersionId], skip: &dyn Fn(&ObjectId) -> bool) -> Result<Vec<Needed>> {
+        self.walk(roots, skip, true)
+    }
+
+    /// The objects the versions `roots` name: [`Repo::reachable`] without the blobs that are
+    /// only references of deltas. What another store holds for these versions is these ids,
+    /// each with a chain of that store's own: the references here are how this store encodes
+    /// them (a compaction may have made an old blob a delta against a newer one).
+    pub fn named(&self, roots: &[VersionId]) -> Result<Vec<Needed>> {
+        self.walk(roots, &|_| false, false)
+    }
+
+    fn walk(&self, roots: &[VersionId], skip: &dyn Fn(&ObjectId) -> bool, chains: bool) -> Result<Vec<Needed>> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        let mut stack: Vec<VersionId> = roots.to_vec();
+        while let Some(id) = stack.pop() {
+            if skip(&id) || !seen.insert(id) {
+                continue;
+            }
+            let version = self.version(&id)?;
+            out.push(Needed { id, kind: ObjectKind::Version, reference: None });
+            stack.extend(version.parents.iter().copied());
+            for file in &version.files {
+                if skip(&file.manifest) || !seen.insert(file.manifest) {
+                    continue;
+                }
+                out.push(Needed { id: file.manifest, kind: ObjectKind::Manifest, reference: None });
+                let manifest = self.manifest(&file.manifest)?;
+                for blob in manifest.blobs() {
+                    let mut next = Some(blob);
+                    while let Some(blob) = next {
+                        if skip(&blob) || !seen.insert(blob) {
+                            break;
+                        }
+                        let header = self.store.header(&blob)?;
+                        if header.kind != ObjectKind::Blob {
+                            return Err(crate::store::Error::WrongKind {
+                                id: blob,
+                                expected: ObjectKind::Blob,
+                                found: header.kind,
+                            }
+                            .into());
+                        }
+                        out.push(Needed { id: blob, kind: ObjectKind::Blob, reference: header.reference });
+                        next = header.reference.filter(|_| chains);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,855 @@
+//! Remotes from the repository's side: the remote list (`.ckpt/remotes`), push, fetch, pull and
+//! clone. The [`crate::remote`] layer moves bytes; this module decides which objects move, in
+//! which order, and checks everything it receives with the store's own verification before it
+//! enters the local store.
+//!
+//! Invariants (docs/format.md, "Remotes"):
+//! - On either side, an object is present only once everything it needs is: push uploads a
+//!   delta's reference before the delta and every object before any ref; fetch imports blobs
+//!   bases first, then manifests, then versions parents first, then moves refs. So an
+//!   interrupted push or fetch leaves both sides valid, and a rerun skips what arrived.
+//! - A remote ref moves by compare-and-swap against the state the pusher read, and only
+//!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
+
+use super::{check_name, Error, Head, Needed, RefKind, Repo, Result, VersionId};
+use crate::object_id::ObjectId;
+use crate::remote::{self, Expect, Remote, S3Options, UploadMode, Uploaded};
+use crate::store::{ObjectKind, HEADER_LEN};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Read;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The list of remotes, a JSON object NAME → [`RemoteConfig`].
+const REMOTES_FILE: &str = "remotes";
+
+/// Largest object a fetch accepts (a blob is at most a whole tensor, plus its container).
+const MAX_OBJECT_LEN: u64 = 1 << 40;
+
+/// One configured remote.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteConfig {
+    /// `s3://bucket/prefix`, `file:///path` or a directory path.
+    pub url: String,
+    /// S3 settings stored with the remote (never credentials).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub s3: S3Options,
+}
+
+fn is_default(o: &S3Options) -> bool {
+    *o == S3Options::default()
+}
+
+/// What `push` should send.
+#[derive(Clone, Debug, Default)]
+pub struct PushOptions {
+    /// Branches and tags to push by name (a name is looked up as a branch, then a tag). Empty:
+    /// the current branch.
+    pub refs: Vec<String>,
+    /// Every branch and tag.
+    pub all: bool,
+    /// Transfers in flight at once (at least 1).
+    pub transfers: usize,
+}
+
+/// What happened to one ref.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RefUpdate {
+    /// `branch` or `tag`.
+    pub kind: &'static str,
+    /// Its name.
+    pub name: String,
+    /// Where it was (on the remote for a push, locally for a fetch), if anywhere.
+    pub old: Option<VersionId>,
+    /// Where it is now.
+    pub new: VersionId,
+}
+
+/// What a push did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PushReport {
+    /// The remote's URL.
+    pub remote: String,
+    /// Refs moved or created.
+    pub updated: Vec<RefUpdate>,
+    /// Refs already where they should be.
+    pub up_to_date: Vec<String>,
+    /// Objects uploaded.
+    pub objects_sent: u64,
+    /// Bytes uploaded.
+    pub bytes_sent: u64,
+    /// Objects the pushed versions need that the remote already had (found by listing, or
+    /// found present on upload).
+    pub objects_present: u64,
+    /// Requests sent to the remote.
+    pub requests: u64,
+}
+
+/// What a fetch did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FetchReport {
+    /// The remote's URL.
+    pub remote: String,
+    /// Remote-tracking refs (branches) and tags created or moved.
+    pub updated: Vec<RefUpdate>,
+    /// Objects downloaded and stored.
+    pub objects_received: u64,
+    /// Bytes downloaded.
+    pub bytes_received: u64,
+    /// Requests sent to the remote.
+    pub requests: u64,
+}
+
+/// What `pull` did to the current branch.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PullOutcome {
+    /// Already at the remote's version.
+    UpToDate,
+    /// The branch holds versions the remote lacks and nothing new came: push them.
+    Ahead,
+    /// The branch had diverged and was rebased (`pull --rebase`): its own versions now sit on
+    /// top of the remote's, with the same files.
+    Rebased {
+        /// The old tip.
+        from: VersionId,
+        /// The remote's version it now builds on.
+        onto: VersionId,
+        /// The new tip.
+        to: VersionId,
+    },
+    /// Moved forward (and checked out).
+    FastForwarded {
+        /// Where it was (`None`: the branch had no version).
+        from: Option<VersionId>,
+        /// Where it is.
+        to: VersionId,
+    },
+}
+
+fn ref_key(kind: RefKind, name: &str) -> String {
+    match kind {
+        RefKind::Branch => format!("refs/heads/{name}"),
+        RefKind::Tag => format!("refs/tags/{name}"),
+    }
+}
+
+fn parse_ref(remote: &dyn Remote, key: &str, bytes: &[u8]) -> Result<VersionId> {
+    let bad = || Error::BadRemoteRef { remote: remote.url().to_string(), key: key.to_string() };
+    let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+    let hex = text.strip_suffix('\n').ok_or_else(bad)?;
+    hex.parse::<ObjectId>().ok().filter(|id| id.to_hex() == hex).ok_or_else(bad)
+}
+
+/// Attempts at an object upload or download (the backend's own retries come first; these
+/// cover what it does not retry, such as a connection dropped in the middle of a PUT).
+const OBJECT_ATTEMPTS: u32 = 4;
+
+/// Runs `f` until it succeeds, up to [`OBJECT_ATTEMPTS`] times, backing off (0.2, 0.4, 0.8 s)
+/// after a transport or server error. Safe for objects only: an object key's content is fixed
+/// by its id, so a repeated upload is create-if-absent (finding the first one's bytes there
+/// is success) and a repeated download starts a fresh temp file.
+fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match f() {
+            Err(Error::Remote(remote::Error::Backend { .. })) if attempt < OBJECT_ATTEMPTS => {
+                std::thread::sleep(std::time::Duration::from_millis(100 << attempt));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Runs `work` on every item with `transfers` threads; the first error stops the others from
+/// taking new items and is returned.
+fn parallel<T: Sync>(items: &[T], transfers: usize, work: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    let error: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..transfers.clamp(1, items.len().max(1)) {
+            scope.spawn(|| loop {
+                if error.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                    break;
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                if let Err(e) = work(item) {
+                    error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    break;
+                }
+            });
+        }
+    });
+    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+impl Repo {
+    // ---- the remote list ------------------------------------------------------------------
+
+    /// The configured remotes, by name.
+    pub fn remotes(&self) -> Result<BTreeMap<String, RemoteConfig>> {
+        let path = self.dir.join(REMOTES_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Config { path: path.clone(), reason: format!("remotes: {e}") }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(source) => Err(Error::Io { action: "reading", path, source }),
+        }
+    }
+
+    fn write_remotes(&self, remotes: &BTreeMap<String, RemoteConfig>) -> Result<()> {
+        let mut text = serde_json::to_string_pretty(remotes).expect("remotes serialize");
+        text.push('\n');
+        self.refs.write(&self.dir.join(REMOTES_FILE), &text)
+    }
+
+    /// Adds remote `name` at `url` (checked by opening it: a directory remote is created).
+    pub fn add_remote(&self, name: &str, url: &str, s3: S3Options) -> Result<()> {
+        check_name(name)?;
+        let _lock = self.lock()?;
+        let mut remotes = self.remotes()?;
+        if remotes.contains_key(name) {
+            return Err(Error::RemoteExists { name: name.into() });
+        }
+        let config = RemoteConfig { url: url.to_string(), s3 };
+        if url.starts_with("s3://") || url.contains("://") && !url.starts_with("file://") {
+            // Checks the URL; an S3 remote is not contacted (the credentials may only be set
+            // where it is used).
+            remote::open(url, &config.s3)?;
+        } else {
+            // A directory remote is created now (as `git init --bare` would).
+            remote::local::DirRemote::create(url)?;
+        }
+        remotes.insert(name.to_string(), config);
+        self.write_remotes(&remotes)
+    }
+
+    /// Removes remote `name` and its remote-tracking refs.
+    pub fn remove_remote(&self, name: &str) -> Result<()> {
+        let _lock = self.lock()?;
+        let mut remotes = self.remotes()?;
+        if remotes.remove(name).is_none() {
+            return Err(Error::NoSuchRemote { name: name.into() });
+        }
+        self.write_remotes(&remotes)?;
+        self.refs.remove_remote(name)
+    }
+
+    /// Opens the remote `name`.
+    pub fn open_remote(&self, name: &str) -> Result<Box<dyn Remote>> {
+        let remotes = self.remotes()?;
+        let config = remotes.get(name).ok_or_else(|| Error::NoSuchRemote { name: name.into() })?;
+        Ok(remote::open(&config.url, &config.s3)?)
+    }
+
+    /// The remote a command uses when none is named: `origin`, or the only one.
+    pub fn default_remote(&self) -> Result<String> {
+        let remotes = self.remotes()?;
+        if remotes.contains_key("origin") || remotes.len() != 1 {
+            return Ok("origin".into());
+        }
+        Ok(remotes.into_keys().next().expect("one remote"))
+    }
+
+    /// Whether `ancestor` is `id` or one of its ancestors (all parents), read locally.
+    pub fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
+        let mut seen = HashSet::new();
+        let mut stack = vec![*id];
+        while let Some(v) = stack.pop() {
+            if v == *ancestor {
+                return Ok(true);
+            }
+            if seen.insert(v) {
+                stack.extend(self.version(&v)?.parents);
+            }
+        }
+        Ok(false)
+    }
+
+    // ---- push -----------------------------------------------------------------------------
+
+    /// Pushes refs to the remote `name` (see [`Repo::push_to`]) and records where its branches
+    /// now are (`refs/remotes/NAME/BRANCH`).
+    pub fn push(&self, name: &str, options: &PushOptions) -> Result<PushReport> {
+        let remote = self.open_remote(name)?;
+        let report = self.push_to(remote.as_ref(), options)?;
+        for update in report.updated.iter().filter(|u| u.kind == "branch") {
+            self.refs.set_remote(name, &update.name, &update.new)?;
+        }
+        Ok(report)
+    }
+
+    /// Pushes refs to `remote`: the objects their versions need that the remote lacks, then
+    /// each ref by compare-and-swap. A branch moves only forward from where the remote has it,
+    /// a tag is never moved; otherwise, or if the ref changed on the remote during the push,
+    /// the push is rejected ("fetch first") and the remote ref left as it was.
+    pub fn push_to(&self, remote: &dyn Remote, options: &PushOptions) -> Result<PushReport> {
+        let url = remote.url().to_string();
+        let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
+        if options.all {
+            for (name, id) in self.refs.list(RefKind::Branch)? {
+                wanted.push((RefKind::Branch, name, id));
+            }
+            for (name, id) in self.refs.list(RefKind::Tag)? {
+                wanted.push((RefKind::Tag, name, id));
+            }
+        } else if options.refs.is_empty() {
+            let Head::Branch(branch) = self.refs.head()? else {
+                return Err(Error::UnknownRevision {
+                    rev: "HEAD".into(),
+                    reason: "detached: name the branch or tag to push".into(),
+                });
+            };
+            let id = self.refs.get(RefKind::Branch, &branch)?.ok_or_else(|| Error::UnknownRevision {
+                rev: branch.clone(),
+                reason: "the branch has no version yet".into(),
+            })?;
+            wanted.push((RefKind::Branch, branch, id));
+        } else {
+            for name in &options.refs {
+                if let Some(id) = self.refs.get(RefKind::Branch, name)? {
+                    wanted.push((RefKind::Branch, name.clone(), id));
+                } else if let Some(id) = self.refs.get(RefKind::Tag, name)? {
+                    wanted.push((RefKind::Tag, name.clone(), id));
+                } else {
+                    return Err(Error::UnknownRevision { rev: name.clone(), reason: "not a branch or tag".into() });
+                }
+            }
+        }
+
+        // Where each ref is on the remote, and the tag to compare-and-swap against.
+        let mut report = PushReport { remote: url.clone(), ..PushReport::default() };
+        let mut moves = Vec::new();
+        let mut remote_known: Vec<VersionId> = Vec::new();
+        for (kind, name, id) in wanted {
+            let key = ref_key(kind, &name);
+            let current = remote.get_small(&key)?;
+            let old = match &current {
+                Some(small) => Some(parse_ref(remote, &key, &small.bytes)?),
+                None => None,
+            };
+            let what = format!("{} {name}", kind.name());
+            match old {
+                Some(old) if old == id => {
+                    report.up_to_date.push(what);
+                    remote_known.push(old);
+                    continue;
+                }
+                Some(_) if kind == RefKind::Tag => {
+                    return Err(Error::Rejected {
+                        remote: url,
+                        what,
+                        reason: "the remote has this tag at another version (tags do not move)".into(),
+                    });
+                }
+                Some(old) => {
+                    let known = self.store.contains(&old);
+                    if !known || !self.is_ancestor(&old, &id)? {
+                        return Err(Error::Rejected {
+                            remote: url,
+                            what,
+                            reason: format!(
+                                "fetch first: the remote has version {} there, which {}",
+                                old.short(12),
+                                if known { "is not an ancestor of yours" } else { "you do not have" }
+                            ),
+                        });
+                    }
+                    remote_known.push(old);
+                }
+                None => {}
+            }
+            let expect = match current {
+                Some(small) => Expect::Tag(small.tag),
+                None => Expect::Absent,
+            };
+            moves.push((kind, name, key, old, id, expect));
+        }
+        if moves.is_empty() {
+            report.requests = remote.requests();
+            return Ok(report);
+        }
+
+        // What the pushed versions need, less what the remote's refs already name (the remote
+        // holds all of that, each with its chain: refs move only after their objects). Not
+        // less the local chains of those blobs: after a compaction here, an old blob is a delta
+        // against a new one, which the remote does not have.
+        let have: HashSet<ObjectId> = self.named(&remote_known)?.into_iter().map(|n| n.id).collect();
+        let roots: Vec<VersionId> = moves.iter().map(|m| m.4).collect();
+        let mut need = self.reachable(&roots, &|id| have.contains(id))?;
+        if !need.is_empty() {
+            // Objects a previous, interrupted push left there (one listing, not a request per
+            // object).
+            let present: HashSet<ObjectId> =
+                remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+            let before = need.len();
+            need.retain(|n| !present.contains(&n.id));
+            report.objects_present += (before - need.len()) as u64;
+        }
+        self.upload(remote, &need, options.transfers, &mut report)?;
+
+        for (kind, name, key, old, id, expect) in moves {
+            match remote.put_small(&key, format!("{id}\n").as_bytes(), &expect) {
+                Ok(()) => report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id }),
+                Err(remote::Error::Conflict { .. }) => {
+                    return Err(Error::Rejected {
+                        remote: url,
+                        what: format!("{} {name}", kind.name()),
+                        reason: "fetch first: it changed on the remote during this push".into(),
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        report.requests = remote.requests();
+        Ok(report)
+    }
+
+    /// Uploads `need`, a delta's reference before the delta (by levels: objects with no
+    /// reference to upload first, then the deltas on them, ...), each level in parallel.
+    fn upload(&self, remote: &dyn Remote, need: &[Needed], transfers: usize, report: &mut PushReport) -> Result<()> {
+        let index: HashMap<ObjectId, &Needed> = need.iter().map(|n| (n.id, n)).collect();
+        let mut level: HashMap<ObjectId, usize> = HashMap::new();
+        for n in need {
+            // Follow the chain down to the first reference not being uploaded.
+            let mut chain = vec![n.id];
+            let mut base_level = 0;
+            while let Some(r) = index.get(chain.last().expect("non-empty")).and_then(|m| m.reference) {
+                if let Some(l) = level.get(&r) {
+                    base_level = l + 1;
+                    break;
+                }
+                if !index.contains_key(&r) || chain.len() > crate::store::MAX_CHAIN_DEPTH as usize + 1 {
+                    break;
+                }
+                chain.push(r);
+            }
+            let deepest = chain.len() - 1;
+            for (i, id) in chain.iter().enumerate() {
+                level.entry(*id).or_insert(base_level + deepest - i);
+            }
+        }
+        let mut levels: BTreeMap<usize, Vec<ObjectId>> = BTreeMap::new();
+        for n in need {
+            levels.entry(level[&n.id]).or_default().push(n.id);
+        }
+        let total: u64 = need.iter().map(|n| self.store.stored_len(&n.id).unwrap_or(0)).sum();
+        self.progress.start("push", total);
+        let done = AtomicU64::new(0);
+        let sent = AtomicU64::new(0);
+        let sent_bytes = AtomicU64::new(0);
+        let existed = AtomicU64::new(0);
+        for ids in levels.values() {
+            parallel(ids, transfers, |id| {
+                let path = self.store.object_path(id);
+                let mut file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Error::Store(crate::store::Error::Missing { id: *id }),
+                    _ => Error::Io { action: "opening", path: path.clone(), source: e },
+                })?;
+                let len =
+                    file.metadata().map_err(|e| Error::Io { action: "reading", path: path.clone(), source: e })?.len();
+                // The header of the very file that goes up decides whether it may replace.
+                let mut head = Vec::with_capacity(HEADER_LEN);
+                (&mut file).take(HEADER_LEN as u64).read_to_end(&mut head).map_err(|e| Error::Io {
+                    action: "reading",
+                    path: path.clone(),
+                    source: e,
+                })?;
+                let header = crate::store::ObjectHeader::decode(*id, &head)?;
+                let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
+                match with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))? {
+                    Uploaded::Created => {
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        sent_bytes.fetch_add(len, Ordering::Relaxed);
+                    }
+                    Uploaded::Existed => {
+                        existed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                self.progress.set(done.fetch_add(len, Ordering::Relaxed) + len);
+                Ok(())
+            })?;
+        }
+        self.progress.finish();
+        report.objects_sent += sent.into_inner();
+        report.bytes_sent += sent_bytes.into_inner();
+        report.objects_present += existed.into_inner();
+        Ok(())
+    }
+
+    // ---- fetch ----------------------------------------------------------------------------
+
+    /// Fetches from the remote `name`: every version its branches and tags reach that is not
+    /// here, verified object by object; then `refs/remotes/NAME/BRANCH` for its branches, and
+    /// its tags as local tags where no local tag of that name exists.
+    pub fn fetch(&self, name: &str, transfers: usize) -> Result<FetchReport> {
+        let remote = self.open_remote(name)?;
+        self.fetch_from(remote.as_ref(), name, transfers)
+    }
+
+    /// [`Repo::fetch`] from an opened remote, recorded under the remote name `name`.
+    pub fn fetch_from(&self, remote: &dyn Remote, name: &str, transfers: usize) -> Result<FetchReport> {
+        check_name(name)?;
+        // gc must not delete what arrives before a ref names it.
+        let _lock = self.lock()?;
+        let mut report = FetchReport { remote: remote.url().to_string(), ..FetchReport::default() };
+        let mut refs: Vec<(RefKind, String, VersionId)> = Vec::new();
+        let mut keys = remote.list("refs/")?;
+        keys.sort();
+        for key in keys {
+            let (kind, ref_name) = if let Some(n) = key.strip_prefix("refs/heads/") {
+                (RefKind::Branch, n)
+            } else if let Some(n) = key.strip_prefix("refs/tags/") {
+                (RefKind::Tag, n)
+            } else {
+                continue;
+            };
+            if check_name(ref_name).is_err() {
+                continue;
+            }
+            let Some(small) = remote.get_small(&key)? else { continue };
+            refs.push((kind, ref_name.to_string(), parse_ref(remote, &key, &small.bytes)?));
+        }
+        let roots: Vec<VersionId> = refs.iter().map(|r| r.2).filter(|id| !self.store.contains(id)).collect();
+        self.download(remote, &roots, transfers, &mut report)?;
+
+        for (kind, ref_name, id) in refs {
+            match kind {
+                RefKind::Branch => {
+                    let old = self.refs.get_remote(name, &ref_name)?;
+                    if old != Some(id) {
+                        self.refs.set_remote(name, &ref_name, &id)?;
+                        report.updated.push(RefUpdate {
+                            kind: "branch",
+                            name: format!("{name}/{ref_name}"),
+                            old,
+                            new: id,
+                        });
+                    }
+                }
+                RefKind::Tag => {
+                    if self.refs.get(RefKind::Tag, &ref_name)?.is_none() {
+                        self.refs.set(RefKind::Tag, &ref_name, &id)?;
+                        report.updated.push(RefUpdate { kind: "tag", name: ref_name, old: None, new: id });
+                    }
+                }
+            }
+        }
+        report.requests = remote.requests();
+        Ok(report)
+    }
+
+    /// Downloads one object into a temp file of the store (not stored yet).
+    fn receive(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
+        with_retries(|| self.receive_once(remote, id, received))
+    }
+
+    fn receive_once(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
+        let tmp = self.store.receive_file()?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
+        let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
+        std::io::Write::flush(&mut out).map_err(|e| Error::Io {
+            action: "writing",
+            path: tmp.path().into(),
+            source: e,
+        })?;
+        drop(out);
+        received.fetch_add(n, Ordering::Relaxed);
+        self.progress.set(received.load(Ordering::Relaxed));
+        // Only the name is kept: a fetch may hold thousands of received objects at once.
+        Ok(tmp.into_temp_path())
+    }
+
+    fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
+        let file = std::fs::File::open(&path).map_err(|e| Error::Io {
+            action: "opening",
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        Ok(tempfile::NamedTempFile::from_parts(file, path))
+    }
+
+    /// Downloads what `roots` need and this store lacks, verifies every object and stores it
+    /// bottom-up (blobs bases first, manifests, versions parents first), so that an object
+    /// present here always has everything it needs and an interrupted fetch is resumed by
+    /// walking down from the roots again.
+    fn download(
+        &self,
+        remote: &dyn Remote,
+        roots: &[VersionId],
+        transfers: usize,
+        report: &mut FetchReport,
+    ) -> Result<()> {
+        let received = AtomicU64::new(0);
+        self.progress.start("fetch", 0);
+        // Versions and manifests: small, read one by one to learn what they need.
+        let mut versions: Vec<(VersionId, super::Version, tempfile::TempPath)> = Vec::new();
+        let mut manifests: Vec<(ObjectId, tempfile::TempPath)> = Vec::new();
+        let mut blobs: Vec<ObjectId> = Vec::new();
+        let mut seen: HashSet<ObjectId> = HashSet::new();
+        let mut stack: Vec<VersionId> = roots.to_vec();
+        while let Some(id) = stack.pop() {
+            if self.store.contains(&id) || !seen.insert(id) {
+                continue;
+            }
+            let tmp = Self::reopen(self.receive(remote, &id, &received)?)?;
+            let version = super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
+            for file in &version.files {
+                if self.store.contains(&file.manifest) || !seen.insert(file.manifest) {
+                    continue;
+                }
+                let mtmp = Self::reopen(self.receive(remote, &file.manifest, &received)?)?;
+                let manifest = super::Manifest::parse(
+                    file.manifest,
+                    &self.store.read_received(&file.manifest, ObjectKind::Manifest, &mtmp)?,
+                )?;
+                for blob in manifest.blobs() {
+                    if !self.store.contains(&blob) && seen.insert(blob) {
+                        blobs.push(blob);
+                    }
+                }
+                manifests.push((file.manifest, mtmp.into_temp_path()));
+            }
+            stack.extend(version.parents.iter().copied());
+            versions.push((id, version, tmp.into_temp_path()));
+        }
+
+        // Blobs, in parallel. Each is stored as soon as its reference is here (so an
+        // interrupted fetch keeps it: blobs need nothing but their chain); a delta whose
+        // reference is missing waits, and the reference joins the next round.
+        let stored = AtomicU64::new(0);
+        let import_blob = |id: &ObjectId, path: tempfile::TempPath| -> Result<()> {
+            let written = self.store.import(id, Some(ObjectKind::Blob), Self::reopen(path)?)?;
+            self.index_object(&written);
+            stored.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        let mut pending: HashMap<ObjectId, (tempfile::TempPath, Option<ObjectId>)> = HashMap::new();
+        let mut round = blobs;
+        while !round.is_empty() {
+            let waiting: Mutex<Vec<(ObjectId, tempfile::TempPath, Option<ObjectId>)>> = Mutex::new(Vec::new());
+            parallel(&round, transfers, |id| {
+                let path = self.receive(remote, id, &received)?;
+                let tmp = Self::reopen(path)?;
+                let header = self.store.received_header(id, &tmp)?;
+                if header.kind != ObjectKind::Blob {
+                    return Err(crate::store::Error::WrongKind {
+                        id: *id,
+                        expected: ObjectKind::Blob,
+                        found: header.kind,
+                    }
+                    .into());
+                }
+                match header.reference {
+                    Some(r) if !self.store.contains(&r) => {
+                        waiting.lock().unwrap_or_else(|e| e.into_inner()).push((*id, tmp.into_temp_path(), Some(r)))
+                    }
+                    _ => import_blob(id, tmp.into_temp_path())?,
+                }
+                Ok(())
+            })?;
+            round = Vec::new();
+            for (id, path, reference) in waiting.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                if let Some(r) = reference {
+                    if !self.store.contains(&r) && seen.insert(r) {
+                        round.push(r);
+                    }
+                }
+                pending.insert(id, (path, reference));
+            }
+        }
+
+        // The deltas that waited, bases first, each verified through its chain.
+        while !pending.is_empty() {
+            let ready: Vec<ObjectId> = pending
+                .iter()
+                .filter(|(_, (_, r))| r.is_none_or(|r| !pending.contains_key(&r)))
+                .map(|(id, _)| *id)
+                .collect();
+            if ready.is_empty() {
+                let id = *pending.keys().next().expect("non-empty");
+                return Err(crate::store::Error::Corrupt {
+                    id,
+                    reason: "its delta chain on the remote is a cycle".into(),
+                }
+                .into());
+            }
+            let batch: Vec<(ObjectId, Mutex<Option<tempfile::TempPath>>)> = ready
+                .iter()
+                .map(|id| (*id, Mutex::new(Some(pending.remove(id).expect("ready is pending").0))))
+                .collect();
+            parallel(&batch, rayon::current_num_threads(), |(id, slot)| {
+                let path = slot.lock().unwrap_or_else(|e| e.into_inner()).take().expect("each item once");
+                import_blob(id, path)
+            })?;
+        }
+        let mut stored_objects = stored.into_inner();
+        for (id, path) in manifests {
+            let written = self.store.import(&id, Some(ObjectKind::Manifest), Self::reopen(path)?)?;
+            self.index_object(&written);
+            stored_objects += 1;
+        }
+        // Versions, parents first.
+        let mut left: HashMap<VersionId, (super::Version, tempfile::TempPath)> =
+            versions.into_iter().map(|(id, version, path)| (id, (version, path))).collect();
+        while !left.is_empty() {
+            let ready: Vec<VersionId> = left
+                .iter()
+                .filter(|(_, (version, _))| version.parents.iter().all(|p| !left.contains_key(p)))
+                .map(|(id, _)| *id)
+                .collect();
+            if ready.is_empty() {
+                let id = *left.keys().next().expect("non-empty");
+                return Err(Error::CorruptMetadata { id, reason: "its history on the remote is a cycle".into() });
+            }
+            for id in ready {
+                let (version, path) = left.remove(&id).expect("ready is left");
+                let written = self.store.import(&id, Some(ObjectKind::Version), Self::reopen(path)?)?;
+                self.index_object(&written);
+                self.index_version(&id, &version);
+                stored_objects += 1;
+            }
+        }
+        self.progress.finish();
+        report.objects_received += stored_objects;
+        report.bytes_received += received.into_inner();
+        self.flush_index();
+        Ok(())
+    }
+
+    // ---- pull and clone -------------------------------------------------------------------
+
+    /// Fetches from `name` and moves the current branch to the remote's branch of the same
+    /// name if that is a fast-forward, checking its files out (refusing, like `switch`, when a
+    /// tracked file is modified). A diverged branch is an error that says what to do.
+    ///
+    /// With `rebase`, a diverged branch is rebased instead: each of its versions the remote
+    /// lacks (along first parents, oldest first) becomes a new version with the same files
+    /// and message on top of the remote's, so the working tree is unchanged and the branch
+    /// can be pushed. Versions are snapshots, so this is exact: nothing is merged.
+    pub fn pull(&self, name: &str, transfers: usize, rebase: bool) -> Result<(FetchReport, PullOutcome)> {
+        let report = self.fetch(name, transfers)?;
+        let Head::Branch(branch) = self.refs.head()? else {
+            return Err(Error::UnknownRevision {
+                rev: "HEAD".into(),
+                reason: "detached: switch to a branch to pull".into(),
+            });
+        };
+        let theirs = self.refs.get_remote(name, &branch)?.ok_or_else(|| Error::UnknownRevision {
+            rev: format!("{name}/{branch}"),
+            reason: format!("remote {name:?} has no branch {branch:?}"),
+        })?;
+        let _lock = self.lock()?;
+        let local = self.refs.get(RefKind::Branch, &branch)?;
+        let outcome = match local {
+            Some(l) if l == theirs => PullOutcome::UpToDate,
+            Some(l) if self.is_ancestor(&theirs, &l)? => PullOutcome::Ahead,
+            Some(l) if !self.is_ancestor(&l, &theirs)? => {
+                if !rebase {
+                    return Err(Error::Diverged { branch, remote: name.into(), local: l, theirs });
+                }
+                let to = self.rebase_onto(&l, &theirs)?;
+                self.refs.set(RefKind::Branch, &branch, &to)?;
+                self.flush_index();
+                PullOutcome::Rebased { from: l, onto: theirs, to }
+            }
+            _ => {
+                // As `switch` does: refuses (naming them) to overwrite modified or untracked files
+                // and removes the files the new tip no longer holds.
+                let target = super::checkout::Target {
+                    files: None,
+                    output_dir: None,
+                    filter: None,
+                    force: false,
+                    switching: true,
+                };
+                self.checkout_version(&theirs, &target)?;
+                self.refs.set(RefKind::Branch, &branch, &theirs)?;
+                PullOutcome::FastForwarded { from: local, to: theirs }
+            }
+        };
+        Ok((report, outcome))
+    }
+
+    /// Rewrites the versions from `tip` back along first parents to (excluding) the first one
+    /// `onto` already has, as new versions on top of `onto`; returns the new tip.
+    fn rebase_onto(&self, tip: &VersionId, onto: &VersionId) -> Result<VersionId> {
+        let mut chain = Vec::new();
+        let mut next = Some(*tip);
+        while let Some(id) = next {
+            if self.is_ancestor(&id, onto)? {
+                break;
+            }
+            let version = self.version(&id)?;
+            next = version.parents.first().copied();
+            chain.push(version);
+        }
+        let base_every = self.config.base_every.max(1);
+        let mut parent = *onto;
+        let mut parent_since_base = self.version(onto)?.since_base;
+        for old in chain.into_iter().rev() {
+            let since_base = if parent_since_base + 1 < base_every { parent_since_base + 1 } else { 0 };
+            let version = super::Version {
+                parents: vec![parent],
+                since_base,
+                // The objects are shared with the old version: this one adds none.
+                stored_bytes: 0,
+                ..old
+            };
+            let written =
+                self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
+            self.index_object(&written);
+            self.index_version(&written.id, &version);
+            parent = written.id;
+            parent_since_base = since_base;
+        }
+        Ok(parent)
+    }
+
+    /// Clones: creates a repository in `dir`, adds `url` as remote `origin`, fetches it and
+    /// checks out its `main` branch (or its first branch), which becomes the current branch.
+    /// Progress of the download goes to `progress`.
+    pub fn clone_from(
+        url: &str,
+        dir: &Path,
+        s3: S3Options,
+        transfers: usize,
+        progress: Option<std::sync::Arc<dyn super::Progress>>,
+    ) -> Result<(Repo, FetchReport)> {
+        // Open the remote first: a bad URL leaves no repository behind.
+        let remote = remote::open(url, &s3)?;
+        let mut repo = Repo::init(dir)?;
+        if let Some(p) = progress {
+            repo.set_progress(p);
+        }
+        repo.add_remote("origin", url, s3)?;
+        let report = repo.fetch_from(remote.as_ref(), "origin", transfers)?;
+        let branches: Vec<String> = report
+            .updated
+            .iter()
+            .filter(|u| u.kind == "branch")
+            .filter_map(|u| u.name.strip_prefix("origin/").map(str::to_string))
+            .collect();
+        let branch = if branches.iter().any(|b| b == super::DEFAULT_BRANCH) {
+            Some(super::DEFAULT_BRANCH.to_string())
+        } else {
+            branches.first().cloned()
+        };
+        if let Some(branch) = branch {
+            let tip = repo.refs.get_remote("origin", &branch)?.expect("just fetched");
+            let target =
+                super::checkout::Target { files: None, output_dir: None, filter: None, force: false, switching: false };
+            repo.checkout_version(&tip, &target)?;
+            repo.refs.set(RefKind::Branch, &branch, &tip)?;
+            repo.refs.set_head(&Head::Branch(branch))?;
+        }
+        Ok((repo, report))
+    }
+}
