@@ -29,9 +29,14 @@ const ACCESS_KEY: &str = "ckpt-test-key";
 const SECRET_KEY: &str = "ckpt-test-secret-do-not-print";
 
 impl S3Server {
-    /// Starts one, or `None` (with a message) when `s3s-fs` is not installed.
+    /// Starts one, or `None` (with a message) when `s3s-fs` is not installed; with
+    /// `CKPT_REQUIRE_S3S=1` (CI sets it) a missing `s3s-fs` fails the test instead.
     fn start() -> Option<S3Server> {
         if Command::new("s3s-fs").arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+            assert!(
+                std::env::var_os("CKPT_REQUIRE_S3S").is_none(),
+                "CKPT_REQUIRE_S3S is set but s3s-fs is not on PATH"
+            );
             eprintln!("skipped: s3s-fs is not on PATH (cargo install s3s-fs --version 0.14.1 --features binary)");
             return None;
         }
