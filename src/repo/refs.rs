@@ -127,13 +127,7 @@ impl Refs {
             return Ok(None);
         }
         let path = self.ref_path(kind, name);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => parse_id(text.trim_end_matches('\n'))
-                .map(Some)
-                .ok_or_else(|| Error::CorruptRef { path, reason: "not a version id".into() }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::Io { action: "reading", path, source }),
-        }
+        read_ref_file(path)
     }
 
     pub fn set(&self, kind: RefKind, name: &str, id: &ObjectId) -> Result<()> {
@@ -171,13 +165,7 @@ impl Refs {
             return Ok(None);
         }
         let path = self.remote_dir(remote).join(branch);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => parse_id(text.trim_end_matches('\n'))
-                .map(Some)
-                .ok_or_else(|| Error::CorruptRef { path, reason: "not a version id".into() }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::Io { action: "reading", path, source }),
-        }
+        read_ref_file(path)
     }
 
     /// Sets a remote-tracking ref.
@@ -219,6 +207,17 @@ impl Refs {
 
 fn parse_id(text: &str) -> Option<ObjectId> {
     text.parse::<ObjectId>().ok().filter(|id| id.to_hex() == text)
+}
+
+/// The version id a ref file holds, or `None` when there is no such file.
+fn read_ref_file(path: PathBuf) -> Result<Option<ObjectId>> {
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse_id(text.trim_end_matches('\n'))
+            .map(Some)
+            .ok_or_else(|| Error::CorruptRef { path, reason: "not a version id".into() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::Io { action: "reading", path, source }),
+    }
 }
 
 #[cfg(test)]

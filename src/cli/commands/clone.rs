@@ -15,15 +15,8 @@ pub struct CloneArgs {
     // Its own id, as in `init`: `dir` would merge with the global `-C DIR`.
     #[arg(id = "clone_dir", value_name = "DIR")]
     dir: Option<PathBuf>,
-    /// S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
-    #[arg(long)]
-    endpoint: Option<String>,
-    /// S3 region (default: AWS_REGION).
-    #[arg(long)]
-    region: Option<String>,
-    /// Allow plain HTTP to the endpoint (a local server; default: AWS_ALLOW_HTTP).
-    #[arg(long)]
-    allow_http: bool,
+    #[command(flatten)]
+    s3: super::remote::S3Args,
     /// Machine-readable summary of the fetch.
     #[arg(long)]
     json: bool,
@@ -39,7 +32,7 @@ pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
             base.join(last)
         }
     };
-    let s3 = S3Options { endpoint: args.endpoint, region: args.region, allow_http: args.allow_http };
+    let s3: S3Options = args.s3.into();
     let progress = std::sync::Arc::new(BarProgress::new(ui));
     let (repo, report) = Repo::clone_from(&args.url, &dir, s3, super::push::transfers(), Some(progress))
         .with_context(|| format!("cloning {}", args.url))?;

@@ -18,7 +18,7 @@ pub struct FetchArgs {
 /// Prints what a fetch did (stderr), or its JSON (stdout).
 pub fn print(report: &FetchReport, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        outln!("{}", serde_json::to_string_pretty(report)?)?;
         return Ok(());
     }
     for u in &report.updated {

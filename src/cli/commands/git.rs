@@ -107,7 +107,7 @@ pub fn run(_ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
             let store = git_filter::open_store(&git)?;
             for f in git_filter::ls_files(&git, &store, &rev)? {
                 let stored = f.stored.map_or_else(|| "missing".to_string(), crate::cli::ui::bytes);
-                println!("{:>12}  {:>12}  {}", crate::cli::ui::bytes(f.pointer.size), stored, f.path);
+                outln!("{:>12}  {:>12}  {}", crate::cli::ui::bytes(f.pointer.size), stored, f.path)?;
             }
             Ok(())
         }
@@ -128,7 +128,7 @@ fn track(base: &Path, patterns: &[String]) -> Result<()> {
     let text = attributes::read(&path)?;
     if patterns.is_empty() {
         for p in attributes::tracked(&text) {
-            println!("{p}");
+            outln!("{p}")?;
         }
         return Ok(());
     }
@@ -214,7 +214,7 @@ fn fsck(base: &Path) -> Result<()> {
         }
         let _ = std::fs::remove_file(&dest);
     }
-    println!("{} pointers, {} distinct files checked, {bad} bad", pointers.len(), checked.len());
+    outln!("{} pointers, {} distinct files checked, {bad} bad", pointers.len(), checked.len())?;
     if bad > 0 {
         anyhow::bail!("{bad} file{} cannot be restored", if bad == 1 { "" } else { "s" });
     }

@@ -35,7 +35,7 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers() };
     let report = repo.push(&remote, &options).with_context(|| format!("pushing to {remote}"))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
     for u in &report.updated {

@@ -6,6 +6,27 @@ use crate::remote::S3Options;
 use anyhow::Result;
 use std::path::Path;
 
+/// S3 settings given on the command line (`remote add`, `clone`); credentials come only from
+/// the environment, so they never reach a config file or a process list.
+#[derive(clap::Args, Debug)]
+pub struct S3Args {
+    /// S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// S3 region (default: AWS_REGION).
+    #[arg(long)]
+    region: Option<String>,
+    /// Allow plain HTTP to the endpoint (a local server; default: AWS_ALLOW_HTTP).
+    #[arg(long)]
+    allow_http: bool,
+}
+
+impl From<S3Args> for S3Options {
+    fn from(a: S3Args) -> S3Options {
+        S3Options { endpoint: a.endpoint, region: a.region, allow_http: a.allow_http }
+    }
+}
+
 /// Arguments of `ckpt remote`.
 #[derive(clap::Args, Debug)]
 pub struct RemoteArgs {
@@ -24,15 +45,8 @@ enum Action {
         name: String,
         /// Where it is.
         url: String,
-        /// S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
-        #[arg(long)]
-        endpoint: Option<String>,
-        /// S3 region (default: AWS_REGION).
-        #[arg(long)]
-        region: Option<String>,
-        /// Allow plain HTTP to the endpoint (a local server; default: AWS_ALLOW_HTTP).
-        #[arg(long)]
-        allow_http: bool,
+        #[command(flatten)]
+        s3: S3Args,
     },
     /// Remove a remote and its remote-tracking branches.
     Remove {
@@ -45,14 +59,14 @@ enum Action {
 pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     match args.action {
-        Some(Action::Add { name, url, endpoint, region, allow_http }) => {
-            repo.add_remote(&name, &url, S3Options { endpoint, region, allow_http })?;
+        Some(Action::Add { name, url, s3 }) => {
+            repo.add_remote(&name, &url, s3.into())?;
         }
         Some(Action::Remove { name }) => repo.remove_remote(&name)?,
         None => {
             for (name, config) in repo.remotes()? {
                 if !args.verbose {
-                    println!("{name}");
+                    outln!("{name}")?;
                     continue;
                 }
                 let mut extra = Vec::new();
@@ -66,7 +80,7 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
                     extra.push("allow-http".to_string());
                 }
                 let extra = if extra.is_empty() { String::new() } else { format!(" ({})", extra.join(", ")) };
-                println!("{name}\t{}{extra}", config.url);
+                outln!("{name}\t{}{extra}", config.url)?;
             }
         }
     }

@@ -34,7 +34,9 @@ pub fn run(ui: &Ui, base: &Path, args: WatchArgs) -> Result<()> {
     eprintln!("watching {} (settle {:.1} s; Ctrl-C stops)", dir.display(), settle.as_secs_f64());
     repo.watch(&dir, &options, &|| false, &mut |e| match e {
         WatchEvent::Committed { path, version, files } => {
-            println!("{path}: version {} ({files} file{})", version.short(12), if *files == 1 { "" } else { "s" })
+            // A closed stdout does not stop the watcher: the versions are committed either way.
+            let _ =
+                outln!("{path}: version {} ({files} file{})", version.short(12), if *files == 1 { "" } else { "s" });
         }
         WatchEvent::AlreadyCommitted { path } => eprintln!("{path}: committed before"),
         WatchEvent::Retrying { path } => eprintln!("{path}: changed while being committed; retrying once it settles"),
