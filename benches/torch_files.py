@@ -20,8 +20,13 @@ With `--corpus`, the two states are instead the corpus AdamW state of a real fin
 saved with `torch.save` in `optimizer.state_dict()` form (`state.<i>.exp_avg`, ...) and as
 the safetensors files themselves.
 
+With `--series DTYPE` (fp32 or bf16), the whole corpus fine-tune series
+(`series/DTYPE/epoch_00..10.safetensors`) is committed epoch by epoch twice: as the safetensors
+files themselves and as `torch.save` of the same state dict (`model.pt`), and the two stores are
+compared (the issue's target: the torch series within 2% of the safetensors series).
+
 usage: ~/.cache/ckpt-corpus/venv/bin/python benches/torch_files.py [--ckpt target/release/ckpt]
-       [--dim 256] [--layers 4] [--steps 20] [--corpus]
+       [--dim 256] [--layers 4] [--steps 20] [--corpus | --series fp32|bf16]
 """
 import argparse
 import os
@@ -57,8 +62,11 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--corpus", action="store_true")
+    ap.add_argument("--series", choices=("fp32", "bf16"))
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
+    if args.series:
+        return series(ckpt, args.series)
 
     torch.manual_seed(0)
     vocab = 4096
@@ -126,6 +134,30 @@ def main():
         t, s, o = (sum(results[k]) for k in ("torch", "st", "opaque"))
         print(f"torch / safetensors = {t / s:.4f} (target <= 1.02)")
         print(f"torch / opaque      = {t / o:.4f} (target <= 0.75)")
+
+
+def series(ckpt, dtype):
+    """The corpus series as safetensors files and as `torch.save` files, committed epoch by epoch."""
+    sources = [os.path.join(CORPUS, "series", dtype, f"epoch_{e:02}.safetensors") for e in range(11)]
+    with tempfile.TemporaryDirectory() as work:
+        repos = {}
+        for kind, name in (("st", "model.safetensors"), ("torch", "model.pt")):
+            repo = os.path.join(work, f"repo_{kind}")
+            os.makedirs(repo)
+            subprocess.run([ckpt, "init", repo], check=True, capture_output=True)
+            repos[kind] = (repo, name)
+        raw = {"st": 0, "torch": 0}
+        for epoch, src in enumerate(sources):
+            pt = os.path.join(work, "epoch.pt")
+            torch.save(load_file(src), pt)
+            for kind, path in (("st", src), ("torch", pt)):
+                repo, name = repos[kind]
+                raw[kind] += os.path.getsize(path)
+                commit(ckpt, repo, path, name, f"epoch {epoch}")
+        sizes = {kind: objects_bytes(repo) for kind, (repo, _) in repos.items()}
+        for kind in ("st", "torch"):
+            print(f"{kind:6} 11 files {raw[kind]:>13,} B raw, store {sizes[kind]:>12,} B ({sizes[kind] / raw[kind]:.1%})")
+        print(f"torch / safetensors = {sizes['torch'] / sizes['st']:.4f} (target <= 1.02)")
 
 
 if __name__ == "__main__":
