@@ -5,14 +5,24 @@
 //! `object_store` is async; the [`Remote`] trait is blocking, so each remote owns a small tokio
 //! runtime and blocks on it (callers get parallelism from their own threads: `block_on` may be
 //! called from several threads at once). Transient errors (connection drops, 5xx, timeouts) are
-//! retried by `object_store`'s own retry layer with exponential backoff (its default
-//! `RetryConfig`: up to 10 retries within 3 minutes); what is left is reported with the
+//! retried by `object_store`'s own retry layer with exponential backoff (up to 10 retries
+//! within 6 × the stall timeout, 3 minutes by default); what is left is reported with the
 //! remote, the key and the backend's message (which carries the HTTP status).
+//!
+//! Stalls: a request that makes no progress for [`TIMEOUT_ENV`] seconds (default
+//! [`DEFAULT_TIMEOUT_SECS`]) is abandoned and retried: connecting, waiting for the answer to a
+//! request (its upload included) and between two reads of an answer's body. There is no cap on
+//! a whole download, which `object_store`'s default (30 s per request, body included) would
+//! put on every blob however fast it is arriving.
 
 use super::{Error, Expect, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_REF_LEN};
 use futures_util::StreamExt;
+use object_store::aws::AmazonS3ConfigKey;
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart};
+use object_store::{
+    ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
+    WriteMultipart,
+};
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +35,28 @@ pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
 pub const PART_SIZE: usize = 16 << 20;
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
+
+/// The environment variable that sets the stall timeout of S3 requests, in seconds (decimals
+/// allowed): how long a request may wait without progress before it is abandoned and retried.
+pub const TIMEOUT_ENV: &str = "CKPT_REMOTE_TIMEOUT";
+/// The stall timeout when [`TIMEOUT_ENV`] is not set.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 30;
+
+/// The stall timeout: [`TIMEOUT_ENV`], or [`DEFAULT_TIMEOUT_SECS`].
+fn stall_timeout(url: &str) -> Result<std::time::Duration> {
+    let Some(value) = std::env::var_os(TIMEOUT_ENV) else {
+        return Ok(std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS));
+    };
+    let secs = value.to_str().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.0);
+    match secs {
+        // At least a millisecond: the settings below are written in whole milliseconds.
+        Some(s) => Ok(std::time::Duration::from_secs_f64(s.min(1e6)).max(std::time::Duration::from_millis(1))),
+        None => Err(Error::BadUrl {
+            url: url.into(),
+            reason: format!("{TIMEOUT_ENV}={value:?}: expected a positive number of seconds"),
+        }),
+    }
+}
 
 /// A remote on an `object_store` backend.
 pub struct StoreRemote {
@@ -104,6 +136,17 @@ impl StoreRemote {
         if let Some((key, secret)) = credentials {
             builder = builder.with_access_key_id(key).with_secret_access_key(secret);
         }
+        // Set through config keys, not `with_client_options`, which would drop the client
+        // settings `from_env` read (`AWS_ALLOW_HTTP`, proxies).
+        let stall = stall_timeout(url)?;
+        let millis = format!("{}ms", stall.as_millis());
+        let client = |key| AmazonS3ConfigKey::Client(key);
+        builder = builder
+            .with_config(client(ClientConfigKey::ConnectTimeout), millis.clone())
+            .with_config(client(ClientConfigKey::ReadTimeout), millis)
+            // The whole-request cap, off in effect (a stall is caught by the read timeout).
+            .with_config(client(ClientConfigKey::Timeout), "24h")
+            .with_retry(RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() });
         // The builder's errors quote settings, never the secret key.
         let store = builder.build().map_err(|e| Error::BadUrl { url: url.into(), reason: e.to_string() })?;
         Ok(StoreRemote {

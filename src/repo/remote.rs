@@ -164,6 +164,35 @@ fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
     }
 }
 
+/// Moves the remote ref `key` to `id` by compare-and-swap against `expect`. A failed put is
+/// ambiguous (a dropped connection or a timeout may come after the server moved the ref), so
+/// the ref is read back: if it holds `id`, the put took effect; if it is still as `expect`
+/// says, the put is tried again (up to [`OBJECT_ATTEMPTS`] times; the compare-and-swap keeps
+/// that safe); if it changed, that is [`remote::Error::Conflict`].
+fn put_ref(remote: &dyn Remote, key: &str, id: &VersionId, expect: &Expect) -> remote::Result<()> {
+    let text = format!("{id}\n");
+    let mut attempt = 1;
+    loop {
+        let error = match remote.put_small(key, text.as_bytes(), expect) {
+            Ok(()) => return Ok(()),
+            Err(e @ (remote::Error::Backend { .. } | remote::Error::Conflict { .. })) => e,
+            Err(e) => return Err(e),
+        };
+        let Ok(current) = remote.get_small(key) else { return Err(error) };
+        let unchanged = match (expect, &current) {
+            (_, Some(small)) if small.bytes == text.as_bytes() => return Ok(()),
+            (Expect::Absent, None) => true,
+            (Expect::Tag(tag), Some(small)) => small.tag == *tag,
+            _ => false,
+        };
+        if !unchanged || !matches!(error, remote::Error::Backend { .. }) || attempt >= OBJECT_ATTEMPTS {
+            return Err(error);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100 << attempt));
+        attempt += 1;
+    }
+}
+
 /// Runs `work` on every item with `transfers` threads; the first error stops the others from
 /// taking new items and is returned.
 fn parallel<T: Sync>(items: &[T], transfers: usize, work: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
@@ -283,6 +312,13 @@ impl Repo {
         for update in report.updated.iter().filter(|u| u.kind == "branch") {
             self.refs.set_remote(name, &update.name, &update.new)?;
         }
+        // Also where the remote already had the branch: an earlier push may have moved it
+        // without learning so (its answer lost), leaving the remote-tracking ref behind.
+        for branch in report.up_to_date.iter().filter_map(|what| what.strip_prefix("branch ")) {
+            if let Some(id) = self.refs.get(RefKind::Branch, branch)? {
+                self.refs.set_remote(name, branch, &id)?;
+            }
+        }
         Ok(report)
     }
 
@@ -396,7 +432,7 @@ impl Repo {
         self.upload(remote, &need, options.transfers, &mut report)?;
 
         for (kind, name, key, old, id, expect) in moves {
-            match remote.put_small(&key, format!("{id}\n").as_bytes(), &expect) {
+            match put_ref(remote, &key, &id, &expect) {
                 Ok(()) => report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id }),
                 Err(remote::Error::Conflict { .. }) => {
                     return Err(Error::Rejected {

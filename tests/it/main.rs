@@ -3,7 +3,9 @@
 mod codec_cli;
 mod git_filter;
 
+mod proxy;
 mod remote;
+mod remote_faults;
 mod repo_compact;
 mod repo_crash;
 mod repo_faults;
