@@ -4,6 +4,7 @@ mod codec_cli;
 mod git_filter;
 
 mod remote;
+mod remote_wire;
 mod repo_compact;
 mod repo_crash;
 mod repo_faults;
