@@ -21,10 +21,12 @@ mod gc;
 mod inspect;
 mod lock;
 mod model;
+mod partial;
 mod path;
 mod reachable;
 mod refs;
 mod remote;
+mod remote_delta;
 mod status;
 mod store_file;
 mod verify;
@@ -43,6 +45,7 @@ pub use model::{
     file_hash, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
     MODEL_FORMAT,
 };
+pub use partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::Needed;
 pub use refs::{check_name, Head, RefKind};
@@ -215,6 +218,18 @@ pub enum Error {
         /// The ref (`branch main`, `tag v1`).
         what: String,
         /// Why, with what to do.
+        reason: String,
+    },
+    /// A version outside a partial clone's history that could not be fetched from its remote.
+    #[error(
+        "{rev} is outside the history this partial clone holds, and fetching it from remote {remote} failed: {reason}"
+    )]
+    PartialCloneRemote {
+        /// The remote (name, and URL where it was opened).
+        remote: String,
+        /// The revision asked for.
+        rev: String,
+        /// Why the fetch failed.
         reason: String,
     },
     /// A remote ref whose content is not a version id.
@@ -720,9 +735,16 @@ impl Repo {
         })?;
         for n in 0..steps {
             let info = self.version_info(&id)?;
-            id = *info.parents.first().ok_or_else(|| {
+            let parent = *info.parents.first().ok_or_else(|| {
                 unknown(format!("{base} has only {n} version{} before it", if n == 1 { "" } else { "s" }))
             })?;
+            if !self.store.contains(&parent) && self.cut_versions()?.contains(&id) {
+                return Err(unknown(format!(
+                    "past the history this partial clone holds ({} is where it is cut; `ckpt checkout` fetches it)",
+                    id.short(12)
+                )));
+            }
+            id = parent;
         }
         Ok(id)
     }
@@ -800,9 +822,11 @@ impl Repo {
         }
         let mut id = Some(self.resolve(rev)?);
         let mut out = Vec::new();
+        let cut = self.cut_versions()?;
         while let Some(current) = id {
             let info = self.version_info(&current)?;
-            id = info.parents.first().copied();
+            // A partial clone's history ends at a cut version (partial.rs).
+            id = info.parents.first().copied().filter(|p| !cut.contains(&current) || self.store.contains(p));
             out.push(info);
             if out.len() > 10_000_000 {
                 return Err(Error::CorruptMetadata { id: current, reason: "history does not end".into() });

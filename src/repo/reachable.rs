@@ -44,13 +44,15 @@ impl Repo {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         let mut stack: Vec<VersionId> = roots.to_vec();
+        // A partial clone's history ends at its cut versions (partial.rs).
+        let cut = self.cut_versions()?;
         while let Some(id) = stack.pop() {
             if skip(&id) || !seen.insert(id) {
                 continue;
             }
             let version = self.version(&id)?;
             out.push(Needed { id, kind: ObjectKind::Version, reference: None });
-            stack.extend(version.parents.iter().copied());
+            stack.extend(self.parents_here(&cut, &id, &version.parents));
             for file in &version.files {
                 if skip(&file.manifest) || !seen.insert(file.manifest) {
                     continue;

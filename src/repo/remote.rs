@@ -11,6 +11,7 @@
 //! - A remote ref moves by compare-and-swap against the state the pusher read, and only
 //!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
 
+use super::remote_delta::WireDelta;
 use super::{check_name, Error, Head, Needed, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Remote, S3Options, UploadMode, Uploaded};
@@ -83,6 +84,9 @@ pub struct PushReport {
     /// Objects the pushed versions need that the remote already had (found by listing, or
     /// found present on upload).
     pub objects_present: u64,
+    /// Of `objects_sent`, blobs sent as XOR deltas against a blob the remote already had
+    /// (docs/format.md, "Remotes": deltas on the wire).
+    pub objects_sent_as_deltas: u64,
     /// Requests sent to the remote.
     pub requests: u64,
 }
@@ -289,6 +293,7 @@ impl Repo {
 
     /// Whether `ancestor` is `id` or one of its ancestors (all parents), read locally.
     pub fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
+        let cut = self.cut_versions()?;
         let mut seen = HashSet::new();
         let mut stack = vec![*id];
         while let Some(v) = stack.pop() {
@@ -296,7 +301,8 @@ impl Repo {
                 return Ok(true);
             }
             if seen.insert(v) {
-                stack.extend(self.version(&v)?.parents);
+                let parents = self.version(&v)?.parents;
+                stack.extend(self.parents_here(&cut, &v, &parents));
             }
         }
         Ok(false)
@@ -420,16 +426,22 @@ impl Repo {
         let have: HashSet<ObjectId> = self.named(&remote_known)?.into_iter().map(|n| n.id).collect();
         let roots: Vec<VersionId> = moves.iter().map(|m| m.4).collect();
         let mut need = self.reachable(&roots, &|id| have.contains(id))?;
+        let mut present: HashSet<ObjectId> = HashSet::new();
         if !need.is_empty() {
             // Objects a previous, interrupted push left there (one listing, not a request per
             // object).
-            let present: HashSet<ObjectId> =
-                remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+            present = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
             let before = need.len();
             need.retain(|n| !present.contains(&n.id));
             report.objects_present += (before - need.len()) as u64;
         }
-        self.upload(remote, &need, options.transfers, &mut report)?;
+        self.check_pushable(&need, &|id| have.contains(id) || present.contains(id), &url)?;
+        // New blobs go up as deltas against the parent version's blobs where the remote has
+        // them (remote_delta.rs).
+        let versions: Vec<VersionId> = need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
+        let need_blobs: HashSet<ObjectId> = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
+        let wire = self.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || present.contains(id))?;
+        self.upload(remote, &need, &wire, options.transfers, &mut report)?;
 
         for (kind, name, key, old, id, expect) in moves {
             match put_ref(remote, &key, &id, &expect) {
@@ -450,7 +462,14 @@ impl Repo {
 
     /// Uploads `need`, a delta's reference before the delta (by levels: objects with no
     /// reference to upload first, then the deltas on them, ...), each level in parallel.
-    fn upload(&self, remote: &dyn Remote, need: &[Needed], transfers: usize, report: &mut PushReport) -> Result<()> {
+    fn upload(
+        &self,
+        remote: &dyn Remote,
+        need: &[Needed],
+        wire: &HashMap<ObjectId, WireDelta>,
+        transfers: usize,
+        report: &mut PushReport,
+    ) -> Result<()> {
         let index: HashMap<ObjectId, &Needed> = need.iter().map(|n| (n.id, n)).collect();
         let mut level: HashMap<ObjectId, usize> = HashMap::new();
         for n in need {
@@ -482,8 +501,35 @@ impl Repo {
         let sent = AtomicU64::new(0);
         let sent_bytes = AtomicU64::new(0);
         let existed = AtomicU64::new(0);
+        let as_deltas = AtomicU64::new(0);
         for ids in levels.values() {
             parallel(ids, transfers, |id| {
+                if let Some(plan) = wire.get(id) {
+                    if let Some((tmp, len)) = self.encode_wire_delta(id, plan)? {
+                        let uploaded = with_retries(|| {
+                            Ok(remote.upload(
+                                &remote::object_key(id),
+                                tmp.as_file(),
+                                tmp.path(),
+                                len,
+                                UploadMode::CreateOnly,
+                            )?)
+                        })?;
+                        match uploaded {
+                            Uploaded::Created => {
+                                sent.fetch_add(1, Ordering::Relaxed);
+                                sent_bytes.fetch_add(len, Ordering::Relaxed);
+                                as_deltas.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Uploaded::Existed => {
+                                existed.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        let whole = self.store.stored_len(id).unwrap_or(len);
+                        self.progress.set(done.fetch_add(whole, Ordering::Relaxed) + whole);
+                        return Ok(());
+                    }
+                }
                 let path = self.store.object_path(id);
                 let mut file = std::fs::File::open(&path).map_err(|e| match e.kind() {
                     std::io::ErrorKind::NotFound => Error::Store(crate::store::Error::Missing { id: *id }),
@@ -517,7 +563,27 @@ impl Repo {
         report.objects_sent += sent.into_inner();
         report.bytes_sent += sent_bytes.into_inner();
         report.objects_present += existed.into_inner();
+        report.objects_sent_as_deltas += as_deltas.into_inner();
         Ok(())
+    }
+
+    /// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
+    /// `None` when that would not be smaller than its object here (it then goes up as it is).
+    fn encode_wire_delta(&self, id: &ObjectId, plan: &WireDelta) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
+        let target = self.store.open_blob(id)?;
+        let reference = self.store.open_blob(&plan.reference)?;
+        let limit = target.stored_len();
+        match self.store.encode_delta_for_transfer(&target, &reference, plan.depth, limit, &self.config.codec_options())
+        {
+            Ok(done) => Ok(done),
+            // A pair the coder refuses (another chunk size since a config change): sent whole.
+            Err(crate::store::Error::Encode { source: crate::codec::Error::InvalidInput(reason), .. })
+                if !reason.starts_with("writing") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     // ---- fetch ----------------------------------------------------------------------------
@@ -532,6 +598,19 @@ impl Repo {
 
     /// [`Repo::fetch`] from an opened remote, recorded under the remote name `name`.
     pub fn fetch_from(&self, remote: &dyn Remote, name: &str, transfers: usize) -> Result<FetchReport> {
+        self.fetch_refs(remote, name, transfers, None, None)
+    }
+
+    /// [`Repo::fetch_from`]; with `only_branch`, that branch alone (no tags), and with `depth`
+    /// only its newest `depth` versions (partial.rs).
+    fn fetch_refs(
+        &self,
+        remote: &dyn Remote,
+        name: &str,
+        transfers: usize,
+        only_branch: Option<&str>,
+        depth: Option<usize>,
+    ) -> Result<FetchReport> {
         check_name(name)?;
         // gc must not delete what arrives before a ref names it.
         let _lock = self.lock()?;
@@ -550,11 +629,14 @@ impl Repo {
             if check_name(ref_name).is_err() {
                 continue;
             }
+            if only_branch.is_some_and(|b| kind != RefKind::Branch || b != ref_name) {
+                continue;
+            }
             let Some(small) = remote.get_small(&key)? else { continue };
             refs.push((kind, ref_name.to_string(), parse_ref(remote, &key, &small.bytes)?));
         }
         let roots: Vec<VersionId> = refs.iter().map(|r| r.2).filter(|id| !self.store.contains(id)).collect();
-        self.download(remote, &roots, transfers, &mut report)?;
+        self.download(remote, &roots, transfers, &mut report, depth, name)?;
 
         for (kind, ref_name, id) in refs {
             match kind {
@@ -587,6 +669,11 @@ impl Repo {
         with_retries(|| self.receive_once(remote, id, received))
     }
 
+    /// Downloads one object into a temp file of the store, reopened for reading.
+    pub(super) fn receive_temp(&self, remote: &dyn Remote, id: &ObjectId) -> Result<tempfile::NamedTempFile> {
+        Self::reopen(self.receive(remote, id, &AtomicU64::new(0))?)
+    }
+
     fn receive_once(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
         let tmp = self.store.receive_file()?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
@@ -616,12 +703,18 @@ impl Repo {
     /// bottom-up (blobs bases first, manifests, versions parents first), so that an object
     /// present here always has everything it needs and an interrupted fetch is resumed by
     /// walking down from the roots again.
-    fn download(
+    ///
+    /// With `depth`, only versions fewer than `depth` parents away from a root are downloaded
+    /// (a partial clone); those whose parents stay behind are recorded as cut versions of
+    /// remote `remote_name` (partial.rs) before anything is stored.
+    pub(super) fn download(
         &self,
         remote: &dyn Remote,
         roots: &[VersionId],
         transfers: usize,
         report: &mut FetchReport,
+        depth: Option<usize>,
+        remote_name: &str,
     ) -> Result<()> {
         let received = AtomicU64::new(0);
         self.progress.start("fetch", 0);
@@ -630,8 +723,10 @@ impl Repo {
         let mut manifests: Vec<(ObjectId, tempfile::TempPath)> = Vec::new();
         let mut blobs: Vec<ObjectId> = Vec::new();
         let mut seen: HashSet<ObjectId> = HashSet::new();
-        let mut stack: Vec<VersionId> = roots.to_vec();
-        while let Some(id) = stack.pop() {
+        let mut cut: Vec<VersionId> = Vec::new();
+        // Breadth first, so that a version's distance from the roots is its shortest.
+        let mut queue: std::collections::VecDeque<(VersionId, usize)> = roots.iter().map(|r| (*r, 0)).collect();
+        while let Some((id, level)) = queue.pop_front() {
             if self.store.contains(&id) || !seen.insert(id) {
                 continue;
             }
@@ -653,8 +748,17 @@ impl Repo {
                 }
                 manifests.push((file.manifest, mtmp.into_temp_path()));
             }
-            stack.extend(version.parents.iter().copied());
+            if depth.is_some_and(|d| level + 1 >= d) {
+                if version.parents.iter().any(|p| !self.store.contains(p)) {
+                    cut.push(id);
+                }
+            } else {
+                queue.extend(version.parents.iter().map(|p| (*p, level + 1)));
+            }
             versions.push((id, version, tmp.into_temp_path()));
+        }
+        if !cut.is_empty() {
+            self.add_cut(remote_name, &cut)?;
         }
 
         // Blobs, in parallel. Each is stored as soon as its reference is here (so an
@@ -668,11 +772,23 @@ impl Repo {
             Ok(())
         };
         let mut pending: HashMap<ObjectId, (tempfile::TempPath, Option<ObjectId>)> = HashMap::new();
+        // The delta that asked for each base fetched in a later round (to name it if the base
+        // is missing on the remote).
+        let mut needed_by: HashMap<ObjectId, ObjectId> = HashMap::new();
         let mut round = blobs;
         while !round.is_empty() {
             let waiting: Mutex<Vec<(ObjectId, tempfile::TempPath, Option<ObjectId>)>> = Mutex::new(Vec::new());
             parallel(&round, transfers, |id| {
-                let path = self.receive(remote, id, &received)?;
+                let path = match (self.receive(remote, id, &received), needed_by.get(id)) {
+                    (Err(Error::Remote(remote::Error::NotFound { .. })), Some(delta)) => {
+                        return Err(crate::store::Error::Corrupt {
+                            id: *delta,
+                            reason: format!("its delta base {id} is missing on remote {}", remote.url()),
+                        }
+                        .into())
+                    }
+                    (result, _) => result?,
+                };
                 let tmp = Self::reopen(path)?;
                 let header = self.store.received_header(id, &tmp)?;
                 if header.kind != ObjectKind::Blob {
@@ -696,6 +812,7 @@ impl Repo {
                 if let Some(r) = reference {
                     if !self.store.contains(&r) && seen.insert(r) {
                         round.push(r);
+                        needed_by.insert(r, id);
                     }
                 }
                 pending.insert(id, (path, reference));
@@ -859,14 +976,53 @@ impl Repo {
         transfers: usize,
         progress: Option<std::sync::Arc<dyn super::Progress>>,
     ) -> Result<(Repo, FetchReport)> {
+        Self::clone_with_depth(url, dir, s3, transfers, progress, None)
+    }
+
+    /// [`Repo::clone_from`]; with `depth`, a partial clone: only the cloned branch (`main`, or
+    /// the first), and only its newest `depth` versions with what they need (partial.rs).
+    pub fn clone_with_depth(
+        url: &str,
+        dir: &Path,
+        s3: S3Options,
+        transfers: usize,
+        progress: Option<std::sync::Arc<dyn super::Progress>>,
+        depth: Option<usize>,
+    ) -> Result<(Repo, FetchReport)> {
         // Open the remote first: a bad URL leaves no repository behind.
         let remote = remote::open(url, &s3)?;
+        let only_branch = match depth {
+            Some(0) => {
+                return Err(Error::UnknownRevision {
+                    rev: "--depth 0".into(),
+                    reason: "the depth must be at least 1".into(),
+                })
+            }
+            Some(_) => {
+                let mut branches: Vec<String> = remote
+                    .list("refs/heads/")?
+                    .iter()
+                    .filter_map(|k| k.strip_prefix("refs/heads/"))
+                    .filter(|b| check_name(b).is_ok())
+                    .map(str::to_string)
+                    .collect();
+                branches.sort();
+                match branches.iter().position(|b| b == super::DEFAULT_BRANCH) {
+                    Some(i) => Some(branches.swap_remove(i)),
+                    None => branches.into_iter().next(),
+                }
+            }
+            None => None,
+        };
         let mut repo = Repo::init(dir)?;
         if let Some(p) = progress {
             repo.set_progress(p);
         }
         repo.add_remote("origin", url, s3)?;
-        let report = repo.fetch_from(remote.as_ref(), "origin", transfers)?;
+        let report = match (&only_branch, depth) {
+            (Some(b), Some(_)) => repo.fetch_refs(remote.as_ref(), "origin", transfers, Some(b), depth)?,
+            _ => repo.fetch_from(remote.as_ref(), "origin", transfers)?,
+        };
         let branches: Vec<String> = report
             .updated
             .iter()

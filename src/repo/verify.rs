@@ -116,6 +116,7 @@ impl Repo {
 
         // Every version the refs reach.
         let present: HashSet<ObjectId> = ids.iter().copied().collect();
+        let cut = self.cut_versions()?;
         let mut stack = Vec::new();
         for (name, id) in roots {
             if !present.contains(&id) || !matches!(self.store.header(&id), Ok(h) if h.kind == ObjectKind::Version) {
@@ -141,7 +142,8 @@ impl Repo {
             };
             check(id, &mut missing);
             if let Ok(version) = self.version(&id) {
-                stack.extend(version.parents.iter().copied());
+                // A partial clone's history ends at its cut versions (partial.rs).
+                stack.extend(self.parents_here(&cut, &id, &version.parents));
                 for file in &version.files {
                     check(file.manifest, &mut missing);
                     if let Ok(manifest) = self.manifest(&file.manifest) {

@@ -255,6 +255,58 @@ impl Store {
         self.write_delta_object(older.id(), header, BlobData::Stored(older), newer, limit, options, &feedback)
     }
 
+    /// Codes blob `target` as an XOR delta against blob `reference` for another store that
+    /// holds `reference` (a remote): the object goes to a temp file in `tmp/`, never into this
+    /// store, whatever form either blob has here (XOR is symmetric: `target` may even be stored
+    /// here as a delta against `reference` or the reverse). Its header names `reference` and
+    /// records `depth`, the depth the other store's chain will have. Both chains are read chunk
+    /// by chunk in grouped form (payload checksums checked), as a reverse-delta rewrite reads
+    /// them. Returns `None` when the object would take `limit` bytes or more; the temp file and
+    /// its length otherwise.
+    pub fn encode_delta_for_transfer(
+        &self,
+        target: &BlobChain,
+        reference: &BlobChain,
+        depth: u32,
+        limit: u64,
+        options: &Options,
+    ) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
+        let mismatch = if target.id() == reference.id() {
+            Some(format!("{} against itself", target.id()))
+        } else if target.len() != reference.len() {
+            Some(format!("{} bytes against {}", target.len(), reference.len()))
+        } else if target.dtype() != reference.dtype() || target.chunk_size() != reference.chunk_size() {
+            Some("dtype or chunk size differs".to_string())
+        } else if depth == 0 || depth > MAX_CHAIN_DEPTH {
+            Some(format!("chain depth {depth}"))
+        } else {
+            None
+        };
+        if let Some(reason) = mismatch {
+            return Err(Error::Encode { id: target.id(), source: crate::codec::Error::InvalidInput(reason) });
+        }
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype: target.dtype(),
+            reference: Some(reference.id()),
+            depth,
+            raw_len: target.len(),
+        };
+        // The delta must use the reference's chunk size so chunk i lines up with chunk i.
+        let options = Options { chunk_size: reference.chunk_size, ..options.clone() };
+        self.write_temp_object(target.id(), header, Some(limit), |out| {
+            encode_blob(
+                target.id(),
+                out,
+                BlobData::Stored(target),
+                Some(reference),
+                header.dtype,
+                &options,
+                &Feedback::NONE,
+            )
+        })
+    }
+
     /// Writes object `id` with `header`, its container coding `data` XORed with `xor_with`,
     /// unless the object would take `limit` bytes or more. The container records `id` as its
     /// content hash: for stored data it is taken as given; for bytes with

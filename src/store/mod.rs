@@ -336,6 +336,28 @@ impl Store {
         limit: Option<u64>,
         encode: impl FnOnce(&mut dyn Write) -> Result<blake3::Hash>,
     ) -> Result<Option<Written>> {
+        let Some((tmp, stored_len)) = self.write_temp_object(id, header, limit, encode)? else {
+            return Ok(None);
+        };
+        match &self.background {
+            // The receivers live until every view is dropped, so a send fails only if all the
+            // syncing threads died, which `persist` (returning errors, not panicking) rules out.
+            Some(queue) => queue.send(PendingObject { tmp, id }).expect("the syncing threads outlive every view"),
+            None => self.persist(tmp, &id)?,
+        }
+        Ok(Some(Written { id, header, stored_len }))
+    }
+
+    /// Writes object `id` (its header, then what `encode` writes, which must hash to `id`) to a
+    /// temp file in `tmp/`, not stored; `None` if it takes `limit` bytes or more. Returns the
+    /// temp file and its length.
+    pub(super) fn write_temp_object(
+        &self,
+        id: ObjectId,
+        header: ObjectHeader,
+        limit: Option<u64>,
+        encode: impl FnOnce(&mut dyn Write) -> Result<blake3::Hash>,
+    ) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
         let tmp = self.temp_file()?;
         let stored_len = {
             let mut w = BufWriter::with_capacity(1 << 20, EarlyWriteback::new(tmp.as_file()));
@@ -357,13 +379,7 @@ impl Store {
         if limit.is_some_and(|l| stored_len >= l) {
             return Ok(None);
         }
-        match &self.background {
-            // The receivers live until every view is dropped, so a send fails only if all the
-            // syncing threads died, which `persist` (returning errors, not panicking) rules out.
-            Some(queue) => queue.send(PendingObject { tmp, id }).expect("the syncing threads outlive every view"),
-            None => self.persist(tmp, &id)?,
-        }
-        Ok(Some(Written { id, header, stored_len }))
+        Ok(Some((tmp, stored_len)))
     }
 
     fn temp_file(&self) -> Result<tempfile::NamedTempFile> {

@@ -379,3 +379,36 @@ fn reference_cycle_is_an_error_not_a_hang() {
         assert!(store.verify(&id).is_err());
     }
 }
+
+#[test]
+fn delta_for_transfer_is_imported_by_a_store_holding_the_reference() {
+    // Here: v1 standalone, v0 rewritten as a reverse delta against it (the newest is whole).
+    let (_dir, store, v0, v1, id0, id1) = store_with_base(21, 40_000, 7);
+    store.write_blob(id1, &v1, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let (chain0, chain1) = (store.open_blob(&id0).unwrap(), store.open_blob(&id1).unwrap());
+    store.rewrite_as_delta_against(&chain0, &chain1, u64::MAX, &options(), &|_| {}).unwrap();
+    let (chain0, chain1) = (store.open_blob(&id0).unwrap(), store.open_blob(&id1).unwrap());
+    assert_eq!(chain0.depth(), 1);
+
+    // There: v0 standalone. v1 goes over as a delta against v0, built from the reverse form.
+    let (tmp, len) =
+        store.encode_delta_for_transfer(&chain1, &chain0, 1, u64::MAX, &options()).unwrap().expect("smaller");
+    assert!(len < chain1.stored_len() / 2, "{len} bytes for a delta of a {} byte blob", chain1.stored_len());
+    assert!(!store.object_path(&id1).starts_with(tmp.path()), "not stored here");
+    assert_eq!(read(&store, &id1), v1, "this store is unchanged");
+    let there_dir = tempfile::tempdir().unwrap();
+    let there = Store::init(there_dir.path()).unwrap();
+    there.write_blob(id0, &v0, Some(Dtype::Bf16), &options(), &Feedback::NONE).unwrap();
+    let received = there.receive_file().unwrap();
+    std::fs::copy(tmp.path(), received.path()).unwrap();
+    let written = there.import(&id1, Some(ObjectKind::Blob), received).unwrap();
+    assert_eq!(written.header.reference, Some(id0));
+    assert_eq!(read(&there, &id1), v1);
+
+    // A limit it does not fit under, and pairs it refuses.
+    assert!(store.encode_delta_for_transfer(&chain1, &chain0, 1, 100, &options()).unwrap().is_none());
+    let err = store.encode_delta_for_transfer(&chain1, &chain1, 1, u64::MAX, &options()).err().unwrap();
+    assert!(err.to_string().contains("against itself"), "{err}");
+    let err = store.encode_delta_for_transfer(&chain1, &chain0, 0, u64::MAX, &options()).err().unwrap();
+    assert!(err.to_string().contains("depth 0"), "{err}");
+}

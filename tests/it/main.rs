@@ -6,6 +6,7 @@ mod git_filter;
 mod proxy;
 mod remote;
 mod remote_faults;
+mod remote_wire;
 mod repo_compact;
 mod repo_crash;
 mod repo_faults;

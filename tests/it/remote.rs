@@ -70,15 +70,15 @@ impl S3Server {
 
 /// A remote under test: its URL, the environment the `ckpt` processes need for it, and where
 /// its object files are on disk (to damage one).
-struct Served {
-    url: String,
+pub(crate) struct Served {
+    pub(crate) url: String,
     env: Vec<(&'static str, String)>,
-    objects: PathBuf,
+    pub(crate) objects: PathBuf,
     _dir: Option<tempfile::TempDir>,
     _server: Option<S3Server>,
 }
 
-fn directory() -> Option<Served> {
+pub(crate) fn directory() -> Option<Served> {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("remote");
     Some(Served {
@@ -90,7 +90,7 @@ fn directory() -> Option<Served> {
     })
 }
 
-fn s3() -> Option<Served> {
+pub(crate) fn s3() -> Option<Served> {
     let server = S3Server::start()?;
     let env = vec![
         ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
@@ -110,7 +110,7 @@ fn s3() -> Option<Served> {
 
 impl Served {
     /// Runs `ckpt` in `dir` with the remote's environment.
-    fn ckpt(&self, dir: &Path, args: &[&str]) -> Output {
+    pub(crate) fn ckpt(&self, dir: &Path, args: &[&str]) -> Output {
         let mut c = ckpt_command(dir, args);
         for (k, v) in &self.env {
             c.env(k, v);
@@ -123,19 +123,19 @@ impl Served {
         out
     }
 
-    fn ok(&self, dir: &Path, args: &[&str]) -> Output {
+    pub(crate) fn ok(&self, dir: &Path, args: &[&str]) -> Output {
         let out = self.ckpt(dir, args);
         assert!(out.status.success(), "ckpt {args:?} failed: {}", stderr(&out));
         out
     }
 }
 
-fn model(seed: u64, epoch: u32) -> Vec<u8> {
+pub(crate) fn model(seed: u64, epoch: u32) -> Vec<u8> {
     synthetic_checkpoint(seed, Dtype::Bf16, SMALL_MODEL, epoch)
 }
 
 /// A new working tree with a repository and `epochs` commits of `model.safetensors`.
-fn trained(r: &Served, seed: u64, epochs: u32) -> tempfile::TempDir {
+pub(crate) fn trained(r: &Served, seed: u64, epochs: u32) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     r.ok(dir.path(), &["init"]);
     for e in 0..epochs {
@@ -149,7 +149,7 @@ fn head_of(dir: &Path, branch: &str) -> String {
     std::fs::read_to_string(dir.join(".ckpt/refs/heads").join(branch)).unwrap()
 }
 
-fn json(out: &Output) -> serde_json::Value {
+pub(crate) fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("json output")
 }
 

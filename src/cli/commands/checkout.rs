@@ -38,7 +38,13 @@ pub fn run(ui: &Ui, base: &Path, args: CheckoutArgs) -> Result<()> {
         tensor: args.tensor.clone(),
         force: args.force,
     };
-    let summary = repo.checkout_with(&args.rev, &options)?;
+    // In a partial clone, a version outside its history is downloaded first.
+    let rev = if repo.partial_clone()?.is_some() {
+        repo.fetch_revision(&args.rev, super::push::transfers())?.to_hex()
+    } else {
+        args.rev.clone()
+    };
+    let summary = repo.checkout_with(&rev, &options)?;
     if summary.files.is_empty() && args.tensor.is_some() {
         anyhow::bail!("no tensor matches {:?}", args.tensor.unwrap_or_default());
     }

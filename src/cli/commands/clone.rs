@@ -1,4 +1,4 @@
-//! `ckpt clone URL [DIR] [--endpoint URL] [--region R] [--allow-http]`.
+//! `ckpt clone URL [DIR] [--depth N] [--endpoint URL] [--region R] [--allow-http]`.
 
 use crate::cli::ui::{BarProgress, Ui};
 use crate::remote::S3Options;
@@ -20,6 +20,10 @@ pub struct CloneArgs {
     /// Machine-readable summary of the fetch.
     #[arg(long)]
     json: bool,
+    /// A partial clone: only the newest N versions of the cloned branch (main, or the first)
+    /// and what they need; `ckpt checkout` of an older version downloads it then.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    depth: Option<u64>,
 }
 
 /// Runs `ckpt clone`.
@@ -34,7 +38,8 @@ pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
     };
     let s3: S3Options = args.s3.into();
     let progress = std::sync::Arc::new(BarProgress::new(ui));
-    let (repo, report) = Repo::clone_from(&args.url, &dir, s3, super::push::transfers(), Some(progress))
+    let depth = args.depth.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
+    let (repo, report) = Repo::clone_with_depth(&args.url, &dir, s3, super::push::transfers(), Some(progress), depth)
         .with_context(|| format!("cloning {}", args.url))?;
     super::fetch::print(&report, args.json)?;
     eprintln!("cloned into {}", repo.root().display());

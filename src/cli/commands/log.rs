@@ -123,5 +123,16 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
         }
         writeln!(out)?;
     }
+    // A partial clone (`clone --depth`): say where the history it holds ends.
+    if let Some(last) = versions.last().filter(|_| args.max_count.is_none_or(|n| versions.len() < n)) {
+        if repo.history_cut_at(&last.id)? {
+            let remote = repo.partial_clone()?.map(|p| p.remote).unwrap_or_default();
+            writeln!(
+                out,
+                "(history cut here: a partial clone of remote {remote}; `ckpt checkout {}~1` downloads older versions)",
+                last.id.short(12)
+            )?;
+        }
+    }
     Ok(())
 }

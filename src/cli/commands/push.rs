@@ -46,10 +46,11 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
         eprintln!("{name}: up to date");
     }
     eprintln!(
-        "{}: sent {} objects ({}), {} already there, {} requests",
+        "{}: sent {} objects ({}; {} as deltas against what it had), {} already there, {} requests",
         report.remote,
         report.objects_sent,
         bytes(report.bytes_sent),
+        report.objects_sent_as_deltas,
         report.objects_present,
         report.requests
     );
