@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Training-loop stall of a checkpoint from Python (issue 20, docs/BENCHMARKS.md "Python package").
+
+Measures, on the same tensors in the same run (medians over --runs):
+
+  memcpy      copying every tensor in memory (``arr.copy()``, fresh buffers): the floor
+  background  ``repo.commit({...: dict}, background=True)`` until it returns (the stall), and
+              until ``wait()`` returns (the whole commit, for information)
+  foreground  ``repo.commit({...: dict})``
+  st_numpy    ``safetensors.numpy.save_file`` of the same dicts to local disk
+  st_torch    ``safetensors.torch.save_file`` (if torch is installed)
+  torch_save  ``torch.save`` of the same dicts (if torch is installed)
+
+and the peak memory of a background commit in a fresh process: VmHWM (reset through
+/proc/self/clear_refs before the commit) minus VmRSS before it, against the bytes captured plus
+300 MiB.
+
+Tensors: the corpus' fp32 fine-tune epoch and its AdamW state (~/.cache/ckpt-corpus/series:
+model + optimizer, as a training loop checkpoints them), each run nudging one tensor so every
+commit stores something new; else synthetic float32 tensors (--synthetic-mb).
+
+    python3 benches/python_stall.py [--runs 5] [--json out.json]
+
+Needs the package installed (pip install ./python), numpy and safetensors; torch optional.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+CORPUS = pathlib.Path(os.environ.get("CKPT_CORPUS", pathlib.Path.home() / ".cache" / "ckpt-corpus")) / "series"
+
+
+def load_state(synthetic_mb):
+    from safetensors.numpy import load_file
+
+    model = CORPUS / "fp32" / "epoch_01.safetensors"
+    optim = CORPUS / "optim" / "adamw_epoch_01.safetensors"
+    if model.is_file() and optim.is_file() and synthetic_mb == 0:
+        return {"model.safetensors": load_file(str(model)), "optimizer.safetensors": load_file(str(optim))}, \
+            f"corpus {model.name} + {optim.name}"
+    rng = np.random.default_rng(0)
+    n = max(1, synthetic_mb // 16)
+    model = {f"layer{i}.weight": (rng.standard_normal(4 << 20) * 0.02).astype(np.float32) for i in range(n)}
+    return {"model.safetensors": model}, f"synthetic {n} x 16 MiB float32"
+
+
+def nbytes(state):
+    return sum(a.nbytes for d in state.values() for a in d.values())
+
+
+def nudge(state, i):
+    """A training step: one tensor of each file changes (in place, as an optimizer does)."""
+    for d in state.values():
+        name = sorted(d)[i % len(d)]
+        d[name].reshape(-1)[: 1024] += d[name].dtype.type(1e-3) if d[name].dtype.kind == "f" else 1
+
+
+def median_time(f, runs, setup=None):
+    times = []
+    for i in range(runs):
+        if setup:
+            setup(i)
+        t = time.perf_counter()
+        f(i)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def vm(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def peak_child(args):
+    """Runs in a fresh process: peak memory of one background commit."""
+    import ckpt
+
+    state, _ = load_state(args.synthetic_mb)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-stall-peak-", dir=args.dir))
+    try:
+        repo = ckpt.Repo.init(work / "repo")
+        repo.commit(state, "warm-up")  # the first version, so the measured one has a parent
+        nudge(state, 1)
+        before = vm("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        h = repo.commit(state, "measured", background=True)
+        h.wait()
+        peak = vm("VmHWM")
+        print(json.dumps({"rss_before": before, "peak": peak, "delta": peak - before, "captured": nbytes(state)}))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--synthetic-mb", type=int, default=0, help="use synthetic tensors of this size")
+    p.add_argument("--dir", default=None, help="where the repositories and files go (default: $TMPDIR)")
+    p.add_argument("--json", default=None)
+    p.add_argument("--peak-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.peak_child:
+        return peak_child(args)
+
+    import ckpt
+    from safetensors.numpy import save_file as np_save
+
+    try:
+        import torch
+        from safetensors.torch import save_file as pt_save
+    except ImportError:
+        torch = None
+
+    state, source = load_state(args.synthetic_mb)
+    total = nbytes(state)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-stall-", dir=args.dir))
+    results = {"tensors": source, "bytes": total, "runs": args.runs, "cpus": os.cpu_count(),
+               "load_before": os.getloadavg()}
+    try:
+        def memcpy(i):
+            return {f: {k: v.copy() for k, v in d.items()} for f, d in state.items()}
+
+        results["memcpy"] = median_time(memcpy, args.runs, setup=lambda i: nudge(state, i))
+
+        repo = ckpt.Repo.init(work / "bg")
+        repo.commit(state, "base")
+        handles = []
+
+        def background(i):
+            handles.append(repo.commit(state, f"bg {i}", background=True))
+
+        def settle(i):
+            nudge(state, i)
+            if handles:
+                handles[-1].wait()  # outside the timing: the loop's next step would overlap it
+
+        results["background_stall"] = median_time(background, args.runs, setup=settle)
+        handles[-1].wait()
+
+        def background_whole(i):
+            repo.commit(state, f"bg whole {i}", background=True).wait()
+
+        results["background_whole"] = median_time(background_whole, args.runs, setup=lambda i: nudge(state, i))
+
+        repo_fg = ckpt.Repo.init(work / "fg")
+        repo_fg.commit(state, "base")
+        results["foreground"] = median_time(lambda i: repo_fg.commit(state, f"fg {i}"), args.runs,
+                                            setup=lambda i: nudge(state, i))
+
+        out = work / "files"
+        out.mkdir()
+
+        def st_numpy(i):
+            for f, d in state.items():
+                np_save(d, str(out / f))
+
+        results["st_numpy"] = median_time(st_numpy, args.runs, setup=lambda i: nudge(state, i))
+        if torch is not None:
+            tstate = {f: {k: torch.from_numpy(v) for k, v in d.items()} for f, d in state.items()}
+
+            def st_torch(i):
+                for f, d in tstate.items():
+                    pt_save(d, str(out / f))
+
+            def torch_save(i):
+                for f, d in tstate.items():
+                    torch.save(d, str(out / (f + ".pt")))
+
+            def bg_torch(i):
+                handles.append(repo.commit(tstate, f"bg torch {i}", background=True))
+
+            results["st_torch"] = median_time(st_torch, args.runs, setup=lambda i: nudge(state, i))
+            results["torch_save"] = median_time(torch_save, args.runs, setup=lambda i: nudge(state, i))
+            results["background_stall_torch"] = median_time(bg_torch, args.runs, setup=settle)
+            handles[-1].wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    child = subprocess.run([sys.executable, __file__, "--peak-child", "--synthetic-mb", str(args.synthetic_mb)]
+                           + (["--dir", args.dir] if args.dir else []), capture_output=True, text=True)
+    if child.returncode == 0:
+        results["peak"] = json.loads(child.stdout.strip().splitlines()[-1])
+    else:
+        results["peak_error"] = child.stderr[-2000:]
+    results["load_after"] = os.getloadavg()
+
+    mib = total / 2**20
+    print(f"tensors: {source}, {mib:.1f} MiB; medians of {args.runs}; load {results['load_before'][0]:.1f}")
+    print("| what | median s | GB/s | vs memcpy |")
+    print("|---|---:|---:|---:|")
+    base = results["memcpy"][0]
+    for key in ("memcpy", "background_stall", "background_stall_torch", "background_whole", "foreground",
+                "st_numpy", "st_torch", "torch_save"):
+        if key in results:
+            t = results[key][0]
+            print(f"| {key} | {t:.3f} | {total / t / 1e9:.2f} | {t / base:.2f}x |")
+    if "peak" in results:
+        pk = results["peak"]
+        limit = pk["captured"] + (300 << 20)
+        print(f"peak of a background commit: +{pk['delta'] / 2**20:.0f} MiB over {pk['rss_before'] / 2**20:.0f} MiB "
+              f"(captured {pk['captured'] / 2**20:.0f} MiB; limit captured + 300 MiB = {limit / 2**20:.0f} MiB: "
+              f"{'met' if pk['delta'] <= limit else 'NOT met'})")
+    stall = results["background_stall"][0]
+    print(f"stall / memcpy = {stall / base:.2f} (target <= 1.5); stall < safetensors.numpy save_file: "
+          f"{stall < results['st_numpy'][0]}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
