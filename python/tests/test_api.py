@@ -309,3 +309,35 @@ def test_transformers_callback_commits_each_checkpoint_folder(tmp_path):
     assert log[0]["stored_bytes"] < log[1]["stored_bytes"] / 2
     # Other events are accepted without transformers.
     callback.on_epoch_end(args, state, control)
+
+
+def test_lightning_callback_commits_each_saved_checkpoint_file(tmp_path, fixtures):
+    import shutil
+    from types import SimpleNamespace
+
+    from ckpt.lightning import CkptCallback
+
+    root = tmp_path / "lightning"
+    (root / "ckpts").mkdir(parents=True)
+    checkpointer = SimpleNamespace(last_model_path="", best_model_path="", best_k_models={})
+    trainer = SimpleNamespace(default_root_dir=str(root), global_step=0, is_global_zero=True,
+                              checkpoint_callbacks=[checkpointer])
+    callback = CkptCallback()
+    for step, source in ((100, "model_epoch1.pt"), (200, "model_epoch2.pt")):
+        trainer.global_step = step
+        callback.on_save_checkpoint(trainer, None, {})
+        path = root / "ckpts" / f"epoch={step // 100}-step={step}.ckpt"
+        shutil.copy(fixtures / source, path)  # Lightning writes the file after the hook
+        checkpointer.best_model_path = str(path)
+        callback.on_train_epoch_start(trainer, None)
+        callback.on_train_batch_start(trainer, None, None, 0)  # nothing new: no second version
+    callback.on_fit_end(trainer, None)
+    repo = ckpt.Repo(root)
+    log = repo.log()
+    assert [v["message"] for v in log] == ["step 200", "step 100"]
+    assert set(repo.tags()) == {"step-100", "step-200"}
+    assert repo.files("step-100") == ["epoch=1-step=100.ckpt"]
+    assert repo.file_info("step-200")["epoch=2-step=200.ckpt"]["format"] == "torch"
+    repo.checkout("step-100", output=tmp_path / "out")
+    assert sha(tmp_path / "out" / "epoch=1-step=100.ckpt") == sha(fixtures / "model_epoch1.pt")
+    callback.on_validation_end(trainer, None)  # any other hook is accepted without Lightning
