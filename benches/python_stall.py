@@ -12,8 +12,8 @@ Measures, on the same tensors in the same run (medians over --runs):
   torch_save  ``torch.save`` of the same dicts (if torch is installed)
 
 and the peak memory of a background commit in a fresh process: VmHWM (reset through
-/proc/self/clear_refs before the commit) minus VmRSS before it, against the bytes captured plus
-300 MiB.
+/proc/self/clear_refs before the commit) minus VmRSS before it, plus the captured bytes (held in
+memory files, which RSS counts only while mapped), against the bytes captured plus 300 MiB.
 
 Tensors: the corpus' fp32 fine-tune epoch and its AdamW state (~/.cache/ckpt-corpus/series:
 model + optimizer, as a training loop checkpoints them), each run nudging one tensor so every
@@ -59,10 +59,12 @@ def nbytes(state):
 
 
 def nudge(state, i):
-    """A training step: one tensor of each file changes (in place, as an optimizer does)."""
+    """A training step: every tensor changes (in place, as an optimizer step does; a few
+    elements each, so nudging is cheap next to what is measured), so no commit is deduplicated."""
     for d in state.values():
-        name = sorted(d)[i % len(d)]
-        d[name].reshape(-1)[: 1024] += d[name].dtype.type(1e-3) if d[name].dtype.kind == "f" else 1
+        for a in d.values():
+            flat = a.reshape(-1)[: 256]
+            flat += a.dtype.type(1e-3) if a.dtype.kind == "f" else a.dtype.type(1)
 
 
 def median_time(f, runs, setup=None):
@@ -99,7 +101,11 @@ def peak_child(args):
         h = repo.commit(state, "measured", background=True)
         h.wait()
         peak = vm("VmHWM")
-        print(json.dumps({"rss_before": before, "peak": peak, "delta": peak - before, "captured": nbytes(state)}))
+        # The captured bytes live in memory files, which RSS counts only while mapped (the commit
+        # maps them window by window and drops what it has read): they are added in full.
+        captured = nbytes(state)
+        print(json.dumps({"rss_before": before, "peak": peak, "delta": peak - before, "captured": captured,
+                          "total": peak - before + captured}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -210,9 +216,9 @@ def main():
     if "peak" in results:
         pk = results["peak"]
         limit = pk["captured"] + (300 << 20)
-        print(f"peak of a background commit: +{pk['delta'] / 2**20:.0f} MiB over {pk['rss_before'] / 2**20:.0f} MiB "
-              f"(captured {pk['captured'] / 2**20:.0f} MiB; limit captured + 300 MiB = {limit / 2**20:.0f} MiB: "
-              f"{'met' if pk['delta'] <= limit else 'NOT met'})")
+        print(f"peak of a background commit: RSS +{pk['delta'] / 2**20:.0f} MiB over {pk['rss_before'] / 2**20:.0f} MiB"
+              f" + captured {pk['captured'] / 2**20:.0f} MiB in memory files = {pk['total'] / 2**20:.0f} MiB "
+              f"(limit captured + 300 MiB = {limit / 2**20:.0f} MiB: {'met' if pk['total'] <= limit else 'NOT met'})")
     stall = results["background_stall"][0]
     print(f"stall / memcpy = {stall / base:.2f} (target <= 1.5); stall < safetensors.numpy save_file: "
           f"{stall < results['st_numpy'][0]}")

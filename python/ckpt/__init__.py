@@ -13,9 +13,11 @@ copied; the commit (coding, deltas, compaction) then runs on a Rust thread witho
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
@@ -161,6 +163,20 @@ def _capture(native: _NativeRepo, path: str, tensors: Mapping, metadata: Optiona
     return image
 
 
+# Repositories with a background commit that may still run: waited for at exit, so that a
+# script ending right after `commit(..., background=True)` does not lose its last version.
+_OPEN = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    for repo in list(_OPEN):
+        try:
+            repo.wait()
+        except CkptError as e:
+            print(f"ckpt: background commit failed: {e}", file=sys.stderr)
+
+
 class Repo:
     """A ckpt repository.
 
@@ -224,7 +240,10 @@ class Repo:
                 raise CkptError(
                     f"{path}: expected a path on disk or a dict of tensors, got {type(value).__name__}"
                 )
-        return self._native.commit(sources, message, list(tags), exact, background)
+        result = self._native.commit(sources, message, list(tags), exact, background)
+        if background:
+            _OPEN.add(self)
+        return result
 
     def wait(self) -> None:
         """Waits for a background commit; raises its error unless its handle's wait() did."""

@@ -22,7 +22,7 @@ create_exception!(_native, CkptError, PyException, "An error of a ckpt operation
 
 /// The message `ckpt` prints for `e` (after `error: `): the error and each cause it does not
 /// already quote (as `cli::error_message`).
-fn message(e: &(dyn std::error::Error + 'static)) -> String {
+fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -37,7 +37,7 @@ fn message(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn to_py(e: repo::Error) -> PyErr {
-    CkptError::new_err(message(&e))
+    CkptError::new_err(error_text(&e))
 }
 
 fn err(text: String) -> PyErr {
@@ -284,8 +284,15 @@ impl Repo {
         std::thread::Builder::new()
             .name("ckpt-commit".into())
             .spawn(move || {
-                let outcome = commit_and_tag(&repo, sources, &message, &tags, exact);
-                done.finish(outcome.map(|id| id.to_hex()).map_err(|e| message_of(&e)));
+                // A panic must still finish the job: a waiter would otherwise wait forever.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    commit_and_tag(&repo, sources, &message, &tags, exact)
+                }));
+                done.finish(match outcome {
+                    Ok(Ok(id)) => Ok(id.to_hex()),
+                    Ok(Err(e)) => Err(error_text(&e)),
+                    Err(_) => Err("the commit thread panicked (a bug in ckpt); nothing was committed".into()),
+                });
             })
             .map_err(|e| err(format!("starting the commit thread: {e}")))?;
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(job.clone());
@@ -416,10 +423,6 @@ impl Repo {
         let tags = self.inner.tags().map_err(to_py)?;
         Ok(tags.into_iter().map(|(n, id)| (n, id.to_hex())).collect())
     }
-}
-
-fn message_of(e: &repo::Error) -> String {
-    message(e)
 }
 
 /// `ckpt log --json` of `rev` (the CLI's fields, the CLI's order).

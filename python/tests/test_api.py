@@ -341,3 +341,16 @@ def test_lightning_callback_commits_each_saved_checkpoint_file(tmp_path, fixture
     repo.checkout("step-100", output=tmp_path / "out")
     assert sha(tmp_path / "out" / "epoch=1-step=100.ckpt") == sha(fixtures / "model_epoch1.pt")
     callback.on_validation_end(trainer, None)  # any other hook is accepted without Lightning
+
+
+def test_a_script_that_ends_right_after_a_background_commit_keeps_it(tmp_path):
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import numpy as np, ckpt
+        repo = ckpt.Repo.init({str(tmp_path / 'r')!r})
+        repo.commit({{"m.safetensors": {{"w": np.ones((512, 512), np.float32)}}}}, "last", background=True)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert [v["message"] for v in ckpt.Repo(tmp_path / "r").log()] == ["last"]
