@@ -184,13 +184,25 @@ class Repo:
     finds it); ``Repo.init(path)`` creates one.
     """
 
-    def __init__(self, path: Union[str, os.PathLike] = ".", *, _native: Optional[_NativeRepo] = None):
+    def __init__(
+        self,
+        path: Union[str, os.PathLike] = ".",
+        *,
+        reuse_buffers: bool = False,
+        _native: Optional[_NativeRepo] = None,
+    ):
         self._native = _native if _native is not None else _NativeRepo.discover(os.fspath(path))
+        self._native.set_reuse_buffers(reuse_buffers)
 
     @classmethod
-    def init(cls, path: Union[str, os.PathLike]) -> "Repo":
-        """Creates a repository in `path` (created if missing) and returns it."""
-        return cls(_native=_NativeRepo.init(os.fspath(path)))
+    def init(cls, path: Union[str, os.PathLike], *, reuse_buffers: bool = False) -> "Repo":
+        """Creates a repository in `path` (created if missing) and returns it.
+
+        `reuse_buffers` (also for ``Repo(path)``): keep the memory a dict's bytes were captured
+        into for the next commit of the same path, which then writes into pages that exist
+        (about 3x faster: the stall of a background commit becomes a plain copy), at the cost of
+        holding one checkpoint's bytes in memory between commits."""
+        return cls(_native=_NativeRepo.init(os.fspath(path)), reuse_buffers=reuse_buffers)
 
     @property
     def root(self) -> str:

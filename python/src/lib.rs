@@ -138,11 +138,20 @@ struct Repo {
     inner: Arc<repo::Repo>,
     /// The last background commit, until its outcome has been seen.
     pending: Mutex<Option<Arc<Job>>>,
+    /// With `reuse_buffers`: the memory of the last capture of each path, written over by the
+    /// next one (`MemoryFile::keep_for_reuse`).
+    spares: Mutex<Option<HashMap<String, MemoryFile>>>,
 }
 
 impl Repo {
     fn new(inner: repo::Repo) -> Repo {
-        Repo { inner: Arc::new(inner), pending: Mutex::new(None) }
+        Repo { inner: Arc::new(inner), pending: Mutex::new(None), spares: Mutex::new(None) }
+    }
+
+    /// Whether a commit may still read memory it was given.
+    fn commit_running(&self) -> bool {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.as_ref().is_some_and(|job| job.outcome.lock().unwrap_or_else(|p| p.into_inner()).is_none())
     }
 
     /// Waits for the pending background commit, if any; raises its error unless `wait()` did.
@@ -212,6 +221,18 @@ impl Repo {
         py.detach(|| repo::Repo::discover(&path)).map(Repo::new).map_err(to_py)
     }
 
+    /// Keep each capture's memory for the next capture of the same path (`True`), or free it
+    /// once committed (`False`, the default). Keeping it makes the next capture about 3x faster
+    /// (no page allocation) at the cost of holding one checkpoint's bytes between commits.
+    fn set_reuse_buffers(&self, reuse: bool) {
+        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        match (reuse, spares.is_some()) {
+            (true, false) => *spares = Some(HashMap::new()),
+            (false, _) => *spares = None,
+            _ => {}
+        }
+    }
+
     /// The working tree's root.
     #[getter]
     fn root(&self) -> PathBuf {
@@ -236,7 +257,15 @@ impl Repo {
                 Ok(TensorSpec { name, dtype, shape })
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let image = repo::safetensors_image(&path, &specs, metadata.as_ref()).map_err(to_py)?;
+        let running = self.commit_running();
+        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        // Memory of an earlier capture is written over only once no commit can read it.
+        let reuse = spares.as_mut().filter(|_| !running).and_then(|s| s.remove(&path));
+        let mut image = repo::safetensors_image_in(&path, &specs, metadata.as_ref(), reuse).map_err(to_py)?;
+        if let Some(spares) = spares.as_mut() {
+            let kept = image.file.keep_for_reuse().map_err(|e| err(format!("{path}: keeping the memory: {e}")))?;
+            spares.insert(path.clone(), kept);
+        }
         let fd = image.file.raw_fd();
         let ranges = image.ranges.iter().map(|r| (r.start, r.end)).collect();
         Ok(MemoryImage { path, file: Mutex::new(Some(image.file)), ranges, fd })

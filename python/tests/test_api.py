@@ -354,3 +354,21 @@ def test_a_script_that_ends_right_after_a_background_commit_keeps_it(tmp_path):
     """)
     subprocess.run([sys.executable, "-c", script], check=True)
     assert [v["message"] for v in ckpt.Repo(tmp_path / "r").log()] == ["last"]
+
+
+def test_reused_capture_buffers_never_change_a_commit_in_flight(tmp_path):
+    repo = ckpt.Repo.init(tmp_path / "r", reuse_buffers=True)
+    rng = np.random.default_rng(7)
+    states = []
+    for i in range(4):
+        state = {"w": rng.standard_normal((256, 1024)).astype(np.float32), "step": np.array(i)}
+        if i == 2:
+            state["w"] = state["w"][:100]  # a smaller capture into the kept memory
+        states.append(state)
+        repo.commit({"m.safetensors": state}, f"step {i}", background=True)
+    repo.wait()
+    for i, state in enumerate(states):
+        assert_same_tensors(repo.load(f"HEAD~{3 - i}"), state)
+    same_again = ckpt.Repo(tmp_path / "r")  # reuse is off by default
+    same_again.commit({"m.safetensors": states[0]}, "again")
+    assert_same_tensors(same_again.load(), states[0])

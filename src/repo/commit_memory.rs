@@ -2,7 +2,8 @@
 //! tensors as a safetensors file without writing it to disk first.
 //!
 //! The bytes live in a [`MemoryFile`]: an anonymous memory file (`memfd_create`), filled by the
-//! caller, then sealed against writes and size changes. It is mapped and committed exactly like
+//! caller, then sealed against writes and size changes (unless kept for the next capture:
+//! [`MemoryFile::keep_for_reuse`]). It is mapped and committed exactly like
 //! a file on disk ([`Repo::commit_sources`] feeds it to the same commit path as
 //! [`Repo::commit`]: same segments, deltas, dedup, bundles, manifest and file hash), so nothing
 //! below this module knows the difference. A memory file rather than a heap buffer because the
@@ -34,6 +35,9 @@ use std::path::PathBuf;
 pub struct MemoryFile {
     file: File,
     len: u64,
+    /// Whether a commit seals it (the default); a file kept for reuse ([`Self::keep_for_reuse`])
+    /// is not sealed, so that its pages can take the next capture.
+    seal: bool,
 }
 
 impl MemoryFile {
@@ -51,7 +55,27 @@ impl MemoryFile {
         #[allow(unsafe_code)]
         let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         file.set_len(len)?;
-        Ok(MemoryFile { file, len })
+        Ok(MemoryFile { file, len, seal: true })
+    }
+
+    /// A second handle to the same memory, kept by the caller to write the next capture into
+    /// after this one's commit has finished ([`Self::reuse`]): writing into pages that exist
+    /// costs about a third of writing into new ones (no page allocation and zeroing), which is
+    /// most of a background commit's stall. The commit then does not seal the file, and the
+    /// memory stays allocated between commits. The caller must not write through the kept
+    /// handle before the commit returns (a change would fail it: `FileChanged`).
+    pub fn keep_for_reuse(&mut self) -> std::io::Result<MemoryFile> {
+        self.seal = false;
+        Ok(MemoryFile { file: self.file.try_clone()?, len: self.len, seal: false })
+    }
+
+    /// This memory resized to `len` bytes (its pages up to the shorter length kept, with their
+    /// old contents: the caller overwrites them), for a new capture.
+    pub fn reuse(mut self, len: u64) -> std::io::Result<MemoryFile> {
+        self.file.set_len(len)?;
+        self.len = len;
+        self.seal = true;
+        Ok(self)
     }
 
     /// Its length in bytes.
@@ -152,6 +176,17 @@ pub fn safetensors_image(
     tensors: &[TensorSpec],
     metadata: Option<&BTreeMap<String, String>>,
 ) -> Result<SafetensorsImage> {
+    safetensors_image_in(path, tensors, metadata, None)
+}
+
+/// [`safetensors_image`] in `reuse` (resized; see [`MemoryFile::reuse`]) when given, else in a
+/// new memory file.
+pub fn safetensors_image_in(
+    path: &str,
+    tensors: &[TensorSpec],
+    metadata: Option<&BTreeMap<String, String>>,
+    reuse: Option<MemoryFile>,
+) -> Result<SafetensorsImage> {
     // The official order: dtype descending (its enum lists dtypes by increasing alignment, in the
     // same order as ckpt's dtype codes), then name (byte order).
     let mut order: Vec<usize> = (0..tensors.len()).collect();
@@ -172,7 +207,11 @@ pub fn safetensors_image(
         at += len;
     }
     let io = |source| Error::Io { action: "creating a memory file for", path: PathBuf::from(path), source };
-    let file = MemoryFile::new(path, at).map_err(io)?;
+    let file = match reuse {
+        Some(f) => f.reuse(at),
+        None => MemoryFile::new(path, at),
+    }
+    .map_err(io)?;
     file.write_at(0, &header).map_err(io)?;
     Ok(SafetensorsImage { file, ranges })
 }
@@ -215,7 +254,9 @@ impl Repo {
                 CommitSource::Memory { path, file } => {
                     let repo_path = parse_path(&path)?;
                     let io = |source| Error::Io { action: "reading", path: PathBuf::from(&path), source };
-                    file.seal().map_err(io)?;
+                    if file.seal {
+                        file.seal().map_err(io)?;
+                    }
                     let metadata = file.file.metadata().map_err(io)?;
                     let map = mmap::map_input(&file.file).map_err(io)?;
                     let mut input = Input::parse(repo_path, map, metadata, file.file)?;
@@ -548,5 +589,36 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
         assert!(repo.pending_removals().unwrap().is_empty());
+    }
+
+    #[test]
+    fn memory_kept_for_reuse_takes_the_next_capture() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repo::init(dir.path()).unwrap();
+        let specs = vec![spec("w", Dtype::F32, &[1000])];
+        let mut kept = None;
+        let mut expected = Vec::new();
+        for step in 0..3u8 {
+            let data = vec![vec![step; 4000]];
+            let mut image = safetensors_image_in("m.safetensors", &specs, None, kept.take()).unwrap();
+            fill(&image, &data);
+            expected.push(read_all(&image.file));
+            kept = Some(image.file.keep_for_reuse().unwrap());
+            let source = CommitSource::Memory { path: "m.safetensors".into(), file: image.file };
+            repo.commit_sources(vec![source], &format!("step {step}"), false, &CommitOptions::default()).unwrap();
+        }
+        // A smaller capture in the same memory: resized, not left with the old tail.
+        let small = vec![spec("w", Dtype::F32, &[10])];
+        let image = safetensors_image_in("m.safetensors", &small, None, kept.take()).unwrap();
+        fill(&image, &[vec![9; 40]]);
+        assert_eq!(image.file.len(), read_all(&image.file).len() as u64);
+        let source = CommitSource::Memory { path: "m.safetensors".into(), file: image.file };
+        repo.commit_sources(vec![source], "small", false, &CommitOptions::default()).unwrap();
+        for (i, bytes) in expected.iter().enumerate() {
+            let mut reader = repo.tensor_reader(&format!("HEAD~{}", 3 - i), "m.safetensors").unwrap();
+            let mut out = vec![0; 4000];
+            reader.read_into(0, &mut out).unwrap();
+            assert_eq!(out, bytes[bytes.len() - 4000..]);
+        }
     }
 }

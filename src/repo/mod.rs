@@ -33,7 +33,9 @@ mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
-pub use commit_memory::{safetensors_image, CommitSource, MemoryFile, SafetensorsImage, TensorSpec};
+pub use commit_memory::{
+    safetensors_image, safetensors_image_in, CommitSource, MemoryFile, SafetensorsImage, TensorReader, TensorSpec,
+};
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use gc::GcReport;
