@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 
-create_exception!(_native, CkptError, PyException, "An error of a ckpt operation; its message is the CLI's.");
+create_exception!(ckpt, CkptError, PyException, "An error of a ckpt operation; its message is the CLI's.");
 
 /// The message `ckpt` prints for `e` (after `error: `): the error and each cause it does not
 /// already quote (as `cli::error_message`).
