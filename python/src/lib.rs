@@ -172,6 +172,12 @@ impl Repo {
     }
 }
 
+/// A file of a version as `Repo.files` returns it: path, format, length, file hash, manifest.
+type FileRow = (String, String, u64, String, String);
+
+/// A tensor as `Repo.read_tensors` returns it: name, dtype, shape, bytes.
+type TensorRow<'py> = (String, String, Vec<u64>, Bound<'py, PyByteArray>);
+
 /// A file to commit, as the Python side passes it: `(path, source)` where `source` is a
 /// [`MemoryImage`] or a path on disk (`str`).
 fn sources(list: &Bound<'_, PyList>) -> PyResult<Vec<CommitSource>> {
@@ -352,7 +358,7 @@ impl Repo {
     /// The files of version `rev`: `(path, format, length, file hash, manifest id)`, format
     /// `"safetensors"`, `"torch"` or `"bytes"`.
     #[pyo3(signature = (rev="HEAD"))]
-    fn files(&self, py: Python<'_>, rev: &str) -> PyResult<Vec<(String, String, u64, String, String)>> {
+    fn files(&self, py: Python<'_>, rev: &str) -> PyResult<Vec<FileRow>> {
         self.settle(py)?;
         let version = self.inner.resolve(rev).and_then(|id| self.inner.version(&id)).map_err(to_py)?;
         version
@@ -379,7 +385,7 @@ impl Repo {
         rev: &str,
         path: &str,
         names: Option<Vec<String>>,
-    ) -> PyResult<Vec<(String, String, Vec<u64>, Bound<'py, PyByteArray>)>> {
+    ) -> PyResult<Vec<TensorRow<'py>>> {
         self.settle(py)?;
         let mut reader = self.inner.tensor_reader(rev, path).map_err(to_py)?;
         let all: Vec<(String, String, Vec<u64>)> =
