@@ -42,9 +42,31 @@ pub(super) struct Input {
     /// The open file, whose metadata is compared with `metadata` once it is read
     /// ([`Input::check_unchanged`]).
     pub(super) file: std::fs::File,
+    /// Whether the file is the working-tree file at `path`, whose size and times `status`
+    /// remembers; not for bytes committed from memory (`commit_memory`).
+    pub(super) in_working_tree: bool,
 }
 
 impl Input {
+    /// Parses a mapped file as a commit reads it: a file named `*.safetensors` must be valid
+    /// safetensors; any other file is safetensors if it parses as such, else a `torch.save`
+    /// archive if it is one, else opaque bytes.
+    pub(super) fn parse(path: RepoPath, map: Map, metadata: std::fs::Metadata, file: std::fs::File) -> Result<Input> {
+        let mut input = Input { path, map, header: None, torch: None, metadata, file, in_working_tree: true };
+        let parsed = safetensors::parse(&input.map);
+        if parsed.is_err() {
+            // A header cut short by a rewrite is the change, not an invalid file.
+            input.check_unchanged()?;
+        }
+        input.header = if input.path.as_str().ends_with(".safetensors") {
+            Some(parsed.map_err(|source| Error::Safetensors { path: input.path.to_string(), source })?)
+        } else {
+            parsed.ok()
+        };
+        input.torch = torch_layout(&input.map, input.header.as_ref());
+        Ok(input)
+    }
+
     /// Fails with [`Error::FileChanged`] if the file shrank (its map read zeros past the new end:
     /// see [`crate::mmap`]) or was rewritten since it was opened: what was read may mix two
     /// versions of it, so nothing read from it may become a version.
@@ -272,34 +294,25 @@ impl Repo {
             if !seen.insert(path.clone()) {
                 continue;
             }
-            let abs = path.under(&self.root);
-            // A named pipe, socket or device is refused here, before anything blocks on it (the
-            // writer lock is held).
-            let file = mmap::open_regular(&abs).map_err(|source| match source.kind() {
-                std::io::ErrorKind::InvalidInput => {
-                    Error::InvalidPath { path: abs.clone(), reason: source.to_string() }
-                }
-                _ => Error::Io { action: "opening", path: abs.clone(), source },
-            })?;
-            let metadata =
-                file.metadata().map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-            let map =
-                mmap::map_input(&file).map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-            let mut input = Input { path, map, header: None, torch: None, metadata, file };
-            let parsed = safetensors::parse(&input.map);
-            if parsed.is_err() {
-                // A header cut short by a rewrite is the change, not an invalid file.
-                input.check_unchanged()?;
-            }
-            input.header = if input.path.as_str().ends_with(".safetensors") {
-                Some(parsed.map_err(|source| Error::Safetensors { path: input.path.to_string(), source })?)
-            } else {
-                parsed.ok()
-            };
-            input.torch = torch_layout(&input.map, input.header.as_ref());
-            inputs.push(input);
+            inputs.push(self.read_input(p.as_ref())?);
         }
         Ok(inputs)
+    }
+
+    /// Maps and parses the file at `p` (absolute, or relative to the repository root).
+    pub(super) fn read_input(&self, p: &Path) -> Result<Input> {
+        let path = self.repo_path(p)?;
+        let abs = path.under(&self.root);
+        // A named pipe, socket or device is refused here, before anything blocks on it (the
+        // writer lock is held).
+        let file = mmap::open_regular(&abs).map_err(|source| match source.kind() {
+            std::io::ErrorKind::InvalidInput => Error::InvalidPath { path: abs.clone(), reason: source.to_string() },
+            _ => Error::Io { action: "opening", path: abs.clone(), source },
+        })?;
+        let metadata = file.metadata().map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
+        let map =
+            mmap::map_input(&file).map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
+        Input::parse(path, map, metadata, file)
     }
 
     /// The version at or before `v` along first parents that is `target` versions after its
@@ -500,7 +513,7 @@ impl Repo {
     /// Remembers size, mtime and hash of the committed files for `status`.
     fn record_stats(&self, inputs: &[Input], version: &Version) {
         let now = now_ns();
-        for input in inputs {
+        for input in inputs.iter().filter(|i| i.in_working_tree) {
             let Some(entry) = version.file(input.path.as_str()) else { continue };
             let record = super::status::stat_record(&input.metadata, entry.hash, now);
             self.index_stat(input.path.as_str(), &record);

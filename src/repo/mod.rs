@@ -15,6 +15,7 @@
 mod bundle;
 mod checkout;
 mod commit;
+mod commit_memory;
 mod compact;
 mod config;
 mod gc;
@@ -34,6 +35,9 @@ mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
+pub use commit_memory::{
+    safetensors_image, safetensors_image_in, CommitSource, MemoryFile, SafetensorsImage, TensorReader, TensorSpec,
+};
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use gc::GcReport;

@@ -125,7 +125,7 @@ fn map_input(disk: &Path, path: &RepoPath) -> Result<Input> {
     let map = mmap::map_input(&file).map_err(io("reading"))?;
     let header = safetensors::parse(&map).ok();
     let torch = super::commit::torch_layout(&map, header.as_ref());
-    Ok(Input { path: path.clone(), map, header, torch, metadata, file })
+    Ok(Input { path: path.clone(), map, header, torch, metadata, file, in_working_tree: true })
 }
 
 /// The manifest a commit writes for `input` (the same as `commit`'s `write_manifest`: pinned
