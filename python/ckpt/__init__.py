@@ -17,6 +17,7 @@ import atexit
 import json
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
@@ -227,8 +228,11 @@ class Repo:
     ):
         self._native = _native if _native is not None else _NativeRepo.discover(os.fspath(path))
         self._native.set_reuse_buffers(reuse_buffers)
-        # With reuse_buffers: path -> (fd, length, writable mapping) of its kept capture memory.
+        # With reuse_buffers: path -> ((dev, inode, length), writable mapping) of its kept memory.
         self._maps: Optional[Dict[str, Any]] = {} if reuse_buffers else None
+        # One commit at a time from this object: two threads must not capture into the same kept
+        # memory, nor lose track of each other's background commit.
+        self._commit_lock = threading.Lock()
 
     @classmethod
     def init(cls, path: Union[str, os.PathLike], *, reuse_buffers: bool = False) -> "Repo":
@@ -272,6 +276,10 @@ class Repo:
         """
         if not isinstance(files, Mapping) or not files:
             raise CkptError("nothing to commit: name the files to commit")
+        with self._commit_lock:
+            return self._commit_locked(files, message, tags, background, exact, metadata)
+
+    def _commit_locked(self, files, message, tags, background, exact, metadata):
         self._native.wait()
         sources = []
         for path, value in files.items():

@@ -110,7 +110,8 @@ def save(
     background: bool = False,
 ):
     """Commits the state of `model`, `optimizer` and `scheduler` (any of them; objects with a
-    ``state_dict()``, or state dicts) and `extra` (JSON-like, tensors allowed) as one version.
+    ``state_dict()``, or state dicts) and `extra` (JSON-like, tensors allowed) as one version,
+    which holds only these files (other files of the previous version are not carried over).
     Returns the version id, or with ``background=True`` a handle (see :meth:`ckpt.Repo.commit`)."""
     files: Dict[str, Dict[str, Any]] = {}
     state: Dict[str, Any] = {"format": STATE_FORMAT}

@@ -372,3 +372,28 @@ def test_reused_capture_buffers_never_change_a_commit_in_flight(tmp_path):
     same_again = ckpt.Repo(tmp_path / "r")  # reuse is off by default
     same_again.commit({"m.safetensors": states[0]}, "again")
     assert_same_tensors(same_again.load(), states[0])
+
+
+def test_commits_from_several_threads_are_all_kept(tmp_path):
+    repo = ckpt.Repo.init(tmp_path / "r", reuse_buffers=True)
+    states = {i: sample(i) for i in range(6)}
+    errors = []
+
+    def worker(i):
+        try:
+            repo.commit({"m.safetensors": states[i]}, f"thread {i}", background=True)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    repo.wait()
+    assert errors == []
+    log = repo.log()
+    assert len(log) == 6
+    for v in log:
+        i = int(v["message"].split()[1])
+        assert_same_tensors(repo.load(v["id"]), states[i])
