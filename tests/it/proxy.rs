@@ -163,18 +163,6 @@ impl Proxy {
     pub fn reset_requests(&self) {
         self.state.requests.lock().unwrap().clear();
     }
-
-    /// Waits until `ready` holds for the requests seen, up to `limit`; whether it did.
-    pub fn wait_for(&self, limit: Duration, ready: impl Fn(&[String]) -> bool) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if ready(&self.requests()) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        false
-    }
 }
 
 impl Drop for Proxy {

@@ -516,3 +516,23 @@ fn multipart_upload_with_parts_cut_mid_body() {
     remote.download(&key, &mut back, u64::MAX).unwrap();
     assert!(back == data, "the object that arrived is not the file");
 }
+
+/// A push that finds the remote's branch already at its version still records where the remote
+/// is (after a push whose answer was lost and which failed, the rerun finds it up to date).
+#[test]
+fn an_up_to_date_push_records_the_remote_tracking_ref() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("remote").to_str().unwrap().to_string();
+    let run = |d: &Path, a: &[&str]| ckpt_command(d, a).output().expect("run ckpt");
+    let a = tempfile::tempdir().unwrap();
+    ok(&run, a.path(), &["init"]);
+    std::fs::write(a.path().join("model.safetensors"), model(9, 0)).unwrap();
+    ok(&run, a.path(), &["commit", "-m", "epoch 0", "model.safetensors"]);
+    ok(&run, a.path(), &["remote", "add", "origin", &url]);
+    ok(&run, a.path(), &["push"]);
+    let tracking = a.path().join(".ckpt/refs/remotes/origin/main");
+    std::fs::remove_file(&tracking).unwrap();
+    let again = ok(&run, a.path(), &["push"]);
+    assert!(stderr(&again).contains("up to date"), "{}", stderr(&again));
+    assert_eq!(std::fs::read_to_string(&tracking).unwrap(), head_of(a.path()));
+}
