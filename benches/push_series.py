@@ -17,7 +17,7 @@ then a second push of the last version (target: uploads nothing, <= 10 requests)
 the series remote: whole and `--depth 1` (bytes received).
 
 usage: python3 benches/push_series.py [--ckpt target/release/ckpt] [--series fp32,bf16]
-       [--data DIR] [--epochs 11] [--json OUT]
+       [--data DIR] [--epochs 11] [--base-every N] [--json OUT]
   --data DIR: a directory of epoch_NN.safetensors to use instead of the corpus series.
 Needs `s3s-fs` on PATH (cargo install s3s-fs --version 0.14.1 --features binary).
 """
@@ -95,12 +95,15 @@ def series_files(series, data, epochs):
     return files
 
 
-def bench_series(ckpt, name, files, s3root, env):
+def bench_series(ckpt, name, files, s3root, env, base_every=None):
     work = tempfile.mkdtemp(prefix=f"push-{name}-")
     url = f"s3://{BUCKET}/{name}"
     remote_objects = os.path.join(s3root, BUCKET, name, "objects")
     local_objects = os.path.join(work, ".ckpt", "objects")
     run(ckpt, ["init"], work, env)
+    if base_every:
+        with open(os.path.join(work, ".ckpt", "config"), "w") as f:
+            json.dump({"base_every": base_every}, f)
     run(ckpt, ["remote", "add", "origin", url], work, env)
     rows = []
     local_before = object_bytes(local_objects)
@@ -175,6 +178,7 @@ def main():
     p.add_argument("--data")
     p.add_argument("--epochs", type=int, default=11)
     p.add_argument("--json")
+    p.add_argument("--base-every", type=int, help="the repository's base_every (default: ckpt's)")
     args = p.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     s3root = tempfile.mkdtemp(prefix="s3s-")
@@ -196,7 +200,10 @@ def main():
         print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} cores")
         for name in args.series.split(","):
             files = series_files(name, args.data, args.epochs)
-            res = bench_series(ckpt, args.data and os.path.basename(args.data.rstrip("/")) or name, files, s3root, env)
+            label = args.data and os.path.basename(args.data.rstrip("/")) or name
+            if args.base_every:
+                label += f"-base{args.base_every}"
+            res = bench_series(ckpt, label, files, s3root, env, args.base_every)
             print_result(res)
             results.append(res)
         load = os.getloadavg()

@@ -389,7 +389,10 @@ impl Repo {
     fn ancestor_blobs(&self, v: &Version) -> Result<HashSet<ObjectId>> {
         let mut blobs = HashSet::new();
         let mut manifests = HashSet::new();
-        let mut next = v.parents.first().copied();
+        // A partial clone's history ends where a parent is missing (partial.rs).
+        let partial = !self.cut_versions()?.is_empty();
+        let here = |p: &VersionId| !partial || self.store.contains(p);
+        let mut next = v.parents.first().copied().filter(here);
         let mut n = 0u64;
         while let Some(id) = next {
             let pv = self.version(&id)?;
@@ -398,7 +401,7 @@ impl Repo {
                     blobs.extend(self.manifest(&f.manifest)?.blobs());
                 }
             }
-            next = pv.parents.first().copied();
+            next = pv.parents.first().copied().filter(here);
             n += 1;
             if n > 10_000_000 {
                 return Err(super::Error::CorruptMetadata { id, reason: "history does not end".into() });

@@ -5,10 +5,11 @@
 //! epoch would otherwise send the new version whole. XOR is symmetric: the new blob can travel
 //! as a delta against the same tensor's blob in the parent version, which the remote has,
 //! whatever form either side stores it in. The remote then holds forward deltas. Their depth
-//! is bounded by the version's `since_base`: a version with `since_base == 0` (which the local
-//! store also keeps whole, "pinned") goes up whole, and a blob is coded against a reference
-//! only if that reference entered history inside the same base interval, so every chain a push
-//! creates is at most `base_every - 1` deltas deep.
+//! is bounded per interval: the version right after a pinned version (`since_base == 0` with a
+//! parent, which the local store keeps whole) goes up whole, and a blob is coded against a
+//! reference only if that reference entered history inside the same interval, so every chain a
+//! push creates is at most `base_every` deltas deep (`base_every - 1` after the first interval),
+//! and each push costs what the local store grew by.
 
 use super::commit::ReferenceFiles;
 use super::model::{TensorRef, Version};
@@ -32,7 +33,7 @@ impl Repo {
     /// blob the remote lacks, stored whole here, whose tensor (same path or reference file,
     /// name, dtype and shape, as commit matches them; bundles by their first tensor) the
     /// version's first parent holds in another blob that the remote has (`on_remote`) and that
-    /// entered history after the last pinned version (`since_base == 0`) before it.
+    /// entered history inside the version's interval (`wire_interval`).
     pub(super) fn plan_wire_deltas(
         &self,
         versions: &[VersionId],
@@ -40,25 +41,25 @@ impl Repo {
         on_remote: &dyn Fn(&ObjectId) -> bool,
     ) -> Result<HashMap<ObjectId, WireDelta>> {
         let mut plan = HashMap::new();
-        // Blobs held before each base interval began (by the pinned version's id).
-        let mut before_interval: HashMap<VersionId, HashSet<ObjectId>> = HashMap::new();
+        // Blobs held before each interval began (by the id of the version before its start).
+        let mut before_interval: HashMap<Option<VersionId>, HashSet<ObjectId>> = HashMap::new();
         for id in versions {
             let v = self.version(id)?;
             let Some(parent_id) = v.parents.first() else { continue };
-            if v.since_base == 0 || v.since_base >= self.config.base_every.max(1) || !on_remote(parent_id) {
+            if !on_remote(parent_id) {
                 continue;
             }
-            // The pinned version of this interval: `since_base` must count down to it one per
-            // first parent (else this history was not written by ckpt: no deltas).
-            let Some((pin_id, pin)) = self.interval_pin(&v) else { continue };
-            let older = match before_interval.entry(pin_id) {
+            // `depth` 0: the version starts an interval and goes up whole.
+            let Some((depth, before)) = self.wire_interval(&v) else { continue };
+            if depth == 0 {
+                continue;
+            }
+            let older = match before_interval.entry(before) {
                 Entry::Occupied(known) => known.into_mut(),
                 Entry::Vacant(slot) => {
                     let mut blobs = HashSet::new();
-                    if let Some(p) = pin.parents.first() {
-                        // Not readable (a partial clone's cut): no deltas in this interval.
-                        let Ok(pv) = self.version(p) else { continue };
-                        for f in &pv.files {
+                    if let Some(b) = before {
+                        for f in &self.version(&b)?.files {
                             blobs.extend(self.manifest(&f.manifest)?.blobs());
                         }
                     }
@@ -80,28 +81,36 @@ impl Repo {
                 if self.store.header(&new)?.reference.is_some() || self.store.header(&old)?.kind != ObjectKind::Blob {
                     continue;
                 }
-                plan.insert(new, WireDelta { reference: old, depth: v.since_base });
+                plan.insert(new, WireDelta { reference: old, depth });
             }
         }
         Ok(plan)
     }
 
-    /// The version `since_base` first parents before `v` (with `since_base == 0`), and its id;
-    /// `None` if `since_base` does not count down by one per first parent on the way (a history
-    /// not written by ckpt) or a version on the way cannot be read.
-    fn interval_pin(&self, v: &Version) -> Option<(VersionId, Version)> {
+    /// Where `v` lies in its interval on the wire: the number of first parents between it
+    /// and the interval's first version, and that first version's parent (`None`: the
+    /// interval starts at the root). An interval starts right after a pinned version (one
+    /// with `since_base == 0` and a parent, which the local store keeps whole), or at the
+    /// root; so the remote pays a whole version exactly where the local store does (the
+    /// version after a pin adds a whole copy there, the pin itself only a delta). `None` if
+    /// no start is found within `base_every` steps (a history not written with this
+    /// setting) or a version on the way cannot be read (a partial clone's cut): no deltas.
+    fn wire_interval(&self, v: &Version) -> Option<(u32, Option<VersionId>)> {
+        let limit = self.config.base_every.max(1);
         let mut current = v.clone();
-        let mut id = None;
-        while current.since_base > 0 {
-            let p = *current.parents.first()?;
+        let mut steps = 0;
+        loop {
+            let Some(p) = current.parents.first().copied() else { return Some((steps, None)) };
             let parent = self.version(&p).ok()?;
-            if parent.since_base + 1 != current.since_base {
+            if parent.since_base == 0 && !parent.parents.is_empty() {
+                return Some((steps, Some(p)));
+            }
+            steps += 1;
+            if steps > limit {
                 return None;
             }
             current = parent;
-            id = Some(p);
         }
-        Some((id?, current))
     }
 
     /// Pairs (blob in `v`, blob of the same tensor in `parent`) for the files `v` changed, as

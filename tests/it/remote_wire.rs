@@ -142,14 +142,18 @@ fn chains_on_the_remote_stay_bounded(r: &Served) {
     std::fs::write(dir.path().join(".ckpt/config"), r#"{"base_every": 3}"#).unwrap();
     r.ok(dir.path(), &["remote", "add", "origin", &r.url]);
     let mut deltas = 0;
+    let mut deepest_seen = 0;
     for epoch in 0..7 {
         std::fs::write(dir.path().join("model.safetensors"), model(13, epoch)).unwrap();
         r.ok(dir.path(), &["commit", "-m", &format!("epoch {epoch}"), "model.safetensors"]);
         deltas += json(&r.ok(dir.path(), &["push", "--json"]))["objects_sent_as_deltas"].as_u64().unwrap();
+        // At most `base_every` deltas (from the root to the first pinned version; later
+        // intervals start whole right after a pinned version).
         let deepest = deepest_remote_chain(&r.objects);
-        assert!(deepest <= 2, "after epoch {epoch}: a chain of {deepest} deltas on the remote (base_every 3)");
+        assert!(deepest <= 3, "after epoch {epoch}: a chain of {deepest} deltas on the remote (base_every 3)");
+        deepest_seen = deepest_seen.max(deepest);
     }
-    assert!(deltas > 0);
+    assert!(deltas > 0 && deepest_seen >= 2, "chains do form: {deltas} deltas, deepest {deepest_seen}");
     let parent = tempfile::tempdir().unwrap();
     r.ok(parent.path(), &["clone", &r.url, "b"]);
     let b = parent.path().join("b");
@@ -160,16 +164,24 @@ fn chains_on_the_remote_stay_bounded(r: &Served) {
 }
 
 fn partial_clone_fetches_older_versions_on_checkout(r: &Served) {
-    let a = trained(r, 14, 4);
+    // Pushed epoch by epoch with a base every 3 versions: epoch 3 goes up whole, epoch 4 as a
+    // delta on it, so the newest version needs neither epochs 0-2 nor their blobs.
+    let a = tempfile::tempdir().unwrap();
+    r.ok(a.path(), &["init"]);
+    std::fs::write(a.path().join(".ckpt/config"), r#"{"base_every": 3}"#).unwrap();
     r.ok(a.path(), &["remote", "add", "origin", &r.url]);
-    r.ok(a.path(), &["push"]);
+    for epoch in 0..5 {
+        std::fs::write(a.path().join("model.safetensors"), model(14, epoch)).unwrap();
+        r.ok(a.path(), &["commit", "-m", &format!("epoch {epoch}"), "model.safetensors"]);
+        r.ok(a.path(), &["push"]);
+    }
     let parent = tempfile::tempdir().unwrap();
     let full = json(&r.ok(parent.path(), &["clone", "--json", &r.url, "full"]));
     let partial = json(&r.ok(parent.path(), &["clone", "--json", "--depth", "1", &r.url, "b"]));
     let b = parent.path().join("b");
     let (got, all) = (partial["bytes_received"].as_u64().unwrap(), full["bytes_received"].as_u64().unwrap());
-    assert!(got < all, "--depth 1 received {got} bytes, the whole history is {all}");
-    assert_eq!(std::fs::read(b.join("model.safetensors")).unwrap(), model(14, 3));
+    assert!(got * 3 < all * 2, "--depth 1 received {got} bytes, the whole history is {all}");
+    assert_eq!(std::fs::read(b.join("model.safetensors")).unwrap(), model(14, 4));
     assert!(b.join(".ckpt/partial").exists());
 
     // log shows what is here and where history is cut; verify and gc accept the cut.
@@ -181,24 +193,24 @@ fn partial_clone_fetches_older_versions_on_checkout(r: &Served) {
 
     // An older version: downloaded on checkout, bit-exact; then it is here.
     let older = checked_out(r, &b, "main~2");
-    assert_eq!(older, vec![("model.safetensors".to_string(), model(14, 1))]);
+    assert_eq!(older, vec![("model.safetensors".to_string(), model(14, 2))]);
     r.ok(&b, &["verify"]);
     let again = json(&r.ok(&b, &["fetch", "--json"]));
     assert_eq!(again["objects_received"], 0, "{again}");
 
     // Building on top of a partial clone and pushing works (the remote has the history).
-    std::fs::write(b.join("model.safetensors"), model(14, 4)).unwrap();
-    r.ok(&b, &["commit", "-m", "epoch 4", "model.safetensors"]);
+    std::fs::write(b.join("model.safetensors"), model(14, 5)).unwrap();
+    r.ok(&b, &["commit", "-m", "epoch 5", "model.safetensors"]);
     r.ok(&b, &["push"]);
     r.ok(a.path(), &["pull"]);
-    assert_eq!(std::fs::read(a.path().join("model.safetensors")).unwrap(), model(14, 4));
+    assert_eq!(std::fs::read(a.path().join("model.safetensors")).unwrap(), model(14, 5));
 
     // Offline: the error names the remote.
     let moved = tempfile::tempdir().unwrap();
     let config = std::fs::read_to_string(b.join(".ckpt/remotes")).unwrap();
     let gone = config.replace(&r.url.replace('\\', "\\\\"), moved.path().join("nowhere").to_str().unwrap());
     std::fs::write(b.join(".ckpt/remotes"), gone).unwrap();
-    let out = r.ckpt(&b, &["checkout", "main~4", "--output", moved.path().to_str().unwrap()]);
+    let out = r.ckpt(&b, &["checkout", "main~5", "--output", moved.path().to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("remote origin"), "{}", stderr(&out));
 }
