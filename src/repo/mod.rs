@@ -17,6 +17,7 @@ mod checkout;
 mod commit;
 mod compact;
 mod config;
+mod file_objects;
 mod gc;
 mod inspect;
 mod lock;
@@ -34,6 +35,7 @@ pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
+pub use file_objects::{FileTransfer, KeepReport};
 pub use gc::GcReport;
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
