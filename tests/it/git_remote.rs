@@ -70,6 +70,21 @@ fn push_then_clone(env: &GitEnv, remote_url: &str, extra_env: &[(&str, String)],
         status_is_clean(env, &b);
     }
     env.ckpt(&b.join(".git/ckpt"), &["verify"]);
+
+    // A clone that leaves pointers (CKPT_SKIP_SMUDGE=1): `ckpt git checkout` fetches the file.
+    let mut c = env.command("git", env.tmp.path(), &["clone", "-q", env.path("origin.git").to_str().unwrap(), "c"]);
+    c.env("CKPT_SKIP_SMUDGE", "1");
+    assert!(c.output().unwrap().status.success());
+    let c_dir = env.path("c");
+    assert!(std::fs::read(c_dir.join("model.safetensors")).unwrap().starts_with(b"version ckpt/1\n"));
+    let mut checkout = env.command(env!("CARGO_BIN_EXE_ckpt"), &c_dir, &["git", "checkout"]);
+    for (k, v) in extra_env {
+        checkout.env(k, v);
+    }
+    let o = checkout.output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(std::fs::read(c_dir.join("model.safetensors")).unwrap(), model(2));
+    status_is_clean(env, &c_dir);
 }
 
 #[test]
