@@ -499,6 +499,77 @@ mod tests {
         assert_eq!(r.missing, vec![absent]);
     }
 
+    /// A directory remote whose uploads fail after `left` of them (an interrupted push).
+    struct Interrupted {
+        inner: DirRemote,
+        left: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Remote for Interrupted {
+        fn url(&self) -> &str {
+            self.inner.url()
+        }
+        fn list(&self, prefix: &str) -> crate::remote::Result<Vec<String>> {
+            self.inner.list(prefix)
+        }
+        fn get_small(&self, key: &str) -> crate::remote::Result<Option<crate::remote::Small>> {
+            self.inner.get_small(key)
+        }
+        fn put_small(&self, key: &str, bytes: &[u8], expect: &crate::remote::Expect) -> crate::remote::Result<()> {
+            self.inner.put_small(key, bytes, expect)
+        }
+        fn upload(
+            &self,
+            key: &str,
+            file: &std::fs::File,
+            path: &Path,
+            len: u64,
+            mode: UploadMode,
+        ) -> crate::remote::Result<Uploaded> {
+            use std::sync::atomic::Ordering;
+            if self.left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_err() {
+                return Err(crate::remote::Error::NotFound { remote: "interrupted".into(), key: key.into() });
+            }
+            self.inner.upload(key, file, path, len, mode)
+        }
+        fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> crate::remote::Result<u64> {
+            self.inner.download(key, out, limit)
+        }
+        fn requests(&self) -> u64 {
+            self.inner.requests()
+        }
+    }
+
+    #[test]
+    fn an_interrupted_push_leaves_no_manifest_without_its_objects_and_a_rerun_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        let url = dir.path().join("remote");
+        let manifests: Vec<ObjectId> = files.iter().map(|(f, _)| f.manifest).collect();
+        let total = store.file_objects(&manifests).unwrap().len();
+        for stop in [1, total / 2, total - 1] {
+            let _ = std::fs::remove_dir_all(&url);
+            let remote = Interrupted {
+                inner: DirRemote::create(url.to_str().unwrap()).unwrap(),
+                left: std::sync::atomic::AtomicUsize::new(stop),
+            };
+            assert!(store.push_files(&remote, &manifests).is_err());
+            // Whatever manifest arrived can be fetched whole from the remote alone.
+            let clone = Repo::init(&dir.path().join(format!("clone{stop}"))).unwrap();
+            for (f, bytes) in &files {
+                if url.join(crate::remote::object_key(&f.manifest)).exists() {
+                    clone.fetch_file(&remote.inner, &f.manifest).unwrap();
+                    let out = dir.path().join("out");
+                    clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
+                    assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+                }
+            }
+            // The rerun sends only the rest.
+            let rerun = store.push_files(&remote.inner, &manifests).unwrap();
+            assert_eq!(rerun.objects as usize, total - stop, "stopped after {stop}");
+        }
+    }
+
     #[test]
     fn a_damaged_object_on_the_remote_is_refused_and_never_stored() {
         let dir = tempfile::tempdir().unwrap();
