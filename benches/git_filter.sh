@@ -6,6 +6,9 @@
 # Opt-in 2 GiB run of part 2 alone (issue #19's target: ckpt's peak RSS <= 300 MiB):
 #   ONLY_RSS=1 SIZE_MIB=2048 bash benches/git_filter.sh
 # It needs about 4x SIZE_MIB of free space in $TMPDIR (file, clean's spool, store, smudged copy).
+# Opt-in push run (issue #21 item 5): the series committed and `git push`ed epoch by epoch, the
+# pre-push hook uploading to a directory ckpt remote; bytes uploaded per epoch vs the local store:
+#   ONLY_PUSH=1 bash benches/git_filter.sh
 # Needs: a release build (cargo build --release), the corpus (bash ../shared/corpus/make_corpus.sh),
 # git, and git-lfs for the LFS column (apt-get install git-lfs; skipped if absent).
 # Compaction runs inline (CKPT_COMPACT=inline) for both ckpt columns, so each figure includes
@@ -26,6 +29,24 @@ now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc; }
 size() { du -sb "$1" | cut -f1; }
 
+if [ -n "${ONLY_PUSH:-}" ]; then
+    epochs=("$SERIES"/epoch_*.safetensors)
+    git init -q --bare -b main "$WORK/origin.git"
+    mkdir "$WORK/push" && cd "$WORK/push" && git init -q -b main && ckpt git install 2>/dev/null && ckpt git track '*.safetensors' 2>/dev/null
+    git config ckpt.remote "$WORK/weights" && git remote add origin "$WORK/origin.git"
+    git add .gitattributes && git commit -qm attributes
+    echo "epoch  file bytes  local store growth  uploaded by pre-push  remote total"
+    prev_local=0
+    for f in "${epochs[@]}"; do
+        cp "$f" model.safetensors; git add model.safetensors; git commit -qm e
+        git push -q origin main 2>push.err
+        local_now=$(size .git/ckpt/.ckpt/objects)
+        up=$(sed -n 's/.*uploaded [0-9]* objects (\(.*\))/\1/p' push.err)
+        echo "$(basename "$f" .safetensors)  $(stat -c %s "$f")  $((local_now - prev_local))  $up  $(size "$WORK/weights/objects")"
+        prev_local=$local_now
+    done
+    exit 0
+fi
 if [ -z "${ONLY_RSS:-}" ]; then
 epochs=("$SERIES"/epoch_*.safetensors)
 raw=0
