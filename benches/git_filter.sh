@@ -3,6 +3,12 @@
 #   1. the corpus series (11 epochs of one checkpoint) added and committed epoch by epoch:
 #      store size and total time; then a checkout of epoch 0 from the newest;
 #   2. peak RSS of ckpt's clean and smudge of one large synthetic file (SIZE_MIB, default 1024).
+# Opt-in 2 GiB run of part 2 alone (issue #19's target: ckpt's peak RSS <= 300 MiB):
+#   ONLY_RSS=1 SIZE_MIB=2048 bash benches/git_filter.sh
+# It needs about 4x SIZE_MIB of free space in $TMPDIR (file, clean's spool, store, smudged copy).
+# Opt-in push run (issue #21 item 5): the series committed and `git push`ed epoch by epoch, the
+# pre-push hook uploading to a directory ckpt remote; bytes uploaded per epoch vs the local store:
+#   ONLY_PUSH=1 bash benches/git_filter.sh
 # Needs: a release build (cargo build --release), the corpus (bash ../shared/corpus/make_corpus.sh),
 # git, and git-lfs for the LFS column (apt-get install git-lfs; skipped if absent).
 # Compaction runs inline (CKPT_COMPACT=inline) for both ckpt columns, so each figure includes
@@ -23,6 +29,25 @@ now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc; }
 size() { du -sb "$1" | cut -f1; }
 
+if [ -n "${ONLY_PUSH:-}" ]; then
+    epochs=("$SERIES"/epoch_*.safetensors)
+    git init -q --bare -b main "$WORK/origin.git"
+    mkdir "$WORK/push" && cd "$WORK/push" && git init -q -b main && ckpt git install 2>/dev/null && ckpt git track '*.safetensors' 2>/dev/null
+    git config ckpt.remote "$WORK/weights" && git remote add origin "$WORK/origin.git"
+    git add .gitattributes && git commit -qm attributes
+    echo "epoch  file bytes  local store growth  uploaded by pre-push  remote total"
+    prev_local=0
+    for f in "${epochs[@]}"; do
+        cp "$f" model.safetensors; git add model.safetensors; git commit -qm e
+        git push -q origin main 2>push.err
+        local_now=$(size .git/ckpt/.ckpt/objects)
+        up=$(sed -n 's/.*uploaded [0-9]* objects (\(.*\))/\1/p' push.err)
+        echo "$(basename "$f" .safetensors)  $(stat -c %s "$f")  $((local_now - prev_local))  $up  $(size "$WORK/weights/objects")"
+        prev_local=$local_now
+    done
+    exit 0
+fi
+if [ -z "${ONLY_RSS:-}" ]; then
 epochs=("$SERIES"/epoch_*.safetensors)
 raw=0
 for f in "${epochs[@]}"; do raw=$((raw + $(stat -c %s "$f"))); done
@@ -63,8 +88,12 @@ fi
 echo "ckpt commit:     $ckpt_store bytes ($(echo "scale=3; $ckpt_store / $raw" | bc) of raw), commits ${ckpt_commit_s} s, checkout of epoch 0 ${ckpt_checkout_s} s"
 echo "git + ckpt:      $git_store bytes ($(echo "scale=3; $git_store / $raw" | bc) of raw, $(echo "scale=3; $git_store / $ckpt_store" | bc)x ckpt commit), add+commit ${git_commit_s} s, checkout of epoch 0 ${git_checkout_s} s"
 echo "git + LFS:       $lfs"
+fi
 
 # Peak RSS of clean and smudge (ckpt's own process; git's memory is git's).
+if [ -n "${ONLY_RSS:-}" ]; then
+    mkdir "$WORK/git" && cd "$WORK/git" && git init -q -b main && ckpt git install 2>/dev/null
+fi
 cd "$WORK/git"
 python3 - "$SIZE_MIB" <<'EOF'
 import json, os, struct, sys
@@ -79,8 +108,11 @@ with open("big.safetensors", "wb") as f:
         f.write(chunk)
 EOF
 /usr/bin/time -f "%M %e" -o clean.time ckpt git clean big.safetensors < big.safetensors > big.pointer
+/usr/bin/time -f "%M %e" -o reclean.time ckpt git clean big.safetensors < big.safetensors > big.pointer2
+cmp big.pointer big.pointer2
 /usr/bin/time -f "%M %e" -o smudge.time ckpt git smudge big.safetensors < big.pointer > big.out
 cmp big.out big.safetensors
 read -r clean_kb clean_s < clean.time
+read -r reclean_kb reclean_s < reclean.time
 read -r smudge_kb smudge_s < smudge.time
-echo "${SIZE_MIB} MiB file: clean peak RSS $((clean_kb / 1024)) MiB (${clean_s} s), smudge peak RSS $((smudge_kb / 1024)) MiB (${smudge_s} s)"
+echo "${SIZE_MIB} MiB file: clean peak RSS $((clean_kb / 1024)) MiB (${clean_s} s), re-clean of the stored file $((reclean_kb / 1024)) MiB (${reclean_s} s), smudge peak RSS $((smudge_kb / 1024)) MiB (${smudge_s} s)"

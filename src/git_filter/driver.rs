@@ -24,13 +24,41 @@ pub struct GitFilter {
     fallbacks: Vec<Repo>,
     options: CommitOptions,
     skip_smudge: bool,
+    remote: Option<RemoteSource>,
+}
+
+/// The ckpt remote a filter fetches missing objects from, opened on first use (most smudges
+/// never need it).
+struct RemoteSource {
+    url: String,
+    opened: std::sync::OnceLock<Result<Box<dyn crate::remote::Remote>, String>>,
 }
 
 impl GitFilter {
     /// A filter storing into `store` with `options` (whether deltas are deferred, see
     /// [`CommitOptions::defer_deltas`]), reading missing objects from `fallbacks` in order.
     pub fn new(store: Repo, fallbacks: Vec<Repo>, options: CommitOptions) -> GitFilter {
-        GitFilter { store, fallbacks, options, skip_smudge: false }
+        GitFilter { store, fallbacks, options, skip_smudge: false, remote: None }
+    }
+
+    /// Fetches objects the stores lack from the ckpt remote at `url` (see
+    /// [`super::ckpt_remote`]), verified before they enter the own store.
+    pub fn set_remote(&mut self, url: Option<String>) {
+        self.remote = url.map(|url| RemoteSource { url, opened: std::sync::OnceLock::new() });
+    }
+
+    /// Downloads `p`'s file into the own store from the ckpt remote; `None` without one.
+    fn fetch_from_remote(&self, p: &Pointer) -> Option<Result<(), String>> {
+        let source = self.remote.as_ref()?;
+        let remote = source.opened.get_or_init(|| {
+            super::ckpt_remote::open(&source.url).map_err(|e| format!("opening the ckpt remote {}: {e}", source.url))
+        });
+        Some(match remote {
+            Ok(remote) => self.store.fetch_file(remote.as_ref(), &p.manifest).map(|_| ()).map_err(|e| {
+                format!("fetching file {} (manifest {}) from the ckpt remote {}: {e}", p.hash, p.manifest, source.url)
+            }),
+            Err(e) => Err(e.clone()),
+        })
     }
 
     /// With `skip`, smudge leaves valid pointers as they are (`CKPT_SKIP_SMUDGE=1`); `ckpt git
@@ -129,10 +157,26 @@ impl GitFilter {
                 });
             }
         }
+        // Only a file the store lacks is fetched: a damaged object here is reported as such.
+        let fetched = if self.store.store().contains(&p.manifest) { None } else { self.fetch_from_remote(p) };
+        let remote_note = match fetched {
+            // Written from the own store, which checks every object again as it decodes.
+            Some(Ok(())) => {
+                return self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest).map(|_| ()).map_err(|e| {
+                    format!("file {} (manifest {}) fetched from the ckpt remote: {e}", p.hash, p.manifest)
+                })
+            }
+            Some(Err(e)) => format!("; {e}"),
+            None if self.remote.is_none() => {
+                "; no ckpt remote is configured (git config ckpt.remote URL, or .ckptconfig)".to_string()
+            }
+            None => String::new(),
+        };
         Err(format!(
-            "cannot restore the file {} (manifest {}, {} bytes) from the ckpt store at {}: {own_err}; \
+            "cannot restore the file {} (manifest {}, {} bytes) from the ckpt store at {}: {own_err}{remote_note}; \
              if this repository was cloned or the store moved, point `git config ckpt.store` at a store \
-             that has it, or run `ckpt -C {} verify` to find damaged objects",
+             that has it or `git config ckpt.remote` at the ckpt remote it was pushed to, or run \
+             `ckpt -C {} verify` to find damaged objects",
             p.hash,
             p.manifest,
             p.size,

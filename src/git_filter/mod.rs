@@ -8,10 +8,12 @@
 //! to git: nothing here prints.
 
 pub mod attributes;
+pub mod ckpt_remote;
 pub mod driver;
 pub mod pktline;
 pub mod pointer;
 pub mod process;
+pub mod weight_diff;
 
 use crate::repo::{self, Repo};
 use std::path::{Path, PathBuf};
@@ -23,12 +25,16 @@ pub use pointer::Pointer;
 pub const DRIVER: &str = "ckpt";
 
 /// Git config entries `ckpt git install` writes: the filter (`filter.ckpt.*`) and the diff
-/// driver's textconv (`diff.ckpt.textconv`).
-pub const FILTER_CONFIG: [(&str, &str); 4] = [
+/// driver: an external diff command (`diff.ckpt.command`, which `git diff` runs with both sides
+/// and which shows per-tensor statistics; `git log -p` and `git show` run it with
+/// `--ext-diff`) and a textconv (`diff.ckpt.textconv`, one line per tensor, what `git log -p`
+/// shows without `--ext-diff`).
+pub const FILTER_CONFIG: [(&str, &str); 5] = [
     ("filter.ckpt.process", "ckpt git filter-process"),
     ("filter.ckpt.clean", "ckpt git clean %f"),
     ("filter.ckpt.smudge", "ckpt git smudge %f"),
     ("diff.ckpt.textconv", "ckpt git textconv"),
+    ("diff.ckpt.command", "ckpt git diff-driver"),
 ];
 
 /// Errors of the git layer.
@@ -69,6 +75,37 @@ pub enum Error {
         path: String,
         /// What went wrong.
         reason: String,
+    },
+    /// A `pre-push` hook that is not ckpt's is in the way.
+    #[error(
+        "{} exists and is not ckpt's: add the line `ckpt git pre-push \"$@\"` to it (the hook's stdin is          what ckpt reads, so it must come first or get a copy), or move it away; then run `ckpt git install` again",
+        path.display()
+    )]
+    HookExists {
+        /// The hook.
+        path: PathBuf,
+    },
+    /// git's `pre-push` input is not what the hook protocol says.
+    #[error("pre-push input line {line}: {reason}")]
+    PrePushInput {
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A pushed pointer whose file neither the local store nor the ckpt remote holds.
+    #[error(
+        "{path} (manifest {manifest}) is neither in the local ckpt store nor on the ckpt remote {remote};          {count} file(s) like this: smudge them here first (`ckpt git checkout`), or push from the clone          that stored them"
+    )]
+    NotPushable {
+        /// A path the pointer is at.
+        path: String,
+        /// Its manifest.
+        manifest: crate::ObjectId,
+        /// The ckpt remote.
+        remote: String,
+        /// How many files are in this state.
+        count: usize,
     },
     /// A `.gitattributes` pattern ckpt cannot write.
     #[error("pattern {pattern:?}: {reason}")]

@@ -18,6 +18,7 @@ mod commit;
 mod commit_memory;
 mod compact;
 mod config;
+mod file_objects;
 mod gc;
 mod inspect;
 mod lock;
@@ -40,6 +41,7 @@ pub use commit_memory::{
 };
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
+pub use file_objects::{FileTransfer, KeepReport};
 pub use gc::GcReport;
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,

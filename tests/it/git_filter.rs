@@ -12,29 +12,29 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A temporary HOME (so `--global` and the user's own config stay out) and a git repository.
-struct GitEnv {
-    tmp: tempfile::TempDir,
+pub(crate) struct GitEnv {
+    pub(crate) tmp: tempfile::TempDir,
 }
 
 impl GitEnv {
-    fn new() -> GitEnv {
+    pub(crate) fn new() -> GitEnv {
         let env = GitEnv { tmp: tempfile::tempdir().unwrap() };
         std::fs::create_dir(env.home()).unwrap();
         env
     }
 
-    fn home(&self) -> PathBuf {
+    pub(crate) fn home(&self) -> PathBuf {
         self.tmp.path().join("home")
     }
 
-    fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.tmp.path().join(rel)
     }
 
     /// `program` with the environment every git or ckpt call of these tests gets: ckpt on PATH,
     /// an isolated HOME, no system config, a fixed identity, inline compaction (no background
     /// process racing the next step).
-    fn command(&self, program: &str, dir: &Path, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, program: &str, dir: &Path, args: &[&str]) -> Command {
         let bin = Path::new(env!("CARGO_BIN_EXE_ckpt")).parent().unwrap();
         let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
         let mut c = Command::new(program);
@@ -51,26 +51,26 @@ impl GitEnv {
         c
     }
 
-    fn run(&self, program: &str, dir: &Path, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, program: &str, dir: &Path, args: &[&str]) -> Output {
         self.command(program, dir, args).output().expect("run")
     }
 
     /// Runs git and asserts success.
-    fn git(&self, dir: &Path, args: &[&str]) -> String {
+    pub(crate) fn git(&self, dir: &Path, args: &[&str]) -> String {
         let o = self.run("git", dir, args);
         assert!(o.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
     /// Runs ckpt and asserts success.
-    fn ckpt(&self, dir: &Path, args: &[&str]) -> String {
+    pub(crate) fn ckpt(&self, dir: &Path, args: &[&str]) -> String {
         let o = self.run(env!("CARGO_BIN_EXE_ckpt"), dir, args);
         assert!(o.status.success(), "ckpt {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
     /// A new repository at `rel` with the filter installed and `*.safetensors` and `*.bin` tracked.
-    fn repo(&self, rel: &str) -> PathBuf {
+    pub(crate) fn repo(&self, rel: &str) -> PathBuf {
         let dir = self.path(rel);
         std::fs::create_dir_all(&dir).unwrap();
         self.git(&dir, &["init", "-q", "-b", "main"]);
@@ -80,11 +80,11 @@ impl GitEnv {
     }
 }
 
-fn model(epoch: u32) -> Vec<u8> {
+pub(crate) fn model(epoch: u32) -> Vec<u8> {
     synthetic_checkpoint(7, Dtype::Bf16, &[("layer.weight", &[192, 256]), ("layer.bias", &[256])], epoch)
 }
 
-fn objects(store: &Path) -> Vec<PathBuf> {
+pub(crate) fn objects(store: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for d in std::fs::read_dir(store.join(".ckpt/objects")).unwrap() {
         for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
@@ -95,7 +95,7 @@ fn objects(store: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn status_is_clean(env: &GitEnv, dir: &Path) {
+pub(crate) fn status_is_clean(env: &GitEnv, dir: &Path) {
     let s = env.git(dir, &["status", "--porcelain"]);
     assert_eq!(s, "", "git status not clean");
 }
@@ -481,7 +481,7 @@ fn skip_smudge_leaves_pointers_and_ckpt_git_checkout_fills_them() {
 }
 
 #[test]
-fn git_diff_shows_which_tensors_changed() {
+fn git_diff_shows_per_tensor_statistics_and_log_shows_changed_tensors() {
     let env = GitEnv::new();
     let dir = env.repo("r");
     let shapes: &[(&str, &[u64])] = &[("a.weight", &[64, 64]), ("b.weight", &[64, 64])];
@@ -489,27 +489,55 @@ fn git_diff_shows_which_tensors_changed() {
     std::fs::write(dir.join("model.safetensors"), &v1).unwrap();
     env.git(&dir, &["add", "."]);
     env.git(&dir, &["commit", "-qm", "one"]);
-    // Change b.weight only (its last element), keeping the header.
+    // Change b.weight only: its last element's lowest exponent bit (the value doubles or
+    // halves), keeping the header.
     let mut v2 = v1.clone();
     let n = v2.len();
     v2[n - 1] ^= 0x01;
+    let bf16 = |b: &[u8]| f32::from_bits((u32::from(b[1]) << 24) | (u32::from(b[0]) << 16)) as f64;
+    let delta = (bf16(&v2[n - 2..]) - bf16(&v1[n - 2..])).abs();
     std::fs::write(dir.join("model.safetensors"), &v2).unwrap();
-    // Working tree side: the real file, hashed.
+    // `git diff` runs the external diff driver with both sides: one changed element of 4096
+    // (0.02%) in b.weight, a.weight the same.
     let diff = env.git(&dir, &["diff"]);
-    let changed: Vec<&str> =
-        diff.lines().filter(|l| l.starts_with(['-', '+']) && !l.starts_with("---") && !l.starts_with("+++")).collect();
-    // The file hash line and b.weight's line, nothing else.
-    assert_eq!(changed.len(), 4, "{diff}");
-    let tensors: Vec<&&str> = changed.iter().filter(|l| l[1..].starts_with("tensor ")).collect();
-    assert_eq!(tensors.len(), 2, "{diff}");
-    assert!(tensors.iter().all(|l| l.contains("tensor b.weight BF16 [64, 64] blob")), "{diff}");
-    // Both sides from git (pointers): the same summary.
+    let line = |name: &str| {
+        diff.lines().find(|l| l.get(2..).is_some_and(|r| r.starts_with(name))).unwrap_or_else(|| panic!("{diff}"))
+    };
+    let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(
+        words(line("b.weight")),
+        words(&format!("~ b.weight BF16 [64, 64] changed 0.02% {delta:.6e}")),
+        "{diff}"
+    );
+    assert_eq!(words(line("a.weight")), words(&format!("  a.weight BF16 [64, 64] same 0.00% {:.6e}", 0.0)), "{diff}");
+    assert!(
+        diff.contains("1 tensors changed, 1 same, 0 added, 0 removed, 0 reshaped; 1 of 8192 elements changed (0.01%)"),
+        "{diff}"
+    );
     env.git(&dir, &["commit", "-qam", "two"]);
+    // `git log -p` without --ext-diff: the textconv, one line per tensor (the changed
+    // tensor's line changes with its blob id).
     let log = env.git(&dir, &["log", "-p", "-1"]);
     assert!(
         log.contains("-tensor b.weight") && log.contains("+tensor b.weight") && !log.contains("+tensor a.weight"),
         "{log}"
     );
+    // With --ext-diff, both sides from git (pointers, written from the store): the statistics.
+    let log = env.git(&dir, &["log", "-p", "--ext-diff", "-1"]);
+    let b_line = log.lines().find(|l| l.starts_with("~ b.weight")).unwrap_or_else(|| panic!("{log}"));
+    assert_eq!(words(b_line), words(&format!("~ b.weight BF16 [64, 64] changed 0.02% {delta:.6e}")), "{log}");
+    // A tensor added and one reshaped.
+    let v3 = synthetic_checkpoint(1, Dtype::Bf16, &[("a.weight", &[32, 64]), ("c.bias", &[64])], 0);
+    std::fs::write(dir.join("model.safetensors"), &v3).unwrap();
+    let diff = env.git(&dir, &["diff"]);
+    assert!(diff.contains("reshaped to BF16 [32, 64]") && diff.contains("removed") && diff.contains("added"), "{diff}");
+    // Objects gone: git smudges both sides before it runs the driver, so it fails as a
+    // checkout would, naming the file and the object.
+    std::fs::remove_dir_all(dir.join(".git/ckpt/.ckpt/objects")).unwrap();
+    std::fs::create_dir(dir.join(".git/ckpt/.ckpt/objects")).unwrap();
+    let o = env.run("git", &dir, &["log", "-p", "--ext-diff", "-1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("model.safetensors") && err.contains("is missing"), "{o:?}");
 }
 
 #[test]

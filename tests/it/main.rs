@@ -2,6 +2,8 @@
 
 mod codec_cli;
 mod git_filter;
+mod git_gc;
+mod git_remote;
 
 mod proxy;
 mod remote;

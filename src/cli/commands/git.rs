@@ -3,7 +3,7 @@
 //! reads; messages go to stderr.
 
 use crate::cli::ui::Ui;
-use crate::git_filter::{self, attributes, process, GitFilter};
+use crate::git_filter::{self, attributes, ckpt_remote, process, GitFilter};
 use crate::repo::{CommitOptions, Compaction};
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -18,7 +18,9 @@ pub struct GitArgs {
 #[derive(clap::Subcommand, Debug)]
 enum GitCommand {
     /// Write the ckpt filter driver into git config (this repository's, or with --global the
-    /// user's). Idempotent.
+    /// user's) and, for a repository, the pre-push hook that uploads weights to the ckpt remote.
+    /// Idempotent. An existing pre-push hook that is not ckpt's is left alone (error, saying how
+    /// to chain it).
     Install {
         /// Write to the user's global git config instead of the repository's.
         #[arg(long)]
@@ -61,6 +63,36 @@ enum GitCommand {
         #[arg(default_value = "HEAD")]
         rev: String,
     },
+    /// Delete the store's objects that no ckpt pointer git still reaches needs (reached: from any
+    /// ref, reflog entry, the stash or the index; delta bases of what is kept stay).
+    Gc {
+        /// Report what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The pre-push hook's work (run by the hook git calls): upload to the ckpt remote the
+    /// objects of the weight files in the pushed commits that it lacks. Reads git's lines
+    /// `<local ref> <local sha> <remote ref> <remote sha>` on stdin.
+    PrePush {
+        /// The git remote's name.
+        remote: String,
+        /// The git remote's URL.
+        url: Option<String>,
+        /// Machine-readable summary on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The external diff driver (diff.ckpt.command) git runs with both sides of a weight
+    /// file: per tensor, changed or not, % of elements changed, max |delta|.
+    #[command(name = "diff-driver")]
+    DiffDriver {
+        /// git's arguments: PATH [OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE [NEW-PATH INFO]].
+        #[arg(required = true, num_args = 1..=9, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Check that every ckpt pointer any ref, reflog entry, the stash or the index reaches
     /// resolves to a file that verifies (decoded and hashed); exit 1 naming those that do not.
     Fsck,
@@ -79,7 +111,7 @@ enum GitCommand {
 }
 
 /// Runs `ckpt git`.
-pub fn run(_ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
+pub fn run(ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
     match args.command {
         GitCommand::Install { global } => {
             git_filter::install(base, global)?;
@@ -87,12 +119,32 @@ pub fn run(_ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
                 "ckpt filter installed in the {} git config; `ckpt git track PATTERN` selects the files",
                 if global { "global" } else { "repository's" }
             );
+            if global {
+                eprintln!(
+                    "the pre-push hook is per repository: run `ckpt git install` in each one that pushes weights"
+                );
+                return Ok(());
+            }
+            let git = git_filter::discover(base)?;
+            match ckpt_remote::install_hook(&git)? {
+                ckpt_remote::HookInstall::Written(p) => eprintln!("pre-push hook installed: {}", p.display()),
+                ckpt_remote::HookInstall::Present(p) => eprintln!("pre-push hook already runs ckpt: {}", p.display()),
+            }
             Ok(())
         }
         GitCommand::Uninstall { global } => {
             git_filter::uninstall(base, global)?;
+            if !global {
+                let git = git_filter::discover(base)?;
+                if ckpt_remote::uninstall_hook(&git)? {
+                    eprintln!("pre-push hook removed");
+                }
+            }
             Ok(())
         }
+        GitCommand::Gc { dry_run, json } => gc(ui, base, dry_run, json),
+        GitCommand::PrePush { remote, url, json } => pre_push(ui, base, &remote, url.as_deref(), json),
+        GitCommand::DiffDriver { args } => diff_driver(base, &args),
         GitCommand::Track { patterns } => track(base, &patterns),
         GitCommand::Untrack { patterns } => untrack(base, &patterns),
         GitCommand::Checkout { paths } => checkout(base, &paths),
@@ -166,6 +218,12 @@ fn open_filter(base: &Path) -> Result<(GitFilter, Compaction)> {
     let fallbacks = git_filter::driver::origin_store(&git).into_iter().collect();
     let mut filter = GitFilter::new(store, fallbacks, options);
     filter.set_skip_smudge(git_filter::skip_smudge(&git));
+    // A broken `.ckptconfig` must not stop `git add` (clean never needs the remote): said
+    // once, and smudge then reports files it cannot find as missing, naming the remote setting.
+    match ckpt_remote::remote_url(&git) {
+        Ok(url) => filter.set_remote(url.map(|r| r.url)),
+        Err(e) => eprintln!("ckpt: ignoring the ckpt remote setting: {e}"),
+    }
     Ok((filter, compaction))
 }
 
@@ -244,4 +302,107 @@ fn one_shot(base: &Path, command: process::Command, path: &str) -> Result<()> {
     result.map_err(|m| anyhow::anyhow!("{path}: {m}"))?;
     stdout.flush().context("writing to git")?;
     Ok(())
+}
+
+fn gc(ui: &Ui, base: &Path, dry_run: bool, json: bool) -> Result<()> {
+    let git = git_filter::discover(base)?;
+    let mut store = git_filter::open_store(&git)?;
+    store.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
+    let pointers = git_filter::reachable_pointers(&git)?;
+    let live: Vec<crate::ObjectId> = pointers.iter().map(|(_, p)| p.manifest).collect();
+    let r = store.gc_keeping(&live, dry_run)?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&r)?)?;
+    } else {
+        outln!(
+            "{} files reachable from git ({} not in the store); kept {} objects, {} {} ({})",
+            r.files_kept + r.files_missing,
+            r.files_missing,
+            r.kept,
+            if dry_run { "would delete" } else { "deleted" },
+            r.deleted,
+            crate::cli::ui::bytes(r.bytes_freed)
+        )?;
+    }
+    Ok(())
+}
+
+fn pre_push(ui: &Ui, base: &Path, remote_name: &str, url: Option<&str>, json: bool) -> Result<()> {
+    let git = git_filter::discover(base)?;
+    let refs = ckpt_remote::parse_pushed_refs(std::io::stdin().lock())?;
+    let pointers = ckpt_remote::pushed_pointers(&git, &refs)?;
+    let Some(remote_url) = ckpt_remote::remote_url(&git)? else {
+        if !pointers.is_empty() {
+            eprintln!(
+                "ckpt: no ckpt remote configured (git config ckpt.remote URL, or ckpt.remote in .ckptconfig): \
+                 the weights of {} pushed file(s) stay in this machine's store only",
+                pointers.len()
+            );
+        }
+        return Ok(());
+    };
+    if pointers.is_empty() {
+        return Ok(());
+    }
+    let mut store = git_filter::open_store(&git)?;
+    store.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
+    let remote = ckpt_remote::open_for_push(&remote_url.url)
+        .with_context(|| format!("opening the ckpt remote {} (from {})", remote_url.url, remote_url.source))?;
+    let report = ckpt_remote::push_pointers(&store, remote.as_ref(), &pointers).with_context(|| {
+        format!(
+            "uploading weights to the ckpt remote {} (from {}) before pushing to {remote_name}{}",
+            remote_url.url,
+            remote_url.source,
+            url.map(|u| format!(" ({u})")).unwrap_or_default()
+        )
+    })?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        let t = &report.transfer;
+        eprintln!(
+            "ckpt: {} weight file(s) in the pushed commits; {} already on {}; uploaded {} objects ({})",
+            t.files,
+            t.files_present,
+            t.remote,
+            t.objects,
+            crate::cli::ui::bytes(t.bytes)
+        );
+    }
+    Ok(())
+}
+
+/// git's external diff: `PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE [NEW-PATH
+/// INFO]`, or `PATH` alone for an unmerged path. A side that cannot be read is shown as a
+/// message in the diff (and on stderr), so that `git log -p --ext-diff` goes on past a file
+/// whose objects are gone.
+fn diff_driver(base: &Path, args: &[String]) -> Result<()> {
+    let path = &args[0];
+    if args.len() == 1 {
+        outln!("* Unmerged path {path}")?;
+        return Ok(());
+    }
+    if args.len() < 7 {
+        anyhow::bail!("ckpt git diff-driver: expected 1, 7 or 9 arguments from git, got {}", args.len());
+    }
+    let new_path = args.get(7).unwrap_or(path);
+    let side = |file: &str| (file != "/dev/null").then(|| base.join(file));
+    let (old, new) = (side(&args[1]), side(&args[4]));
+    outln!("diff --ckpt a/{path} b/{new_path}")?;
+    if args[2] != args[5] || args[3] != args[6] {
+        outln!("index {}..{} {}", short(&args[2]), short(&args[5]), args[6])?;
+    }
+    let (filter, _) = open_filter(base)?;
+    match git_filter::weight_diff::compare(&filter, old.as_deref(), new.as_deref()) {
+        Ok(text) => outln!("{}", text.trim_end())?,
+        Err(e) => {
+            eprintln!("ckpt git diff-driver: {path}: {e}");
+            outln!("ckpt: cannot compare {path}: {e}")?;
+        }
+    }
+    Ok(())
+}
+
+fn short(hex: &str) -> &str {
+    hex.get(..12).unwrap_or(hex)
 }

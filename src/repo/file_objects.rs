@@ -1,0 +1,630 @@
+//! Objects by file rather than by version: what a set of stored files (manifests) needs, their
+//! upload to a remote and their download from one, and a gc that keeps exactly the files a
+//! caller names. The git filter uses these: git carries the pointers (so no version or ref of
+//! the store travels), and only git knows which files are still alive.
+//!
+//! Built on the same primitives and invariants as `push`/`fetch` (docs/format.md, "Remotes"):
+//! a delta's reference goes up before the delta and a manifest after its blobs, so a manifest
+//! present on the remote means its file can be restored from there; everything downloaded is
+//! verified against its id before it enters the local store, bases first.
+
+use super::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
+use crate::object_id::ObjectId;
+use crate::remote::{self, Remote, UploadMode, Uploaded};
+use crate::store::{ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH};
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+
+/// Largest object a download accepts (as `fetch`: a blob is at most a whole tensor plus its
+/// container).
+const MAX_OBJECT_LEN: u64 = 1 << 40;
+
+/// Attempts at one object transfer after a transport or server error (the backend retries
+/// first; this covers a connection dropped mid-transfer).
+const ATTEMPTS: u32 = 3;
+
+/// What [`Repo::push_files`] or [`Repo::fetch_file`] moved.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FileTransfer {
+    /// The remote's URL.
+    pub remote: String,
+    /// Files (manifests) asked for.
+    pub files: usize,
+    /// Files the remote (push) or the local store (fetch) already held whole.
+    pub files_present: usize,
+    /// Objects uploaded or downloaded and stored.
+    pub objects: u64,
+    /// Bytes uploaded or downloaded.
+    pub bytes: u64,
+    /// Requests sent to the remote.
+    pub requests: u64,
+    /// Files (manifests) of a push that neither the local store nor the remote holds: not
+    /// sent (the rest was).
+    pub missing: Vec<ObjectId>,
+}
+
+/// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KeepReport {
+    /// Files kept (live manifests present in the store).
+    pub files_kept: usize,
+    /// Live manifests named that the store does not hold (nothing to keep for them).
+    pub files_missing: usize,
+    /// Objects kept.
+    pub kept: usize,
+    /// Objects deleted (or that would be).
+    pub deleted: usize,
+    /// Bytes of those object files.
+    pub bytes_freed: u64,
+    /// Whether nothing was deleted on purpose.
+    pub dry_run: bool,
+}
+
+fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match f() {
+            Err(Error::Remote(remote::Error::Backend { .. })) if attempt < ATTEMPTS => {
+                std::thread::sleep(std::time::Duration::from_millis(200 << attempt));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Repo {
+    /// Every object the files `manifests` need: each manifest, the blobs it lists and every
+    /// blob a delta among them is coded against, each once, a reference before the delta coded
+    /// against it and a manifest after its blobs (the order an upload must follow). Every
+    /// object is read (manifests whole, blobs' headers): a missing or unreadable one is an
+    /// error naming it.
+    pub fn file_objects(&self, manifests: &[ObjectId]) -> Result<Vec<Needed>> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for manifest in manifests {
+            if !seen.insert(*manifest) {
+                continue;
+            }
+            let m = self.manifest(manifest)?;
+            for blob in m.blobs() {
+                // The chain down to its standalone base (or to a blob already listed), then
+                // listed base first.
+                let mut chain = Vec::new();
+                let mut next = Some(blob);
+                while let Some(id) = next {
+                    if seen.contains(&id) {
+                        break;
+                    }
+                    if chain.len() as u32 > MAX_CHAIN_DEPTH {
+                        return Err(crate::store::Error::Corrupt {
+                            id: blob,
+                            reason: format!("a delta chain deeper than {MAX_CHAIN_DEPTH}"),
+                        }
+                        .into());
+                    }
+                    let header = self.store.header(&id)?;
+                    if header.kind != ObjectKind::Blob {
+                        return Err(crate::store::Error::WrongKind {
+                            id,
+                            expected: ObjectKind::Blob,
+                            found: header.kind,
+                        }
+                        .into());
+                    }
+                    chain.push(Needed { id, kind: ObjectKind::Blob, reference: header.reference });
+                    next = header.reference;
+                }
+                for n in chain.into_iter().rev() {
+                    if seen.insert(n.id) {
+                        out.push(n);
+                    }
+                }
+            }
+            out.push(Needed { id: *manifest, kind: ObjectKind::Manifest, reference: None });
+        }
+        Ok(out)
+    }
+
+    /// Uploads to `remote` what the files `manifests` need and the remote lacks: one listing
+    /// of the remote's objects, then the missing objects in [`Repo::file_objects`] order
+    /// (bases, deltas, manifest last). A file whose manifest the remote already has is skipped
+    /// whole, including when the local store does not hold it (a clone that never smudged
+    /// it); a file neither side holds is listed in [`FileTransfer::missing`].
+    pub fn push_files(&self, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
+        let mut report =
+            FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
+        let present: HashSet<ObjectId> =
+            remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+        let mut wanted = Vec::new();
+        for m in manifests {
+            if present.contains(m) {
+                report.files_present += 1;
+            } else if self.store.contains(m) {
+                wanted.push(*m);
+            } else {
+                report.missing.push(*m);
+            }
+        }
+        let need: Vec<Needed> = self.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
+        let total: u64 = need.iter().map(|n| self.store.stored_len(&n.id).unwrap_or(0)).sum();
+        self.progress.start("push", total);
+        let mut done = 0;
+        for n in &need {
+            let (len, uploaded) = self.upload_object(remote, &n.id)?;
+            if uploaded == Uploaded::Created {
+                report.objects += 1;
+                report.bytes += len;
+            }
+            done += len;
+            self.progress.set(done);
+        }
+        self.progress.finish();
+        report.requests = remote.requests();
+        Ok(report)
+    }
+
+    /// Uploads one object file as it is now; returns its length and whether it was created.
+    fn upload_object(&self, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
+        let path = self.store.object_path(id);
+        let io = |action| {
+            let path = path.clone();
+            move |source| Error::Io { action, path, source }
+        };
+        let mut file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::Store(crate::store::Error::Missing { id: *id }),
+            _ => Error::Io { action: "opening", path: path.clone(), source: e },
+        })?;
+        let len = file.metadata().map_err(io("reading"))?.len();
+        // The header of the very file that goes up decides whether it may replace (a
+        // compaction may rename a delta over the path meanwhile; the open file stays as read).
+        let mut head = Vec::with_capacity(HEADER_LEN);
+        (&mut file).take(HEADER_LEN as u64).read_to_end(&mut head).map_err(io("reading"))?;
+        let header = crate::store::ObjectHeader::decode(*id, &head)?;
+        let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
+        let uploaded = with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))?;
+        Ok((len, uploaded))
+    }
+
+    /// Downloads the file whose manifest is `manifest` from `remote` into this store, unless
+    /// the store holds the manifest already: the manifest, its blobs and the references of
+    /// those that are deltas, each verified against its id before it is stored, blobs bases
+    /// first and the manifest last (so an interrupted download leaves only complete chains and
+    /// a rerun fetches what is still missing).
+    pub fn fetch_file(&self, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
+        let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
+        if self.store.contains(manifest) {
+            report.files_present = 1;
+            return Ok(report);
+        }
+        self.progress.start("fetch", 0);
+        let mtmp = self.receive_object(remote, manifest, &mut report)?;
+        let m = super::Manifest::parse(*manifest, &self.store.read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
+        // Blobs: received one by one; each is stored as soon as its reference is here, else it
+        // waits and the reference is fetched.
+        let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
+        let mut queue: Vec<ObjectId> = m.blobs().collect();
+        let mut seen: HashSet<ObjectId> = HashSet::new();
+        while let Some(id) = queue.pop() {
+            if self.store.contains(&id) || !seen.insert(id) {
+                continue;
+            }
+            let tmp = self.receive_object(remote, &id, &mut report)?;
+            let header = self.store.received_header(&id, &tmp)?;
+            if header.kind != ObjectKind::Blob {
+                return Err(
+                    crate::store::Error::WrongKind { id, expected: ObjectKind::Blob, found: header.kind }.into()
+                );
+            }
+            match header.reference {
+                Some(r) if !self.store.contains(&r) => {
+                    // Each listed blob brings at most a chain of references: more is a remote
+                    // naming objects without end.
+                    let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
+                    if seen.len() > limit {
+                        return Err(crate::store::Error::Corrupt {
+                            id,
+                            reason: "its delta chain on the remote does not end".into(),
+                        }
+                        .into());
+                    }
+                    queue.push(r);
+                    waiting.insert(id, (tmp, r));
+                }
+                _ => self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?,
+            }
+        }
+        // The deltas that waited, each once its reference is stored.
+        while !waiting.is_empty() {
+            let ready: Vec<ObjectId> =
+                waiting.iter().filter(|(_, (_, r))| self.store.contains(r)).map(|(id, _)| *id).collect();
+            if ready.is_empty() {
+                let (id, (_, r)) = waiting.iter().next().expect("non-empty");
+                return Err(crate::store::Error::Corrupt {
+                    id: *id,
+                    reason: format!("its reference {r} is neither here nor fetched (a cycle on the remote)"),
+                }
+                .into());
+            }
+            for id in ready {
+                let (tmp, _) = waiting.remove(&id).expect("ready is waiting");
+                self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?;
+            }
+        }
+        self.import_received(manifest, ObjectKind::Manifest, mtmp, &mut report)?;
+        self.progress.finish();
+        self.flush_index();
+        report.requests = remote.requests();
+        Ok(report)
+    }
+
+    fn receive_object(
+        &self,
+        remote: &dyn Remote,
+        id: &ObjectId,
+        report: &mut FileTransfer,
+    ) -> Result<tempfile::NamedTempFile> {
+        with_retries(|| {
+            let tmp = self.store.receive_file()?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
+            let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
+            std::io::Write::flush(&mut out).map_err(|e| Error::Io {
+                action: "writing",
+                path: tmp.path().into(),
+                source: e,
+            })?;
+            drop(out);
+            report.bytes += n;
+            self.progress.set(report.bytes);
+            Ok(tmp)
+        })
+    }
+
+    fn import_received(
+        &self,
+        id: &ObjectId,
+        kind: ObjectKind,
+        tmp: tempfile::NamedTempFile,
+        report: &mut FileTransfer,
+    ) -> Result<()> {
+        let written = self.store.import(id, Some(kind), tmp)?;
+        self.index_object(&written);
+        report.objects += 1;
+        Ok(())
+    }
+
+    /// Deletes every object of the store that neither the files `live` (manifests: each with
+    /// its blobs and their delta chains) nor a tag or branch other than the current one needs.
+    /// The current branch's history (the versions [`Repo::store_file`] recorded) is replaced
+    /// by one version without parents holding the live files: those of the current version
+    /// that are live under their paths (so the next content stored for a path is still coded
+    /// against its last one), the others under `gc-kept/<manifest id>`. With `dry_run`,
+    /// nothing changes and the report says what would be deleted.
+    ///
+    /// Marking reads every kept manifest and blob header first; if one cannot be read, nothing
+    /// is deleted.
+    pub fn gc_keeping(&self, live: &[ObjectId], dry_run: bool) -> Result<KeepReport> {
+        let mut report = KeepReport { dry_run, ..KeepReport::default() };
+        let lock = self.lock()?;
+        if !dry_run && self.has_pending_deltas() {
+            // Deferred rewrites name versions this gc replaces: done first, while they exist.
+            self.compact_locked(&super::CompactOptions::default())?;
+        }
+        let present: Vec<ObjectId> = {
+            let mut seen = HashSet::new();
+            live.iter().filter(|m| seen.insert(**m)).filter(|m| self.store.contains(m)).copied().collect()
+        };
+        report.files_kept = present.len();
+        report.files_missing = live.iter().collect::<HashSet<_>>().len() - present.len();
+
+        let head = self.refs.head()?;
+        let head_version = self.refs.head_version()?;
+        let current_branch = match &head {
+            super::Head::Branch(b) => Some(b.clone()),
+            super::Head::Detached(_) => None,
+        };
+        // Roots that stay: every tag and every other branch (nothing the git filter makes).
+        let mut roots: Vec<VersionId> = self.refs.list(RefKind::Tag)?.into_iter().map(|(_, id)| id).collect();
+        for (name, id) in self.refs.list(RefKind::Branch)? {
+            if Some(&name) != current_branch.as_ref() {
+                roots.push(id);
+            }
+        }
+        let mut marked: HashSet<ObjectId> = self.reachable(&roots, &|_| false)?.into_iter().map(|n| n.id).collect();
+        marked.extend(self.file_objects(&present)?.into_iter().map(|n| n.id));
+
+        let new_root = self.live_version(head_version, &present)?;
+        let all = self.store.list()?;
+        let doomed: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
+        report.kept = all.len() - doomed.len();
+        report.deleted = doomed.len();
+        report.bytes_freed = doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum();
+        // The root version itself is kept (it is written below, unless already there).
+        if !all.contains(&new_root.0) {
+            report.kept += 1;
+        }
+        if dry_run {
+            return Ok(report);
+        }
+
+        // The new root first, then the ref to it, then the deletions: an interruption leaves
+        // the old history or the new one, never a ref to a deleted version.
+        let version = &new_root.1;
+        let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
+        self.index_object(&written);
+        self.index_version(&written.id, version);
+        match &current_branch {
+            Some(b) => self.refs.set(RefKind::Branch, b, &written.id)?,
+            None => self.refs.set_head(&super::Head::Detached(written.id))?,
+        }
+        self.progress.start("gc", doomed.len() as u64);
+        for (n, id) in doomed.iter().enumerate() {
+            if let Some(ix) = self.index() {
+                let _ = ix.remove_object(id);
+                let _ = ix.remove_version(id);
+            }
+            self.store.remove(id)?;
+            self.progress.set(n as u64 + 1);
+        }
+        self.progress.finish();
+        // Rewrites still pending (a failed compaction) for versions now deleted are dropped.
+        let pending: Vec<VersionId> = self.pending_deltas()?.into_iter().filter(|v| self.store.contains(v)).collect();
+        self.write_pending_deltas(&pending)?;
+        self.flush_index();
+        drop(lock);
+        Ok(report)
+    }
+
+    /// The parentless version holding the files `live` (present in the store): the current
+    /// version's entries whose manifest is live keep their paths, the others are listed under
+    /// `gc-kept/<manifest id>` (no files at all when nothing is live). Returns its id and the
+    /// version.
+    fn live_version(&self, head: Option<VersionId>, live: &[ObjectId]) -> Result<(VersionId, Version)> {
+        let current = head.map(|id| self.version(&id)).transpose()?;
+        let live_set: HashSet<ObjectId> = live.iter().copied().collect();
+        let mut files: std::collections::BTreeMap<String, super::FileEntry> = std::collections::BTreeMap::new();
+        let mut placed = HashSet::new();
+        for f in current.iter().flat_map(|v| v.files.iter()) {
+            if live_set.contains(&f.manifest) {
+                placed.insert(f.manifest);
+                files.insert(f.path.clone(), f.clone());
+            }
+        }
+        for m in live {
+            if placed.insert(*m) {
+                let manifest = self.manifest(m)?;
+                let path = format!("gc-kept/{m}");
+                files.insert(
+                    path.clone(),
+                    super::FileEntry { path, manifest: *m, len: manifest.len, hash: manifest.hash },
+                );
+            }
+        }
+        let files: Vec<super::FileEntry> = files.into_values().collect();
+        let version = Version {
+            format: super::MODEL_FORMAT,
+            parents: Vec::new(),
+            time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0),
+            message: "ckpt git gc: the files git still reaches".into(),
+            since_base: 0,
+            raw_bytes: files.iter().map(|f| f.len).sum(),
+            stored_bytes: 0,
+            files,
+        };
+        let id = ObjectId::hash(&version.to_bytes());
+        Ok((id, version))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::local::DirRemote;
+    use crate::repo::{CommitOptions, RepoPath};
+    use crate::test_data;
+    use std::path::Path;
+
+    /// A safetensors file of two BF16 tensors whose values depend on `seed`; `step` changes
+    /// every 64th element (a training step), so consecutive steps delta-code.
+    fn checkpoint(seed: u64, step: u64) -> Vec<u8> {
+        let tensors = vec![
+            ("w".to_string(), crate::Dtype::Bf16, vec![64, 256]),
+            ("b".to_string(), crate::Dtype::Bf16, vec![4096]),
+        ];
+        let mut bytes = crate::safetensors::write_header(&tensors, None).unwrap();
+        for (i, r) in test_data::xorshift(seed).take(64 * 256 + 4096).enumerate() {
+            let low = if i % 64 == 0 { (r >> 8) as u8 ^ step as u8 } else { (r >> 8) as u8 };
+            bytes.extend_from_slice(&[low, 0x3f ^ ((r & 1) as u8)]);
+        }
+        bytes
+    }
+
+    /// A store holding three steps of one path; returns it and (manifest, len, hash, bytes).
+    fn store_with_steps(dir: &Path) -> (Repo, Vec<(crate::repo::StoredFile, Vec<u8>)>) {
+        let store = Repo::init(&dir.join("store")).unwrap();
+        let path = RepoPath::parse("m.safetensors").unwrap();
+        let spool = dir.join("spool");
+        let mut files = Vec::new();
+        for step in 0..3 {
+            let bytes = checkpoint(1, step);
+            std::fs::write(&spool, &bytes).unwrap();
+            files.push((store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap(), bytes));
+        }
+        (store, files)
+    }
+
+    #[test]
+    fn files_go_up_once_and_come_back_verified_and_bit_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        // Older steps are deltas against newer ones: their chains are part of what they need.
+        let needed = store.file_objects(&[files[0].0.manifest]).unwrap();
+        assert!(needed.iter().any(|n| n.reference.is_some()), "no delta among {needed:?}");
+        // References before the deltas on them, the manifest last.
+        for (i, n) in needed.iter().enumerate() {
+            if let Some(r) = n.reference {
+                assert!(needed[..i].iter().any(|m| m.id == r), "reference after its delta");
+            }
+        }
+        assert_eq!(needed.last().unwrap().id, files[0].0.manifest);
+
+        let remote = DirRemote::create(dir.path().join("remote").to_str().unwrap()).unwrap();
+        let manifests: Vec<ObjectId> = files.iter().map(|(f, _)| f.manifest).collect();
+        let first = store.push_files(&remote, &manifests).unwrap();
+        assert_eq!((first.files, first.files_present), (3, 0));
+        assert!(first.objects > 0 && first.missing.is_empty());
+        let again = store.push_files(&remote, &manifests).unwrap();
+        assert_eq!((again.files_present, again.objects, again.bytes), (3, 0, 0));
+
+        // Another store fetches each file from the remote alone.
+        let clone = Repo::init(&dir.path().join("clone")).unwrap();
+        for (f, bytes) in &files {
+            let got = clone.fetch_file(&remote, &f.manifest).unwrap();
+            assert_eq!(got.files_present, 0);
+            let out = dir.path().join("out");
+            clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
+            assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+        }
+        assert_eq!(clone.fetch_file(&remote, &files[0].0.manifest).unwrap().files_present, 1);
+        for id in clone.store().list().unwrap() {
+            clone.store().verify(&id).unwrap();
+        }
+
+        // A file neither side has is reported, not an error of the whole push.
+        let absent = ObjectId::hash(b"no such manifest");
+        let r = store.push_files(&remote, &[absent]).unwrap();
+        assert_eq!(r.missing, vec![absent]);
+    }
+
+    /// A directory remote whose uploads fail after `left` of them (an interrupted push).
+    struct Interrupted {
+        inner: DirRemote,
+        left: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Remote for Interrupted {
+        fn url(&self) -> &str {
+            self.inner.url()
+        }
+        fn list(&self, prefix: &str) -> crate::remote::Result<Vec<String>> {
+            self.inner.list(prefix)
+        }
+        fn get_small(&self, key: &str) -> crate::remote::Result<Option<crate::remote::Small>> {
+            self.inner.get_small(key)
+        }
+        fn put_small(&self, key: &str, bytes: &[u8], expect: &crate::remote::Expect) -> crate::remote::Result<()> {
+            self.inner.put_small(key, bytes, expect)
+        }
+        fn upload(
+            &self,
+            key: &str,
+            file: &std::fs::File,
+            path: &Path,
+            len: u64,
+            mode: UploadMode,
+        ) -> crate::remote::Result<Uploaded> {
+            use std::sync::atomic::Ordering;
+            if self.left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_err() {
+                return Err(crate::remote::Error::NotFound { remote: "interrupted".into(), key: key.into() });
+            }
+            self.inner.upload(key, file, path, len, mode)
+        }
+        fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> crate::remote::Result<u64> {
+            self.inner.download(key, out, limit)
+        }
+        fn requests(&self) -> u64 {
+            self.inner.requests()
+        }
+    }
+
+    #[test]
+    fn an_interrupted_push_leaves_no_manifest_without_its_objects_and_a_rerun_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        let url = dir.path().join("remote");
+        let manifests: Vec<ObjectId> = files.iter().map(|(f, _)| f.manifest).collect();
+        let total = store.file_objects(&manifests).unwrap().len();
+        for stop in [1, total / 2, total - 1] {
+            let _ = std::fs::remove_dir_all(&url);
+            let remote = Interrupted {
+                inner: DirRemote::create(url.to_str().unwrap()).unwrap(),
+                left: std::sync::atomic::AtomicUsize::new(stop),
+            };
+            assert!(store.push_files(&remote, &manifests).is_err());
+            // Whatever manifest arrived can be fetched whole from the remote alone.
+            let clone = Repo::init(&dir.path().join(format!("clone{stop}"))).unwrap();
+            for (f, bytes) in &files {
+                if url.join(crate::remote::object_key(&f.manifest)).exists() {
+                    clone.fetch_file(&remote.inner, &f.manifest).unwrap();
+                    let out = dir.path().join("out");
+                    clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
+                    assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+                }
+            }
+            // The rerun sends only the rest.
+            let rerun = store.push_files(&remote.inner, &manifests).unwrap();
+            assert_eq!(rerun.objects as usize, total - stop, "stopped after {stop}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_object_on_the_remote_is_refused_and_never_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        let remote_dir = dir.path().join("remote");
+        let remote = DirRemote::create(remote_dir.to_str().unwrap()).unwrap();
+        let newest = &files[2].0;
+        store.push_files(&remote, &[newest.manifest]).unwrap();
+        // Flip a byte near the end of every blob of the newest file on the remote.
+        let m = store.manifest(&newest.manifest).unwrap();
+        for blob in m.blobs() {
+            let key = crate::remote::object_key(&blob);
+            let path = remote_dir.join(&key);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let n = bytes.len();
+            bytes[n - 3] ^= 0x40;
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let clone = Repo::init(&dir.path().join("clone")).unwrap();
+        let e = clone.fetch_file(&remote, &newest.manifest).unwrap_err().to_string();
+        assert!(m.blobs().any(|b| e.contains(&b.to_hex()[..12])), "{e}");
+        assert!(!clone.store().contains(&newest.manifest));
+        assert!(m.blobs().all(|b| !clone.store().contains(&b)));
+    }
+
+    #[test]
+    fn gc_keeping_deletes_only_what_the_live_files_do_not_need() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        // A file of another path, not live.
+        let spool = dir.path().join("spool");
+        let other = checkpoint(9, 0);
+        std::fs::write(&spool, &other).unwrap();
+        let dead = store
+            .store_file(&spool, &RepoPath::parse("other.safetensors").unwrap(), "o", &CommitOptions::default())
+            .unwrap();
+        let live: Vec<ObjectId> = [&files[0], &files[2]].iter().map(|(f, _)| f.manifest).collect();
+        let before = store.store().list().unwrap();
+        let dry = store.gc_keeping(&live, true).unwrap();
+        assert_eq!(store.store().list().unwrap(), before);
+        let real = store.gc_keeping(&live, false).unwrap();
+        assert_eq!((real.deleted, real.bytes_freed, real.files_kept), (dry.deleted, dry.bytes_freed, 2));
+        assert!(!store.store().contains(&dead.manifest));
+        assert!(!store.store().contains(&files[1].0.manifest));
+        for (f, bytes) in [&files[0], &files[2]] {
+            let out = dir.path().join("out");
+            store.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
+            assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+        }
+        assert!(store.verify().unwrap().is_ok(), "store does not verify after gc");
+        // The next content of the path is still coded against the last one kept there.
+        std::fs::write(&spool, checkpoint(1, 3)).unwrap();
+        let path = RepoPath::parse("m.safetensors").unwrap();
+        store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
+        let m = store.manifest(&files[2].0.manifest).unwrap();
+        assert!(m.blobs().any(|b| store.store().header(&b).unwrap().reference.is_some()));
+    }
+}

@@ -1,0 +1,253 @@
+//! Weights through a ckpt remote with the real `git` binary: `git push` runs the pre-push hook,
+//! which uploads the objects of the pushed pointers; a clone with no store of its own smudges
+//! them from the remote (named by a committed `.ckptconfig`), verified and bit-exact. Also the
+//! hook's refusal to clobber another hook, a push failing when the remote cannot be reached,
+//! and the same round trip through a real S3-protocol server (`s3s-fs`).
+
+use crate::git_filter::{model, status_is_clean, GitEnv};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// Commits three epochs of `model.safetensors` in a new repository at `rel` whose
+/// `.ckptconfig` names `remote_url`, and a bare repository `origin.git` as its `origin`.
+fn three_epochs_with_origin(env: &GitEnv, rel: &str, remote_url: &str) -> PathBuf {
+    let dir = env.repo(rel);
+    std::fs::write(dir.join(".ckptconfig"), format!("[ckpt]\n\tremote = {remote_url}\n")).unwrap();
+    env.git(&dir, &["add", ".gitattributes", ".ckptconfig"]);
+    env.git(&dir, &["commit", "-qm", "attributes"]);
+    for epoch in 0..3 {
+        std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
+        env.git(&dir, &["add", "model.safetensors"]);
+        env.git(&dir, &["commit", "-qm", &format!("epoch {epoch}")]);
+    }
+    env.git(env.tmp.path(), &["init", "-q", "--bare", "-b", "main", "origin.git"]);
+    env.git(&dir, &["remote", "add", "origin", env.path("origin.git").to_str().unwrap()]);
+    dir
+}
+
+fn object_files(root: &Path) -> usize {
+    let Ok(fans) = std::fs::read_dir(root) else { return 0 };
+    fans.flatten()
+        .filter(|f| f.path().is_dir())
+        .map(|f| std::fs::read_dir(f.path()).map_or(0, |d| d.flatten().filter(|e| e.path().is_file()).count()))
+        .sum()
+}
+
+/// Pushes from a repository, clones into `b` with no shared store, and checks every epoch
+/// bit-exact there. `extra_env` is the remote's environment (S3 settings).
+fn push_then_clone(env: &GitEnv, remote_url: &str, extra_env: &[(&str, String)], remote_objects: &Path) {
+    let git = |dir: &Path, args: &[&str]| {
+        let mut c = env.command("git", dir, args);
+        for (k, v) in extra_env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let a = three_epochs_with_origin(env, "a", remote_url);
+    let pushed = git(&a, &["push", "-q", "origin", "main"]);
+    assert!(pushed.contains("uploaded"), "{pushed}");
+    // Three versions' worth of objects: whole newest, deltas or wholes for the older ones.
+    let uploaded = object_files(remote_objects);
+    assert!(uploaded >= 3 * 2, "{uploaded} objects on the remote");
+    // Pushing again sends nothing (a new branch at the same commit: every commit is "new" to
+    // the hook, the remote already has every file).
+    let again = git(&a, &["push", "-q", "origin", "main:other"]);
+    assert!(again.contains("3 already on") && again.contains("uploaded 0 objects"), "{again}");
+    assert_eq!(object_files(remote_objects), uploaded);
+
+    // A clone: the filter installed globally (a fresh clone has no config of its own), the
+    // origin a bare repository (no store there to read), so every object comes from the remote.
+    env.ckpt(env.tmp.path(), &["git", "install", "--global"]);
+    git(env.tmp.path(), &["clone", "-q", env.path("origin.git").to_str().unwrap(), "b"]);
+    let b = env.path("b");
+    assert_eq!(std::fs::read(b.join("model.safetensors")).unwrap(), model(2));
+    status_is_clean(env, &b);
+    for (rev, epoch) in [("main~1", 1), ("main~2", 0)] {
+        git(&b, &["checkout", "-q", rev]);
+        assert_eq!(std::fs::read(b.join("model.safetensors")).unwrap(), model(epoch), "{rev}");
+        status_is_clean(env, &b);
+    }
+    env.ckpt(&b.join(".git/ckpt"), &["verify"]);
+
+    // A clone that leaves pointers (CKPT_SKIP_SMUDGE=1): `ckpt git checkout` fetches the file.
+    let mut c = env.command("git", env.tmp.path(), &["clone", "-q", env.path("origin.git").to_str().unwrap(), "c"]);
+    c.env("CKPT_SKIP_SMUDGE", "1");
+    assert!(c.output().unwrap().status.success());
+    let c_dir = env.path("c");
+    assert!(std::fs::read(c_dir.join("model.safetensors")).unwrap().starts_with(b"version ckpt/1\n"));
+    let mut checkout = env.command(env!("CARGO_BIN_EXE_ckpt"), &c_dir, &["git", "checkout"]);
+    for (k, v) in extra_env {
+        checkout.env(k, v);
+    }
+    let o = checkout.output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(std::fs::read(c_dir.join("model.safetensors")).unwrap(), model(2));
+    status_is_clean(env, &c_dir);
+}
+
+#[test]
+fn the_pre_push_hook_uploads_weights_and_a_clone_smudges_them_from_a_directory_remote() {
+    let env = GitEnv::new();
+    let remote = env.path("weights");
+    push_then_clone(&env, remote.to_str().unwrap(), &[], &remote.join("objects"));
+    // A file the remote lost: the checkout fails naming the file and the remote, and leaves no
+    // wrong bytes.
+    let b = env.path("b");
+    std::fs::remove_dir_all(b.join(".git/ckpt")).unwrap();
+    std::fs::remove_dir_all(remote.join("objects")).unwrap();
+    std::fs::create_dir(remote.join("objects")).unwrap();
+    std::fs::remove_file(b.join("model.safetensors")).unwrap();
+    let o = env.run("git", &b, &["checkout", "--", "model.safetensors"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("model.safetensors") && err.contains("ckpt remote") && err.contains("does not exist"),
+        "{err}"
+    );
+    assert!(!b.join("model.safetensors").exists() || std::fs::read(b.join("model.safetensors")).unwrap().len() < 300);
+}
+
+#[test]
+fn a_push_fails_when_the_ckpt_remote_cannot_be_reached_and_no_remote_is_a_note() {
+    let env = GitEnv::new();
+    // A directory remote under a regular file: it cannot be created.
+    std::fs::write(env.path("not-a-dir"), b"x").unwrap();
+    let a = three_epochs_with_origin(&env, "a", env.path("not-a-dir/weights").to_str().unwrap());
+    let o = env.run("git", &a, &["push", "-q", "origin", "main"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("ckpt remote") && err.contains("not-a-dir/weights"), "{err}");
+    // git aborted the push: the bare repository has no branch.
+    assert_eq!(env.git(&env.path("origin.git"), &["branch", "--list"]), "");
+
+    // No ckpt remote at all: the push goes through, with a note.
+    env.git(&a, &["rm", "-q", ".ckptconfig"]);
+    env.git(&a, &["commit", "-qm", "no remote"]);
+    let o = env.run("git", &a, &["push", "-q", "origin", "main"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no ckpt remote configured"), "{o:?}");
+    // git config ckpt.remote overrides .ckptconfig (here: supplies it).
+    let remote = env.path("weights");
+    env.git(&a, &["config", "ckpt.remote", remote.to_str().unwrap()]);
+    std::fs::write(a.join("model.safetensors"), model(9)).unwrap();
+    env.git(&a, &["commit", "-qam", "epoch 9"]);
+    env.git(&a, &["push", "-q", "origin", "main"]);
+    assert!(object_files(&remote.join("objects")) > 0);
+}
+
+#[test]
+fn install_leaves_a_foreign_pre_push_hook_alone_and_accepts_a_chained_one() {
+    let env = GitEnv::new();
+    let dir = env.path("r");
+    std::fs::create_dir(&dir).unwrap();
+    env.git(&dir, &["init", "-q", "-b", "main"]);
+    let hook = dir.join(".git/hooks/pre-push");
+    let foreign = "#!/bin/sh\necho mine\n";
+    std::fs::write(&hook, foreign).unwrap();
+    let o = env.run(env!("CARGO_BIN_EXE_ckpt"), &dir, &["git", "install"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("pre-push") && err.contains("is not ckpt's") && err.contains("ckpt git pre-push"), "{err}");
+    assert_eq!(std::fs::read_to_string(&hook).unwrap(), foreign);
+    // The filter itself was installed.
+    assert!(env.git(&dir, &["config", "filter.ckpt.process"]).contains("ckpt git filter-process"));
+    // Chained by hand: accepted as is.
+    let chained = "#!/bin/sh\nckpt git pre-push \"$@\" || exit 1\n";
+    std::fs::write(&hook, chained).unwrap();
+    env.ckpt(&dir, &["git", "install"]);
+    assert_eq!(std::fs::read_to_string(&hook).unwrap(), chained);
+    // Uninstall leaves a hook that is not only ckpt's; removes ckpt's own.
+    env.ckpt(&dir, &["git", "uninstall"]);
+    assert_eq!(std::fs::read_to_string(&hook).unwrap(), chained);
+    std::fs::remove_file(&hook).unwrap();
+    env.ckpt(&dir, &["git", "install"]);
+    assert!(std::fs::read_to_string(&hook).unwrap().contains("exec ckpt git pre-push"));
+    env.ckpt(&dir, &["git", "uninstall"]);
+    assert!(!hook.exists());
+}
+
+#[test]
+fn pre_push_input_that_is_not_git_s_is_a_clear_error() {
+    let env = GitEnv::new();
+    let dir = env.repo("r");
+    for (input, message) in [
+        ("refs/heads/main abc refs/heads/main def\n", "a bad object id"),
+        ("one two three\n", "expected `<local ref> <local sha> <remote ref> <remote sha>`"),
+    ] {
+        let mut c = env.command(env!("CARGO_BIN_EXE_ckpt"), &dir, &["git", "pre-push", "origin", "x"]);
+        let mut child = c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("pre-push input line 1") && err.contains(message), "{err}");
+    }
+}
+
+// ---- the same through S3 --------------------------------------------------------------------
+
+/// An `s3s-fs` server on a loopback port (as tests/it/remote.rs starts one); killed on drop.
+struct S3Server {
+    child: Child,
+    root: tempfile::TempDir,
+    port: u16,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const BUCKET: &str = "ckpt-git";
+
+fn start_s3s() -> Option<S3Server> {
+    if Command::new("s3s-fs").arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+        assert!(std::env::var_os("CKPT_REQUIRE_S3S").is_none(), "CKPT_REQUIRE_S3S is set but s3s-fs is not on PATH");
+        eprintln!("skipped: s3s-fs is not on PATH (cargo install s3s-fs --version 0.14.1 --features binary)");
+        return None;
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join(BUCKET)).unwrap();
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = Command::new("s3s-fs")
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", "k", "--secret-key", "s"])
+            .arg(root.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start s3s-fs");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(S3Server { child, root, port });
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("s3s-fs did not start");
+}
+
+#[test]
+fn the_pre_push_hook_and_smudge_work_through_s3() {
+    let Some(server) = start_s3s() else { return };
+    let env = GitEnv::new();
+    let aws = [
+        ("AWS_ACCESS_KEY_ID", "k".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "s".to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", server.port)),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+    ];
+    let objects = server.root.path().join(BUCKET).join("weights/objects");
+    push_then_clone(&env, &format!("s3://{BUCKET}/weights"), &aws, &objects);
+}
