@@ -13,7 +13,7 @@ use super::pointer::{self, Pointer};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::repo::{FileTransfer, Repo};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
@@ -294,6 +294,61 @@ pub fn pushed_pointers(git: &git2::Repository, refs: &[PushedRef]) -> Result<Vec
     Ok(out)
 }
 
+/// For each pushed file (manifest), the file the remote already holds at the same path: the
+/// pointer at that path in the commit the remote has the ref at, or for a new ref in the
+/// newest commit of `refs/remotes/<remote_name>/*` (commits the remote is known to have). A
+/// push sends the file's blobs as deltas against that file's where it pays (see
+/// [`Repo::push_files_against`]); a path without such a pointer goes up whole.
+pub fn previous_files(
+    git: &git2::Repository,
+    refs: &[PushedRef],
+    remote_name: Option<&str>,
+    pointers: &[(String, Pointer)],
+) -> Result<HashMap<ObjectId, ObjectId>> {
+    let mut bases: Vec<git2::Tree> = Vec::new();
+    let mut new_ref = false;
+    for r in refs.iter().filter(|r| !r.local.is_zero()) {
+        match (!r.remote.is_zero()).then(|| git.find_commit(r.remote).ok()).flatten() {
+            Some(c) => bases.extend(c.tree().ok()),
+            None => new_ref = true,
+        }
+    }
+    if new_ref {
+        if let Some(tree) = remote_name.and_then(|name| newest_remote_commit(git, name)) {
+            bases.push(tree);
+        }
+    }
+    let mut out = HashMap::new();
+    for (path, p) in pointers {
+        if out.contains_key(&p.manifest) {
+            continue;
+        }
+        for tree in &bases {
+            let Some(old) = tree.get_path(Path::new(path)).ok().and_then(|e| git.find_blob(e.id()).ok()) else {
+                continue;
+            };
+            if old.size() > pointer::MAX_LEN {
+                continue;
+            }
+            if let Ok(old) = Pointer::parse(old.content()) {
+                if old.manifest != p.manifest {
+                    out.insert(p.manifest, old.manifest);
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The tree of the newest commit (by committer time) a `refs/remotes/<remote_name>/*` ref
+/// names, if any (none for a remote given as a URL, which has no such refs).
+fn newest_remote_commit<'a>(git: &'a git2::Repository, remote_name: &str) -> Option<git2::Tree<'a>> {
+    let refs = git.references_glob(&format!("refs/remotes/{remote_name}/*")).ok()?;
+    let newest = refs.filter_map(|r| r.ok()?.peel_to_commit().ok()).max_by_key(|c| c.time().seconds());
+    newest.and_then(|c| c.tree().ok())
+}
+
 /// What `ckpt git pre-push` did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PrePushReport {
@@ -303,17 +358,19 @@ pub struct PrePushReport {
     pub transfer: FileTransfer,
 }
 
-/// Uploads to `remote` the objects of the files `pointers` name (see
-/// [`Repo::push_files`]). A file neither the local store nor the remote holds is an error
+/// Uploads to `remote` the objects of the files `pointers` name, blobs as deltas against
+/// those of the files `previous` names where that pays (see [`Repo::push_files_against`] and
+/// [`previous_files`]). A file neither the local store nor the remote holds is an error
 /// naming its path, after the others went up.
 pub fn push_pointers(
     store: &Repo,
     remote: &dyn crate::remote::Remote,
     pointers: &[(String, Pointer)],
+    previous: &HashMap<ObjectId, ObjectId>,
 ) -> Result<PrePushReport> {
     let mut seen = HashSet::new();
     let manifests: Vec<ObjectId> = pointers.iter().map(|(_, p)| p.manifest).filter(|m| seen.insert(*m)).collect();
-    let transfer = store.push_files(remote, &manifests)?;
+    let transfer = store.push_files_against(remote, &manifests, previous)?;
     if let Some(missing) = transfer.missing.first() {
         let path = pointers.iter().find(|(_, p)| p.manifest == *missing).map_or("?", |(path, _)| path.as_str());
         return Err(Error::NotPushable {

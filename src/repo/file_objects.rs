@@ -8,6 +8,8 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
+use super::model::{Manifest, TensorRef};
+use super::remote_delta::WireDelta;
 use super::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote, UploadMode, Uploaded};
@@ -36,6 +38,9 @@ pub struct FileTransfer {
     pub objects: u64,
     /// Bytes uploaded or downloaded.
     pub bytes: u64,
+    /// Of `objects` (push), blobs sent as XOR deltas against the blob of the same tensor in
+    /// the file the remote already holds for the same path (fetch: always 0).
+    pub objects_as_deltas: u64,
     /// Requests sent to the remote.
     pub requests: u64,
     /// Files (manifests) of a push that neither the local store nor the remote holds: not
@@ -58,6 +63,37 @@ pub struct KeepReport {
     pub bytes_freed: u64,
     /// Whether nothing was deleted on purpose.
     pub dry_run: bool,
+}
+
+/// A writer that keeps the first [`HEADER_LEN`] bytes and then refuses more (ending a
+/// download once an object's header is in).
+struct HeaderOnly(Vec<u8>);
+
+impl std::io::Write for HeaderOnly {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let take = buf.len().min(HEADER_LEN - self.0.len());
+        if take == 0 && !buf.is_empty() {
+            return Err(std::io::Error::other("only the header was wanted"));
+        }
+        self.0.extend_from_slice(&buf[..take]);
+        Ok(take)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Pairs (blob in `m`, blob of the same tensor in `reference`): tensors by name, dtype and
+/// shape, bundles by their first tensor (as a commit matches them).
+pub(super) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(ObjectId, ObjectId)> {
+    let older_of: HashMap<&TensorRef, ObjectId> = reference.tensors().filter_map(|(t, s)| Some((t, s.blob?))).collect();
+    let older_bundle: HashMap<&TensorRef, ObjectId> =
+        reference.bundle_keys().into_iter().zip(&reference.bundles).filter_map(|(k, b)| Some((k?, b.blob))).collect();
+    let mut out: Vec<(ObjectId, ObjectId)> =
+        m.tensors().filter_map(|(t, seg)| Some((seg.blob?, *older_of.get(t)?))).collect();
+    out.extend(m.bundle_keys().into_iter().zip(&m.bundles).filter_map(|(k, b)| Some((b.blob, *older_bundle.get(k?)?))));
+    out
 }
 
 fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
@@ -132,6 +168,24 @@ impl Repo {
     /// whole, including when the local store does not hold it (a clone that never smudged
     /// it); a file neither side holds is listed in [`FileTransfer::missing`].
     pub fn push_files(&self, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
+        self.push_files_against(remote, manifests, &HashMap::new())
+    }
+
+    /// [`Repo::push_files`], sending blobs as deltas where that pays: `previous` maps a file
+    /// (manifest) to the one the remote already holds for the same path (the pointer at that
+    /// path in the remote's commit). A blob the remote lacks, stored whole here, goes up as an
+    /// XOR delta against the blob of the same tensor (name, dtype, shape; bundles by their
+    /// first tensor) in that file, if the remote holds that file's manifest and blob, the
+    /// delta is smaller than the object here, and the remote's chain stays within
+    /// `base_every - 1` deltas (read from the header of the remote's copy of the reference:
+    /// one short download). Otherwise, or if the reference cannot be read here or there, the
+    /// object goes up as it is (docs/format.md, "Deltas on the wire").
+    pub fn push_files_against(
+        &self,
+        remote: &dyn Remote,
+        manifests: &[ObjectId],
+        previous: &HashMap<ObjectId, ObjectId>,
+    ) -> Result<FileTransfer> {
         let mut report =
             FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
         let present: HashSet<ObjectId> =
@@ -147,10 +201,32 @@ impl Repo {
             }
         }
         let need: Vec<Needed> = self.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
+        let wire = self.plan_file_deltas(remote, &wanted, previous, &need, &present)?;
         let total: u64 = need.iter().map(|n| self.store.stored_len(&n.id).unwrap_or(0)).sum();
         self.progress.start("push", total);
         let mut done = 0;
         for n in &need {
+            if let Some(plan) = wire.get(&n.id) {
+                if let Some((tmp, len)) = self.encode_wire_delta(&n.id, plan)? {
+                    let uploaded = with_retries(|| {
+                        Ok(remote.upload(
+                            &remote::object_key(&n.id),
+                            tmp.as_file(),
+                            tmp.path(),
+                            len,
+                            UploadMode::CreateOnly,
+                        )?)
+                    })?;
+                    if uploaded == Uploaded::Created {
+                        report.objects += 1;
+                        report.objects_as_deltas += 1;
+                        report.bytes += len;
+                    }
+                    done += self.store.stored_len(&n.id).unwrap_or(len);
+                    self.progress.set(done);
+                    continue;
+                }
+            }
             let (len, uploaded) = self.upload_object(remote, &n.id)?;
             if uploaded == Uploaded::Created {
                 report.objects += 1;
@@ -162,6 +238,69 @@ impl Repo {
         self.progress.finish();
         report.requests = remote.requests();
         Ok(report)
+    }
+
+    /// Which blobs of `need` go up as deltas (see [`Repo::push_files_against`]): pairs of a
+    /// blob of a `wanted` file and the same tensor's blob in the file `previous` names for it,
+    /// the remote holding that file's manifest and blob (`present`), this store holding both
+    /// blobs, the new one whole and no other object of `need` coded against it (its chain
+    /// here would then not match the remote's).
+    fn plan_file_deltas(
+        &self,
+        remote: &dyn Remote,
+        wanted: &[ObjectId],
+        previous: &HashMap<ObjectId, ObjectId>,
+        need: &[Needed],
+        present: &HashSet<ObjectId>,
+    ) -> Result<HashMap<ObjectId, WireDelta>> {
+        let mut plan = HashMap::new();
+        let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
+        let referenced: HashSet<ObjectId> = need.iter().filter_map(|n| n.reference).collect();
+        // Deepest chain a delta may make on the remote, as the local store bounds its own.
+        let max_depth = (self.config.base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
+        // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
+        let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
+        for m in wanted {
+            let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
+            // A clone that never smudged the remote's file cannot code against it.
+            if !self.store.contains(old) {
+                continue;
+            }
+            let (new_manifest, old_manifest) = (self.manifest(m)?, self.manifest(old)?);
+            for (new, reference) in same_tensor_blobs(&new_manifest, &old_manifest) {
+                if new == reference
+                    || plan.contains_key(&new)
+                    || !needed.contains(&new)
+                    || referenced.contains(&new)
+                    || !present.contains(&reference)
+                    || !self.store.contains(&reference)
+                    || self.store.header(&new)?.reference.is_some()
+                {
+                    continue;
+                }
+                let depth =
+                    *remote_depth.entry(reference).or_insert_with(|| self.remote_blob_depth(remote, &reference));
+                match depth {
+                    Some(d) if d < max_depth => {
+                        plan.insert(new, WireDelta { reference, depth: d + 1 });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// The chain depth of blob `id` on `remote`, from its header: the download stops once
+    /// the header is in. `None` if it cannot be read or is not a blob (then nothing is coded
+    /// against it).
+    fn remote_blob_depth(&self, remote: &dyn Remote, id: &ObjectId) -> Option<u32> {
+        let mut head = HeaderOnly(Vec::with_capacity(HEADER_LEN));
+        // Stopping the download once the header is in makes it return an error: the header
+        // decides, whatever the download says.
+        let _ = remote.download(&remote::object_key(id), &mut head, MAX_OBJECT_LEN);
+        let header = crate::store::ObjectHeader::decode(*id, &head.0).ok()?;
+        (header.kind == ObjectKind::Blob).then_some(header.depth)
     }
 
     /// Uploads one object file as it is now; returns its length and whether it was created.

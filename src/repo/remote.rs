@@ -569,7 +569,11 @@ impl Repo {
 
     /// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
     /// `None` when that would not be smaller than its object here (it then goes up as it is).
-    fn encode_wire_delta(&self, id: &ObjectId, plan: &WireDelta) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
+    pub(super) fn encode_wire_delta(
+        &self,
+        id: &ObjectId,
+        plan: &WireDelta,
+    ) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
         let target = self.store.open_blob(id)?;
         let reference = self.store.open_blob(&plan.reference)?;
         let limit = target.stored_len();

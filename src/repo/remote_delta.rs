@@ -127,18 +127,7 @@ impl Repo {
             let Some(reference) = references.for_file(self, &f.path, (!tensors.is_empty()).then_some(tensors)) else {
                 continue;
             };
-            let older_of: HashMap<&TensorRef, ObjectId> =
-                reference.tensors().filter_map(|(t, s)| Some((t, s.blob?))).collect();
-            let older_bundle: HashMap<&TensorRef, ObjectId> = reference
-                .bundle_keys()
-                .into_iter()
-                .zip(&reference.bundles)
-                .filter_map(|(k, b)| Some((k?, b.blob)))
-                .collect();
-            out.extend(m.tensors().filter_map(|(t, seg)| Some((seg.blob?, *older_of.get(t)?))));
-            out.extend(
-                m.bundle_keys().into_iter().zip(&m.bundles).filter_map(|(k, b)| Some((b.blob, *older_bundle.get(k?)?))),
-            );
+            out.extend(super::file_objects::same_tensor_blobs(&m, &reference));
         }
         Ok(out)
     }

@@ -109,6 +109,75 @@ fn the_pre_push_hook_uploads_weights_and_a_clone_smudges_them_from_a_directory_r
     assert!(!b.join("model.safetensors").exists() || std::fs::read(b.join("model.safetensors")).unwrap().len() < 300);
 }
 
+/// Bytes of the object files under `root` (a directory remote's `objects/`).
+fn object_bytes(root: &Path) -> u64 {
+    let Ok(fans) = std::fs::read_dir(root) else { return 0 };
+    fans.flatten()
+        .filter(|f| f.path().is_dir())
+        .flat_map(|f| std::fs::read_dir(f.path()).unwrap().flatten())
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+/// Bytes the hook reports it uploaded (`git push` shows the hook's stderr).
+fn uploaded_bytes(env: &GitEnv, dir: &Path, args: &[&str]) -> String {
+    let o = env.run("git", dir, args);
+    assert!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn the_pre_push_hook_sends_the_next_epoch_as_deltas_and_a_clone_smudges_both_bit_exact() {
+    let env = GitEnv::new();
+    let remote = env.path("weights");
+    let objects = remote.join("objects");
+    let a = env.repo("a");
+    std::fs::write(a.join(".ckptconfig"), format!("[ckpt]\n\tremote = {}\n", remote.display())).unwrap();
+    env.git(env.tmp.path(), &["init", "-q", "--bare", "-b", "main", "origin.git"]);
+    env.git(&a, &["remote", "add", "origin", env.path("origin.git").to_str().unwrap()]);
+    let commit_epoch = |epoch: u32| {
+        std::fs::write(a.join("model.safetensors"), model(epoch)).unwrap();
+        env.git(&a, &["add", "-A"]);
+        env.git(&a, &["commit", "-qm", &format!("epoch {epoch}")]);
+    };
+
+    commit_epoch(0);
+    let first_log = uploaded_bytes(&env, &a, &["push", "-q", "origin", "main"]);
+    let first = object_bytes(&objects);
+    assert!(first > 0, "{first_log}");
+
+    // The next epoch: git gives the hook the remote's commit, whose pointer names the file the
+    // remote holds; the changed tensors go up as deltas against it.
+    commit_epoch(1);
+    let second_log = uploaded_bytes(&env, &a, &["push", "-q", "origin", "main"]);
+    let second = object_bytes(&objects) - first;
+    assert!(second > 0 && second * 2 < first, "second push {second} bytes, first {first}: {second_log}");
+
+    // A new branch: no remote commit for it, so the file of refs/remotes/origin/main (epoch 1)
+    // is the reference.
+    env.git(&a, &["checkout", "-qb", "feature"]);
+    commit_epoch(2);
+    let before = object_bytes(&objects);
+    let third_log = uploaded_bytes(&env, &a, &["push", "-q", "origin", "feature"]);
+    let third = object_bytes(&objects) - before;
+    assert!(third > 0 && third * 2 < first, "new-branch push {third} bytes, first {first}: {third_log}");
+
+    // A fresh clone (no store to share) smudges every epoch from the remote, bit-exact, each
+    // delta fetched after the blob it is coded against.
+    env.ckpt(env.tmp.path(), &["git", "install", "--global"]);
+    env.git(env.tmp.path(), &["clone", "-q", "-b", "feature", env.path("origin.git").to_str().unwrap(), "b"]);
+    let b = env.path("b");
+    for (rev, epoch) in [("feature", 2), ("main", 1), ("main~1", 0)] {
+        env.git(&b, &["checkout", "-q", rev]);
+        assert_eq!(std::fs::read(b.join("model.safetensors")).unwrap(), model(epoch), "{rev}");
+        status_is_clean(&env, &b);
+    }
+    env.ckpt(&b.join(".git/ckpt"), &["verify"]);
+    // Another clone that smudges the newest epoch alone fetches its chain with it.
+    env.git(env.tmp.path(), &["clone", "-q", "-b", "feature", env.path("origin.git").to_str().unwrap(), "c"]);
+    assert_eq!(std::fs::read(env.path("c").join("model.safetensors")).unwrap(), model(2));
+}
+
 #[test]
 fn a_push_fails_when_the_ckpt_remote_cannot_be_reached_and_no_remote_is_a_note() {
     let env = GitEnv::new();
