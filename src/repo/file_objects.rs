@@ -638,6 +638,63 @@ mod tests {
         assert_eq!(r.missing, vec![absent]);
     }
 
+    #[test]
+    fn blobs_go_up_as_deltas_against_the_previous_file_with_the_remote_chain_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        Repo::init(&root).unwrap();
+        // Chains on the remote at most `base_every - 1` = 2 deltas deep.
+        std::fs::write(root.join(".ckpt/config"), r#"{"base_every": 3}"#).unwrap();
+        let store = Repo::open(&root).unwrap();
+        let remote_dir = dir.path().join("remote");
+        let remote = DirRemote::create(remote_dir.to_str().unwrap()).unwrap();
+        let remote_header = |id: &ObjectId| {
+            let bytes = std::fs::read(remote_dir.join(crate::remote::object_key(id))).unwrap();
+            crate::store::ObjectHeader::decode(*id, &bytes[..HEADER_LEN]).unwrap()
+        };
+        let path = RepoPath::parse("m.safetensors").unwrap();
+        let spool = dir.path().join("spool");
+        let mut files = Vec::new();
+        let mut previous: Option<ObjectId> = None;
+        let mut whole_bytes = 0;
+        for step in 0..5 {
+            let bytes = checkpoint(1, step);
+            std::fs::write(&spool, &bytes).unwrap();
+            let f = store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
+            let against: HashMap<ObjectId, ObjectId> = previous.map(|p| (f.manifest, p)).into_iter().collect();
+            let r = store.push_files_against(&remote, &[f.manifest], &against).unwrap();
+            // The blobs this step changed (the safetensors header is the same every step).
+            let before: HashSet<ObjectId> =
+                previous.map(|p| store.manifest(&p).unwrap().blobs().collect()).unwrap_or_default();
+            let changed: Vec<ObjectId> =
+                store.manifest(&f.manifest).unwrap().blobs().filter(|b| !before.contains(b)).collect();
+            assert_eq!(changed.len(), if step == 0 { 3 } else { 2 }, "step {step}");
+            let depths: Vec<u32> = changed.iter().map(|b| remote_header(b).depth).collect();
+            // Whole at first, then deltas 1 and 2 deep, whole again at the bound, then a delta.
+            let expected = [0, 1, 2, 0, 1][step as usize];
+            assert_eq!(depths, vec![expected; depths.len()], "step {step}");
+            assert_eq!(r.objects_as_deltas, if expected == 0 { 0 } else { depths.len() as u64 }, "step {step}");
+            if expected == 0 {
+                whole_bytes = r.bytes;
+            } else {
+                assert!(r.bytes * 4 < whole_bytes, "step {step}: {} bytes as deltas, {whole_bytes} whole", r.bytes);
+            }
+            files.push((f, bytes));
+            previous = Some(files.last().unwrap().0.manifest);
+        }
+        // A store with nothing of its own fetches each file from the remote, chains included.
+        let clone = Repo::init(&dir.path().join("clone")).unwrap();
+        for (f, bytes) in files.iter().rev() {
+            clone.fetch_file(&remote, &f.manifest).unwrap();
+            let out = dir.path().join("out");
+            clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
+            assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+        }
+        for id in clone.store().list().unwrap() {
+            clone.store().verify(&id).unwrap();
+        }
+    }
+
     /// A directory remote whose uploads fail after `left` of them (an interrupted push).
     struct Interrupted {
         inner: DirRemote,
