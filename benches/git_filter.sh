@@ -7,7 +7,8 @@
 #   ONLY_RSS=1 SIZE_MIB=2048 bash benches/git_filter.sh
 # It needs about 4x SIZE_MIB of free space in $TMPDIR (file, clean's spool, store, smudged copy).
 # Opt-in push run (issue #21 item 5): the series committed and `git push`ed epoch by epoch, the
-# pre-push hook uploading to a directory ckpt remote; bytes uploaded per epoch vs the local store:
+# pre-push hook uploading to a directory ckpt remote; bytes uploaded per epoch vs the local store,
+# then a fresh clone smudging the newest epoch and the first from the remote (cmp-checked):
 #   ONLY_PUSH=1 bash benches/git_filter.sh
 # Needs: a release build (cargo build --release), the corpus (bash ../shared/corpus/make_corpus.sh),
 # git, and git-lfs for the LFS column (apt-get install git-lfs; skipped if absent).
@@ -45,6 +46,15 @@ if [ -n "${ONLY_PUSH:-}" ]; then
         echo "$(basename "$f" .safetensors)  $(stat -c %s "$f")  $((local_now - prev_local))  $up  $(size "$WORK/weights/objects")"
         prev_local=$local_now
     done
+    # A fresh clone smudges the newest epoch from the remote alone (its chain of deltas
+    # included), bit-exact; then the first epoch.
+    ckpt git install --global 2>/dev/null
+    t=$(now); git clone -q -c ckpt.remote="$WORK/weights" "$WORK/origin.git" "$WORK/clone"; clone_s=$(since "$t")
+    cmp "$WORK/clone/model.safetensors" "${epochs[-1]}"
+    echo "clone: $clone_s s, downloaded into its store $(size "$WORK/clone/.git/ckpt/.ckpt/objects") bytes"
+    cd "$WORK/clone" && t=$(now) && git checkout -q "HEAD~$(( ${#epochs[@]} - 1 ))" && first_s=$(since "$t")
+    cmp model.safetensors "${epochs[0]}"
+    echo "checkout of the first epoch: $first_s s, store now $(size .git/ckpt/.ckpt/objects) bytes"
     exit 0
 fi
 if [ -z "${ONLY_RSS:-}" ]; then
