@@ -9,6 +9,7 @@
 //! verified against its id before it enters the local store, bases first.
 
 use super::model::{Manifest, TensorRef};
+use super::remote::with_retries;
 use super::remote_delta::WireDelta;
 use super::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
 use crate::object_id::ObjectId;
@@ -20,10 +21,6 @@ use std::io::Read;
 /// Largest object a download accepts (as `fetch`: a blob is at most a whole tensor plus its
 /// container).
 const MAX_OBJECT_LEN: u64 = 1 << 40;
-
-/// Attempts at one object transfer after a transport or server error (the backend retries
-/// first; this covers a connection dropped mid-transfer).
-const ATTEMPTS: u32 = 3;
 
 /// What [`Repo::push_files`] or [`Repo::fetch_file`] moved.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -94,19 +91,6 @@ pub(super) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(Obje
         m.tensors().filter_map(|(t, seg)| Some((seg.blob?, *older_of.get(t)?))).collect();
     out.extend(m.bundle_keys().into_iter().zip(&m.bundles).filter_map(|(k, b)| Some((b.blob, *older_bundle.get(k?)?))));
     out
-}
-
-fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
-    let mut attempt = 1;
-    loop {
-        match f() {
-            Err(Error::Remote(remote::Error::Backend { .. })) if attempt < ATTEMPTS => {
-                std::thread::sleep(std::time::Duration::from_millis(200 << attempt));
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
 }
 
 impl Repo {

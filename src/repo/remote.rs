@@ -155,7 +155,7 @@ const OBJECT_ATTEMPTS: u32 = 4;
 /// after a transport or server error. Safe for objects only: an object key's content is fixed
 /// by its id, so a repeated upload is create-if-absent (finding the first one's bytes there
 /// is success) and a repeated download starts a fresh temp file.
-fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+pub(super) fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
     let mut attempt = 1;
     loop {
         match f() {

@@ -6,7 +6,7 @@
 
 use crate::git_filter::{model, status_is_clean, GitEnv};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 
 /// Commits three epochs of `model.safetensors` in a new repository at `rel` whose
 /// `.ckptconfig` names `remote_url`, and a bare repository `origin.git` as its `origin`.
@@ -258,65 +258,10 @@ fn pre_push_input_that_is_not_git_s_is_a_clear_error() {
 
 // ---- the same through S3 --------------------------------------------------------------------
 
-/// An `s3s-fs` server on a loopback port (as tests/it/remote.rs starts one); killed on drop.
-struct S3Server {
-    child: Child,
-    root: tempfile::TempDir,
-    port: u16,
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-const BUCKET: &str = "ckpt-git";
-
-fn start_s3s() -> Option<S3Server> {
-    if Command::new("s3s-fs").arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
-        assert!(std::env::var_os("CKPT_REQUIRE_S3S").is_none(), "CKPT_REQUIRE_S3S is set but s3s-fs is not on PATH");
-        eprintln!("skipped: s3s-fs is not on PATH (cargo install s3s-fs --version 0.14.1 --features binary)");
-        return None;
-    }
-    let root = tempfile::tempdir().unwrap();
-    std::fs::create_dir(root.path().join(BUCKET)).unwrap();
-    for _ in 0..5 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut child = Command::new("s3s-fs")
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", "k", "--secret-key", "s"])
-            .arg(root.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start s3s-fs");
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(S3Server { child, root, port });
-            }
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    panic!("s3s-fs did not start");
-}
-
 #[test]
 fn the_pre_push_hook_and_smudge_work_through_s3() {
-    let Some(server) = start_s3s() else { return };
+    // The s3s-fs server of tests/it/remote.rs, with its credentials in `served.env`.
+    let Some(served) = crate::remote::s3() else { return };
     let env = GitEnv::new();
-    let aws = [
-        ("AWS_ACCESS_KEY_ID", "k".to_string()),
-        ("AWS_SECRET_ACCESS_KEY", "s".to_string()),
-        ("AWS_REGION", "us-east-1".to_string()),
-        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", server.port)),
-        ("AWS_ALLOW_HTTP", "true".to_string()),
-    ];
-    let objects = server.root.path().join(BUCKET).join("weights/objects");
-    push_then_clone(&env, &format!("s3://{BUCKET}/weights"), &aws, &objects);
+    push_then_clone(&env, &served.url, &served.env, &served.objects);
 }

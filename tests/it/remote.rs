@@ -72,7 +72,7 @@ impl S3Server {
 /// its object files are on disk (to damage one).
 pub(crate) struct Served {
     pub(crate) url: String,
-    env: Vec<(&'static str, String)>,
+    pub(crate) env: Vec<(&'static str, String)>,
     pub(crate) objects: PathBuf,
     _dir: Option<tempfile::TempDir>,
     _server: Option<S3Server>,
