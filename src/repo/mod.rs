@@ -563,8 +563,18 @@ impl Repo {
             Ok(ix) => ix,
             Err(index::Error::Locked { .. }) => return None,
             Err(_) => {
-                Index::destroy(&path).ok()?;
-                Index::open(&path).ok()?
+                // A damaged database: delete and recreate it. Tried a few times: the threads of
+                // sled's failed open may still be winding down and writing into the directory
+                // while it is deleted (seen once in CI, under load, as a missing index).
+                let mut reopened = None;
+                for attempt in 0..3u64 {
+                    std::thread::sleep(std::time::Duration::from_millis(50 * attempt));
+                    if let Ok(ix) = Index::destroy(&path).and_then(|()| Index::open(&path)) {
+                        reopened = Some(ix);
+                        break;
+                    }
+                }
+                reopened?
             }
         };
         if !ix.is_complete() && self.rebuild_into(&ix).is_err() {
