@@ -387,20 +387,12 @@ impl Repo {
         id: &ObjectId,
         report: &mut FileTransfer,
     ) -> Result<tempfile::NamedTempFile> {
-        with_retries(|| {
-            let tmp = self.store.receive_file()?;
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
-            let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
-            std::io::Write::flush(&mut out).map_err(|e| Error::Io {
-                action: "writing",
-                path: tmp.path().into(),
-                source: e,
-            })?;
-            drop(out);
-            report.bytes += n;
-            self.progress.set(report.bytes);
-            Ok(tmp)
-        })
+        // The fetch path's download (retries, temp file in the store), counted from this
+        // transfer's bytes so far so that the progress bar keeps growing across objects.
+        let received = std::sync::atomic::AtomicU64::new(report.bytes);
+        let tmp = Self::reopen(self.receive(remote, id, &received)?)?;
+        report.bytes = received.into_inner();
+        Ok(tmp)
     }
 
     fn import_received(

@@ -669,7 +669,12 @@ impl Repo {
     }
 
     /// Downloads one object into a temp file of the store (not stored yet).
-    fn receive(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
+    pub(super) fn receive(
+        &self,
+        remote: &dyn Remote,
+        id: &ObjectId,
+        received: &AtomicU64,
+    ) -> Result<tempfile::TempPath> {
         with_retries(|| self.receive_once(remote, id, received))
     }
 
@@ -694,7 +699,7 @@ impl Repo {
         Ok(tmp.into_temp_path())
     }
 
-    fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
+    pub(super) fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
         let file = std::fs::File::open(&path).map_err(|e| Error::Io {
             action: "opening",
             path: path.to_path_buf(),
