@@ -191,16 +191,7 @@ impl Repo {
         let mut done = 0;
         for n in &need {
             if let Some(plan) = wire.get(&n.id) {
-                if let Some((tmp, len)) = self.encode_wire_delta(&n.id, plan)? {
-                    let uploaded = with_retries(|| {
-                        Ok(remote.upload(
-                            &remote::object_key(&n.id),
-                            tmp.as_file(),
-                            tmp.path(),
-                            len,
-                            UploadMode::CreateOnly,
-                        )?)
-                    })?;
+                if let Some((len, uploaded)) = self.upload_wire_delta(remote, &n.id, plan)? {
                     if uploaded == Uploaded::Created {
                         report.objects += 1;
                         report.objects_as_deltas += 1;

@@ -505,16 +505,7 @@ impl Repo {
         for ids in levels.values() {
             parallel(ids, transfers, |id| {
                 if let Some(plan) = wire.get(id) {
-                    if let Some((tmp, len)) = self.encode_wire_delta(id, plan)? {
-                        let uploaded = with_retries(|| {
-                            Ok(remote.upload(
-                                &remote::object_key(id),
-                                tmp.as_file(),
-                                tmp.path(),
-                                len,
-                                UploadMode::CreateOnly,
-                            )?)
-                        })?;
+                    if let Some((len, uploaded)) = self.upload_wire_delta(remote, id, plan)? {
                         match uploaded {
                             Uploaded::Created => {
                                 sent.fetch_add(1, Ordering::Relaxed);
@@ -565,6 +556,22 @@ impl Repo {
         report.objects_present += existed.into_inner();
         report.objects_sent_as_deltas += as_deltas.into_inner();
         Ok(())
+    }
+
+    /// Codes blob `id` as planned and uploads it (create-only, with retries): its length on the
+    /// wire and whether it was created; `None` when the delta would not be smaller (the caller
+    /// then uploads the object as it is).
+    pub(super) fn upload_wire_delta(
+        &self,
+        remote: &dyn Remote,
+        id: &ObjectId,
+        plan: &WireDelta,
+    ) -> Result<Option<(u64, Uploaded)>> {
+        let Some((tmp, len)) = self.encode_wire_delta(id, plan)? else { return Ok(None) };
+        let uploaded = with_retries(|| {
+            Ok(remote.upload(&remote::object_key(id), tmp.as_file(), tmp.path(), len, UploadMode::CreateOnly)?)
+        })?;
+        Ok(Some((len, uploaded)))
     }
 
     /// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
