@@ -15,23 +15,10 @@ use crate::object_id::ObjectId;
 use crate::repo::{FileTransfer, Repo};
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The committed configuration file read for `ckpt.remote`.
 pub const CONFIG_FILE: &str = ".ckptconfig";
-
-/// First line of the hook ckpt installs, and how [`install_hook`] recognises its own.
-const HOOK_MARKER: &str = "# ckpt pre-push hook";
-
-/// The `pre-push` hook: hands git's arguments and stdin to `ckpt git pre-push`.
-const HOOK: &str = "#!/bin/sh\n\
-# ckpt pre-push hook: uploads the objects of the weight files the pushed commits point to\n\
-# to the ckpt remote (git config ckpt.remote, or .ckptconfig). Installed by `ckpt git install`.\n\
-command -v ckpt >/dev/null 2>&1 || {\n\
-    echo >&2 \"ckpt pre-push hook: ckpt is not on PATH; install it, or remove $0 to push without the weights\"\n\
-    exit 2\n\
-}\n\
-exec ckpt git pre-push \"$@\"\n";
 
 /// Where a ckpt remote URL came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,78 +98,6 @@ pub fn open_for_push(url: &str) -> Result<Box<dyn crate::remote::Remote>> {
         return Ok(Box::new(dir));
     }
     open(url)
-}
-
-// ---- the hook -------------------------------------------------------------------------------
-
-/// Where git looks for hooks: `core.hooksPath` (relative to the working tree), else `hooks/`
-/// in the common git directory.
-fn hooks_dir(git: &git2::Repository) -> Result<PathBuf> {
-    let config = git.config().map_err(super::git("reading git config"))?;
-    if let Ok(p) = config.get_path("core.hooksPath") {
-        return Ok(git.workdir().unwrap_or_else(|| git.path()).join(p));
-    }
-    Ok(git.commondir().join("hooks"))
-}
-
-/// What [`install_hook`] found and did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HookInstall {
-    /// The hook was written.
-    Written(PathBuf),
-    /// ckpt's hook was there already, or a hook that runs `ckpt git pre-push`.
-    Present(PathBuf),
-}
-
-/// Installs the `pre-push` hook. A hook that is not ckpt's is left alone and is an error
-/// saying how to chain ckpt into it, unless it already runs `ckpt git pre-push`.
-pub fn install_hook(git: &git2::Repository) -> Result<HookInstall> {
-    let dir = hooks_dir(git)?;
-    let path = dir.join("pre-push");
-    match std::fs::read(&path) {
-        Ok(existing) => {
-            let text = String::from_utf8_lossy(&existing);
-            if text.as_bytes() == HOOK.as_bytes() || text.contains("ckpt git pre-push") {
-                return Ok(HookInstall::Present(path));
-            }
-            return Err(Error::HookExists { path });
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => return Err(Error::Io { action: "reading", path, source }),
-    }
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Io { action: "creating", path: dir.clone(), source })?;
-    let tmp = tempfile::NamedTempFile::new_in(&dir).map_err(|source| Error::Io {
-        action: "creating a file in",
-        path: dir.clone(),
-        source,
-    })?;
-    std::fs::write(tmp.path(), HOOK).map_err(|source| Error::Io { action: "writing", path: path.clone(), source })?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).map_err(|source| Error::Io {
-            action: "making executable",
-            path: path.clone(),
-            source,
-        })?;
-    }
-    tmp.persist(&path).map_err(|e| Error::Io { action: "writing", path: path.clone(), source: e.error })?;
-    Ok(HookInstall::Written(path))
-}
-
-/// Removes the `pre-push` hook if it is ckpt's own (as [`install_hook`] wrote it); returns
-/// whether it did. A hook the user changed or chained is left alone.
-pub fn uninstall_hook(git: &git2::Repository) -> Result<bool> {
-    let path = hooks_dir(git)?.join("pre-push");
-    match std::fs::read(&path) {
-        Ok(existing) if existing.starts_with(HOOK_MARKER.as_bytes()) || existing == HOOK.as_bytes() => {
-            std::fs::remove_file(&path).map_err(|source| Error::Io { action: "removing", path, source })?;
-            Ok(true)
-        }
-        Ok(_) => Ok(false),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(Error::Io { action: "reading", path, source }),
-    }
 }
 
 // ---- pre-push -------------------------------------------------------------------------------

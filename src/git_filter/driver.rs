@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 /// Buffer size for copying content between pipes and files.
 const COPY_BUF: usize = 1 << 20;
 
+/// The most bytes read of a manifest on the ckpt remote when checking that it is there.
+const MAX_REMOTE_MANIFEST: u64 = 1 << 30;
+
 /// The filter of one git repository: its ckpt store, and stores to read from when an object
 /// is not there (the store of a local `origin`).
 pub struct GitFilter {
@@ -73,15 +76,20 @@ impl GitFilter {
     }
 
     /// clean: `input` (the content of `path`) → its pointer on `output`. A valid pointer is
-    /// returned unchanged.
+    /// returned unchanged if the file it names can be checked out (see
+    /// [`GitFilter::check_restorable`]), and is an error otherwise: git never commits a pointer
+    /// that fails only at checkout.
     pub fn clean(&self, path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
         let mut head = Vec::with_capacity(pointer::MAX_LEN + 1);
         input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(|e| format!("reading from git: {e}"))?;
-        if head.len() <= pointer::MAX_LEN && Pointer::parse(&head).is_ok() {
-            // Already a pointer (a checkout whose smudge was skipped, or a pointer committed
-            // on purpose): storing it as content would hide the weights behind a pointer to a
-            // pointer.
-            return output.write_all(&head).map_err(|e| format!("writing to git: {e}"));
+        if head.len() <= pointer::MAX_LEN {
+            if let Ok(p) = Pointer::parse(&head) {
+                // Already a pointer (a checkout whose smudge was skipped, or a pointer committed
+                // on purpose): storing it as content would hide the weights behind a pointer to
+                // a pointer. Passed through only if its file exists somewhere ckpt reads from.
+                self.check_restorable(&p)?;
+                return output.write_all(&head).map_err(|e| format!("writing to git: {e}"));
+            }
         }
         let rp = RepoPath::parse(path).map_err(|reason| format!("cannot store under this path: {reason}"))?;
         let tmp_dir = self.store.ckpt_dir().join("tmp");
@@ -102,6 +110,65 @@ impl GitFilter {
             .map_err(|e| format!("storing in the ckpt store at {}: {e}", self.store.root().display()))?;
         let p = Pointer::new(stored.hash, stored.manifest, stored.len);
         output.write_all(&p.to_bytes()).map_err(|e| format!("writing to git: {e}"))
+    }
+
+    /// Whether the file `p` names can be checked out here: its manifest (with the same size
+    /// and hash) and every blob it lists are in the own store or a fallback store, or the ckpt
+    /// remote holds its manifest (pushes upload a file's objects before its manifest). The
+    /// error says where ckpt looked.
+    pub fn check_restorable(&self, p: &Pointer) -> Result<(), String> {
+        let mut notes = Vec::new();
+        for store in std::iter::once(&self.store).chain(&self.fallbacks) {
+            if !store.store().contains(&p.manifest) {
+                continue;
+            }
+            match store.manifest(&p.manifest) {
+                Ok(m) if m.len != p.size || m.hash != p.hash => notes.push(format!(
+                    "the ckpt store at {} has manifest {} for a file of {} bytes with hash {}, not the pointer's",
+                    store.root().display(),
+                    p.manifest,
+                    m.len,
+                    m.hash
+                )),
+                Ok(m) => match m.blobs().find(|b| !store.store().contains(b)) {
+                    None => return Ok(()),
+                    Some(b) => notes.push(format!("the ckpt store at {} lacks its blob {b}", store.root().display())),
+                },
+                Err(e) => notes.push(format!("the ckpt store at {}: {e}", store.root().display())),
+            }
+        }
+        match &self.remote {
+            None => notes.push("no ckpt remote is configured".to_string()),
+            Some(source) => {
+                let remote = source.opened.get_or_init(|| {
+                    super::ckpt_remote::open(&source.url)
+                        .map_err(|e| format!("opening the ckpt remote {}: {e}", source.url))
+                });
+                match remote {
+                    Ok(remote) => {
+                        let key = crate::remote::object_key(&p.manifest);
+                        match remote.download(&key, &mut io::sink(), MAX_REMOTE_MANIFEST) {
+                            Ok(_) => return Ok(()),
+                            Err(crate::remote::Error::NotFound { .. }) => {
+                                notes.push(format!("the ckpt remote {} does not have it", source.url))
+                            }
+                            Err(e) => notes.push(format!("asking the ckpt remote {}: {e}", source.url)),
+                        }
+                    }
+                    Err(e) => notes.push(e.clone()),
+                }
+            }
+        }
+        Err(format!(
+            "this is a ckpt pointer, but the file it names (manifest {}, {} bytes) is nowhere ckpt can \
+             restore it from (looked in the ckpt store at {}{}): committed, it would fail at checkout. \
+             Put the real file here instead; or, if the pointer is right, set `git config ckpt.remote` \
+             (or `ckpt.store`) to where its file is",
+            p.manifest,
+            p.size,
+            self.store.root().display(),
+            if notes.is_empty() { String::new() } else { format!("; {}", notes.join("; ")) },
+        ))
     }
 
     /// smudge: `input` (what git stores for the file at `_path`) → the file on `output`. Content that does
@@ -277,5 +344,6 @@ pub fn origin_store(git: &git2::Repository) -> Option<Repo> {
     let origin = git2::Repository::open(base.join(path)).ok()?;
     let root = super::store_root(&origin).ok()?;
     // Only an existing store: a read must not create one in someone else's repository.
-    root.join(crate::repo::DIR_NAME).join("HEAD").is_file().then(|| Repo::open(&root).ok()).flatten()
+    let store = root.join(crate::repo::DIR_NAME).join("HEAD").is_file().then(|| Repo::open(&root).ok()).flatten()?;
+    super::with_env_lock_timeout(store).ok()
 }

@@ -10,6 +10,7 @@
 pub mod attributes;
 pub mod ckpt_remote;
 pub mod driver;
+pub mod hook;
 pub mod pktline;
 pub mod pointer;
 pub mod process;
@@ -76,14 +77,32 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
-    /// A `pre-push` hook that is not ckpt's is in the way.
+    /// A `pre-push` hook ckpt cannot put its block into: not a shell script.
     #[error(
-        "{} exists and is not ckpt's: add the line `ckpt git pre-push \"$@\"` to it (the hook's stdin is          what ckpt reads, so it must come first or get a copy), or move it away; then run `ckpt git install` again",
+        "{} is not a shell script ({interpreter}): ckpt cannot chain its upload into it; make it run, \
+         before anything reads stdin, `ckpt git pre-push \"$@\"` on a copy of its stdin (the \
+         pushed refs) and fail if that fails, or make it a shell script and run `ckpt git install` again",
         path.display()
     )]
-    HookExists {
+    HookNotShell {
         /// The hook.
         path: PathBuf,
+        /// Its interpreter, from the `#!` line.
+        interpreter: String,
+    },
+    /// `git config` failed.
+    #[error("git config {args}: {message}")]
+    Config {
+        /// Its arguments.
+        args: String,
+        /// git's message, or why it did not run.
+        message: String,
+    },
+    /// `CKPT_LOCK_TIMEOUT` is not a number of seconds.
+    #[error("CKPT_LOCK_TIMEOUT={value:?}: expected a number of seconds, such as 60 or 0.5")]
+    LockTimeout {
+        /// The value.
+        value: String,
     },
     /// git's `pre-push` input is not what the hook protocol says.
     #[error("pre-push input line {line}: {reason}")]
@@ -155,46 +174,91 @@ pub fn open_store(git: &git2::Repository) -> Result<Repo> {
     }
 }
 
-/// The git config ckpt writes to: the repository's own (`.git/config`), or the user's global
-/// one (`~/.gitconfig`, created if missing).
-fn config_for(start: &Path, global: bool) -> Result<git2::Config> {
-    if global {
-        let path = match git2::Config::find_global() {
-            Ok(p) => p,
-            Err(_) => {
-                let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-                home.join(".gitconfig")
-            }
-        };
-        return git2::Config::open(&path).map_err(git(format!("opening {}", path.display())));
-    }
-    let repo = discover(start)?;
-    let path = repo.path().join("config");
-    git2::Config::open(&path).map_err(git(format!("opening {}", path.display())))
+/// Which git config [`install`] writes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The user's (`git config --global`: `~/.gitconfig`, or `$GIT_CONFIG_GLOBAL`), as Git
+    /// LFS installs: every repository of the user, clones included, runs the filter.
+    Global,
+    /// One repository's own (`.git/config`).
+    Local,
 }
 
-/// Writes the filter driver (process, one-shot clean/smudge, `required`) into git config.
-/// Idempotent.
-pub fn install(start: &Path, global: bool) -> Result<()> {
-    let mut config = config_for(start, global)?;
-    for (key, value) in FILTER_CONFIG {
-        config.set_str(key, value).map_err(git(format!("setting {key}")))?;
+/// Runs `git config <scope> args` in `dir` (git itself, so its rules for where the global
+/// config is hold); returns its exit code (`git config --unset` of an absent key is 5).
+fn git_config(dir: &Path, scope: Scope, args: &[&str]) -> Result<i32> {
+    let scope_arg = match scope {
+        Scope::Global => "--global",
+        Scope::Local => "--local",
+    };
+    let described = format!("{scope_arg} {}", args.join(" "));
+    let out = std::process::Command::new("git")
+        .arg("config")
+        .arg(scope_arg)
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| Error::Config { args: described.clone(), message: format!("running git: {e}") })?;
+    match out.status.code() {
+        Some(0) => Ok(0),
+        Some(5) if args.first() == Some(&"--unset-all") => Ok(5),
+        code => Err(Error::Config {
+            args: described,
+            message: format!(
+                "{} ({})",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                code.map_or_else(|| "killed by a signal".to_string(), |c| format!("exit status {c}"))
+            ),
+        }),
     }
-    config.set_bool("filter.ckpt.required", true).map_err(git("setting filter.ckpt.required"))?;
+}
+
+/// Writes the filter driver (process, one-shot clean/smudge, `required`) and the diff driver
+/// into the git config of `scope` (for [`Scope::Local`], of the repository containing
+/// `start`). Idempotent.
+pub fn install(start: &Path, scope: Scope) -> Result<()> {
+    if scope == Scope::Local {
+        discover(start)?;
+    }
+    for (key, value) in FILTER_CONFIG {
+        git_config(start, scope, &[key, value])?;
+    }
+    git_config(start, scope, &["filter.ckpt.required", "true"])?;
     Ok(())
 }
 
 /// Removes what [`install`] wrote; entries already absent are fine.
-pub fn uninstall(start: &Path, global: bool) -> Result<()> {
-    let mut config = config_for(start, global)?;
+pub fn uninstall(start: &Path, scope: Scope) -> Result<()> {
+    if scope == Scope::Local {
+        discover(start)?;
+    }
     for key in FILTER_CONFIG.iter().map(|(k, _)| *k).chain(["filter.ckpt.required"]) {
-        match config.remove(key) {
-            Ok(()) => {}
-            Err(e) if e.code() == git2::ErrorCode::NotFound => {}
-            Err(source) => return Err(Error::Git { action: format!("removing {key}"), source }),
-        }
+        git_config(start, scope, &["--unset-all", key])?;
     }
     Ok(())
+}
+
+/// The writer-lock timeout from `CKPT_LOCK_TIMEOUT` (seconds, fractions allowed), as the
+/// `ckpt` commands take it; `None` when unset (the store's default applies).
+pub fn lock_timeout_from_env() -> Result<Option<std::time::Duration>> {
+    let Some(raw) = std::env::var_os("CKPT_LOCK_TIMEOUT") else { return Ok(None) };
+    let value = raw.to_string_lossy().into_owned();
+    parse_lock_timeout(&value).map(Some).ok_or(Error::LockTimeout { value })
+}
+
+fn parse_lock_timeout(value: &str) -> Option<std::time::Duration> {
+    let secs: f64 = value.trim().parse().ok()?;
+    // `try_from`: a huge value (1e20) is an error, not a panic.
+    (secs.is_finite() && secs >= 0.0).then(|| std::time::Duration::try_from_secs_f64(secs).ok()).flatten()
+}
+
+/// `repo` with the writer-lock timeout `CKPT_LOCK_TIMEOUT` sets, if set.
+pub fn with_env_lock_timeout(mut repo: Repo) -> Result<Repo> {
+    if let Some(t) = lock_timeout_from_env()? {
+        repo.set_lock_timeout(t);
+    }
+    Ok(repo)
 }
 
 /// Whether smudge leaves pointers in the working tree: `CKPT_SKIP_SMUDGE=1`, or `git config

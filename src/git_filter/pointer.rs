@@ -1,8 +1,12 @@
 //! The pointer file git stores in place of a weight file (docs/format.md, "Git pointer"): a
 //! version line, then sorted `key value` lines naming the file's hash, manifest and size.
 //!
-//! Pure: bytes in, bytes out. Parsing is strict, because a file that is not exactly a valid
-//! pointer is content: `clean` must never take a checkpoint (or a text file that happens to
+//! Pure: bytes in, bytes out. Parsing is strict and canonical: the only bytes that parse are
+//! exactly what [`Pointer::to_bytes`] writes (what `clean` writes), so a pointer git checks out
+//! cleans back to the same blob and `git status` stays clean. A key this version does not know
+//! makes the bytes not a pointer (clean stores them as content; smudge refuses them, naming
+//! the key) instead of being dropped on the next clean, as Git LFS's spec keeps one canonical
+//! form of its pointers. `clean` must never take a checkpoint (or a text file that happens to
 //! start like a pointer) for a pointer, nor `smudge` a damaged pointer for a reference.
 
 use crate::object_id::ObjectId;
@@ -14,9 +18,9 @@ pub const VERSION_LINE: &str = "version ckpt/1\n";
 /// reports a malformed pointer with this prefix as an error instead of passing it through.
 pub const PREFIX: &[u8] = b"version ckpt/";
 
-/// The largest pointer a reader accepts. ckpt writes pointers of at most 185 bytes (the three
-/// known keys with a 20-digit size); the rest leaves room for keys a later version adds, which
-/// this one keeps as they are.
+/// The most bytes a reader looks at to decide whether input is a pointer. ckpt writes
+/// pointers of at most 185 bytes (the three keys with a 20-digit size); anything longer is
+/// content.
 pub const MAX_LEN: usize = 1024;
 
 /// Why bytes are not a valid pointer.
@@ -42,6 +46,14 @@ pub enum Error {
         line: usize,
         /// What is wrong.
         reason: &'static str,
+    },
+    /// A key this version does not know (a pointer written by a later ckpt, or by hand).
+    #[error("line {line}: unknown key {key:?} (a ckpt pointer has only hash, manifest and size)")]
+    UnknownKey {
+        /// The 1-based line number.
+        line: usize,
+        /// The key.
+        key: String,
     },
     /// Keys not in strictly ascending byte order (duplicates included).
     #[error("line {line}: key {key:?} is out of order or repeated")]
@@ -73,39 +85,27 @@ pub struct Pointer {
     pub manifest: ObjectId,
     /// The file's length in bytes.
     pub size: u64,
-    /// Keys this version does not know, with their values, in order: kept so that rewriting a
-    /// pointer loses nothing a newer ckpt wrote.
-    pub extra: Vec<(String, String)>,
 }
 
 impl Pointer {
-    /// A pointer with no extra keys.
+    /// A pointer.
     pub fn new(hash: ObjectId, manifest: ObjectId, size: u64) -> Pointer {
-        Pointer { hash, manifest, size, extra: Vec::new() }
+        Pointer { hash, manifest, size }
     }
 
-    /// The pointer's bytes: the version line, then every key (known and extra) in ascending
-    /// byte order, each line ending in `\n`. `parse(p.to_bytes()) == p`, and for valid input
-    /// `parse(b).to_bytes() == b`.
+    /// The pointer's bytes (its one canonical form): the version line, then `hash`,
+    /// `manifest` and `size` lines in that (ascending) order, each ending in `\n`.
+    /// `parse(p.to_bytes()) == p`, and whatever parses is `parse(b).to_bytes() == b`.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut lines: Vec<(&str, String)> =
-            vec![("hash", self.hash.to_hex()), ("manifest", self.manifest.to_hex()), ("size", self.size.to_string())];
-        lines.extend(self.extra.iter().map(|(k, v)| (k.as_str(), v.clone())));
-        lines.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        let mut out = VERSION_LINE.as_bytes().to_vec();
-        for (k, v) in lines {
-            out.extend_from_slice(k.as_bytes());
-            out.push(b' ');
-            out.extend_from_slice(v.as_bytes());
-            out.push(b'\n');
-        }
-        out
+        format!("{VERSION_LINE}hash {}\nmanifest {}\nsize {}\n", self.hash.to_hex(), self.manifest.to_hex(), self.size)
+            .into_bytes()
     }
 
     /// Parses `bytes` as a pointer, strictly: exactly [`VERSION_LINE`], then lines `key value\n`
     /// with keys of `a-z 0-9 . -` starting with a letter, in strictly ascending order, values of
-    /// printable ASCII (space included, not first), nothing after the last newline; `hash` and
-    /// `manifest` 64 lowercase hex digits, `size` a decimal u64 without leading zeros.
+    /// printable ASCII (space included, not first), nothing after the last newline; the keys
+    /// exactly `hash` and `manifest` (64 lowercase hex digits) and `size` (a decimal u64
+    /// without leading zeros): any other key is [`Error::UnknownKey`].
     pub fn parse(bytes: &[u8]) -> Result<Pointer, Error> {
         if bytes.len() > MAX_LEN {
             return Err(Error::TooLong { len: bytes.len() });
@@ -117,7 +117,6 @@ impl Pointer {
             return Err(Error::Truncated);
         }
         let (mut hash, mut manifest, mut size) = (None, None, None);
-        let mut extra = Vec::new();
         let mut previous: Option<&[u8]> = None;
         // Line 1 is the version line; the last split piece is the empty tail after the final `\n`.
         let body = rest.strip_suffix(b"\n").unwrap_or(rest);
@@ -146,14 +145,13 @@ impl Pointer {
                 b"hash" => hash = Some(parse_id("hash", value)?),
                 b"manifest" => manifest = Some(parse_id("manifest", value)?),
                 b"size" => size = Some(parse_size(value)?),
-                _ => extra.push((std::str::from_utf8(key).expect("ASCII").to_string(), value.to_string())),
+                _ => return Err(Error::UnknownKey { line: n, key: String::from_utf8_lossy(key).into_owned() }),
             }
         }
         Ok(Pointer {
             hash: hash.ok_or(Error::Missing("hash"))?,
             manifest: manifest.ok_or(Error::Missing("manifest"))?,
             size: size.ok_or(Error::Missing("size"))?,
-            extra,
         })
     }
 }
@@ -209,16 +207,18 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_kept_in_order() {
-        let mut p = sample();
-        p.extra = vec![("aa.x".into(), "first value".into()), ("zz-1".into(), "2".into())];
-        let bytes = p.to_bytes();
-        let text = String::from_utf8(bytes.clone()).unwrap();
-        assert!(text.contains("\naa.x first value\nhash "), "{text}");
-        assert!(text.ends_with("size 1234\nzz-1 2\n"), "{text}");
-        let parsed = Pointer::parse(&bytes).unwrap();
-        assert_eq!(parsed, p);
-        assert_eq!(parsed.to_bytes(), bytes);
+    fn unknown_keys_make_bytes_not_a_pointer() {
+        // Whatever their place: a pointer that parsed with them would clean back without them,
+        // and its checkout would never be clean in `git status`.
+        let good = String::from_utf8(sample().to_bytes()).unwrap();
+        for text in [
+            good.replace("hash ", "aa.x first value\nhash "),
+            good.replace("size 1234\n", "size 1234\nzz-1 2\n"),
+            good.replace("manifest ", "lfs 1\nmanifest "),
+        ] {
+            let e = Pointer::parse(text.as_bytes()).unwrap_err();
+            assert!(matches!(e, Error::UnknownKey { .. }), "{text:?}: {e}");
+        }
     }
 
     #[test]

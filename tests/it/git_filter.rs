@@ -42,6 +42,8 @@ impl GitEnv {
             .current_dir(dir)
             .env("PATH", path)
             .env("HOME", self.home())
+            .env_remove("GIT_CONFIG_GLOBAL")
+            .env_remove("XDG_CONFIG_HOME")
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .env("GIT_AUTHOR_NAME", "t")
             .env("GIT_AUTHOR_EMAIL", "t@example.com")
@@ -69,12 +71,12 @@ impl GitEnv {
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
-    /// A new repository at `rel` with the filter installed and `*.safetensors` and `*.bin` tracked.
+    /// A new repository at `rel` with the filter installed (in its own config) and `*.safetensors` and `*.bin` tracked.
     pub(crate) fn repo(&self, rel: &str) -> PathBuf {
         let dir = self.path(rel);
         std::fs::create_dir_all(&dir).unwrap();
         self.git(&dir, &["init", "-q", "-b", "main"]);
-        self.ckpt(&dir, &["git", "install"]);
+        self.ckpt(&dir, &["git", "install", "--local"]);
         self.ckpt(&dir, &["git", "track", "*.safetensors", "*.bin"]);
         dir
     }

@@ -17,20 +17,35 @@ pub struct GitArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum GitCommand {
-    /// Write the ckpt filter driver into git config (this repository's, or with --global the
-    /// user's) and, for a repository, the pre-push hook that uploads weights to the ckpt remote.
-    /// Idempotent. An existing pre-push hook that is not ckpt's is left alone (error, saying how
-    /// to chain it).
+    /// Write the ckpt filter and diff drivers into the user's global git config (as `git lfs
+    /// install` does: every repository, clones included, then runs the filter), or with --local
+    /// into this repository's; and, inside a repository, put ckpt's part into its pre-push hook
+    /// (chained with any other tool's: both get the pushed refs, either failing fails the
+    /// push). Other repositories get the hook the first time the filter runs in them.
+    /// Idempotent.
     Install {
-        /// Write to the user's global git config instead of the repository's.
-        #[arg(long)]
+        /// The user's global git config (the default).
+        #[arg(long, conflicts_with = "local")]
         global: bool,
+        /// This repository's git config only.
+        #[arg(long)]
+        local: bool,
+        /// Do not touch the current repository's hook (with the global config).
+        #[arg(long, conflicts_with = "local")]
+        skip_repo: bool,
     },
-    /// Remove what `install` wrote.
+    /// Remove what `install` wrote: the global config entries (or with --local this
+    /// repository's), and ckpt's part of the current repository's pre-push hook.
     Uninstall {
-        /// Remove from the user's global git config instead of the repository's.
-        #[arg(long)]
+        /// The user's global git config (the default).
+        #[arg(long, conflicts_with = "local")]
         global: bool,
+        /// This repository's git config only.
+        #[arg(long)]
+        local: bool,
+        /// Do not touch the current repository's hook (with the global config).
+        #[arg(long, conflicts_with = "local")]
+        skip_repo: bool,
     },
     /// Store files matching PATTERN through ckpt (adds `PATTERN filter=ckpt diff=ckpt -text` to
     /// .gitattributes); without a pattern, list the tracked patterns.
@@ -113,31 +128,15 @@ enum GitCommand {
 /// Runs `ckpt git`.
 pub fn run(ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
     match args.command {
-        GitCommand::Install { global } => {
-            git_filter::install(base, global)?;
-            eprintln!(
-                "ckpt filter installed in the {} git config; `ckpt git track PATTERN` selects the files",
-                if global { "global" } else { "repository's" }
-            );
-            if global {
-                eprintln!(
-                    "the pre-push hook is per repository: run `ckpt git install` in each one that pushes weights"
-                );
-                return Ok(());
-            }
-            let git = git_filter::discover(base)?;
-            match ckpt_remote::install_hook(&git)? {
-                ckpt_remote::HookInstall::Written(p) => eprintln!("pre-push hook installed: {}", p.display()),
-                ckpt_remote::HookInstall::Present(p) => eprintln!("pre-push hook already runs ckpt: {}", p.display()),
-            }
-            Ok(())
-        }
-        GitCommand::Uninstall { global } => {
-            git_filter::uninstall(base, global)?;
-            if !global {
-                let git = git_filter::discover(base)?;
-                if ckpt_remote::uninstall_hook(&git)? {
-                    eprintln!("pre-push hook removed");
+        GitCommand::Install { global: _, local, skip_repo } => install(base, local, skip_repo),
+        GitCommand::Uninstall { global: _, local, skip_repo } => {
+            let scope = if local { git_filter::Scope::Local } else { git_filter::Scope::Global };
+            git_filter::uninstall(base, scope)?;
+            if local || !skip_repo {
+                if let Some(git) = current_repository(base, local)? {
+                    if git_filter::hook::uninstall(&git)? {
+                        eprintln!("ckpt's part of the pre-push hook removed");
+                    }
                 }
             }
             Ok(())
@@ -167,6 +166,53 @@ pub fn run(ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
         GitCommand::FilterProcess => filter_process(base),
         GitCommand::Clean { path } => one_shot(base, process::Command::Clean, &path),
         GitCommand::Smudge { path } => one_shot(base, process::Command::Smudge, &path),
+    }
+}
+
+/// The repository at `base` with a working tree, for the hook: required with `--local`; with
+/// the global config, `None` outside one (or in a bare one).
+fn current_repository(base: &Path, local: bool) -> Result<Option<git2::Repository>> {
+    if local {
+        return Ok(Some(git_filter::discover(base)?));
+    }
+    Ok(git_filter::discover(base).ok().filter(|g| g.workdir().is_some()))
+}
+
+fn install(base: &Path, local: bool, skip_repo: bool) -> Result<()> {
+    let scope = if local { git_filter::Scope::Local } else { git_filter::Scope::Global };
+    git_filter::install(base, scope)?;
+    eprintln!(
+        "ckpt filter installed in the {} git config; `ckpt git track PATTERN` selects the files",
+        if local { "repository's" } else { "global" }
+    );
+    let git = if skip_repo { None } else { current_repository(base, local)? };
+    match git {
+        Some(git) => {
+            let done = git_filter::hook::install(&git)?;
+            let what = match done {
+                git_filter::hook::HookInstall::Written(_) => "pre-push hook installed",
+                git_filter::hook::HookInstall::Chained(_) => "ckpt chained first into the existing pre-push hook",
+                git_filter::hook::HookInstall::Updated(_) => "ckpt's part of the pre-push hook updated",
+                git_filter::hook::HookInstall::Present(_) => "pre-push hook already runs ckpt",
+            };
+            eprintln!("{what}: {}", done.path().display());
+        }
+        None => eprintln!(
+            "each repository gets ckpt's pre-push hook the first time the filter runs in it (git add, checkout, clone)"
+        ),
+    }
+    Ok(())
+}
+
+/// Puts ckpt's part into the pre-push hook of the repository the filter runs in, as Git LFS's
+/// filter does with its hooks: so a clone made after a global install pushes its weights. A
+/// failure does not stop the filter; it is said on stderr, with what it costs.
+fn ensure_hook(base: &Path) {
+    let result = git_filter::discover(base).and_then(|git| git_filter::hook::install(&git));
+    match result {
+        Ok(git_filter::hook::HookInstall::Present(_)) => {}
+        Ok(done) => eprintln!("ckpt: pre-push hook set up so that git push uploads the weights: {}", done.path().display()),
+        Err(e) => eprintln!("ckpt: {e}; until it is, git push does not upload this repository's weights"),
     }
 }
 
@@ -212,7 +258,7 @@ fn untrack(base: &Path, patterns: &[String]) -> Result<()> {
 /// The filter for the git repository at `base`, and whether its commits defer their deltas.
 fn open_filter(base: &Path) -> Result<(GitFilter, Compaction)> {
     let git = git_filter::discover(base)?;
-    let store = git_filter::open_store(&git)?;
+    let store = git_filter::with_env_lock_timeout(git_filter::open_store(&git)?)?;
     let compaction = Compaction::from_env_or(store.config().compact).map_err(anyhow::Error::msg)?;
     let options = CommitOptions { defer_deltas: compaction != Compaction::Inline, ..CommitOptions::default() };
     let fallbacks = git_filter::driver::origin_store(&git).into_iter().collect();
@@ -281,6 +327,7 @@ fn fsck(base: &Path) -> Result<()> {
 
 fn filter_process(base: &Path) -> Result<()> {
     let (mut filter, compaction) = open_filter(base).context("ckpt git filter-process")?;
+    ensure_hook(base);
     let stdin = std::io::stdin().lock();
     let stdout = std::io::stdout().lock();
     let served = process::serve(stdin, stdout, &mut filter, &mut |message| eprintln!("ckpt git filter: {message}"));
@@ -292,6 +339,7 @@ fn filter_process(base: &Path) -> Result<()> {
 fn one_shot(base: &Path, command: process::Command, path: &str) -> Result<()> {
     use std::io::Write;
     let (filter, compaction) = open_filter(base)?;
+    ensure_hook(base);
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     let result = match command {
@@ -306,7 +354,7 @@ fn one_shot(base: &Path, command: process::Command, path: &str) -> Result<()> {
 
 fn gc(ui: &Ui, base: &Path, dry_run: bool, json: bool) -> Result<()> {
     let git = git_filter::discover(base)?;
-    let mut store = git_filter::open_store(&git)?;
+    let mut store = git_filter::with_env_lock_timeout(git_filter::open_store(&git)?)?;
     store.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
     let pointers = git_filter::reachable_pointers(&git)?;
     let live: Vec<crate::ObjectId> = pointers.iter().map(|(_, p)| p.manifest).collect();
@@ -344,7 +392,7 @@ fn pre_push(ui: &Ui, base: &Path, remote_name: &str, url: Option<&str>, json: bo
     if pointers.is_empty() {
         return Ok(());
     }
-    let mut store = git_filter::open_store(&git)?;
+    let mut store = git_filter::with_env_lock_timeout(git_filter::open_store(&git)?)?;
     store.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
     let remote = ckpt_remote::open_for_push(&remote_url.url)
         .with_context(|| format!("opening the ckpt remote {} (from {})", remote_url.url, remote_url.source))?;
