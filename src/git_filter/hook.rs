@@ -282,7 +282,11 @@ fn write_hook(dir: &Path, path: &Path, text: &str, mode: Option<u32>) -> Result<
         path: dir.to_path_buf(),
         source,
     })?;
-    std::fs::write(tmp.path(), text).map_err(|source| Error::Io { action: "writing", path: path.to_path_buf(), source })?;
+    std::fs::write(tmp.path(), text).map_err(|source| Error::Io {
+        action: "writing",
+        path: path.to_path_buf(),
+        source,
+    })?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

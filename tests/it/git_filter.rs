@@ -416,7 +416,8 @@ fn bad_pointers_and_garbage_on_the_pipe_are_clear_errors() {
     for (pointer, _) in &bad {
         request(&mut input, "smudge", "w.safetensors", pointer.as_bytes());
     }
-    // Still serving after the errors: a valid clean and a pass-through smudge.
+    // Still serving after the errors: a clean (of a pointer whose file is nowhere: an error
+    // too, as committed it could not be checked out) and a pass-through smudge.
     request(&mut input, "clean", "n.bin", good.as_bytes());
     request(&mut input, "smudge", "plain.bin", b"not a pointer");
     let o = filter_process(&env, &dir, &input);
@@ -426,9 +427,9 @@ fn bad_pointers_and_garbage_on_the_pipe_are_clear_errors() {
         assert!(err.contains(message), "stderr lacks {message:?}: {err}");
     }
     let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(out.matches("status=error").count(), bad.len());
-    // Cleaning a pointer returns it unchanged.
-    assert!(out.contains(&good), "{out}");
+    assert_eq!(out.matches("status=error").count(), bad.len() + 1);
+    assert!(err.contains("n.bin: this is a ckpt pointer, but the file it names"), "{err}");
+    assert!(!out.contains(&good), "{out}");
     assert!(out.contains("not a pointer"));
 
     // Garbage instead of the protocol: exit 1 with a message, no hang, nothing on stdout

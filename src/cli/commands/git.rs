@@ -211,7 +211,9 @@ fn ensure_hook(base: &Path) {
     let result = git_filter::discover(base).and_then(|git| git_filter::hook::install(&git));
     match result {
         Ok(git_filter::hook::HookInstall::Present(_)) => {}
-        Ok(done) => eprintln!("ckpt: pre-push hook set up so that git push uploads the weights: {}", done.path().display()),
+        Ok(done) => {
+            eprintln!("ckpt: pre-push hook set up so that git push uploads the weights: {}", done.path().display())
+        }
         Err(e) => eprintln!("ckpt: {e}; until it is, git push does not upload this repository's weights"),
     }
 }
