@@ -245,21 +245,32 @@ pub fn uninstall(git: &git2::Repository) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(source) => return Err(Error::Io { action: "reading", path, source }),
     };
+    match without_ckpt(&text) {
+        None => Ok(false),
+        Some(None) => {
+            std::fs::remove_file(&path).map_err(|source| Error::Io { action: "removing", path, source })?;
+            Ok(true)
+        }
+        Some(Some(rest)) => {
+            let mode = existing_mode(&path);
+            write_hook(&dir, &path, &rest, mode)?;
+            Ok(true)
+        }
+    }
+}
+
+/// The hook `text` without ckpt's part: `None` if it has none, `Some(None)` if nothing else is
+/// left (the file goes), else what is left.
+fn without_ckpt(text: &str) -> Option<Option<String>> {
     let whole = text == own_hook(false) || text.starts_with(LEGACY_MARKER);
-    let (rest, had_block) = strip_ckpt(&text);
+    let (rest, had_block) = strip_ckpt(text);
     if !whole && !had_block && rest == text {
-        return Ok(false);
+        return None;
     }
     // ckpt's Git LFS lines read fd 9, which only ckpt's block opens.
     let rest = rest.replace(LFS_LINES, LFS_LINES_ALONE);
     let only_shebang = rest.lines().all(|l| l.trim().is_empty() || l.starts_with("#!"));
-    if whole || only_shebang {
-        std::fs::remove_file(&path).map_err(|source| Error::Io { action: "removing", path, source })?;
-    } else {
-        let mode = existing_mode(&path);
-        write_hook(&dir, &path, &rest, mode)?;
-    }
-    Ok(true)
+    Some((!whole && !only_shebang).then_some(rest))
 }
 
 #[cfg(unix)]
@@ -331,6 +342,17 @@ mod tests {
         for first in ["#!/bin/sh", "#!/bin/bash -e", "#! /usr/bin/env zsh", "#!/usr/bin/env -S bash"] {
             with_block(Path::new("h"), &format!("{first}\necho\n")).unwrap();
         }
+    }
+
+    #[test]
+    fn uninstalling_leaves_other_lines_and_git_lfs_working() {
+        assert_eq!(without_ckpt(&own_hook(false)), Some(None));
+        assert_eq!(without_ckpt("#!/bin/sh\nother\n"), None);
+        // ckpt's Git LFS lines stay, reading stdin again (fd 9 is gone with the block).
+        assert_eq!(without_ckpt(&own_hook(true)), Some(Some(format!("#!/bin/sh\n{LFS_LINES_ALONE}"))));
+        let chained = with_block(Path::new("h"), "#!/bin/bash\nother \"$@\"\n").unwrap();
+        assert_eq!(without_ckpt(&chained), Some(Some("#!/bin/bash\nother \"$@\"\n".to_string())));
+        assert_eq!(without_ckpt(&format!("{LEGACY_MARKER}: old\nexec ckpt git pre-push \"$@\"\n")), Some(None));
     }
 
     #[test]
