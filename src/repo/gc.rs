@@ -1,5 +1,7 @@
-//! `gc`: deletes every object that no branch, tag or `HEAD` reaches, keeping every blob a kept
-//! delta is coded against (transitively). Marking must read every reachable version and
+//! `gc`: deletes every object that no root reaches ([`Repo::roots`]: every ref in any namespace
+//! under `refs/`, remote-tracking refs included, a detached `HEAD`, a partial clone's cut
+//! versions and the versions pending delta rewrites), keeping every blob a kept delta is coded
+//! against (transitively). Marking must read every reachable version and
 //! manifest and every reachable blob's header; if any of them cannot be read, gc stops before
 //! deleting anything, since it cannot know what the unreadable object needs.
 
@@ -24,17 +26,14 @@ pub struct GcReport {
 }
 
 impl Repo {
-    /// Every ref target: branches, tags and a detached `HEAD`.
-    pub(super) fn ref_roots(&self) -> Result<Vec<VersionId>> {
-        let mut roots: Vec<VersionId> = self.refs.list(super::RefKind::Branch)?.into_iter().map(|(_, id)| id).collect();
-        roots.extend(self.refs.list(super::RefKind::Tag)?.into_iter().map(|(_, id)| id));
-        roots.extend(self.refs.head_version()?);
-        Ok(roots)
+    /// Every root's version ([`Repo::roots`]); the first root that cannot be read is the error.
+    pub(super) fn root_versions(&self) -> Result<Vec<VersionId>> {
+        self.roots().into_iter().map(|r| r.map(|r| r.id)).collect()
     }
 
-    /// The set of objects reachable from the refs, and the number of versions among them.
+    /// The set of objects reachable from the roots, and the number of versions among them.
     fn mark(&self) -> Result<(HashSet<ObjectId>, usize)> {
-        let needed = self.reachable(&self.ref_roots()?, &|_| false)?;
+        let needed = self.reachable(&self.root_versions()?, &|_| false)?;
         let versions = needed.iter().filter(|n| n.kind == ObjectKind::Version).count();
         Ok((needed.into_iter().map(|n| n.id).collect(), versions))
     }

@@ -1,6 +1,7 @@
 //! The integration test binary: one module per area.
 
 mod codec_cli;
+mod gc_trust;
 mod git_filter;
 mod git_gc;
 mod git_remote;
