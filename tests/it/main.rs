@@ -23,4 +23,5 @@ mod repo_util;
 mod repo_watch;
 mod robustness;
 mod util;
+mod watch_trust;
 mod worktree_safety;
