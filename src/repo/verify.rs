@@ -185,7 +185,9 @@ impl Repo {
             }
             // Missing parents are named below, by the version that needs them.
             for p in parents.iter().filter(|p| !present.contains(p)) {
-                missing.entry(*p).or_insert_with(|| format!("missing (the parent of version {id}, reached from {root})"));
+                missing
+                    .entry(*p)
+                    .or_insert_with(|| format!("missing (the parent of version {id}, reached from {root})"));
             }
         }
         // Then which of them need a damaged or missing object (all structural problems are
@@ -198,7 +200,9 @@ impl Repo {
                 if bad.contains_key(&oid) {
                     needs.push(oid);
                 } else if !present.contains(&oid) {
-                    missing.entry(oid).or_insert_with(|| format!("missing (needed by version {id}, reached from {root})"));
+                    missing
+                        .entry(oid)
+                        .or_insert_with(|| format!("missing (needed by version {id}, reached from {root})"));
                     needs.push(oid);
                 }
             };

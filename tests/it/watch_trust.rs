@@ -151,7 +151,8 @@ fn write_in_pieces(path: &Path, pieces: &[&[u8]], pause: Duration) {
     }
 }
 
-const STATE: [&[u8]; 5] = [b"{\"global_step\": 1500, ", b"\"epoch\": 3.0, ", b"\"log_history\": [", b"{\"loss\": 0.5}", b"]}"];
+const STATE: [&[u8]; 5] =
+    [b"{\"global_step\": 1500, ", b"\"epoch\": 3.0, ", b"\"log_history\": [", b"{\"loss\": 0.5}", b"]}"];
 const SLOW: [&[u8]; 3] = [b"slow ", b"but ", b"complete"];
 
 #[test]
@@ -175,7 +176,11 @@ fn files_written_in_pieces_are_committed_whole() {
                 std::fs::write(root.join("run/checkpoint-1500/model.safetensors"), crate::util::all_dtypes_file(4))
                     .unwrap();
                 // Pauses shorter than the settle time.
-                write_in_pieces(&root.join("run/checkpoint-1500/trainer_state.json"), &STATE, Duration::from_millis(250));
+                write_in_pieces(
+                    &root.join("run/checkpoint-1500/trainer_state.json"),
+                    &STATE,
+                    Duration::from_millis(250),
+                );
             }
         });
         // Pauses longer than the settle time, the file open: only the close tells.
@@ -191,8 +196,11 @@ fn files_written_in_pieces_are_committed_whole() {
         done_at.get().is_some_and(|d| d.elapsed() > Duration::from_millis(2500))
     };
     let mut polling = false;
-    let options =
-        WatchOptions { settle: Duration::from_millis(500), poll: Duration::from_millis(100), ..WatchOptions::default() };
+    let options = WatchOptions {
+        settle: Duration::from_millis(500),
+        poll: Duration::from_millis(100),
+        ..WatchOptions::default()
+    };
     repo.watch(&t.path("run"), &options, &stop, &mut |e| polling |= matches!(e, WatchEvent::Polling { .. })).unwrap();
     writers.join().unwrap();
     // Every version that holds these files holds them whole.
