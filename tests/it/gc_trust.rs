@@ -161,3 +161,29 @@ fn verify_rejects_a_segment_length_its_blob_does_not_have() {
     assert!(report.bad_versions.iter().any(|v| v.id == id), "{report:?}");
     assert!(report.bad_versions.iter().all(|v| v.id != head), "the good version is fine: {report:?}");
 }
+
+/// The working tree's stat records vouch that a file's content is in the store (so checkout may
+/// overwrite it without reading it). After gc deleted that content, the file may be its only
+/// copy: a checkout must refuse to overwrite it, not destroy it.
+#[test]
+fn gc_does_not_leave_records_vouching_for_deleted_content() {
+    let t = TestRepo::init();
+    let run = |args: &[&str]| {
+        let o = t.ckpt(args);
+        assert!(o.status.success(), "ckpt {args:?}: {}", stderr(&o));
+    };
+    t.write("a.bin", b"on main");
+    run(&["commit", "-m", "1", "a.bin"]);
+    run(&["branch", "tmp"]);
+    run(&["switch", "tmp"]);
+    t.write("a.bin", b"only on tmp, and in the working tree");
+    run(&["commit", "-m", "2", "a.bin"]);
+    // The branch goes (deleted by hand here), the working tree stays: HEAD on main.
+    std::fs::write(t.path(".ckpt/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::remove_file(t.path(".ckpt/refs/heads/tmp")).unwrap();
+    run(&["gc"]);
+    let out = t.ckpt(&["checkout", "main", "a.bin"]);
+    assert_eq!(t.read("a.bin"), b"only on tmp, and in the working tree", "the only copy was overwritten");
+    assert!(!out.status.success(), "checkout overwrote a file whose content gc deleted");
+    assert!(stderr(&out).contains("a.bin"), "{}", stderr(&out));
+}
