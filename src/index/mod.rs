@@ -377,6 +377,24 @@ impl Index {
     pub fn stat(&self, path: &str) -> Result<Option<StatRecord>> {
         Ok(self.stat.get(path.as_bytes()).map_err(db_err("reading"))?.and_then(|v| StatRecord::decode(&v)))
     }
+
+    /// Every working-file identity recorded (path, record), undecodable records left out.
+    pub fn stats(&self) -> Result<Vec<(String, StatRecord)>> {
+        let mut out = Vec::new();
+        for item in self.stat.iter() {
+            let (k, v) = item.map_err(db_err("reading"))?;
+            if let (Ok(path), Some(r)) = (std::str::from_utf8(&k), StatRecord::decode(&v)) {
+                out.push((path.to_string(), r));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets the identity of a working file.
+    pub fn remove_stat(&self, path: &str) -> Result<()> {
+        self.stat.remove(path.as_bytes()).map_err(db_err("writing"))?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
-//! `gc`: deletes every object that no branch, tag or `HEAD` reaches, keeping every blob a kept
-//! delta is coded against (transitively). Marking must read every reachable version and
+//! `gc`: deletes every object that no root reaches ([`Repo::roots`]: every ref in any namespace
+//! under `refs/`, remote-tracking refs included, a detached `HEAD`, a partial clone's cut
+//! versions and the versions pending delta rewrites), keeping every blob a kept delta is coded
+//! against (transitively). The working tree's stat records whose content it deletes are
+//! forgotten first (docs/format.md, "What gc keeps"). Marking must read every reachable version and
 //! manifest and every reachable blob's header; if any of them cannot be read, gc stops before
 //! deleting anything, since it cannot know what the unreadable object needs.
 
@@ -24,28 +27,47 @@ pub struct GcReport {
 }
 
 impl Repo {
-    /// Every ref target: branches, tags and a detached `HEAD`.
-    pub(super) fn ref_roots(&self) -> Result<Vec<VersionId>> {
-        let mut roots: Vec<VersionId> = self.refs.list(super::RefKind::Branch)?.into_iter().map(|(_, id)| id).collect();
-        roots.extend(self.refs.list(super::RefKind::Tag)?.into_iter().map(|(_, id)| id));
-        roots.extend(self.refs.head_version()?);
-        Ok(roots)
+    /// Every root's version ([`Repo::roots`]); the first root that cannot be read is the error.
+    pub(super) fn root_versions(&self) -> Result<Vec<VersionId>> {
+        self.roots().into_iter().map(|r| r.map(|r| r.id)).collect()
     }
 
-    /// The set of objects reachable from the refs, and the number of versions among them.
-    fn mark(&self) -> Result<(HashSet<ObjectId>, usize)> {
-        let needed = self.reachable(&self.ref_roots()?, &|_| false)?;
-        let versions = needed.iter().filter(|n| n.kind == ObjectKind::Version).count();
-        Ok((needed.into_iter().map(|n| n.id).collect(), versions))
+    /// The set of objects reachable from the roots, the number of versions among them, and the
+    /// file hashes those versions hold.
+    fn mark(&self) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
+        let needed = self.reachable(&self.root_versions()?, &|_| false)?;
+        let mut versions = 0;
+        let mut held = HashSet::new();
+        for n in needed.iter().filter(|n| n.kind == ObjectKind::Version) {
+            versions += 1;
+            held.extend(self.version(&n.id)?.files.into_iter().map(|f| f.hash));
+        }
+        Ok((needed.into_iter().map(|n| n.id).collect(), versions, held))
+    }
+
+    /// Forgets the working-file identities (index `stat` records) whose content no kept version
+    /// holds. A record lets `checkout` and `switch` overwrite a file without reading it because
+    /// its content is in the store; once gc deletes that content, the file may be its only copy,
+    /// so it must count as modified again (and be hashed) instead. Runs before anything is
+    /// deleted: a record that cannot be forgotten stops gc.
+    fn forget_stats_of_deleted_content(&self, held: &HashSet<ObjectId>) -> Result<()> {
+        let Some(ix) = self.index() else { return Ok(()) };
+        for (path, record) in ix.stats()? {
+            if !held.contains(&record.hash) {
+                ix.remove_stat(&path)?;
+            }
+        }
+        Ok(ix.flush()?)
     }
 
     /// Deletes unreachable objects and leftover temp files.
     pub fn gc(&self) -> Result<GcReport> {
         let _lock = self.lock()?;
-        let (reachable, versions) = self.mark()?;
+        let (reachable, versions, held) = self.mark()?;
         let all = self.store.list()?;
         let doomed: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
         let mut report = GcReport { versions, kept: all.len() - doomed.len(), ..GcReport::default() };
+        self.forget_stats_of_deleted_content(&held)?;
         self.progress.start("gc", doomed.len() as u64);
         for (n, id) in doomed.iter().enumerate() {
             let len = self.store.stored_len(id).unwrap_or(0);

@@ -53,7 +53,7 @@ pub use model::{
 };
 pub use partial::PartialClone;
 pub use path::RepoPath;
-pub use reachable::Needed;
+pub use reachable::{Needed, Root};
 pub use refs::{check_name, Head, RefKind};
 pub use remote::{FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};

@@ -1,7 +1,8 @@
 //! What versions need: the versions themselves, their ancestors, their manifests, the blobs
 //! those list and every blob a delta is coded against, down to its standalone base. `gc`
-//! keeps this set; `push` sends the part of it the remote lacks; `fetch` walks the same
-//! relation on the remote's side.
+//! keeps this set for the versions [`Repo::roots`] names; `verify` checks it for the same
+//! roots; `push` sends the part of it the remote lacks; `fetch` walks the same relation on the
+//! remote's side.
 
 use super::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
@@ -19,7 +20,54 @@ pub struct Needed {
     pub reference: Option<ObjectId>,
 }
 
+/// A version the repository keeps because something names it (docs/format.md, "What gc keeps").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Root {
+    /// What names it: a ref's full name (`refs/remotes/origin/main`), `HEAD` (detached), or
+    /// the record (`.ckpt/partial`, `.ckpt/pending-deltas`).
+    pub name: String,
+    /// The version.
+    pub id: VersionId,
+}
+
 impl Repo {
+    /// The roots of reachability, the one list that `gc` keeps everything below and `verify`
+    /// checks everything below: every ref file under `refs/` in any namespace (branches, tags,
+    /// remote-tracking refs, and any namespace added later), a detached `HEAD` (a `HEAD` on a
+    /// branch is that branch's ref), and the versions two records name: a partial clone's cut
+    /// versions (each downloaded on purpose, `.ckpt/partial`) and the versions whose parents'
+    /// blobs are still to be rewritten as deltas against theirs (`.ckpt/pending-deltas`). A
+    /// version a record names that is no longer stored is not a root (both records tolerate
+    /// that: compaction drops such a version, a partial clone downloads it again); a ref that
+    /// names one is, and its walk fails.
+    ///
+    /// A ref or record that cannot be read is an `Err` entry: `gc` refuses to run (it cannot
+    /// know what that ref keeps), `verify` reports it.
+    pub fn roots(&self) -> Vec<Result<Root>> {
+        let mut out = Vec::new();
+        match self.refs.head() {
+            Ok(super::Head::Detached(id)) => out.push(Ok(Root { name: "HEAD".into(), id })),
+            Ok(super::Head::Branch(_)) => {}
+            Err(e) => out.push(Err(e)),
+        }
+        for (name, read) in self.refs.all() {
+            out.push(read.map(|id| Root { name, id }));
+        }
+        let records: [(&str, Result<Vec<VersionId>>); 2] = [
+            (".ckpt/partial", self.partial_clone().map(|p| p.map(|p| p.cut).unwrap_or_default())),
+            (".ckpt/pending-deltas", self.pending_deltas()),
+        ];
+        for (name, ids) in records {
+            match ids {
+                Ok(ids) => out.extend(
+                    ids.into_iter().filter(|id| self.store.contains(id)).map(|id| Ok(Root { name: name.into(), id })),
+                ),
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        out
+    }
+
     /// Every object the versions `roots` need (docs/format.md: a version names its parents and
     /// manifests, a manifest its blobs, a delta blob its reference), each once, in the order
     /// found: a version before its manifests, a delta before its reference. An object for

@@ -1,7 +1,8 @@
 //! Refs: `HEAD`, branches (`refs/heads/NAME`) and tags (`refs/tags/NAME`), small text files
 //! holding a version id (or, for `HEAD`, `ref: refs/heads/NAME`), each replaced atomically
-//! (temp file, fsync, rename, fsync of the directory). They are the roots of history: `gc`
-//! keeps what they reach.
+//! (temp file, fsync, rename, fsync of the directory), and remote-tracking refs
+//! (`refs/remotes/REMOTE/BRANCH`). They are the roots of history: `gc` keeps what any of them
+//! reaches ([`Refs::all`], docs/format.md "What gc keeps").
 
 use super::{Error, Result};
 use crate::object_id::ObjectId;
@@ -189,6 +190,57 @@ impl Refs {
         }
     }
 
+    /// Every ref file under `refs/`, in any namespace (`heads/`, `tags/`, `remotes/REMOTE/` and
+    /// whatever else is ever written there), by full name (`refs/remotes/origin/main`), sorted,
+    /// each with the version it holds or why it cannot be read (a directory that cannot be
+    /// listed is one such entry). Names starting with `.` (the temporary files of [`Self::write`])
+    /// are not refs. This is the ref part of the roots of reachability (`Repo::roots`): a
+    /// namespace added later is covered without touching gc or verify.
+    pub fn all(&self) -> Vec<(String, Result<ObjectId>)> {
+        let mut out = Vec::new();
+        // (directory, its ref-name prefix, depth); depth bounds a hostile tree.
+        let mut stack = vec![(self.dir.join("refs"), "refs".to_string(), 0usize)];
+        while let Some((dir, prefix, depth)) = stack.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(source) => {
+                    out.push((prefix, Err(Error::Io { action: "listing", path: dir, source })));
+                    continue;
+                }
+            };
+            for entry in entries {
+                let entry = match entry {
+                    Ok(e) => e,
+                    Err(source) => {
+                        out.push((prefix.clone(), Err(Error::Io { action: "listing", path: dir.clone(), source })));
+                        continue;
+                    }
+                };
+                let file_name = entry.file_name().to_string_lossy().into_owned();
+                if file_name.starts_with('.') {
+                    continue;
+                }
+                let name = format!("{prefix}/{file_name}");
+                let path = entry.path();
+                // Not followed: a symbolic link to a directory would let a walk go around in circles.
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if is_dir && depth < MAX_REF_DEPTH {
+                    stack.push((path, name, depth + 1));
+                    continue;
+                }
+                let read = match read_ref_file(path.clone()) {
+                    Ok(Some(id)) => Ok(id),
+                    // Listed a moment ago: deleted since (a remote removed), not a ref any more.
+                    Ok(None) => continue,
+                    Err(e) => Err(e),
+                };
+                out.push((name, read));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// Writes `text` to `path` atomically.
     pub(super) fn write(&self, path: &Path, text: &str) -> Result<()> {
         let dir = path.parent().expect("ref paths have a parent");
@@ -204,6 +256,9 @@ impl Refs {
         std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("syncing", dir))
     }
 }
+
+/// How deep [`Refs::all`] descends below `refs/` (`refs/remotes/REMOTE/BRANCH` is 3).
+const MAX_REF_DEPTH: usize = 16;
 
 fn parse_id(text: &str) -> Option<ObjectId> {
     text.parse::<ObjectId>().ok().filter(|id| id.to_hex() == text)

@@ -1,10 +1,15 @@
-//! `verify`: re-hashes every object (blobs through their delta chains), checks every ref, and
-//! names the versions reachable from refs that a damaged or missing object affects.
+//! `verify`: re-hashes every object (blobs through their delta chains), checks every root (the
+//! refs and records `gc` keeps: [`Repo::roots`]), checks that what each reachable version names
+//! is of the right kind and length (a parent is a version, a file's manifest a manifest, a
+//! segment's blob a blob of the segment's length), and names the versions reachable from the
+//! roots that a damaged, mislabelled or missing object affects, each with the root it was
+//! reached from.
 
 use super::model::{Manifest, Version};
 use super::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 
 /// An object that failed verification.
@@ -21,6 +26,8 @@ pub struct BadObject {
 pub struct BadVersion {
     /// The version.
     pub id: VersionId,
+    /// The root (ref or record, [`Repo::roots`]) through which verify reached it first.
+    pub reached_from: String,
     /// The damaged or missing objects it needs.
     pub objects: Vec<ObjectId>,
 }
@@ -32,7 +39,7 @@ pub struct VerifyReport {
     pub objects_checked: usize,
     /// Bytes of object files checked.
     pub bytes_checked: u64,
-    /// Versions reachable from refs.
+    /// Versions reachable from the roots.
     pub versions_checked: usize,
     /// Objects that are damaged (or, when needed by a version, missing).
     pub bad_objects: Vec<BadObject>,
@@ -84,22 +91,18 @@ impl Repo {
     }
 
     /// One pass of [`Self::verify`]: every object re-hashed (`suspects: None`), or only the
-    /// listed ones; then the refs and every version they reach.
+    /// listed ones; then the roots ([`Repo::roots`], the set `gc` keeps) and every version they
+    /// reach, with what each version names checked for its kind and length.
     fn verify_pass(&self, suspects: Option<&HashSet<ObjectId>>) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
-        // Refs before the listing: a version a ref names was written before the ref moved, so
+        // Roots before the listing: a version a ref names was written before the ref moved, so
         // it is in the listing unless gc deleted it since (which the locked pass sorts out).
         let mut roots = Vec::new();
-        for kind in [super::RefKind::Branch, super::RefKind::Tag] {
-            match self.refs.list(kind) {
-                Ok(list) => roots.extend(list.into_iter().map(|(name, id)| (format!("{} {name}", kind.name()), id))),
+        for root in self.roots() {
+            match root {
+                Ok(root) => roots.push(root),
                 Err(e) => report.bad_refs.push(e.to_string()),
             }
-        }
-        match self.refs.head() {
-            Ok(super::Head::Detached(id)) => roots.push(("HEAD".to_string(), id)),
-            Ok(super::Head::Branch(_)) => {}
-            Err(e) => report.bad_refs.push(e.to_string()),
         }
         let ids = self.store.list()?;
         let mut bad: BTreeMap<ObjectId, String> = BTreeMap::new();
@@ -114,54 +117,133 @@ impl Repo {
             }
         }
 
-        // Every version the refs reach.
+        // Every version the roots reach, each with the first root that reached it.
         let present: HashSet<ObjectId> = ids.iter().copied().collect();
+        let kind_of = |id: &ObjectId| self.store.header(id).ok().map(|h| h.kind);
         let cut = self.cut_versions()?;
-        let mut stack = Vec::new();
-        for (name, id) in roots {
-            if !present.contains(&id) || !matches!(self.store.header(&id), Ok(h) if h.kind == ObjectKind::Version) {
-                report.bad_refs.push(format!("{name} points to {id}, which is not a stored version"));
+        let mut stack: Vec<(VersionId, String)> = Vec::new();
+        for root in roots.into_iter().rev() {
+            if !present.contains(&root.id) || kind_of(&root.id) != Some(ObjectKind::Version) {
+                report.bad_refs.push(format!("{} points to {}, which is not a stored version", root.name, root.id));
             }
-            stack.push(id);
+            stack.push((root.id, root.name));
         }
-        let mut seen = HashSet::new();
+        let mut reached: BTreeMap<VersionId, String> = BTreeMap::new();
+        let mut order = Vec::new();
+        let mut files: BTreeMap<VersionId, Vec<ObjectId>> = BTreeMap::new();
+        // Per manifest read: its length, file hash and blobs (`None`: unreadable).
+        let mut manifests: BTreeMap<ObjectId, Option<(u64, ObjectId, Vec<ObjectId>)>> = BTreeMap::new();
         let mut missing: BTreeMap<ObjectId, String> = BTreeMap::new();
-        while let Some(id) = stack.pop() {
-            if !seen.insert(id) {
+        while let Some((id, root)) = stack.pop() {
+            if reached.contains_key(&id) {
                 continue;
             }
+            reached.insert(id, root.clone());
+            order.push(id);
+            let Ok(version) = self.version(&id) else { continue };
+            // A partial clone's history ends at its cut versions (partial.rs).
+            let parents = self.parents_here(&cut, &id, &version.parents);
+            let mut problems = Vec::new();
+            for p in &parents {
+                match kind_of(p) {
+                    Some(ObjectKind::Version) | None => stack.push((*p, root.clone())),
+                    Some(kind) => problems.push(format!("its parent {p} is a {kind}, not a version")),
+                }
+            }
+            for f in &version.files {
+                match kind_of(&f.manifest) {
+                    Some(ObjectKind::Manifest) => {}
+                    None => continue,
+                    Some(kind) => {
+                        problems.push(format!("file {:?}: {} is a {kind}, not a manifest", f.path, f.manifest));
+                        continue;
+                    }
+                }
+                let summary = match manifests.entry(f.manifest) {
+                    Entry::Occupied(known) => known.into_mut(),
+                    Entry::Vacant(slot) => {
+                        // An unreadable manifest was found bad (or missing) by the object check.
+                        let read = self.manifest(&f.manifest).ok();
+                        if let Some(Err(problem)) = read.as_ref().map(|m| self.check_manifest_blobs(m)) {
+                            bad.entry(f.manifest).or_insert(problem);
+                        }
+                        slot.insert(read.map(|m| (m.len, m.hash, m.blobs().collect())))
+                    }
+                };
+                if let Some((len, hash, _)) = summary {
+                    if (*len, *hash) != (f.len, f.hash) {
+                        problems.push(format!(
+                            "file {:?}: its length or hash differs from its manifest {}'s",
+                            f.path, f.manifest
+                        ));
+                    }
+                }
+            }
+            files.insert(id, version.files.iter().map(|f| f.manifest).collect());
+            if !problems.is_empty() {
+                bad.entry(id).or_insert_with(|| problems.join("; "));
+            }
+            // Missing parents are named below, by the version that needs them.
+            for p in parents.iter().filter(|p| !present.contains(p)) {
+                missing
+                    .entry(*p)
+                    .or_insert_with(|| format!("missing (the parent of version {id}, reached from {root})"));
+            }
+        }
+        // Then which of them need a damaged or missing object (all structural problems are
+        // known now, whichever version reached a shared manifest first).
+        for id in order {
             report.versions_checked += 1;
+            let root = &reached[&id];
             let mut needs = Vec::new();
             let mut check = |oid: ObjectId, missing: &mut BTreeMap<ObjectId, String>| {
                 if bad.contains_key(&oid) {
                     needs.push(oid);
                 } else if !present.contains(&oid) {
-                    missing.insert(oid, format!("missing (needed by version {id})"));
+                    missing
+                        .entry(oid)
+                        .or_insert_with(|| format!("missing (needed by version {id}, reached from {root})"));
                     needs.push(oid);
                 }
             };
             check(id, &mut missing);
-            if let Ok(version) = self.version(&id) {
-                // A partial clone's history ends at its cut versions (partial.rs).
-                stack.extend(self.parents_here(&cut, &id, &version.parents));
-                for file in &version.files {
-                    check(file.manifest, &mut missing);
-                    if let Ok(manifest) = self.manifest(&file.manifest) {
-                        for blob in manifest.blobs() {
-                            check(blob, &mut missing);
-                        }
-                    }
+            for m in files.get(&id).into_iter().flatten() {
+                check(*m, &mut missing);
+                for blob in manifests.get(m).into_iter().flatten().flat_map(|(_, _, blobs)| blobs) {
+                    check(*blob, &mut missing);
                 }
             }
             if !needs.is_empty() {
                 needs.sort();
                 needs.dedup();
-                report.bad_versions.push(BadVersion { id, objects: needs });
+                report.bad_versions.push(BadVersion { id, reached_from: root.clone(), objects: needs });
             }
         }
         bad.extend(missing);
         report.bad_objects = bad.into_iter().map(|(id, problem)| BadObject { id, problem }).collect();
         Ok(report)
+    }
+
+    /// Checks that every blob `manifest` names (that is stored) is a blob of the length the
+    /// manifest gives it: a segment's length, a bundle's length. A fetched manifest is checked
+    /// against its id and parsed, but its lengths are only claims about other objects.
+    fn check_manifest_blobs(&self, manifest: &Manifest) -> std::result::Result<(), String> {
+        let named = manifest
+            .segments
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.blob.map(|b| (format!("segment {i}"), b, s.len)))
+            .chain(manifest.bundles.iter().enumerate().map(|(i, b)| (format!("bundle {i}"), b.blob, b.len)));
+        for (what, blob, len) in named {
+            let Ok(header) = self.store.header(&blob) else { continue };
+            if header.kind != ObjectKind::Blob {
+                return Err(format!("{what} names {blob}, a {}, not a blob", header.kind));
+            }
+            if header.raw_len != len {
+                return Err(format!("{what} is {len} bytes, but its blob {blob} holds {} bytes", header.raw_len));
+            }
+        }
+        Ok(())
     }
 
     /// Re-hashes every object of `ids` (blobs a delta chain at a time), counting them in

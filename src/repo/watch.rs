@@ -2,13 +2,22 @@
 //!
 //! A checkpoint is an entry directly under the watched directory whose name matches the pattern:
 //! a file, or a folder (`checkpoint-500/`) committed with every file under it. It is committed
-//! once it is finished: nothing in it changed (size, modification time, file count) for the
-//! settle time, or, for a folder, once its `trainer_state.json` exists (Hugging Face `Trainer`
-//! writes it last). A commit that sees a file change while it reads it fails
-//! (`Error::FileChanged`) and is retried once the checkpoint settles again; a file that changed
-//! after its commit (an overwritten `last.ckpt`) is committed again. What was committed is
-//! appended to `.ckpt/watched` (file hash and path per line) and also checked against `HEAD`, so
-//! a restarted watcher does not commit a checkpoint twice. The directory is rescanned on every
+//! once it is complete (docs/architecture.md, "When the watcher commits a file"): no file in it
+//! changed (size, modification time, change time, inode; the file list of a folder) for the
+//! settle time, and, where file-system events tell, no file in it is still open for writing.
+//! The files are hashed and stat-ed again after hashing and after the commit: a checkpoint that
+//! changed meanwhile is settled again and committed again. A folder holding
+//! `trainer_state.json` is no exception (the file itself may be half written, and some
+//! `Trainer` versions write other files after it).
+//!
+//! What decides whether to commit is whether `HEAD` (the branch tip) holds the checkpoint's
+//! content at its path, never whether that content was committed once: a file rewritten back
+//! to earlier content (A, B, A) is committed again, and a restarted watcher commits what
+//! changed while it was down and nothing twice. What was committed is appended to
+//! `.ckpt/watched` (file hash and path per line) as a record for people; it is not consulted.
+//!
+//! Entries and files that are skipped (symbolic links, special files, folders that cannot be
+//! read) are reported once each ([`WatchEvent::Skipped`]). The directory is rescanned on every
 //! file-system event (`notify`, the only user of that crate) and every poll interval, so a
 //! watcher that cannot be set up (or misses events, as on network file systems) still works by
 //! polling.
@@ -18,16 +27,20 @@ use crate::object_id::ObjectId;
 use crate::repo::{CommitOptions, TensorFilter, VersionId};
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 /// File under `.ckpt/` recording what `watch` committed: one line per file, `<file hash hex>
-/// <path>`, appended after each commit.
+/// <path>`, appended after each commit. A record for people: what to commit is decided by what
+/// `HEAD` holds, never by this file.
 pub const WATCH_LOG: &str = "watched";
 
-/// A folder holding this file is a finished Hugging Face `Trainer` checkpoint.
-const TRAINER_STATE: &str = "trainer_state.json";
+/// A file known to be open for writing (written to, and no close after the write seen) holds
+/// its checkpoint back until it is closed, or until it has been unchanged for this many settle
+/// times (a writer that keeps an idle file open, or a lost event, cannot hold it back forever).
+const OPEN_FILE_SETTLES: u32 = 6;
 
 /// Settings of [`Repo::watch`].
 #[derive(Clone, Debug)]
@@ -60,7 +73,8 @@ pub enum WatchEvent {
         /// Files in it.
         files: usize,
     },
-    /// A checkpoint had been committed before (by this watcher or an earlier run).
+    /// `HEAD` already holds the checkpoint's content at its path (committed by this watcher,
+    /// an earlier run, or anyone else).
     AlreadyCommitted {
         /// The checkpoint's path relative to the repository root.
         path: String,
@@ -78,6 +92,14 @@ pub enum WatchEvent {
         /// The commit's error.
         reason: String,
     },
+    /// An entry or a file in a checkpoint folder is not committed: a symbolic link, a special
+    /// file, or a folder that cannot be read. Reported once while it stays so.
+    Skipped {
+        /// Its path relative to the repository root.
+        path: String,
+        /// Why.
+        reason: String,
+    },
     /// File-system events are unavailable; the directory is polled.
     Polling {
         /// Why.
@@ -85,15 +107,50 @@ pub enum WatchEvent {
     },
 }
 
-/// What a checkpoint looked like at one scan: per file, its size and modification time.
-type Signature = Vec<(PathBuf, u64, SystemTime)>;
+/// What one file looked like at one scan. Any change to its content changes its size or its
+/// modification time or, when those are restored or too coarse, its change time; a file
+/// replaced by a rename has another inode.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct FileStat {
+    path: PathBuf,
+    len: u64,
+    mtime: SystemTime,
+    ctime: (i64, i64),
+    ino: u64,
+}
+
+impl FileStat {
+    fn of(path: PathBuf, meta: &std::fs::Metadata) -> Option<FileStat> {
+        Some(FileStat {
+            len: meta.len(),
+            mtime: meta.modified().ok()?,
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            ino: meta.ino(),
+            path,
+        })
+    }
+}
+
+/// What a checkpoint looked like at one scan: its files (sorted) and what they looked like.
+type Signature = Vec<FileStat>;
+
+/// What a scan found at one entry of the watched directory.
+enum Scan {
+    /// A checkpoint: its files, and the paths under it that are skipped, with why.
+    Files(Signature, Vec<(PathBuf, String)>),
+    /// Not a checkpoint (a symbolic link, a special file, a folder that cannot be read): why.
+    Skip(String),
+    /// Gone between listing and stat: seen again on the next scan, if it comes back.
+    Gone,
+}
 
 /// A checkpoint being watched.
 struct Candidate {
     signature: Signature,
     /// When the signature last changed.
     since: Instant,
-    /// The signature it was last committed (or found committed) with.
+    /// The signature it was last committed (or found in `HEAD`) with: not hashed again while
+    /// it looks the same.
     committed: Option<Signature>,
 }
 
@@ -104,8 +161,10 @@ pub struct Watcher<'r> {
     options: WatchOptions,
     filter: Option<TensorFilter>,
     candidates: HashMap<PathBuf, Candidate>,
-    /// (path, file hash) pairs committed by any watcher of this repository.
-    log: HashSet<(String, ObjectId)>,
+    /// Files written to with no close after the write seen (file-system events).
+    open: HashSet<PathBuf>,
+    /// Paths reported as skipped at the last scan (each is reported once while it stays so).
+    skipped: HashSet<PathBuf>,
 }
 
 impl Repo {
@@ -129,6 +188,9 @@ impl Repo {
             }
         };
         loop {
+            while let Ok(change) = rx.try_recv() {
+                watcher.note(change);
+            }
             for e in watcher.step(Instant::now())? {
                 on_event(&e);
             }
@@ -138,19 +200,51 @@ impl Repo {
             // Wake on the first event or after the poll interval, whichever comes first; a
             // burst of events (a trainer writing a file) costs one rescan per interval at most.
             let wait = options.poll.min(options.settle / 2).max(Duration::from_millis(10));
-            if rx.recv_timeout(wait).is_ok() {
+            if let Ok(change) = rx.recv_timeout(wait) {
+                watcher.note(change);
                 std::thread::sleep(Duration::from_millis(50));
-                while rx.try_recv().is_ok() {}
             }
         }
     }
 }
 
-/// A recursive file-system watcher on `dir` that sends a unit per event to `tx`.
-fn events(dir: &Path, tx: mpsc::Sender<()>) -> std::result::Result<notify::RecommendedWatcher, String> {
+/// What a file-system event says about completeness.
+enum Change {
+    /// Written to (or created): open for writing until a close is seen.
+    Written(PathBuf),
+    /// Closed after writing, or removed.
+    Closed(PathBuf),
+    /// Anything else (a rename, attributes, a read): only a reason to rescan.
+    Other,
+    /// Events were lost: what is open is not known any more.
+    Lost,
+}
+
+/// A recursive file-system watcher on `dir` that sends what each event says to `tx`.
+fn events(dir: &Path, tx: mpsc::Sender<Change>) -> std::result::Result<notify::RecommendedWatcher, String> {
+    use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
     use notify::Watcher as _;
-    let mut w = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
-        let _ = tx.send(());
+    let mut w = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else {
+            let _ = tx.send(Change::Lost);
+            return;
+        };
+        if event.need_rescan() {
+            let _ = tx.send(Change::Lost);
+            return;
+        }
+        let change: fn(PathBuf) -> Change = match event.kind {
+            EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any)
+            | EventKind::Create(CreateKind::File | CreateKind::Any) => Change::Written,
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) | EventKind::Remove(_) => Change::Closed,
+            _ => {
+                let _ = tx.send(Change::Other);
+                return;
+            }
+        };
+        for p in event.paths {
+            let _ = tx.send(change(p));
+        }
     })
     .map_err(|e| e.to_string())?;
     w.watch(dir, notify::RecursiveMode::Recursive).map_err(|e| e.to_string())?;
@@ -166,8 +260,47 @@ impl<'r> Watcher<'r> {
             return Err(Error::InvalidPath { path: dir, reason: "is not a directory".into() });
         }
         let filter = options.pattern.as_deref().map(TensorFilter::new);
-        let log = read_log(&repo.dir.join(WATCH_LOG))?;
-        Ok(Watcher { repo, dir, options, filter, candidates: HashMap::new(), log })
+        Ok(Watcher {
+            repo,
+            dir,
+            options,
+            filter,
+            candidates: HashMap::new(),
+            open: HashSet::new(),
+            skipped: HashSet::new(),
+        })
+    }
+
+    /// Records that the file at `path` was written to (a file-system event): the checkpoint
+    /// holding it is not complete until [`Self::file_closed`] says it was closed (or it stays
+    /// unchanged for several settle times).
+    pub fn file_written(&mut self, path: &Path) {
+        self.open.insert(path.to_path_buf());
+    }
+
+    /// Records that the file at `path` was closed after writing, or removed.
+    pub fn file_closed(&mut self, path: &Path) {
+        self.open.remove(path);
+    }
+
+    /// Forgets which files are open (events were lost): completeness is judged by the settle
+    /// time alone until new events come.
+    pub fn forget_open_files(&mut self) {
+        self.open.clear();
+    }
+
+    fn note(&mut self, change: Change) {
+        match change {
+            Change::Written(p) => self.file_written(&p),
+            Change::Closed(p) => self.file_closed(&p),
+            Change::Other => {}
+            Change::Lost => self.forget_open_files(),
+        }
+    }
+
+    /// `path` relative to the repository root, for messages.
+    fn display(&self, path: &Path) -> String {
+        self.repo.repo_path(path).map_or_else(|_| path.display().to_string(), |p| p.to_string())
     }
 
     /// Whether the entry called `name` is a checkpoint to watch.
@@ -200,9 +333,19 @@ impl<'r> Watcher<'r> {
             .map(|e| e.path())
             .collect();
         names.sort();
+        let mut skipped = Vec::new();
         for path in names {
-            // Gone or unreadable between listing and stat: seen again on the next scan.
-            let Some(signature) = signature_of(&path) else { continue };
+            let signature = match scan(&path) {
+                Scan::Files(signature, inner) => {
+                    skipped.extend(inner);
+                    signature
+                }
+                Scan::Skip(reason) => {
+                    skipped.push((path, reason));
+                    continue;
+                }
+                Scan::Gone => continue,
+            };
             present.insert(path.clone());
             let c = self.candidates.entry(path.clone()).or_insert_with(|| Candidate {
                 signature: signature.clone(),
@@ -216,8 +359,10 @@ impl<'r> Watcher<'r> {
             if c.committed.as_ref() == Some(&c.signature) || c.signature.is_empty() {
                 continue;
             }
-            let finished = path.join(TRAINER_STATE).is_file();
-            if !finished && now.duration_since(c.since) < self.options.settle {
+            let unchanged = now.saturating_duration_since(c.since);
+            let open = c.signature.iter().any(|f| self.open.contains(&f.path));
+            let settle = if open { self.options.settle * OPEN_FILE_SETTLES } else { self.options.settle };
+            if unchanged < settle {
                 continue;
             }
             let signature = c.signature.clone();
@@ -229,31 +374,43 @@ impl<'r> Watcher<'r> {
                     if let Some(c) = self.candidates.get_mut(&path) {
                         c.since = Instant::now();
                     }
-                    let path =
-                        self.repo.repo_path(&path).map_or_else(|_| path.display().to_string(), |p| p.to_string());
-                    out.push(WatchEvent::Failed { path, reason: e.to_string() });
+                    out.push(WatchEvent::Failed { path: self.display(&path), reason: e.to_string() });
                 }
             }
         }
+        // Each skipped path once, while it stays skipped.
+        let now_skipped: HashSet<PathBuf> = skipped.iter().map(|(p, _)| p.clone()).collect();
+        for (path, reason) in skipped {
+            if !self.skipped.contains(&path) {
+                out.push(WatchEvent::Skipped { path: self.display(&path), reason });
+            }
+        }
+        self.skipped = now_skipped;
         // Deleted checkpoints are forgotten (their versions stay); one that reappears is new.
         self.candidates.retain(|p, _| present.contains(p));
         Ok(out)
     }
 
-    /// Commits the checkpoint at `path` whose files are `signature`, unless it was committed
-    /// before; records it. An error leaves the checkpoint to be tried again.
+    /// Commits the checkpoint at `path` whose files are `signature`, unless `HEAD` holds it
+    /// already (every file's content at its path); records it. A checkpoint that changed while
+    /// it was hashed or committed is settled again. An error leaves the checkpoint to be tried
+    /// again.
     fn commit(&mut self, path: &Path, signature: &Signature) -> Result<WatchEvent> {
         let rel = self.repo.repo_path(path)?.to_string();
-        let files: Vec<&Path> = signature.iter().map(|(p, _, _)| p.as_path()).collect();
+        let files: Vec<&Path> = signature.iter().map(|f| f.path.as_path()).collect();
         let mut hashes = Vec::with_capacity(files.len());
         for f in &files {
             hashes.push((self.repo.repo_path(f)?.to_string(), super::status::hash_file(f)?));
         }
+        // Hashed while it was being written (a pause longer than the settle time): what was
+        // hashed may be a prefix. Settle again.
+        if !self.unchanged(path, signature) {
+            return Ok(WatchEvent::Retrying { path: rel });
+        }
         let head = self.repo.refs.head_version()?.map(|id| self.repo.version(&id)).transpose()?;
         let in_head = |(p, h): &(String, ObjectId)| head.as_ref().and_then(|v| v.file(p)).is_some_and(|f| f.hash == *h);
-        let candidate = self.candidates.get_mut(path).expect("scanned");
-        if hashes.iter().all(|h| self.log.contains(h) || in_head(h)) {
-            candidate.committed = Some(signature.clone());
+        if hashes.iter().all(in_head) {
+            self.candidates.get_mut(path).expect("scanned").committed = Some(signature.clone());
             return Ok(WatchEvent::AlreadyCommitted { path: rel });
         }
         let message = format!("watch: {rel}");
@@ -261,7 +418,7 @@ impl<'r> Watcher<'r> {
             Ok(v) => v,
             Err(Error::FileChanged { .. }) => {
                 // Settle again from now before the retry.
-                candidate.since = Instant::now();
+                self.candidates.get_mut(path).expect("scanned").since = Instant::now();
                 return Ok(WatchEvent::Retrying { path: rel });
             }
             Err(e) => return Err(e),
@@ -271,56 +428,100 @@ impl<'r> Watcher<'r> {
         let committed: Vec<(String, ObjectId)> =
             hashes.iter().filter_map(|(p, _)| stored.file(p).map(|f| (p.clone(), f.hash))).collect();
         append_log(&self.repo.dir.join(WATCH_LOG), &committed)?;
-        self.log.extend(committed);
-        // A file that changed after it was hashed here (so after or during the commit) shows up
-        // as a new signature on the next scan and is committed again once it settles.
-        candidate.committed = Some(signature.clone());
+        // Changed during or after the commit: the version holds what the commit read, and the
+        // new content is committed again once it settles (`unchanged` reset the clock).
+        if self.unchanged(path, signature) {
+            self.candidates.get_mut(path).expect("scanned").committed = Some(signature.clone());
+        }
         Ok(WatchEvent::Committed { path: rel, version, files: files.len() })
+    }
+
+    /// Whether the checkpoint at `path` still looks as `signature` says; if not, its settle
+    /// clock starts again from now with what it looks like now.
+    fn unchanged(&mut self, path: &Path, signature: &Signature) -> bool {
+        let now = match scan(path) {
+            Scan::Files(now, _) => now,
+            Scan::Skip(_) | Scan::Gone => Vec::new(),
+        };
+        if now == *signature {
+            return true;
+        }
+        let c = self.candidates.get_mut(path).expect("scanned");
+        c.signature = now;
+        c.since = Instant::now();
+        false
     }
 }
 
-/// The files of a checkpoint (the file itself, or every file under a folder, sorted) with their
-/// sizes and modification times; `None` if it cannot be read now.
-fn signature_of(path: &Path) -> Option<Signature> {
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    if meta.is_file() {
-        return Some(vec![(path.to_path_buf(), meta.len(), meta.modified().ok()?)]);
+/// What the entry at `path` of the watched directory holds: a file, or every file under a
+/// folder (sorted) with what they look like; symbolic links (not followed: a link is not the
+/// file it points to, and a link out of the folder would commit what is outside), special files
+/// and folders that cannot be read are skipped with a reason.
+fn scan(path: &Path) -> Scan {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Scan::Gone,
+        Err(e) => return Scan::Skip(format!("cannot be read: {e}")),
+    };
+    if let Some(reason) = not_committed(&meta) {
+        return Scan::Skip(reason);
     }
-    if !meta.is_dir() {
-        return None;
+    if meta.is_file() {
+        return match FileStat::of(path.to_path_buf(), &meta) {
+            Some(f) => Scan::Files(vec![f], Vec::new()),
+            None => Scan::Skip("its modification time cannot be read".into()),
+        };
     }
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     let mut stack = vec![path.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).ok()? {
-            let e = e.ok()?;
-            let m = e.metadata().ok()?;
-            if m.is_dir() {
-                stack.push(e.path());
-            } else if m.is_file() {
-                out.push((e.path(), m.len(), m.modified().ok()?));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir == path => return Scan::Gone,
+            Err(e) if dir == path => return Scan::Skip(format!("folder cannot be read: {e}")),
+            Err(e) => {
+                skipped.push((dir, format!("folder cannot be read: {e}")));
+                continue;
+            }
+        };
+        for e in entries {
+            let Ok(e) = e else { continue };
+            let p = e.path();
+            // Not followed (DirEntry::metadata does not traverse a link).
+            let m = match e.metadata() {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(err) => {
+                    skipped.push((p, format!("cannot be read: {err}")));
+                    continue;
+                }
+            };
+            if let Some(reason) = not_committed(&m) {
+                skipped.push((p, reason));
+            } else if m.is_dir() {
+                stack.push(p);
+            } else if let Some(f) = FileStat::of(p.clone(), &m) {
+                out.push(f);
+            } else {
+                skipped.push((p, "its modification time cannot be read".into()));
             }
         }
     }
     out.sort();
-    Some(out)
+    Scan::Files(out, skipped)
 }
 
-/// Reads [`WATCH_LOG`]; a missing file is an empty log, a damaged line is skipped (the check
-/// against `HEAD` still catches what it recorded).
-fn read_log(path: &Path) -> Result<HashSet<(String, ObjectId)>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
-        Err(source) => return Err(Error::Io { action: "reading", path: path.to_path_buf(), source }),
-    };
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let (hash, p) = l.split_once(' ')?;
-            Some((p.to_string(), hash.parse::<ObjectId>().ok()?))
-        })
-        .collect())
+/// Why an entry with metadata `meta` (not followed) is not committed, if it is not.
+fn not_committed(meta: &std::fs::Metadata) -> Option<String> {
+    let t = meta.file_type();
+    if t.is_symlink() {
+        Some("a symbolic link (not followed; the file it points to is committed where it is watched)".into())
+    } else if !t.is_file() && !t.is_dir() {
+        Some("not a regular file or folder".into())
+    } else {
+        None
+    }
 }
 
 /// Appends `entries` to [`WATCH_LOG`] and syncs it.

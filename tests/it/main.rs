@@ -1,6 +1,7 @@
 //! The integration test binary: one module per area.
 
 mod codec_cli;
+mod gc_trust;
 mod git_filter;
 mod git_gc;
 mod git_remote;
@@ -23,4 +24,5 @@ mod repo_util;
 mod repo_watch;
 mod robustness;
 mod util;
+mod watch_trust;
 mod worktree_safety;

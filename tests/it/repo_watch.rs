@@ -1,5 +1,5 @@
 //! `watch`: checkpoints that appear slowly, are renamed into place, are deleted, are rewritten;
-//! restarts do not commit twice. The library tests step the watcher with explicit times; the CLI
+//! restarts do not commit twice (more in watch_trust.rs). The library tests step the watcher with explicit times; the CLI
 //! test runs `ckpt watch` itself (file-system events and polling) and restarts it.
 
 use crate::repo_util::{ckpt_command, TestRepo};
@@ -65,19 +65,21 @@ fn renamed_files_and_finished_trainer_folders_are_committed_deleted_ones_forgott
     assert!(committed(&w.step(t0 + 2 * SETTLE).unwrap()).is_empty());
     assert_eq!(committed(&w.step(t0 + 4 * SETTLE).unwrap()), vec!["run/model.pt"]);
 
-    // A Trainer folder: not settled, but trainer_state.json says it is complete.
+    // A Trainer folder: committed once settled, trainer_state.json or not (watch_trust.rs).
     t.write("run/checkpoint-10/model.safetensors", &crate::util::all_dtypes_file(1));
     t.write("run/checkpoint-10/optimizer.pt", b"state");
     let e = w.step(t0 + 4 * SETTLE).unwrap();
     assert!(committed(&e).is_empty(), "an unfinished folder was committed");
     t.write("run/checkpoint-10/trainer_state.json", b"{}");
     let e = w.step(t0 + 4 * SETTLE).unwrap();
+    assert!(committed(&e).is_empty(), "an unsettled folder was committed");
+    let e = w.step(t0 + 5 * SETTLE).unwrap();
     assert_eq!(committed(&e), vec!["run/checkpoint-10"]);
     assert!(matches!(e[0], WatchEvent::Committed { files: 3, .. }));
 
     // Deleted (a trainer's save_total_limit): nothing fails, nothing is lost.
     std::fs::remove_dir_all(t.path("run/checkpoint-10")).unwrap();
-    assert!(w.step(t0 + 5 * SETTLE).unwrap().is_empty());
+    assert!(w.step(t0 + 6 * SETTLE).unwrap().is_empty());
     drop(w);
     let out = t.checkout_all(&repo, "HEAD");
     assert!(out.iter().any(|(p, b)| p == "run/checkpoint-10/optimizer.pt" && b == b"state"));

@@ -24,7 +24,12 @@ pub fn run(ui: &Ui, base: &Path, args: VerifyArgs) -> Result<()> {
         }
         for v in &r.bad_versions {
             let ids: Vec<String> = v.objects.iter().map(|o| o.short(12)).collect();
-            outln!("bad version {}: needs damaged or missing {}", v.id, ids.join(", "))?;
+            outln!(
+                "bad version {} (reached from {}): needs damaged or missing {}",
+                v.id,
+                v.reached_from,
+                ids.join(", ")
+            )?;
         }
         for line in &r.bad_refs {
             outln!("bad ref: {line}")?;

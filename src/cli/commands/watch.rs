@@ -17,8 +17,8 @@ pub struct WatchArgs {
     /// every file and folder except hidden ones and `*.tmp`, `*.part`, `*.partial`, `*~`.
     #[arg(long, value_name = "GLOB")]
     pattern: Option<String>,
-    /// A checkpoint is committed once nothing in it changed for this long (a folder holding
-    /// `trainer_state.json` at once).
+    /// A checkpoint is committed once nothing in it changed for this long (and, where
+    /// file-system events tell, no file in it is still open for writing).
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     settle: f64,
 }
@@ -38,9 +38,10 @@ pub fn run(ui: &Ui, base: &Path, args: WatchArgs) -> Result<()> {
             let _ =
                 outln!("{path}: version {} ({files} file{})", version.short(12), if *files == 1 { "" } else { "s" });
         }
-        WatchEvent::AlreadyCommitted { path } => eprintln!("{path}: committed before"),
+        WatchEvent::AlreadyCommitted { path } => eprintln!("{path}: already in HEAD"),
         WatchEvent::Retrying { path } => eprintln!("{path}: changed while being committed; retrying once it settles"),
         WatchEvent::Failed { path, reason } => eprintln!("{path}: not committed: {reason}"),
+        WatchEvent::Skipped { path, reason } => eprintln!("warning: {path}: skipped: {reason}"),
         WatchEvent::Polling { reason } => eprintln!("file-system events unavailable ({reason}); polling"),
     })
     .with_context(|| format!("watching {}", dir.display()))
