@@ -1,5 +1,6 @@
 //! The integration test binary: one module per area.
 
+mod cli_trust;
 mod codec_cli;
 mod git_filter;
 mod git_gc;
