@@ -120,6 +120,47 @@ pub fn parse_lock_timeout(text: &str) -> Result<std::time::Duration> {
     Ok(std::time::Duration::try_from_secs_f64(secs).unwrap_or(std::time::Duration::MAX))
 }
 
+/// A repository-provided string (a file path, a tensor or ref name, a message line: any of which
+/// can come from a remote) made safe to print on one terminal line: control characters (C0,
+/// DEL, C1, including newline, tab and escape) and the Unicode bidirectional overrides, which
+/// can recolour, move the cursor, rewrite the window title or reorder what is shown, are
+/// written as visible escapes (`\x1b`, `\n`, `\u{202e}`), in the spirit of git's
+/// `core.quotePath`; in a string so escaped, a backslash is doubled, so that escapes cannot be
+/// forged. A string with nothing to escape is printed as it is. JSON output escapes them
+/// itself and is left exact.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(s, false)
+}
+
+/// [`printable`] for text shown over several lines (a commit message): newlines and tabs stay.
+pub fn printable_text(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(s, true)
+}
+
+fn escape_controls(s: &str, multiline: bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        (c.is_control() && !(multiline && matches!(c, '\n' | '\t')))
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    let needs = |c: char| unsafe_char(c) || c == '\\';
+    if !s.chars().any(|c| unsafe_char(c)) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' if !multiline => out.push_str("\\n"),
+            '\t' if !multiline => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if needs(c) && (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if needs(c) => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Human-readable byte count (binary units).
 pub fn bytes(n: u64) -> String {
     indicatif::HumanBytes(n).to_string()
@@ -318,4 +359,20 @@ pub fn map_file(path: &Path) -> Result<InputFile> {
     let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
     let map = crate::mmap::map_input(&file).with_context(|| format!("reading {}", path.display()))?;
     Ok(InputFile { map, file, stamp: crate::mmap::FileStamp::of(&meta), path: path.to_path_buf() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_print_as_visible_escapes() {
+        assert_eq!(printable("plain/path.safetensors"), "plain/path.safetensors");
+        assert_eq!(printable("a\\b"), "a\\b", "a backslash alone is kept as is");
+        assert_eq!(printable("\x1b]0;pwned\x07x"), "\\x1b]0;pwned\\x07x");
+        assert_eq!(printable("two\nlines\ttab"), "two\\nlines\\ttab");
+        assert_eq!(printable("\u{9b}31m \u{202e}cod.exe \\x1b"), "\\u{009b}31m \\u{202e}cod.exe \\\\x1b");
+        assert_eq!(printable_text("line 1\n\tline 2\r\x1b[2J"), "line 1\n\tline 2\\r\\x1b[2J");
+        assert_eq!(printable("é ünicode ✓"), "é ünicode ✓");
+    }
 }

@@ -165,5 +165,178 @@ fn huge_lock_timeouts_wait_forever_and_bad_ones_are_refused() {
         assert_eq!(o.status.code(), Some(1), "CKPT_LOCK_TIMEOUT={value:?}: {}", stderr(&o));
         assert!(stderr(&o).contains("CKPT_LOCK_TIMEOUT"), "{}", stderr(&o));
     }
-    let _ = noise(0, 1);
+}
+
+// ---- 2. a file and a path under it ---------------------------------------------------------
+
+/// A commit whose version would hold both `a` and `a/b` (here `a` kept from the parent) is
+/// refused naming both, and nothing is committed.
+#[test]
+fn a_commit_holding_a_file_and_a_path_under_it_is_refused() {
+    let t = TestRepo::init();
+    t.write("a", b"file a");
+    ok(&t, &["commit", "-m", "a", "a"]);
+    std::fs::remove_file(t.path("a")).unwrap();
+    t.write("a/b", b"file under a");
+    let err = refused(&t, &["commit", "-m", "a/b", "a/b"]);
+    assert!(err.contains("\"a\"") && err.contains("a/b") && err.contains("ckpt rm"), "{err}");
+    assert_eq!(ok(&t, &["log", "--oneline"]).lines().count(), 1, "nothing committed");
+    // Once `a` is no longer tracked, the commit goes through and checks out.
+    ok(&t, &["rm", "a"]);
+    ok(&t, &["commit", "-m", "a/b", "a/b"]);
+    let out = t.path("out");
+    ok(&t, &["checkout", "HEAD", "--output", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(out.join("a/b")).unwrap(), b"file under a");
+}
+
+/// A version that holds both (not written by ckpt: crafted, or fetched) fails to check out
+/// with a clear error, and writes nothing, into the tree or an output directory.
+#[test]
+fn checking_out_a_version_holding_a_file_and_a_path_under_it_writes_nothing() {
+    let t = TestRepo::init();
+    t.write("a", b"file a");
+    t.write("x/b", b"file b");
+    ok(&t, &["commit", "-m", "v1", "a", "x/b"]);
+    let repo = t.open();
+    let head = repo.head_version().unwrap().unwrap();
+    let mut v = repo.version(&head).unwrap();
+    v.files[1].path = "a/b".into();
+    v.message = "hostile".into();
+    let w = repo
+        .store()
+        .write_data(ckpt::store::ObjectKind::Version, &v.to_bytes(), &ckpt::codec::Options::default())
+        .unwrap();
+    std::fs::write(t.path(".ckpt/refs/tags/evil"), format!("{}\n", w.id)).unwrap();
+    drop(repo);
+    let err = refused(&t, &["checkout", "evil", "--output", "out"]);
+    assert!(err.contains("\"a\"") && err.contains("a/b"), "{err}");
+    assert!(!t.path("out").exists() || std::fs::read_dir(t.path("out")).unwrap().next().is_none(), "out is empty");
+    std::fs::remove_dir_all(t.path("x")).unwrap();
+    std::fs::remove_file(t.path("a")).unwrap();
+    let err = refused(&t, &["checkout", "evil", "--force"]);
+    assert!(err.contains("a/b"), "{err}");
+    assert!(!t.path("a").exists() && !t.path("x").exists(), "nothing written into the tree");
+}
+
+// ---- 6. symlinked inputs -------------------------------------------------------------------
+
+fn states(t: &TestRepo) -> Vec<(String, String)> {
+    let v: serde_json::Value = serde_json::from_str(&ok(t, &["status", "--json"])).unwrap();
+    v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap().to_string(), f["state"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// A tracked path that is a symbolic link is committed as its target's bytes, and `status`
+/// compares it the same way: clean after the commit, modified once the target changes.
+#[test]
+fn a_symlinked_input_is_clean_after_its_commit_and_modified_when_its_target_changes() {
+    let t = TestRepo::init();
+    std::fs::create_dir(t.path("runs")).unwrap();
+    t.write("runs/epoch1.safetensors", &model(1));
+    std::os::unix::fs::symlink("runs/epoch1.safetensors", t.path("latest.safetensors")).unwrap();
+    ok(&t, &["commit", "-m", "v1", "latest.safetensors"]);
+    assert_eq!(states(&t), vec![("latest.safetensors".to_string(), "unchanged".to_string())]);
+    t.write("runs/epoch1.safetensors", &model(2));
+    assert_eq!(states(&t), vec![("latest.safetensors".to_string(), "modified".to_string())]);
+    // Pointing the link at other bytes is a change too; back at the committed bytes, clean.
+    t.write("runs/epoch2.safetensors", &model(1));
+    std::fs::remove_file(t.path("latest.safetensors")).unwrap();
+    std::os::unix::fs::symlink("runs/epoch2.safetensors", t.path("latest.safetensors")).unwrap();
+    assert_eq!(states(&t), vec![("latest.safetensors".to_string(), "unchanged".to_string())]);
+    // A link that leads nowhere: the file is missing.
+    std::fs::remove_file(t.path("runs/epoch2.safetensors")).unwrap();
+    assert_eq!(states(&t), vec![("latest.safetensors".to_string(), "missing".to_string())]);
+}
+
+// ---- 7. a directory where the target version has a file ----------------------------------
+
+/// `switch` to a branch with a file `a` where the working tree has a directory `a`: the
+/// directory goes when it holds only tracked, unmodified files; with untracked files it is
+/// refused naming them (as git does), and `--force` deletes it (as `git checkout -f` does).
+#[test]
+fn switch_turns_a_directory_into_a_file_like_git() {
+    let t = TestRepo::init();
+    t.write("a", b"file a");
+    ok(&t, &["commit", "-m", "a is a file", "a"]);
+    ok(&t, &["branch", "dir"]);
+    ok(&t, &["switch", "dir"]);
+    ok(&t, &["rm", "a"]);
+    std::fs::remove_file(t.path("a")).unwrap();
+    t.write("a/b", b"file a/b");
+    ok(&t, &["commit", "-m", "a is a directory", "a/b"]);
+    // Only tracked files in it: removed, no --force needed.
+    ok(&t, &["switch", "main"]);
+    assert_eq!(t.read("a"), b"file a");
+    ok(&t, &["switch", "dir"]);
+    assert_eq!(t.read("a/b"), b"file a/b");
+    // An untracked file in it: refused, naming it; nothing changed.
+    t.write("a/notes.txt", b"mine");
+    let err = refused(&t, &["switch", "main"]);
+    assert!(err.contains("notes.txt") && err.contains("--force"), "{err}");
+    assert_eq!(t.read("a/notes.txt"), b"mine");
+    assert_eq!(t.read("a/b"), b"file a/b");
+    assert!(ok(&t, &["status"]).contains("dir"), "still on branch dir");
+    // --force deletes the directory.
+    ok(&t, &["switch", "main", "--force"]);
+    assert_eq!(t.read("a"), b"file a");
+    // And a file (untracked) where a directory is needed goes with --force too.
+    ok(&t, &["rm", "a"]);
+    ok(&t, &["switch", "dir", "--force"]);
+    assert_eq!(t.read("a/b"), b"file a/b");
+}
+
+// ---- 8. checkout --output: all or nothing, no silent overwrite ------------------------------
+
+/// `checkout --output` writes every file or none (a damaged object of the last file leaves
+/// the directory as it was), and does not overwrite files there that hold other bytes unless
+/// `--force`, naming them; files already holding the version's bytes are fine.
+#[test]
+fn checkout_output_is_all_or_nothing_and_does_not_overwrite_changes() {
+    let t = TestRepo::init();
+    t.write("a.safetensors", &model(1));
+    t.write("z.bin", &noise(7, 50_000));
+    ok(&t, &["commit", "-m", "v1", "a.safetensors", "z.bin"]);
+    t.write("a.safetensors", &model(2));
+    ok(&t, &["commit", "-m", "v2", "a.safetensors"]);
+    ok(&t, &["checkout", "HEAD~1", "--output", "out"]);
+    assert_eq!(std::fs::read(t.path("out/a.safetensors")).unwrap(), model(1));
+    // Again: the files hold the version's bytes, nothing to refuse.
+    ok(&t, &["checkout", "HEAD~1", "--output", "out"]);
+    // A changed file of the same length, and one of another length.
+    let mut mine = model(1);
+    let n = mine.len() - 2;
+    mine[n] ^= 0x55;
+    std::fs::write(t.path("out/a.safetensors"), &mine).unwrap();
+    std::fs::write(t.path("out/z.bin"), b"notes").unwrap();
+    let err = refused(&t, &["checkout", "HEAD~1", "--output", "out"]);
+    assert!(err.contains("a.safetensors") && err.contains("z.bin") && err.contains("--force"), "{err}");
+    assert_eq!(std::fs::read(t.path("out/a.safetensors")).unwrap(), mine);
+    assert_eq!(std::fs::read(t.path("out/z.bin")).unwrap(), b"notes");
+    let err = refused(&t, &["checkout", "HEAD~1", "--output", "out", "a.safetensors"]);
+    assert!(err.contains("a.safetensors") && !err.contains("z.bin"), "{err}");
+    ok(&t, &["checkout", "HEAD~1", "--output", "out", "--force"]);
+    assert_eq!(std::fs::read(t.path("out/a.safetensors")).unwrap(), model(1));
+    assert_eq!(std::fs::read(t.path("out/z.bin")).unwrap(), noise(7, 50_000));
+    // A damaged object of z.bin (written after a.safetensors): nothing is written at all.
+    let repo = t.open();
+    let head = repo.head_version().unwrap().unwrap();
+    let v = repo.version(&head).unwrap();
+    let manifest = repo.manifest(&v.file("z.bin").unwrap().manifest).unwrap();
+    for blob in manifest.blobs() {
+        let path = repo.store().object_path(&blob);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let i = bytes.len() - 10;
+        bytes[i] ^= 0xff;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+    }
+    drop(repo);
+    let err = refused(&t, &["checkout", "HEAD", "--output", "fresh"]);
+    assert!(err.contains("z.bin"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(t.path("fresh")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "nothing written: {left:?}");
 }
