@@ -340,3 +340,138 @@ fn checkout_output_is_all_or_nothing_and_does_not_overwrite_changes() {
     let left: Vec<_> = std::fs::read_dir(t.path("fresh")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "nothing written: {left:?}");
 }
+
+// ---- 4. control characters in repository strings -------------------------------------------
+
+/// Messages, file names and tensor names (all of which can come from a remote) print with
+/// control characters escaped in every human-readable output; `--json` keeps them exact.
+#[test]
+fn control_characters_from_the_repository_are_escaped_in_human_output() {
+    let t = TestRepo::init();
+    let evil_name = "evil\x1b[2Jname\u{202e}.bin";
+    let evil_tensor = "w\x1b]0;pwned\x07";
+    t.write(evil_name, b"opaque bytes");
+    t.write("m.safetensors", &safetensors_file(1, &[(evil_tensor, Dtype::F32, &[16])]));
+    let message = "subject \x1b[31mred\x1b[0m\nbody line\twith tab\r\x1b[1Aup";
+    ok(&t, &["commit", "-m", message, evil_name, "m.safetensors"]);
+    t.write("m.safetensors", &safetensors_file(2, &[(evil_tensor, Dtype::F32, &[16])]));
+    t.write(evil_name, b"other bytes!");
+    ok(&t, &["commit", "-m", message, evil_name, "m.safetensors"]);
+    t.write(evil_name, b"changed again");
+    let outputs = [
+        ok(&t, &["log"]),
+        ok(&t, &["log", "--oneline"]),
+        ok(&t, &["show"]),
+        ok(&t, &["status"]),
+        ok(&t, &["diff", "HEAD~1", "HEAD"]),
+    ];
+    for out in &outputs {
+        for bad in ['\x1b', '\x07', '\r', '\u{202e}'] {
+            assert!(!out.contains(bad), "{bad:?} printed raw in:\n{out}");
+        }
+    }
+    assert!(outputs[0].contains("subject \\x1b[31mred") && outputs[0].contains("body line\twith tab"), "{}", outputs[0]);
+    assert!(outputs[2].contains("w\\x1b]0;pwned\\x07"), "{}", outputs[2]);
+    assert!(outputs[3].contains("evil\\x1b[2Jname\\u{202e}.bin"), "{}", outputs[3]);
+    // An error naming such a path too.
+    std::fs::remove_file(t.path(evil_name)).unwrap();
+    let err = refused(&t, &["commit", "-m", "x", evil_name]);
+    assert!(!err.contains('\x1b') && err.contains("\\x1b"), "{err}");
+    // JSON stays exact.
+    let log: serde_json::Value = serde_json::from_str(&ok(&t, &["log", "--json"])).unwrap();
+    assert_eq!(log[0]["message"], message);
+    assert!(log[0]["files"].as_array().unwrap().iter().any(|f| f == evil_name));
+}
+
+// ---- 5. diff lists non-tensor changes -------------------------------------------------------
+
+/// `diff` lists every file whose bytes differ, with sizes: opaque files, and safetensors
+/// files whose tensors are equal but whose header differs, as well as added and removed files.
+#[test]
+fn diff_lists_changed_files_that_are_not_tensors() {
+    let t = TestRepo::init();
+    t.write("config.json", b"{\"lr\": 0.1}");
+    t.write("m.safetensors", &model(1));
+    t.write("gone.bin", &noise(1, 100));
+    ok(&t, &["commit", "-m", "v1", "config.json", "m.safetensors", "gone.bin"]);
+    t.write("config.json", b"{\"lr\": 0.05, \"wd\": 1}");
+    // Same tensors, other metadata in the header.
+    let st = model(1);
+    let header_len = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&st[8..8 + header_len]).unwrap();
+    let new_header = header.replacen('{', "{\"__metadata__\":{\"step\":\"2\"},", 1);
+    let mut st2 = (new_header.len() as u64).to_le_bytes().to_vec();
+    st2.extend_from_slice(new_header.as_bytes());
+    st2.extend_from_slice(&st[8 + header_len..]);
+    t.write("m.safetensors", &st2);
+    t.write("new.bin", &noise(2, 300));
+    ok(&t, &["rm", "gone.bin"]);
+    ok(&t, &["commit", "-m", "v2", "config.json", "m.safetensors", "new.bin"]);
+    let out = ok(&t, &["diff", "HEAD~1", "HEAD"]);
+    assert!(out.contains("file changed  config.json (11 B -> 21 B)"), "{out}");
+    assert!(out.contains("file changed  m.safetensors") && out.contains("no tensor changed"), "{out}");
+    assert!(out.contains("file added    new.bin (300 B)"), "{out}");
+    assert!(out.contains("file removed  gone.bin (100 B)"), "{out}");
+    assert!(out.contains("files: 2 changed, 1 added, 1 removed"), "{out}");
+}
+
+// ---- 9. deleting and moving branches and tags -----------------------------------------------
+
+/// `branch -d/-D/-m`, `tag -d/-f`; a branch and a tag never share a name; an ambiguous name
+/// (from an older repository) says so.
+#[test]
+fn branches_and_tags_can_be_deleted_and_moved_and_never_shadow_each_other() {
+    let t = TestRepo::init();
+    t.write("m.safetensors", &model(1));
+    ok(&t, &["commit", "-m", "v1", "m.safetensors"]);
+    ok(&t, &["branch", "side"]);
+    ok(&t, &["switch", "side"]);
+    t.write("m.safetensors", &model(2));
+    ok(&t, &["commit", "-m", "v2 on side", "m.safetensors"]);
+    ok(&t, &["switch", "main"]);
+    // Deleting the current branch is refused; an unmerged one needs -D.
+    let err = refused(&t, &["branch", "-d", "main"]);
+    assert!(err.contains("HEAD is on it"), "{err}");
+    let err = refused(&t, &["branch", "-d", "side"]);
+    assert!(err.contains("-D") && err.contains("gc"), "{err}");
+    ok(&t, &["tag", "keep", "side"]);
+    ok(&t, &["branch", "-m", "side", "feature"]);
+    assert!(refused(&t, &["log", "side"]).contains("side"));
+    assert!(ok(&t, &["log", "feature"]).contains("v2 on side"));
+    // Reachable from the tag now: -d deletes it and says where it was.
+    let out = ok(&t, &["branch", "-d", "feature"]);
+    assert!(out.contains("deleted branch feature (was "), "{out}");
+    let branches: serde_json::Value = serde_json::from_str(&ok(&t, &["branch", "--json"])).unwrap();
+    assert_eq!(branches.as_array().unwrap().len(), 1);
+    assert_eq!(branches[0]["name"], "main");
+    assert_eq!(branches[0]["current"], true);
+    // Renaming the current branch moves HEAD along.
+    ok(&t, &["branch", "-m", "main", "trunk"]);
+    assert!(ok(&t, &["status"]).contains("On branch trunk"));
+    // tag -f moves, tag -d deletes.
+    let out = ok(&t, &["tag", "-f", "keep", "HEAD"]);
+    assert!(out.contains("(was "), "{out}");
+    assert!(refused(&t, &["tag", "keep"]).contains("already exists"));
+    let tags: serde_json::Value = serde_json::from_str(&ok(&t, &["tag", "--json"])).unwrap();
+    assert_eq!(tags[0]["name"], "keep");
+    ok(&t, &["tag", "-d", "keep"]);
+    assert!(refused(&t, &["tag", "-d", "keep"]).contains("no such tag"));
+    // No namesakes.
+    ok(&t, &["tag", "v1"]);
+    assert!(refused(&t, &["branch", "v1"]).contains("a tag has this name"));
+    assert!(refused(&t, &["branch", "-m", "trunk", "v1"]).contains("a tag has this name"));
+    assert!(refused(&t, &["tag", "trunk"]).contains("a branch has this name"));
+    assert!(refused(&t, &["tag", "-f", "trunk"]).contains("a branch has this name"));
+    // A namesake made by an older ckpt (or by hand): ambiguous, unless spelled out.
+    ok(&t, &["branch", "old", "HEAD"]);
+    t.write("m.safetensors", &model(3));
+    ok(&t, &["commit", "-m", "v3", "m.safetensors"]);
+    let tip = ok(&t, &["log", "-n", "1", "--oneline"]);
+    let head_id = tip.split_whitespace().next().unwrap();
+    let full = t.open().resolve(head_id).unwrap();
+    std::fs::write(t.path(".ckpt/refs/tags/old"), format!("{full}\n")).unwrap();
+    let err = refused(&t, &["log", "old"]);
+    assert!(err.contains("ambiguous") && err.contains("refs/tags/old"), "{err}");
+    assert!(ok(&t, &["log", "refs/tags/old"]).contains("v3"));
+    assert!(!ok(&t, &["log", "refs/heads/old"]).contains("v3"));
+}
