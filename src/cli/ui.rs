@@ -143,7 +143,7 @@ fn escape_controls(s: &str, multiline: bool) -> std::borrow::Cow<'_, str> {
             || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
     };
     let needs = |c: char| unsafe_char(c) || c == '\\';
-    if !s.chars().any(|c| unsafe_char(c)) {
+    if !s.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
@@ -315,7 +315,8 @@ fn write_into<T>(
     };
     // With the probe holding the pipe open as a writer and a reader present, this open does not
     // wait; it is a plain blocking descriptor for the writes.
-    let file = std::fs::File::options().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file =
+        std::fs::File::options().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, &file);
     let value = write(&mut w)?;
     std::io::Write::flush(&mut w).with_context(|| format!("writing {}", path.display()))?;

@@ -179,9 +179,13 @@ fn move_into_place(tmp: tempfile::TempPath, dest: &Path) -> Result<()> {
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
         .tempfile_in(dir)
         .map_err(|source| Error::Io { action: "creating a file in", path: dir.to_path_buf(), source })?;
-    let mut from = std::fs::File::open(&tmp).map_err(|source| Error::Io { action: "reading", path: tmp.to_path_buf(), source })?;
-    std::io::copy(&mut from, &mut copy.as_file())
-        .map_err(|source| Error::Io { action: "writing", path: copy.path().to_path_buf(), source })?;
+    let mut from =
+        std::fs::File::open(&tmp).map_err(|source| Error::Io { action: "reading", path: tmp.to_path_buf(), source })?;
+    std::io::copy(&mut from, &mut copy.as_file()).map_err(|source| Error::Io {
+        action: "writing",
+        path: copy.path().to_path_buf(),
+        source,
+    })?;
     copy.persist(dest).map_err(|e| rename_err(e.error))?;
     Ok(())
 }
@@ -213,7 +217,8 @@ fn remove_empty_dirs(dir: &Path) -> std::io::Result<()> {
 /// The files (anything but directories) under `dir`, as repository paths relative to `root`,
 /// without following symbolic links.
 fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|source| Error::Io { action: "listing", path: dir.to_path_buf(), source })?;
+    let entries =
+        std::fs::read_dir(dir).map_err(|source| Error::Io { action: "listing", path: dir.to_path_buf(), source })?;
     for entry in entries {
         let entry = entry.map_err(|source| Error::Io { action: "listing", path: dir.to_path_buf(), source })?;
         let path = entry.path();
@@ -594,10 +599,7 @@ impl Repo {
                             break;
                         }
                         _ => {
-                            return Err(Error::NotADirectory {
-                                path: at,
-                                creating: rp_parent(&self.root, &entry.path),
-                            })
+                            return Err(Error::NotADirectory { path: at, creating: rp_parent(&self.root, &entry.path) })
                         }
                     }
                 }

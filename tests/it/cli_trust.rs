@@ -370,7 +370,11 @@ fn control_characters_from_the_repository_are_escaped_in_human_output() {
             assert!(!out.contains(bad), "{bad:?} printed raw in:\n{out}");
         }
     }
-    assert!(outputs[0].contains("subject \\x1b[31mred") && outputs[0].contains("body line\twith tab"), "{}", outputs[0]);
+    assert!(
+        outputs[0].contains("subject \\x1b[31mred") && outputs[0].contains("body line\twith tab"),
+        "{}",
+        outputs[0]
+    );
     assert!(outputs[2].contains("w\\x1b]0;pwned\\x07"), "{}", outputs[2]);
     assert!(outputs[3].contains("evil\\x1b[2Jname\\u{202e}.bin"), "{}", outputs[3]);
     // An error naming such a path too.
