@@ -230,7 +230,7 @@ impl RefKind {
     }
 }
 
-/// What [`Repo::delete_branch`] and [`Repo::delete_tag`] deleted.
+/// What [`super::Repo::delete_branch`] and [`super::Repo::delete_tag`] deleted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeletedRef {
     /// The version the ref pointed at (`ckpt branch NAME ID` restores it, until `gc`).
