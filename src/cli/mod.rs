@@ -145,7 +145,8 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if ui::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_message(&e));
+            // Paths, names and messages in an error can come from a remote's versions.
+            eprintln!("error: {}", ui::printable_text(&error_message(&e)));
             ExitCode::from(1)
         }
     }

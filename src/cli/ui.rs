@@ -85,20 +85,80 @@ impl crate::repo::Progress for BarProgress {
 }
 
 /// Opens the repository containing `dir`, with progress bars and the writer-lock timeout from
-/// `CKPT_LOCK_TIMEOUT` (seconds; default 60).
+/// `CKPT_LOCK_TIMEOUT` ([`lock_timeout_from_env`]).
 pub fn open_repo(ui: &Ui, dir: &Path) -> Result<crate::repo::Repo> {
     let mut repo = crate::repo::Repo::discover(dir)?;
     repo.set_progress(std::sync::Arc::new(BarProgress::new(ui)));
-    if let Ok(text) = std::env::var("CKPT_LOCK_TIMEOUT") {
-        let secs: f64 = text
-            .trim()
-            .parse()
-            .ok()
-            .filter(|s: &f64| s.is_finite() && *s >= 0.0)
-            .with_context(|| format!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds"))?;
-        repo.set_lock_timeout(std::time::Duration::from_secs_f64(secs));
+    if let Some(timeout) = lock_timeout_from_env()? {
+        repo.set_lock_timeout(timeout);
     }
     Ok(repo)
+}
+
+/// The writer-lock timeout `CKPT_LOCK_TIMEOUT` asks for (`None` when unset; the library's
+/// default is 60 s): see [`parse_lock_timeout`].
+pub fn lock_timeout_from_env() -> Result<Option<std::time::Duration>> {
+    match std::env::var("CKPT_LOCK_TIMEOUT") {
+        Ok(text) => parse_lock_timeout(&text).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(text)) => {
+            anyhow::bail!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds")
+        }
+    }
+}
+
+/// Parses a lock timeout in seconds (`0`, `2.5`, `1e3`). Negative numbers and NaN are refused;
+/// a value too large for a [`std::time::Duration`] (`1e20`, `inf`) means "wait forever", as
+/// nobody can tell such a wait from an endless one (it used to panic in `from_secs_f64`).
+pub fn parse_lock_timeout(text: &str) -> Result<std::time::Duration> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| !s.is_nan() && *s >= 0.0)
+        .with_context(|| format!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds, 0 or more"))?;
+    Ok(std::time::Duration::try_from_secs_f64(secs).unwrap_or(std::time::Duration::MAX))
+}
+
+/// A repository-provided string (a file path, a tensor or ref name, a message line: any of which
+/// can come from a remote) made safe to print on one terminal line: control characters (C0,
+/// DEL, C1, including newline, tab and escape) and the Unicode bidirectional overrides, which
+/// can recolour, move the cursor, rewrite the window title or reorder what is shown, are
+/// written as visible escapes (`\x1b`, `\n`, `\u{202e}`), in the spirit of git's
+/// `core.quotePath`; in a string so escaped, a backslash is doubled, so that escapes cannot be
+/// forged. A string with nothing to escape is printed as it is. JSON output escapes them
+/// itself and is left exact.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(s, false)
+}
+
+/// [`printable`] for text shown over several lines (a commit message): newlines and tabs stay.
+pub fn printable_text(s: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(s, true)
+}
+
+fn escape_controls(s: &str, multiline: bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        (c.is_control() && !(multiline && matches!(c, '\n' | '\t')))
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    let needs = |c: char| unsafe_char(c) || c == '\\';
+    if !s.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' if !multiline => out.push_str("\\n"),
+            '\t' if !multiline => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if needs(c) && (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if needs(c) => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Human-readable byte count (binary units).
@@ -137,20 +197,58 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Writes an output file atomically: `write` fills a temporary file next to `path`, which is
-/// renamed over `path` only when `write` succeeds. On failure nothing is left behind.
+/// Writes an output file: `write` fills it, and what `path` names decides how (the rules of
+/// `gzip`, `zstd -o` and `cp`, with atomic replacement where a file is replaced):
+///
+/// - nothing, or a regular file: a temporary file next to it is filled and renamed over it only
+///   when `write` succeeds (an existing file's permissions are kept). On failure nothing is
+///   left behind.
+/// - a symbolic link: the same, applied to the file the link leads to (a dangling link's target
+///   is created); the link itself stays. Renaming over the link would replace it by a file.
+/// - a character device or a named pipe (`/dev/null`, `/dev/stdout`, `mkfifo`): the bytes are
+///   streamed into it, as `zstd -o /dev/null` does. It cannot be replaced (as root, renaming
+///   over `/dev/null` replaced the device with a file), and a failure cannot be undone there. A
+///   named pipe with no reader is refused at once rather than waited on.
+/// - a directory, a block device or a socket: refused, naming it.
 pub fn write_atomically<T>(
     path: &Path,
     write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> Result<T>,
 ) -> Result<T> {
-    let dir = match path.parent() {
+    use std::os::unix::fs::FileTypeExt;
+    let target = output_target(path)?;
+    let existing = match std::fs::metadata(&target) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let kind = existing.as_ref().map(|m| m.file_type());
+    match kind {
+        None => {}
+        Some(t) if t.is_file() => {}
+        Some(t) if t.is_char_device() || t.is_fifo() => return write_into(path, t.is_fifo(), write),
+        Some(t) => {
+            let what = if t.is_dir() {
+                "a directory"
+            } else if t.is_block_device() {
+                "a block device"
+            } else if t.is_socket() {
+                "a socket"
+            } else {
+                "not a regular file"
+            };
+            anyhow::bail!("{}: is {what}; not writing there (name a file)", path.display());
+        }
+    }
+    let dir = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    // Mode 0666 minus the umask, like any created file (tempfile's default is 0600).
+    // Mode 0666 minus the umask, like any created file (tempfile's default is 0600); an existing
+    // file's mode is kept.
+    let mode = existing.as_ref().map_or(0o666, |m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777);
     let tmp = tempfile::Builder::new()
         .prefix(".ckpt-tmp-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     let value = {
@@ -159,7 +257,69 @@ pub fn write_atomically<T>(
         std::io::Write::flush(&mut w).with_context(|| format!("writing {}", path.display()))?;
         value
     };
-    tmp.persist(path).with_context(|| format!("renaming the temporary file to {}", path.display()))?;
+    tmp.persist(&target).with_context(|| format!("renaming the temporary file to {}", target.display()))?;
+    Ok(value)
+}
+
+/// The path an output named `path` really goes to: `path` itself unless it is a symbolic link,
+/// else the file at the end of the chain of links (which need not exist). Links the kernel
+/// resolves by itself (`/dev/stdout`, `/proc/self/fd/N`, whose targets such as `pipe:[123]` are
+/// no paths) are left to it: they lead to a pipe or device, which is opened through `path`.
+fn output_target(path: &Path) -> Result<std::path::PathBuf> {
+    let mut current = path.to_path_buf();
+    for _ in 0..40 {
+        let meta = match std::fs::symlink_metadata(&current) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(current),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", current.display())),
+        };
+        if !meta.file_type().is_symlink() {
+            return Ok(current);
+        }
+        // An existing target: the kernel's resolution (also right for /proc's magic links).
+        match std::fs::metadata(&current) {
+            Ok(m) if m.is_file() => {
+                return std::fs::canonicalize(&current).with_context(|| format!("resolving {}", current.display()))
+            }
+            Ok(_) => return Ok(current),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", current.display())),
+        }
+        let link = std::fs::read_link(&current).with_context(|| format!("reading the link {}", current.display()))?;
+        current = match current.parent() {
+            Some(parent) if link.is_relative() => parent.join(link),
+            _ => link,
+        };
+    }
+    anyhow::bail!("{}: too many levels of symbolic links", path.display())
+}
+
+/// Streams the output into the character device or named pipe at `path`. A pipe is first opened
+/// without blocking: with no reader that fails at once (`ENXIO`) instead of waiting forever.
+fn write_into<T>(
+    path: &Path,
+    fifo: bool,
+    write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> Result<T>,
+) -> Result<T> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _probe = if fifo {
+        match std::fs::File::options().write(true).custom_flags(libc::O_NONBLOCK).open(path) {
+            Ok(f) => Some(f),
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                anyhow::bail!("{}: is a named pipe that no process is reading; nothing was written", path.display())
+            }
+            Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+        }
+    } else {
+        None
+    };
+    // With the probe holding the pipe open as a writer and a reader present, this open does not
+    // wait; it is a plain blocking descriptor for the writes.
+    let file =
+        std::fs::File::options().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, &file);
+    let value = write(&mut w)?;
+    std::io::Write::flush(&mut w).with_context(|| format!("writing {}", path.display()))?;
     Ok(value)
 }
 
@@ -200,4 +360,20 @@ pub fn map_file(path: &Path) -> Result<InputFile> {
     let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
     let map = crate::mmap::map_input(&file).with_context(|| format!("reading {}", path.display()))?;
     Ok(InputFile { map, file, stamp: crate::mmap::FileStamp::of(&meta), path: path.to_path_buf() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_print_as_visible_escapes() {
+        assert_eq!(printable("plain/path.safetensors"), "plain/path.safetensors");
+        assert_eq!(printable("a\\b"), "a\\b", "a backslash alone is kept as is");
+        assert_eq!(printable("\x1b]0;pwned\x07x"), "\\x1b]0;pwned\\x07x");
+        assert_eq!(printable("two\nlines\ttab"), "two\\nlines\\ttab");
+        assert_eq!(printable("\u{9b}31m \u{202e}cod.exe \\x1b"), "\\u{009b}31m \\u{202e}cod.exe \\\\x1b");
+        assert_eq!(printable_text("line 1\n\tline 2\r\x1b[2J"), "line 1\n\tline 2\\r\\x1b[2J");
+        assert_eq!(printable("é ünicode ✓"), "é ünicode ✓");
+    }
 }

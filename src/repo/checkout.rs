@@ -95,6 +95,144 @@ fn rp_parent(root: &Path, path: &str) -> PathBuf {
     p
 }
 
+/// What a checkout into the working tree deletes before renaming its files into place.
+#[derive(Debug, Default)]
+pub(super) struct Cleared {
+    /// Files to delete (with the directories this empties).
+    pub files: Vec<RepoPath>,
+    /// Directories standing where a file is to be written.
+    pub dirs: Vec<PathBuf>,
+    /// Whether `dirs` go with whatever they hold (`--force`), or only once emptied by `files`.
+    pub force: bool,
+}
+
+/// Refuses a path under `out_dir` that goes through a symbolic link to a directory: writing
+/// through it could lead anywhere.
+fn check_no_symlinked_dirs(out_dir: &Path, rp: &RepoPath) -> Result<()> {
+    let parts: Vec<&str> = rp.as_str().split('/').collect();
+    let mut at = out_dir.to_path_buf();
+    for part in &parts[..parts.len() - 1] {
+        at.push(part);
+        if at.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(Error::InvalidPath { path: at, reason: "is a symbolic link; not writing through it".into() });
+        }
+    }
+    Ok(())
+}
+
+/// Fails naming the files of `out_dir` a checkout would overwrite with other content.
+fn refuse_overwriting(out_dir: &Path, mut differing: Vec<String>) -> Result<()> {
+    if differing.is_empty() {
+        return Ok(());
+    }
+    differing.sort();
+    Err(Error::InvalidPath {
+        path: out_dir.to_path_buf(),
+        reason: format!(
+            "already holds {} with other content than the version's: {}; nothing was written \
+             (pass --force to overwrite, or choose another --output directory)",
+            if differing.len() == 1 { "a file" } else { "files" },
+            differing.join(", ")
+        ),
+    })
+}
+
+/// Whether the files at `a` and `b` hold the same bytes.
+fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
+    use std::io::Read;
+    let open = |p: &Path| {
+        crate::mmap::open_regular(p).map_err(|source| Error::Io { action: "reading", path: p.to_path_buf(), source })
+    };
+    let (fa, fb) = (open(a)?, open(b)?);
+    let len = |f: &std::fs::File, p: &Path| {
+        f.metadata().map(|m| m.len()).map_err(|source| Error::Io { action: "reading", path: p.to_path_buf(), source })
+    };
+    if len(&fa, a)? != len(&fb, b)? {
+        return Ok(false);
+    }
+    let (mut ra, mut rb) = (std::io::BufReader::new(fa), std::io::BufReader::new(fb));
+    let (mut ba, mut bb) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+    loop {
+        let n = ra.read(&mut ba).map_err(|source| Error::Io { action: "reading", path: a.to_path_buf(), source })?;
+        if n == 0 {
+            return Ok(true);
+        }
+        rb.read_exact(&mut bb[..n]).map_err(|source| Error::Io { action: "reading", path: b.to_path_buf(), source })?;
+        if ba[..n] != bb[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+/// Renames a staged file to `dest`; across file systems (a mount point inside the target), by
+/// a copy into a temporary file next to `dest` renamed in turn.
+fn move_into_place(tmp: tempfile::TempPath, dest: &Path) -> Result<()> {
+    let rename_err = |source| Error::Io { action: "renaming to", path: dest.to_path_buf(), source };
+    let tmp = match tmp.persist(dest) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.error.raw_os_error() == Some(libc::EXDEV) => e.path,
+        Err(e) => return Err(rename_err(e.error)),
+    };
+    let dir = dest.parent().expect("a file path under a directory");
+    let copy = tempfile::Builder::new()
+        .prefix(".ckpt-tmp-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|source| Error::Io { action: "creating a file in", path: dir.to_path_buf(), source })?;
+    let mut from =
+        std::fs::File::open(&tmp).map_err(|source| Error::Io { action: "reading", path: tmp.to_path_buf(), source })?;
+    std::io::copy(&mut from, &mut copy.as_file()).map_err(|source| Error::Io {
+        action: "writing",
+        path: copy.path().to_path_buf(),
+        source,
+    })?;
+    copy.persist(dest).map_err(|e| rename_err(e.error))?;
+    Ok(())
+}
+
+/// Deletes a directory standing where a file is to be written: with `force`, whatever it holds
+/// (as `git checkout --force` does); otherwise only the empty directories left once the
+/// tracked files in it were removed (anything else makes this fail, naming it).
+fn remove_directory(dir: &Path, force: bool) -> Result<()> {
+    let result = if force { std::fs::remove_dir_all(dir) } else { remove_empty_dirs(dir) };
+    match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::Io { action: "removing the directory", path: dir.to_path_buf(), source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Removes `dir` and the directories under it, all of which must be empty of anything else.
+fn remove_empty_dirs(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            remove_empty_dirs(&entry.path())?;
+        }
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// The files (anything but directories) under `dir`, as repository paths relative to `root`,
+/// without following symbolic links.
+fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|source| Error::Io { action: "listing", path: dir.to_path_buf(), source })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| Error::Io { action: "listing", path: dir.to_path_buf(), source })?;
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir {
+            files_under(root, &path, out)?;
+        } else {
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            out.push(rel.to_string_lossy().into_owned());
+        }
+    }
+    Ok(())
+}
+
 /// Iterative glob matching with backtracking to the last `*` (linear in practice).
 fn glob(p: &[char], n: &[char]) -> bool {
     let (mut pi, mut ni) = (0, 0);
@@ -227,11 +365,19 @@ impl Repo {
             })?;
             // An output directory above the root must not reach `.ckpt` through a stored path
             // such as `repo/.ckpt/HEAD` (out_dir is canonical; symlinked directories below it
-            // are refused when the file is written).
+            // are refused below).
             if rp.under(&out_dir).starts_with(&self.dir) {
                 return Err(Error::OutputInRepository { path: rp.under(&out_dir), ckpt_dir: self.dir.clone() });
             }
             planned.push((entry, rp));
+        }
+        // A file `a` and a file `a/b` cannot both be written: a version holding both was not
+        // written by ckpt (commit refuses it), and is refused before anything is written.
+        if let Some((file, under)) = super::path::prefix_conflict(planned.iter().map(|(e, _)| e.path.as_str())) {
+            return Err(Error::CorruptMetadata {
+                id: *id,
+                reason: format!("it holds both the file {file:?} and {under:?} under it; no tree can hold both"),
+            });
         }
         if in_tree && !target.force {
             if let Some(f) = filter {
@@ -241,33 +387,135 @@ impl Repo {
                 });
             }
         }
-        let to_remove = if in_tree {
+        // Never write through a symlinked directory (it could lead anywhere): refused before
+        // anything is written.
+        for (_, rp) in &planned {
+            check_no_symlinked_dirs(&out_dir, rp)?;
+        }
+        let cleared = if in_tree {
             let entries: Vec<&FileEntry> = planned.iter().map(|(e, _)| *e).collect();
             self.protect_working_tree(&entries, target.switching, target.force)?
         } else {
-            Vec::new()
+            if !target.force {
+                let differing = self.differing_outputs(&out_dir, &planned, filter.is_some(), None)?;
+                refuse_overwriting(&out_dir, differing)?;
+            }
+            Cleared::default()
         };
-        for rp in &to_remove {
-            self.remove_working_file(rp)?;
-        }
+        // Every file is written and verified in a staging directory first, and renamed into
+        // place only once all are: a damaged object or a full disk leaves the target as it was.
+        let staging_parent = if in_tree { self.dir.join("tmp") } else { out_dir.clone() };
+        let staging = tempfile::Builder::new()
+            .prefix(".ckpt-checkout-")
+            .tempdir_in(&staging_parent)
+            .map_err(|source| Error::Io { action: "creating a directory in", path: staging_parent.clone(), source })?;
         let total = planned.iter().map(|(f, _)| f.len).sum();
         self.progress.start("checkout", total);
-        let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
+        let mut staged = Vec::with_capacity(planned.len());
+        let mut bytes = 0u64;
         for (entry, rp) in planned {
             let written = self
-                .checkout_file(entry, &rp, &out_dir, filter, summary.bytes)
+                .stage_file(entry, staging.path(), filter, bytes)
                 .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
-            if let Some(n) = written {
-                summary.bytes += n;
-                summary.files.push(entry.path.clone());
-                if in_tree && filter.is_none() {
-                    self.record_stat(&rp, entry);
-                }
+            if let Some((tmp, n)) = written {
+                bytes += n;
+                staged.push((entry, rp, tmp, n));
             }
         }
         self.progress.finish();
+        if !in_tree && !target.force && filter.is_some() {
+            // Subsets of tensors could not be compared before they were written.
+            let differing = self.differing_outputs(
+                &out_dir,
+                &staged.iter().map(|(e, rp, _, _)| (*e, rp.clone())).collect::<Vec<_>>(),
+                filter.is_some(),
+                Some(&staged.iter().map(|(_, _, t, _)| t.to_path_buf()).collect::<Vec<_>>()),
+            )?;
+            refuse_overwriting(&out_dir, differing)?;
+        }
+        for rp in &cleared.files {
+            self.remove_working_file(rp)?;
+        }
+        for dir in &cleared.dirs {
+            remove_directory(dir, cleared.force)?;
+        }
+        let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
+        for (entry, rp, tmp, len) in staged {
+            let dest = rp.under(&out_dir);
+            let dir = dest.parent().expect("a file path under a directory");
+            super::path::create_dirs(dir)?;
+            if std::fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
+                return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
+            }
+            move_into_place(tmp, &dest)?;
+            summary.bytes += len;
+            summary.files.push(entry.path.clone());
+            if in_tree && filter.is_none() {
+                self.record_stat(&rp, entry);
+            }
+        }
         self.flush_index();
         Ok(summary)
+    }
+
+    /// Of the files planned for `out_dir`, those a checkout would change: any non-regular
+    /// file, and a file whose content differs: for whole files, by length and file hash before
+    /// anything is written; with a tensor `filter` (whose bytes are known only once written),
+    /// byte for byte with `staged` (the staged copies, in the same order).
+    fn differing_outputs(
+        &self,
+        out_dir: &Path,
+        planned: &[(&FileEntry, RepoPath)],
+        filtered: bool,
+        staged: Option<&[PathBuf]>,
+    ) -> Result<Vec<String>> {
+        let mut differing = Vec::new();
+        for (i, (entry, rp)) in planned.iter().enumerate() {
+            let dest = rp.under(out_dir);
+            let meta = match std::fs::symlink_metadata(&dest) {
+                Ok(m) => m,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
+                    continue
+                }
+                Err(source) => return Err(Error::Io { action: "reading", path: dest, source }),
+            };
+            if meta.is_dir() {
+                return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
+            }
+            let differs = match staged {
+                _ if !meta.is_file() => true,
+                // A whole file: its length, then the file hash a commit of it would record.
+                None if !filtered => meta.len() != entry.len || super::status::hash_file(&dest)? != entry.hash,
+                None => false,
+                Some(staged) => !same_bytes(&dest, &staged[i])?,
+            };
+            if differs {
+                differing.push(entry.path.clone());
+            }
+        }
+        Ok(differing)
+    }
+
+    /// Writes one file (to `out_dir`, through a temporary file renamed into place once
+    /// verified); `None` if the filter selects nothing in it.
+    pub(super) fn checkout_file(
+        &self,
+        entry: &FileEntry,
+        rp: &RepoPath,
+        out_dir: &Path,
+        filter: Option<&TensorFilter>,
+        progress_base: u64,
+    ) -> Result<Option<u64>> {
+        check_no_symlinked_dirs(out_dir, rp)?;
+        let dest = rp.under(out_dir);
+        let dir = dest.parent().expect("a file path under a directory");
+        super::path::create_dirs(dir)?;
+        if dest.is_dir() {
+            return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
+        }
+        let Some((tmp, written)) = self.stage_file(entry, dir, filter, progress_base)? else { return Ok(None) };
+        tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
+        Ok(Some(written))
     }
 
     /// Checks, before a checkout into the working tree writes anything, that it destroys no
@@ -277,24 +525,28 @@ impl Repo {
     /// target lacks are to be removed, and may be when unmodified (files `rm`-ed since the last
     /// commit are left alone: they are the user's now). Returns those files to remove. With
     /// `force`, every conflict is overwritten or removed instead of refused.
-    fn protect_working_tree(&self, targets: &[&FileEntry], switching: bool, force: bool) -> Result<Vec<RepoPath>> {
+    fn protect_working_tree(&self, targets: &[&FileEntry], switching: bool, force: bool) -> Result<Cleared> {
         let current = match self.refs.head_version()? {
             Some(head) => Some(self.version(&head)?),
             None => None,
         };
         let committed = |path: &str| current.as_ref().and_then(|v| v.file(path));
         let (mut modified, mut untracked) = (Vec::new(), Vec::new());
+        let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+        // Directories standing where a file is to be written.
+        let mut dirs = Vec::new();
         for entry in targets {
             let rp = self.stored_path(entry)?;
+            if is_dir(&rp.under(&self.root)) {
+                dirs.push(rp.under(&self.root));
+                continue;
+            }
             let mut candidates = vec![(entry.len, entry.hash)];
             candidates.extend(committed(&entry.path).map(|c| (c.len, c.hash)));
             // With force the content does not matter (nothing is refused): not hashed.
             let seen = if force { self.observe_kind(&rp) } else { self.observe(&rp, &candidates)? };
             match seen {
                 Observed::Missing | Observed::Matches(_) => {}
-                Observed::NotAFile if rp.under(&self.root).is_dir() => {
-                    return Err(Error::InvalidPath { path: rp.under(&self.root), reason: "is a directory".into() })
-                }
                 Observed::NotAFile | Observed::Differs => match committed(&entry.path) {
                     Some(_) => modified.push(entry.path.clone()),
                     None => untracked.push(entry.path.clone()),
@@ -314,7 +566,7 @@ impl Repo {
                     Observed::Missing => {}
                     Observed::Matches(_) => to_remove.push(rp),
                     // A directory now stands where the file was: not the file, not removed.
-                    Observed::NotAFile if rp.under(&self.root).is_dir() => {}
+                    Observed::NotAFile if is_dir(&rp.under(&self.root)) => {}
                     Observed::NotAFile | Observed::Differs => {
                         modified.push(old.path.clone());
                         to_remove.push(rp);
@@ -323,8 +575,8 @@ impl Repo {
             }
         }
         // A file standing where a directory is needed (a checked-out path under it) must
-        // be on its way out, or the writes would fail half-way; a symbolic link there is
-        // refused (checkout never writes through one).
+        // be on its way out (or, with force, goes), or the renames would fail half-way; a
+        // symbolic link there is refused (checkout never writes through one).
         for entry in targets {
             let mut at = self.root.clone();
             let parts: Vec<&str> = entry.path.split('/').collect();
@@ -338,9 +590,18 @@ impl Repo {
                         reason: "is a symbolic link; not writing through it".into(),
                     });
                 }
-                let removed = to_remove.iter().any(|r| r.as_str() == parts[..=i].join("/"));
+                let prefix = parts[..=i].join("/");
+                let removed = to_remove.iter().any(|r| r.as_str() == prefix);
                 if !meta.is_dir() && !removed {
-                    return Err(Error::NotADirectory { path: at, creating: rp_parent(&self.root, &entry.path) });
+                    match RepoPath::parse(&prefix) {
+                        Ok(rp) if force => {
+                            to_remove.push(rp);
+                            break;
+                        }
+                        _ => {
+                            return Err(Error::NotADirectory { path: at, creating: rp_parent(&self.root, &entry.path) })
+                        }
+                    }
                 }
             }
         }
@@ -350,7 +611,27 @@ impl Repo {
             untracked.sort();
             return Err(Error::DirtyWorkingTree { paths: modified, untracked });
         }
-        Ok(to_remove)
+        // A directory in the way goes when the files removed above were all it held (as with
+        // git, which also refuses when it holds untracked files), or with force whatever it holds.
+        if !force {
+            for dir in &dirs {
+                let mut inside = Vec::new();
+                files_under(&self.root, dir, &mut inside)?;
+                inside.retain(|f| !to_remove.iter().any(|r| r.as_str() == f));
+                if !inside.is_empty() {
+                    inside.sort();
+                    return Err(Error::InvalidPath {
+                        path: dir.clone(),
+                        reason: format!(
+                            "is a directory where the version has a file, and holds files that would be lost: {}; \
+                             move them, or pass --force to delete the directory",
+                            inside.join(", ")
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(Cleared { files: to_remove, dirs, force })
     }
 
     /// The validated path of a version's file entry.
@@ -381,15 +662,15 @@ impl Repo {
         Ok(())
     }
 
-    /// Writes one file; `None` if the filter selects nothing in it.
-    pub(super) fn checkout_file(
+    /// Writes one file, verified, into a temporary file in `dir`; returns it (deleted when
+    /// dropped) and its length, or `None` if the filter selects nothing in it.
+    fn stage_file(
         &self,
         entry: &FileEntry,
-        rp: &RepoPath,
-        out_dir: &Path,
+        dir: &Path,
         filter: Option<&TensorFilter>,
         progress_base: u64,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<(tempfile::TempPath, u64)>> {
         let manifest = self.manifest(&entry.manifest)?;
         if manifest.len != entry.len || manifest.hash != entry.hash {
             return Err(Error::CorruptMetadata {
@@ -417,24 +698,6 @@ impl Repo {
             None => None,
         };
 
-        let dest = rp.under(out_dir);
-        // Never write through a symlinked directory: it could lead outside the output directory.
-        let parts: Vec<&str> = rp.as_str().split('/').collect();
-        let mut at = out_dir.to_path_buf();
-        for part in &parts[..parts.len() - 1] {
-            at.push(part);
-            if at.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
-                return Err(Error::InvalidPath {
-                    path: at,
-                    reason: "is a symbolic link; not writing through it".into(),
-                });
-            }
-        }
-        let dir = dest.parent().expect("a file path under a directory");
-        super::path::create_dirs(dir)?;
-        if dest.is_dir() {
-            return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
-        }
         // Mode 0666 minus the umask, as for any file a program creates (tempfile's default
         // 0600 would leave checked-out files private).
         let tmp = tempfile::Builder::new()
@@ -444,8 +707,7 @@ impl Repo {
             .map_err(|source| Error::Io { action: "creating a file in", path: dir.to_path_buf(), source })?;
         if header.is_none() {
             let written = self.write_whole_file(entry, &manifest, &tmp, progress_base)?;
-            tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
-            return Ok(Some(written));
+            return Ok(Some((tmp.into_temp_path(), written)));
         }
         // A selection of tensors: each blob is verified against its id as it is copied.
         let io_err = |source| Error::Io { action: "writing", path: tmp.path().to_path_buf(), source };
@@ -474,8 +736,7 @@ impl Repo {
         }
         w.flush().map_err(io_err)?;
         drop(w);
-        tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
-        Ok(Some(written))
+        Ok(Some((tmp.into_temp_path(), written)))
     }
 
     /// Opens the blob of segment `s` (not bundled) of `entry`'s manifest and checks that it

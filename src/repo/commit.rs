@@ -107,6 +107,20 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<VersionId> {
+        self.commit_inputs_as(inputs, message, options, true)
+    }
+
+    /// [`Self::commit_inputs`]; `tree`: the version is a tree of files to check out, whose paths
+    /// must not conflict (a file `a` and a file `a/b`). The git filter's store versions
+    /// (`store_file`) are sets of logical paths that git, not ckpt, checks out: a path that was a
+    /// file in an old git commit and a directory in a new one must not fail `git add`.
+    pub(super) fn commit_inputs_as(
+        &self,
+        inputs: Vec<Input>,
+        message: &str,
+        options: &CommitOptions,
+        tree: bool,
+    ) -> Result<VersionId> {
         let policy = options.delta_policy.unwrap_or(self.config.delta_policy);
         // Clamped like the config (`Config::check`), so no caller can make chains the reader refuses.
         let base_every = options.base_every.unwrap_or(self.config.base_every).clamp(1, super::config::MAX_BASE_EVERY);
@@ -138,6 +152,20 @@ impl Repo {
             parent.iter().flat_map(|p| p.files.iter()).map(|f| (f.path.clone(), f.clone())).collect();
         for r in &removals {
             files.remove(r);
+        }
+        // A version holding both `a` and `a/b` could never be checked out: refused before
+        // anything is stored, naming both (one may be kept from the parent).
+        let named = inputs.iter().map(|i| i.path.as_str());
+        let conflict =
+            if tree { super::path::prefix_conflict(files.keys().map(String::as_str).chain(named)) } else { None };
+        if let Some((file, under)) = conflict {
+            return Err(Error::InvalidPath {
+                path: std::path::PathBuf::from(&under),
+                reason: format!(
+                    "cannot be in the same version as the file {file:?}: {file:?} cannot be both a file and a \
+                     directory; stop tracking one of them first (ckpt rm)"
+                ),
+            });
         }
         // 1. Plan and hash every file.
         let mut references = ReferenceFiles::new(reference.as_ref());

@@ -54,7 +54,7 @@ pub use model::{
 pub use partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::{Needed, Root};
-pub use refs::{check_name, Head, RefKind};
+pub use refs::{check_name, DeletedRef, Head, RefKind};
 pub use remote::{FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
@@ -186,6 +186,16 @@ pub enum Error {
         kind: RefKind,
         /// The name.
         name: String,
+    },
+    /// A branch or tag operation that is refused (or names a ref that does not exist).
+    #[error("{} {name:?}: {reason}", kind.name())]
+    RefRefused {
+        /// Branch or tag.
+        kind: RefKind,
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
     },
     /// A branch that does not exist.
     #[error("no branch named {name:?}")]
@@ -776,7 +786,19 @@ impl Repo {
                     .ok_or_else(|| unknown(format!("branch {b:?} has no version yet"))),
             };
         }
+        // `refs/heads/NAME` and `refs/tags/NAME` name one kind (a branch and a tag of one name,
+        // which ckpt no longer creates, are otherwise ambiguous).
+        for kind in [RefKind::Branch, RefKind::Tag] {
+            if let Some(name) = base.strip_prefix(&format!("refs/{}/", kind.dir())) {
+                return self.refs.get(kind, name)?.ok_or_else(|| unknown(format!("no {} named {name:?}", kind.name())));
+            }
+        }
         if let Some(id) = self.refs.get(RefKind::Branch, base)? {
+            if self.refs.get(RefKind::Tag, base)?.is_some_and(|t| t != id) {
+                return Err(unknown(format!(
+                    "ambiguous: both a branch and a tag are named {base:?}; say refs/heads/{base} or refs/tags/{base}"
+                )));
+            }
             return Ok(id);
         }
         if let Some((remote, branch)) = base.split_once('/') {
@@ -873,6 +895,7 @@ impl Repo {
         if self.refs.get(kind, name)?.is_some() {
             return Err(Error::RefExists { kind, name: name.to_string() });
         }
+        self.check_no_namesake(kind, name)?;
         let id = self.resolve(rev.unwrap_or("HEAD"))?;
         self.refs.set(kind, name, &id)?;
         Ok(id)

@@ -87,6 +87,21 @@ impl std::fmt::Display for RepoPath {
     }
 }
 
+/// The first pair of paths among `paths` that cannot both exist in one tree: a file `a` and a
+/// file `a/b` under it (`a` would have to be a file and a directory). Returned as (file,
+/// path under it). Linear in the total number of path components.
+pub fn prefix_conflict<'a>(paths: impl IntoIterator<Item = &'a str>) -> Option<(String, String)> {
+    let all: std::collections::BTreeSet<&str> = paths.into_iter().collect();
+    for p in &all {
+        for (i, _) in p.match_indices('/') {
+            if all.contains(&p[..i]) {
+                return Some((p[..i].to_string(), p.to_string()));
+            }
+        }
+    }
+    None
+}
+
 /// Resolves `.` and `..` lexically; `None` if `..` would go above the root.
 fn normalize(path: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
@@ -169,6 +184,15 @@ mod tests {
             assert!(RepoPath::parse(bad).is_err(), "{bad:?}");
         }
         assert!(RepoPath::parse("x/.ckpt").is_ok());
+    }
+
+    #[test]
+    fn files_and_paths_under_them_conflict() {
+        assert_eq!(prefix_conflict(["a", "a-b", "a.c", "b/c"]), None);
+        assert_eq!(prefix_conflict(["a", "a-b", "a/b"]), Some(("a".into(), "a/b".into())));
+        assert_eq!(prefix_conflict(["x/y/z", "x/y"]), Some(("x/y".into(), "x/y/z".into())));
+        assert_eq!(prefix_conflict(["x/y/z", "x"]), Some(("x".into(), "x/y/z".into())));
+        assert_eq!(prefix_conflict(["ab/c", "a"]), None);
     }
 
     #[test]

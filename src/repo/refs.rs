@@ -28,7 +28,7 @@ pub enum RefKind {
 }
 
 impl RefKind {
-    fn dir(self) -> &'static str {
+    pub(super) fn dir(self) -> &'static str {
         match self {
             RefKind::Branch => "heads",
             RefKind::Tag => "tags",
@@ -155,6 +155,21 @@ impl Refs {
         Ok(out)
     }
 
+    /// Deletes a branch or tag file (a missing one is no error).
+    pub fn delete(&self, kind: RefKind, name: &str) -> Result<()> {
+        check_name(name)?;
+        let path = self.ref_path(kind, name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::Io { action: "deleting", path, source: e })
+            }
+            _ => {
+                let dir = path.parent().expect("ref paths have a parent");
+                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("syncing", dir))
+            }
+        }
+    }
+
     fn remote_dir(&self, remote: &str) -> PathBuf {
         self.dir.join("refs").join("remotes").join(remote)
     }
@@ -259,6 +274,136 @@ impl Refs {
 
 /// How deep [`Refs::all`] descends below `refs/` (`refs/remotes/REMOTE/BRANCH` is 3).
 const MAX_REF_DEPTH: usize = 16;
+impl RefKind {
+    /// The other kind: a branch and a tag of one name would make the name ambiguous.
+    fn other(self) -> RefKind {
+        match self {
+            RefKind::Branch => RefKind::Tag,
+            RefKind::Tag => RefKind::Branch,
+        }
+    }
+}
+
+/// What [`super::Repo::delete_branch`] and [`super::Repo::delete_tag`] deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeletedRef {
+    /// The version the ref pointed at (`ckpt branch NAME ID` restores it, until `gc`).
+    pub id: ObjectId,
+}
+
+/// Branch and tag maintenance: delete, rename, move. Names are one namespace: a branch and a
+/// tag never share a name (creating one where the other exists is refused), so a revision
+/// name always means one thing. Each holds the writer lock.
+impl super::Repo {
+    /// Refuses `name` for a new ref of `kind` when a ref of the other kind has it.
+    pub(super) fn check_no_namesake(&self, kind: RefKind, name: &str) -> Result<()> {
+        if self.refs.get(kind.other(), name)?.is_some() {
+            return Err(Error::RefRefused {
+                kind,
+                name: name.to_string(),
+                reason: format!(
+                    "a {} has this name; a {} of the same name would make it ambiguous (choose another name)",
+                    kind.other().name(),
+                    kind.name()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes branch `name`. Refused for the branch `HEAD` is on, and, unless `force`, for a
+    /// branch whose tip no other branch, tag or `HEAD` reaches (its versions would be lost to
+    /// the next `gc`): git's `branch -d` / `-D`, with "reachable from another ref" where git
+    /// asks "merged into HEAD".
+    pub fn delete_branch(&self, name: &str, force: bool) -> Result<DeletedRef> {
+        check_name(name)?;
+        let _lock = self.lock()?;
+        let refused = |reason: String| Error::RefRefused { kind: RefKind::Branch, name: name.to_string(), reason };
+        let id = self.refs.get(RefKind::Branch, name)?.ok_or_else(|| Error::NoSuchBranch { name: name.to_string() })?;
+        if self.refs.head()? == Head::Branch(name.to_string()) {
+            return Err(refused("HEAD is on it; switch to another branch first".into()));
+        }
+        if !force && !self.reached_by_other_refs(&id, RefKind::Branch, name)? {
+            return Err(refused(format!(
+                "its version {} is not reachable from HEAD or any other branch or tag, so the next gc would \
+                 delete its versions; tag it first, or delete it anyway with -D",
+                id.short(12)
+            )));
+        }
+        self.refs.delete(RefKind::Branch, name)?;
+        Ok(DeletedRef { id })
+    }
+
+    /// Renames branch `old` to `new` (`HEAD` follows when it is on `old`). `new` must be free
+    /// as a branch and a tag name.
+    pub fn rename_branch(&self, old: &str, new: &str) -> Result<ObjectId> {
+        check_name(old)?;
+        check_name(new)?;
+        let _lock = self.lock()?;
+        let id = self.refs.get(RefKind::Branch, old)?.ok_or_else(|| Error::NoSuchBranch { name: old.to_string() })?;
+        if old == new {
+            return Ok(id);
+        }
+        if self.refs.get(RefKind::Branch, new)?.is_some() {
+            return Err(Error::RefExists { kind: RefKind::Branch, name: new.to_string() });
+        }
+        self.check_no_namesake(RefKind::Branch, new)?;
+        // New name first, then HEAD, then the old name: an interruption leaves both names (or
+        // HEAD on the new one), never neither.
+        self.refs.set(RefKind::Branch, new, &id)?;
+        if self.refs.head()? == Head::Branch(old.to_string()) {
+            self.refs.set_head(&Head::Branch(new.to_string()))?;
+        }
+        self.refs.delete(RefKind::Branch, old)?;
+        Ok(id)
+    }
+
+    /// Deletes tag `name`.
+    pub fn delete_tag(&self, name: &str) -> Result<DeletedRef> {
+        check_name(name)?;
+        let _lock = self.lock()?;
+        let id = self.refs.get(RefKind::Tag, name)?.ok_or_else(|| Error::RefRefused {
+            kind: RefKind::Tag,
+            name: name.to_string(),
+            reason: "no such tag".into(),
+        })?;
+        self.refs.delete(RefKind::Tag, name)?;
+        Ok(DeletedRef { id })
+    }
+
+    /// Points tag `name` at `rev` (default `HEAD`), creating it or moving it (git's `tag -f`);
+    /// returns the new target and the old one.
+    pub fn move_tag(&self, name: &str, rev: Option<&str>) -> Result<(ObjectId, Option<ObjectId>)> {
+        check_name(name)?;
+        let _lock = self.lock()?;
+        self.check_no_namesake(RefKind::Tag, name)?;
+        let old = self.refs.get(RefKind::Tag, name)?;
+        let id = self.resolve(rev.unwrap_or("HEAD"))?;
+        self.refs.set(RefKind::Tag, name, &id)?;
+        Ok((id, old))
+    }
+
+    /// Whether `id` is an ancestor of (or equal to) `HEAD` or a branch or tag other than
+    /// `kind` `name`. Walks all parents; versions missing from the store (a partial clone's
+    /// cut) end their line.
+    fn reached_by_other_refs(&self, id: &ObjectId, kind: RefKind, name: &str) -> Result<bool> {
+        let mut starts: Vec<ObjectId> = self.refs.head_version()?.into_iter().collect();
+        for k in [RefKind::Branch, RefKind::Tag] {
+            starts.extend(self.refs.list(k)?.into_iter().filter(|(n, _)| !(k == kind && n == name)).map(|(_, i)| i));
+        }
+        let mut seen = std::collections::HashSet::new();
+        while let Some(v) = starts.pop() {
+            if v == *id {
+                return Ok(true);
+            }
+            if !seen.insert(v) || !self.store.contains(&v) {
+                continue;
+            }
+            starts.extend(self.version_info(&v)?.parents);
+        }
+        Ok(false)
+    }
+}
 
 fn parse_id(text: &str) -> Option<ObjectId> {
     text.parse::<ObjectId>().ok().filter(|id| id.to_hex() == text)

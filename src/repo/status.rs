@@ -142,9 +142,10 @@ impl Repo {
     /// that a record vouches for.
     pub(super) fn observe(&self, rp: &RepoPath, candidates: &[(u64, ObjectId)]) -> Result<Observed> {
         let path = rp.under(&self.root);
-        // Not followed: a symbolic link is not the file it points to, and replacing it would
-        // not write through it.
-        let meta = match std::fs::symlink_metadata(&path) {
+        // Followed, as `commit` follows it: a symbolic link to a file is committed as the
+        // file's bytes, so it is unchanged while those bytes are (and replacing the link by a
+        // file of the same bytes loses nothing; a checkout never writes through it).
+        let meta = match std::fs::metadata(&path) {
             Ok(m) if m.is_file() => m,
             Ok(_) => return Ok(Observed::NotAFile),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Observed::Missing),

@@ -51,7 +51,7 @@ impl Repo {
             return Ok(StoredFile { manifest: id, hash: manifest.hash, len: manifest.len, version: None });
         }
         let _lock = self.lock()?;
-        let version_id = self.commit_inputs(vec![input], message, options)?;
+        let version_id = self.commit_inputs_as(vec![input], message, options, false)?;
         let version = self.version(&version_id)?;
         let entry =
             version.file(path.as_str()).ok_or(Error::NotInVersion { path: path.to_string(), version: version_id })?;

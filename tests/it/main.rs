@@ -1,5 +1,6 @@
 //! The integration test binary: one module per area.
 
+mod cli_trust;
 mod codec_cli;
 mod gc_trust;
 mod git_filter;

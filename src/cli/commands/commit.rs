@@ -43,7 +43,7 @@ pub fn run(ui: &Ui, base: &Path, args: CommitArgs) -> Result<()> {
             "warning: version {} is committed, but rewriting its parent as deltas failed; it stays pending \
              (`ckpt compact` retries it):\n{}",
             id.short(12),
-            repo.compaction_log().unwrap_or_default()
+            crate::cli::ui::printable_text(&repo.compaction_log().unwrap_or_default())
         );
     }
     if background {

@@ -1,6 +1,6 @@
 //! `ckpt diff REV1 REV2 [--json]`.
 
-use crate::cli::ui::{open_repo, Ui};
+use crate::cli::ui::{bytes, open_repo, printable, Ui};
 use anyhow::Result;
 use std::io::Write;
 use std::path::Path;
@@ -28,11 +28,14 @@ pub fn run(ui: &Ui, base: &Path, args: DiffArgs) -> Result<()> {
         return Ok(());
     }
     writeln!(out, "diff {} {}", r.from.short(12), r.to.short(12))?;
+    // Sizes of the files added, removed or changed, from the two versions.
+    let (va, vb) = (repo.version(&r.from)?, repo.version(&r.to)?);
+    let len_in = |v: &crate::repo::Version, path: &str| v.file(path).map_or(0, |f| f.len);
     let mut file = "";
     for t in &r.tensors {
         if t.file != file {
             file = &t.file;
-            writeln!(out, "{file}")?;
+            writeln!(out, "{}", printable(file))?;
         }
         let groups: Vec<String> = t.byte_groups.iter().map(|g| format!("{:.2}", g.percent)).collect();
         let max = match t.max_abs_delta {
@@ -43,39 +46,62 @@ pub fn run(ui: &Ui, base: &Path, args: DiffArgs) -> Result<()> {
         writeln!(
             out,
             "  {:<32} {:<5} {:>7.2}% changed  bytes% [{}]{max}{non_finite}",
-            t.name,
+            printable(&t.name),
             t.dtype,
             t.percent_changed,
             groups.join(" ")
         )?;
     }
     for f in &r.files_added {
-        writeln!(out, "file added    {f}")?;
+        writeln!(out, "file added    {} ({})", printable(f), bytes(len_in(&vb, f)))?;
     }
     for f in &r.files_removed {
-        writeln!(out, "file removed  {f}")?;
+        writeln!(out, "file removed  {} ({})", printable(f), bytes(len_in(&va, f)))?;
+    }
+    // Every file whose bytes differ, tensors or not (opaque files, torch archives' other
+    // records, safetensors headers): the tensor lines above do not show those bytes.
+    for f in &r.files_changed {
+        let in_tensors = r.tensors.iter().any(|t| t.file == *f && t.changed > 0)
+            || r.added.iter().chain(&r.removed).any(|t| t.file == *f)
+            || r.reshaped.iter().any(|t| t.file == *f);
+        writeln!(
+            out,
+            "file changed  {} ({} -> {}){}",
+            printable(f),
+            bytes(len_in(&va, f)),
+            bytes(len_in(&vb, f)),
+            if in_tensors { "" } else { ": no tensor changed; other bytes differ" }
+        )?;
     }
     for t in &r.added {
-        writeln!(out, "added    {} [{}] {} {:?}", t.file, t.name, t.dtype, t.shape)?;
+        writeln!(out, "added    {} [{}] {} {:?}", printable(&t.file), printable(&t.name), t.dtype, t.shape)?;
     }
     for t in &r.removed {
-        writeln!(out, "removed  {} [{}] {} {:?}", t.file, t.name, t.dtype, t.shape)?;
+        writeln!(out, "removed  {} [{}] {} {:?}", printable(&t.file), printable(&t.name), t.dtype, t.shape)?;
     }
     for t in &r.reshaped {
         writeln!(
             out,
             "reshaped {} [{}] {} {:?} -> {} {:?}",
-            t.file, t.name, t.from_dtype, t.from_shape, t.to_dtype, t.to_shape
+            printable(&t.file),
+            printable(&t.name),
+            t.from_dtype,
+            t.from_shape,
+            t.to_dtype,
+            t.to_shape
         )?;
     }
     let changed = r.tensors.iter().filter(|t| t.changed > 0).count();
     writeln!(
         out,
-        "{} tensors compared, {changed} changed; {} added, {} removed, {} reshaped",
+        "{} tensors compared, {changed} changed; {} added, {} removed, {} reshaped; files: {} changed, {} added, {} removed",
         r.tensors.len(),
         r.added.len(),
         r.removed.len(),
-        r.reshaped.len()
+        r.reshaped.len(),
+        r.files_changed.len(),
+        r.files_added.len(),
+        r.files_removed.len()
     )?;
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `ckpt log [REV] [-n N] [--oneline | --json]`.
 
-use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::cli::ui::{bytes, open_repo, printable, printable_text, Ui};
 use crate::repo::{format_time, Head, Repo, VersionId};
 use anyhow::Result;
 use std::collections::HashMap;
@@ -97,14 +97,15 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
     for (v, &now) in versions.iter().zip(&sizes) {
         let decoration = refs.get(&v.id).map(|r| format!(" ({})", r.join(", "))).unwrap_or_default();
         if args.oneline {
-            let subject = v.message.lines().next().unwrap_or("");
+            let subject = printable(v.message.lines().next().unwrap_or(""));
             let stored = format!("{}/{}", bytes(now), bytes(v.raw_bytes));
             writeln!(out, "{} {} {stored:>21}{decoration} {subject}", v.id.short(12), format_time(v.time))?;
             continue;
         }
         writeln!(out, "version {}{decoration}", v.id)?;
         writeln!(out, "date    {}", format_time(v.time))?;
-        writeln!(out, "files   {}", v.files.join(" "))?;
+        let files: Vec<_> = v.files.iter().map(|f| printable(f)).collect();
+        writeln!(out, "files   {}", files.join(" "))?;
         writeln!(
             out,
             "stored  {} for {} ({:.1}%){}",
@@ -118,7 +119,7 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
             }
         )?;
         writeln!(out)?;
-        for line in v.message.lines() {
+        for line in printable_text(&v.message).lines() {
             writeln!(out, "    {line}")?;
         }
         writeln!(out)?;

@@ -1,6 +1,6 @@
 //! `ckpt rm FILE...`.
 
-use crate::cli::ui::{open_repo, Ui};
+use crate::cli::ui::{open_repo, printable, Ui};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
@@ -17,7 +17,7 @@ pub fn run(ui: &Ui, base: &Path, args: RmArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let files: Vec<PathBuf> = args.files.iter().map(|f| base.join(f)).collect();
     for p in repo.rm(&files)? {
-        outln!("rm {p} (untracked from the next commit on)")?;
+        outln!("rm {} (untracked from the next commit on)", printable(p.as_str()))?;
     }
     Ok(())
 }

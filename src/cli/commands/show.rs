@@ -1,6 +1,6 @@
 //! `ckpt show REV [--json]`.
 
-use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::cli::ui::{bytes, open_repo, printable, printable_text, Ui};
 use crate::repo::{MethodCounts, SegmentShow, Storage};
 use anyhow::Result;
 use std::io::Write;
@@ -57,7 +57,7 @@ pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
     writeln!(out, "parents {}", if parents.is_empty() { "-".into() } else { parents.join(" ") })?;
     writeln!(out, "date    {}", r.date)?;
     writeln!(out)?;
-    for line in r.message.lines() {
+    for line in printable_text(&r.message).lines() {
         writeln!(out, "    {line}")?;
     }
     writeln!(out)?;
@@ -65,7 +65,7 @@ pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
         writeln!(
             out,
             "{} ({}, {}, {} stored, {} added)",
-            f.path,
+            printable(&f.path),
             format!("{:?}", f.kind).to_lowercase(),
             bytes(f.raw_bytes),
             bytes(f.stored_bytes),
@@ -79,7 +79,7 @@ pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
             writeln!(
                 out,
                 "  {:<32} {:<18} {:>10} -> {:>10}  {:<28} {}",
-                s.name,
+                printable(&s.name),
                 kind,
                 bytes(s.raw_bytes),
                 bytes(s.stored_bytes),

@@ -1,6 +1,6 @@
 //! `ckpt status [--json]`.
 
-use crate::cli::ui::{open_repo, Ui};
+use crate::cli::ui::{open_repo, printable, printable_text, Ui};
 use crate::repo::FileState;
 use anyhow::Result;
 use std::io::Write;
@@ -41,7 +41,7 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
             FileState::Missing => "missing",
             FileState::Removed => "removed",
         };
-        writeln!(out, "  {label:<9} {}", f.path)?;
+        writeln!(out, "  {label:<9} {}", printable(&f.path))?;
     }
     writeln!(out, "{unchanged} of {} tracked files unchanged", status.files.len())?;
     for w in &status.in_the_way {
@@ -49,7 +49,7 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
         writeln!(
             out,
             "  untracked {} (tracked by branch{s} {}: a switch there needs --force unless the content is the same)",
-            w.path,
+            printable(&w.path),
             w.branches.join(", ")
         )?;
     }
@@ -63,7 +63,7 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
     }
     if let Some(log) = &status.compaction_log {
         writeln!(out, "compaction reported (.ckpt/compact.log; retried by the next compaction):")?;
-        for line in log.lines() {
+        for line in printable_text(log).lines() {
             writeln!(out, "  {line}")?;
         }
     }

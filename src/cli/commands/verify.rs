@@ -20,7 +20,7 @@ pub fn run(ui: &Ui, base: &Path, args: VerifyArgs) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&r)?)?;
     } else {
         for o in &r.bad_objects {
-            outln!("bad object {}: {}", o.id, o.problem)?;
+            outln!("bad object {}: {}", o.id, crate::cli::ui::printable(&o.problem))?;
         }
         for v in &r.bad_versions {
             let ids: Vec<String> = v.objects.iter().map(|o| o.short(12)).collect();
@@ -32,7 +32,7 @@ pub fn run(ui: &Ui, base: &Path, args: VerifyArgs) -> Result<()> {
             )?;
         }
         for line in &r.bad_refs {
-            outln!("bad ref: {line}")?;
+            outln!("bad ref: {}", crate::cli::ui::printable(line))?;
         }
         outln!(
             "checked {} objects ({}) and {} versions",
