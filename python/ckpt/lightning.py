@@ -88,6 +88,10 @@ def _make_class():
 
         def on_save_checkpoint(self, trainer, pl_module, checkpoint):
             if getattr(trainer, "is_global_zero", True):
+                # Lightning writes the files after this hook, `last.ckpt` over the one a
+                # background commit may still be reading (in place, when its temporary file is
+                # on another file system): that commit finishes first.
+                self._committer.collect(wait=True)
                 self._pending_step = int(getattr(trainer, "global_step", 0))
 
         def _commit_pending(self, trainer):

@@ -173,12 +173,19 @@ impl OpenedFile {
     /// directory is refused, naming it).
     pub fn open(disk: &Path) -> Result<OpenedFile> {
         let file = mmap::open_regular(disk).map_err(|source| match source.kind() {
-            std::io::ErrorKind::InvalidInput => Error::InvalidPath { path: disk.to_path_buf(), reason: source.to_string() },
+            std::io::ErrorKind::InvalidInput => {
+                Error::InvalidPath { path: disk.to_path_buf(), reason: source.to_string() }
+            }
             _ => Error::Io { action: "opening", path: disk.to_path_buf(), source },
         })?;
         let metadata =
             file.metadata().map_err(|source| Error::Io { action: "reading", path: disk.to_path_buf(), source })?;
-        Ok(OpenedFile { file, disk: disk.to_path_buf(), canonical: disk.canonicalize().ok(), stamp: stamp_of(&metadata) })
+        Ok(OpenedFile {
+            file,
+            disk: disk.to_path_buf(),
+            canonical: disk.canonicalize().ok(),
+            stamp: stamp_of(&metadata),
+        })
     }
 
     /// The path it was opened at.
