@@ -187,21 +187,6 @@ impl OpenedFile {
             stamp: stamp_of(&metadata),
         })
     }
-
-    /// The path it was opened at.
-    pub fn disk(&self) -> &Path {
-        &self.disk
-    }
-
-    /// Its size when opened.
-    pub fn len(&self) -> u64 {
-        self.stamp.0
-    }
-
-    /// Whether it was empty when opened.
-    pub fn is_empty(&self) -> bool {
-        self.stamp.0 == 0
-    }
 }
 
 /// A [`CommitSource`] checked (its path parsed, a memory file sealed), from which the commit's
@@ -743,6 +728,33 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
         assert!(repo.pending_removals().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_opened_file_is_committed_as_it_was_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repo::init(dir.path()).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let at = |name: &str| outside.path().join(name);
+        for (name, text) in [("deleted", "first"), ("replaced", "second"), ("rewritten", "third")] {
+            std::fs::write(at(name), text).unwrap();
+        }
+        let opened =
+            |name: &str| CommitSource::Opened { path: name.into(), file: OpenedFile::open(&at(name)).unwrap() };
+        let (deleted, replaced, rewritten) = (opened("deleted"), opened("replaced"), opened("rewritten"));
+        std::fs::remove_file(at("deleted")).unwrap();
+        std::fs::write(at("new"), "other bytes").unwrap();
+        std::fs::rename(at("new"), at("replaced")).unwrap();
+        std::fs::write(at("rewritten"), "in place, longer").unwrap();
+        let id = repo.commit_sources(vec![deleted, replaced], "opened", false, &CommitOptions::default()).unwrap();
+        assert_eq!(repo.read_file_bytes("HEAD", "deleted", 100).unwrap(), b"first");
+        assert_eq!(repo.read_file_bytes("HEAD", "replaced", 100).unwrap(), b"second");
+        let e = repo.commit_sources(vec![rewritten], "rewritten", false, &CommitOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("rewritten in place after the commit was asked for"), "{e}");
+        assert_eq!(repo.head_version().unwrap(), Some(id));
+        // Refused when opened: nothing to open, or not a regular file.
+        assert!(OpenedFile::open(&at("deleted")).unwrap_err().to_string().contains("No such file"));
+        assert!(OpenedFile::open(outside.path()).unwrap_err().to_string().contains("not a regular file"));
     }
 
     #[test]
