@@ -8,24 +8,35 @@
 A dict of tensors is committed as a safetensors file without writing it to disk first: its bytes
 are laid out in memory exactly as ``safetensors.numpy.save_file`` / ``safetensors.torch.save_file``
 would write them, so a checkout yields that file. ``background=True`` returns once the bytes are
-copied; the commit (coding, deltas, compaction) then runs on a Rust thread without the GIL.
+copied (and the files named on disk opened); the commit (coding, deltas, compaction) then runs on a
+Rust thread without the GIL.
+
+Background commits are kept in a registry of this module, not in the ``Repo`` object: a commit
+made through a temporary ``Repo`` is waited for at exit like any other, and a failed one that
+nobody was told about (no ``wait()`` raised it) makes the process exit with status 1. A forked
+child (a ``DataLoader`` worker) starts with an empty registry: the parent's commits are the
+parent's to wait for. See "How Python commits survive exit and fork" in docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import sys
 import threading
-import weakref
+import time
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
+from ckpt import _native as _ext
 from ckpt._native import CkptError, CommitHandle
 from ckpt._native import Repo as _NativeRepo
 
-__all__ = ["Repo", "CkptError", "CommitHandle"]
+__all__ = ["Repo", "CkptError", "CommitHandle", "wait"]
+
+_log = logging.getLogger("ckpt")
 
 # numpy dtype name -> safetensors dtype name (little-endian data).
 _NUMPY_DTYPES = {
@@ -198,18 +209,160 @@ def _capture(
     return image
 
 
-# Repositories with a background commit that may still run: waited for at exit, so that a
-# script ending right after `commit(..., background=True)` does not lose its last version.
-_OPEN = weakref.WeakSet()
+def _str_list(value: Any, what: str, paths: bool = False) -> List[str]:
+    """`value` as a list of str: a single str (or path, with `paths`) is one item, never its
+    characters; anything else must be an iterable of them."""
+    single = (str, os.PathLike) if paths else (str,)
+    if isinstance(value, single):
+        return [os.fspath(value)]
+    if isinstance(value, (bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        raise CkptError(f"{what}: expected a str or a list of str, got {type(value).__name__}")
+    out = []
+    for item in value:
+        if not isinstance(item, single):
+            raise CkptError(f"{what}: expected a str or a list of str, got an item {item!r}")
+        out.append(os.fspath(item))
+    return out
+
+
+# ---- the registry of background commits --------------------------------------------------------
+#
+# Every background commit started in this process and not settled yet: running, or failed and not
+# reported to anyone. A module-level list, not a field of Repo: a commit made through a temporary
+# Repo (`ckpt.Repo(d).commit(..., background=True)`) is waited for at exit all the same, and a
+# Repo's garbage collection never cancels one (the Rust thread holds the repository itself).
+
+
+class _Pending:
+    __slots__ = ("handle", "key", "logged")
+
+    def __init__(self, handle: CommitHandle, key: str):
+        self.handle = handle
+        self.key = key
+        self.logged = False
+
+
+_PENDING: List[_Pending] = []
+_PENDING_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # The child has a copy of the list but none of the threads: its at-exit wait must not wait for
+    # (nor report) the parent's commits. A lock a parent's thread held at the fork is replaced.
+    global _PENDING, _PENDING_LOCK
+    _PENDING = []
+    _PENDING_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _register(handle: CommitHandle, key: str) -> None:
+    with _PENDING_LOCK:
+        # Settled entries go: finished well, or failed and reported.
+        _PENDING[:] = [p for p in _PENDING if not _settled(p)]
+        _PENDING.append(_Pending(handle, key))
+
+
+def _settled(p: _Pending) -> bool:
+    return p.handle.done() and (p.handle.error is None or p.handle.reported)
+
+
+def _snapshot(key: Optional[str]) -> List[_Pending]:
+    with _PENDING_LOCK:
+        return [p for p in _PENDING if key is None or p.key == key]
+
+
+def _forget(done: List[_Pending]) -> None:
+    with _PENDING_LOCK:
+        _PENDING[:] = [p for p in _PENDING if p not in done]
+
+
+def _describe(p: _Pending) -> str:
+    return f"background commit {p.handle.message!r} in {os.fspath(p.handle.root)} failed: {p.handle.error}"
+
+
+def _settle(key: Optional[str]) -> None:
+    """Waits for the background commits of repository `key` (all with None). A failure is logged
+    (once) and stays recorded for `wait()` and the exit status; it is never raised here: each
+    commit stands alone, and a later one goes ahead."""
+    pending = _snapshot(key)
+    for p in pending:
+        p.handle.join()
+        if p.handle.error is not None and not p.handle.reported and not p.logged:
+            p.logged = True
+            _log.error("ckpt: %s", _describe(p))
+    _forget([p for p in pending if _settled(p)])
+
+
+def _wait(key: Optional[str], timeout: Optional[float]) -> None:
+    """Waits for the background commits of repository `key` (all with None), up to `timeout`
+    seconds in all; raises TimeoutError if one still runs then, and CkptError naming every
+    failed one nobody was told about (which then counts as reported)."""
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout {timeout!r}: expected seconds >= 0")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = _snapshot(key)
+    for p in pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not p.handle.join(left):
+            running = sum(1 for q in pending if not q.handle.done())
+            raise TimeoutError(f"{running} background commit(s) still running after {timeout} s")
+    failed = [p for p in pending if p.handle.error is not None and not p.handle.reported]
+    for p in failed:
+        p.handle.mark_reported()
+    _forget([p for p in pending if _settled(p)])
+    if len(failed) == 1:
+        raise CkptError(_describe(failed[0]))
+    if failed:
+        raise CkptError(f"{len(failed)} background commits failed: " + "; ".join(_describe(p) for p in failed))
+
+
+def wait(timeout: Optional[float] = None) -> None:
+    """Waits for every background commit of this process, in every repository, up to `timeout`
+    seconds (None: as long as they take). Raises TimeoutError if one is still running then, and
+    CkptError for the failed ones whose error was not raised yet (by their handle's ``wait()`` or
+    an earlier ``wait``)."""
+    _wait(None, timeout)
 
 
 @atexit.register
 def _wait_at_exit() -> None:
-    for repo in list(_OPEN):
+    """Waits for every background commit before the interpreter exits. A failed one whose error
+    nobody was told about (no ``wait()`` raised it) is printed, and the process then exits with
+    status 1 instead of 0 (see docs/architecture.md)."""
+    pending = _snapshot(None)
+    try:
+        if any(not p.handle.done() for p in pending):
+            if not all(p.handle.join(1.0) for p in pending):
+                running = sum(1 for p in pending if not p.handle.done())
+                print(f"ckpt: waiting for {running} background commit(s) to finish", file=sys.stderr, flush=True)
+            for p in pending:
+                p.handle.join()
+    except KeyboardInterrupt:
+        running = [p for p in pending if not p.handle.done()]
+        print(f"ckpt: interrupted: {len(running)} background commit(s) not finished: "
+              + ", ".join(repr(p.handle.message) for p in running), file=sys.stderr, flush=True)
+        _exit_with_failure()
+        return
+    failed = [p for p in pending if p.handle.error is not None and not p.handle.reported]
+    for p in failed:
+        print(f"ckpt: {_describe(p)}", file=sys.stderr)
+    if failed:
+        _exit_with_failure()
+
+
+def _exit_with_failure() -> None:
+    for stream in (sys.stdout, sys.stderr):
         try:
-            repo.wait()
-        except CkptError as e:
-            print(f"ckpt: background commit failed: {e}", file=sys.stderr)
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
+            pass
+    # The status becomes 1 once the interpreter is finalized (the other at-exit handlers run,
+    # buffers are flushed); should that hook be missing, exit now.
+    if not _ext.exit_with_failure():
+        os._exit(1)
 
 
 class Repo:
@@ -228,11 +381,23 @@ class Repo:
     ):
         self._native = _native if _native is not None else _NativeRepo.discover(os.fspath(path))
         self._native.set_reuse_buffers(reuse_buffers)
+        # Background commits of this repository, whichever Repo object started them.
+        self._key = os.path.realpath(os.fspath(self._native.root))
         # With reuse_buffers: path -> ((dev, inode, length), writable mapping) of its kept memory.
         self._maps: Optional[Dict[str, Any]] = {} if reuse_buffers else None
         # One commit at a time from this object: two threads must not capture into the same kept
         # memory, nor lose track of each other's background commit.
         self._commit_lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _after_fork(self) -> None:
+        # In a forked child: the kept memory is shared with the parent (whose commit may be
+        # reading it), and the lock may have been held by a thread the child does not have.
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._commit_lock = threading.Lock()
+            if self._maps is not None:
+                self._maps = {}
 
     @classmethod
     def init(cls, path: Union[str, os.PathLike], *, reuse_buffers: bool = False) -> "Repo":
@@ -253,7 +418,7 @@ class Repo:
         self,
         files: Mapping[str, Any],
         message: str,
-        tags: Sequence[str] = (),
+        tags: Union[str, Sequence[str]] = (),
         *,
         background: bool = False,
         exact: bool = False,
@@ -267,59 +432,95 @@ class Repo:
         or ``bytes`` (committed as they are).
         `metadata` optionally gives a dict's safetensors ``__metadata__``, by path. Files of the
         previous version not named stay in the version, unless `exact` (then it holds only
-        these). Each of `tags` is created on the new version (checked before committing).
+        these). Each of `tags` (a name, or a list of names) is created on the new version.
+
+        Everything is checked before anything is written: paths, tag names (valid, each once,
+        none that exists), the files on disk (opened now). A commit that raises has written no
+        version.
 
         With ``background=True`` this returns a :class:`CommitHandle` as soon as the tensors'
-        bytes are copied; ``handle.wait()`` returns the id or raises the commit's error, and the
-        next call on this repository waits for the commit (and raises its error, unless
-        ``wait()`` did).
+        bytes are copied and the files on disk opened: the commit reads those files from the
+        descriptors opened here, so a file deleted or replaced (by a rename) meanwhile is still
+        committed as it was at this call; one rewritten in place makes the commit fail, saying
+        so. ``handle.wait(timeout=None)`` returns the id or raises the commit's error. The next
+        commit to the repository waits for it; a failure never stops a later commit: it is
+        logged, raised by ``wait()`` (the handle's, ``Repo.wait()`` or ``ckpt.wait()``), and if
+        nothing raised it by the end, the process exits with status 1.
         """
-        if not isinstance(files, Mapping) or not files:
+        if not isinstance(files, Mapping):
+            raise CkptError(
+                "files: expected a dict of repository path -> source (a path on disk, a dict of "
+                f"tensors, or bytes), got {type(files).__name__}"
+            )
+        if not files:
             raise CkptError("nothing to commit: name the files to commit")
+        if not isinstance(message, str):
+            raise CkptError(f"message: expected a str, got {type(message).__name__}")
+        tags = _str_list(tags, "tags")
+        if metadata is not None:
+            if not isinstance(metadata, Mapping):
+                raise CkptError(f"metadata: expected a dict of path -> dict, got {type(metadata).__name__}")
+            for path, meta in metadata.items():
+                if path not in files or not isinstance(files[path], Mapping):
+                    raise CkptError(f"metadata: {path!r} is not a dict of tensors in this commit")
+                if not isinstance(meta, Mapping):
+                    raise CkptError(f"metadata for {path!r}: expected a dict of str -> str")
+        for path, value in files.items():
+            if not isinstance(path, str):
+                raise CkptError(f"{path!r}: repository paths must be str")
+            if not isinstance(value, (Mapping, bytes, bytearray, memoryview, str, os.PathLike)):
+                raise CkptError(
+                    f"{path}: expected a path on disk, a dict of tensors or bytes, got {type(value).__name__}"
+                )
+        self._after_fork()
         with self._commit_lock:
             return self._commit_locked(files, message, tags, background, exact, metadata)
 
     def _commit_locked(self, files, message, tags, background, exact, metadata):
-        self._native.wait()
+        # The last commit first (its memory may be taken for this capture); its failure is
+        # logged and kept for wait(), and this commit goes ahead.
+        _settle(self._key)
+        # Tags are checked before the (costly) capture; again when committing.
+        self._native.check_tags(tags)
         sources = []
         for path, value in files.items():
-            if not isinstance(path, str):
-                raise CkptError(f"{path!r}: repository paths must be str")
             if isinstance(value, Mapping):
                 meta = (metadata or {}).get(path)
                 sources.append((path, _capture(self._native, path, value, meta, self._maps)))
             elif isinstance(value, (bytes, bytearray, memoryview)):
                 sources.append((path, self._native.prepare_bytes(path, bytes(value))))
-            elif isinstance(value, (str, os.PathLike)):
-                sources.append((path, os.path.abspath(os.fspath(value))))
             else:
-                raise CkptError(
-                    f"{path}: expected a path on disk or a dict of tensors, got {type(value).__name__}"
-                )
-        result = self._native.commit(sources, message, list(tags), exact, background)
+                sources.append((path, os.path.abspath(os.fspath(value))))
+        result = self._native.commit(sources, message, tags, exact, background)
         if background:
-            _OPEN.add(self)
+            _register(result, self._key)
         return result
 
-    def wait(self) -> None:
-        """Waits for a background commit; raises its error unless its handle's wait() did."""
-        self._native.wait()
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Waits for the background commits of this repository (made through any ``Repo``
+        object), up to `timeout` seconds (None: as long as they take). Raises TimeoutError if
+        one still runs then, and CkptError for the failed ones whose error was not raised yet."""
+        _wait(self._key, timeout)
 
     def log(self, rev: str = "HEAD") -> List[Dict[str, Any]]:
         """The history from `rev`, newest first: dicts as ``ckpt log --json`` prints them."""
+        _settle(self._key)
         return json.loads(self._native.log_json(rev))
 
     def resolve(self, rev: str = "HEAD") -> str:
         """The full id of the version `rev` names (HEAD, a branch, a tag, an id prefix, ~N)."""
+        _settle(self._key)
         return self._native.resolve(rev)
 
     def files(self, rev: str = "HEAD") -> List[str]:
         """Paths of the files of version `rev`."""
+        _settle(self._key)
         return [f[0] for f in self._native.files(rev)]
 
     def file_info(self, rev: str = "HEAD") -> Dict[str, Dict[str, Any]]:
         """The files of version `rev`: path -> {"format", "len", "hash", "manifest"}; format is
         "safetensors", "torch" (stored storage by storage) or "bytes"."""
+        _settle(self._key)
         return {
             p: {"format": kind, "len": n, "hash": h, "manifest": m}
             for p, kind, n, h, m in self._native.files(rev)
@@ -327,48 +528,57 @@ class Repo:
 
     def tag(self, name: str, rev: Optional[str] = None) -> str:
         """Tags `rev` (default HEAD) as `name`; returns the version id."""
+        if not isinstance(name, str):
+            raise CkptError(f"tag name: expected a str, got {type(name).__name__}")
+        _settle(self._key)
         return self._native.tag(name, rev)
 
     def tags(self) -> Dict[str, str]:
         """Every tag and the version id it names."""
+        _settle(self._key)
         return dict(self._native.tags())
 
     def checkout(
         self,
         rev: str = "HEAD",
         output: Optional[Union[str, os.PathLike]] = None,
-        files: Optional[Iterable[str]] = None,
+        files: Optional[Union[str, os.PathLike, Iterable[Union[str, os.PathLike]]]] = None,
         force: bool = False,
     ) -> List[str]:
-        """Writes the files of `rev` (all, or `files`) under `output` (default: the working tree,
-        where changes the repository does not hold are not overwritten unless `force`); each file
-        is verified against its hash. Returns the paths written."""
+        """Writes the files of `rev` (all, or `files`: a path or a list of them) under `output`
+        (default: the working tree, where changes the repository does not hold are not
+        overwritten unless `force`); each file is verified against its hash. Returns the paths
+        written."""
         out = None if output is None else os.fspath(output)
-        names = None if files is None else [os.fspath(f) for f in files]
+        names = None if files is None else _str_list(files, "files", paths=True)
+        _settle(self._key)
         return self._native.checkout(rev, out, names, force)
 
     def read_file(self, path: str, rev: str = "HEAD") -> bytes:
         """The bytes of a (small) file of `rev`, read from the store."""
+        _settle(self._key)
         return self._native.read_file(rev, path)
 
     def load(
         self,
         rev: str = "HEAD",
         path: Optional[str] = None,
-        names: Optional[Iterable[str]] = None,
+        names: Optional[Union[str, Iterable[str]]] = None,
         framework: str = "numpy",
     ) -> Dict[str, Any]:
         """Tensors of a file of `rev`, read straight from the store (no file is written).
 
-        `path` defaults to the version's only file holding tensors. `names` selects tensors
-        (all by default). ``framework="numpy"`` gives numpy arrays (bf16 and fp8 as their raw
-        uint16 / uint8 bits, numpy has no such types), ``"pt"`` torch tensors of the stored
-        dtype. Each tensor is checked against its hash as it is decoded.
+        `path` defaults to the version's only file holding tensors. `names` selects tensors (a
+        name or a list of them; all by default). ``framework="numpy"`` gives numpy arrays (bf16
+        and fp8 as their raw uint16 / uint8 bits, numpy has no such types), ``"pt"`` torch
+        tensors of the stored dtype. Each tensor is checked against its hash as it is decoded.
         """
         import numpy as np
 
         if framework not in ("numpy", "np", "pt", "torch"):
             raise CkptError(f"framework {framework!r}: expected 'numpy' or 'pt'")
+        wanted = None if names is None else _str_list(names, "names")
+        _settle(self._key)
         if path is None:
             holding = [f[0] for f in self._native.files(rev) if f[1] in ("safetensors", "torch")]
             if len(holding) != 1:
@@ -377,7 +587,6 @@ class Repo:
                     "name one with path="
                 )
             path = holding[0]
-        wanted = None if names is None else list(names)
         out: Dict[str, Any] = {}
         for name, dtype, shape, buf in self._native.read_tensors(rev, path, wanted):
             arr = np.frombuffer(buf, dtype=_NUMPY_VIEW[dtype]).reshape(shape)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
 from typing import Dict, Optional, Union
 
 from ckpt import Repo
+
+_log = logging.getLogger("ckpt")
 
 
 def open_or_init(repo: Optional[Union[Repo, str, os.PathLike]], default_dir: str) -> Repo:
@@ -42,6 +45,51 @@ def commit_checkpoint(repo: Repo, files: Dict[str, str], step: int, background: 
     if not tags:
         warnings.warn(f"ckpt: tag step-{step} exists already; this version of step {step} is not tagged")
     return repo.commit(files, f"step {step}", tags, background=background, exact=True)
+
+
+class Committer:
+    """Commits checkpoints for a training callback. In the background, nothing it does raises
+    into the training loop: a checkpoint that cannot be committed (its file gone before it could
+    be opened, rewritten in place before it was read, a full disk) is logged as a warning, and
+    training goes on; the next checkpoint is committed all the same. Such a failure counts as
+    reported (the process does not exit with status 1 for it: the warning is the report).
+    In the foreground, errors are raised as ``Repo.commit`` raises them."""
+
+    def __init__(self, background: bool):
+        self.background = background
+        self.handles = []
+
+    def commit(self, repo: Repo, files: Dict[str, str], step: int):
+        """The version id (foreground), a handle (background), or None (background, not
+        committed: logged)."""
+        self.collect()
+        if not self.background:
+            return commit_checkpoint(repo, files, step, False)
+        try:
+            handle = commit_checkpoint(repo, files, step, True)
+        except Exception as e:  # noqa: BLE001 - never into the training loop; logged
+            _log.warning("ckpt: the checkpoint of step %s was not committed: %s", step, e)
+            return None
+        self.handles.append((step, handle))
+        return handle
+
+    def collect(self, wait: bool = False) -> None:
+        """Logs the failures of finished background commits (all, waiting for them, with
+        `wait`)."""
+        still = []
+        for step, handle in self.handles:
+            if wait:
+                try:
+                    handle.join()
+                except Exception as e:  # noqa: BLE001 - a forked child: not ours to wait for
+                    _log.warning("ckpt: %s", e)
+                    continue
+            if not handle.done():
+                still.append((step, handle))
+            elif handle.error is not None and not handle.reported:
+                handle.mark_reported()
+                _log.warning("ckpt: the checkpoint of step %s was not committed: %s", step, handle.error)
+        self.handles = still
 
 
 def lazy_base(module_names, attr):

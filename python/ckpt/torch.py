@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Sequence, Union
 
 from ckpt import CkptError, Repo
 
@@ -106,7 +106,7 @@ def save(
     scheduler: Any = None,
     extra: Any = None,
     message: str = "checkpoint",
-    tags: Sequence[str] = (),
+    tags: Union[str, Sequence[str]] = (),
     background: bool = False,
 ):
     """Commits the state of `model`, `optimizer` and `scheduler` (any of them; objects with a

@@ -35,9 +35,10 @@ def _make_class():
 
         `repo`: a :class:`ckpt.Repo`, a path, or ``None`` for the repository holding the
         trainer's ``output_dir`` (created there if there is none). With ``background=True`` the
-        commit runs while training continues; the next save (and the end of training) waits for
-        it. The default waits: the trainer may delete a folder (``save_total_limit``) at its next
-        save, and a commit must have read it by then.
+        commit runs while training continues: the folder's files are opened at the save, so the
+        trainer may delete the folder (``save_total_limit``) before they are read; a checkpoint
+        that cannot be committed is logged as a warning and never stops training (see
+        ``ckpt._callbacks.Committer``). The next save (and the end of training) waits for it.
         """
 
         def __init__(self, repo: Any = None, background: bool = False):
@@ -45,6 +46,7 @@ def _make_class():
             self.repo = None
             self.background = background
             self.versions = []
+            self._committer = _callbacks.Committer(background)
 
         def on_save(self, args, state, control, **kwargs):
             if not getattr(state, "is_world_process_zero", True):
@@ -54,15 +56,13 @@ def _make_class():
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             files = _callbacks.folder_files(folder)
             if files:
-                self.repo.wait()
-                self.versions.append(
-                    _callbacks.commit_checkpoint(self.repo, files, state.global_step, self.background)
-                )
+                result = self._committer.commit(self.repo, files, state.global_step)
+                if result is not None:
+                    self.versions.append(result)
             return control
 
         def on_train_end(self, args, state, control, **kwargs):
-            if self.repo is not None:
-                self.repo.wait()
+            self._committer.collect(wait=True)
             return control
 
         if base is object:

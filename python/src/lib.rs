@@ -2,21 +2,33 @@
 //! turn tensors into the layout this module asks for and copy their bytes; everything else
 //! (committing, deltas, reading back) is the `ckpt` library.
 //!
-//! Background commits: [`Repo::commit`] with `background=True` returns a [`CommitHandle`] once
-//! the caller has captured the bytes (in sealed memory files) and runs the commit on a thread of
-//! its own, which never holds the GIL. Every other call on the repository (a commit included)
-//! first waits for it, and raises its error unless [`CommitHandle::wait`] already did: an error
-//! is never lost.
+//! Background commits: [`Repo::commit`] with `background=True` checks everything it can (paths,
+//! tags, the files named on disk, opened there and then) and returns a [`CommitHandle`] once the
+//! caller has captured the bytes (in sealed memory files); the commit runs on a thread of its own,
+//! which never holds the GIL and holds an `Arc` of the repository, so that nothing on the Python
+//! side (a `Repo` garbage-collected, a `CommitHandle` dropped) cancels it. The Python package
+//! keeps the handles in a registry of its own, waits for them at exit and reports failures (see
+//! "How Python commits survive exit and fork" in docs/architecture.md).
+//!
+//! Fork: a forked child (a `DataLoader` worker) has the parent's memory but none of its threads.
+//! Nothing here waits for a thread of another process ([`Job::foreign`]), a repository is opened
+//! anew in the child before it is used there ([`Repo::repo`]: the parent's may hold locks taken
+//! by a thread the child does not have), and work is given to a rayon pool of the child's own
+//! ([`child_pool`]): rayon's global pool, copied from the parent, has no threads in the child.
 
-use ckpt::repo::{self, CheckoutOptions, CommitOptions, CommitSource, Head, MemoryFile, TensorSpec, VersionId};
+use ckpt::repo::{
+    self, CheckoutOptions, CommitOptions, CommitSource, Head, MemoryFile, OpenedFile, RepoPath, TensorSpec, VersionId,
+};
 use ckpt::Dtype;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyTimeoutError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 create_exception!(ckpt, CkptError, PyException, "An error of a ckpt operation; its message is the CLI's.");
 
@@ -44,14 +56,97 @@ fn err(text: String) -> PyErr {
     CkptError::new_err(text)
 }
 
-/// A background commit's outcome, shared by its thread, its handle and the repository.
-#[derive(Default)]
+// ---- processes: fork and exit ---------------------------------------------------------------
+
+/// The process that loaded this module (whose rayon global pool is its own).
+static LOADED_IN: OnceLock<u32> = OnceLock::new();
+
+/// A forked child's rayon pool, by the child's process id. Only touched with the GIL held, so no
+/// thread of the parent held its lock when the child was forked (`os.fork` holds the GIL).
+static CHILD_POOL: Mutex<Option<(u32, Arc<rayon::ThreadPool>)>> = Mutex::new(None);
+
+/// `None` in the process that loaded the module; in a forked child, a rayon pool of its own (the
+/// global pool's threads are the parent's: work given to it would wait forever).
+fn child_pool() -> PyResult<Option<Arc<rayon::ThreadPool>>> {
+    let pid = std::process::id();
+    if LOADED_IN.get() == Some(&pid) {
+        return Ok(None);
+    }
+    let mut slot = CHILD_POOL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((owner, pool)) = slot.as_ref() {
+        if *owner == pid {
+            return Ok(Some(pool.clone()));
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("ckpt-{i}"))
+        .build()
+        .map_err(|e| err(format!("starting the threads of a forked process: {e}")))?;
+    let pool = Arc::new(pool);
+    // The parent's pool (a grandparent's child) is not dropped: its threads are not here.
+    if let Some(old) = slot.replace((pid, pool.clone())) {
+        std::mem::forget(old);
+    }
+    Ok(Some(pool))
+}
+
+/// Runs `f` in `pool` (a forked child's), or right here.
+fn in_pool<T: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> T + Send) -> T {
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
+}
+
+/// Set when a background commit failed and no caller was told (`ckpt` sets it at exit): the
+/// process then exits with status 1 (see [`exit_status_hook`]).
+static EXIT_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Run by `Py_FinalizeEx` after everything else (`Py_AtExit`): the interpreter is finalized and
+/// the standard streams flushed. A normal exit would return its status to `main`, which calls
+/// `exit`; here the status becomes 1. `_exit` after flushing C's streams rather than `exit`, so
+/// that an interpreter finalized from within `exit` (an embedding) does not call it twice.
+extern "C" fn exit_status_hook() {
+    if EXIT_FAILED.load(Ordering::SeqCst) {
+        // SAFETY: `fflush(NULL)` flushes every C stream; `_exit` ends the process. Neither
+        // touches Python, which is finalized by now.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            libc::_exit(1);
+        }
+    }
+}
+
+/// Makes the process exit with status 1 once the interpreter is finalized (a background commit
+/// failed and nobody was told). Returns whether that is in place; if not, the caller exits
+/// itself.
+#[pyfunction]
+fn exit_with_failure() -> bool {
+    EXIT_FAILED.store(true, Ordering::SeqCst);
+    EXIT_HOOK.get().copied().unwrap_or(false)
+}
+
+/// Whether [`exit_status_hook`] is registered.
+static EXIT_HOOK: OnceLock<bool> = OnceLock::new();
+
+// ---- background commits -----------------------------------------------------------------------
+
+/// A background commit's outcome, shared by its thread and its handle.
 struct Job {
+    /// The process whose thread runs it: a forked child has a copy of the job, not the thread.
+    pid: u32,
+    /// The commit's message and the repository's root, for reports.
+    message: String,
+    root: PathBuf,
     /// `None` while running; then the version id (hex) or the error message.
     outcome: Mutex<Option<Result<String, String>>>,
     finished: Condvar,
-    /// Whether the error (if any) reached Python already, through `wait()`.
-    delivered: Mutex<bool>,
+    /// Whether the outcome reached someone: raised by (or returned from) `wait()`, or handed to
+    /// a caller that took charge of it (a training callback that logs it).
+    reported: AtomicBool,
 }
 
 impl Job {
@@ -60,15 +155,36 @@ impl Job {
         self.finished.notify_all();
     }
 
-    /// Blocks until the job has finished; returns its outcome.
-    fn wait(&self) -> Result<String, String> {
+    /// In a forked child, the error that the commit is not this process's (checked before any
+    /// lock is taken: a thread of the parent may have held it at the fork).
+    fn foreign(&self) -> Option<String> {
+        (self.pid != std::process::id()).then(|| {
+            format!(
+                "the background commit {:?} runs in process {} (this process is a fork of it): it can be \
+                 waited for there only",
+                self.message, self.pid
+            )
+        })
+    }
+
+    /// Waits up to `limit` for the job; its outcome, or `None` if it is still running.
+    fn wait_for(&self, limit: Duration) -> Option<Result<String, String>> {
+        let deadline = Instant::now() + limit;
         let mut outcome = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(o) = outcome.as_ref() {
-                return o.clone();
+                return Some(o.clone());
             }
-            outcome = self.finished.wait(outcome).unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            outcome = self.finished.wait_timeout(outcome, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
+    }
+
+    fn peek(&self) -> Option<Result<String, String>> {
+        self.outcome.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -78,20 +194,118 @@ struct CommitHandle {
     job: Arc<Job>,
 }
 
+/// How long one wait lasts before signals (Ctrl-C) are checked.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+impl CommitHandle {
+    /// The outcome, once the commit has finished within `timeout` seconds (`None`: no limit);
+    /// `None` if it has not. Ctrl-C interrupts the wait (`KeyboardInterrupt`).
+    fn outcome_within(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Result<String, String>>> {
+        if let Some(e) = self.job.foreign() {
+            return Err(err(e));
+        }
+        let limit = match timeout {
+            None => None,
+            Some(t) if t >= 0.0 => Some(Duration::from_secs_f64(t.min(1e9))),
+            Some(t) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!("timeout {t}: expected seconds >= 0")))
+            }
+        };
+        let deadline = limit.map(|l| Instant::now() + l);
+        loop {
+            let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(Instant::now()).min(WAIT_SLICE));
+            let job = self.job.clone();
+            if let Some(outcome) = py.detach(move || job.wait_for(slice)) {
+                return Ok(Some(outcome));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            py.check_signals()?;
+        }
+    }
+}
+
 #[pymethods]
 impl CommitHandle {
-    /// Waits for the commit (without holding the GIL); returns the version id, or raises the
-    /// commit's error (every time it is called).
-    fn wait(&self, py: Python<'_>) -> PyResult<String> {
-        let job = self.job.clone();
-        let outcome = py.detach(move || job.wait());
-        *self.job.delivered.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        outcome.map_err(err)
+    /// Waits for the commit (without holding the GIL) up to `timeout` seconds (`None`: as long
+    /// as it takes); returns the version id, or raises the commit's error (every time it is
+    /// called), or `TimeoutError`.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<String> {
+        match self.outcome_within(py, timeout)? {
+            Some(outcome) => {
+                self.job.reported.store(true, Ordering::SeqCst);
+                outcome.map_err(err)
+            }
+            None => Err(PyTimeoutError::new_err(format!(
+                "the background commit {:?} is still running after {} s",
+                self.job.message,
+                timeout.unwrap_or(0.0)
+            ))),
+        }
     }
 
-    /// Whether the commit has finished (successfully or not).
+    /// Waits like `wait()`, but neither raises the commit's error nor counts as reporting it:
+    /// whether it has finished.
+    #[pyo3(signature = (timeout=None))]
+    fn join(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        Ok(self.outcome_within(py, timeout)?.is_some())
+    }
+
+    /// Whether the commit has finished (successfully or not). In a forked child, `True`: the
+    /// commit runs in the parent, never here.
     fn done(&self) -> bool {
-        self.job.outcome.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.job.foreign().is_some() || self.job.peek().is_some()
+    }
+
+    /// The commit's error message once it has failed; `None` while it runs, or if it succeeded.
+    #[getter]
+    fn error(&self) -> Option<String> {
+        if self.job.foreign().is_some() {
+            return None;
+        }
+        self.job.peek().and_then(Result::err)
+    }
+
+    /// Whether its outcome reached the caller (see `mark_reported`).
+    #[getter]
+    fn reported(&self) -> bool {
+        self.job.reported.load(Ordering::SeqCst)
+    }
+
+    /// Records that the outcome was handed to someone who took charge of it (logged by a
+    /// training callback): the process then does not exit with status 1 for it.
+    fn mark_reported(&self) {
+        self.job.reported.store(true, Ordering::SeqCst);
+    }
+
+    /// The commit's message.
+    #[getter]
+    fn message(&self) -> String {
+        self.job.message.clone()
+    }
+
+    /// The root of the repository it commits to.
+    #[getter]
+    fn root(&self) -> PathBuf {
+        self.job.root.clone()
+    }
+
+    /// Whether this process runs the commit (`False` in a forked child).
+    #[getter]
+    fn ours(&self) -> bool {
+        self.job.foreign().is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        let state = match self.job.foreign().map(|_| None).unwrap_or_else(|| Some(self.job.peek())) {
+            None => "in another process".to_string(),
+            Some(None) => "running".to_string(),
+            Some(Some(Ok(id))) => format!("committed {}", &id[..id.len().min(12)]),
+            Some(Some(Err(_))) => "failed".to_string(),
+        };
+        format!("<ckpt.CommitHandle {:?} {state}>", self.job.message)
     }
 }
 
@@ -135,9 +349,12 @@ impl MemoryImage {
 /// An open repository.
 #[pyclass(frozen, module = "ckpt._native")]
 struct Repo {
-    inner: Arc<repo::Repo>,
-    /// The last background commit, until its outcome has been seen.
-    pending: Mutex<Option<Arc<Job>>>,
+    /// The repository and the process it was opened in (see [`Repo::repo`]). Only locked with
+    /// the GIL held, and never across a release of it.
+    inner: Mutex<(u32, Arc<repo::Repo>)>,
+    root: PathBuf,
+    /// The last background commit, while its memory may still be read.
+    last: Mutex<Option<Arc<Job>>>,
     /// With `reuse_buffers`: the memory of the last capture of each path, written over by the
     /// next one (`MemoryFile::keep_for_reuse`).
     spares: Mutex<Option<HashMap<String, MemoryFile>>>,
@@ -145,30 +362,45 @@ struct Repo {
 
 impl Repo {
     fn new(inner: repo::Repo) -> Repo {
-        Repo { inner: Arc::new(inner), pending: Mutex::new(None), spares: Mutex::new(None) }
+        let root = inner.root().to_path_buf();
+        Repo {
+            inner: Mutex::new((std::process::id(), Arc::new(inner))),
+            root,
+            last: Mutex::new(None),
+            spares: Mutex::new(None),
+        }
+    }
+
+    /// The repository, opened anew in a forked child: the parent's may hold locks (its index,
+    /// its caches) taken by a thread the child does not have. The parent's copy is leaked in the
+    /// child, not dropped (dropping flushes them, under those locks), and so is the memory kept
+    /// for reuse: it is shared with the parent, whose commits may be reading it.
+    fn repo(&self) -> PyResult<Arc<repo::Repo>> {
+        let pid = std::process::id();
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.0 != pid {
+            let fresh = Arc::new(repo::Repo::open(&self.root).map_err(to_py)?);
+            std::mem::forget(std::mem::replace(&mut inner.1, fresh));
+            inner.0 = pid;
+            if let Some(spares) = self.spares.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                std::mem::forget(std::mem::take(spares));
+            }
+            std::mem::forget(self.last.lock().unwrap_or_else(|p| p.into_inner()).take());
+        }
+        Ok(inner.1.clone())
     }
 
     /// Whether a commit may still read memory it was given.
     fn commit_running(&self) -> bool {
-        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.as_ref().is_some_and(|job| job.outcome.lock().unwrap_or_else(|p| p.into_inner()).is_none())
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref().is_some_and(|job| job.foreign().is_none() && job.peek().is_none())
     }
 
-    /// Waits for the pending background commit, if any; raises its error unless `wait()` did.
-    fn settle(&self, py: Python<'_>) -> PyResult<()> {
-        let job = self.pending.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let Some(job) = job else { return Ok(()) };
-        let waited = job.clone();
-        let outcome = py.detach(move || waited.wait());
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        let mut delivered = job.delivered.lock().unwrap_or_else(|p| p.into_inner());
-        match outcome {
-            Err(e) if !*delivered => {
-                *delivered = true;
-                Err(err(format!("the previous background commit failed: {e}")))
-            }
-            _ => Ok(()),
-        }
+    /// Runs `f` on the repository without the GIL (in a forked child's pool in a child).
+    fn run<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&repo::Repo) -> repo::Result<T> + Send) -> PyResult<T> {
+        let repo = self.repo()?;
+        let pool = child_pool()?;
+        py.detach(move || in_pool(pool.as_deref(), || f(&repo))).map_err(to_py)
     }
 }
 
@@ -178,37 +410,87 @@ type FileRow = (String, String, u64, String, String);
 /// A tensor as `Repo.read_tensors` returns it: name, dtype, shape, bytes.
 type TensorRow<'py> = (String, String, Vec<u64>, Bound<'py, PyByteArray>);
 
-/// A file to commit, as the Python side passes it: `(path, source)` where `source` is a
-/// [`MemoryImage`] or a path on disk (`str`).
+/// The files to commit, as the Python side passes them: `(path, source)` where `source` is a
+/// [`MemoryImage`] or a path on disk (`str`), checked and captured now: each path is valid and
+/// named once, each file on disk is opened (and read later from this descriptor, whatever
+/// happens to its name). Nothing is taken from an image before all of them are checked.
 fn sources(list: &Bound<'_, PyList>) -> PyResult<Vec<CommitSource>> {
-    let mut out = Vec::with_capacity(list.len());
+    let mut checked = Vec::with_capacity(list.len());
+    let mut seen = HashSet::new();
     for item in list.iter() {
         let (path, source): (String, Bound<'_, PyAny>) = item.extract()?;
-        if let Ok(image) = source.cast::<MemoryImage>() {
-            let file = image.get().file.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let file = file.ok_or_else(|| err(format!("{path}: this tensor image was committed already")))?;
-            out.push(CommitSource::Memory { path, file });
-        } else {
-            let disk: PathBuf = source.extract()?;
-            out.push(CommitSource::DiskAs { path, disk });
+        let parsed = RepoPath::parse(&path).map_err(|reason| err(format!("{path}: {reason}")))?;
+        if !seen.insert(parsed.as_str().to_string()) {
+            return Err(err(format!("{path}: named twice in one commit")));
         }
+        let disk = if source.cast::<MemoryImage>().is_ok() {
+            None
+        } else {
+            let disk: PathBuf = source.extract().map_err(|_| {
+                err(format!("{path}: expected a path on disk or a tensor image, got {}", type_name(&source)))
+            })?;
+            Some(OpenedFile::open(&disk).map_err(to_py)?)
+        };
+        checked.push((path, source, disk));
+    }
+    let mut out = Vec::with_capacity(checked.len());
+    for (path, source, disk) in checked {
+        if let Some(file) = disk {
+            out.push(CommitSource::Opened { path, file });
+            continue;
+        }
+        let image = source.cast::<MemoryImage>()?;
+        let file = image.get().file.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let file = file.ok_or_else(|| err(format!("{path}: this tensor image was committed already")))?;
+        out.push(CommitSource::Memory { path, file });
     }
     Ok(out)
 }
 
-/// Commits and tags; the body of both a foreground and a background commit.
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string())
+}
+
+/// Checks `tags` for a commit before anything is written: valid names, each given once, none
+/// that exists (as a tag, or as a branch it would shadow).
+fn check_tags(repo: &repo::Repo, tags: &[String]) -> repo::Result<Result<(), String>> {
+    let mut seen = HashSet::new();
+    for t in tags {
+        repo::check_name(t)?;
+        if !seen.insert(t.as_str()) {
+            return Ok(Err(format!("tag {t:?} is given twice")));
+        }
+    }
+    let existing = repo.tags()?;
+    let branches = repo.branches()?;
+    for t in tags {
+        if existing.iter().any(|(name, _)| name == t) {
+            return Ok(Err(format!("tag {t:?} already exists")));
+        }
+        if branches.iter().any(|b| &b.name == t) {
+            return Ok(Err(format!("tag {t:?}: a branch of that name exists")));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Commits and tags; the body of both a foreground and a background commit. The tags are
+/// checked again first (another process may have made one since the call).
 fn commit_and_tag(
     repo: &repo::Repo,
     sources: Vec<CommitSource>,
     message: &str,
     tags: &[String],
     exact: bool,
-) -> repo::Result<VersionId> {
+) -> Result<VersionId, String> {
+    let text = |e: repo::Error| error_text(&e);
+    check_tags(repo, tags).map_err(text)??;
     // Compaction inline (the library default): under the `reverse` policy the parent becomes
     // deltas before this returns, on this (background) thread, and the next commit waits for it.
-    let id = repo.commit_sources(sources, message, exact, &CommitOptions::default())?;
+    let id = repo.commit_sources(sources, message, exact, &CommitOptions::default()).map_err(text)?;
     for t in tags {
-        repo.tag(t, Some(&id.to_hex()))?;
+        repo.tag(t, Some(&id.to_hex()))
+            .map_err(|e| format!("version {} was committed, but tagging it failed: {}", id.to_hex(), text(e)))?;
     }
     Ok(id)
 }
@@ -242,7 +524,7 @@ impl Repo {
     /// The working tree's root.
     #[getter]
     fn root(&self) -> PathBuf {
-        self.inner.root().to_path_buf()
+        self.root.clone()
     }
 
     /// Lays out a safetensors file of `tensors` (`(name, dtype, shape)`, dtype a safetensors
@@ -255,6 +537,8 @@ impl Repo {
         tensors: Vec<(String, String, Vec<u64>)>,
         metadata: Option<BTreeMap<String, String>>,
     ) -> PyResult<MemoryImage> {
+        // In a forked child: forgets the parent's kept memory before anything is written into it.
+        self.repo()?;
         let specs = tensors
             .into_iter()
             .map(|(name, dtype, shape)| {
@@ -286,9 +570,18 @@ impl Repo {
         Ok(MemoryImage { path, file: Mutex::new(Some(file)), ranges: Vec::new(), fd })
     }
 
+    /// Checks `tags` as a commit would before writing anything: valid names, each once, none
+    /// that exists as a tag or a branch.
+    fn check_tags(&self, py: Python<'_>, tags: Vec<String>) -> PyResult<()> {
+        self.run(py, move |repo| check_tags(repo, &tags))?.map_err(err)
+    }
+
     /// Commits `files` (a list of `(path, MemoryImage | disk path)`) with `message`, then tags
-    /// the version with each of `tags`. With `exact`, the version holds only these files. With
-    /// `background`, returns a [`CommitHandle`] at once and commits on another thread.
+    /// the version with each of `tags`. With `exact`, the version holds only these files.
+    /// Everything is checked first (paths, tags; files on disk are opened now, and read from
+    /// there): an error is raised before anything is written. With `background`, returns a
+    /// [`CommitHandle`] at once and commits on another thread. The caller waits for an earlier
+    /// background commit of the repository first (the Python package does).
     #[pyo3(signature = (files, message, tags=Vec::new(), exact=false, background=false))]
     fn commit<'py>(
         &self,
@@ -299,81 +592,80 @@ impl Repo {
         exact: bool,
         background: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.settle(py)?;
-        // Tag names are checked first, so that a bad one fails before anything is committed.
-        let existing = self.inner.tags().map_err(to_py)?;
-        for t in &tags {
-            repo::check_name(t).map_err(to_py)?;
-            if existing.iter().any(|(name, _)| name == t) {
-                return Err(err(format!("tag {t:?} already exists")));
-            }
+        let repo = self.repo()?;
+        let pool = child_pool()?;
+        {
+            let (repo, tags) = (repo.clone(), tags.clone());
+            py.detach(move || check_tags(&repo, &tags)).map_err(to_py)?.map_err(err)?;
         }
         let sources = sources(files)?;
         if !background {
-            let repo = self.inner.clone();
-            let id = py.detach(move || commit_and_tag(&repo, sources, &message, &tags, exact)).map_err(to_py)?;
+            let id = py
+                .detach(move || in_pool(pool.as_deref(), || commit_and_tag(&repo, sources, &message, &tags, exact)))
+                .map_err(err)?;
             return Ok(id.to_hex().into_pyobject(py)?.into_any());
         }
-        let job = Arc::new(Job::default());
-        let (repo, done) = (self.inner.clone(), job.clone());
+        let job = Arc::new(Job {
+            pid: std::process::id(),
+            message: message.clone(),
+            root: self.root.clone(),
+            outcome: Mutex::new(None),
+            finished: Condvar::new(),
+            reported: AtomicBool::new(false),
+        });
+        let done = job.clone();
         std::thread::Builder::new()
             .name("ckpt-commit".into())
             .spawn(move || {
                 // A panic must still finish the job: a waiter would otherwise wait forever.
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    commit_and_tag(&repo, sources, &message, &tags, exact)
+                    in_pool(pool.as_deref(), || commit_and_tag(&repo, sources, &message, &tags, exact))
                 }));
                 done.finish(match outcome {
                     Ok(Ok(id)) => Ok(id.to_hex()),
-                    Ok(Err(e)) => Err(error_text(&e)),
+                    Ok(Err(e)) => Err(e),
                     Err(_) => Err("the commit thread panicked (a bug in ckpt); nothing was committed".into()),
                 });
             })
             .map_err(|e| err(format!("starting the commit thread: {e}")))?;
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(job.clone());
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(job.clone());
         Ok(Bound::new(py, CommitHandle { job })?.into_any())
-    }
-
-    /// Waits for a background commit, if one runs; raises its error unless its handle's
-    /// `wait()` already did.
-    fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        self.settle(py)
     }
 
     /// The full id of the version `rev` names.
     fn resolve(&self, py: Python<'_>, rev: &str) -> PyResult<String> {
-        self.settle(py)?;
-        self.inner.resolve(rev).map(|id| id.to_hex()).map_err(to_py)
+        let rev = rev.to_string();
+        self.run(py, move |repo| repo.resolve(&rev).map(|id| id.to_hex()))
     }
 
     /// The history from `rev`, newest first, as `ckpt log --json` prints it (a JSON string).
     #[pyo3(signature = (rev="HEAD"))]
     fn log_json(&self, py: Python<'_>, rev: &str) -> PyResult<String> {
-        self.settle(py)?;
-        let repo = self.inner.clone();
         let rev = rev.to_string();
-        py.detach(move || log_json(&repo, &rev)).map_err(to_py)
+        self.run(py, move |repo| log_json(repo, &rev))
     }
 
     /// The files of version `rev`: `(path, format, length, file hash, manifest id)`, format
     /// `"safetensors"`, `"torch"` or `"bytes"`.
     #[pyo3(signature = (rev="HEAD"))]
     fn files(&self, py: Python<'_>, rev: &str) -> PyResult<Vec<FileRow>> {
-        self.settle(py)?;
-        let version = self.inner.resolve(rev).and_then(|id| self.inner.version(&id)).map_err(to_py)?;
-        version
-            .files
-            .iter()
-            .map(|f| {
-                let manifest = self.inner.manifest(&f.manifest).map_err(to_py)?;
-                let kind = match manifest.kind {
-                    repo::FileFormat::Safetensors => "safetensors",
-                    repo::FileFormat::Torch => "torch",
-                    _ => "bytes",
-                };
-                Ok((f.path.clone(), kind.to_string(), f.len, f.hash.to_hex(), f.manifest.to_hex()))
-            })
-            .collect()
+        let rev = rev.to_string();
+        self.run(py, move |repo| {
+            let version = repo.resolve(&rev).and_then(|id| repo.version(&id))?;
+            version
+                .files
+                .iter()
+                .map(|f| {
+                    let manifest = repo.manifest(&f.manifest)?;
+                    let kind = match manifest.kind {
+                        repo::FileFormat::Safetensors => "safetensors",
+                        repo::FileFormat::Torch => "torch",
+                        _ => "bytes",
+                    };
+                    Ok((f.path.clone(), kind.to_string(), f.len, f.hash.to_hex(), f.manifest.to_hex()))
+                })
+                .collect()
+        })
     }
 
     /// The tensors of `path` in `rev` whose names are in `names` (all if `None`), read from the
@@ -386,8 +678,9 @@ impl Repo {
         path: &str,
         names: Option<Vec<String>>,
     ) -> PyResult<Vec<TensorRow<'py>>> {
-        self.settle(py)?;
-        let mut reader = self.inner.tensor_reader(rev, path).map_err(to_py)?;
+        let repo = self.repo()?;
+        let pool = child_pool()?;
+        let mut reader = repo.tensor_reader(rev, path).map_err(to_py)?;
         let all: Vec<(String, String, Vec<u64>)> =
             reader.tensors().iter().map(|t| (t.name.clone(), t.dtype.clone(), t.shape.clone())).collect();
         let mut wanted: Vec<usize> = (0..all.len()).collect();
@@ -403,7 +696,7 @@ impl Repo {
             let len = reader.len_of(i).unwrap_or(0) as usize;
             let mut failure = None;
             let buf = PyByteArray::new_with(py, len, |buf| {
-                if let Err(e) = reader.read_into(i, buf) {
+                if let Err(e) = in_pool(pool.as_deref(), || reader.read_into(i, buf)) {
                     failure = Some(e);
                 }
                 Ok(())
@@ -420,8 +713,8 @@ impl Repo {
     /// The bytes of the (small) file `path` in `rev`, at most `limit` bytes.
     #[pyo3(signature = (rev, path, limit=1 << 30))]
     fn read_file<'py>(&self, py: Python<'py>, rev: &str, path: &str, limit: u64) -> PyResult<Bound<'py, PyBytes>> {
-        self.settle(py)?;
-        let bytes = self.inner.read_file_bytes(rev, path, limit).map_err(to_py)?;
+        let (rev, path) = (rev.to_string(), path.to_string());
+        let bytes = self.run(py, move |repo| repo.read_file_bytes(&rev, &path, limit))?;
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -437,25 +730,22 @@ impl Repo {
         files: Option<Vec<PathBuf>>,
         force: bool,
     ) -> PyResult<Vec<String>> {
-        self.settle(py)?;
-        let repo = self.inner.clone();
         let rev = rev.to_string();
         let options = CheckoutOptions { files, output, tensor: None, force };
-        let summary = py.detach(move || repo.checkout_with(&rev, &options)).map_err(to_py)?;
+        let summary = self.run(py, move |repo| repo.checkout_with(&rev, &options))?;
         Ok(summary.files)
     }
 
     /// Tags `rev` (default `HEAD`) as `name`.
     #[pyo3(signature = (name, rev=None))]
     fn tag(&self, py: Python<'_>, name: &str, rev: Option<&str>) -> PyResult<String> {
-        self.settle(py)?;
-        self.inner.tag(name, rev).map(|id| id.to_hex()).map_err(to_py)
+        let (name, rev) = (name.to_string(), rev.map(str::to_string));
+        self.run(py, move |repo| repo.tag(&name, rev.as_deref()).map(|id| id.to_hex()))
     }
 
     /// Every tag and its version id.
     fn tags(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
-        self.settle(py)?;
-        let tags = self.inner.tags().map_err(to_py)?;
+        let tags = self.run(py, |repo| repo.tags())?;
         Ok(tags.into_iter().map(|(n, id)| (n, id.to_hex())).collect())
     }
 }
@@ -503,6 +793,15 @@ fn log_json(repo: &repo::Repo, rev: &str) -> repo::Result<String> {
 /// The module `ckpt._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    LOADED_IN.get_or_init(std::process::id);
+    EXIT_HOOK.get_or_init(|| {
+        // SAFETY: registers a function without arguments that calls no Python API; called with
+        // the GIL held, as `Py_AtExit` requires.
+        #[allow(unsafe_code)]
+        let registered = unsafe { pyo3::ffi::Py_AtExit(Some(exit_status_hook)) };
+        registered == 0
+    });
+    m.add_function(wrap_pyfunction!(exit_with_failure, m)?)?;
     m.add("CkptError", m.py().get_type::<CkptError>())?;
     m.add_class::<Repo>()?;
     m.add_class::<CommitHandle>()?;

@@ -7,6 +7,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "torch"
 
 
+@pytest.fixture(autouse=True)
+def no_background_failure_left_unreported():
+    """Each test settles its background commits: a failure nobody was told about would make the
+    test process exit with status 1 (as it makes any Python process)."""
+    yield
+    import ckpt
+
+    ckpt.wait()
+
+
 @pytest.fixture
 def repo(tmp_path):
     import ckpt

@@ -200,8 +200,20 @@ pub struct Index {
     objects: sled::Tree,
     versions: sled::Tree,
     stat: sled::Tree,
-    // Held for as long as the index is open; dropping it releases the lock.
-    _lock: File,
+    // Held for as long as the index is open; dropping it (after the database: the last field)
+    // releases the lock.
+    _lock: HeldLock,
+}
+
+/// The index's OS lock, released explicitly when dropped: closing this descriptor alone would
+/// leave it held by a forked child's copy of it (a Python `DataLoader` worker) until the child
+/// exits, and the index would stay closed to every other process meanwhile.
+struct HeldLock(File);
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
 }
 
 fn db_err(action: &'static str) -> impl FnOnce(sled::Error) -> Error {
@@ -249,7 +261,7 @@ impl Index {
             versions: tree("versions")?,
             stat: tree("stat")?,
             db,
-            _lock: lock,
+            _lock: HeldLock(lock),
         })
     }
 

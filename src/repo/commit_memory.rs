@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// An anonymous, growable-until-sealed file in memory (`memfd_create`), holding the bytes of one
 /// file to commit.
@@ -140,6 +140,92 @@ pub enum CommitSource {
         /// Its bytes.
         file: MemoryFile,
     },
+    /// A file on disk opened when the commit was asked for ([`OpenedFile::open`]), committed
+    /// under `path` (repository-relative, `/`-separated): what a background commit of a path
+    /// reads, whatever happens to the name meanwhile.
+    Opened {
+        /// Where the file goes in the version.
+        path: String,
+        /// The open file.
+        file: OpenedFile,
+    },
+}
+
+/// A file on disk, opened (and its size and modification time taken) when a commit is asked
+/// for, to be read later by a commit on another thread. The open descriptor keeps the file's
+/// bytes however the name changes: deleted (a trainer's `save_total_limit`), or replaced by a
+/// rename (an atomic save). A rewrite of the same file in place (`open(..., "wb")`) after it was
+/// opened changes its size or modification time, and the commit fails with an error saying so:
+/// what it would read is no longer what was asked for.
+#[derive(Debug)]
+pub struct OpenedFile {
+    file: File,
+    disk: PathBuf,
+    /// The canonical path when opened: whether it is the working-tree file of its path.
+    canonical: Option<PathBuf>,
+    /// Size and modification time when opened. (Not the change time, which deleting or renaming
+    /// the file changes.)
+    stamp: (u64, i64, i64),
+}
+
+impl OpenedFile {
+    /// Opens `disk` for a later commit: a regular file (a named pipe, socket, device or
+    /// directory is refused, naming it).
+    pub fn open(disk: &Path) -> Result<OpenedFile> {
+        let file = mmap::open_regular(disk).map_err(|source| match source.kind() {
+            std::io::ErrorKind::InvalidInput => {
+                Error::InvalidPath { path: disk.to_path_buf(), reason: source.to_string() }
+            }
+            _ => Error::Io { action: "opening", path: disk.to_path_buf(), source },
+        })?;
+        let metadata =
+            file.metadata().map_err(|source| Error::Io { action: "reading", path: disk.to_path_buf(), source })?;
+        Ok(OpenedFile {
+            file,
+            disk: disk.to_path_buf(),
+            canonical: disk.canonicalize().ok(),
+            stamp: stamp_of(&metadata),
+        })
+    }
+}
+
+/// A [`CommitSource`] checked (its path parsed, a memory file sealed), from which the commit's
+/// input is made: once, or again when an opened file was renamed while it was read.
+enum Prepared {
+    Disk { path: RepoPath, disk: PathBuf },
+    DiskAs { path: RepoPath, disk: PathBuf },
+    Memory { path: RepoPath, file: File },
+    Opened { path: RepoPath, file: OpenedFile },
+}
+
+impl Prepared {
+    fn path(&self) -> &RepoPath {
+        match self {
+            Prepared::Disk { path, .. }
+            | Prepared::DiskAs { path, .. }
+            | Prepared::Memory { path, .. }
+            | Prepared::Opened { path, .. } => path,
+        }
+    }
+
+    /// Whether this is the opened file committed as `path` and, although the commit saw it
+    /// change, its size and modification time are still those it was opened with: it was only
+    /// deleted, renamed (or its mode changed), which changes the change time the commit
+    /// compares, not its bytes.
+    fn only_renamed(&self, path: &str) -> bool {
+        match self {
+            Prepared::Opened { path: p, file } if p.as_str() == path => {
+                file.file.metadata().is_ok_and(|m| stamp_of(&m) == file.stamp)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Size and modification time of `metadata`.
+fn stamp_of(metadata: &std::fs::Metadata) -> (u64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (metadata.len(), metadata.mtime(), metadata.mtime_nsec())
 }
 
 /// A tensor of a safetensors file to lay out with [`safetensors_image`].
@@ -222,6 +308,11 @@ impl Repo {
     /// not `rm`-ed (with `exact`, only these files). A memory file is committed exactly as the
     /// equal file on disk would be (same manifest and file hash, same deltas and dedup); it is
     /// sealed first, so its bytes cannot change any more. Paths may not repeat.
+    ///
+    /// The writer lock is taken once every input is open and parsed, for the write itself: a
+    /// bad path or file fails before it, and nothing is written. An [`CommitSource::Opened`]
+    /// file deleted or renamed while it is read (which changes its change time, not its bytes)
+    /// is read again, up to twice.
     pub fn commit_sources(
         &self,
         sources: Vec<CommitSource>,
@@ -229,72 +320,120 @@ impl Repo {
         exact: bool,
         options: &CommitOptions,
     ) -> Result<VersionId> {
-        let _lock = self.lock()?;
         let mut seen = HashSet::new();
-        let mut inputs = Vec::with_capacity(sources.len());
+        let mut prepared = Vec::with_capacity(sources.len());
         for source in sources {
-            let input = match source {
-                CommitSource::Disk(p) => self.read_input(&p)?,
-                CommitSource::DiskAs { path, disk } => {
-                    let repo_path = parse_path(&path)?;
-                    let in_working_tree = disk.canonicalize().ok() == Some(repo_path.under(self.root()));
-                    let file = mmap::open_regular(&disk).map_err(|source| match source.kind() {
-                        std::io::ErrorKind::InvalidInput => {
-                            Error::InvalidPath { path: disk.clone(), reason: source.to_string() }
-                        }
-                        _ => Error::Io { action: "opening", path: disk.clone(), source },
-                    })?;
-                    let io = |source| Error::Io { action: "reading", path: disk.clone(), source };
-                    let metadata = file.metadata().map_err(io)?;
-                    let map = mmap::map_input(&file).map_err(io)?;
-                    let mut input = Input::parse(repo_path, map, metadata, file)?;
-                    input.in_working_tree = in_working_tree;
-                    input
-                }
+            let source = match source {
+                CommitSource::Disk(p) => Prepared::Disk { path: self.repo_path(&p)?, disk: p },
+                CommitSource::DiskAs { path, disk } => Prepared::DiskAs { path: parse_path(&path)?, disk },
                 CommitSource::Memory { path, file } => {
                     let repo_path = parse_path(&path)?;
-                    let io = |source| Error::Io { action: "reading", path: PathBuf::from(&path), source };
                     if file.seal {
-                        file.seal().map_err(io)?;
+                        file.seal().map_err(|source| Error::Io {
+                            action: "sealing the memory file of",
+                            path: PathBuf::from(&path),
+                            source,
+                        })?;
                     }
-                    let metadata = file.file.metadata().map_err(io)?;
-                    let map = mmap::map_input(&file.file).map_err(io)?;
-                    let mut input = Input::parse(repo_path, map, metadata, file.file)?;
-                    // Not a working-tree file: `status` has no stat record to keep for it.
-                    input.in_working_tree = false;
-                    input
+                    Prepared::Memory { path: repo_path, file: file.file }
                 }
+                CommitSource::Opened { path, file } => Prepared::Opened { path: parse_path(&path)?, file },
             };
-            if !seen.insert(input.path.clone()) {
+            if !seen.insert(source.path().clone()) {
                 return Err(Error::InvalidPath {
-                    path: PathBuf::from(input.path.as_str()),
+                    path: PathBuf::from(source.path().as_str()),
                     reason: "named twice in one commit".into(),
                 });
             }
-            inputs.push(input);
+            prepared.push(source);
         }
-        if !exact {
-            return self.commit_inputs(inputs, message, options);
-        }
-        // Every other file of the parent is dropped, through the pending removals the commit
-        // applies (and clears); restored if the commit fails.
-        let before = self.pending_removals()?;
-        let mut removals = before.clone();
-        if let Some(parent) = self.refs.head_version()? {
-            let parent = self.version(&parent)?;
-            let named: HashSet<&str> = inputs.iter().map(|i| i.path.as_str()).collect();
-            for f in &parent.files {
-                if !named.contains(f.path.as_str()) && !removals.contains(&f.path) {
-                    removals.push(f.path.clone());
+        let mut inputs = self.inputs_of(&prepared)?;
+        let _lock = self.lock()?;
+        // Every other file of the parent is dropped with `exact`, through the pending removals
+        // the commit applies (and clears); restored if the commit fails.
+        let before = if exact { Some(self.pending_removals()?) } else { None };
+        if let Some(before) = &before {
+            let mut removals = before.clone();
+            if let Some(parent) = self.refs.head_version()? {
+                let parent = self.version(&parent)?;
+                let named: HashSet<&str> = prepared.iter().map(|p| p.path().as_str()).collect();
+                for f in &parent.files {
+                    if !named.contains(f.path.as_str()) && !removals.contains(&f.path) {
+                        removals.push(f.path.clone());
+                    }
                 }
             }
+            self.write_removals(&removals)?;
         }
-        self.write_removals(&removals)?;
-        let committed = self.commit_inputs(inputs, message, options);
-        if committed.is_err() {
-            let _ = self.write_removals(&before);
+        let mut attempts = 1;
+        let committed = loop {
+            let committed = self.commit_inputs(inputs, message, options);
+            let renamed = match &committed {
+                Err(Error::FileChanged { path }) => prepared.iter().any(|p| p.only_renamed(path)),
+                _ => false,
+            };
+            if !renamed || attempts == 3 {
+                break committed;
+            }
+            attempts += 1;
+            inputs = match self.inputs_of(&prepared) {
+                Ok(inputs) => inputs,
+                Err(e) => break Err(e),
+            };
+        };
+        if let (Err(_), Some(before)) = (&committed, &before) {
+            let _ = self.write_removals(before);
         }
         committed
+    }
+
+    /// The commit's inputs, opened (a path), mapped and parsed.
+    fn inputs_of(&self, prepared: &[Prepared]) -> Result<Vec<Input>> {
+        prepared.iter().map(|p| self.input_of(p)).collect()
+    }
+
+    fn input_of(&self, prepared: &Prepared) -> Result<Input> {
+        let (path, disk, file, metadata, in_working_tree) = match prepared {
+            Prepared::Disk { disk, .. } => return self.read_input(disk),
+            Prepared::DiskAs { path, disk } => {
+                let file = mmap::open_regular(disk).map_err(|source| match source.kind() {
+                    std::io::ErrorKind::InvalidInput => {
+                        Error::InvalidPath { path: disk.clone(), reason: source.to_string() }
+                    }
+                    _ => Error::Io { action: "opening", path: disk.clone(), source },
+                })?;
+                let metadata =
+                    file.metadata().map_err(|source| Error::Io { action: "reading", path: disk.clone(), source })?;
+                let in_working_tree = disk.canonicalize().ok() == Some(path.under(self.root()));
+                (path, disk.clone(), file, metadata, in_working_tree)
+            }
+            Prepared::Memory { path, file } => {
+                let io = |source| Error::Io { action: "reading", path: PathBuf::from(path.as_str()), source };
+                let file = file.try_clone().map_err(io)?;
+                let metadata = file.metadata().map_err(io)?;
+                // Not a working-tree file: `status` has no stat record to keep for it.
+                (path, PathBuf::from(path.as_str()), file, metadata, false)
+            }
+            Prepared::Opened { path, file } => {
+                let io = |source| Error::Io { action: "reading", path: file.disk.clone(), source };
+                let handle = file.file.try_clone().map_err(io)?;
+                let metadata = handle.metadata().map_err(io)?;
+                if stamp_of(&metadata) != file.stamp {
+                    return Err(Error::InvalidPath {
+                        path: file.disk.clone(),
+                        reason: "rewritten in place after the commit was asked for (its size or modification \
+                                 time changed); not committed, as what is there now is not what was handed over"
+                            .into(),
+                    });
+                }
+                let in_working_tree = file.canonical.as_ref() == Some(&path.under(self.root()));
+                (path, file.disk.clone(), handle, metadata, in_working_tree)
+            }
+        };
+        let map = mmap::map_input(&file).map_err(|source| Error::Io { action: "reading", path: disk, source })?;
+        let mut input = Input::parse(path.clone(), map, metadata, file)?;
+        input.in_working_tree = in_working_tree;
+        Ok(input)
     }
 
     /// The bytes `path` holds in the version `rev` resolves to, for a file of at most `limit`
@@ -589,6 +728,33 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
         assert!(repo.pending_removals().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_opened_file_is_committed_as_it_was_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repo::init(dir.path()).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let at = |name: &str| outside.path().join(name);
+        for (name, text) in [("deleted", "first"), ("replaced", "second"), ("rewritten", "third")] {
+            std::fs::write(at(name), text).unwrap();
+        }
+        let opened =
+            |name: &str| CommitSource::Opened { path: name.into(), file: OpenedFile::open(&at(name)).unwrap() };
+        let (deleted, replaced, rewritten) = (opened("deleted"), opened("replaced"), opened("rewritten"));
+        std::fs::remove_file(at("deleted")).unwrap();
+        std::fs::write(at("new"), "other bytes").unwrap();
+        std::fs::rename(at("new"), at("replaced")).unwrap();
+        std::fs::write(at("rewritten"), "in place, longer").unwrap();
+        let id = repo.commit_sources(vec![deleted, replaced], "opened", false, &CommitOptions::default()).unwrap();
+        assert_eq!(repo.read_file_bytes("HEAD", "deleted", 100).unwrap(), b"first");
+        assert_eq!(repo.read_file_bytes("HEAD", "replaced", 100).unwrap(), b"second");
+        let e = repo.commit_sources(vec![rewritten], "rewritten", false, &CommitOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("rewritten in place after the commit was asked for"), "{e}");
+        assert_eq!(repo.head_version().unwrap(), Some(id));
+        // Refused when opened: nothing to open, or not a regular file.
+        assert!(OpenedFile::open(&at("deleted")).unwrap_err().to_string().contains("No such file"));
+        assert!(OpenedFile::open(outside.path()).unwrap_err().to_string().contains("not a regular file"));
     }
 
     #[test]

@@ -12,6 +12,14 @@
 //! it instead of stepping aside for it forever. (An OS lock rather than a pid in the file: it is
 //! released by the kernel however the waiter ends, and works across pid namespaces, such as a
 //! training container and the host sharing a repository.)
+//!
+//! Every lock is released explicitly (`flock(LOCK_UN)`) when its holder is dropped, not only by
+//! closing the descriptor. An OS file lock belongs to the open file, which a `fork` shares with
+//! the child: a Python training process that forks `DataLoader` workers while a background
+//! commit holds the lock would otherwise leave it held by each worker's copy of the descriptor
+//! until the worker exits, and its own next commit would time out waiting for nobody. (The
+//! descriptors are opened close-on-exec, as all of Rust's are, so an `exec`ed child never has
+//! them; a forked one that does not exec still does, hence the explicit release.)
 
 use super::{Error, Result};
 use std::fs::{File, TryLockError};
@@ -20,18 +28,28 @@ use std::time::{Duration, Instant};
 
 /// Proof of holding the writer lock; dropping it releases the lock.
 pub struct WriterLock {
-    _file: File,
+    _file: Held,
 }
 
 /// Proof of holding the shared side of the writer lock: no writer runs until it is dropped.
 pub struct ReaderLock {
-    _file: File,
+    _file: Held,
+}
+
+/// A file this process holds an OS lock on; dropping it releases the lock explicitly, for every
+/// descriptor of the open file, a forked child's included.
+struct Held(File);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
 }
 
 impl WriterLock {
     /// Takes the lock at `path`, waiting up to `timeout`.
     pub fn acquire(path: &Path, timeout: Duration) -> Result<WriterLock> {
-        acquire(path, timeout, false).map(|file| WriterLock { _file: file })
+        acquire(path, timeout, false).map(|file| WriterLock { _file: Held(file) })
     }
 
     /// Whether another process is waiting for the lock at `path`. A marker left by a waiter that
@@ -42,10 +60,11 @@ impl WriterLock {
         match file.try_lock() {
             Err(TryLockError::WouldBlock) => true,
             Ok(()) => {
+                let held = Held(file);
                 // No waiter holds it. Deleted only if it is still the file we locked: a waiter
                 // that made a new one meanwhile keeps it. (A waiter that opened this one just
                 // now fails its lock and makes a new one at its next poll.)
-                if same_file(&file, &marker) {
+                if same_file(&held.0, &marker) {
                     let _ = std::fs::remove_file(&marker);
                 }
                 false
@@ -60,7 +79,7 @@ impl ReaderLock {
     /// Takes the shared side of the lock at `path`, waiting up to `timeout` for a writer to
     /// finish (and saying so in `.ckpt/lock.waiting`, so a background compaction steps aside).
     pub fn acquire(path: &Path, timeout: Duration) -> Result<ReaderLock> {
-        acquire(path, timeout, true).map(|file| ReaderLock { _file: file })
+        acquire(path, timeout, true).map(|file| ReaderLock { _file: Held(file) })
     }
 }
 
@@ -113,20 +132,20 @@ fn same_file(file: &File, path: &Path) -> bool {
 struct WaitingMarker {
     path: PathBuf,
     /// The marker file, locked, once made.
-    held: Option<File>,
+    held: Option<Held>,
 }
 
 impl WaitingMarker {
     /// Makes (or joins) the marker unless the file at the path is already the one we hold.
     fn refresh(&mut self) {
-        if self.held.as_ref().is_some_and(|f| same_file(f, &self.path)) {
+        if self.held.as_ref().is_some_and(|f| same_file(&f.0, &self.path)) {
             return;
         }
         self.held = None;
         let Ok(file) = File::options().create(true).truncate(false).write(true).open(&self.path) else { return };
         // Fails only while `is_wanted` holds it exclusively to delete it: made anew next poll.
         if file.try_lock_shared().is_ok() {
-            self.held = Some(file);
+            self.held = Some(Held(file));
         }
     }
 }
@@ -134,7 +153,7 @@ impl WaitingMarker {
 impl Drop for WaitingMarker {
     fn drop(&mut self) {
         // Other waiters may share this file; they make a new one at their next poll.
-        if self.held.as_ref().is_some_and(|f| same_file(f, &self.path)) {
+        if self.held.as_ref().is_some_and(|f| same_file(&f.0, &self.path)) {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -205,6 +224,24 @@ mod tests {
         }
         drop(_holder);
         reader.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_dropped_lock_is_free_although_a_copy_of_its_descriptor_lives_on() {
+        // What a fork while the lock is held leaves: the child's descriptor of the same open
+        // file. Dropping the holder must free the lock all the same.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let held = WriterLock::acquire(&path, Duration::ZERO).unwrap();
+        let childs_copy = held._file.0.try_clone().unwrap();
+        drop(held);
+        let again = WriterLock::acquire(&path, Duration::ZERO).expect("the copy does not keep the lock");
+        drop(again);
+        let reader = ReaderLock::acquire(&path, Duration::ZERO).unwrap();
+        let copy_of_reader = reader._file.0.try_clone().unwrap();
+        drop(reader);
+        WriterLock::acquire(&path, Duration::ZERO).expect("nor for a reader");
+        drop((childs_copy, copy_of_reader));
     }
 
     #[test]

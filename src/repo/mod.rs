@@ -37,7 +37,8 @@ mod watch;
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
 pub use commit_memory::{
-    safetensors_image, safetensors_image_in, CommitSource, MemoryFile, SafetensorsImage, TensorReader, TensorSpec,
+    safetensors_image, safetensors_image_in, CommitSource, MemoryFile, OpenedFile, SafetensorsImage, TensorReader,
+    TensorSpec,
 };
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
