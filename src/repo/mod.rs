@@ -48,7 +48,7 @@ pub use inspect::{
     TensorDiff, TensorName,
 };
 pub use model::{
-    file_hash, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
+    file_hash, limits, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
     MODEL_FORMAT,
 };
 pub use partial::PartialClone;
@@ -357,6 +357,30 @@ pub enum Error {
     Unborn {
         /// The branch HEAD names.
         branch: String,
+    },
+    /// A commit whose manifest or version would exceed a cap readers apply
+    /// ([`limits`]): it is refused rather than written unreadable.
+    #[error("cannot commit {what}: {reason} (docs/format.md, \"Caps on untrusted sizes\")")]
+    OverLimit {
+        /// The file, or "the version".
+        what: String,
+        /// Which cap and by how much.
+        reason: String,
+    },
+    /// `pull` would overwrite or remove files whose changes would be lost: nothing was written.
+    #[error(
+        "pull: not moving branch {branch:?} to {theirs}: {}",
+        dirty_message(paths, untracked).replace("or pass --force to discard them", "then pull again")
+    )]
+    PullBlocked {
+        /// The current branch.
+        branch: String,
+        /// The remote's version it would move to.
+        theirs: String,
+        /// Tracked files modified since they were committed or checked out.
+        paths: Vec<String>,
+        /// Untracked files in the way.
+        untracked: Vec<String>,
     },
 }
 

@@ -70,7 +70,7 @@ impl Store {
         }
         let raw = RawObject { id: *id, header, map };
         let container = raw.container()?;
-        let mut out = Vec::with_capacity(header.raw_len as usize);
+        let mut out = Vec::with_capacity(header.raw_len.min(super::PREALLOCATE_DATA_LEN) as usize);
         container.decode_to(&mut out).map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;
         Ok(out)
     }
