@@ -55,7 +55,7 @@ pub use partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::Needed;
 pub use refs::{check_name, Head, RefKind};
-pub use remote::{FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
+pub use remote::{absolute_dir_url, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};

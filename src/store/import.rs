@@ -42,7 +42,7 @@ impl Store {
                     if header.raw_len > MAX_DATA_OBJECT_LEN {
                         return Err(Error::Corrupt {
                             id: *id,
-                            reason: format!("a {} of {} bytes", header.kind, header.raw_len),
+                            reason: format!("a {} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", header.kind, header.raw_len),
                         });
                     }
                     raw.container()?
@@ -66,7 +66,10 @@ impl Store {
             return Err(Error::WrongKind { id: *id, expected: kind, found: header.kind });
         }
         if header.raw_len > MAX_DATA_OBJECT_LEN {
-            return Err(Error::Corrupt { id: *id, reason: format!("a {kind} of {} bytes", header.raw_len) });
+            return Err(Error::Corrupt {
+                id: *id,
+                reason: format!("a {kind} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", header.raw_len),
+            });
         }
         let raw = RawObject { id: *id, header, map };
         let container = raw.container()?;

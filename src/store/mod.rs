@@ -324,7 +324,10 @@ impl Store {
             return Err(Error::WrongKind { id: *id, expected: kind, found: raw.header.kind });
         }
         if raw.header.raw_len > MAX_DATA_OBJECT_LEN {
-            return Err(Error::Corrupt { id: *id, reason: format!("a {kind} of {} bytes", raw.header.raw_len) });
+            return Err(Error::Corrupt {
+                id: *id,
+                reason: format!("a {kind} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", raw.header.raw_len),
+            });
         }
         let container = raw.container()?;
         let mut out = Vec::with_capacity(raw.header.raw_len.min(PREALLOCATE_DATA_LEN) as usize);

@@ -8,6 +8,7 @@ mod git_remote;
 mod proxy;
 mod remote;
 mod remote_faults;
+mod remote_trust;
 mod remote_wire;
 mod repo_compact;
 mod repo_crash;
