@@ -644,6 +644,49 @@ mod tests {
         }
     }
 
+    /// Counts are capped while parsing (the error comes at the first element past the cap),
+    /// lengths right after: a manifest or version can cost no more memory than its caps allow.
+    #[test]
+    fn caps_on_untrusted_sizes() {
+        let id = ObjectId([7; 32]);
+        let hex = id.to_hex();
+        let message = |e: Error| e.to_string();
+        // One segment past the cap, in the smallest JSON a segment can have.
+        let mut json = format!(r#"{{"format":2,"kind":"bytes","len":0,"hash":"{hex}","segments":["#);
+        json.push_str(&vec![r#"{"len":0}"#; limits::MAX_SEGMENTS + 1].join(","));
+        json.push_str("]}");
+        let err = message(Manifest::parse(id, json.as_bytes()).unwrap_err());
+        assert!(err.contains("more than 1048576 segments"), "{err}");
+
+        let shape = vec!["1"; limits::MAX_DIMS + 1].join(",");
+        let json = format!(
+            r#"{{"format":2,"kind":"safetensors","len":4,"hash":"{hex}","segments":[{{"len":4,"blob":"{hex}","tensor":{{"name":"t","dtype":"F32","shape":[{shape}]}}}}]}}"#
+        );
+        let err = message(Manifest::parse(id, json.as_bytes()).unwrap_err());
+        assert!(err.contains("more than 64 dimensions"), "{err}");
+
+        let name = "n".repeat(limits::MAX_NAME_LEN + 1);
+        let json = format!(
+            r#"{{"format":2,"kind":"safetensors","len":4,"hash":"{hex}","segments":[{{"len":4,"blob":"{hex}","tensor":{{"name":"{name}","dtype":"F32","shape":[1]}}}}]}}"#
+        );
+        let err = message(Manifest::parse(id, json.as_bytes()).unwrap_err());
+        assert!(err.contains("tensor name of 65537 bytes"), "{err}");
+
+        let version = |parents: usize, message: &str| {
+            let parents = vec![format!("\"{hex}\""); parents].join(",");
+            format!(
+                r#"{{"format":2,"parents":[{parents}],"time":5,"message":"{message}","since_base":0,"files":[],"raw_bytes":0,"stored_bytes":0}}"#
+            )
+        };
+        let other = ObjectId([8; 32]);
+        assert!(Version::parse(other, version(1, "m").as_bytes()).is_ok());
+        let err = message(Version::parse(other, version(limits::MAX_PARENTS + 1, "m").as_bytes()).unwrap_err());
+        assert!(err.contains("more than 16 parents"), "{err}");
+        let long = "m".repeat(limits::MAX_MESSAGE_LEN + 1);
+        let err = message(Version::parse(other, version(1, &long).as_bytes()).unwrap_err());
+        assert!(err.contains("a message of 1048577 bytes"), "{err}");
+    }
+
     /// Pinned value: a change to the file hash's definition is a format change.
     #[test]
     fn file_hash_is_pinned_and_binds_lengths_and_order() {

@@ -194,7 +194,17 @@ impl Staging {
         if let Ok(entries) = std::fs::read_dir(&incoming) {
             for entry in entries.flatten() {
                 let path = entry.path();
-                let abandoned = std::fs::File::open(path.join("lock")).map(|f| f.try_lock().is_ok()).unwrap_or(true);
+                // A lock file that is not held; or none at all a minute after the directory
+                // was made (a fetch creates it right after its directory).
+                let abandoned = match std::fs::File::open(path.join("lock")) {
+                    Ok(f) => f.try_lock().is_ok(),
+                    Err(_) => entry
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > std::time::Duration::from_secs(60)),
+                };
                 if abandoned && path.is_dir() {
                     let _ = std::fs::remove_dir_all(&path);
                 }
@@ -216,8 +226,9 @@ impl Staging {
 /// What the network half of a fetch downloaded (temp files in a [`Staging`] directory).
 #[derive(Default)]
 struct Staged {
-    /// Versions with their parsed content.
-    versions: Vec<(VersionId, super::Version, tempfile::TempPath)>,
+    /// Versions with their parents (the content is parsed again when stored: a fetch of a
+    /// long history holds no more than one version's content at a time).
+    versions: Vec<(VersionId, Vec<VersionId>, tempfile::TempPath)>,
     /// Manifests (checked against their ids).
     manifests: Vec<(ObjectId, tempfile::TempPath)>,
     /// Blobs (not checked yet) with the reference their header names.
@@ -867,8 +878,37 @@ impl Repo {
         remote_name: &str,
     ) -> Result<()> {
         let stage = Staging::create(&self.dir)?;
-        let staged = self.stage(remote, roots, transfers, depth, &stage)?;
+        let mut staged = Staged::default();
+        if let Err(e) = self.stage(remote, roots, transfers, depth, &stage, &mut staged) {
+            self.keep_arrived_blobs(&mut staged.blobs);
+            return Err(e);
+        }
         self.import_staged(staged, report, remote_name)
+    }
+
+    /// Stores the staged blobs that can be stored (standalone, or with their reference here),
+    /// bases first, skipping any that fails: what an interrupted fetch keeps. The caller holds
+    /// the writer lock.
+    fn keep_arrived_blobs(&self, blobs: &mut HashMap<ObjectId, (tempfile::TempPath, Option<ObjectId>)>) {
+        loop {
+            let ready: Vec<ObjectId> = blobs
+                .iter()
+                .filter(|(_, (_, r))| r.is_none_or(|r| self.store.contains(&r)))
+                .map(|(id, _)| *id)
+                .collect();
+            if ready.is_empty() {
+                break;
+            }
+            for id in ready {
+                let (path, _) = blobs.remove(&id).expect("ready is staged");
+                if let Ok(written) = Self::reopen(path)
+                    .and_then(|tmp| Ok(self.store.import(&id, Some(ObjectKind::Blob), tmp)?))
+                {
+                    self.index_object(&written);
+                }
+            }
+        }
+        self.flush_index();
     }
 
     /// Downloads what `roots` need into `stage`, then takes the writer lock to store it:
@@ -885,13 +925,24 @@ impl Repo {
         remote_name: &str,
     ) -> Result<WriterLock> {
         let stage = Staging::create(&self.dir)?;
-        let staged = self.stage(remote, roots, transfers, depth, &stage)?;
+        let mut staged = Staged::default();
+        if let Err(e) = self.stage(remote, roots, transfers, depth, &stage, &mut staged) {
+            // Keep the blobs that arrived (each needs nothing but its chain), so that a rerun
+            // does not download them again; briefly locked, and only if the lock is free.
+            if !staged.blobs.is_empty() {
+                if let Ok(_lock) = WriterLock::acquire(&self.dir.join("lock"), std::time::Duration::ZERO) {
+                    self.keep_arrived_blobs(&mut staged.blobs);
+                }
+            }
+            return Err(e);
+        }
         let lock = self.lock()?;
         if staged.assumed.iter().all(|id| self.store.contains(id)) {
             self.import_staged(staged, report, remote_name)?;
         } else {
             drop(staged);
-            let staged = self.stage(remote, roots, transfers, depth, &stage)?;
+            let mut staged = Staged::default();
+            self.stage(remote, roots, transfers, depth, &stage, &mut staged)?;
             self.import_staged(staged, report, remote_name)?;
         }
         Ok(lock)
@@ -935,11 +986,11 @@ impl Repo {
         transfers: usize,
         depth: Option<usize>,
         stage: &Staging,
-    ) -> Result<Staged> {
+        staged: &mut Staged,
+    ) -> Result<()> {
         let dir = stage.dir.path();
         let received = AtomicU64::new(0);
         self.progress.start("fetch", 0);
-        let mut staged = Staged::default();
         let mut blobs: Vec<ObjectId> = Vec::new();
         let mut seen: HashSet<ObjectId> = HashSet::new();
         let contains = |id: &ObjectId, assumed: &mut Vec<ObjectId>| {
@@ -980,7 +1031,7 @@ impl Repo {
             } else {
                 queue.extend(version.parents.iter().map(|p| (*p, level + 1)));
             }
-            staged.versions.push((id, version, tmp.into_temp_path()));
+            staged.versions.push((id, version.parents, tmp.into_temp_path()));
         }
 
         // Blobs, in parallel; a delta's reference that is not here joins the next round.
@@ -990,7 +1041,7 @@ impl Repo {
         let mut round = blobs;
         while !round.is_empty() {
             let got: Mutex<Vec<(ObjectId, tempfile::TempPath, Option<ObjectId>)>> = Mutex::new(Vec::new());
-            parallel(&round, transfers, |id| {
+            let result = parallel(&round, transfers, |id| {
                 let path = match (self.receive_into(remote, id, &received, dir), needed_by.get(id)) {
                     (Err(Error::Remote(remote::Error::NotFound { .. })), Some(delta)) => {
                         return Err(crate::store::Error::Corrupt {
@@ -1013,7 +1064,14 @@ impl Repo {
                 }
                 got.lock().unwrap_or_else(|e| e.into_inner()).push((*id, tmp.into_temp_path(), header.reference));
                 Ok(())
-            })?;
+            });
+            if result.is_err() {
+                // What arrived stays staged for the caller (an interrupted fetch keeps it).
+                for (id, path, reference) in got.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    staged.blobs.insert(id, (path, reference));
+                }
+                return result;
+            }
             round = Vec::new();
             for (id, path, reference) in got.into_inner().unwrap_or_else(|e| e.into_inner()) {
                 if let Some(r) = reference {
@@ -1027,7 +1085,7 @@ impl Repo {
         }
         staged.bytes = received.into_inner();
         self.progress.finish();
-        Ok(staged)
+        Ok(())
     }
 
     /// The local half of a fetch (the caller holds the writer lock): records cut versions,
@@ -1072,12 +1130,12 @@ impl Repo {
             stored_objects += 1;
         }
         // Versions, parents first.
-        let mut left: HashMap<VersionId, (super::Version, tempfile::TempPath)> =
-            versions.into_iter().map(|(id, version, path)| (id, (version, path))).collect();
+        let mut left: HashMap<VersionId, (Vec<VersionId>, tempfile::TempPath)> =
+            versions.into_iter().map(|(id, parents, path)| (id, (parents, path))).collect();
         while !left.is_empty() {
             let ready: Vec<VersionId> = left
                 .iter()
-                .filter(|(_, (version, _))| version.parents.iter().all(|p| !left.contains_key(p)))
+                .filter(|(_, (parents, _))| parents.iter().all(|p| !left.contains_key(p)))
                 .map(|(id, _)| *id)
                 .collect();
             if ready.is_empty() {
@@ -1085,8 +1143,10 @@ impl Repo {
                 return Err(Error::CorruptMetadata { id, reason: "its history on the remote is a cycle".into() });
             }
             for id in ready {
-                let (version, path) = left.remove(&id).expect("ready is left");
-                let written = self.store.import(&id, Some(ObjectKind::Version), Self::reopen(path)?)?;
+                let (_, path) = left.remove(&id).expect("ready is left");
+                let tmp = Self::reopen(path)?;
+                let version = super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
+                let written = self.store.import(&id, Some(ObjectKind::Version), tmp)?;
                 self.index_object(&written);
                 self.index_version(&id, &version);
                 stored_objects += 1;
