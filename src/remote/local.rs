@@ -105,7 +105,11 @@ impl Remote for DirRemote {
                 let ty = entry.file_type().map_err(self.io("listing", &dir))?;
                 seen += 1;
                 if seen > MAX_LIST_KEYS {
-                    return Err(Error::TooManyKeys { remote: self.url.clone(), prefix: prefix.into(), limit: MAX_LIST_KEYS });
+                    return Err(Error::TooManyKeys {
+                        remote: self.url.clone(),
+                        prefix: prefix.into(),
+                        limit: MAX_LIST_KEYS,
+                    });
                 }
                 if key.len() > MAX_KEY_LEN {
                     continue;

@@ -150,7 +150,8 @@ impl StoreRemote {
             .with_config(client(ClientConfigKey::Timeout), "24h")
             .with_retry(RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() });
         // The builder's errors quote settings, never the secret key.
-        let store = builder.build().map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: e.to_string() })?;
+        let store =
+            builder.build().map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: e.to_string() })?;
         Ok(StoreRemote {
             url: super::redact_url(url),
             store: Arc::new(store),

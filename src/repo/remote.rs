@@ -11,8 +11,8 @@
 //! - A remote ref moves by compare-and-swap against the state the pusher read, and only
 //!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
 
-use super::remote_delta::WireDelta;
 use super::lock::WriterLock;
+use super::remote_delta::WireDelta;
 use super::{check_name, Error, Head, Needed, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Remote, S3Options, UploadMode, Uploaded};
@@ -216,9 +216,11 @@ impl Staging {
             source: e,
         })?;
         let lock_path = dir.path().join("lock");
-        let lock = std::fs::File::create(&lock_path)
-            .and_then(|f| f.lock().map(|()| f))
-            .map_err(|e| Error::Io { action: "locking", path: lock_path, source: e })?;
+        let lock = std::fs::File::create(&lock_path).and_then(|f| f.lock().map(|()| f)).map_err(|e| Error::Io {
+            action: "locking",
+            path: lock_path,
+            source: e,
+        })?;
         Ok(Staging { _lock: lock, dir })
     }
 }
@@ -901,8 +903,8 @@ impl Repo {
             }
             for id in ready {
                 let (path, _) = blobs.remove(&id).expect("ready is staged");
-                if let Ok(written) = Self::reopen(path)
-                    .and_then(|tmp| Ok(self.store.import(&id, Some(ObjectKind::Blob), tmp)?))
+                if let Ok(written) =
+                    Self::reopen(path).and_then(|tmp| Ok(self.store.import(&id, Some(ObjectKind::Blob), tmp)?))
                 {
                     self.index_object(&written);
                 }
@@ -957,10 +959,11 @@ impl Repo {
         dir: &Path,
     ) -> Result<tempfile::TempPath> {
         with_retries(|| {
-            let tmp = tempfile::Builder::new()
-                .prefix("obj-")
-                .tempfile_in(dir)
-                .map_err(|e| Error::Io { action: "creating a file in", path: dir.into(), source: e })?;
+            let tmp = tempfile::Builder::new().prefix("obj-").tempfile_in(dir).map_err(|e| Error::Io {
+                action: "creating a file in",
+                path: dir.into(),
+                source: e,
+            })?;
             let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
             let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
             std::io::Write::flush(&mut out).map_err(|e| Error::Io {

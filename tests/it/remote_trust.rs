@@ -39,9 +39,7 @@ fn hostile_remote(segments: usize) -> (tempfile::TempDir, std::path::PathBuf) {
     let store = Store::init(&root).unwrap();
     let blob = "ab".repeat(32);
     let mut manifest = String::with_capacity(segments * 90 + 200);
-    manifest.push_str(&format!(
-        r#"{{"format":2,"kind":"bytes","len":{segments},"hash":"{blob}","segments":["#
-    ));
+    manifest.push_str(&format!(r#"{{"format":2,"kind":"bytes","len":{segments},"hash":"{blob}","segments":["#));
     for i in 0..segments {
         if i > 0 {
             manifest.push(',');
