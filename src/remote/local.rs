@@ -4,7 +4,7 @@
 //! Small files (refs) are compared and swapped under an exclusive lock on `refs.lock`, then
 //! replaced by temp file + fsync + rename; their tag is their content.
 
-use super::{Error, Expect, Remote, Result, Small, UploadMode, Uploaded, MAX_REF_LEN};
+use super::{Error, Expect, Remote, Result, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_LIST_KEYS, MAX_REF_LEN};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ impl DirRemote {
     pub fn open(url: &str) -> Result<DirRemote> {
         let remote = DirRemote::at(url)?;
         if !remote.root.is_dir() {
-            return Err(Error::BadUrl { url: url.into(), reason: "no such directory".into() });
+            return Err(Error::BadUrl { url: super::redact_url(url), reason: "no such directory".into() });
         }
         remote.make_dirs()?;
         Ok(remote)
@@ -40,9 +40,9 @@ impl DirRemote {
     fn at(url: &str) -> Result<DirRemote> {
         let path = url.strip_prefix("file://").unwrap_or(url);
         if path.is_empty() {
-            return Err(Error::BadUrl { url: url.into(), reason: "no directory".into() });
+            return Err(Error::BadUrl { url: super::redact_url(url), reason: "no directory".into() });
         }
-        Ok(DirRemote { url: url.to_string(), root: PathBuf::from(path), requests: AtomicU64::new(0) })
+        Ok(DirRemote { url: super::redact_url(url), root: PathBuf::from(path), requests: AtomicU64::new(0) })
     }
 
     fn make_dirs(&self) -> Result<()> {
@@ -89,6 +89,7 @@ impl Remote for DirRemote {
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
         self.count();
         let mut out = Vec::new();
+        let mut seen = 0usize;
         let mut stack = vec![prefix.trim_end_matches('/').to_string()];
         while let Some(rel) = stack.pop() {
             let dir = self.path(&rel)?;
@@ -102,6 +103,17 @@ impl Remote for DirRemote {
                 let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
                 let key = format!("{rel}/{name}");
                 let ty = entry.file_type().map_err(self.io("listing", &dir))?;
+                seen += 1;
+                if seen > MAX_LIST_KEYS {
+                    return Err(Error::TooManyKeys {
+                        remote: self.url.clone(),
+                        prefix: prefix.into(),
+                        limit: MAX_LIST_KEYS,
+                    });
+                }
+                if key.len() > MAX_KEY_LEN {
+                    continue;
+                }
                 if ty.is_dir() {
                     stack.push(key);
                 } else if ty.is_file() && !name.starts_with('.') {
@@ -110,6 +122,16 @@ impl Remote for DirRemote {
             }
         }
         Ok(out)
+    }
+
+    fn exists(&self, key: &str) -> Result<bool> {
+        self.count();
+        let path = self.path(key)?;
+        match std::fs::metadata(&path) {
+            Ok(m) => Ok(m.is_file()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.io("checking", &path)(e)),
+        }
     }
 
     fn get_small(&self, key: &str) -> Result<Option<Small>> {

@@ -21,6 +21,15 @@ use std::path::{Path, PathBuf};
 /// Largest ref file a reader accepts (a ref is 65 bytes).
 pub const MAX_REF_LEN: u64 = 4096;
 
+/// Most keys one listing returns (docs/format.md, "Caps on untrusted sizes"): a listing is
+/// held in memory (about 100 bytes a key), and a remote, or whatever answers in its name, could
+/// otherwise page out keys forever. 4 Mi keys: a thousand-tensor model with 4,000 versions.
+pub const MAX_LIST_KEYS: usize = 1 << 22;
+
+/// Longest key a listing keeps (S3's own limit); longer ones are not ckpt's and are skipped
+/// (they still count towards [`MAX_LIST_KEYS`]).
+pub const MAX_KEY_LEN: usize = 1024;
+
 /// Errors of remote operations. Every variant names the remote (its URL, without credentials).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -74,6 +83,16 @@ pub enum Error {
         key: String,
         /// The limit.
         limit: u64,
+    },
+    /// A listing with more keys than [`MAX_LIST_KEYS`].
+    #[error("{remote}: listing {prefix} gave more than {limit} keys")]
+    TooManyKeys {
+        /// The remote.
+        remote: String,
+        /// The prefix listed.
+        prefix: String,
+        /// The limit.
+        limit: usize,
     },
     /// A URL or setting that does not describe a remote.
     #[error("remote {url:?}: {reason}")]
@@ -133,8 +152,18 @@ pub trait Remote: Send + Sync {
     /// The URL it was opened from, without credentials (for messages).
     fn url(&self) -> &str;
     /// Every key under `prefix` (a `/`-terminated directory such as `objects/`), relative to
-    /// the remote's root, in no particular order.
+    /// the remote's root, in no particular order; more than [`MAX_LIST_KEYS`] is
+    /// [`Error::TooManyKeys`], and keys longer than [`MAX_KEY_LEN`] are left out.
     fn list(&self, prefix: &str) -> Result<Vec<String>>;
+    /// Whether object `key` exists (one HEAD request). The default downloads nothing past
+    /// the first byte.
+    fn exists(&self, key: &str) -> Result<bool> {
+        match self.download(key, &mut std::io::sink(), 0) {
+            Ok(_) | Err(Error::TooLarge { .. }) => Ok(true),
+            Err(Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
     /// Reads a small file and its tag; `None` if it does not exist.
     fn get_small(&self, key: &str) -> Result<Option<Small>>;
     /// Writes a small file if the key is as `expect` says; else [`Error::Conflict`].
@@ -184,6 +213,70 @@ pub struct S3Options {
     pub allow_http: bool,
 }
 
+/// `url` for messages and `ckpt remote -v`: with a `scheme://` URL's user information
+/// (`user:password@`) and every query value replaced by `***`, since either may hold a secret
+/// (a password, a token, a presigned URL's `X-Amz-Signature`). A plain path is returned as is.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let (before_fragment, fragment) = match rest.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (rest, None),
+    };
+    let (before_query, query) = match before_fragment.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (before_fragment, None),
+    };
+    let (authority, path) = match before_query.find('/') {
+        Some(i) => before_query.split_at(i),
+        None => (before_query, ""),
+    };
+    let host = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => authority.to_string(),
+    };
+    let mut out = format!("{scheme}://{host}{path}");
+    if let Some(q) = query {
+        let pairs: Vec<String> = q
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) => format!("{k}=***"),
+                None => "***".to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    if fragment.is_some() {
+        out.push_str("#***");
+    }
+    out
+}
+
+/// Refuses a `scheme://` URL (a remote's, or an S3 endpoint) that carries what looks like a
+/// secret: user information (`user:password@host`), a query string (tokens, presigned
+/// signatures) or a fragment. Such a URL would be written to `.ckpt/remotes` and shown by
+/// `ckpt remote -v`; credentials belong in the environment (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`) or `~/.aws/credentials`, which are never stored.
+pub fn check_no_secrets(url: &str) -> Result<()> {
+    let Some((_, rest)) = url.split_once("://") else { return Ok(()) };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let reason = if authority.contains('@') {
+        "it holds user information (user:password@)"
+    } else if rest.contains('?') || rest.contains('#') {
+        "it has a query string or fragment (such as a token or X-Amz-Signature)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::BadUrl {
+        url: redact_url(url),
+        reason: format!(
+            "{reason}, which would be stored in .ckpt/remotes; give credentials through the \
+             environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or \
+             ~/.aws/credentials instead"
+        ),
+    })
+}
+
 /// Opens the remote at `url`: `s3://bucket[/prefix]`, `file:///path` or a local path (an
 /// existing directory). `memory://` is a fresh in-memory store (tests).
 pub fn open(url: &str, s3: &S3Options) -> Result<Box<dyn Remote>> {
@@ -195,7 +288,10 @@ pub fn open(url: &str, s3: &S3Options) -> Result<Box<dyn Remote>> {
     }
     if let Some((scheme, _)) = url.split_once("://") {
         if scheme != "file" {
-            return Err(Error::BadUrl { url: url.into(), reason: format!("unknown scheme {scheme:?} (s3 or file)") });
+            return Err(Error::BadUrl {
+                url: redact_url(url),
+                reason: format!("unknown scheme {scheme:?} (s3 or file)"),
+            });
         }
     }
     Ok(Box::new(local::DirRemote::open(url)?))

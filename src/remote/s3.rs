@@ -15,7 +15,9 @@
 //! a whole download, which `object_store`'s default (30 s per request, body included) would
 //! put on every blob however fast it is arriving.
 
-use super::{Error, Expect, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_REF_LEN};
+use super::{
+    Error, Expect, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_LIST_KEYS, MAX_REF_LEN,
+};
 use futures_util::StreamExt;
 use object_store::aws::AmazonS3ConfigKey;
 use object_store::path::Path as StorePath;
@@ -52,7 +54,7 @@ fn stall_timeout(url: &str) -> Result<std::time::Duration> {
         // At least a millisecond: the settings below are written in whole milliseconds.
         Some(s) => Ok(std::time::Duration::from_secs_f64(s.min(1e6)).max(std::time::Duration::from_millis(1))),
         None => Err(Error::BadUrl {
-            url: url.into(),
+            url: super::redact_url(url),
             reason: format!("{TIMEOUT_ENV}={value:?}: expected a positive number of seconds"),
         }),
     }
@@ -83,7 +85,7 @@ fn runtime(url: &str) -> Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| Error::BadUrl { url: url.into(), reason: format!("starting the I/O runtime: {e}") })
+        .map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: format!("starting the I/O runtime: {e}") })
 }
 
 impl StoreRemote {
@@ -121,7 +123,7 @@ impl StoreRemote {
         let rest = url.strip_prefix("s3://").unwrap_or(url);
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
-            return Err(Error::BadUrl { url: url.into(), reason: "no bucket (s3://BUCKET/PREFIX)".into() });
+            return Err(Error::BadUrl { url: super::redact_url(url), reason: "no bucket (s3://BUCKET/PREFIX)".into() });
         }
         let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
         if let Some(endpoint) = &options.endpoint {
@@ -148,9 +150,10 @@ impl StoreRemote {
             .with_config(client(ClientConfigKey::Timeout), "24h")
             .with_retry(RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() });
         // The builder's errors quote settings, never the secret key.
-        let store = builder.build().map_err(|e| Error::BadUrl { url: url.into(), reason: e.to_string() })?;
+        let store =
+            builder.build().map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: e.to_string() })?;
         Ok(StoreRemote {
-            url: url.to_string(),
+            url: super::redact_url(url),
             store: Arc::new(store),
             prefix: prefix.trim_matches('/').to_string(),
             runtime: runtime(url)?,
@@ -234,6 +237,7 @@ impl Remote for StoreRemote {
         self.runtime.block_on(async {
             let mut stream = self.store.list(Some(&location));
             let mut out = Vec::new();
+            let mut seen = 0usize;
             // One request per page of (up to) 1000 keys.
             self.count(1);
             while let Some(meta) = stream.next().await {
@@ -241,12 +245,32 @@ impl Remote for StoreRemote {
                 if out.len() % 1000 == 999 {
                     self.count(1);
                 }
+                seen += 1;
+                if seen > MAX_LIST_KEYS {
+                    return Err(Error::TooManyKeys {
+                        remote: self.url.clone(),
+                        prefix: prefix.into(),
+                        limit: MAX_LIST_KEYS,
+                    });
+                }
                 let key = meta.location.as_ref();
-                if let Some(rel) = key.strip_prefix(strip.as_str()) {
+                if let Some(rel) = key.strip_prefix(strip.as_str()).filter(|k| k.len() <= MAX_KEY_LEN) {
                     out.push(rel.to_string());
                 }
             }
             Ok(out)
+        })
+    }
+
+    fn exists(&self, key: &str) -> Result<bool> {
+        self.count(1);
+        let location = self.location(key);
+        self.runtime.block_on(async {
+            match self.store.head(&location).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(self.backend("checking", key, e)),
+            }
         })
     }
 
@@ -264,8 +288,16 @@ impl Remote for StoreRemote {
             }
             let tag =
                 serde_json::to_string(&(got.meta.e_tag.clone(), got.meta.version.clone())).expect("strings serialize");
-            let bytes = got.bytes().await.map_err(|e| self.backend("reading", key, e))?;
-            Ok(Some(Small { bytes: bytes.to_vec(), tag }))
+            // The body, not the size the answer claimed, is what must stay small.
+            let mut body = got.into_stream();
+            let mut bytes = Vec::new();
+            while let Some(part) = body.next().await {
+                bytes.extend_from_slice(&part.map_err(|e| self.backend("reading", key, e))?);
+                if bytes.len() as u64 > MAX_REF_LEN {
+                    return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit: MAX_REF_LEN });
+                }
+            }
+            Ok(Some(Small { bytes, tag }))
         })
     }
 

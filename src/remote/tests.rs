@@ -14,6 +14,8 @@ fn contract(remote: &dyn Remote) {
         remote.upload(&key, &std::fs::File::open(&file).unwrap(), &file, 12, UploadMode::CreateOnly).unwrap(),
         Uploaded::Created
     );
+    assert!(remote.exists(&key).unwrap());
+    assert!(!remote.exists(&object_key(&ObjectId::hash(b"absent"))).unwrap());
     std::fs::write(&file, b"OTHER bytes!").unwrap();
     assert_eq!(
         remote.upload(&key, &std::fs::File::open(&file).unwrap(), &file, 12, UploadMode::CreateOnly).unwrap(),
@@ -63,4 +65,20 @@ fn urls() {
     assert!(matches!(open("s3://", &S3Options::default()), Err(Error::BadUrl { .. })));
     assert_eq!(object_of_key("objects/ab/cd"), None);
     assert_eq!(object_of_key("refs/heads/main"), None);
+}
+
+#[test]
+fn urls_are_redacted_and_secrets_refused() {
+    assert_eq!(redact_url("s3://AKIA:secret@bucket/p"), "s3://***@bucket/p");
+    assert_eq!(redact_url("s3://bucket/p?X-Amz-Signature=abc&x=1#frag"), "s3://bucket/p?X-Amz-Signature=***&x=***#***");
+    assert_eq!(redact_url("http://u:p@host:9000"), "http://***@host:9000");
+    assert_eq!(redact_url("/data/remote@2"), "/data/remote@2", "a plain path is not a URL");
+    assert_eq!(redact_url("s3://bucket/a@b"), "s3://bucket/a@b", "an @ in the path is not user information");
+    for bad in ["s3://k:s@bucket/p", "s3://bucket/p?token=x", "http://h:1/#x", "file://u@localhost/x"] {
+        let err = check_no_secrets(bad).unwrap_err().to_string();
+        assert!(err.contains("AWS_ACCESS_KEY_ID") && !err.contains(":s@") && !err.contains("token=x"), "{err}");
+    }
+    for good in ["s3://bucket/p", "/data/a@b?c", "file:///data/x", "http://127.0.0.1:9000", "s3://bucket/a@b"] {
+        assert!(check_no_secrets(good).is_ok(), "{good}");
+    }
 }

@@ -289,6 +289,7 @@ impl Repo {
             stored_bytes: objects.iter().map(|w| w.stored_len).sum::<u64>().saturating_sub(replaced_len),
             files,
         };
+        version.check_limits().map_err(|reason| Error::OverLimit { what: "the version".into(), reason })?;
         let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
         self.index_object(&written);
         self.index_version(&written.id, &version);
@@ -527,7 +528,12 @@ impl Repo {
     /// the object written, if any.
     fn write_manifest(&self, store: &Store, input: &Input, h: &HashedFile) -> Result<(FileEntry, Option<Written>)> {
         let manifest = manifest_of(input, &h.segments, &h.bundles, h.hash);
+        let over = |reason| Error::OverLimit { what: input.path.to_string(), reason };
+        manifest.check_limits().map_err(over)?;
         let bytes = manifest.to_bytes();
+        if bytes.len() as u64 > store::MAX_DATA_OBJECT_LEN {
+            return Err(over(format!("a manifest of {} bytes (at most {})", bytes.len(), store::MAX_DATA_OBJECT_LEN)));
+        }
         let manifest_id = ObjectId::hash(&bytes);
         let written = if store.contains(&manifest_id) {
             None

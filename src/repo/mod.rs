@@ -49,14 +49,14 @@ pub use inspect::{
     TensorDiff, TensorName,
 };
 pub use model::{
-    file_hash, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
+    file_hash, limits, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
     MODEL_FORMAT,
 };
 pub use partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};
-pub use remote::{FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
+pub use remote::{absolute_dir_url, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
@@ -368,6 +368,30 @@ pub enum Error {
     Unborn {
         /// The branch HEAD names.
         branch: String,
+    },
+    /// A commit whose manifest or version would exceed a cap readers apply
+    /// ([`limits`]): it is refused rather than written unreadable.
+    #[error("cannot commit {what}: {reason} (docs/format.md, \"Caps on untrusted sizes\")")]
+    OverLimit {
+        /// The file, or "the version".
+        what: String,
+        /// Which cap and by how much.
+        reason: String,
+    },
+    /// `pull` would overwrite or remove files whose changes would be lost: nothing was written.
+    #[error(
+        "pull: not moving branch {branch:?} to {theirs}: {}",
+        dirty_message(paths, untracked).replace("or pass --force to discard them", "then pull again")
+    )]
+    PullBlocked {
+        /// The current branch.
+        branch: String,
+        /// The remote's version it would move to.
+        theirs: String,
+        /// Tracked files modified since they were committed or checked out.
+        paths: Vec<String>,
+        /// Untracked files in the way.
+        untracked: Vec<String>,
     },
 }
 

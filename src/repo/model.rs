@@ -22,6 +22,94 @@ pub const MODEL_FORMAT: u32 = 2;
 /// format 2 still reads every other file.
 pub const BUNDLED_MANIFEST_FORMAT: u32 = 3;
 
+/// Caps on what a manifest or version may hold (docs/format.md, "Caps on untrusted sizes").
+/// Manifests and versions arrive from remotes, so a reader must not let their bytes decide how
+/// much memory it uses: a 421 KiB object can decode to a gigabyte of JSON listing 12 million
+/// segments. The JSON size is capped by the store ([`crate::store::MAX_DATA_OBJECT_LEN`],
+/// checked from the object's header before anything is decoded); the counts below are checked
+/// while the JSON is parsed (a list fails at its first element past the cap, and is never
+/// pre-allocated from a count it claims); string lengths after parsing (their memory is
+/// bounded by the JSON size). A commit refuses to write anything past these caps, so every
+/// object ckpt writes is one it can read.
+pub mod limits {
+    /// Segments in one manifest: a million tensors and gaps (a 70B-parameter model has about
+    /// 1,000 tensors). Parsed, a segment takes about 150 bytes, so this bounds a manifest to
+    /// some 300 MB of memory however its JSON is laid out.
+    pub const MAX_SEGMENTS: usize = 1 << 20;
+    /// Bundles in one manifest (at least 2 members each, so never more than half the segments).
+    pub const MAX_BUNDLES: usize = MAX_SEGMENTS / 2;
+    /// Dimensions of a tensor's shape (numpy allows 64; safetensors and torch files in practice
+    /// use at most a handful).
+    pub const MAX_DIMS: usize = 64;
+    /// Bytes of a tensor name (names are dotted module paths, typically under 100 bytes).
+    pub const MAX_NAME_LEN: usize = 64 << 10;
+    /// Bytes of a dtype name (the longest safetensors name is 7 bytes).
+    pub const MAX_DTYPE_LEN: usize = 16;
+    /// Length of one file (a pebibyte: far beyond any checkpoint, small enough that sums of a
+    /// million of them cannot overflow).
+    pub const MAX_FILE_LEN: u64 = 1 << 50;
+    /// Files in one version.
+    pub const MAX_FILES: usize = 1 << 20;
+    /// Parents of one version (ckpt writes at most one).
+    pub const MAX_PARENTS: usize = 16;
+    /// Bytes of a commit message (git has no limit; a megabyte is a long log).
+    pub const MAX_MESSAGE_LEN: usize = 1 << 20;
+}
+
+/// A `Vec` deserialized element by element that refuses more than `max` elements, allocating
+/// as elements arrive (never from a length the input claims).
+fn bounded_seq<'de, D, T>(d: D, max: usize, what: &'static str) -> std::result::Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T> {
+        max: usize,
+        what: &'static str,
+        marker: std::marker::PhantomData<T>,
+    }
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {} {}", self.max, self.what)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Vec<T>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(item) = seq.next_element()? {
+                if out.len() == self.max {
+                    return Err(serde::de::Error::custom(format_args!(
+                        "more than {} {} (the limit)",
+                        self.max, self.what
+                    )));
+                }
+                out.push(item);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded { max, what, marker: std::marker::PhantomData })
+}
+
+fn bounded_segments<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<Segment>, D::Error> {
+    bounded_seq(d, limits::MAX_SEGMENTS, "segments")
+}
+
+fn bounded_bundles<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<Bundle>, D::Error> {
+    bounded_seq(d, limits::MAX_BUNDLES, "bundles")
+}
+
+fn bounded_shape<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<u64>, D::Error> {
+    bounded_seq(d, limits::MAX_DIMS, "dimensions")
+}
+
+fn bounded_files<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<FileEntry>, D::Error> {
+    bounded_seq(d, limits::MAX_FILES, "files")
+}
+
+fn bounded_parents<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<ObjectId>, D::Error> {
+    bounded_seq(d, limits::MAX_PARENTS, "parents")
+}
+
 /// blake3 key-derivation context of [`file_hash`] (domain separation: a file hash can never
 /// equal the id of a blob, manifest or version).
 const FILE_HASH_CONTEXT: &str = "ckpt 2026-11-23 file hash from segment ids";
@@ -73,9 +161,10 @@ pub struct Manifest {
     /// The file's content hash ([`file_hash`] of its segments).
     pub hash: ObjectId,
     /// Blobs that hold several small tensors each (format 3 only; empty in format 2).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "bounded_bundles")]
     pub bundles: Vec<Bundle>,
     /// Segments in file order, covering the file.
+    #[serde(deserialize_with = "bounded_segments")]
     pub segments: Vec<Segment>,
 }
 
@@ -140,6 +229,7 @@ pub struct TensorRef {
     /// safetensors dtype name.
     pub dtype: String,
     /// Dimensions.
+    #[serde(deserialize_with = "bounded_shape")]
     pub shape: Vec<u64>,
 }
 
@@ -167,6 +257,7 @@ pub struct Version {
     /// [`MODEL_FORMAT`].
     pub format: u32,
     /// Parent versions (none for the first version; one otherwise).
+    #[serde(deserialize_with = "bounded_parents")]
     pub parents: Vec<ObjectId>,
     /// Commit time, seconds since the Unix epoch (UTC).
     pub time: i64,
@@ -176,6 +267,7 @@ pub struct Version {
     /// full bases).
     pub since_base: u32,
     /// The files, sorted by path, paths unique.
+    #[serde(deserialize_with = "bounded_files")]
     pub files: Vec<FileEntry>,
     /// Sum of the files' lengths.
     pub raw_bytes: u64,
@@ -199,6 +291,19 @@ pub struct FileEntry {
 
 fn corrupt(id: ObjectId, reason: impl Into<String>) -> Error {
     Error::CorruptMetadata { id, reason: reason.into() }
+}
+
+/// The JSON of a manifest or version is at most [`crate::store::MAX_DATA_OBJECT_LEN`] bytes
+/// (the store checks this from an object's header before decoding it; checked again here for
+/// callers that parse bytes from elsewhere).
+fn check_json_len(id: ObjectId, bytes: &[u8], what: &str) -> Result<()> {
+    if bytes.len() as u64 > crate::store::MAX_DATA_OBJECT_LEN {
+        return Err(corrupt(
+            id,
+            format!("a {what} of {} bytes (at most {})", bytes.len(), crate::store::MAX_DATA_OBJECT_LEN),
+        ));
+    }
+    Ok(())
 }
 
 impl Manifest {
@@ -271,11 +376,50 @@ impl Manifest {
         keys
     }
 
+    /// Checks the caps of [`limits`] that parsing does not (string and file lengths); the
+    /// reason if one is exceeded. A commit calls this before writing a manifest.
+    pub fn check_limits(&self) -> std::result::Result<(), String> {
+        if self.segments.len() > limits::MAX_SEGMENTS || self.bundles.len() > limits::MAX_BUNDLES {
+            return Err(format!(
+                "{} segments and {} bundles (at most {} and {})",
+                self.segments.len(),
+                self.bundles.len(),
+                limits::MAX_SEGMENTS,
+                limits::MAX_BUNDLES
+            ));
+        }
+        if self.len > limits::MAX_FILE_LEN {
+            return Err(format!("a file of {} bytes (at most {})", self.len, limits::MAX_FILE_LEN));
+        }
+        for b in &self.bundles {
+            if b.len > super::bundle::BUNDLE_MAX || b.dtype.len() > limits::MAX_DTYPE_LEN {
+                return Err(format!("a bundle of {} bytes (at most {})", b.len, super::bundle::BUNDLE_MAX));
+            }
+        }
+        for t in self.segments.iter().filter_map(|s| s.tensor.as_ref()) {
+            if t.name.len() > limits::MAX_NAME_LEN || t.dtype.len() > limits::MAX_DTYPE_LEN {
+                return Err(format!(
+                    "a tensor name of {} bytes or a dtype name of {} bytes (at most {} and {})",
+                    t.name.len(),
+                    t.dtype.len(),
+                    limits::MAX_NAME_LEN,
+                    limits::MAX_DTYPE_LEN
+                ));
+            }
+            if t.shape.len() > limits::MAX_DIMS {
+                return Err(format!("a tensor of {} dimensions (at most {})", t.shape.len(), limits::MAX_DIMS));
+            }
+        }
+        Ok(())
+    }
+
     /// Parses and checks a manifest read from object `id`. The file hash is checked here
     /// unless the manifest has bundles (the ids of bundled tensors are not recorded): then
     /// checkout and verify check it from the bundles' bytes.
     pub fn parse(id: ObjectId, bytes: &[u8]) -> Result<Manifest> {
+        check_json_len(id, bytes, "manifest")?;
         let mut m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("manifest JSON: {e}")))?;
+        m.check_limits().map_err(|reason| corrupt(id, reason))?;
         let bundled = match m.format {
             MODEL_FORMAT if m.bundles.is_empty() => false,
             BUNDLED_MANIFEST_FORMAT if !m.bundles.is_empty() => true,
@@ -365,9 +509,32 @@ impl Version {
         serde_json::to_vec(self).expect("plain data serializes")
     }
 
+    /// Checks the caps of [`limits`] that parsing does not (string and file lengths); the
+    /// reason if one is exceeded. A commit calls this before writing a version.
+    pub fn check_limits(&self) -> std::result::Result<(), String> {
+        if self.files.len() > limits::MAX_FILES || self.parents.len() > limits::MAX_PARENTS {
+            return Err(format!(
+                "{} files and {} parents (at most {} and {})",
+                self.files.len(),
+                self.parents.len(),
+                limits::MAX_FILES,
+                limits::MAX_PARENTS
+            ));
+        }
+        if self.message.len() > limits::MAX_MESSAGE_LEN {
+            return Err(format!("a message of {} bytes (at most {})", self.message.len(), limits::MAX_MESSAGE_LEN));
+        }
+        if let Some(f) = self.files.iter().find(|f| f.len > limits::MAX_FILE_LEN) {
+            return Err(format!("file {:?} of {} bytes (at most {})", f.path, f.len, limits::MAX_FILE_LEN));
+        }
+        Ok(())
+    }
+
     /// Parses and checks a version read from object `id`: paths valid, sorted and unique.
     pub fn parse(id: ObjectId, bytes: &[u8]) -> Result<Version> {
+        check_json_len(id, bytes, "version")?;
         let v: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(id, format!("version JSON: {e}")))?;
+        v.check_limits().map_err(|reason| corrupt(id, reason))?;
         if v.format != MODEL_FORMAT {
             return Err(corrupt(id, format!("version format {} (this ckpt reads format {MODEL_FORMAT})", v.format)));
         }
@@ -475,6 +642,49 @@ mod tests {
             assert_ne!(bad, expected);
             assert!(Manifest::parse(header, bad.as_bytes()).is_err(), "{bad}");
         }
+    }
+
+    /// Counts are capped while parsing (the error comes at the first element past the cap),
+    /// lengths right after: a manifest or version can cost no more memory than its caps allow.
+    #[test]
+    fn caps_on_untrusted_sizes() {
+        let id = ObjectId([7; 32]);
+        let hex = id.to_hex();
+        let message = |e: Error| e.to_string();
+        // One segment past the cap, in the smallest JSON a segment can have.
+        let mut json = format!(r#"{{"format":2,"kind":"bytes","len":0,"hash":"{hex}","segments":["#);
+        json.push_str(&vec![r#"{"len":0}"#; limits::MAX_SEGMENTS + 1].join(","));
+        json.push_str("]}");
+        let err = message(Manifest::parse(id, json.as_bytes()).unwrap_err());
+        assert!(err.contains("more than 1048576 segments"), "{err}");
+
+        let shape = vec!["1"; limits::MAX_DIMS + 1].join(",");
+        let json = format!(
+            r#"{{"format":2,"kind":"safetensors","len":4,"hash":"{hex}","segments":[{{"len":4,"blob":"{hex}","tensor":{{"name":"t","dtype":"F32","shape":[{shape}]}}}}]}}"#
+        );
+        let err = message(Manifest::parse(id, json.as_bytes()).unwrap_err());
+        assert!(err.contains("more than 64 dimensions"), "{err}");
+
+        let name = "n".repeat(limits::MAX_NAME_LEN + 1);
+        let json = format!(
+            r#"{{"format":2,"kind":"safetensors","len":4,"hash":"{hex}","segments":[{{"len":4,"blob":"{hex}","tensor":{{"name":"{name}","dtype":"F32","shape":[1]}}}}]}}"#
+        );
+        let err = message(Manifest::parse(id, json.as_bytes()).unwrap_err());
+        assert!(err.contains("tensor name of 65537 bytes"), "{err}");
+
+        let version = |parents: usize, message: &str| {
+            let parents = vec![format!("\"{hex}\""); parents].join(",");
+            format!(
+                r#"{{"format":2,"parents":[{parents}],"time":5,"message":"{message}","since_base":0,"files":[],"raw_bytes":0,"stored_bytes":0}}"#
+            )
+        };
+        let other = ObjectId([8; 32]);
+        assert!(Version::parse(other, version(1, "m").as_bytes()).is_ok());
+        let err = message(Version::parse(other, version(limits::MAX_PARENTS + 1, "m").as_bytes()).unwrap_err());
+        assert!(err.contains("more than 16 parents"), "{err}");
+        let long = "m".repeat(limits::MAX_MESSAGE_LEN + 1);
+        let err = message(Version::parse(other, version(1, &long).as_bytes()).unwrap_err());
+        assert!(err.contains("a message of 1048577 bytes"), "{err}");
     }
 
     /// Pinned value: a change to the file hash's definition is a format change.

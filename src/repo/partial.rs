@@ -142,9 +142,9 @@ impl Repo {
             e => unreachable(e),
         })?;
         if !self.store.contains(&target) {
-            let _lock = self.lock()?;
+            // Downloaded without the writer lock, stored under it.
             let mut report = super::FetchReport::default();
-            self.download(remote.as_ref(), &[target], transfers, &mut report, Some(1), &partial.remote)
+            self.download_then_lock(remote.as_ref(), &[target], transfers, &mut report, Some(1), &partial.remote)
                 .map_err(unreachable)?;
         }
         Ok(target)

@@ -11,6 +11,7 @@
 //! - A remote ref moves by compare-and-swap against the state the pusher read, and only
 //!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
 
+use super::lock::WriterLock;
 use super::remote_delta::WireDelta;
 use super::{check_name, Error, Head, Needed, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
@@ -89,6 +90,9 @@ pub struct PushReport {
     pub objects_sent_as_deltas: u64,
     /// Requests sent to the remote.
     pub requests: u64,
+    /// Versions a remote ref named whose version object or manifests the remote lacked: their
+    /// missing objects were uploaded again (hex ids).
+    pub repaired: Vec<String>,
 }
 
 /// What a fetch did.
@@ -133,6 +137,24 @@ pub enum PullOutcome {
     },
 }
 
+/// `url` with a relative directory path (plain or `file://`) made absolute against `base`;
+/// any other URL as it is.
+pub fn absolute_dir_url(url: &str, base: &Path) -> String {
+    let (scheme, path) = match url.strip_prefix("file://") {
+        Some(p) => ("file://", p),
+        None if url.contains("://") => return url.to_string(),
+        None => ("", url),
+    };
+    if path.is_empty() || Path::new(path).is_absolute() {
+        return url.to_string();
+    }
+    let joined = base.join(path);
+    match joined.to_str() {
+        Some(p) => format!("{scheme}{p}"),
+        None => url.to_string(),
+    }
+}
+
 fn ref_key(kind: RefKind, name: &str) -> String {
     match kind {
         RefKind::Branch => format!("refs/heads/{name}"),
@@ -145,6 +167,81 @@ fn parse_ref(remote: &dyn Remote, key: &str, bytes: &[u8]) -> Result<VersionId> 
     let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
     let hex = text.strip_suffix('\n').ok_or_else(bad)?;
     hex.parse::<ObjectId>().ok().filter(|id| id.to_hex() == hex).ok_or_else(bad)
+}
+
+/// Where a fetch downloads, without the writer lock: `.ckpt/incoming/fetch-XXXX/`, a
+/// directory of its own that gc and `clean_tmp` do not know about (so they cannot delete what
+/// is arriving), on the store's file system (so a verified object is stored by a rename).
+/// A lock file inside tells a live fetch's directory from one left by a killed fetch, which
+/// the next fetch deletes. Dropped: the directory and what is left in it are deleted.
+pub(super) struct Staging {
+    _lock: std::fs::File,
+    dir: tempfile::TempDir,
+}
+
+/// Staging directories of all fetches.
+const INCOMING_DIR: &str = "incoming";
+
+impl Staging {
+    pub(super) fn create(ckpt_dir: &Path) -> Result<Staging> {
+        let incoming = ckpt_dir.join(INCOMING_DIR);
+        std::fs::create_dir_all(&incoming).map_err(|e| Error::Io {
+            action: "creating",
+            path: incoming.clone(),
+            source: e,
+        })?;
+        // Directories of fetches that died: their lock file is not held.
+        if let Ok(entries) = std::fs::read_dir(&incoming) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                // A lock file that is not held; or none at all a minute after the directory
+                // was made (a fetch creates it right after its directory).
+                let abandoned = match std::fs::File::open(path.join("lock")) {
+                    Ok(f) => f.try_lock().is_ok(),
+                    Err(_) => entry
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > std::time::Duration::from_secs(60)),
+                };
+                if abandoned && path.is_dir() {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
+            }
+        }
+        let dir = tempfile::Builder::new().prefix("fetch-").tempdir_in(&incoming).map_err(|e| Error::Io {
+            action: "creating a directory in",
+            path: incoming.clone(),
+            source: e,
+        })?;
+        let lock_path = dir.path().join("lock");
+        let lock = std::fs::File::create(&lock_path).and_then(|f| f.lock().map(|()| f)).map_err(|e| Error::Io {
+            action: "locking",
+            path: lock_path,
+            source: e,
+        })?;
+        Ok(Staging { _lock: lock, dir })
+    }
+}
+
+/// What the network half of a fetch downloaded (temp files in a [`Staging`] directory).
+#[derive(Default)]
+struct Staged {
+    /// Versions with their parents (the content is parsed again when stored: a fetch of a
+    /// long history holds no more than one version's content at a time).
+    versions: Vec<(VersionId, Vec<VersionId>, tempfile::TempPath)>,
+    /// Manifests (checked against their ids).
+    manifests: Vec<(ObjectId, tempfile::TempPath)>,
+    /// Blobs (not checked yet) with the reference their header names.
+    blobs: HashMap<ObjectId, (tempfile::TempPath, Option<ObjectId>)>,
+    /// Versions whose parents stay behind (a partial clone's depth).
+    cut: Vec<VersionId>,
+    /// Objects the walk found already stored here and so did not download: they must still
+    /// be here when the lock is taken.
+    assumed: Vec<ObjectId>,
+    /// Bytes downloaded.
+    bytes: u64,
 }
 
 /// Attempts at an object upload or download (the backend's own retries come first; these
@@ -243,7 +340,10 @@ impl Repo {
         self.refs.write(&self.dir.join(REMOTES_FILE), &text)
     }
 
-    /// Adds remote `name` at `url` (checked by opening it: a directory remote is created).
+    /// Adds remote `name` at `url` (checked by opening it: a directory remote is created). A
+    /// relative directory path is stored made absolute against the current directory; a URL
+    /// with credentials in it (user information, a query string) is refused
+    /// ([`remote::check_no_secrets`]).
     pub fn add_remote(&self, name: &str, url: &str, s3: S3Options) -> Result<()> {
         check_name(name)?;
         let _lock = self.lock()?;
@@ -251,6 +351,12 @@ impl Repo {
         if remotes.contains_key(name) {
             return Err(Error::RemoteExists { name: name.into() });
         }
+        remote::check_no_secrets(url)?;
+        if let Some(endpoint) = &s3.endpoint {
+            remote::check_no_secrets(endpoint)?;
+        }
+        let cwd = std::env::current_dir().map_err(|e| Error::Io { action: "reading", path: ".".into(), source: e })?;
+        let url = &absolute_dir_url(url, &cwd);
         let config = RemoteConfig { url: url.to_string(), s3 };
         if url.starts_with("s3://") || url.contains("://") && !url.starts_with("file://") {
             // Checks the URL; an S3 remote is not contacted (the credentials may only be set
@@ -279,7 +385,9 @@ impl Repo {
     pub fn open_remote(&self, name: &str) -> Result<Box<dyn Remote>> {
         let remotes = self.remotes()?;
         let config = remotes.get(name).ok_or_else(|| Error::NoSuchRemote { name: name.into() })?;
-        Ok(remote::open(&config.url, &config.s3)?)
+        // A relative directory path (stored by an older ckpt) means the same wherever the
+        // command runs: relative to the working tree's root.
+        Ok(remote::open(&absolute_dir_url(&config.url, &self.root), &config.s3)?)
     }
 
     /// The remote a command uses when none is named: `origin`, or the only one.
@@ -414,7 +522,22 @@ impl Repo {
             };
             moves.push((kind, name, key, old, id, expect));
         }
-        if moves.is_empty() {
+        // A remote ref's version is taken as complete only if the remote still has its version
+        // object and manifests (a HEAD each): a remote that lost one (a failed copy, a
+        // lifecycle rule, a hand-made ref) would otherwise stay unreadable while every push
+        // says "up to date". An incomplete one is pushed again like a new version: its
+        // objects the remote lacks (found by listing) go up.
+        remote_known.sort();
+        remote_known.dedup();
+        let mut incomplete = Vec::new();
+        for id in &remote_known {
+            if !self.remote_has_version(remote, id)? {
+                incomplete.push(*id);
+            }
+        }
+        remote_known.retain(|id| !incomplete.contains(id));
+        report.repaired = incomplete.iter().map(|id| id.to_hex()).collect();
+        if moves.is_empty() && incomplete.is_empty() {
             report.requests = remote.requests();
             return Ok(report);
         }
@@ -424,7 +547,7 @@ impl Repo {
         // less the local chains of those blobs: after a compaction here, an old blob is a delta
         // against a new one, which the remote does not have.
         let have: HashSet<ObjectId> = self.named(&remote_known)?.into_iter().map(|n| n.id).collect();
-        let roots: Vec<VersionId> = moves.iter().map(|m| m.4).collect();
+        let roots: Vec<VersionId> = moves.iter().map(|m| m.4).chain(incomplete.iter().copied()).collect();
         let mut need = self.reachable(&roots, &|id| have.contains(id))?;
         let mut present: HashSet<ObjectId> = HashSet::new();
         if !need.is_empty() {
@@ -458,6 +581,24 @@ impl Repo {
         }
         report.requests = remote.requests();
         Ok(report)
+    }
+
+    /// Whether `remote` has version `id`'s object and the manifests of its files (the
+    /// manifests only if the version object is there).
+    fn remote_has_version(&self, remote: &dyn Remote, id: &VersionId) -> Result<bool> {
+        if !remote.exists(&remote::object_key(id))? {
+            return Ok(false);
+        }
+        let version = self.version(id)?;
+        let mut manifests: Vec<ObjectId> = version.files.iter().map(|f| f.manifest).collect();
+        manifests.sort();
+        manifests.dedup();
+        for m in manifests {
+            if !remote.exists(&remote::object_key(&m))? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Uploads `need`, a delta's reference before the delta (by levels: objects with no
@@ -623,8 +764,6 @@ impl Repo {
         depth: Option<usize>,
     ) -> Result<FetchReport> {
         check_name(name)?;
-        // gc must not delete what arrives before a ref names it.
-        let _lock = self.lock()?;
         let mut report = FetchReport { remote: remote.url().to_string(), ..FetchReport::default() };
         let mut refs: Vec<(RefKind, String, VersionId)> = Vec::new();
         let mut keys = remote.list("refs/")?;
@@ -647,7 +786,14 @@ impl Repo {
             refs.push((kind, ref_name.to_string(), parse_ref(remote, &key, &small.bytes)?));
         }
         let roots: Vec<VersionId> = refs.iter().map(|r| r.2).filter(|id| !self.store.contains(id)).collect();
-        self.download(remote, &roots, transfers, &mut report, depth, name)?;
+        // The transfer runs without the writer lock (commits go on meanwhile); the lock is
+        // taken to store what arrived and move the refs.
+        let _lock = self.download_then_lock(remote, &roots, transfers, &mut report, depth, name)?;
+        // A ref's version already here when listed may have been deleted by a gc since.
+        let gone: Vec<VersionId> = refs.iter().map(|r| r.2).filter(|id| !self.store.contains(id)).collect();
+        if !gone.is_empty() {
+            self.download(remote, &gone, transfers, &mut report, depth, name)?;
+        }
 
         for (kind, ref_name, id) in refs {
             match kind {
@@ -718,7 +864,8 @@ impl Repo {
     /// Downloads what `roots` need and this store lacks, verifies every object and stores it
     /// bottom-up (blobs bases first, manifests, versions parents first), so that an object
     /// present here always has everything it needs and an interrupted fetch is resumed by
-    /// walking down from the roots again.
+    /// walking down from the roots again. The caller holds the writer lock (for the whole
+    /// transfer: used where the network is not the bottleneck, or by the git filter).
     ///
     /// With `depth`, only versions fewer than `depth` parents away from a root are downloaded
     /// (a partial clone); those whose parents stay behind are recorded as cut versions of
@@ -732,70 +879,173 @@ impl Repo {
         depth: Option<usize>,
         remote_name: &str,
     ) -> Result<()> {
+        let stage = Staging::create(&self.dir)?;
+        let mut staged = Staged::default();
+        if let Err(e) = self.stage(remote, roots, transfers, depth, &stage, &mut staged) {
+            self.keep_arrived_blobs(&mut staged.blobs);
+            return Err(e);
+        }
+        self.import_staged(staged, report, remote_name)
+    }
+
+    /// Stores the staged blobs that can be stored (standalone, or with their reference here),
+    /// bases first, skipping any that fails: what an interrupted fetch keeps. The caller holds
+    /// the writer lock.
+    fn keep_arrived_blobs(&self, blobs: &mut HashMap<ObjectId, (tempfile::TempPath, Option<ObjectId>)>) {
+        loop {
+            let ready: Vec<ObjectId> = blobs
+                .iter()
+                .filter(|(_, (_, r))| r.is_none_or(|r| self.store.contains(&r)))
+                .map(|(id, _)| *id)
+                .collect();
+            if ready.is_empty() {
+                break;
+            }
+            for id in ready {
+                let (path, _) = blobs.remove(&id).expect("ready is staged");
+                if let Ok(written) =
+                    Self::reopen(path).and_then(|tmp| Ok(self.store.import(&id, Some(ObjectKind::Blob), tmp)?))
+                {
+                    self.index_object(&written);
+                }
+            }
+        }
+        self.flush_index();
+    }
+
+    /// Downloads what `roots` need into `stage`, then takes the writer lock to store it:
+    /// the lock is held for local work only (docs/architecture.md, "What the lock covers").
+    /// If something the download took as present here is gone when the lock is taken (a gc
+    /// ran meanwhile), the download is done again under the lock.
+    pub(super) fn download_then_lock(
+        &self,
+        remote: &dyn Remote,
+        roots: &[VersionId],
+        transfers: usize,
+        report: &mut FetchReport,
+        depth: Option<usize>,
+        remote_name: &str,
+    ) -> Result<WriterLock> {
+        let stage = Staging::create(&self.dir)?;
+        let mut staged = Staged::default();
+        if let Err(e) = self.stage(remote, roots, transfers, depth, &stage, &mut staged) {
+            // Keep the blobs that arrived (each needs nothing but its chain), so that a rerun
+            // does not download them again; briefly locked, and only if the lock is free.
+            if !staged.blobs.is_empty() {
+                if let Ok(_lock) = WriterLock::acquire(&self.dir.join("lock"), std::time::Duration::ZERO) {
+                    self.keep_arrived_blobs(&mut staged.blobs);
+                }
+            }
+            return Err(e);
+        }
+        let lock = self.lock()?;
+        if staged.assumed.iter().all(|id| self.store.contains(id)) {
+            self.import_staged(staged, report, remote_name)?;
+        } else {
+            drop(staged);
+            let mut staged = Staged::default();
+            self.stage(remote, roots, transfers, depth, &stage, &mut staged)?;
+            self.import_staged(staged, report, remote_name)?;
+        }
+        Ok(lock)
+    }
+
+    /// Downloads one object into a new file in `dir` (a fetch's staging directory).
+    fn receive_into(
+        &self,
+        remote: &dyn Remote,
+        id: &ObjectId,
+        received: &AtomicU64,
+        dir: &Path,
+    ) -> Result<tempfile::TempPath> {
+        with_retries(|| {
+            let tmp = tempfile::Builder::new().prefix("obj-").tempfile_in(dir).map_err(|e| Error::Io {
+                action: "creating a file in",
+                path: dir.into(),
+                source: e,
+            })?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
+            let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
+            std::io::Write::flush(&mut out).map_err(|e| Error::Io {
+                action: "writing",
+                path: tmp.path().into(),
+                source: e,
+            })?;
+            drop(out);
+            received.fetch_add(n, Ordering::Relaxed);
+            self.progress.set(received.load(Ordering::Relaxed));
+            Ok(tmp.into_temp_path())
+        })
+    }
+
+    /// The network half of a fetch, without the lock: walks down from `roots` and downloads
+    /// every version, manifest and blob (with the delta references it needs) this store
+    /// lacks into `stage`. Versions and manifests are checked against their ids and parsed
+    /// here (to learn what they need); blobs are checked when stored.
+    fn stage(
+        &self,
+        remote: &dyn Remote,
+        roots: &[VersionId],
+        transfers: usize,
+        depth: Option<usize>,
+        stage: &Staging,
+        staged: &mut Staged,
+    ) -> Result<()> {
+        let dir = stage.dir.path();
         let received = AtomicU64::new(0);
         self.progress.start("fetch", 0);
-        // Versions and manifests: small, read one by one to learn what they need.
-        let mut versions: Vec<(VersionId, super::Version, tempfile::TempPath)> = Vec::new();
-        let mut manifests: Vec<(ObjectId, tempfile::TempPath)> = Vec::new();
         let mut blobs: Vec<ObjectId> = Vec::new();
         let mut seen: HashSet<ObjectId> = HashSet::new();
-        let mut cut: Vec<VersionId> = Vec::new();
+        let contains = |id: &ObjectId, assumed: &mut Vec<ObjectId>| {
+            let here = self.store.contains(id);
+            if here {
+                assumed.push(*id);
+            }
+            here
+        };
         // Breadth first, so that a version's distance from the roots is its shortest.
         let mut queue: std::collections::VecDeque<(VersionId, usize)> = roots.iter().map(|r| (*r, 0)).collect();
         while let Some((id, level)) = queue.pop_front() {
-            if self.store.contains(&id) || !seen.insert(id) {
+            if contains(&id, &mut staged.assumed) || !seen.insert(id) {
                 continue;
             }
-            let tmp = Self::reopen(self.receive(remote, &id, &received)?)?;
+            let tmp = Self::reopen(self.receive_into(remote, &id, &received, dir)?)?;
             let version = super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
             for file in &version.files {
-                if self.store.contains(&file.manifest) || !seen.insert(file.manifest) {
+                if contains(&file.manifest, &mut staged.assumed) || !seen.insert(file.manifest) {
                     continue;
                 }
-                let mtmp = Self::reopen(self.receive(remote, &file.manifest, &received)?)?;
+                let mtmp = Self::reopen(self.receive_into(remote, &file.manifest, &received, dir)?)?;
                 let manifest = super::Manifest::parse(
                     file.manifest,
                     &self.store.read_received(&file.manifest, ObjectKind::Manifest, &mtmp)?,
                 )?;
                 for blob in manifest.blobs() {
-                    if !self.store.contains(&blob) && seen.insert(blob) {
+                    if !contains(&blob, &mut staged.assumed) && seen.insert(blob) {
                         blobs.push(blob);
                     }
                 }
-                manifests.push((file.manifest, mtmp.into_temp_path()));
+                staged.manifests.push((file.manifest, mtmp.into_temp_path()));
             }
             if depth.is_some_and(|d| level + 1 >= d) {
                 if version.parents.iter().any(|p| !self.store.contains(p)) {
-                    cut.push(id);
+                    staged.cut.push(id);
                 }
             } else {
                 queue.extend(version.parents.iter().map(|p| (*p, level + 1)));
             }
-            versions.push((id, version, tmp.into_temp_path()));
-        }
-        if !cut.is_empty() {
-            self.add_cut(remote_name, &cut)?;
+            staged.versions.push((id, version.parents, tmp.into_temp_path()));
         }
 
-        // Blobs, in parallel. Each is stored as soon as its reference is here (so an
-        // interrupted fetch keeps it: blobs need nothing but their chain); a delta whose
-        // reference is missing waits, and the reference joins the next round.
-        let stored = AtomicU64::new(0);
-        let import_blob = |id: &ObjectId, path: tempfile::TempPath| -> Result<()> {
-            let written = self.store.import(id, Some(ObjectKind::Blob), Self::reopen(path)?)?;
-            self.index_object(&written);
-            stored.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        };
-        let mut pending: HashMap<ObjectId, (tempfile::TempPath, Option<ObjectId>)> = HashMap::new();
+        // Blobs, in parallel; a delta's reference that is not here joins the next round.
         // The delta that asked for each base fetched in a later round (to name it if the base
         // is missing on the remote).
         let mut needed_by: HashMap<ObjectId, ObjectId> = HashMap::new();
         let mut round = blobs;
         while !round.is_empty() {
-            let waiting: Mutex<Vec<(ObjectId, tempfile::TempPath, Option<ObjectId>)>> = Mutex::new(Vec::new());
-            parallel(&round, transfers, |id| {
-                let path = match (self.receive(remote, id, &received), needed_by.get(id)) {
+            let got: Mutex<Vec<(ObjectId, tempfile::TempPath, Option<ObjectId>)>> = Mutex::new(Vec::new());
+            let result = parallel(&round, transfers, |id| {
+                let path = match (self.receive_into(remote, id, &received, dir), needed_by.get(id)) {
                     (Err(Error::Remote(remote::Error::NotFound { .. })), Some(delta)) => {
                         return Err(crate::store::Error::Corrupt {
                             id: *delta,
@@ -815,27 +1065,41 @@ impl Repo {
                     }
                     .into());
                 }
-                match header.reference {
-                    Some(r) if !self.store.contains(&r) => {
-                        waiting.lock().unwrap_or_else(|e| e.into_inner()).push((*id, tmp.into_temp_path(), Some(r)))
-                    }
-                    _ => import_blob(id, tmp.into_temp_path())?,
-                }
+                got.lock().unwrap_or_else(|e| e.into_inner()).push((*id, tmp.into_temp_path(), header.reference));
                 Ok(())
-            })?;
+            });
+            if result.is_err() {
+                // What arrived stays staged for the caller (an interrupted fetch keeps it).
+                for (id, path, reference) in got.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    staged.blobs.insert(id, (path, reference));
+                }
+                return result;
+            }
             round = Vec::new();
-            for (id, path, reference) in waiting.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            for (id, path, reference) in got.into_inner().unwrap_or_else(|e| e.into_inner()) {
                 if let Some(r) = reference {
-                    if !self.store.contains(&r) && seen.insert(r) {
+                    if !contains(&r, &mut staged.assumed) && seen.insert(r) {
                         round.push(r);
                         needed_by.insert(r, id);
                     }
                 }
-                pending.insert(id, (path, reference));
+                staged.blobs.insert(id, (path, reference));
             }
         }
+        staged.bytes = received.into_inner();
+        self.progress.finish();
+        Ok(())
+    }
 
-        // The deltas that waited, bases first, each verified through its chain.
+    /// The local half of a fetch (the caller holds the writer lock): records cut versions,
+    /// then stores the staged objects bottom-up, each verified (blobs through their chains,
+    /// bases first), so that an object present here always has everything it needs.
+    fn import_staged(&self, staged: Staged, report: &mut FetchReport, remote_name: &str) -> Result<()> {
+        let Staged { versions, manifests, blobs: mut pending, cut, bytes, assumed: _ } = staged;
+        if !cut.is_empty() {
+            self.add_cut(remote_name, &cut)?;
+        }
+        let stored = AtomicU64::new(0);
         while !pending.is_empty() {
             let ready: Vec<ObjectId> = pending
                 .iter()
@@ -856,7 +1120,10 @@ impl Repo {
                 .collect();
             parallel(&batch, rayon::current_num_threads(), |(id, slot)| {
                 let path = slot.lock().unwrap_or_else(|e| e.into_inner()).take().expect("each item once");
-                import_blob(id, path)
+                let written = self.store.import(id, Some(ObjectKind::Blob), Self::reopen(path)?)?;
+                self.index_object(&written);
+                stored.fetch_add(1, Ordering::Relaxed);
+                Ok(())
             })?;
         }
         let mut stored_objects = stored.into_inner();
@@ -866,12 +1133,12 @@ impl Repo {
             stored_objects += 1;
         }
         // Versions, parents first.
-        let mut left: HashMap<VersionId, (super::Version, tempfile::TempPath)> =
-            versions.into_iter().map(|(id, version, path)| (id, (version, path))).collect();
+        let mut left: HashMap<VersionId, (Vec<VersionId>, tempfile::TempPath)> =
+            versions.into_iter().map(|(id, parents, path)| (id, (parents, path))).collect();
         while !left.is_empty() {
             let ready: Vec<VersionId> = left
                 .iter()
-                .filter(|(_, (version, _))| version.parents.iter().all(|p| !left.contains_key(p)))
+                .filter(|(_, (parents, _))| parents.iter().all(|p| !left.contains_key(p)))
                 .map(|(id, _)| *id)
                 .collect();
             if ready.is_empty() {
@@ -879,16 +1146,17 @@ impl Repo {
                 return Err(Error::CorruptMetadata { id, reason: "its history on the remote is a cycle".into() });
             }
             for id in ready {
-                let (version, path) = left.remove(&id).expect("ready is left");
-                let written = self.store.import(&id, Some(ObjectKind::Version), Self::reopen(path)?)?;
+                let (_, path) = left.remove(&id).expect("ready is left");
+                let tmp = Self::reopen(path)?;
+                let version = super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
+                let written = self.store.import(&id, Some(ObjectKind::Version), tmp)?;
                 self.index_object(&written);
                 self.index_version(&id, &version);
                 stored_objects += 1;
             }
         }
-        self.progress.finish();
         report.objects_received += stored_objects;
-        report.bytes_received += received.into_inner();
+        report.bytes_received += bytes;
         self.flush_index();
         Ok(())
     }
@@ -939,7 +1207,16 @@ impl Repo {
                     force: false,
                     switching: true,
                 };
-                self.checkout_version(&theirs, &target)?;
+                // (`pull` has no --force: the message says what to do instead.)
+                self.checkout_version(&theirs, &target).map_err(|e| match e {
+                    Error::DirtyWorkingTree { paths, untracked } => Error::PullBlocked {
+                        branch: branch.clone(),
+                        theirs: format!("{name}/{branch}"),
+                        paths,
+                        untracked,
+                    },
+                    e => e,
+                })?;
                 self.refs.set(RefKind::Branch, &branch, &theirs)?;
                 PullOutcome::FastForwarded { from: local, to: theirs }
             }
@@ -1005,8 +1282,69 @@ impl Repo {
         progress: Option<std::sync::Arc<dyn super::Progress>>,
         depth: Option<usize>,
     ) -> Result<(Repo, FetchReport)> {
+        remote::check_no_secrets(url)?;
+        if let Some(endpoint) = &s3.endpoint {
+            remote::check_no_secrets(endpoint)?;
+        }
+        let cwd = std::env::current_dir().map_err(|e| Error::Io { action: "reading", path: ".".into(), source: e })?;
+        let url = &absolute_dir_url(url, &cwd);
         // Open the remote first: a bad URL leaves no repository behind.
         let remote = remote::open(url, &s3)?;
+        // As `git clone`: into a new or empty directory only, and a failed clone removes what
+        // it created (the directories it made, or what it put in the empty one).
+        let created = match std::fs::read_dir(dir) {
+            Ok(mut entries) => {
+                if entries.next().is_some() {
+                    return Err(Error::InvalidPath {
+                        path: dir.to_path_buf(),
+                        reason: "exists and is not an empty directory (clone into a new or empty one)".into(),
+                    });
+                }
+                None
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // The outermost directory this clone will create.
+                let mut top = dir.to_path_buf();
+                while let Some(parent) = top.parent().filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+                    top = parent.to_path_buf();
+                }
+                Some(top)
+            }
+            Err(source) => return Err(Error::Io { action: "reading", path: dir.to_path_buf(), source }),
+        };
+        let result = Self::clone_into(url, remote.as_ref(), dir, s3, transfers, progress, depth);
+        if result.is_err() {
+            match &created {
+                Some(top) => {
+                    let _ = std::fs::remove_dir_all(top);
+                }
+                None => {
+                    if let Ok(entries) = std::fs::read_dir(dir) {
+                        for entry in entries.flatten() {
+                            let path = entry.path();
+                            let _ = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                                std::fs::remove_dir_all(&path)
+                            } else {
+                                std::fs::remove_file(&path)
+                            };
+                        }
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    /// The body of [`Repo::clone_with_depth`], once `dir` is known to be new or empty.
+    fn clone_into(
+        url: &str,
+        remote: &dyn Remote,
+        dir: &Path,
+        s3: S3Options,
+        transfers: usize,
+        progress: Option<std::sync::Arc<dyn super::Progress>>,
+        depth: Option<usize>,
+    ) -> Result<(Repo, FetchReport)> {
         let only_branch = match depth {
             Some(0) => {
                 return Err(Error::UnknownRevision {
@@ -1036,8 +1374,8 @@ impl Repo {
         }
         repo.add_remote("origin", url, s3)?;
         let report = match (&only_branch, depth) {
-            (Some(b), Some(_)) => repo.fetch_refs(remote.as_ref(), "origin", transfers, Some(b), depth)?,
-            _ => repo.fetch_from(remote.as_ref(), "origin", transfers)?,
+            (Some(b), Some(_)) => repo.fetch_refs(remote, "origin", transfers, Some(b), depth)?,
+            _ => repo.fetch_from(remote, "origin", transfers)?,
         };
         let branches: Vec<String> = report
             .updated

@@ -42,7 +42,10 @@ impl Store {
                     if header.raw_len > MAX_DATA_OBJECT_LEN {
                         return Err(Error::Corrupt {
                             id: *id,
-                            reason: format!("a {} of {} bytes", header.kind, header.raw_len),
+                            reason: format!(
+                                "a {} of {} bytes (at most {MAX_DATA_OBJECT_LEN})",
+                                header.kind, header.raw_len
+                            ),
                         });
                     }
                     raw.container()?
@@ -66,11 +69,14 @@ impl Store {
             return Err(Error::WrongKind { id: *id, expected: kind, found: header.kind });
         }
         if header.raw_len > MAX_DATA_OBJECT_LEN {
-            return Err(Error::Corrupt { id: *id, reason: format!("a {kind} of {} bytes", header.raw_len) });
+            return Err(Error::Corrupt {
+                id: *id,
+                reason: format!("a {kind} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", header.raw_len),
+            });
         }
         let raw = RawObject { id: *id, header, map };
         let container = raw.container()?;
-        let mut out = Vec::with_capacity(header.raw_len as usize);
+        let mut out = Vec::with_capacity(header.raw_len.min(super::PREALLOCATE_DATA_LEN) as usize);
         container.decode_to(&mut out).map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;
         Ok(out)
     }

@@ -30,8 +30,15 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::SyncSender;
 use std::sync::Mutex;
 
-/// Largest manifest or version object a reader decodes into memory.
-pub const MAX_DATA_OBJECT_LEN: u64 = 1 << 30;
+/// Largest manifest or version object a reader decodes into memory (its decoded length,
+/// checked from the object's header before decoding). 256 MiB: a manifest of a million
+/// segments with tensor names and blob ids is about 200 MB of JSON (docs/format.md, "Caps on
+/// untrusted sizes").
+pub const MAX_DATA_OBJECT_LEN: u64 = 256 << 20;
+
+/// Most bytes a reader reserves up front for a decoded manifest or version: the length in the
+/// header is the object's own claim, so beyond this the buffer grows only as bytes decode.
+pub(crate) const PREALLOCATE_DATA_LEN: u64 = 16 << 20;
 
 /// Errors of the object store.
 #[derive(Debug, thiserror::Error)]
@@ -317,10 +324,13 @@ impl Store {
             return Err(Error::WrongKind { id: *id, expected: kind, found: raw.header.kind });
         }
         if raw.header.raw_len > MAX_DATA_OBJECT_LEN {
-            return Err(Error::Corrupt { id: *id, reason: format!("a {kind} of {} bytes", raw.header.raw_len) });
+            return Err(Error::Corrupt {
+                id: *id,
+                reason: format!("a {kind} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", raw.header.raw_len),
+            });
         }
         let container = raw.container()?;
-        let mut out = Vec::with_capacity(raw.header.raw_len as usize);
+        let mut out = Vec::with_capacity(raw.header.raw_len.min(PREALLOCATE_DATA_LEN) as usize);
         container.decode_to(&mut out).map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;
         Ok(out)
     }

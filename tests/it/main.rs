@@ -11,6 +11,7 @@ mod git_setup_trust;
 mod proxy;
 mod remote;
 mod remote_faults;
+mod remote_trust;
 mod remote_wire;
 mod repo_compact;
 mod repo_crash;

@@ -26,21 +26,49 @@ pub struct CloneArgs {
     depth: Option<u64>,
 }
 
+/// The directory a clone of `url` goes to when none is named, as `git clone` derives its
+/// "humanish" name: the URL's last path component (without a query, a fragment or trailing
+/// slashes, and without a `.ckpt` suffix). `None` when that is not a plain name (empty, `.`,
+/// `..`, or holding a character that a directory name should not: then the user names it).
+pub fn humanish_dir(url: &str) -> Option<String> {
+    let (rest, has_scheme) = match url.split_once("://") {
+        Some((_, rest)) => (rest.split(['?', '#']).next().unwrap_or_default(), true),
+        None => (url, false),
+    };
+    let trimmed = rest.trim_end_matches('/');
+    let trimmed = trimmed.strip_suffix("/.ckpt").unwrap_or(trimmed).trim_end_matches('/');
+    let last = trimmed.rsplit('/').next().unwrap_or_default();
+    let last = last.strip_suffix(".ckpt").filter(|l| !l.is_empty()).unwrap_or(last);
+    let plain = !last.is_empty()
+        && last != "."
+        && last != ".."
+        && !last.chars().any(|c| c.is_control() || c == ':' || c == '\\')
+        && !(has_scheme && last.contains('@'));
+    plain.then(|| last.to_string())
+}
+
 /// Runs `ckpt clone`.
 pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
+    crate::remote::check_no_secrets(&args.url)?;
     let dir = match args.dir {
         Some(d) => base.join(d),
         None => {
-            let last = args.url.trim_end_matches('/').rsplit('/').next().unwrap_or_default();
-            anyhow::ensure!(!last.is_empty() && !last.contains(':'), "name the directory to clone into");
-            base.join(last)
+            let Some(name) = humanish_dir(&args.url) else {
+                anyhow::bail!(
+                    "cannot derive a directory name from {}; name one: ckpt clone URL DIR",
+                    crate::remote::redact_url(&args.url)
+                );
+            };
+            base.join(name)
         }
     };
     let s3: S3Options = args.s3.into();
     let progress = std::sync::Arc::new(BarProgress::new(ui));
     let depth = args.depth.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
-    let (repo, report) = Repo::clone_with_depth(&args.url, &dir, s3, super::push::transfers(), Some(progress), depth)
-        .with_context(|| format!("cloning {}", args.url))?;
+    // A relative directory remote is relative to where the command runs (`-C` included).
+    let url = crate::repo::absolute_dir_url(&args.url, base);
+    let (repo, report) = Repo::clone_with_depth(&url, &dir, s3, super::push::transfers(), Some(progress), depth)
+        .with_context(|| format!("cloning {}", crate::remote::redact_url(&args.url)))?;
     super::fetch::print(&report, args.json)?;
     eprintln!("cloned into {}", repo.root().display());
     Ok(())

@@ -45,6 +45,9 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     for name in &report.up_to_date {
         eprintln!("{name}: up to date");
     }
+    for id in &report.repaired {
+        eprintln!("version {}: the remote lacked some of its objects; uploaded them again", &id[..12]);
+    }
     eprintln!(
         "{}: sent {} objects ({}; {} as deltas against what it had), {} already there, {} requests",
         report.remote,

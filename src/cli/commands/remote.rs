@@ -30,7 +30,8 @@ impl From<S3Args> for S3Options {
 /// Arguments of `ckpt remote`.
 #[derive(clap::Args, Debug)]
 pub struct RemoteArgs {
-    /// Show each remote's URL and settings (never credentials).
+    /// Show each remote's URL and settings (never credentials: user information and query
+    /// values in a URL are shown as ***).
     #[arg(short, long)]
     verbose: bool,
     #[command(subcommand)]
@@ -60,7 +61,10 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     match args.action {
         Some(Action::Add { name, url, s3 }) => {
-            repo.add_remote(&name, &url, s3.into())?;
+            // A relative directory remote is relative to where the command runs (`-C` included),
+            // and stored absolute.
+            crate::remote::check_no_secrets(&url)?;
+            repo.add_remote(&name, &crate::repo::absolute_dir_url(&url, base), s3.into())?;
         }
         Some(Action::Remove { name }) => repo.remove_remote(&name)?,
         None => {
@@ -71,7 +75,7 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
                 }
                 let mut extra = Vec::new();
                 if let Some(e) = &config.s3.endpoint {
-                    extra.push(format!("endpoint={e}"));
+                    extra.push(format!("endpoint={}", crate::remote::redact_url(e)));
                 }
                 if let Some(r) = &config.s3.region {
                     extra.push(format!("region={r}"));
@@ -80,7 +84,8 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
                     extra.push("allow-http".to_string());
                 }
                 let extra = if extra.is_empty() { String::new() } else { format!(" ({})", extra.join(", ")) };
-                outln!("{name}\t{}{extra}", config.url)?;
+                // Never a secret, even from a file written before they were refused.
+                outln!("{name}\t{}{extra}", crate::remote::redact_url(&config.url))?;
             }
         }
     }
