@@ -27,15 +27,16 @@ pub struct GcReport {
 }
 
 impl Repo {
-    /// Every root's version ([`Repo::roots`]); the first root that cannot be read is the error.
-    pub(super) fn root_versions(&self) -> Result<Vec<VersionId>> {
+    /// Every root's version ([`Repo::roots`]: refs of every namespace, a detached `HEAD`, the
+    /// records that name versions); the first root that cannot be read is the error.
+    pub(super) fn ref_roots(&self) -> Result<Vec<VersionId>> {
         self.roots().into_iter().map(|r| r.map(|r| r.id)).collect()
     }
 
     /// The set of objects reachable from the roots, the number of versions among them, and the
     /// file hashes those versions hold.
     fn mark(&self) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
-        let needed = self.reachable(&self.root_versions()?, &|_| false)?;
+        let needed = self.reachable(&self.ref_roots()?, &|_| false)?;
         let mut versions = 0;
         let mut held = HashSet::new();
         for n in needed.iter().filter(|n| n.kind == ObjectKind::Version) {
