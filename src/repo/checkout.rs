@@ -277,8 +277,9 @@ pub struct CheckoutOptions {
     /// Only the tensors this pattern selects ([`TensorFilter`]).
     pub tensor: Option<String>,
     /// Overwrite working files even when that destroys changes the repository does not hold
-    /// (a modified tracked file, an untracked file in the way), and let `tensor` replace whole
-    /// working files.
+    /// (a modified tracked file, an untracked file in the way, a directory where a file goes),
+    /// and let `tensor` replace whole working files; with `output`, overwrite files there that
+    /// hold other bytes than the version's (refused otherwise, naming them).
     pub force: bool,
 }
 
@@ -312,7 +313,10 @@ impl Repo {
     /// inode, else its hash), and a file whose content neither holds (modified since it was
     /// committed or checked out, or untracked) fails the checkout with
     /// [`Error::DirtyWorkingTree`] naming every such file, before anything is written; a
-    /// tensor selection fails with [`Error::PartialCheckoutInTree`].
+    /// tensor selection fails with [`Error::PartialCheckoutInTree`]. Into an output directory,
+    /// unless `force`, a file there holding other bytes than the version's fails it naming
+    /// every such file. Either way every file is written and verified in a staging directory
+    /// before the first is renamed into place: an error leaves the target as it was.
     pub fn checkout_with(&self, rev: &str, options: &CheckoutOptions) -> Result<CheckoutSummary> {
         let id = self.resolve(rev)?;
         let filter = options.tensor.as_deref().map(TensorFilter::new);

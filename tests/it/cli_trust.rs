@@ -60,15 +60,13 @@ fn output_to_a_device_streams_into_it_and_keeps_the_node() {
     let d = dir.path();
     std::fs::write(d.join("m.safetensors"), model(1)).unwrap();
     assert!(run(d, &["compress", "m.safetensors", "-o", "m.ckz"]).status.success());
-    // A private null device when root can make one (mknod), so a regression cannot replace the
-    // machine's /dev/null; /dev/null itself otherwise.
-    let null = if is_root() {
-        let ok = std::process::Command::new("mknod").arg(d.join("null")).args(["c", "1", "3"]).status().unwrap();
-        assert!(ok.success());
-        d.join("null")
-    } else {
-        Path::new("/dev/null").to_path_buf()
-    };
+    // A private null device when root can make one (mknod) and open it (not on a `nodev`
+    // mount), so a regression cannot replace the machine's /dev/null; /dev/null itself otherwise.
+    let private = d.join("null");
+    let usable = is_root()
+        && std::process::Command::new("mknod").arg(&private).args(["c", "1", "3"]).status().is_ok_and(|s| s.success())
+        && std::fs::OpenOptions::new().write(true).open(&private).is_ok();
+    let null = if usable { private } else { Path::new("/dev/null").to_path_buf() };
     for args in [["compress", "m.safetensors"], ["decompress", "m.ckz"]] {
         let o = run(d, &[args[0], args[1], "-o", null.to_str().unwrap()]);
         assert!(o.status.success(), "{args:?}: {}", stderr(&o));

@@ -16,8 +16,9 @@ pub struct CheckoutArgs {
     #[arg(short, long)]
     output: Option<PathBuf>,
     /// Into the working tree, also overwrite files with changes the repository does not hold
-    /// (modified tracked files, untracked files in the way), and let --tensor replace whole
-    /// working files.
+    /// (modified tracked files, untracked files in the way, a directory where a file goes), and
+    /// let --tensor replace whole working files; with --output, overwrite files there that hold
+    /// other bytes.
     #[arg(long, short)]
     force: bool,
     /// Only tensors whose name matches: a glob if it contains `*` or `?` (matching the whole

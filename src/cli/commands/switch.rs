@@ -10,7 +10,8 @@ pub struct SwitchArgs {
     /// Branch to switch to; its files are checked out into the working tree.
     name: String,
     /// Overwrite or remove files with changes the repository does not hold (modified tracked
-    /// files, untracked files in the way).
+    /// files, untracked files in the way, a directory holding untracked files where the branch
+    /// has a file: deleted whole, as with `git checkout -f`).
     #[arg(long, short)]
     force: bool,
 }
