@@ -154,11 +154,18 @@ impl Repo {
     /// from `remote` (checked against their ids, not stored) past the cut.
     fn walk_first_parents(&self, remote: &dyn Remote, start: &VersionId, steps: u64, rev: &str) -> Result<VersionId> {
         let mut id = *start;
+        // Downloads go to a fetch's own staging directory (no lock is held: gc's clean-up of
+        // tmp/ must not delete them under us).
+        let mut stage = None;
         for n in 0..steps {
             let version = if self.store.contains(&id) {
                 self.version(&id)?
             } else {
-                let tmp = self.receive_temp(remote, &id)?;
+                let dir = match &stage {
+                    Some(s) => s,
+                    None => stage.insert(super::remote::Staging::create(&self.dir)?),
+                };
+                let tmp = self.receive_staged(remote, &id, dir)?;
                 super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?
             };
             id = *version.parents.first().ok_or_else(|| Error::UnknownRevision {

@@ -831,9 +831,14 @@ impl Repo {
         with_retries(|| self.receive_once(remote, id, received))
     }
 
-    /// Downloads one object into a temp file of the store, reopened for reading.
-    pub(super) fn receive_temp(&self, remote: &dyn Remote, id: &ObjectId) -> Result<tempfile::NamedTempFile> {
-        Self::reopen(self.receive(remote, id, &AtomicU64::new(0))?)
+    /// Downloads one object into `stage`, reopened for reading.
+    pub(super) fn receive_staged(
+        &self,
+        remote: &dyn Remote,
+        id: &ObjectId,
+        stage: &Staging,
+    ) -> Result<tempfile::NamedTempFile> {
+        Self::reopen(self.receive_into(remote, id, &AtomicU64::new(0), stage.dir.path())?)
     }
 
     fn receive_once(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
