@@ -131,6 +131,13 @@ impl FileStat {
     }
 }
 
+/// The later of a scan's time `now` and the present: when a settle clock restarts after a
+/// commit (which can take longer than the settle time), or at `now` in tests that step the
+/// watcher through times of their own.
+fn after(now: Instant) -> Instant {
+    now.max(Instant::now())
+}
+
 /// What a checkpoint looked like at one scan: its files (sorted) and what they looked like.
 type Signature = Vec<FileStat>;
 
@@ -366,13 +373,13 @@ impl<'r> Watcher<'r> {
                 continue;
             }
             let signature = c.signature.clone();
-            match self.commit(&path, &signature) {
+            match self.commit(&path, &signature, now) {
                 Ok(e) => out.push(e),
                 // Hashing failed (a file deleted or replaced under us) or the commit did: try
                 // again after the settle time; the other checkpoints go on.
                 Err(e) => {
                     if let Some(c) = self.candidates.get_mut(&path) {
-                        c.since = Instant::now();
+                        c.since = after(now);
                     }
                     out.push(WatchEvent::Failed { path: self.display(&path), reason: e.to_string() });
                 }
@@ -395,7 +402,7 @@ impl<'r> Watcher<'r> {
     /// already (every file's content at its path); records it. A checkpoint that changed while
     /// it was hashed or committed is settled again. An error leaves the checkpoint to be tried
     /// again.
-    fn commit(&mut self, path: &Path, signature: &Signature) -> Result<WatchEvent> {
+    fn commit(&mut self, path: &Path, signature: &Signature, now: Instant) -> Result<WatchEvent> {
         let rel = self.repo.repo_path(path)?.to_string();
         let files: Vec<&Path> = signature.iter().map(|f| f.path.as_path()).collect();
         let mut hashes = Vec::with_capacity(files.len());
@@ -404,7 +411,7 @@ impl<'r> Watcher<'r> {
         }
         // Hashed while it was being written (a pause longer than the settle time): what was
         // hashed may be a prefix. Settle again.
-        if !self.unchanged(path, signature) {
+        if !self.unchanged(path, signature, now) {
             return Ok(WatchEvent::Retrying { path: rel });
         }
         let head = self.repo.refs.head_version()?.map(|id| self.repo.version(&id)).transpose()?;
@@ -418,7 +425,7 @@ impl<'r> Watcher<'r> {
             Ok(v) => v,
             Err(Error::FileChanged { .. }) => {
                 // Settle again from now before the retry.
-                self.candidates.get_mut(path).expect("scanned").since = Instant::now();
+                self.candidates.get_mut(path).expect("scanned").since = after(now);
                 return Ok(WatchEvent::Retrying { path: rel });
             }
             Err(e) => return Err(e),
@@ -430,25 +437,25 @@ impl<'r> Watcher<'r> {
         append_log(&self.repo.dir.join(WATCH_LOG), &committed)?;
         // Changed during or after the commit: the version holds what the commit read, and the
         // new content is committed again once it settles (`unchanged` reset the clock).
-        if self.unchanged(path, signature) {
+        if self.unchanged(path, signature, now) {
             self.candidates.get_mut(path).expect("scanned").committed = Some(signature.clone());
         }
         Ok(WatchEvent::Committed { path: rel, version, files: files.len() })
     }
 
     /// Whether the checkpoint at `path` still looks as `signature` says; if not, its settle
-    /// clock starts again from now with what it looks like now.
-    fn unchanged(&mut self, path: &Path, signature: &Signature) -> bool {
-        let now = match scan(path) {
-            Scan::Files(now, _) => now,
+    /// clock starts again at `now` (the scan's time) with what it looks like now.
+    fn unchanged(&mut self, path: &Path, signature: &Signature, now: Instant) -> bool {
+        let current = match scan(path) {
+            Scan::Files(current, _) => current,
             Scan::Skip(_) | Scan::Gone => Vec::new(),
         };
-        if now == *signature {
+        if current == *signature {
             return true;
         }
         let c = self.candidates.get_mut(path).expect("scanned");
-        c.signature = now;
-        c.since = Instant::now();
+        c.signature = current;
+        c.since = after(now);
         false
     }
 }
