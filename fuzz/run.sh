@@ -84,7 +84,7 @@ status=0
 "$bin" "${run[@]}" "$@" "$work/corpus/$target" "$seeds" >"$log" 2>&1 || status=$?
 
 # The last status line (cov: edges, ft: features, corp: inputs, exec/s) and the final stats.
-grep -E '^#[0-9]+ +(INITED|DONE|pulse|NEW|REDUCE)' "$log" | tail -n 1 || true
+grep -E '^#[0-9]+[[:space:]]+(INITED|DONE|pulse|NEW|REDUCE)' "$log" | tail -n 1 || true
 grep -E '^(stat::|Done [0-9]+ runs)' "$log" || true
 if [ "$status" -ne 0 ]; then
     echo "== $target FAILED (exit $status): see $log and $work/artifacts/$target/" >&2

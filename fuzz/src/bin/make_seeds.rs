@@ -11,7 +11,7 @@ use ckpt::codec::container::{ContainerWriter, FileKind};
 use ckpt::codec::{byte_group, huffman, sparse, Layout, Options};
 use ckpt::file_codec::{self, Format};
 use ckpt::repo::{CommitOptions, Repo};
-use ckpt::store::{ObjectKind, Store, HEADER_LEN};
+use ckpt::store::{ObjectHeader, ObjectKind, Store, HEADER_LEN};
 use ckpt::Dtype;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -88,7 +88,7 @@ fn safetensors(tensors: &[Tensor], metadata: &[(&str, &str)]) -> Vec<u8> {
         at += t.bytes.len();
     }
     let mut json = serde_json::to_vec(&header).expect("plain data");
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut file = (json.len() as u64).to_le_bytes().to_vec();
@@ -161,6 +161,17 @@ fn groups(bytes: &[u8], reference: Option<&[u8]>, layout: Layout) -> Result<Vec<
     Ok(grouped.chunks(bytes.len() / layout.width).map(<[u8]>::to_vec).collect())
 }
 
+/// An object of `kind` whose content is `len` zero bytes, in 4 MiB chunks: a few bytes per
+/// chunk on the wire, `len` bytes once decoded.
+fn zeros_object(kind: ObjectKind, len: usize) -> Result<Vec<u8>, Error> {
+    let zeros = vec![0u8; len];
+    let options = Options { chunk_size: 4 << 20, ..Options::default() };
+    let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, len as u64, options)?;
+    w.segment(&zeros, None)?;
+    let header = ObjectHeader { kind, dtype: None, reference: None, depth: 0, raw_len: len as u64 };
+    Ok([&header.encode()[..], &w.finish()?.0].concat())
+}
+
 fn length_prefixed(len: usize, payload: &[u8]) -> Vec<u8> {
     let mut seed = (len as u32).to_le_bytes().to_vec();
     seed.extend_from_slice(payload);
@@ -209,8 +220,16 @@ fn git_seeds(corpus: &mut Corpus, ckpt: &Path, files: &[(&str, &[u8])]) -> Resul
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, kind, mib, file] = &args[..] {
+        if flag == "--zeros-object" {
+            // Not a seed: a bigger bomb, to measure what fetch allocates for one.
+            let kind = if kind == "version" { ObjectKind::Version } else { ObjectKind::Manifest };
+            std::fs::write(file, zeros_object(kind, mib.parse::<usize>()? << 20)?)?;
+            return Ok(());
+        }
+    }
     let [_, out, ckpt] = &args[..] else {
-        return Err("usage: make_seeds OUT_DIR CKPT_BINARY".into());
+        return Err("usage: make_seeds OUT_DIR CKPT_BINARY, or make_seeds --zeros-object KIND MIB FILE".into());
     };
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/torch");
     let mut corpus = Corpus { root: PathBuf::from(out), written: BTreeMap::new() };
@@ -310,6 +329,10 @@ fn main() -> Result<(), Error> {
         }
     }
 
+    // A remote's decompression bomb: a manifest object of a few hundred bytes whose content is
+    // 64 MiB of zeros (valid container, valid hash; the content is not JSON).
+    corpus.put("remote_objects", "zeros-64mib-manifest.object", &zeros_object(ObjectKind::Manifest, 64 << 20)?)?;
+
     // Huffman streams: byte groups of real tensors (the exponent group is skewed, so it codes).
     let bf16 = Layout::for_dtype(Some(Dtype::Bf16));
     let f32 = Layout::for_dtype(Some(Dtype::F32));
@@ -331,10 +354,10 @@ fn main() -> Result<(), Error> {
         return Err("no byte group Huffman-coded".into());
     }
     // A long run of few symbols (several blocks of the stream).
-    let long: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 13 % 4) as u8).collect();
+    let long: Vec<u8> = (0..150_000u32).map(|i| (i * 7 % 13 % 4) as u8).collect();
     let mut coded = Vec::new();
     if huffman::encode(&long, &mut coded)? {
-        corpus.put("huffman_decode", "four-symbols-200k.huff", &length_prefixed(long.len(), &coded))?;
+        corpus.put("huffman_decode", "four-symbols-150k.huff", &length_prefixed(long.len(), &coded))?;
     }
 
     // Sparse streams: the XOR of two epochs' byte groups (mostly zero).
