@@ -13,8 +13,15 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let reference = delta.then_some(reference);
     let options = Options::default();
     let mut payload = Vec::new();
-    let header = encode_chunk(Data::Bytes(input), reference.map(Reference::Bytes), layout, &options, &mut SkipState::default(), &mut payload)
-        .expect("valid input encodes");
+    let header = encode_chunk(
+        Data::Bytes(input),
+        reference.map(Reference::Bytes),
+        layout,
+        &options,
+        &mut SkipState::default(),
+        &mut payload,
+    )
+    .expect("valid input encodes");
     let mut out = vec![0u8; input.len()];
     decode_chunk(&payload, &header, layout, reference, &mut out).expect("own output decodes");
     assert_eq!(out, input);
