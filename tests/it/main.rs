@@ -4,6 +4,7 @@ mod codec_cli;
 mod git_filter;
 mod git_gc;
 mod git_remote;
+mod git_store_trust;
 
 mod proxy;
 mod remote;
