@@ -173,7 +173,7 @@ impl GitFilter {
             .tempdir_in(&tmp_dir)
             .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
         let file = dir.path().join("file");
-        self.write_from(&p, &file, self.smudge_keeps(path))?;
+        self.write_from(&p, &file, &|| self.smudge_keeps(path))?;
         let mut f = std::fs::File::open(&file).map_err(|e| format!("opening {}: {e}", file.display()))?;
         copy_with_buffer(&mut f, output).map_err(|e| format!("sending the file to git: {e}"))
     }
@@ -185,17 +185,25 @@ impl GitFilter {
     /// next source; the error, when no source has a good copy, names the file and every
     /// source tried with what was wrong there.
     pub fn write_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
-        self.write_from(p, dest, true)
+        self.write_from(p, dest, &|| true)
     }
 
-    /// [`Self::write_from_stores`]; with `keep` false, what is read from elsewhere does not
-    /// enter the own store (a smudge for a diff): a fallback store is read in place, a ckpt
-    /// remote's file goes to the scratch store.
-    fn write_from(&self, p: &Pointer, dest: &Path, keep: bool) -> Result<(), String> {
+    /// [`Self::write_from_stores`] for a file only read (a diff, a check): what comes from
+    /// another source does not enter the own store.
+    pub fn read_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
+        self.write_from(p, dest, &|| false)
+    }
+
+    /// [`Self::write_from_stores`]; when `keep()` says false (asked only when the own store
+    /// lacks the file), what is read from elsewhere does not enter the own store (a smudge for
+    /// a diff): a fallback store is read in place, a ckpt remote's file goes to the scratch
+    /// store.
+    fn write_from(&self, p: &Pointer, dest: &Path, keep: &dyn Fn() -> bool) -> Result<(), String> {
         let own_err = match self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest) {
             Ok(_) => return Ok(()),
             Err(e) => e,
         };
+        let keep = keep();
         let mut tried = vec![format!("the ckpt store at {}: {own_err}", self.store.root().display())];
         for fallback in &self.fallbacks {
             if !fallback.store().contains(&p.manifest) {
@@ -228,7 +236,9 @@ impl GitFilter {
                         Err(e) => tried.push(format!("the file fetched from the ckpt remote: {e}")),
                     },
                     Some(Err(e)) => tried.push(e),
-                    None => tried.push("no ckpt remote is configured (git config ckpt.remote URL, or .ckptconfig)".into()),
+                    None => {
+                        tried.push("no ckpt remote is configured (git config ckpt.remote URL, or .ckptconfig)".into())
+                    }
                 },
                 Err(e) => tried.push(e),
             }

@@ -264,7 +264,8 @@ pub fn store_users(store: &Repo) -> Result<Vec<(PathBuf, PathBuf)>> {
             continue; // a registration being written
         }
         let file = e.path();
-        let bytes = std::fs::read(&file).map_err(|source| Error::Io { action: "reading", path: file.clone(), source })?;
+        let bytes =
+            std::fs::read(&file).map_err(|source| Error::Io { action: "reading", path: file.clone(), source })?;
         let path = PathBuf::from(std::ffi::OsStr::from_bytes(&bytes));
         // A file whose name is not the hash of its content was not written by ckpt.
         if !path.is_absolute() || user_file(store, &path) != file {

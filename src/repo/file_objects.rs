@@ -521,17 +521,15 @@ impl Repo {
             candidates.push((String::new(), h));
         }
         for (path, id) in candidates {
-            if !versions.contains_key(&id) {
-                match self.version(&id) {
-                    Ok(v) => {
-                        versions.insert(id, v);
-                    }
+            let v = match versions.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => match self.version(&id) {
+                    Ok(v) => e.insert(v),
                     // A record is a hint: one naming an unreadable version places nothing.
                     Err(_) if !path.is_empty() => continue,
                     Err(e) => return Err(e),
-                }
-            }
-            let v = &versions[&id];
+                },
+            };
             for f in &v.files {
                 if (path.is_empty() || f.path == path) && live_set.contains(&f.manifest) && !files.contains_key(&f.path)
                 {

@@ -293,6 +293,49 @@ mod tests {
     }
 
     #[test]
+    fn each_file_is_a_version_of_its_own_on_the_last_content_of_its_path_or_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Repo::init(&dir.path().join("store")).unwrap();
+        let spool = dir.path().join("spooled");
+        let store_as = |path: &str, bytes: &[u8]| {
+            std::fs::write(&spool, bytes).unwrap();
+            let p = RepoPath::parse(path).unwrap();
+            store.store_file(&spool, &p, "clean", &CommitOptions::default()).unwrap().version.expect(path)
+        };
+        let a = checkpoint(1);
+        let v1 = store_as("a/m.safetensors", &a);
+        let v2 = store_as("b.bin", b"other content");
+        let v3 = store_as("a/m.safetensors", &perturbed(&a, 2));
+        // A new path of the same file name follows the last file of that name.
+        let v4 = store_as("c/m.safetensors", &perturbed(&perturbed(&a, 2), 7));
+        let version = |id| store.version(&id).unwrap();
+        for (v, parents, path) in [
+            (v1, vec![], "a/m.safetensors"),
+            (v2, vec![v1], "b.bin"),
+            (v3, vec![v1, v2], "a/m.safetensors"),
+            (v4, vec![v3], "c/m.safetensors"),
+        ] {
+            let got = version(v);
+            assert_eq!(got.parents, parents, "{path}");
+            assert_eq!(got.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), [path]);
+        }
+        assert_eq!(store.head_version().unwrap(), Some(v4));
+        // Both older contents of the name became deltas against the newer ones.
+        for older in [v1, v3] {
+            let m = store.manifest(&version(older).files[0].manifest).unwrap();
+            assert!(m.blobs().any(|b| store.store().header(&b).unwrap().reference.is_some()));
+        }
+        // A record naming a version that is gone is ignored (the tip is used).
+        let records = store.ckpt_dir().join(PATH_RECORDS);
+        for e in std::fs::read_dir(&records).unwrap() {
+            std::fs::write(e.unwrap().path(), format!("{}\npath:a/m.safetensors\n", ObjectId::hash(b"gone"))).unwrap();
+        }
+        let v5 = store_as("a/m.safetensors", &perturbed(&perturbed(&a, 2), 11));
+        assert_eq!(version(v5).parents, vec![v4]);
+        assert!(store.verify().unwrap().is_ok());
+    }
+
+    #[test]
     fn the_next_content_of_a_path_is_a_delta_target() {
         let dir = tempfile::tempdir().unwrap();
         let store = Repo::init(dir.path()).unwrap();

@@ -263,7 +263,7 @@ fn fsck(base: &Path) -> Result<()> {
             continue;
         }
         let dest = tmp.path().join("file");
-        match filter.write_from_stores(p, &dest) {
+        match filter.read_from_stores(p, &dest) {
             Ok(()) => {}
             Err(e) => {
                 bad += 1;
