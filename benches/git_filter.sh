@@ -6,6 +6,8 @@
 # Opt-in 2 GiB run of part 2 alone (issue #19's target: ckpt's peak RSS <= 300 MiB):
 #   ONLY_RSS=1 SIZE_MIB=2048 bash benches/git_filter.sh
 # It needs about 4x SIZE_MIB of free space in $TMPDIR (file, clean's spool, store, smudged copy).
+# Opt-in many-files run (issue #24): N (default 1000) small tracked files in one `git add`:
+#   ONLY_MANY=1 N=1000 bash benches/git_filter.sh
 # Opt-in push run (issue #21 item 5): the series committed and `git push`ed epoch by epoch, the
 # pre-push hook uploading to a directory ckpt remote; bytes uploaded per epoch vs the local store,
 # then a fresh clone smudging the newest epoch and the first from the remote (cmp-checked):
@@ -30,6 +32,16 @@ now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc; }
 size() { du -sb "$1" | cut -f1; }
 
+if [ -n "${ONLY_MANY:-}" ]; then
+    # Many small tracked files in one `git add` (issue #24: each clean used to write a version
+    # listing every path so far, O(n^2)): time and store size.
+    N=${N:-1000}
+    mkdir "$WORK/many" && cd "$WORK/many" && git init -q -b main && ckpt git install 2>/dev/null && ckpt git track '*.bin' 2>/dev/null
+    for i in $(seq 1 "$N"); do printf 'small file %s\n' "$i" > "f$i.bin"; done
+    t=$(now); git add -A; add_s=$(since "$t")
+    echo "git add of $N small tracked files: $add_s s, store $(size .git/ckpt/.ckpt/objects) bytes of objects ($(size .git/ckpt) in all)"
+    exit 0
+fi
 if [ -n "${ONLY_PUSH:-}" ]; then
     epochs=("$SERIES"/epoch_*.safetensors)
     git init -q --bare -b main "$WORK/origin.git"

@@ -28,6 +28,11 @@ pub struct GitFilter {
     options: CommitOptions,
     skip_smudge: bool,
     remote: Option<RemoteSource>,
+    /// What git said about the current request (filter-process only).
+    request: super::process::RequestMeta,
+    /// A store in the own store's `tmp/` for files fetched from the ckpt remote only to be
+    /// read (a diff), dropped with the filter.
+    scratch: std::sync::OnceLock<Result<(tempfile::TempDir, Repo), String>>,
 }
 
 /// The ckpt remote a filter fetches missing objects from, opened on first use (most smudges
@@ -41,7 +46,15 @@ impl GitFilter {
     /// A filter storing into `store` with `options` (whether deltas are deferred, see
     /// [`CommitOptions::defer_deltas`]), reading missing objects from `fallbacks` in order.
     pub fn new(store: Repo, fallbacks: Vec<Repo>, options: CommitOptions) -> GitFilter {
-        GitFilter { store, fallbacks, options, skip_smudge: false, remote: None }
+        GitFilter {
+            store,
+            fallbacks,
+            options,
+            skip_smudge: false,
+            remote: None,
+            request: Default::default(),
+            scratch: std::sync::OnceLock::new(),
+        }
     }
 
     /// Fetches objects the stores lack from the ckpt remote at `url` (see
@@ -50,18 +63,53 @@ impl GitFilter {
         self.remote = url.map(|url| RemoteSource { url, opened: std::sync::OnceLock::new() });
     }
 
-    /// Downloads `p`'s file into the own store from the ckpt remote; `None` without one.
-    fn fetch_from_remote(&self, p: &Pointer) -> Option<Result<(), String>> {
+    /// Downloads `p`'s file from the ckpt remote into `into` (the own store, or the scratch
+    /// store); `None` without a remote.
+    fn fetch_from_remote(&self, p: &Pointer, into: &Repo) -> Option<Result<(), String>> {
         let source = self.remote.as_ref()?;
         let remote = source.opened.get_or_init(|| {
             super::ckpt_remote::open(&source.url).map_err(|e| format!("opening the ckpt remote {}: {e}", source.url))
         });
         Some(match remote {
-            Ok(remote) => self.store.fetch_file(remote.as_ref(), &p.manifest).map(|_| ()).map_err(|e| {
+            Ok(remote) => into.fetch_file(remote.as_ref(), &p.manifest).map(|_| ()).map_err(|e| {
                 format!("fetching file {} (manifest {}) from the ckpt remote {}: {e}", p.hash, p.manifest, source.url)
             }),
             Err(e) => Err(e.clone()),
         })
+    }
+
+    /// The scratch store (created on first use).
+    fn scratch(&self) -> Result<&Repo, String> {
+        let made = self.scratch.get_or_init(|| {
+            let tmp_dir = self.store.ckpt_dir().join("tmp");
+            let dir = tempfile::Builder::new()
+                .prefix("git-read-")
+                .tempdir_in(&tmp_dir)
+                .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
+            let repo = Repo::init(dir.path()).map_err(|e| format!("creating a scratch store: {e}"))?;
+            Ok((dir, repo))
+        });
+        made.as_ref().map(|(_, r)| r).map_err(Clone::clone)
+    }
+
+    /// Whether the current smudge writes the working tree, so that what it needs from
+    /// another store is kept in the own one (docs/format.md, "The git filter's store: who it
+    /// keeps objects for"): a checkout of a commit names its `treeish` or `ref`; a request
+    /// without any metadata (a one-shot smudge, `ckpt git checkout`, git before 2.27) counts
+    /// as a checkout; a request naming only a `blob` is a checkout from the index (`git
+    /// checkout -- path`) when that blob is staged at `path`, and otherwise a read for `git
+    /// diff`, `git log -p` or `git show`, which must not grow the store.
+    fn smudge_keeps(&self, path: &str) -> bool {
+        let m = &self.request;
+        let Some(blob) = m.blob.as_deref().filter(|_| m.treeish.is_none() && m.reference.is_none()) else {
+            return true;
+        };
+        let staged = || -> Option<bool> {
+            let git = git2::Repository::open_from_env().ok()?;
+            let entry = git.index().ok()?.get_path(Path::new(path), 0)?;
+            Some(entry.id.to_string() == blob)
+        };
+        staged().unwrap_or(true)
     }
 
     /// With `skip`, smudge leaves valid pointers as they are (`CKPT_SKIP_SMUDGE=1`); `ckpt git
@@ -171,11 +219,11 @@ impl GitFilter {
         ))
     }
 
-    /// smudge: `input` (what git stores for the file at `_path`) → the file on `output`. Content that does
+    /// smudge: `input` (what git stores for the file at `path`) → the file on `output`. Content that does
     /// not start like a ckpt pointer (committed before the path was tracked) passes through
     /// unchanged; a malformed ckpt pointer, or one whose objects are missing or damaged, is an
     /// error before any byte is sent.
-    pub fn smudge(&self, _path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
+    pub fn smudge(&self, path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
         let mut head = Vec::with_capacity(pointer::MAX_LEN + 1);
         input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(|e| format!("reading from git: {e}"))?;
         if !head.starts_with(pointer::PREFIX) {
@@ -192,62 +240,85 @@ impl GitFilter {
             .tempdir_in(&tmp_dir)
             .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
         let file = dir.path().join("file");
-        self.write_from_stores(&p, &file)?;
+        self.write_from(&p, &file, &|| self.smudge_keeps(path))?;
         let mut f = std::fs::File::open(&file).map_err(|e| format!("opening {}: {e}", file.display()))?;
         copy_with_buffer(&mut f, output).map_err(|e| format!("sending the file to git: {e}"))
     }
 
     /// Writes `p`'s file to `dest` (temporary file + rename, verified) from the own store, else
-    /// from the first fallback store that has its manifest.
+    /// from the first other source that has a good copy: the fallback stores (a local origin's)
+    /// in order, then the ckpt remote. What comes from another source is checked object by
+    /// object before it lands in the own store, and a damaged copy sends the search on to the
+    /// next source; the error, when no source has a good copy, names the file and every
+    /// source tried with what was wrong there.
     pub fn write_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
-        let own = self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest);
-        let own_err = match own {
+        self.write_from(p, dest, &|| true)
+    }
+
+    /// [`Self::write_from_stores`] for a file only read (a diff, a check): what comes from
+    /// another source does not enter the own store.
+    pub fn read_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
+        self.write_from(p, dest, &|| false)
+    }
+
+    /// [`Self::write_from_stores`]; when `keep()` says false (asked only when the own store
+    /// lacks the file), what is read from elsewhere does not enter the own store (a smudge for
+    /// a diff): a fallback store is read in place, a ckpt remote's file goes to the scratch
+    /// store.
+    fn write_from(&self, p: &Pointer, dest: &Path, keep: &dyn Fn() -> bool) -> Result<(), String> {
+        let own_err = match self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest) {
             Ok(_) => return Ok(()),
             Err(e) => e,
         };
+        let keep = keep();
+        let mut tried = vec![format!("the ckpt store at {}: {own_err}", self.store.root().display())];
         for fallback in &self.fallbacks {
-            if fallback.store().contains(&p.manifest) {
-                // Copied into the own store first, so this clone keeps working without its
-                // origin; written from the own store, which checks every copied object.
-                if self.store.copy_file_objects_from(fallback, &p.manifest).is_ok()
-                    && self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest).is_ok()
-                {
-                    return Ok(());
-                }
-                return fallback.write_stored_file(&p.manifest, p.size, &p.hash, dest).map(|_| ()).map_err(|e| {
-                    format!(
-                        "file {} (manifest {}) from the ckpt store at {}: {e}",
-                        p.hash,
-                        p.manifest,
-                        fallback.root().display()
-                    )
-                });
+            if !fallback.store().contains(&p.manifest) {
+                continue;
+            }
+            let source = format!("the ckpt store at {}", fallback.root().display());
+            let result = if keep {
+                // Copied into the own store first (verified), so this clone keeps working
+                // without its origin; written from the own store.
+                self.store
+                    .copy_file_objects_from(fallback, &p.manifest)
+                    .and_then(|_| self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest))
+            } else {
+                fallback.write_stored_file(&p.manifest, p.size, &p.hash, dest)
+            };
+            match result {
+                Ok(_) => return Ok(()),
+                Err(e) => tried.push(format!("{source}: {e}")),
             }
         }
-        // Only a file the store lacks is fetched: a damaged object here is reported as such.
-        let fetched = if self.store.store().contains(&p.manifest) { None } else { self.fetch_from_remote(p) };
-        let remote_note = match fetched {
-            // Written from the own store, which checks every object again as it decodes.
-            Some(Ok(())) => {
-                return self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest).map(|_| ()).map_err(|e| {
-                    format!("file {} (manifest {}) fetched from the ckpt remote: {e}", p.hash, p.manifest)
-                })
+        // A file the own store holds whole (a damaged object there) is reported as such, not
+        // fetched over it.
+        if !self.store.store().contains(&p.manifest) {
+            let into = if keep { Ok(&self.store) } else { self.scratch() };
+            match into {
+                Ok(into) => match self.fetch_from_remote(p, into) {
+                    // Written from the store it went to, which checks every object again.
+                    Some(Ok(())) => match into.write_stored_file(&p.manifest, p.size, &p.hash, dest) {
+                        Ok(_) => return Ok(()),
+                        Err(e) => tried.push(format!("the file fetched from the ckpt remote: {e}")),
+                    },
+                    Some(Err(e)) => tried.push(e),
+                    None => {
+                        tried.push("no ckpt remote is configured (git config ckpt.remote URL, or .ckptconfig)".into())
+                    }
+                },
+                Err(e) => tried.push(e),
             }
-            Some(Err(e)) => format!("; {e}"),
-            None if self.remote.is_none() => {
-                "; no ckpt remote is configured (git config ckpt.remote URL, or .ckptconfig)".to_string()
-            }
-            None => String::new(),
-        };
+        }
         Err(format!(
-            "cannot restore the file {} (manifest {}, {} bytes) from the ckpt store at {}: {own_err}{remote_note}; \
+            "cannot restore the file {} (manifest {}, {} bytes): no source has a good copy; tried {}; \
              if this repository was cloned or the store moved, point `git config ckpt.store` at a store \
              that has it or `git config ckpt.remote` at the ckpt remote it was pushed to, or run \
              `ckpt -C {} verify` to find damaged objects",
             p.hash,
             p.manifest,
             p.size,
-            self.store.root().display(),
+            tried.join("; "),
             self.store.root().display(),
         ))
     }
@@ -328,6 +399,10 @@ impl Filter for GitFilter {
             Command::Clean => self.clean(path, input, output),
             Command::Smudge => self.smudge(path, input, output),
         }
+    }
+
+    fn request(&mut self, meta: &super::process::RequestMeta) {
+        self.request = meta.clone();
     }
 }
 

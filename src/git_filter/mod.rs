@@ -134,6 +134,45 @@ pub enum Error {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A git repository registered as a user of the store exists but cannot be read: gc
+    /// cannot know what it still needs.
+    #[error(
+        "the git repository {} uses this ckpt store (registered in {}) but cannot be read: {reason}; \
+         nothing was deleted. Make it readable, or, if it no longer uses this store, delete {}",
+        path.display(),
+        file.display(),
+        file.display()
+    )]
+    UserUnreadable {
+        /// Its git common directory.
+        path: PathBuf,
+        /// Its registration file in the store.
+        file: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// A file in the store's list of users that is not a registration.
+    #[error("{}: {reason}; nothing was deleted (move it out of the store's {USERS_DIR} directory)", file.display())]
+    Users {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A linked worktree git lists but that cannot be read.
+    #[error(
+        "the worktree {name:?} of {} cannot be read: {reason}; nothing was deleted (if it was \
+         deleted, run `git worktree prune`)",
+        repo.display()
+    )]
+    Worktree {
+        /// The worktree's name.
+        name: String,
+        /// The repository's git common directory.
+        repo: PathBuf,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// Results of the git layer.
@@ -160,18 +199,166 @@ pub fn store_root(git: &git2::Repository) -> Result<PathBuf> {
     Ok(git.commondir().join("ckpt"))
 }
 
-/// Opens `git`'s ckpt store, creating it on first use.
+/// Opens `git`'s ckpt store, creating it on first use, and registers `git` as one of its
+/// users (see [`USERS_DIR`]). Creation is race-free: any number of processes may make the
+/// first use of a new store at once (each builds a complete store under a temporary name and
+/// renames it into place; the first rename wins and the others open that store).
 pub fn open_store(git: &git2::Repository) -> Result<Repo> {
     let root = store_root(git)?;
-    if root.join(repo::DIR_NAME).join("HEAD").is_file() {
-        return Ok(Repo::open(&root)?);
+    let store = if root.join(repo::DIR_NAME).join("HEAD").is_file() {
+        Repo::open(&root)?
+    } else {
+        match Repo::init(&root) {
+            Ok(r) => r,
+            // Another process created it first.
+            Err(repo::Error::AlreadyExists { .. }) => Repo::open(&root)?,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    register(&store, git)?;
+    Ok(store)
+}
+
+/// The directory of a ckpt store (under `.ckpt/`) where each git repository using it has a
+/// file: named by the BLAKE3 hash of the repository's git common directory (its absolute,
+/// canonical path), holding that path. `ckpt git gc` keeps what every registered repository
+/// reaches (docs/format.md, "The git filter's store: who it keeps objects for").
+pub const USERS_DIR: &str = "git-users";
+
+/// The git common directory of `git`, absolute and canonical: what registers it in a store.
+fn common_dir(git: &git2::Repository) -> Result<PathBuf> {
+    let dir = git.commondir();
+    std::fs::canonicalize(dir).map_err(|source| Error::Io { action: "resolving", path: dir.to_path_buf(), source })
+}
+
+fn user_file(store: &Repo, common: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    store.ckpt_dir().join(USERS_DIR).join(crate::ObjectId::hash(common.as_os_str().as_bytes()).to_hex())
+}
+
+/// Records `git` as a user of `store` (one `stat` when it is already). A store the user may
+/// not write to (read-only, another's) is used without registering: such a user cannot store
+/// files there either.
+fn register(store: &Repo, git: &git2::Repository) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let common = common_dir(git)?;
+    let file = user_file(store, &common);
+    if file.is_file() {
+        return Ok(());
     }
-    match Repo::init(&root) {
-        Ok(r) => Ok(r),
-        // Another filter process created it first.
-        Err(repo::Error::AlreadyExists { .. }) => Ok(Repo::open(&root)?),
-        Err(e) => Err(e.into()),
+    let dir = store.ckpt_dir().join(USERS_DIR);
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { action, path, source }
+    };
+    let result = std::fs::create_dir_all(&dir).and_then(|()| {
+        let mut tmp = tempfile::Builder::new().prefix(".user-").tempfile_in(&dir)?;
+        std::io::Write::write_all(&mut tmp, common.as_os_str().as_bytes())?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(&file).map_err(|e| e.error)?;
+        std::fs::File::open(&dir)?.sync_all()
+    });
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(30) => Ok(()),
+        Err(e) => Err(io("registering this repository in", &dir)(e)),
     }
+}
+
+/// The git repositories registered as users of `store`: (git common directory, registration
+/// file), in path order.
+pub fn store_users(store: &Repo) -> Result<Vec<(PathBuf, PathBuf)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = store.ckpt_dir().join(USERS_DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(Error::Io { action: "reading", path: dir, source }),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(|source| Error::Io { action: "reading", path: dir.clone(), source })?;
+        let name = e.file_name();
+        if name.as_bytes().starts_with(b".") {
+            continue; // a registration being written
+        }
+        let file = e.path();
+        let bytes =
+            std::fs::read(&file).map_err(|source| Error::Io { action: "reading", path: file.clone(), source })?;
+        let path = PathBuf::from(std::ffi::OsStr::from_bytes(&bytes));
+        // A file whose name is not the hash of its content was not written by ckpt.
+        if !path.is_absolute() || user_file(store, &path) != file {
+            return Err(Error::Users { file, reason: "not a registration ckpt wrote".into() });
+        }
+        out.push((path, file));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// What `ckpt git gc` keeps: the files every user of the store reaches.
+#[derive(Debug, Default)]
+pub struct LiveSet {
+    /// The live files' manifests (with repetitions).
+    pub manifests: Vec<crate::ObjectId>,
+    /// The git common directories whose history, worktrees and indexes were read.
+    pub repositories: Vec<PathBuf>,
+    /// Registered repositories that no longer exist, or no longer use this store: their
+    /// registrations were removed (unless `dry_run`).
+    pub pruned: Vec<PathBuf>,
+}
+
+/// The files the users of `store` reach: `git` (all its worktrees) and every other registered
+/// repository that still uses `store` ([`reachable_pointers`] of each). A registration whose
+/// path no longer exists, or whose repository's store is now another, is removed (unless
+/// `dry_run`), as `git worktree prune` does; a registered repository that exists but cannot be
+/// read is an error ([`Error::UserUnreadable`]): nothing may be deleted on the word of a
+/// repository that was not read.
+pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<LiveSet> {
+    let own = common_dir(git)?;
+    let mut out = LiveSet::default();
+    out.manifests.extend(reachable_pointers(git)?.into_iter().map(|(_, p)| p.manifest));
+    out.repositories.push(own.clone());
+    for (path, file) in store_users(store)? {
+        if path == own {
+            continue;
+        }
+        let unreadable = |reason: String| Error::UserUnreadable { path: path.clone(), file: file.clone(), reason };
+        let exists = match std::fs::symlink_metadata(&path) {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(unreadable(e.to_string())),
+        };
+        let uses_store = exists
+            && match git2::Repository::open(&path) {
+                Ok(other) => {
+                    let root = store_root(&other).map_err(|e| unreadable(e.to_string()))?;
+                    match std::fs::canonicalize(&root) {
+                        Ok(root) if root == store.root() => {
+                            let pointers = reachable_pointers(&other).map_err(|e| unreadable(e.to_string()))?;
+                            out.manifests.extend(pointers.into_iter().map(|(_, p)| p.manifest));
+                            true
+                        }
+                        // Its store is now another one (or none yet).
+                        _ => false,
+                    }
+                }
+                Err(e) => return Err(unreadable(e.message().to_string())),
+            };
+        if uses_store {
+            out.repositories.push(path);
+        } else {
+            if !dry_run {
+                match std::fs::remove_file(&file) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => return Err(Error::Io { action: "removing", path: file, source }),
+                }
+            }
+            out.pruned.push(path);
+        }
+    }
+    Ok(out)
 }
 
 /// Which git config [`install`] writes to.
@@ -361,33 +548,67 @@ pub fn ls_files(git: &git2::Repository, store: &Repo, rev: &str) -> Result<Vec<T
     Ok(out)
 }
 
-/// The ckpt pointers git can reach: in the trees of every commit reachable from any ref
-/// (branches, tags, remotes, the stash), from any reflog entry, and in the index; each pointer
-/// once, with one path where it was seen.
-pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
-    let mut walk = git.revwalk().map_err(self::git("walking history"))?;
-    let refs = git.references().map_err(self::git("listing refs"))?;
-    for r in refs.flatten() {
-        if let Ok(name) = r.name() {
-            if let Ok(commit) = r.peel_to_commit() {
-                let _ = walk.push(commit.id());
-            }
-            if let Ok(log) = git.reflog(name) {
-                for e in log.iter() {
-                    // Reflog entries may name commits since deleted; those are skipped.
-                    if git.find_commit(e.id_new()).is_ok() {
-                        let _ = walk.push(e.id_new());
-                    }
-                }
+/// The repositories of `git`'s working trees: the main one (or the bare repository) and every
+/// linked worktree (`git worktree add`), each opened on its own `HEAD`, index and per-worktree
+/// refs and reflogs. A linked worktree whose directory is gone is read from its
+/// administrative directory (`.git/worktrees/<name>`) as git itself does until `git worktree
+/// prune`; one that cannot be read at all is an error.
+pub fn worktrees(git: &git2::Repository) -> Result<Vec<git2::Repository>> {
+    let common = git.commondir().to_path_buf();
+    let main = git2::Repository::open(&common).map_err(self::git(format!("opening {}", common.display())))?;
+    let names = main.worktrees().map_err(self::git("listing the worktrees"))?;
+    let mut out = Vec::new();
+    for name in names.iter() {
+        let Ok(Some(name)) = name else {
+            return Err(Error::Worktree { name: "?".into(), repo: common, reason: "a name that is not UTF-8".into() });
+        };
+        let admin = common.join("worktrees").join(name);
+        let opened = main
+            .find_worktree(name)
+            .and_then(|wt| git2::Repository::open_from_worktree(&wt))
+            .or_else(|_| git2::Repository::open(&admin));
+        match opened {
+            Ok(r) => out.push(r),
+            Err(e) => {
+                return Err(Error::Worktree { name: name.to_string(), repo: common, reason: e.message().to_string() })
             }
         }
     }
-    if let Ok(log) = git.reflog("HEAD") {
-        for e in log.iter() {
-            if git.find_commit(e.id_new()).is_ok() {
-                let _ = walk.push(e.id_new());
+    out.insert(0, main);
+    Ok(out)
+}
+
+/// The ckpt pointers git can reach: in the trees of every commit reachable from any ref
+/// (branches, tags, remotes, the stash), from any reflog entry, from the `HEAD` of every
+/// working tree (a detached one included), from each worktree's own refs and reflogs, and in
+/// the index of every working tree; each pointer once, with one path where it was seen.
+pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
+    let repos = worktrees(git)?;
+    let mut walk = git.revwalk().map_err(self::git("walking history"))?;
+    let push_log = |r: &git2::Repository, name: &str, walk: &mut git2::Revwalk| {
+        if let Ok(log) = r.reflog(name) {
+            for e in log.iter() {
+                // Reflog entries may name commits since deleted; those are skipped.
+                if git.find_commit(e.id_new()).is_ok() {
+                    let _ = walk.push(e.id_new());
+                }
             }
         }
+    };
+    for r in &repos {
+        let refs = r.references().map_err(self::git("listing refs"))?;
+        for reference in refs.flatten() {
+            if let Ok(name) = reference.name() {
+                if let Ok(commit) = reference.peel_to_commit() {
+                    let _ = walk.push(commit.id());
+                }
+                push_log(r, name, &mut walk);
+            }
+        }
+        if let Ok(commit) = r.head().and_then(|h| h.peel_to_commit()) {
+            let _ = walk.push(commit.id());
+        }
+        push_log(r, "HEAD", &mut walk);
     }
     let mut seen_blobs = std::collections::HashSet::new();
     let mut seen_trees = std::collections::HashSet::new();
@@ -422,9 +643,11 @@ pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer
             consider(path, id, &mut out);
         }
     }
-    let index = git.index().map_err(self::git("reading git's index"))?;
-    for e in index.iter() {
-        consider(String::from_utf8_lossy(&e.path).into_owned(), e.id, &mut out);
+    for r in &repos {
+        let index = r.index().map_err(self::git(format!("reading git's index in {}", r.path().display())))?;
+        for e in index.iter() {
+            consider(String::from_utf8_lossy(&e.path).into_owned(), e.id, &mut out);
+        }
     }
     Ok(out)
 }

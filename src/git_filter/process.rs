@@ -32,6 +32,23 @@ pub trait Filter {
         input: &mut dyn Read,
         output: &mut dyn Write,
     ) -> Result<(), String>;
+
+    /// What git says about the request [`Filter::filter`] is called for next, besides its
+    /// path (git 2.27 and later). Ignored by default.
+    fn request(&mut self, _meta: &RequestMeta) {}
+}
+
+/// The optional keys of a request: a checkout of a commit names its `treeish` (and `ref`, the
+/// branch); every smudge of a known blob names the `blob`. A smudge for `git diff`, `git log
+/// -p` or `git show` names the blob alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestMeta {
+    /// `ref=`: the ref being checked out.
+    pub reference: Option<String>,
+    /// `treeish=`: the tree or commit being checked out.
+    pub treeish: Option<String>,
+    /// `blob=`: the git blob id of the content.
+    pub blob: Option<String>,
 }
 
 /// A protocol violation or a broken pipe.
@@ -69,6 +86,7 @@ pub fn serve(
         // git closing the pipe after its last request.
         let mut command = None;
         let mut pathname = None;
+        let mut meta = RequestMeta::default();
         let mut first = true;
         loop {
             let packet = r.read()?;
@@ -86,7 +104,10 @@ pub fn serve(
             match key {
                 "command" => command = Some(value.to_string()),
                 "pathname" => pathname = Some(value.to_string()),
-                // ref, treeish, blob, can-delay: nothing ckpt needs.
+                "ref" => meta.reference = Some(value.to_string()),
+                "treeish" => meta.treeish = Some(value.to_string()),
+                "blob" => meta.blob = Some(value.to_string()),
+                // can-delay: nothing ckpt needs.
                 _ => {}
             }
         }
@@ -99,6 +120,7 @@ pub fn serve(
         };
         let mut content = Content { r: &mut r, at: 0, end: false, error: None };
         let mut answer = Answer { w: &mut w, buf: Vec::new(), started: false, error: None };
+        filter.request(&meta);
         let result = filter.filter(command, &path, &mut content, &mut answer);
         if let Some(e) = content.error.take() {
             return Err(e);

@@ -41,7 +41,7 @@ impl Side {
                     .tempdir_in(&tmp_dir)
                     .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
                 let file = dir.path().join("file");
-                filter.write_from_stores(&p, &file)?;
+                filter.read_from_stores(&p, &file)?;
                 (Some(dir), file, Some(p.hash))
             }
             None => (None, path.to_path_buf(), None),

@@ -107,27 +107,35 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<VersionId> {
-        self.commit_inputs_as(inputs, message, options, true)
+        self.commit_inputs_on(inputs, message, options, None)
     }
 
-    /// [`Self::commit_inputs`]; `tree`: the version is a tree of files to check out, whose paths
-    /// must not conflict (a file `a` and a file `a/b`). The git filter's store versions
-    /// (`store_file`) are sets of logical paths that git, not ckpt, checks out: a path that was a
-    /// file in an old git commit and a directory in a new one must not fail `git add`.
-    pub(super) fn commit_inputs_as(
+    /// [`Self::commit_inputs`]; with `on` (the git filter's store, docs/format.md "The git
+    /// filter's store versions"), the new version lists only the inputs, its first parent (what
+    /// its deltas and `since_base` follow) is `on`'s version, and `HEAD`'s version, when
+    /// another, is its last parent, so that every version stays reachable from the branch.
+    pub(super) fn commit_inputs_on(
         &self,
         inputs: Vec<Input>,
         message: &str,
         options: &CommitOptions,
-        tree: bool,
+        on: Option<Option<VersionId>>,
     ) -> Result<VersionId> {
         let policy = options.delta_policy.unwrap_or(self.config.delta_policy);
         // Clamped like the config (`Config::check`), so no caller can make chains the reader refuses.
         let base_every = options.base_every.unwrap_or(self.config.base_every).clamp(1, super::config::MAX_BASE_EVERY);
         let head = self.refs.head()?;
-        let parent_id = self.refs.head_version()?;
+        let head_version = self.refs.head_version()?;
+        let parent_id = match on {
+            Some(on) => on,
+            None => head_version,
+        };
         let parent = parent_id.map(|id| self.version(&id)).transpose()?;
         let removals = self.pending_removals()?;
+        let mut parents: Vec<VersionId> = parent_id.into_iter().collect();
+        if on.is_some() {
+            parents.extend(head_version.filter(|h| Some(*h) != parent_id));
+        }
 
         if inputs.is_empty() && removals.is_empty() {
             return Err(Error::NothingToCommit);
@@ -148,8 +156,12 @@ impl Repo {
             (s, DeltaPolicy::Skip, Some(p)) => self.ancestor_since_base(p, s & (s - 1)),
         };
 
-        let mut files: BTreeMap<String, FileEntry> =
-            parent.iter().flat_map(|p| p.files.iter()).map(|f| (f.path.clone(), f.clone())).collect();
+        let mut files: BTreeMap<String, FileEntry> = parent
+            .iter()
+            .filter(|_| on.is_none())
+            .flat_map(|p| p.files.iter())
+            .map(|f| (f.path.clone(), f.clone()))
+            .collect();
         for r in &removals {
             files.remove(r);
         }
@@ -157,7 +169,7 @@ impl Repo {
         // anything is stored, naming both (one may be kept from the parent).
         let named = inputs.iter().map(|i| i.path.as_str());
         let conflict =
-            if tree { super::path::prefix_conflict(files.keys().map(String::as_str).chain(named)) } else { None };
+            if on.is_none() { super::path::prefix_conflict(files.keys().map(String::as_str).chain(named)) } else { None };
         if let Some((file, under)) = conflict {
             return Err(Error::InvalidPath {
                 path: std::path::PathBuf::from(&under),
@@ -280,7 +292,7 @@ impl Repo {
         let files: Vec<FileEntry> = files.into_values().collect();
         let version = Version {
             format: MODEL_FORMAT,
-            parents: parent_id.into_iter().collect(),
+            parents,
             time: options.time.unwrap_or_else(now_secs),
             message: message.to_string(),
             since_base,

@@ -60,6 +60,11 @@ pub struct KeepReport {
     pub bytes_freed: u64,
     /// Whether nothing was deleted on purpose.
     pub dry_run: bool,
+    /// The git repositories (common directories) whose live files were kept (set by the
+    /// caller: `ckpt git gc` reads every user of a shared store).
+    pub repositories: Vec<String>,
+    /// Registered users of the store that no longer exist or use it, forgotten.
+    pub pruned: Vec<String>,
 }
 
 /// A writer that keeps the first [`HEADER_LEN`] bytes and then refuses more (ending a
@@ -400,22 +405,37 @@ impl Repo {
     }
 
     /// Deletes every object of the store that neither the files `live` (manifests: each with
-    /// its blobs and their delta chains) nor a tag or branch other than the current one needs.
-    /// The current branch's history (the versions [`Repo::store_file`] recorded) is replaced
-    /// by one version without parents holding the live files: those of the current version
-    /// that are live under their paths (so the next content stored for a path is still coded
-    /// against its last one), the others under `gc-kept/<manifest id>`. With `dry_run`,
-    /// nothing changes and the report says what would be deleted.
+    /// its blobs and their delta chains) nor a tag or branch other than the current one needs
+    /// ([`Repo::gc_keeping_with`] with a fixed live set).
+    pub fn gc_keeping(&self, live: &[ObjectId], dry_run: bool) -> Result<KeepReport> {
+        self.gc_keeping_with(|| Ok(live.to_vec()), dry_run)
+    }
+
+    /// Deletes every object of the store that neither the files `live()` returns (manifests:
+    /// each with its blobs and their delta chains) nor a tag or branch other than the current
+    /// one needs. `live` runs under the writer lock, so no file stored meanwhile can be missed
+    /// by it. The current branch's history (the versions [`Repo::store_file`] recorded) is
+    /// replaced by one version without parents holding the live files: under the paths the
+    /// store's path records (or the current version) give them (so the next content stored
+    /// for a path is still coded against its last one), the others under
+    /// `gc-kept/<manifest id>`. With `dry_run`, nothing changes and the report says what would
+    /// be deleted.
     ///
     /// Marking reads every kept manifest and blob header first; if one cannot be read, nothing
-    /// is deleted.
-    pub fn gc_keeping(&self, live: &[ObjectId], dry_run: bool) -> Result<KeepReport> {
+    /// is deleted. Neither the new root version nor anything a ref names is ever deleted, also
+    /// when the root's id is one an earlier gc wrote (the same files in the same second).
+    pub fn gc_keeping_with<E: From<Error>>(
+        &self,
+        live: impl FnOnce() -> std::result::Result<Vec<ObjectId>, E>,
+        dry_run: bool,
+    ) -> std::result::Result<KeepReport, E> {
         let mut report = KeepReport { dry_run, ..KeepReport::default() };
         let lock = self.lock()?;
         if !dry_run && self.has_pending_deltas() {
             // Deferred rewrites name versions this gc replaces: done first, while they exist.
             self.compact_locked(&super::CompactOptions::default())?;
         }
+        let live = live()?;
         let present: Vec<ObjectId> = {
             let mut seen = HashSet::new();
             live.iter().filter(|m| seen.insert(**m)).filter(|m| self.store.contains(m)).copied().collect()
@@ -439,14 +459,17 @@ impl Repo {
         let mut marked: HashSet<ObjectId> = self.reachable(&roots, &|_| false)?.into_iter().map(|n| n.id).collect();
         marked.extend(self.file_objects(&present)?.into_iter().map(|n| n.id));
 
-        let new_root = self.live_version(head_version, &present)?;
-        let all = self.store.list()?;
+        let (root_id, root) = self.live_version(head_version, &present)?;
+        // The root is kept whatever its id: two gcs of the same files in the same second
+        // build the same root, which the second must not delete under the ref it moves there.
+        marked.insert(root_id);
+        let all = self.store.list().map_err(Error::from)?;
         let doomed: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
         report.kept = all.len() - doomed.len();
         report.deleted = doomed.len();
         report.bytes_freed = doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum();
         // The root version itself is kept (it is written below, unless already there).
-        if !all.contains(&new_root.0) {
+        if !all.contains(&root_id) {
             report.kept += 1;
         }
         if dry_run {
@@ -455,21 +478,24 @@ impl Repo {
 
         // The new root first, then the ref to it, then the deletions: an interruption leaves
         // the old history or the new one, never a ref to a deleted version.
-        let version = &new_root.1;
-        let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
+        let written = self
+            .store
+            .write_data(ObjectKind::Version, &root.to_bytes(), &self.config.codec_options())
+            .map_err(Error::from)?;
         self.index_object(&written);
-        self.index_version(&written.id, version);
+        self.index_version(&written.id, &root);
         match &current_branch {
             Some(b) => self.refs.set(RefKind::Branch, b, &written.id)?,
             None => self.refs.set_head(&super::Head::Detached(written.id))?,
         }
+        self.reset_path_records(&written.id, &root)?;
         self.progress.start("gc", doomed.len() as u64);
         for (n, id) in doomed.iter().enumerate() {
             if let Some(ix) = self.index() {
                 let _ = ix.remove_object(id);
                 let _ = ix.remove_version(id);
             }
-            self.store.remove(id)?;
+            self.store.remove(id).map_err(Error::from)?;
             self.progress.set(n as u64 + 1);
         }
         self.progress.finish();
@@ -481,19 +507,35 @@ impl Repo {
         Ok(report)
     }
 
-    /// The parentless version holding the files `live` (present in the store): the current
-    /// version's entries whose manifest is live keep their paths, the others are listed under
-    /// `gc-kept/<manifest id>` (no files at all when nothing is live). Returns its id and the
-    /// version.
+    /// The parentless version holding the files `live` (present in the store): each live file
+    /// under the paths the path records give it (the version that last stored a path lists it
+    /// there) and those of the current version, the others under `gc-kept/<manifest id>` (no
+    /// files at all when nothing is live). Returns its id and the version.
     fn live_version(&self, head: Option<VersionId>, live: &[ObjectId]) -> Result<(VersionId, Version)> {
-        let current = head.map(|id| self.version(&id)).transpose()?;
         let live_set: HashSet<ObjectId> = live.iter().copied().collect();
         let mut files: std::collections::BTreeMap<String, super::FileEntry> = std::collections::BTreeMap::new();
         let mut placed = HashSet::new();
-        for f in current.iter().flat_map(|v| v.files.iter()) {
-            if live_set.contains(&f.manifest) {
-                placed.insert(f.manifest);
-                files.insert(f.path.clone(), f.clone());
+        let mut versions: HashMap<VersionId, Version> = HashMap::new();
+        let mut candidates: Vec<(String, VersionId)> = self.path_records()?;
+        if let Some(h) = head {
+            candidates.push((String::new(), h));
+        }
+        for (path, id) in candidates {
+            let v = match versions.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => match self.version(&id) {
+                    Ok(v) => e.insert(v),
+                    // A record is a hint: one naming an unreadable version places nothing.
+                    Err(_) if !path.is_empty() => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            for f in &v.files {
+                if (path.is_empty() || f.path == path) && live_set.contains(&f.manifest) && !files.contains_key(&f.path)
+                {
+                    placed.insert(f.manifest);
+                    files.insert(f.path.clone(), f.clone());
+                }
             }
         }
         for m in live {

@@ -545,7 +545,15 @@ impl Repo {
             ix.finish_rebuild()?;
         }
         let staging = staging.keep();
-        std::fs::rename(&staging, &final_dir).map_err(io("renaming to", &final_dir))?;
+        if let Err(e) = std::fs::rename(&staging, &final_dir) {
+            let _ = std::fs::remove_dir_all(&staging);
+            // Another init renamed its complete directory there first (rename onto a non-empty
+            // directory fails): that repository stands, as if it had existed before.
+            if final_dir.join("HEAD").is_file() {
+                return Err(Error::AlreadyExists { path: final_dir });
+            }
+            return Err(io("renaming to", &final_dir)(e));
+        }
         std::fs::File::open(&root).and_then(|f| f.sync_all()).map_err(io("syncing", &root))?;
         Repo::open(&root)
     }

@@ -28,11 +28,15 @@ pub struct StoredFile {
 impl Repo {
     /// Stores the file at `disk` as the content of `path` (which need not exist in the working
     /// tree). Content the store already holds whole (its manifest exists) costs one hash pass
-    /// and writes nothing. Otherwise it is committed as a new version on top of `HEAD` with
-    /// `path` replaced, so its tensors are delta-coded against the same tensors in the last
-    /// content stored for `path` (or, for a new path, as [`Repo::commit`] chooses), and, under
-    /// the `reverse` policy, that content is rewritten as deltas against it (inline, or later
-    /// with `options.defer_deltas`).
+    /// and writes nothing. Otherwise it is committed as a new version that lists this file
+    /// alone (docs/format.md, "The git filter's store versions": what a clean writes does not
+    /// grow with the number of paths stored before). Its first parent is the version of the
+    /// last content stored for `path` (found through `.ckpt/git-paths/`), or for a new path
+    /// the last file stored under the same file name, else `HEAD`'s version: its tensors are
+    /// delta-coded against the same tensors there (by path, else as [`Repo::commit`] matches
+    /// a new path), and, under the `reverse` policy, that content is rewritten as deltas
+    /// against it (inline, or later with `options.defer_deltas`). `HEAD`'s version is its
+    /// last parent, and the branch moves to it, so every stored file stays reachable.
     ///
     /// Any content is accepted: a file that parses as safetensors is stored tensor by tensor,
     /// anything else (an invalid `*.safetensors` included) as bytes.
@@ -51,7 +55,9 @@ impl Repo {
             return Ok(StoredFile { manifest: id, hash: manifest.hash, len: manifest.len, version: None });
         }
         let _lock = self.lock()?;
-        let version_id = self.commit_inputs_as(vec![input], message, options, false)?;
+        let on = self.stored_before(path)?;
+        let version_id = self.commit_inputs_on(vec![input], message, options, Some(on))?;
+        self.write_path_records(path.as_str(), &version_id);
         let version = self.version(&version_id)?;
         let entry =
             version.file(path.as_str()).ok_or(Error::NotInVersion { path: path.to_string(), version: version_id })?;
@@ -80,28 +86,116 @@ impl Repo {
     }
 }
 
+/// Where the git filter's store records, per path and per file name, the version that last
+/// stored it (docs/format.md, "The git filter's store versions").
+pub(super) const PATH_RECORDS: &str = "git-paths";
+
 impl Repo {
-    /// Copies the objects of the file whose manifest is `manifest` from `other` (the manifest,
-    /// and every object of each segment's delta chain) into this repository's store, object
-    /// files byte for byte; returns how many were copied. Used when a clone smudges from its
-    /// origin's store, so the clone keeps working without it.
-    pub fn copy_file_objects_from(&self, other: &Repo, manifest: &ObjectId) -> Result<usize> {
-        let m = other.manifest(manifest)?;
-        let mut ids = Vec::new();
-        for blob in m.blobs() {
-            ids.extend(other.store.open_blob(&blob)?.ids());
+    fn path_record_file(&self, key: &str) -> std::path::PathBuf {
+        self.dir.join(PATH_RECORDS).join(ObjectId::hash(key.as_bytes()).to_hex())
+    }
+
+    /// The version a record names, if the record exists and the version is in the store.
+    fn read_path_record(&self, key: &str) -> Option<VersionId> {
+        let text = std::fs::read_to_string(self.path_record_file(key)).ok()?;
+        let (id, rest) = text.split_once('\n')?;
+        let id: VersionId = id.parse().ok()?;
+        (rest.trim_end_matches('\n') == key && self.store.contains(&id)).then_some(id)
+    }
+
+    /// The version a new content of `path` is stored on (see [`Repo::store_file`]).
+    fn stored_before(&self, path: &RepoPath) -> Result<Option<VersionId>> {
+        let lists = |id: &VersionId, path: &str| self.version(id).is_ok_and(|v| v.file(path).is_some());
+        if let Some(id) = self.read_path_record(&format!("path:{path}")).filter(|id| lists(id, path.as_str())) {
+            return Ok(Some(id));
         }
-        // Chains first, manifest last: a manifest present means its blobs are.
-        ids.push(*manifest);
-        let mut copied = 0;
-        for id in &ids {
-            if self.store.copy_object_from(&other.store, id)? {
-                copied += 1;
-                if let Ok(h) = self.store.header(id) {
-                    let stored_len = self.store.stored_len(id).unwrap_or(0);
-                    self.index_object(&crate::store::Written { id: *id, header: h, stored_len });
+        let name = path.as_str().rsplit('/').next().unwrap_or(path.as_str());
+        if let Some(id) = self.read_path_record(&format!("name:{name}")) {
+            return Ok(Some(id));
+        }
+        self.refs.head_version()
+    }
+
+    /// Records `version` as the last to store `path` and a file of its name. Best effort: a
+    /// record lost costs only a delta (the next content is then coded against `HEAD`'s file).
+    fn write_path_records(&self, path: &str, version: &VersionId) {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        for key in [format!("path:{path}"), format!("name:{name}")] {
+            let file = self.path_record_file(&key);
+            let Some(dir) = file.parent() else { continue };
+            let _ = std::fs::create_dir_all(dir);
+            let written = tempfile::Builder::new().prefix(".rec-").tempfile_in(dir).and_then(|mut tmp| {
+                use std::io::Write;
+                tmp.write_all(format!("{version}\n{key}\n").as_bytes())?;
+                tmp.persist(&file).map_err(|e| e.error)?;
+                Ok(())
+            });
+            let _ = written;
+        }
+    }
+
+    /// After a gc replaced the branch by `root`: every record now names `root` for the paths
+    /// and file names it lists; the others are removed.
+    pub(super) fn reset_path_records(&self, root: &VersionId, version: &super::Version) -> Result<()> {
+        let dir = self.dir.join(PATH_RECORDS);
+        match std::fs::read_dir(&dir) {
+            Ok(entries) => {
+                for e in entries.flatten() {
+                    let _ = std::fs::remove_file(e.path());
                 }
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::Io { action: "reading", path: dir, source }),
+        }
+        for f in &version.files {
+            self.write_path_records(&f.path, root);
+        }
+        Ok(())
+    }
+
+    /// The path records: (path, version) for each `path:` record whose version is in the store.
+    pub(super) fn path_records(&self) -> Result<Vec<(String, VersionId)>> {
+        let dir = self.dir.join(PATH_RECORDS);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(Error::Io { action: "reading", path: dir, source }),
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+            let Some((id, key)) = text.split_once('\n') else { continue };
+            let Some(path) = key.trim_end_matches('\n').strip_prefix("path:") else { continue };
+            if let Some(id) = self.read_path_record(&format!("path:{path}")).filter(|r| r.to_hex() == id) {
+                out.push((path.to_string(), id));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+impl Repo {
+    /// Copies the objects of the file whose manifest is `manifest` from `other` (the manifest,
+    /// and every object of each segment's delta chain) into this repository's store; returns
+    /// how many were copied. Used when a clone smudges from its origin's store, so the clone
+    /// keeps working without it. Each object is checked against its id before it lands, as a
+    /// download is (bases first, the manifest last): a damaged copy in `other` is an error
+    /// naming it, and nothing of it is stored.
+    pub fn copy_file_objects_from(&self, other: &Repo, manifest: &ObjectId) -> Result<usize> {
+        let needed = other.file_objects(&[*manifest])?;
+        let mut copied = 0;
+        for n in &needed {
+            if self.store.contains(&n.id) {
+                continue;
+            }
+            let from = other.store.object_path(&n.id);
+            let tmp = self.store.temp_file()?;
+            let copy = std::fs::File::open(&from).and_then(|mut f| std::io::copy(&mut f, &mut tmp.as_file()));
+            copy.map_err(|source| Error::Io { action: "copying an object from", path: from.clone(), source })?;
+            let written = self.store.import(&n.id, Some(n.kind), tmp)?;
+            self.index_object(&written);
+            copied += 1;
         }
         self.flush_index();
         Ok(copied)
@@ -196,6 +290,49 @@ mod tests {
         let bad = dir.path().join("bad.safetensors");
         assert!(store.write_stored_file(&first.manifest, first.len, &ObjectId::hash(b"x"), &bad).is_err());
         assert!(!bad.exists());
+    }
+
+    #[test]
+    fn each_file_is_a_version_of_its_own_on_the_last_content_of_its_path_or_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Repo::init(&dir.path().join("store")).unwrap();
+        let spool = dir.path().join("spooled");
+        let store_as = |path: &str, bytes: &[u8]| {
+            std::fs::write(&spool, bytes).unwrap();
+            let p = RepoPath::parse(path).unwrap();
+            store.store_file(&spool, &p, "clean", &CommitOptions::default()).unwrap().version.expect(path)
+        };
+        let a = checkpoint(1);
+        let v1 = store_as("a/m.safetensors", &a);
+        let v2 = store_as("b.bin", b"other content");
+        let v3 = store_as("a/m.safetensors", &perturbed(&a, 2));
+        // A new path of the same file name follows the last file of that name.
+        let v4 = store_as("c/m.safetensors", &perturbed(&perturbed(&a, 2), 7));
+        let version = |id| store.version(&id).unwrap();
+        for (v, parents, path) in [
+            (v1, vec![], "a/m.safetensors"),
+            (v2, vec![v1], "b.bin"),
+            (v3, vec![v1, v2], "a/m.safetensors"),
+            (v4, vec![v3], "c/m.safetensors"),
+        ] {
+            let got = version(v);
+            assert_eq!(got.parents, parents, "{path}");
+            assert_eq!(got.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), [path]);
+        }
+        assert_eq!(store.head_version().unwrap(), Some(v4));
+        // Both older contents of the name became deltas against the newer ones.
+        for older in [v1, v3] {
+            let m = store.manifest(&version(older).files[0].manifest).unwrap();
+            assert!(m.blobs().any(|b| store.store().header(&b).unwrap().reference.is_some()));
+        }
+        // A record naming a version that is gone is ignored (the tip is used).
+        let records = store.ckpt_dir().join(PATH_RECORDS);
+        for e in std::fs::read_dir(&records).unwrap() {
+            std::fs::write(e.unwrap().path(), format!("{}\npath:a/m.safetensors\n", ObjectId::hash(b"gone"))).unwrap();
+        }
+        let v5 = store_as("a/m.safetensors", &perturbed(&perturbed(&a, 2), 11));
+        assert_eq!(version(v5).parents, vec![v4]);
+        assert!(store.verify().unwrap().is_ok());
     }
 
     #[test]

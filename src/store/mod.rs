@@ -392,7 +392,7 @@ impl Store {
         Ok(Some((tmp, stored_len)))
     }
 
-    fn temp_file(&self) -> Result<tempfile::NamedTempFile> {
+    pub(crate) fn temp_file(&self) -> Result<tempfile::NamedTempFile> {
         tempfile::Builder::new().prefix("obj-").tempfile_in(&self.tmp).map_err(io("creating a file in", &self.tmp))
     }
 

@@ -10,7 +10,7 @@ use std::process::Stdio;
 
 /// Commits three epochs of `model.safetensors` in a new repository at `rel` whose
 /// `.ckptconfig` names `remote_url`, and a bare repository `origin.git` as its `origin`.
-fn three_epochs_with_origin(env: &GitEnv, rel: &str, remote_url: &str) -> PathBuf {
+pub(crate) fn three_epochs_with_origin(env: &GitEnv, rel: &str, remote_url: &str) -> PathBuf {
     let dir = env.repo(rel);
     std::fs::write(dir.join(".ckptconfig"), format!("[ckpt]\n\tremote = {remote_url}\n")).unwrap();
     env.git(&dir, &["add", ".gitattributes", ".ckptconfig"]);

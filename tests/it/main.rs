@@ -7,6 +7,7 @@ mod git_filter;
 mod git_gc;
 mod git_remote;
 mod git_setup_trust;
+mod git_store_trust;
 
 mod proxy;
 mod remote;

@@ -311,7 +311,7 @@ fn fsck(base: &Path) -> Result<()> {
             continue;
         }
         let dest = tmp.path().join("file");
-        match filter.write_from_stores(p, &dest) {
+        match filter.read_from_stores(p, &dest) {
             Ok(()) => {}
             Err(e) => {
                 bad += 1;
@@ -358,9 +358,28 @@ fn gc(ui: &Ui, base: &Path, dry_run: bool, json: bool) -> Result<()> {
     let git = git_filter::discover(base)?;
     let mut store = git_filter::with_env_lock_timeout(git_filter::open_store(&git)?)?;
     store.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
-    let pointers = git_filter::reachable_pointers(&git)?;
-    let live: Vec<crate::ObjectId> = pointers.iter().map(|(_, p)| p.manifest).collect();
-    let r = store.gc_keeping(&live, dry_run)?;
+    // The live set is read under the store's writer lock: no file stored meanwhile is missed.
+    let mut users = git_filter::LiveSet::default();
+    let mut r = store.gc_keeping_with(
+        || {
+            users = git_filter::live_set(&git, &store, dry_run)?;
+            Ok::<_, anyhow::Error>(std::mem::take(&mut users.manifests))
+        },
+        dry_run,
+    )?;
+    r.repositories = users.repositories.iter().map(|p| p.display().to_string()).collect();
+    r.pruned = users.pruned.iter().map(|p| p.display().to_string()).collect();
+    if !json {
+        for p in &r.pruned {
+            eprintln!(
+                "{} {p}: it no longer exists or no longer uses this store",
+                if dry_run { "would forget" } else { "forgot" }
+            );
+        }
+        if r.repositories.len() > 1 {
+            eprintln!("the store is shared: kept what {} git repositories reach", r.repositories.len());
+        }
+    }
     if json {
         outln!("{}", serde_json::to_string_pretty(&r)?)?;
     } else {
