@@ -449,11 +449,15 @@ impl Repo {
             super::Head::Branch(b) => Some(b.clone()),
             super::Head::Detached(_) => None,
         };
-        // Roots that stay: every tag and every other branch (nothing the git filter makes).
-        let mut roots: Vec<VersionId> = self.refs.list(RefKind::Tag)?.into_iter().map(|(_, id)| id).collect();
-        for (name, id) in self.refs.list(RefKind::Branch)? {
-            if Some(&name) != current_branch.as_ref() {
-                roots.push(id);
+        // Roots that stay: everything `gc` keeps (Repo::roots: every ref in any namespace, a
+        // detached HEAD, the records) except the current branch, whose history this gc replaces
+        // by one version of the live files. A ref that cannot be read stops the gc.
+        let current_ref = current_branch.as_ref().map(|b| format!("refs/heads/{b}"));
+        let mut roots: Vec<VersionId> = Vec::new();
+        for root in self.roots() {
+            let root = root?;
+            if Some(&root.name) != current_ref.as_ref() {
+                roots.push(root.id);
             }
         }
         let mut marked: HashSet<ObjectId> = self.reachable(&roots, &|_| false)?.into_iter().map(|n| n.id).collect();
