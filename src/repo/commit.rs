@@ -168,8 +168,11 @@ impl Repo {
         // A version holding both `a` and `a/b` could never be checked out: refused before
         // anything is stored, naming both (one may be kept from the parent).
         let named = inputs.iter().map(|i| i.path.as_str());
-        let conflict =
-            if on.is_none() { super::path::prefix_conflict(files.keys().map(String::as_str).chain(named)) } else { None };
+        let conflict = if on.is_none() {
+            super::path::prefix_conflict(files.keys().map(String::as_str).chain(named))
+        } else {
+            None
+        };
         if let Some((file, under)) = conflict {
             return Err(Error::InvalidPath {
                 path: std::path::PathBuf::from(&under),
