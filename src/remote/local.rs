@@ -4,7 +4,7 @@
 //! Small files (refs) are compared and swapped under an exclusive lock on `refs.lock`, then
 //! replaced by temp file + fsync + rename; their tag is their content.
 
-use super::{Error, Expect, Remote, Result, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_LIST_KEYS, MAX_REF_LEN};
+use super::{Error, Expect, Remote, Result, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -103,14 +103,7 @@ impl Remote for DirRemote {
                 let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
                 let key = format!("{rel}/{name}");
                 let ty = entry.file_type().map_err(self.io("listing", &dir))?;
-                seen += 1;
-                if seen > MAX_LIST_KEYS {
-                    return Err(Error::TooManyKeys {
-                        remote: self.url.clone(),
-                        prefix: prefix.into(),
-                        limit: MAX_LIST_KEYS,
-                    });
-                }
+                super::count_listed(&mut seen, &self.url, prefix)?;
                 if key.len() > MAX_KEY_LEN {
                     continue;
                 }

@@ -30,6 +30,16 @@ pub const MAX_LIST_KEYS: usize = 1 << 22;
 /// (they still count towards [`MAX_LIST_KEYS`]).
 pub const MAX_KEY_LEN: usize = 1024;
 
+/// Counts one more key of a listing of `prefix` on `remote` into `seen`: past
+/// [`MAX_LIST_KEYS`], [`Error::TooManyKeys`].
+fn count_listed(seen: &mut usize, remote: &str, prefix: &str) -> Result<()> {
+    *seen += 1;
+    if *seen > MAX_LIST_KEYS {
+        return Err(Error::TooManyKeys { remote: remote.into(), prefix: prefix.into(), limit: MAX_LIST_KEYS });
+    }
+    Ok(())
+}
+
 /// Errors of remote operations. Every variant names the remote (its URL, without credentials).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -15,9 +15,7 @@
 //! a whole download, which `object_store`'s default (30 s per request, body included) would
 //! put on every blob however fast it is arriving.
 
-use super::{
-    Error, Expect, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_LIST_KEYS, MAX_REF_LEN,
-};
+use super::{Error, Expect, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
 use futures_util::StreamExt;
 use object_store::aws::AmazonS3ConfigKey;
 use object_store::path::Path as StorePath;
@@ -245,14 +243,7 @@ impl Remote for StoreRemote {
                 if out.len() % 1000 == 999 {
                     self.count(1);
                 }
-                seen += 1;
-                if seen > MAX_LIST_KEYS {
-                    return Err(Error::TooManyKeys {
-                        remote: self.url.clone(),
-                        prefix: prefix.into(),
-                        limit: MAX_LIST_KEYS,
-                    });
-                }
+                super::count_listed(&mut seen, &self.url, prefix)?;
                 let key = meta.location.as_ref();
                 if let Some(rel) = key.strip_prefix(strip.as_str()).filter(|k| k.len() <= MAX_KEY_LEN) {
                     out.push(rel.to_string());

@@ -842,7 +842,18 @@ impl Repo {
     }
 
     fn receive_once(&self, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
-        let tmp = self.store.receive_file()?;
+        self.download_to(remote, id, received, self.store.receive_file()?)
+    }
+
+    /// Downloads one object into `tmp`, adds its size to `received` (and the progress), and
+    /// keeps only the file's name: a fetch may hold thousands of received objects at once.
+    fn download_to(
+        &self,
+        remote: &dyn Remote,
+        id: &ObjectId,
+        received: &AtomicU64,
+        tmp: tempfile::NamedTempFile,
+    ) -> Result<tempfile::TempPath> {
         let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
         let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
         std::io::Write::flush(&mut out).map_err(|e| Error::Io {
@@ -853,7 +864,6 @@ impl Repo {
         drop(out);
         received.fetch_add(n, Ordering::Relaxed);
         self.progress.set(received.load(Ordering::Relaxed));
-        // Only the name is kept: a fetch may hold thousands of received objects at once.
         Ok(tmp.into_temp_path())
     }
 
@@ -969,17 +979,7 @@ impl Repo {
                 path: dir.into(),
                 source: e,
             })?;
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
-            let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
-            std::io::Write::flush(&mut out).map_err(|e| Error::Io {
-                action: "writing",
-                path: tmp.path().into(),
-                source: e,
-            })?;
-            drop(out);
-            received.fetch_add(n, Ordering::Relaxed);
-            self.progress.set(received.load(Ordering::Relaxed));
-            Ok(tmp.into_temp_path())
+            self.download_to(remote, id, received, tmp)
         })
     }
 

@@ -3,43 +3,16 @@
 //! in repository strings; diffs of non-tensor files; symlinked inputs; directories in the way of
 //! files; all-or-nothing `checkout --output`; deleting and moving branches and tags.
 
-use crate::repo_util::{ckpt_command, ckpt_in, stderr, TestRepo};
+use crate::repo_util::{ckpt_command, ckpt_in, ok, output_within, refused, stderr, TestRepo};
 use crate::util::{noise, safetensors_file};
 use ckpt::Dtype;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 fn model(seed: u64) -> Vec<u8> {
     safetensors_file(seed, &[("a", Dtype::F32, &[32, 8]), ("b", Dtype::F32, &[64])])
-}
-
-fn ok(t: &TestRepo, args: &[&str]) -> String {
-    let o = t.ckpt(args);
-    assert!(o.status.success(), "ckpt {args:?}: {}", stderr(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn refused(t: &TestRepo, args: &[&str]) -> String {
-    let o = t.ckpt(args);
-    assert_eq!(o.status.code(), Some(1), "ckpt {args:?} should fail: {}", stderr(&o));
-    stderr(&o)
-}
-
-/// Runs `command`, killing it after `limit`; `None` if it had to be killed.
-fn output_within(mut command: std::process::Command, limit: Duration) -> Option<Output> {
-    let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Some(child.wait_with_output().unwrap())
 }
 
 fn run(dir: &Path, args: &[&str]) -> Output {

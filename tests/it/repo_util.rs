@@ -6,7 +6,8 @@
 use ckpt::repo::{CommitOptions, Repo, VersionId};
 use ckpt::Dtype;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// A version's files: (relative path, bytes), sorted by path.
 pub type Files = Vec<(String, Vec<u8>)>;
@@ -113,6 +114,35 @@ pub fn ckpt_command(dir: &Path, args: &[&str]) -> Command {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `ckpt` in the repository and asserts it succeeded; returns its stdout.
+pub fn ok(t: &TestRepo, args: &[&str]) -> String {
+    let o = t.ckpt(args);
+    assert!(o.status.success(), "ckpt {args:?}: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs `ckpt` in the repository, asserts it failed with exit code 1, returns its stderr.
+pub fn refused(t: &TestRepo, args: &[&str]) -> String {
+    let o = t.ckpt(args);
+    assert_eq!(o.status.code(), Some(1), "ckpt {args:?} should fail: {}", stderr(&o));
+    stderr(&o)
+}
+
+/// Runs `command`, killing it after `limit`; `None` if it had to be killed.
+pub fn output_within(mut command: Command, limit: Duration) -> Option<Output> {
+    let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
 }
 
 /// Every file under `dir` (recursively, paths relative with `/`), sorted.

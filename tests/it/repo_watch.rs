@@ -1,18 +1,18 @@
 //! `watch`: checkpoints that appear slowly, are renamed into place, are deleted, are rewritten;
-//! restarts do not commit twice (more in watch_trust.rs). The library tests step the watcher with explicit times; the CLI
+//! restarts do not commit twice (more in watch_trust.rs, which shares the helpers here). The library tests step the watcher with explicit times; the CLI
 //! test runs `ckpt watch` itself (file-system events and polling) and restarts it.
 
 use crate::repo_util::{ckpt_command, TestRepo};
 use ckpt::repo::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 use std::time::{Duration, Instant};
 
-const SETTLE: Duration = Duration::from_secs(5);
+pub(crate) const SETTLE: Duration = Duration::from_secs(5);
 
-fn options() -> WatchOptions {
+pub(crate) fn options() -> WatchOptions {
     WatchOptions { settle: SETTLE, ..WatchOptions::default() }
 }
 
-fn committed(events: &[WatchEvent]) -> Vec<String> {
+pub(crate) fn committed(events: &[WatchEvent]) -> Vec<String> {
     events
         .iter()
         .filter_map(|e| match e {

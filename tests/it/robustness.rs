@@ -2,7 +2,7 @@
 //! change or block under a commit, huge `-j`, verify beside writers, compaction that fails, and
 //! a stale waiter marker.
 
-use crate::repo_util::{ckpt_in, stderr, TestRepo};
+use crate::repo_util::{ckpt_in, output_within, stderr, TestRepo};
 use crate::util::safetensors_file;
 use ckpt::repo::{CommitOptions, Compaction, Config, DeltaPolicy, Repo, MAX_BASE_EVERY};
 use ckpt::Dtype;
@@ -81,22 +81,6 @@ fn the_longest_history_the_config_allows_reads_back() {
         assert!(std::fs::read(out.join("m.safetensors")).unwrap() == tiny_checkpoint(v), "version {v}");
     }
     assert!(repo.verify().unwrap().is_ok());
-}
-
-/// Runs `command`, killing it after `limit`; `None` if it had to be killed.
-fn output_within(mut command: std::process::Command, limit: Duration) -> Option<std::process::Output> {
-    use std::process::Stdio;
-    let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Some(child.wait_with_output().unwrap())
 }
 
 fn mkfifo(path: &Path) {

@@ -3,26 +3,11 @@
 //! still open for writing, `trainer_state.json` no shortcut); skipped paths are reported once.
 
 use crate::repo_util::{ckpt_command, stderr, TestRepo};
+use crate::repo_watch::{committed, options, SETTLE};
 use ckpt::repo::{Repo, WatchEvent, WatchOptions, Watcher};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-const SETTLE: Duration = Duration::from_secs(5);
-
-fn options() -> WatchOptions {
-    WatchOptions { settle: SETTLE, ..WatchOptions::default() }
-}
-
-fn committed(events: &[WatchEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            WatchEvent::Committed { path, .. } => Some(path.clone()),
-            _ => None,
-        })
-        .collect()
-}
 
 fn skipped(events: &[WatchEvent]) -> Vec<(String, String)> {
     events

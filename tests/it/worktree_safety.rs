@@ -2,7 +2,7 @@
 //! refuse to destroy them unless forced, `status` never calls a changed file unchanged, and
 //! failures say what really happened (issue 18, items 1 and 6). Each test drives the CLI.
 
-use crate::repo_util::{ckpt_in, stderr, TestRepo};
+use crate::repo_util::{ckpt_in, ok, refused, stderr, TestRepo};
 use crate::util::safetensors_file;
 use ckpt::Dtype;
 use std::io::BufRead;
@@ -12,20 +12,6 @@ use std::process::Stdio;
 /// A small safetensors file with tensors `a` and `b`; `seed` varies the values, not the size.
 fn model(seed: u64) -> Vec<u8> {
     safetensors_file(seed, &[("a", Dtype::F32, &[64, 16]), ("b", Dtype::F32, &[256])])
-}
-
-/// Runs `ckpt` in the repository and asserts it succeeded.
-fn ok(t: &TestRepo, args: &[&str]) -> String {
-    let o = t.ckpt(args);
-    assert!(o.status.success(), "ckpt {args:?}: {}", stderr(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Runs `ckpt` in the repository, asserts it failed with exit code 1, returns its stderr.
-fn refused(t: &TestRepo, args: &[&str]) -> String {
-    let o = t.ckpt(args);
-    assert_eq!(o.status.code(), Some(1), "ckpt {args:?} should fail: {}", stderr(&o));
-    stderr(&o)
 }
 
 /// The same bytes with one byte changed near the end (same size).
