@@ -108,15 +108,31 @@ impl MemoryFile {
 
     /// Forbids any further write and size change (`F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK`),
     /// so what the commit maps is what was captured.
+    ///
+    /// `F_SEAL_WRITE` fails with `EBUSY` while a page of the file has an extra reference, and
+    /// the kernel's wait for such references (`memfd_wait_for_pins`) gives up after about 150 ms:
+    /// on a loaded machine a page just written by `pwrite` can still sit in another CPU's LRU
+    /// batch that long (seen in CI-like runs under load). Nothing else can write the file (the
+    /// caller captured it and holds no writable mapping when sealing is asked), so EBUSY is
+    /// transient here and retried for up to about 5 s before it is reported.
     fn seal(&self) -> std::io::Result<()> {
         let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on a descriptor we own, with an integer argument.
-        #[allow(unsafe_code)]
-        let r = unsafe { libc::fcntl(self.raw_fd(), libc::F_ADD_SEALS, seals) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
+        let mut pause = std::time::Duration::from_millis(5);
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            // SAFETY: fcntl on a descriptor we own, with an integer argument.
+            #[allow(unsafe_code)]
+            let r = unsafe { libc::fcntl(self.raw_fd(), libc::F_ADD_SEALS, seals) };
+            if r >= 0 {
+                return Ok(());
+            }
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EBUSY) || std::time::Instant::now() >= give_up {
+                return Err(error);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(200));
         }
-        Ok(())
     }
 }
 
