@@ -82,8 +82,36 @@ impl Repo {
             self.progress.set(n as u64 + 1);
         }
         self.progress.finish();
-        report.temp_files = self.store.clean_tmp()?;
+        report.temp_files = self.store.clean_tmp()? + self.clean_stale_checkout_staging();
         self.flush_index();
         Ok(report)
     }
+
+    /// Deletes the staging directories (`.ckpt/tmp/.ckpt-checkout-*`) that a checkout killed
+    /// mid-way left behind, once untouched for [`STALE_STAGING`]: checkouts take no lock (they
+    /// only read the store), so a younger one may belong to a checkout still writing, whose
+    /// every staged file renews the directory's mtime. Best effort: returns how many went.
+    fn clean_stale_checkout_staging(&self) -> usize {
+        let tmp = self.dir.join("tmp");
+        let Ok(entries) = std::fs::read_dir(&tmp) else { return 0 };
+        let mut n = 0;
+        for entry in entries.flatten() {
+            let is_staging = entry.file_name().to_string_lossy().starts_with(".ckpt-checkout-");
+            let stale = entry
+                .metadata()
+                .ok()
+                .filter(|m| m.is_dir())
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= STALE_STAGING);
+            if is_staging && stale && std::fs::remove_dir_all(entry.path()).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
 }
+
+/// How long a checkout's staging directory must be untouched before gc takes it for a
+/// leftover: far longer than staging one file of any checkpoint takes.
+const STALE_STAGING: std::time::Duration = std::time::Duration::from_secs(24 * 3600);

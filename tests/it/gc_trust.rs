@@ -187,3 +187,25 @@ fn gc_does_not_leave_records_vouching_for_deleted_content() {
     assert!(!out.status.success(), "checkout overwrote a file whose content gc deleted");
     assert!(stderr(&out).contains("a.bin"), "{}", stderr(&out));
 }
+
+#[test]
+fn gc_removes_the_staging_directory_a_killed_checkout_left_and_spares_a_young_one() {
+    let t = TestRepo::init();
+    let repo = ckpt::repo::Repo::open(t.dir.path()).unwrap();
+    let tmp = t.dir.path().join(".ckpt/tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    // What a checkout killed mid-way leaves: a staging directory with a staged file in it.
+    let old = tmp.join(".ckpt-checkout-old");
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(old.join("model.safetensors"), vec![7u8; 4096]).unwrap();
+    let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 24 * 3600);
+    std::fs::File::open(&old).unwrap().set_modified(two_days_ago).unwrap();
+    // A checkout still writing (checkouts take no lock): its directory is young.
+    let young = tmp.join(".ckpt-checkout-young");
+    std::fs::create_dir_all(&young).unwrap();
+    std::fs::write(young.join("model.safetensors"), vec![7u8; 4096]).unwrap();
+    let report = repo.gc().unwrap();
+    assert!(!old.exists(), "the leftover staging directory is still there");
+    assert!(young.join("model.safetensors").exists(), "gc deleted a running checkout's staging");
+    assert_eq!(report.temp_files, 1);
+}
