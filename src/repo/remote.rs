@@ -957,10 +957,9 @@ impl Repo {
         if staged.assumed.iter().all(|id| self.store.contains(id)) {
             self.import_staged(staged, report, remote_name)?;
         } else {
-            drop(staged);
-            let mut staged = Staged::default();
-            self.stage(remote, roots, transfers, depth, &stage, &mut staged)?;
-            self.import_staged(staged, report, remote_name)?;
+            // Done again under the lock: what `download` does for callers holding it.
+            drop((staged, stage));
+            self.download(remote, roots, transfers, report, depth, remote_name)?;
         }
         Ok(lock)
     }
