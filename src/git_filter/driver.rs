@@ -42,6 +42,15 @@ struct RemoteSource {
     opened: std::sync::OnceLock<Result<Box<dyn crate::remote::Remote>, String>>,
 }
 
+impl RemoteSource {
+    /// The remote, opened on first use (an error to open it is kept and given to every caller).
+    fn get(&self) -> &Result<Box<dyn crate::remote::Remote>, String> {
+        self.opened.get_or_init(|| {
+            super::ckpt_remote::open(&self.url).map_err(|e| format!("opening the ckpt remote {}: {e}", self.url))
+        })
+    }
+}
+
 impl GitFilter {
     /// A filter storing into `store` with `options` (whether deltas are deferred, see
     /// [`CommitOptions::defer_deltas`]), reading missing objects from `fallbacks` in order.
@@ -67,9 +76,7 @@ impl GitFilter {
     /// store); `None` without a remote.
     fn fetch_from_remote(&self, p: &Pointer, into: &Repo) -> Option<Result<(), String>> {
         let source = self.remote.as_ref()?;
-        let remote = source.opened.get_or_init(|| {
-            super::ckpt_remote::open(&source.url).map_err(|e| format!("opening the ckpt remote {}: {e}", source.url))
-        });
+        let remote = source.get();
         Some(match remote {
             Ok(remote) => into.fetch_file(remote.as_ref(), &p.manifest).map(|_| ()).map_err(|e| {
                 format!("fetching file {} (manifest {}) from the ckpt remote {}: {e}", p.hash, p.manifest, source.url)
@@ -188,10 +195,7 @@ impl GitFilter {
         match &self.remote {
             None => notes.push("no ckpt remote is configured".to_string()),
             Some(source) => {
-                let remote = source.opened.get_or_init(|| {
-                    super::ckpt_remote::open(&source.url)
-                        .map_err(|e| format!("opening the ckpt remote {}: {e}", source.url))
-                });
+                let remote = source.get();
                 match remote {
                     Ok(remote) => {
                         let key = crate::remote::object_key(&p.manifest);
