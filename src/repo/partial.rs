@@ -118,7 +118,7 @@ impl Repo {
         if resolved.is_ok() {
             return resolved;
         }
-        let Some((base, steps)) = super::split_ancestry(rev) else { return resolved };
+        let Some((base, steps)) = super::revision::split_ancestry(rev) else { return resolved };
         let start = match self.resolve_base(base) {
             Ok(id) => id,
             Err(_) if base.len() == 64 => match base.parse::<VersionId>() {
