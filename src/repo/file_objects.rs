@@ -828,7 +828,8 @@ mod tests {
             store.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
             assert_eq!(&std::fs::read(&out).unwrap(), bytes);
         }
-        assert!(store.verify().unwrap().is_ok(), "store does not verify after gc");
+        let report = store.verify().unwrap();
+        assert!(report.is_ok(), "store does not verify after gc: {report:?}");
         // The next content of the path is still coded against the last one kept there.
         std::fs::write(&spool, checkpoint(1, 3)).unwrap();
         let path = RepoPath::parse("m.safetensors").unwrap();

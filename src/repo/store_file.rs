@@ -332,7 +332,8 @@ mod tests {
         }
         let v5 = store_as("a/m.safetensors", &perturbed(&perturbed(&a, 2), 11));
         assert_eq!(version(v5).parents, vec![v4]);
-        assert!(store.verify().unwrap().is_ok());
+        let report = store.verify().unwrap();
+        assert!(report.is_ok(), "verify: {report:?}");
     }
 
     #[test]

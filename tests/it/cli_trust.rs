@@ -3,8 +3,8 @@
 //! in repository strings; diffs of non-tensor files; symlinked inputs; directories in the way of
 //! files; all-or-nothing `checkout --output`; deleting and moving branches and tags.
 
-use crate::repo_util::{ckpt_command, ckpt_in, ok, output_within, refused, stderr, TestRepo};
-use crate::util::{noise, safetensors_file};
+use crate::support::repo_util::{ckpt_command, ckpt_in, ok, output_within, refused, stderr, TestRepo};
+use crate::support::util::{noise, safetensors_file};
 use ckpt::Dtype;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! `ckpt compress`, `decompress` and `stats` as a user runs them.
 
-use crate::util::{all_dtypes_file, ckpt, list, noise, safetensors_file};
+use crate::support::util::{all_dtypes_file, ckpt, list, noise, safetensors_file};
 use ckpt::Dtype;
 use std::path::Path;
 

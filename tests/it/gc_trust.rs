@@ -2,8 +2,8 @@
 //! remote-tracking refs included, a detached `HEAD`, the records that name versions), and the
 //! kinds and lengths of what reachable versions name.
 
-use crate::remote::{directory, model, trained, Served};
-use crate::repo_util::{read_tree, stderr, TestRepo};
+use crate::support::remote::{directory, model, trained, Served};
+use crate::support::repo_util::{read_tree, stderr, TestRepo};
 use ckpt::repo::{file_hash, FileEntry, FileFormat, Manifest, Segment, Version};
 use ckpt::store::ObjectKind;
 use ckpt::ObjectId;
@@ -113,7 +113,8 @@ fn verify_rejects_a_parent_of_the_wrong_kind() {
     let t = TestRepo::init();
     let repo = t.open();
     let head = t.commit_files(&repo, &[("a.bin", b"first")], "1");
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
     let mut evil = repo.version(&head).unwrap();
     let manifest = evil.files[0].manifest;
     evil.parents = vec![manifest];

@@ -3,104 +3,14 @@
 //! path, a merge conflict on a weight file, and faults (kill -9 of the filter, missing and
 //! damaged objects, bad pointers, garbage on the protocol pipe).
 
-use crate::repo_util::synthetic_checkpoint;
+use crate::support::git::{model, objects, status_is_clean, GitEnv};
+use crate::support::repo_util::synthetic_checkpoint;
 use ckpt::git_filter::pktline::{write_flush, write_line, write_packet};
 use ckpt::Dtype;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// A temporary HOME (so `--global` and the user's own config stay out) and a git repository.
-pub(crate) struct GitEnv {
-    pub(crate) tmp: tempfile::TempDir,
-}
-
-impl GitEnv {
-    pub(crate) fn new() -> GitEnv {
-        let env = GitEnv { tmp: tempfile::tempdir().unwrap() };
-        std::fs::create_dir(env.home()).unwrap();
-        env
-    }
-
-    pub(crate) fn home(&self) -> PathBuf {
-        self.tmp.path().join("home")
-    }
-
-    pub(crate) fn path(&self, rel: &str) -> PathBuf {
-        self.tmp.path().join(rel)
-    }
-
-    /// `program` with the environment every git or ckpt call of these tests gets: ckpt on PATH,
-    /// an isolated HOME, no system config, a fixed identity, inline compaction (no background
-    /// process racing the next step).
-    pub(crate) fn command(&self, program: &str, dir: &Path, args: &[&str]) -> Command {
-        let bin = Path::new(env!("CARGO_BIN_EXE_ckpt")).parent().unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-        let mut c = Command::new(program);
-        c.args(args)
-            .current_dir(dir)
-            .env("PATH", path)
-            .env("HOME", self.home())
-            .env_remove("GIT_CONFIG_GLOBAL")
-            .env_remove("XDG_CONFIG_HOME")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@example.com")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@example.com")
-            .env("CKPT_COMPACT", "inline");
-        c
-    }
-
-    pub(crate) fn run(&self, program: &str, dir: &Path, args: &[&str]) -> Output {
-        self.command(program, dir, args).output().expect("run")
-    }
-
-    /// Runs git and asserts success.
-    pub(crate) fn git(&self, dir: &Path, args: &[&str]) -> String {
-        let o = self.run("git", dir, args);
-        assert!(o.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    /// Runs ckpt and asserts success.
-    pub(crate) fn ckpt(&self, dir: &Path, args: &[&str]) -> String {
-        let o = self.run(env!("CARGO_BIN_EXE_ckpt"), dir, args);
-        assert!(o.status.success(), "ckpt {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    /// A new repository at `rel` with the filter installed (in its own config) and `*.safetensors` and `*.bin` tracked.
-    pub(crate) fn repo(&self, rel: &str) -> PathBuf {
-        let dir = self.path(rel);
-        std::fs::create_dir_all(&dir).unwrap();
-        self.git(&dir, &["init", "-q", "-b", "main"]);
-        self.ckpt(&dir, &["git", "install", "--local"]);
-        self.ckpt(&dir, &["git", "track", "*.safetensors", "*.bin"]);
-        dir
-    }
-}
-
-pub(crate) fn model(epoch: u32) -> Vec<u8> {
-    synthetic_checkpoint(7, Dtype::Bf16, &[("layer.weight", &[192, 256]), ("layer.bias", &[256])], epoch)
-}
-
-pub(crate) fn objects(store: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for d in std::fs::read_dir(store.join(".ckpt/objects")).unwrap() {
-        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
-            out.push(f.unwrap().path());
-        }
-    }
-    out.sort();
-    out
-}
-
-pub(crate) fn status_is_clean(env: &GitEnv, dir: &Path) {
-    let s = env.git(dir, &["status", "--porcelain"]);
-    assert_eq!(s, "", "git status not clean");
-}
 
 #[test]
 fn ten_epochs_through_git_check_out_bit_exact_and_dedup_on_touch() {

@@ -2,8 +2,8 @@
 //! index or the stash reaches (and what their deltas are coded against) and frees a deleted
 //! branch's files; `--dry-run` deletes nothing and predicts the real run.
 
-use crate::git_filter::{model, objects, GitEnv};
-use crate::repo_util::synthetic_checkpoint;
+use crate::support::git::{model, objects, GitEnv};
+use crate::support::repo_util::synthetic_checkpoint;
 use ckpt::git_filter::Pointer;
 use ckpt::Dtype;
 

@@ -4,26 +4,10 @@
 //! push failing when the remote cannot be reached, and the same round trip through a real
 //! S3-protocol server (`s3s-fs`).
 
-use crate::git_filter::{model, status_is_clean, GitEnv};
-use std::path::{Path, PathBuf};
+use crate::support::git::three_epochs_with_origin;
+use crate::support::git::{model, status_is_clean, GitEnv};
+use std::path::Path;
 use std::process::Stdio;
-
-/// Commits three epochs of `model.safetensors` in a new repository at `rel` whose
-/// `.ckptconfig` names `remote_url`, and a bare repository `origin.git` as its `origin`.
-pub(crate) fn three_epochs_with_origin(env: &GitEnv, rel: &str, remote_url: &str) -> PathBuf {
-    let dir = env.repo(rel);
-    std::fs::write(dir.join(".ckptconfig"), format!("[ckpt]\n\tremote = {remote_url}\n")).unwrap();
-    env.git(&dir, &["add", ".gitattributes", ".ckptconfig"]);
-    env.git(&dir, &["commit", "-qm", "attributes"]);
-    for epoch in 0..3 {
-        std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
-        env.git(&dir, &["add", "model.safetensors"]);
-        env.git(&dir, &["commit", "-qm", &format!("epoch {epoch}")]);
-    }
-    env.git(env.tmp.path(), &["init", "-q", "--bare", "-b", "main", "origin.git"]);
-    env.git(&dir, &["remote", "add", "origin", env.path("origin.git").to_str().unwrap()]);
-    dir
-}
 
 fn object_files(root: &Path) -> usize {
     let Ok(fans) = std::fs::read_dir(root) else { return 0 };
@@ -229,8 +213,8 @@ fn pre_push_input_that_is_not_git_s_is_a_clear_error() {
 
 #[test]
 fn the_pre_push_hook_and_smudge_work_through_s3() {
-    // The s3s-fs server of tests/it/remote.rs, with its credentials in `served.env`.
-    let Some(served) = crate::remote::s3() else { return };
+    // The s3s-fs server of tests/it/support/remote.rs, with its credentials in `served.env`.
+    let Some(served) = crate::support::remote::s3() else { return };
     let env = GitEnv::new();
     push_then_clone(&env, &served.url, &served.env, &served.objects);
 }

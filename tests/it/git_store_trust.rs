@@ -5,8 +5,8 @@
 //! a damaged object in the origin's store is refused in favour of the ckpt remote's copy, and
 //! `git log -p` / `git diff` in a clone leave the store as it was.
 
-use crate::git_filter::{model, objects, GitEnv};
-use crate::git_remote::three_epochs_with_origin;
+use crate::support::git::three_epochs_with_origin;
+use crate::support::git::{model, objects, GitEnv};
 use ckpt::git_filter::Pointer;
 use std::path::{Path, PathBuf};
 

@@ -2,6 +2,7 @@
 
 mod cli_trust;
 mod codec_cli;
+mod format_pin;
 mod gc_trust;
 mod git_filter;
 mod git_gc;
@@ -9,7 +10,6 @@ mod git_remote;
 mod git_setup_trust;
 mod git_store_trust;
 
-mod proxy;
 mod remote;
 mod remote_faults;
 mod remote_trust;
@@ -23,9 +23,8 @@ mod repo_model;
 mod repo_small;
 
 mod repo_torch;
-mod repo_util;
 mod repo_watch;
 mod robustness;
-mod util;
+mod support;
 mod watch_trust;
 mod worktree_safety;

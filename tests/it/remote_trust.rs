@@ -3,9 +3,9 @@
 //! writer lock while it waits on the network, URLs never keep or show credentials, and a clone
 //! leaves nothing behind when it fails, nor goes where its URL's last component points.
 
-use crate::proxy::{Direction, Fault, Proxy};
-use crate::remote::{directory, json, model, s3, trained};
-use crate::repo_util::{ckpt_command, ckpt_in, stderr};
+use crate::support::proxy::{Direction, Fault, Proxy};
+use crate::support::remote::{directory, json, model, s3, trained};
+use crate::support::repo_util::{ckpt_command, ckpt_in, stderr};
 use ckpt::store::{ObjectKind, Store};
 use std::path::Path;
 use std::process::{Command, Output};
@@ -91,7 +91,8 @@ fn a_manifest_bomb_is_refused_in_bounded_memory() {
     }
     assert!(!out.status.success(), "the fetch must fail");
     assert!(stderr(&out).contains("at most"), "the error names the cap: {}", stderr(&out));
-    assert!(ckpt_in(b.path(), &["verify"]).status.success(), "nothing bad was stored");
+    let verify = ckpt_in(b.path(), &["verify"]);
+    assert!(verify.status.success(), "nothing bad was stored: {}", stderr(&verify));
 }
 
 fn walk_len(dir: &Path) -> u64 {

@@ -1,12 +1,12 @@
 //! Deltas on the wire and partial clones (issue 21), through the `ckpt` binary against a
-//! directory remote and a real S3-protocol server (`s3s-fs`, as in `remote.rs`): a push after
+//! directory remote and a real S3-protocol server (`s3s-fs`, as in `support/remote.rs`): a push after
 //! an epoch sends the new blobs as XOR deltas against the remote's, fetch and clone rebuild
 //! every version bit-exactly, a damaged delta or a missing base is refused and named, chains on
 //! the remote stay bounded, and `clone --depth` downloads only the newest versions until a
 //! checkout asks for an older one.
 
-use crate::remote::{directory, json, model, s3, trained, Served};
-use crate::repo_util::{read_tree, stderr};
+use crate::support::remote::{directory, json, model, s3, trained, Served};
+use crate::support::repo_util::{read_tree, stderr};
 use std::path::{Path, PathBuf};
 
 /// Every object file under a remote's `objects/` (s3s-fs keeps metadata files beside them:

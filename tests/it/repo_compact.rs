@@ -1,7 +1,7 @@
 //! Reverse deltas done after the commit: `defer_deltas` and `Repo::compact`, and `ckpt commit`
 //! running the compaction in a background process.
 
-use crate::repo_util::{
+use crate::support::repo_util::{
     ckpt_command, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, TRAINING_MODEL, TRAINING_OPTIM,
 };
 use ckpt::repo::{CommitOptions, CompactOptions, Config, DeltaPolicy, Repo};
@@ -56,7 +56,8 @@ fn assert_checkouts(t: &TestRepo, history: &[(ckpt::ObjectId, Files)]) {
         repo.checkout(&id.to_hex(), None, Some(out.path()), None).unwrap();
         assert_eq!(&read_tree(out.path()), files, "version {id}");
     }
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
 }
 
 #[test]

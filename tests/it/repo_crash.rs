@@ -2,7 +2,7 @@
 //! the repository opens, verifies, checks out every version committed before bit-exactly, and
 //! takes new commits. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
 
-use crate::repo_util::{
+use crate::support::repo_util::{
     ckpt_command, stderr, synthetic_checkpoint, Files, Rng, TestRepo, TRAINING_MODEL, TRAINING_OPTIM,
 };
 use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Repo, VersionId};
@@ -151,7 +151,7 @@ fn kill_9_during_commit_compact_and_gc() {
         {
             let repo = Repo::open(t.root()).unwrap();
             for g in 0..8u64 {
-                let bytes = crate::util::noise(trial as u64 * 100 + g, 20_000 + g as usize * 4096);
+                let bytes = crate::support::util::noise(trial as u64 * 100 + g, 20_000 + g as usize * 4096);
                 let id = ObjectId::hash(&bytes);
                 repo.store().write_blob(id, &bytes, None, &repo.config().codec_options(), &Feedback::NONE).unwrap();
             }

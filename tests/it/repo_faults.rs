@@ -1,6 +1,6 @@
 //! Damage and contention: flipped bytes in the store, malformed input, a second writer.
 
-use crate::repo_util::{read_tree, stderr, synthetic_checkpoint, Files, Rng, TestRepo, SMALL_MODEL};
+use crate::support::repo_util::{read_tree, stderr, synthetic_checkpoint, Files, Rng, TestRepo, SMALL_MODEL};
 use ckpt::repo::{CommitOptions, Config, Repo, VersionId};
 use ckpt::{Dtype, ObjectId};
 use std::collections::BTreeSet;
@@ -66,7 +66,8 @@ fn a_flipped_byte_anywhere_is_detected_by_verify_and_checkout() {
         }
     }
     assert!(trials > 100, "{trials} trials");
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
     // The CLI exits 1 and names the object.
     let path = t.object_files()[0].clone();
     let mut bad = std::fs::read(&path).unwrap();
@@ -236,7 +237,8 @@ fn a_second_writer_waits_or_fails_cleanly() {
     }
     let repo = t.open();
     assert_eq!(repo.log("HEAD").unwrap().len(), 3);
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
     let v = repo.version(&repo.resolve("HEAD").unwrap()).unwrap();
     assert_eq!(v.files.len(), 2);
     let _ = repo.commit(&["a.bin"], "library", &CommitOptions::default()).unwrap();

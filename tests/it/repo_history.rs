@@ -1,7 +1,7 @@
 //! Commit and check out histories: bit-exact round trips, dedup, the delta policies, files
 //! carried over and removed, tensor filters, revisions, refs, status, log and the index.
 
-use crate::repo_util::{
+use crate::support::repo_util::{
     ckpt_in, read_tree, stderr, synthetic_checkpoint, Files, TestRepo, SMALL_MODEL, TRAINING_MODEL,
 };
 use ckpt::repo::{
@@ -65,7 +65,8 @@ fn epochs_check_out_bit_exactly_and_deltas_pay() {
         assert!(depths.contains(&3));
         // The working tree matches HEAD.
         assert!(repo.status().unwrap().files.iter().all(|f| f.state == FileState::Unchanged));
-        assert!(repo.verify().unwrap().is_ok());
+        let report = repo.verify().unwrap();
+        assert!(report.is_ok(), "verify: {report:?}");
     }
 }
 
@@ -122,7 +123,8 @@ fn skip_policy_bounds_depth_by_one_bits() {
         assert!(!added.is_empty(), "version {s} adds tensors");
         assert!(added.iter().all(|&d| d == (s as u32).count_ones()), "version {s}: depths {added:?}");
     }
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
 }
 
 /// Total size of the object files.
@@ -171,7 +173,8 @@ fn reverse_policy_keeps_the_newest_version_whole() {
             assert!(depths.iter().all(|&d| d == expected), "epoch {e}: version {s}: depths {depths:?}, not {expected}");
         }
     }
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
     drop(repo);
 
     let previous = TestRepo::with_config(&config(DeltaPolicy::Previous));
@@ -265,7 +268,8 @@ fn new_paths_delta_against_the_file_with_the_same_tensors_with(delta_policy: Del
         let out = t.checkout_all(&repo, &id.to_hex());
         assert!(out.contains(&(path.clone(), model.clone())), "epoch {e} checks out bit-exactly");
     }
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
 
     // Two files with the same tensors under new paths: each deltas against the file of the same
     // name (an EMA copy and the model), not both against whichever sorts first.

@@ -1,7 +1,7 @@
 //! `show` and `diff`: how each tensor is stored, and what changed between versions.
 
-use crate::repo_util::{stderr, synthetic_checkpoint, TestRepo, SMALL_MODEL};
-use crate::util::tensor_data;
+use crate::support::repo_util::{stderr, synthetic_checkpoint, TestRepo, SMALL_MODEL};
+use crate::support::util::tensor_data;
 use ckpt::repo::{Config, DeltaPolicy, Storage};
 use ckpt::Dtype;
 

@@ -1,7 +1,7 @@
 //! Model-based test: random sequences of commit / rm / checkout / tag / gc against an in-memory
 //! model of the expected history (a list of versions, each a map path → bytes, and the tags).
 
-use crate::repo_util::{read_tree, synthetic_checkpoint, TestRepo};
+use crate::support::repo_util::{read_tree, synthetic_checkpoint, TestRepo};
 use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Error, Repo};
 use ckpt::Dtype;
 use proptest::prelude::*;
@@ -131,7 +131,8 @@ fn run(ops: Vec<Op>, delta_policy: DeltaPolicy) -> Result<(), TestCaseError> {
         prop_assert_eq!(repo.resolve(name).unwrap(), ids[*i]);
     }
     repo.gc().unwrap();
-    prop_assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    prop_assert!(report.is_ok(), "verify: {:?}", report);
     Ok(())
 }
 

@@ -2,8 +2,8 @@
 //! into a few blobs in the repository, coded as runs through `ckpt compress`, and never larger
 //! than `zstd -3` makes the whole file.
 
-use crate::repo_util::{read_tree, weights, Rng, TestRepo};
-use crate::util::tensor_data;
+use crate::support::repo_util::{read_tree, weights, Rng, TestRepo};
+use crate::support::util::tensor_data;
 use ckpt::codec::Options;
 use ckpt::file_codec::{self, Format};
 use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Repo};
@@ -171,6 +171,7 @@ proptest! {
         let diff = repo.diff(&id1.to_hex(), &id2.to_hex()).unwrap();
         prop_assert_eq!(diff.tensors.len(), count);
         repo.gc().unwrap();
-        prop_assert!(repo.verify().unwrap().is_ok());
+        let report = repo.verify().unwrap();
+        prop_assert!(report.is_ok(), "verify: {:?}", report);
     }
 }

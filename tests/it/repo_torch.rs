@@ -2,7 +2,7 @@
 //! delta-coded between epochs; anything the reader does not understand is kept as opaque bytes.
 //! The fixtures were written by real torch (tests/fixtures/torch/make_fixtures.py).
 
-use crate::repo_util::{stderr, TestRepo};
+use crate::support::repo_util::{stderr, TestRepo};
 use ckpt::repo::{Config, DeltaPolicy, FileFormat, Storage};
 
 const CHUNK: usize = 4096;
@@ -60,7 +60,8 @@ fn fixtures_are_committed_as_tensors_and_checked_out_bit_exactly() {
         let got = &out.iter().find(|(p, _)| p == n).unwrap().1;
         assert!(got == bytes, "{n} differs after checkout");
     }
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! restarts do not commit twice (more in watch_trust.rs, which shares the helpers here). The library tests step the watcher with explicit times; the CLI
 //! test runs `ckpt watch` itself (file-system events and polling) and restarts it.
 
-use crate::repo_util::{ckpt_command, TestRepo};
+use crate::support::repo_util::{ckpt_command, TestRepo};
 use ckpt::repo::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,7 @@ fn renamed_files_and_finished_trainer_folders_are_committed_deleted_ones_forgott
     assert_eq!(committed(&w.step(t0 + 4 * SETTLE).unwrap()), vec!["run/model.pt"]);
 
     // A Trainer folder: committed once settled, trainer_state.json or not (watch_trust.rs).
-    t.write("run/checkpoint-10/model.safetensors", &crate::util::all_dtypes_file(1));
+    t.write("run/checkpoint-10/model.safetensors", &crate::support::util::all_dtypes_file(1));
     t.write("run/checkpoint-10/optimizer.pt", b"state");
     let e = w.step(t0 + 4 * SETTLE).unwrap();
     assert!(committed(&e).is_empty(), "an unfinished folder was committed");
@@ -161,9 +161,9 @@ fn the_cli_commits_while_running_and_after_a_restart_commits_nothing_twice() {
         }
     };
     let mut child = spawn();
-    t.write("out/step1.pt", &crate::util::noise(1, 10_000));
+    t.write("out/step1.pt", &crate::support::util::noise(1, 10_000));
     wait_for(1);
-    t.write("out/step2.pt.part", &crate::util::noise(2, 10_000));
+    t.write("out/step2.pt.part", &crate::support::util::noise(2, 10_000));
     std::fs::rename(t.path("out/step2.pt.part"), t.path("out/step2.pt")).unwrap();
     wait_for(2);
     child.kill().unwrap();
@@ -171,7 +171,7 @@ fn the_cli_commits_while_running_and_after_a_restart_commits_nothing_twice() {
 
     let mut child = spawn();
     std::thread::sleep(Duration::from_millis(1500));
-    t.write("out/step3.pt", &crate::util::noise(3, 10_000));
+    t.write("out/step3.pt", &crate::support::util::noise(3, 10_000));
     wait_for(3);
     std::thread::sleep(Duration::from_millis(1000));
     child.kill().unwrap();

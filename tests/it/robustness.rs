@@ -2,8 +2,9 @@
 //! change or block under a commit, huge `-j`, verify beside writers, compaction that fails, and
 //! a stale waiter marker.
 
-use crate::repo_util::{ckpt_in, output_within, stderr, TestRepo};
-use crate::util::safetensors_file;
+use crate::support::repo_util::{ckpt_in, output_within, stderr, TestRepo};
+use crate::support::tmpfs::Tmpfs;
+use crate::support::util::safetensors_file;
 use ckpt::repo::{CommitOptions, Compaction, Config, DeltaPolicy, Repo, MAX_BASE_EVERY};
 use ckpt::Dtype;
 use std::path::Path;
@@ -80,7 +81,8 @@ fn the_longest_history_the_config_allows_reads_back() {
         repo.checkout(&ids[v as usize].to_string(), None, Some(&out), None).unwrap();
         assert!(std::fs::read(out.join("m.safetensors")).unwrap() == tiny_checkpoint(v), "version {v}");
     }
-    assert!(repo.verify().unwrap().is_ok());
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "verify: {report:?}");
 }
 
 fn mkfifo(path: &Path) {
@@ -98,7 +100,7 @@ fn a_named_pipe_is_refused_without_blocking() {
     assert!(t.ckpt(&["commit", "-m", "v0", "m.safetensors"]).status.success());
     mkfifo(&t.path("pipe"));
     for args in [&["commit", "-m", "pipe", "pipe"][..], &["compress", "pipe"], &["stats", "pipe"]] {
-        let out = output_within(crate::repo_util::ckpt_command(t.root(), args), Duration::from_secs(10))
+        let out = output_within(crate::support::repo_util::ckpt_command(t.root(), args), Duration::from_secs(10))
             .unwrap_or_else(|| panic!("ckpt {args:?} blocked on a named pipe"));
         assert!(!out.status.success(), "{args:?}");
         assert!(stderr(&out).contains("named pipe"), "{args:?}: {}", stderr(&out));
@@ -107,7 +109,7 @@ fn a_named_pipe_is_refused_without_blocking() {
     // clearly, without blocking.
     std::fs::remove_file(t.path("m.safetensors")).unwrap();
     mkfifo(&t.path("m.safetensors"));
-    let out = output_within(crate::repo_util::ckpt_command(t.root(), &["status"]), Duration::from_secs(10))
+    let out = output_within(crate::support::repo_util::ckpt_command(t.root(), &["status"]), Duration::from_secs(10))
         .expect("status blocked on a named pipe");
     assert!(String::from_utf8_lossy(&out.stdout).contains("modified") || stderr(&out).contains("named pipe"));
     // The writer lock was not left held: a commit goes through.
@@ -159,7 +161,8 @@ fn a_checkpoint_truncated_during_a_commit_fails_the_commit_cleanly() {
     let (mut changed, mut succeeded, mut invalid) = (0, 0, 0);
     for trial in 1..=20u64 {
         let before = head();
-        let mut command = crate::repo_util::ckpt_command(t.root(), &["commit", "-m", "racing", "m.safetensors"]);
+        let mut command =
+            crate::support::repo_util::ckpt_command(t.root(), &["commit", "-m", "racing", "m.safetensors"]);
         command.env("CKPT_COMPACT", "manual").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
         let mut child = command.spawn().unwrap();
         // The training loop: rewrites the file until the commit is over.
@@ -266,52 +269,12 @@ fn verify_beside_commits_and_gc_raises_no_false_alarm() {
 fn half_changed_checkpoint(version: u64) -> Vec<u8> {
     let mut file = safetensors_file(1, &[("w", Dtype::U8, &[1 << 20])]);
     let data = file.len() - (1 << 20);
-    let other = crate::util::noise(100 + version, 1 << 20);
+    let other = crate::support::util::noise(100 + version, 1 << 20);
     for block in (0..256).filter(|b| version > 0 && b % 2 == 0) {
         let r = block * 4096..(block + 1) * 4096;
         file[data + r.start..data + r.end].copy_from_slice(&other[r]);
     }
     file
-}
-
-/// A tmpfs of `size` at a new directory, unmounted and removed on drop; `None` (with a note)
-/// where mounting is not allowed.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!("skipped: cannot mount a tmpfs here ({})", String::from_utf8_lossy(&out.stderr).trim());
-            return None;
-        }
-        Some(Tmpfs(dir))
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-
-    /// Fills the file system with `filler` until at most `leave` bytes are free.
-    fn fill(&self, filler: &Path, leave: u64) {
-        use std::io::Write;
-        let mut f = std::fs::File::create(filler).unwrap();
-        let block = vec![0xA5u8; 64 << 10];
-        while f.write_all(&block).is_ok() {}
-        let len = f.metadata().unwrap().len();
-        f.set_len(len.saturating_sub(leave)).unwrap();
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(self.0.path()).status();
-    }
 }
 
 /// Compaction on a full file system: `ckpt compact` fails (non-zero exit naming the cause), the
@@ -323,7 +286,7 @@ fn a_compaction_that_fails_on_a_full_disk_is_reported_and_retried() {
     let root = fs.path().join("repo");
     std::fs::create_dir(&root).unwrap();
     let run = |args: &[&str], compact: &str| {
-        let mut c = crate::repo_util::ckpt_command(&root, args);
+        let mut c = crate::support::repo_util::ckpt_command(&root, args);
         c.env("CKPT_COMPACT", compact);
         c.output().unwrap()
     };
@@ -387,7 +350,7 @@ fn a_stale_waiter_marker_is_ignored_and_cleaned_up() {
     use std::os::unix::process::CommandExt;
     let t = TestRepo::init();
     let run = |args: &[&str]| {
-        let mut c = crate::repo_util::ckpt_command(t.root(), args);
+        let mut c = crate::support::repo_util::ckpt_command(t.root(), args);
         c.env("CKPT_COMPACT", "manual");
         c.output().unwrap()
     };
@@ -398,7 +361,7 @@ fn a_stale_waiter_marker_is_ignored_and_cleaned_up() {
     // A real waiter, killed while it waits: the lock is held here (as another writer would).
     let lock = std::fs::File::options().write(true).open(t.path(".ckpt/lock")).unwrap();
     lock.lock().unwrap();
-    let mut waiter = crate::repo_util::ckpt_command(t.root(), &["commit", "-m", "waits", "m.safetensors"]);
+    let mut waiter = crate::support::repo_util::ckpt_command(t.root(), &["commit", "-m", "waits", "m.safetensors"]);
     waiter.env("CKPT_LOCK_TIMEOUT", "60").process_group(0);
     let mut child = waiter.spawn().unwrap();
     let marker = t.path(".ckpt/lock.waiting");
@@ -435,7 +398,7 @@ fn compress_and_status_of_a_file_truncated_under_them_fail_cleanly() {
     let mut changed = 0;
     for trial in 0..16u64 {
         let args: &[&str] = if trial % 2 == 0 { &["compress", "m.safetensors", "-o", "m.ckz"] } else { &["status"] };
-        let mut command = crate::repo_util::ckpt_command(t.root(), args);
+        let mut command = crate::support::repo_util::ckpt_command(t.root(), args);
         command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
         let mut child = command.spawn().unwrap();
         std::thread::sleep(Duration::from_millis(trial % 8));

@@ -2,8 +2,8 @@
 //! restart); a checkpoint is committed only when complete (pieces written with pauses, files
 //! still open for writing, `trainer_state.json` no shortcut); skipped paths are reported once.
 
-use crate::repo_util::{ckpt_command, stderr, TestRepo};
 use crate::repo_watch::{committed, options, SETTLE};
+use crate::support::repo_util::{ckpt_command, stderr, TestRepo};
 use ckpt::repo::{Repo, WatchEvent, WatchOptions, Watcher};
 use std::io::Write;
 use std::path::Path;
@@ -106,7 +106,7 @@ fn a_trainer_folder_is_committed_when_settled_not_when_trainer_state_appears() {
     let mut w = Watcher::new(&repo, &t.path("run"), options()).unwrap();
     let t0 = Instant::now();
     let state = br#"{"global_step": 1500, "log_history": [{"loss": 0.5}]}"#;
-    t.write("run/checkpoint-1500/model.safetensors", &crate::util::all_dtypes_file(3));
+    t.write("run/checkpoint-1500/model.safetensors", &crate::support::util::all_dtypes_file(3));
     // trainer_state.json half written.
     t.write("run/checkpoint-1500/trainer_state.json", &state[..20]);
     let e = w.step(t0).unwrap();
@@ -158,8 +158,11 @@ fn files_written_in_pieces_are_committed_whole() {
             let root = root.clone();
             move || {
                 std::fs::create_dir_all(root.join("run/checkpoint-1500")).unwrap();
-                std::fs::write(root.join("run/checkpoint-1500/model.safetensors"), crate::util::all_dtypes_file(4))
-                    .unwrap();
+                std::fs::write(
+                    root.join("run/checkpoint-1500/model.safetensors"),
+                    crate::support::util::all_dtypes_file(4),
+                )
+                .unwrap();
                 // Pauses shorter than the settle time.
                 write_in_pieces(
                     &root.join("run/checkpoint-1500/trainer_state.json"),

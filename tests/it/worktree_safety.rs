@@ -2,8 +2,9 @@
 //! refuse to destroy them unless forced, `status` never calls a changed file unchanged, and
 //! failures say what really happened (issue 18, items 1 and 6). Each test drives the CLI.
 
-use crate::repo_util::{ckpt_in, ok, refused, stderr, TestRepo};
-use crate::util::safetensors_file;
+use crate::support::repo_util::{ckpt_in, ok, refused, stderr, TestRepo};
+use crate::support::tmpfs::Tmpfs;
+use crate::support::util::safetensors_file;
 use ckpt::Dtype;
 use std::io::BufRead;
 use std::path::Path;
@@ -139,8 +140,11 @@ fn same_size_rewrite_with_restored_mtime_is_caught() {
 
 /// `ckpt CMD | head -1`: the reader goes away after one line; ckpt must end quietly with 0.
 fn first_line_then_close(dir: &Path, args: &[&str]) {
-    let mut child =
-        crate::repo_util::ckpt_command(dir, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = crate::support::repo_util::ckpt_command(dir, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(!line.is_empty());
@@ -172,12 +176,12 @@ fn output_into_the_repository_directory_is_refused() {
     let (t, _, _) = two_versions();
     std::os::unix::fs::symlink(".ckpt", t.path("link")).unwrap();
     std::fs::create_dir(t.path("out")).unwrap();
-    let before = crate::util::list(&t.path(".ckpt"));
+    let before = crate::support::util::list(&t.path(".ckpt"));
     for output in [".ckpt", ".ckpt/x", "link/y", "out/../.ckpt/refs", "link"] {
         let err = refused(&t, &["checkout", "HEAD", "--output", output]);
         assert!(err.contains("inside the repository's own directory"), "{output}: {err}");
     }
-    assert_eq!(crate::util::list(&t.path(".ckpt")), before, "nothing created in .ckpt");
+    assert_eq!(crate::support::util::list(&t.path(".ckpt")), before, "nothing created in .ckpt");
     assert!(ok(&t, &["log", "--oneline"]).lines().count() == 2, "the repository still works");
 }
 
@@ -206,34 +210,10 @@ fn a_file_where_a_directory_is_needed_is_named_as_such() {
     assert!(std::fs::read_dir(elsewhere.path()).unwrap().next().is_none());
 }
 
-/// A tmpfs of 1 MiB, unmounted when dropped.
-struct SmallFs(tempfile::TempDir);
-
-impl SmallFs {
-    fn mount() -> Option<SmallFs> {
-        let dir = tempfile::tempdir().unwrap();
-        let o = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .ok()?;
-        o.status.success().then_some(SmallFs(dir))
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 #[test]
 fn a_full_disk_is_reported_as_such() {
-    let Some(fs) = SmallFs::mount() else {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)");
-        return;
-    };
-    let root = fs.0.path();
+    let Some(fs) = Tmpfs::mount("1m") else { return };
+    let root = fs.path();
     assert!(ckpt_in(root, &["init"]).status.success());
     // 600 KiB of noise: the file fits, a second copy in the store does not.
     let big = safetensors_file(3, &[("w", Dtype::U8, &[600 << 10])]);

@@ -1,0 +1,146 @@
+//! Remotes under test: a directory, or a real S3-protocol server (`s3s-fs` on a loopback port,
+//! started per test; skipped with a message when `s3s-fs` is not on PATH, a failure with
+//! `CKPT_REQUIRE_S3S=1`).
+
+use super::repo_util::{ckpt_command, stderr, synthetic_checkpoint, SMALL_MODEL};
+use ckpt::Dtype;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+/// An `s3s-fs` server on a free loopback port with a temporary root; killed when dropped.
+pub(crate) struct S3Server {
+    child: Child,
+    pub(crate) root: tempfile::TempDir,
+    pub(crate) port: u16,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) const BUCKET: &str = "ckpt-test";
+pub(crate) const ACCESS_KEY: &str = "ckpt-test-key";
+pub(crate) const SECRET_KEY: &str = "ckpt-test-secret-do-not-print";
+
+impl S3Server {
+    /// Starts one, or `None` (with a message) when `s3s-fs` is not installed; with
+    /// `CKPT_REQUIRE_S3S=1` (CI sets it) a missing `s3s-fs` fails the test instead.
+    pub(crate) fn start() -> Option<S3Server> {
+        if Command::new("s3s-fs").arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+            super::skip(
+                "s3s-fs is not on PATH (cargo install s3s-fs --version 0.14.1 --features binary)",
+                "CKPT_REQUIRE_S3S",
+            );
+            return None;
+        }
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join(BUCKET)).unwrap();
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let mut child = Command::new("s3s-fs")
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+                .arg(root.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start s3s-fs");
+            for _ in 0..200 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Some(S3Server { child, root, port });
+                }
+                if child.try_wait().unwrap().is_some() {
+                    break; // the port was taken meanwhile: try another
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("s3s-fs did not start");
+    }
+}
+
+/// A remote under test: its URL, the environment the `ckpt` processes need for it, and where
+/// its object files are on disk (to damage one).
+pub(crate) struct Served {
+    pub(crate) url: String,
+    pub(crate) env: Vec<(&'static str, String)>,
+    pub(crate) objects: PathBuf,
+    pub(crate) _dir: Option<tempfile::TempDir>,
+    pub(crate) _server: Option<S3Server>,
+}
+
+pub(crate) fn directory() -> Option<Served> {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("remote");
+    Some(Served {
+        url: root.to_str().unwrap().to_string(),
+        env: Vec::new(),
+        objects: root.join("objects"),
+        _dir: Some(dir),
+        _server: None,
+    })
+}
+
+pub(crate) fn s3() -> Option<Served> {
+    let server = S3Server::start()?;
+    let env = vec![
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", server.port)),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+    ];
+    Some(Served {
+        url: format!("s3://{BUCKET}/team/run1"),
+        env,
+        objects: server.root.path().join(BUCKET).join("team/run1/objects"),
+        _dir: None,
+        _server: Some(server),
+    })
+}
+
+impl Served {
+    /// Runs `ckpt` in `dir` with the remote's environment.
+    pub(crate) fn ckpt(&self, dir: &Path, args: &[&str]) -> Output {
+        let mut c = ckpt_command(dir, args);
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        let out = c.output().expect("run ckpt");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains(SECRET_KEY) && !stderr(&out).contains(SECRET_KEY),
+            "a secret was printed"
+        );
+        out
+    }
+
+    pub(crate) fn ok(&self, dir: &Path, args: &[&str]) -> Output {
+        let out = self.ckpt(dir, args);
+        assert!(out.status.success(), "ckpt {args:?} failed: {}", stderr(&out));
+        out
+    }
+}
+
+pub(crate) fn model(seed: u64, epoch: u32) -> Vec<u8> {
+    synthetic_checkpoint(seed, Dtype::Bf16, SMALL_MODEL, epoch)
+}
+
+/// A new working tree with a repository and `epochs` commits of `model.safetensors`.
+pub(crate) fn trained(r: &Served, seed: u64, epochs: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    r.ok(dir.path(), &["init"]);
+    for e in 0..epochs {
+        std::fs::write(dir.path().join("model.safetensors"), model(seed, e)).unwrap();
+        r.ok(dir.path(), &["commit", "-m", &format!("epoch {e}"), "model.safetensors"]);
+    }
+    dir
+}
+
+pub(crate) fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).expect("json output")
+}
