@@ -14,11 +14,14 @@ use crate::object_id::ObjectId;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-/// Tensors below this many bytes are bundled: one file-system block ([`super::commit::FS_BLOCK`]).
+/// The file-system block size assumed when deciding whether a reverse-delta rewrite frees space.
+pub(super) const FS_BLOCK: u64 = 4096;
+
+/// Tensors below this many bytes are bundled: one file-system block ([`FS_BLOCK`]).
 /// Stored alone such a tensor takes a whole block, and a reverse-delta rewrite of it never frees
 /// one, so it would stay whole in every version that changes it. (Larger tensors keep their own
 /// blob: a delta of their own, `show` and `diff` per object.)
-pub const BUNDLE_BELOW: u64 = super::commit::FS_BLOCK;
+pub const BUNDLE_BELOW: u64 = FS_BLOCK;
 
 /// Largest bundle, in bytes. A bundle is decoded whole when its tensors are read (checkout,
 /// `diff`, verify), and one per dtype may be live at once: 4 MiB keeps that small while a

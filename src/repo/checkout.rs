@@ -2,9 +2,8 @@
 //! hash-checked, then renamed into place. A damaged object makes the file fail; nothing wrong is
 //! ever left under the target name.
 
-use super::commit::now_ns;
 use super::model::{FileEntry, FileFormat, Manifest};
-use super::status::Observed;
+use super::status::{now_ns, Observed};
 use super::{Error, Repo, RepoPath, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::object_id::{NodeHash, RangeHashes};

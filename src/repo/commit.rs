@@ -1,16 +1,16 @@
 //! `commit`: files → blobs (deduplicated, delta-coded where it pays) → manifests → version →
 //! ref. All inputs are parsed before anything is written, so an invalid file changes nothing.
 
-use super::model::{Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, MODEL_FORMAT};
-use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, RepoPath, Result, VersionId};
-use crate::mmap::{self, Map};
+use super::layout::{manifest_of, HashedBundle, HashedSegment, HashedSegments, Input, Rules};
+use super::model::{FileEntry, Manifest, Version, MODEL_FORMAT};
+use super::pairing::{ReferenceFiles, TensorBlobs};
+use super::status::now_ns;
+use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
-use crate::safetensors;
 use crate::store::{self, DeltaOutcome, Feedback, ObjectKind, Store, Written};
-use crate::torch_zip;
 use crate::Dtype;
 use rayon::prelude::*;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,60 +29,6 @@ pub struct CommitOptions {
     /// returning. The commit then costs one coding pass instead of two; `ckpt commit` runs the
     /// compaction in a background process.
     pub defer_deltas: bool,
-}
-
-/// A file to commit, mapped and parsed.
-pub(super) struct Input {
-    pub(super) path: RepoPath,
-    pub(super) map: Map,
-    pub(super) header: Option<safetensors::Header>,
-    /// The storages of a `torch.save` archive (when `header` is `None`).
-    pub(super) torch: Option<torch_zip::Layout>,
-    pub(super) metadata: std::fs::Metadata,
-    /// The open file, whose metadata is compared with `metadata` once it is read
-    /// ([`Input::check_unchanged`]).
-    pub(super) file: std::fs::File,
-    /// Whether the file is the working-tree file at `path`, whose size and times `status`
-    /// remembers; not for bytes committed from memory (`commit_memory`).
-    pub(super) in_working_tree: bool,
-}
-
-impl Input {
-    /// Parses a mapped file as a commit reads it: a file named `*.safetensors` must be valid
-    /// safetensors; any other file is safetensors if it parses as such, else a `torch.save`
-    /// archive if it is one, else opaque bytes.
-    pub(super) fn parse(path: RepoPath, map: Map, metadata: std::fs::Metadata, file: std::fs::File) -> Result<Input> {
-        let mut input = Input { path, map, header: None, torch: None, metadata, file, in_working_tree: true };
-        let parsed = safetensors::parse(&input.map);
-        if parsed.is_err() {
-            // A header cut short by a rewrite is the change, not an invalid file.
-            input.check_unchanged()?;
-        }
-        input.header = if input.path.as_str().ends_with(".safetensors") {
-            Some(parsed.map_err(|source| Error::Safetensors { path: input.path.to_string(), source })?)
-        } else {
-            parsed.ok()
-        };
-        input.torch = torch_layout(&input.map, input.header.as_ref());
-        Ok(input)
-    }
-
-    /// Fails with [`Error::FileChanged`] if the file shrank (its map read zeros past the new end:
-    /// see [`crate::mmap`]) or was rewritten since it was opened: what was read may mix two
-    /// versions of it, so nothing read from it may become a version.
-    pub(super) fn check_unchanged(&self) -> Result<()> {
-        if mmap::FileStamp::of(&self.metadata).changed(&self.file, &self.map) {
-            return Err(Error::FileChanged { path: self.path.to_string() });
-        }
-        Ok(())
-    }
-}
-
-/// One planned segment: byte range, dtype, tensor identity.
-struct Planned {
-    range: Range<u64>,
-    dtype: Option<Dtype>,
-    tensor: Option<TensorRef>,
 }
 
 impl Repo {
@@ -343,20 +289,12 @@ impl Repo {
         Ok(inputs)
     }
 
-    /// Maps and parses the file at `p` (absolute, or relative to the repository root).
+    /// Maps and parses the file at `p` (absolute, or relative to the repository root). A named
+    /// pipe, socket or device is refused before anything blocks on it (the writer lock is held).
     pub(super) fn read_input(&self, p: &Path) -> Result<Input> {
         let path = self.repo_path(p)?;
         let abs = path.under(&self.root);
-        // A named pipe, socket or device is refused here, before anything blocks on it (the
-        // writer lock is held).
-        let file = mmap::open_regular(&abs).map_err(|source| match source.kind() {
-            std::io::ErrorKind::InvalidInput => Error::InvalidPath { path: abs.clone(), reason: source.to_string() },
-            _ => Error::Io { action: "opening", path: abs.clone(), source },
-        })?;
-        let metadata = file.metadata().map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-        let map =
-            mmap::map_input(&file).map_err(|source| Error::Io { action: "reading", path: abs.clone(), source })?;
-        Input::parse(path, map, metadata, file)
+        Input::open(&abs, path, Rules::Commit)
     }
 
     /// The version at or before `v` along first parents that is `target` versions after its
@@ -424,8 +362,7 @@ impl Repo {
                 }
                 Target::Bundle(b) => {
                     let bundle = &h.bundles[b];
-                    let reference =
-                        deltas.and_then(|base_every| Some((*h.bundle_reference.get(&bundle.key)?, base_every)));
+                    let reference = deltas.and_then(|base_every| Some((h.reference.bundle(&bundle.key)?, base_every)));
                     // The members, gathered (at most `BUNDLE_MAX` bytes); the store checks that
                     // they are the bytes hashed (xxh3), or the file changed meanwhile.
                     let mut bytes = Vec::with_capacity(bundle.len as usize);
@@ -570,192 +507,19 @@ impl Repo {
     }
 }
 
-/// The files of the reference version, for finding each input's reference manifest.
-pub(super) struct ReferenceFiles<'v> {
-    version: Option<&'v Version>,
-    /// The reference version's files, most recently changed first (see [`Self::by_recency`]),
-    /// computed on first need.
-    recency: Option<Vec<&'v FileEntry>>,
-    /// Manifests loaded so far, by id.
-    manifests: HashMap<ObjectId, Manifest>,
-}
-
-/// Versions walked back along first parents to order the reference version's files by when they
-/// last changed; files unchanged for longer come after, in path order.
-const RECENCY_WALK: usize = 32;
-
-impl<'v> ReferenceFiles<'v> {
-    pub(super) fn new(version: Option<&'v Version>) -> Self {
-        ReferenceFiles { version, recency: None, manifests: HashMap::new() }
-    }
-
-    /// The manifest whose tensors `input`'s tensors are delta-coded against: the file at the same
-    /// path in the reference version; or, when there is none (training loops that write
-    /// `epoch_3.safetensors` or `checkpoint-1500/model.safetensors`, a new path every time), the
-    /// reference version's safetensors file that holds the most of `input`'s tensors (same name,
-    /// dtype and shape). Ties go to the file with the same file name
-    /// (`checkpoint-1000/ema.safetensors` for `checkpoint-1500/ema.safetensors`), then to the one
-    /// changed most recently, so that among older epochs carried along the newest is chosen.
-    /// Files are scored newest first and the first that holds every tensor under the same file
-    /// name ends the search, so a long history is not read in full.
-    fn for_input(&mut self, repo: &Repo, input: &Input) -> Option<Manifest> {
-        // The tensor set only matters for a path the reference version lacks (20,000 tensors:
-        // a tenth of a commit's CPU time to build and hash).
-        let new_path = self.version.is_some_and(|v| v.file(input.path.as_str()).is_none());
-        let tensors = match (&input.header, &input.torch) {
-            _ if !new_path => None,
-            (Some(h), _) => Some(h.tensors.iter().map(TensorRef::of).collect()),
-            (None, Some(t)) => Some(t.storages.iter().map(TensorRef::of_storage).collect()),
-            (None, None) => None,
-        };
-        self.for_file(repo, input.path.as_str(), tensors)
-    }
-
-    /// [`Self::for_input`] for a file at `path` whose `tensors` are given (`None`: not a
-    /// safetensors file).
-    pub(super) fn for_file(
-        &mut self,
-        repo: &Repo,
-        path: &str,
-        tensors: Option<HashSet<TensorRef>>,
-    ) -> Option<Manifest> {
-        let version = self.version?;
-        if let Some(f) = version.file(path) {
-            return repo.manifest(&f.manifest).ok();
-        }
-        let wanted = tensors?;
-        let name = path.rsplit('/').next();
-        let recency = self.recency.get_or_insert_with(|| Self::by_recency(repo, version));
-        let mut best: Option<((usize, bool), ObjectId)> = None;
-        for f in recency.iter() {
-            let Some(m) = load(&mut self.manifests, repo, &f.manifest) else { continue };
-            if m.kind == FileFormat::Bytes {
-                continue;
-            }
-            let score = (m.tensors().filter(|(t, _)| wanted.contains(*t)).count(), f.path.rsplit('/').next() == name);
-            if score.0 > 0 && best.as_ref().is_none_or(|(b, _)| score > *b) {
-                best = Some((score, f.manifest));
-                if score == (wanted.len(), true) {
-                    break;
-                }
-            }
-        }
-        best.and_then(|(_, id)| self.manifests.get(&id).cloned())
-    }
-
-    /// The files of `version`, those changed by `version` itself first, then those changed by
-    /// its parent, and so on for [`RECENCY_WALK`] versions along first parents; the rest after.
-    fn by_recency(repo: &Repo, version: &'v Version) -> Vec<&'v FileEntry> {
-        let mut placed: HashSet<&str> = HashSet::new();
-        let mut order = Vec::new();
-        let mut newer = version.clone();
-        for _ in 0..RECENCY_WALK {
-            let older = newer.parents.first().and_then(|p| repo.version(p).ok());
-            for f in &version.files {
-                // `f` is as of `version`; it last changed in `newer` when `newer` holds it and
-                // `older` holds another manifest (or none) at that path.
-                let in_newer = newer.file(&f.path).is_some_and(|n| n.manifest == f.manifest);
-                let in_older = older.as_ref().and_then(|o| o.file(&f.path)).is_some_and(|o| o.manifest == f.manifest);
-                if in_newer && !in_older && placed.insert(f.path.as_str()) {
-                    order.push(f);
-                }
-            }
-            match older {
-                Some(o) => newer = o,
-                None => break,
-            }
-        }
-        order.extend(version.files.iter().filter(|f| !placed.contains(f.path.as_str())));
-        order
-    }
-}
-
-/// `id`'s manifest from `cache`, reading it on first use; `None` if it cannot be read.
-fn load<'c>(cache: &'c mut HashMap<ObjectId, Manifest>, repo: &Repo, id: &ObjectId) -> Option<&'c Manifest> {
-    if !cache.contains_key(id) {
-        let m = repo.manifest(id).ok()?;
-        cache.insert(*id, m);
-    }
-    cache.get(id)
-}
-
-/// A planned segment with its id.
-pub(super) struct HashedSegment {
-    pub(super) range: Range<u64>,
-    dtype: Option<Dtype>,
-    pub(super) tensor: Option<TensorRef>,
-    pub(super) id: ObjectId,
-    /// xxh3-64 of the segment's bytes.
-    xxh3: u64,
-    /// The bundle (index in [`HashedSegments::bundles`]) holding it, if any.
-    bundle: Option<u32>,
-}
-
-/// A planned bundle ([`super::bundle`]) with its id.
-pub(super) struct HashedBundle {
-    dtype: Dtype,
-    /// Its segments, in file order.
-    members: Vec<usize>,
-    len: u64,
-    /// The blake3 of the members' bytes, concatenated.
-    id: ObjectId,
-    /// Their xxh3-64.
-    xxh3: u64,
-    /// The first member's tensor: what the same bundle of the reference file starts with.
-    key: TensorRef,
-}
-
-/// A file's segments and bundles, hashed.
-pub(super) struct HashedSegments {
-    pub(super) segments: Vec<HashedSegment>,
-    pub(super) bundles: Vec<HashedBundle>,
-}
-
-/// The manifest of `input` with these hashed segments and bundles: what a commit writes, and
-/// what the git filter computes to find a file the store already holds.
-pub(super) fn manifest_of(
-    input: &Input,
-    segments: &[HashedSegment],
-    bundles: &[HashedBundle],
-    hash: ObjectId,
-) -> Manifest {
-    let segments = segments
-        .iter()
-        .map(|s| {
-            let len = s.range.end - s.range.start;
-            match (s.bundle, &s.tensor) {
-                (Some(b), Some(t)) => Segment::bundled(len, t.clone(), b),
-                _ => Segment::whole(len, s.id, s.tensor.clone()),
-            }
-        })
-        .collect();
-    let bundles = bundles
-        .iter()
-        .map(|b| Bundle { blob: b.id, dtype: b.dtype.safetensors_name().to_string(), len: b.len })
-        .collect();
-    let kind = match (&input.header, &input.torch) {
-        (Some(_), _) => FileFormat::Safetensors,
-        (None, Some(_)) => FileFormat::Torch,
-        (None, None) => FileFormat::Bytes,
-    };
-    Manifest::new(kind, input.map.len() as u64, hash, bundles, segments)
-}
-
 /// A file's segments and bundles with their ids, its whole-file hash and the blobs of the same
 /// tensors (and bundles) in the reference version.
 struct HashedFile {
     segments: Vec<HashedSegment>,
     bundles: Vec<HashedBundle>,
     hash: ObjectId,
-    reference: HashMap<TensorRef, ObjectId>,
-    /// Bundles of the reference file by their first member's tensor.
-    bundle_reference: HashMap<TensorRef, ObjectId>,
+    reference: TensorBlobs,
 }
 
 impl HashedFile {
     /// The blob of `seg`'s tensor in the reference version, if it has one.
     fn reference_of(&self, seg: &HashedSegment) -> Option<ObjectId> {
-        seg.tensor.as_ref().and_then(|t| self.reference.get(t)).copied()
+        seg.tensor.as_ref().and_then(|t| self.reference.tensor(t))
     }
 }
 
@@ -775,179 +539,13 @@ enum Target {
     Bundle(usize),
 }
 
-/// The file-system block size assumed when deciding whether a reverse-delta rewrite frees space.
-pub(super) const FS_BLOCK: u64 = 4096;
-
 /// Segments below this size are coded several at a time (each is at most one codec stripe or
 /// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
 const PARALLEL_BELOW: u64 = 4 << 20;
 
 fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
-    let (HashedSegments { segments, bundles }, hash) =
-        hash_content(&input.map, input.header.as_ref(), input.torch.as_ref());
-    let tensors = reference.map(|m| m.tensors().filter_map(|(t, s)| Some((t.clone(), s.blob?))).collect());
-    let bundle_reference = reference.map(|m| {
-        let keys = m.bundle_keys().into_iter().zip(&m.bundles);
-        keys.filter_map(|(k, b)| Some((k?.clone(), b.blob))).collect()
-    });
-    HashedFile {
-        segments,
-        bundles,
-        hash,
-        reference: tensors.unwrap_or_default(),
-        bundle_reference: bundle_reference.unwrap_or_default(),
-    }
-}
-
-/// Plans `map`'s segments (safetensors when `header` is given, a `torch.save` archive's
-/// storages and the bytes between them when `torch` is, else one opaque segment) and
-/// bundles ([`super::bundle::plan`]), hashes each segment (its blob id) and bundle, and derives
-/// the file hash from the segments ([`super::model::file_hash`]). Each segment's pages are
-/// dropped from the resident set once hashed. `status` hashes working files with this too, so
-/// both agree on what a file's hash is.
-pub(super) fn hash_content(
-    map: &Map,
-    header: Option<&safetensors::Header>,
-    torch: Option<&torch_zip::Layout>,
-) -> (HashedSegments, ObjectId) {
-    let planned = plan(map.len() as u64, header, torch);
-    let bundle_plan = super::bundle::plan(
-        planned.iter().map(|p| (p.range.end - p.range.start, p.dtype.filter(|_| p.tensor.is_some()))),
-    );
-    let mut bundle_of: Vec<Option<u32>> = vec![None; planned.len()];
-    for (b, (_, members)) in bundle_plan.iter().enumerate() {
-        for &m in members {
-            bundle_of[m] = Some(b as u32);
-        }
-    }
-    // Segments in parallel: a checkpoint of many small tensors leaves blake3's own tree
-    // parallelism little to split (45 MB of MiniLM, 105 segments: 10-14 ms one after the
-    // other, ~10 ms side by side in the same phase timestamps; the pass is memory-bound).
-    // Bundled ones are hashed with their bundle, below.
-    let mut segments: Vec<HashedSegment> = planned
-        .into_par_iter()
-        .zip(bundle_of)
-        .map(|(p, bundle)| {
-            let (id, xxh3) = match bundle {
-                None => hash_segment(map, p.range.start as usize..p.range.end as usize),
-                Some(_) => (ObjectId([0; 32]), 0),
-            };
-            HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id, xxh3, bundle }
-        })
-        .collect();
-    // Each member is copied once and hashed from the copy, as itself (its id) and as part of
-    // the bundle, so the two agree even if the file changes meanwhile (the store then finds
-    // that the bundle's bytes are not those hashed).
-    let hashed_bundles: Vec<(HashedBundle, Vec<ObjectId>)> = bundle_plan
-        .into_par_iter()
-        .map(|(dtype, members)| {
-            let mut blake3 = blake3::Hasher::new();
-            let mut xxh3 = xxhash_rust::xxh3::Xxh3::new();
-            let mut copy = Vec::with_capacity(super::bundle::BUNDLE_BELOW as usize);
-            let mut ids = Vec::with_capacity(members.len());
-            let mut len = 0;
-            for &m in &members {
-                let r = &segments[m].range;
-                copy.clear();
-                copy.extend_from_slice(&map[r.start as usize..r.end as usize]);
-                ids.push(ObjectId::hash(&copy));
-                blake3.update(&copy);
-                xxh3.update(&copy);
-                len += copy.len() as u64;
-            }
-            let key = segments[members[0]].tensor.clone().expect("bundles hold tensors");
-            (HashedBundle { dtype, members, len, id: blake3.finalize().into(), xxh3: xxh3.digest(), key }, ids)
-        })
-        .collect();
-    let mut bundles = Vec::with_capacity(hashed_bundles.len());
-    for (bundle, ids) in hashed_bundles {
-        for (&m, id) in bundle.members.iter().zip(ids) {
-            segments[m].id = id;
-        }
-        bundles.push(bundle);
-    }
-    let hash = super::model::file_hash(map.len() as u64, segments.iter().map(|s| (s.range.end - s.range.start, s.id)));
-    (HashedSegments { segments, bundles }, hash)
-}
-
-/// The blake3 (its id) and xxh3-64 (which lets the store check that the bytes it codes are
-/// these, without a second blake3 pass: `Feedback::input_xxh3`) of `map[range]`. Block by block,
-/// so both read each block while it is in cache, and each block's pages leave the resident set
-/// once hashed (segments are hashed in parallel: without this, two 1 GiB tensors would be
-/// resident at once).
-fn hash_segment(map: &Map, range: Range<usize>) -> (ObjectId, u64) {
-    const BLOCK: usize = 8 << 20;
-    let mut blake3 = blake3::Hasher::new();
-    let mut xxh3 = xxhash_rust::xxh3::Xxh3::new();
-    for start in range.clone().step_by(BLOCK) {
-        let block = start..(start + BLOCK).min(range.end);
-        let bytes = &map[block.clone()];
-        // Side by side: the pool splits blake3's tree while one worker runs xxh3 over the block.
-        rayon::join(|| crate::object_id::hash_update(&mut blake3, bytes), || xxh3.update(bytes));
-        map.release(block);
-    }
-    (blake3.finalize().into(), xxh3.digest())
-}
-
-/// The storages of `map` if it is a `torch.save` archive and not a safetensors file (`header`).
-/// Anything the reader does not fully understand (a pickle with other globals or opcodes, a
-/// damaged or compressed archive) is `None`: the file is then stored as opaque bytes, never
-/// refused. Commit and `status` both call this, so both cut a file the same way.
-pub(super) fn torch_layout(map: &Map, header: Option<&safetensors::Header>) -> Option<torch_zip::Layout> {
-    if header.is_some() || !torch_zip::looks_like_zip(map) {
-        return None;
-    }
-    torch_zip::parse(map).ok()
-}
-
-/// Segments of a file of `len` bytes: a safetensors file as header, tensors (empty ones as
-/// zero-length segments) and gaps, in file order; a `torch.save` archive as its storages and
-/// the opaque ranges between them; anything else as one opaque segment.
-fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::Layout>) -> Vec<Planned> {
-    if let (None, Some(layout)) = (header, torch) {
-        return layout
-            .segments()
-            .into_iter()
-            .map(|(range, s)| Planned { range, dtype: s.map(|s| s.dtype), tensor: s.map(TensorRef::of_storage) })
-            .collect();
-    }
-    let Some(header) = header else {
-        return vec![Planned { range: 0..len, dtype: None, tensor: None }];
-    };
-    let mut out = vec![Planned { range: 0..header.data_start, dtype: None, tensor: None }];
-    let mut at = header.data_start;
-    for t in &header.tensors {
-        let tensor = Some(TensorRef::of(t));
-        if t.is_empty() {
-            out.push(Planned { range: at..at, dtype: Some(t.dtype), tensor });
-            continue;
-        }
-        if t.begin > at {
-            out.push(Planned { range: at..t.begin, dtype: None, tensor: None });
-        }
-        out.push(Planned { range: t.begin..t.end, dtype: Some(t.dtype), tensor });
-        at = t.end;
-    }
-    if at < len {
-        out.push(Planned { range: at..len, dtype: None, tensor: None });
-    }
-    out
-}
-
-/// Nanoseconds since the Unix epoch, now.
-pub(super) fn now_ns() -> i128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
-}
-
-/// A file's modification time in nanoseconds since the Unix epoch.
-pub(super) fn mtime_ns(m: &std::fs::Metadata) -> i128 {
-    match m.modified() {
-        Ok(t) => match t.duration_since(std::time::UNIX_EPOCH) {
-            Ok(d) => d.as_nanos() as i128,
-            Err(e) => -(e.duration().as_nanos() as i128),
-        },
-        Err(_) => 0,
-    }
+    let (HashedSegments { segments, bundles }, hash) = input.hash();
+    HashedFile { segments, bundles, hash, reference: reference.map(TensorBlobs::of).unwrap_or_default() }
 }
 
 #[cfg(test)]

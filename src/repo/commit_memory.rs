@@ -17,10 +17,9 @@
 //! name; the header from [`crate::safetensors::write_header`].
 
 use super::bundle::BundleCache;
-use super::commit::Input;
+use super::layout::{self, Input, Rules};
 use super::model::{Manifest, TensorRef};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
-use crate::mmap;
 use crate::safetensors;
 use crate::Dtype;
 use std::collections::{BTreeMap, HashSet};
@@ -188,14 +187,7 @@ impl OpenedFile {
     /// Opens `disk` for a later commit: a regular file (a named pipe, socket, device or
     /// directory is refused, naming it).
     pub fn open(disk: &Path) -> Result<OpenedFile> {
-        let file = mmap::open_regular(disk).map_err(|source| match source.kind() {
-            std::io::ErrorKind::InvalidInput => {
-                Error::InvalidPath { path: disk.to_path_buf(), reason: source.to_string() }
-            }
-            _ => Error::Io { action: "opening", path: disk.to_path_buf(), source },
-        })?;
-        let metadata =
-            file.metadata().map_err(|source| Error::Io { action: "reading", path: disk.to_path_buf(), source })?;
+        let (file, metadata) = layout::open_regular(disk, Rules::Commit)?;
         Ok(OpenedFile {
             file,
             disk: disk.to_path_buf(),
@@ -412,14 +404,7 @@ impl Repo {
         let (path, disk, file, metadata, in_working_tree) = match prepared {
             Prepared::Disk { disk, .. } => return self.read_input(disk),
             Prepared::DiskAs { path, disk } => {
-                let file = mmap::open_regular(disk).map_err(|source| match source.kind() {
-                    std::io::ErrorKind::InvalidInput => {
-                        Error::InvalidPath { path: disk.clone(), reason: source.to_string() }
-                    }
-                    _ => Error::Io { action: "opening", path: disk.clone(), source },
-                })?;
-                let metadata =
-                    file.metadata().map_err(|source| Error::Io { action: "reading", path: disk.clone(), source })?;
+                let (file, metadata) = layout::open_regular(disk, Rules::Commit)?;
                 let in_working_tree = disk.canonicalize().ok() == Some(path.under(self.root()));
                 (path, disk.clone(), file, metadata, in_working_tree)
             }
@@ -446,8 +431,7 @@ impl Repo {
                 (path, file.disk.clone(), handle, metadata, in_working_tree)
             }
         };
-        let map = mmap::map_input(&file).map_err(|source| Error::Io { action: "reading", path: disk, source })?;
-        let mut input = Input::parse(path.clone(), map, metadata, file)?;
+        let mut input = Input::from_file(&disk, path.clone(), file, metadata, Rules::Commit)?;
         input.in_working_tree = in_working_tree;
         Ok(input)
     }

@@ -12,8 +12,8 @@
 //! Each rewrite is atomic (temp object, fsync, rename over the old one), and a rewrite whose
 //! blob is a delta already is skipped, so an interrupted compaction is simply run again.
 
-use super::commit::{ReferenceFiles, FS_BLOCK};
-use super::model::{FileEntry, TensorRef, Version};
+use super::bundle::FS_BLOCK;
+use super::model::{FileEntry, Version};
 use super::{now_secs, Error, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::{self, DeltaOutcome, Store, Written};
@@ -212,34 +212,13 @@ impl Repo {
             keep.extend(m.blobs());
             manifests.push((f, m));
         }
-        let mut references = ReferenceFiles::new(Some(parent));
         let mut claimed = HashSet::new();
         let mut plan = Vec::new();
-        for (f, m) in &manifests {
-            let tensors: HashSet<TensorRef> = m.tensors().map(|(t, _)| t.clone()).collect();
-            let Some(reference) = references.for_file(self, &f.path, (!tensors.is_empty()).then_some(tensors)) else {
-                continue;
-            };
-            let older_of: std::collections::HashMap<&TensorRef, ObjectId> =
-                reference.tensors().filter_map(|(t, s)| Some((t, s.blob?))).collect();
-            // A bundle pairs with the reference file's bundle that starts with the same tensor
-            // (the rewrite checks that both have the same length).
-            let older_bundle: std::collections::HashMap<&TensorRef, ObjectId> = reference
-                .bundle_keys()
-                .into_iter()
-                .zip(&reference.bundles)
-                .filter_map(|(k, b)| Some((k?, b.blob)))
-                .collect();
-            let pairs = m.tensors().filter_map(|(t, seg)| Some((older_of.get(t)?, seg.blob?, seg.len)));
-            let bundle_pairs = m
-                .bundle_keys()
-                .into_iter()
-                .zip(&m.bundles)
-                .filter_map(|(k, b)| Some((older_bundle.get(k?)?, b.blob, b.len)));
-            for (&older, newer, len) in pairs.chain(bundle_pairs) {
-                if older != newer && !keep.contains(&older) && claimed.insert(older) {
-                    plan.push(Rewrite { older, newer, len });
-                }
+        // A bundle pairs with the reference file's bundle that starts with the same tensor (the
+        // rewrite checks that both have the same length).
+        for c in self.counterparts(manifests.iter().map(|(f, m)| (f.path.as_str(), m)), parent) {
+            if c.old != c.new && !keep.contains(&c.old) && claimed.insert(c.old) {
+                plan.push(Rewrite { older: c.old, newer: c.new, len: c.len });
             }
         }
         let stopped = AtomicBool::new(false);

@@ -8,7 +8,6 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
-use super::model::{Manifest, TensorRef};
 use super::remote::with_retries;
 use super::remote_delta::WireDelta;
 use super::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
@@ -84,18 +83,6 @@ impl std::io::Write for HeaderOnly {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-/// Pairs (blob in `m`, blob of the same tensor in `reference`): tensors by name, dtype and
-/// shape, bundles by their first tensor (as a commit matches them).
-pub(super) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(ObjectId, ObjectId)> {
-    let older_of: HashMap<&TensorRef, ObjectId> = reference.tensors().filter_map(|(t, s)| Some((t, s.blob?))).collect();
-    let older_bundle: HashMap<&TensorRef, ObjectId> =
-        reference.bundle_keys().into_iter().zip(&reference.bundles).filter_map(|(k, b)| Some((k?, b.blob))).collect();
-    let mut out: Vec<(ObjectId, ObjectId)> =
-        m.tensors().filter_map(|(t, seg)| Some((seg.blob?, *older_of.get(t)?))).collect();
-    out.extend(m.bundle_keys().into_iter().zip(&m.bundles).filter_map(|(k, b)| Some((b.blob, *older_bundle.get(k?)?))));
-    out
 }
 
 impl Repo {
@@ -247,7 +234,8 @@ impl Repo {
                 continue;
             }
             let (new_manifest, old_manifest) = (self.manifest(m)?, self.manifest(old)?);
-            for (new, reference) in same_tensor_blobs(&new_manifest, &old_manifest) {
+            for pair in new_manifest.same_tensor_blobs(&old_manifest) {
+                let (new, reference) = (pair.new, pair.old);
                 if new == reference
                     || plan.contains_key(&new)
                     || !needed.contains(&new)

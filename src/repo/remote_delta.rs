@@ -11,8 +11,7 @@
 //! push creates is at most `base_every` deltas deep (`base_every - 1` after the first interval),
 //! and each push costs what the local store grew by.
 
-use super::commit::ReferenceFiles;
-use super::model::{TensorRef, Version};
+use super::model::Version;
 use super::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
@@ -67,7 +66,13 @@ impl Repo {
                 }
             };
             let parent = self.version(parent_id)?;
-            for (new, old) in self.counterparts(&v, &parent)? {
+            // The files `v` changed, paired as the commit and the reverse-delta rewrite pair them.
+            let mut changed = Vec::new();
+            for f in v.files.iter().filter(|f| parent.file(&f.path).is_none_or(|p| p.manifest != f.manifest)) {
+                changed.push((f.path.as_str(), self.manifest(&f.manifest)?));
+            }
+            for pair in self.counterparts(changed.iter().map(|(path, m)| (*path, m)), &parent) {
+                let (new, old) = (pair.new, pair.old);
                 if new == old
                     || plan.contains_key(&new)
                     || !need_blobs.contains(&new)
@@ -111,24 +116,5 @@ impl Repo {
             }
             current = parent;
         }
-    }
-
-    /// Pairs (blob in `v`, blob of the same tensor in `parent`) for the files `v` changed, as
-    /// the commit and the reverse-delta rewrite match them.
-    fn counterparts(&self, v: &Version, parent: &Version) -> Result<Vec<(ObjectId, ObjectId)>> {
-        let mut references = ReferenceFiles::new(Some(parent));
-        let mut out = Vec::new();
-        for f in &v.files {
-            if parent.file(&f.path).is_some_and(|p| p.manifest == f.manifest) {
-                continue;
-            }
-            let m = self.manifest(&f.manifest)?;
-            let tensors: HashSet<TensorRef> = m.tensors().map(|(t, _)| t.clone()).collect();
-            let Some(reference) = references.for_file(self, &f.path, (!tensors.is_empty()).then_some(tensors)) else {
-                continue;
-            };
-            out.extend(super::file_objects::same_tensor_blobs(&m, &reference));
-        }
-        Ok(out)
     }
 }

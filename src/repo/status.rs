@@ -3,7 +3,7 @@
 //! a same-tick rewrite cannot hide) is not read; any other file is hashed. `checkout` and
 //! `switch` use the same comparison ([`Repo::observe`]) to find the changes they would destroy.
 
-use super::commit::{mtime_ns, now_ns};
+use super::layout::{Input, Rules};
 use super::{Head, Repo, RepoPath, Result, VersionId};
 use crate::index::StatRecord;
 use crate::object_id::ObjectId;
@@ -228,19 +228,30 @@ pub(super) fn stat_is_fresh(c: &StatRecord, meta: &std::fs::Metadata) -> bool {
 /// hashes as opaque bytes, as commit stores it (a `.safetensors` file that does not parse cannot be committed, so it never
 /// matches).
 pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
-    let err = |source| super::Error::Io { action: "reading", path: path.to_path_buf(), source };
     // Not `File::open`: a named pipe at a tracked path would block; and a guarded map, so that a
     // file truncated while it is hashed is reported, not a SIGBUS.
-    let file = crate::mmap::open_regular(path).map_err(err)?;
-    let stamp = crate::mmap::FileStamp::of(&file.metadata().map_err(err)?);
-    let map = crate::mmap::map_input(&file).map_err(err)?;
-    let header = crate::safetensors::parse(&map).ok();
-    let torch = super::commit::torch_layout(&map, header.as_ref());
-    let hash = super::commit::hash_content(&map, header.as_ref(), torch.as_ref()).1;
-    if stamp.changed(&file, &map) {
+    let input = Input::open(path, RepoPath::parse("file").expect("a valid path"), Rules::Hash)?;
+    let hash = input.hash().1;
+    if input.check_unchanged().is_err() {
         return Err(super::Error::ChangedWhileRead { path: path.to_path_buf() });
     }
     Ok(hash)
+}
+
+/// Nanoseconds since the Unix epoch, now.
+pub(super) fn now_ns() -> i128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// A file's modification time in nanoseconds since the Unix epoch.
+pub(super) fn mtime_ns(m: &std::fs::Metadata) -> i128 {
+    match m.modified() {
+        Ok(t) => match t.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => d.as_nanos() as i128,
+            Err(e) => -(e.duration().as_nanos() as i128),
+        },
+        Err(_) => 0,
+    }
 }
 
 #[cfg(test)]

@@ -3,12 +3,10 @@
 //! the current branch, so deltas, compaction, `verify` and `show` apply as to any commit), and
 //! [`Repo::write_stored_file`] writes a stored file back by its manifest, verified.
 
-use super::commit::{hash_content, Input};
+use super::layout::{Input, Rules};
 use super::model::{FileEntry, Manifest};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
-use crate::mmap;
 use crate::object_id::ObjectId;
-use crate::safetensors;
 use std::path::Path;
 
 /// A file stored by [`Repo::store_file`].
@@ -47,8 +45,8 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<StoredFile> {
-        let input = map_input(disk, path)?;
-        let manifest = manifest_of(&input);
+        let input = Input::open(disk, path.clone(), Rules::AnyContent)?;
+        let manifest = input.manifest();
         let bytes = manifest.to_bytes();
         let id = ObjectId::hash(&bytes);
         if self.store.contains(&id) {
@@ -206,32 +204,13 @@ impl Repo {
 /// (one hash pass): its segments, tensors and blob ids.
 pub fn manifest_of_file(disk: &Path) -> Result<Manifest> {
     let path = RepoPath::parse("file").expect("a valid path");
-    Ok(manifest_of(&map_input(disk, &path)?))
-}
-
-/// Maps and parses the file at `disk` as the content of `path`.
-fn map_input(disk: &Path, path: &RepoPath) -> Result<Input> {
-    let io = |action| move |source| Error::Io { action, path: disk.to_path_buf(), source };
-    // Refuses a named pipe before anything blocks; the map is guarded, so a spool truncated
-    // meanwhile is reported (`Input::check_unchanged`), not a SIGBUS.
-    let file = mmap::open_regular(disk).map_err(io("opening"))?;
-    let metadata = file.metadata().map_err(io("reading"))?;
-    let map = mmap::map_input(&file).map_err(io("reading"))?;
-    let header = safetensors::parse(&map).ok();
-    let torch = super::commit::torch_layout(&map, header.as_ref());
-    Ok(Input { path: path.clone(), map, header, torch, metadata, file, in_working_tree: true })
-}
-
-/// The manifest a commit writes for `input` (the same as `commit`'s `write_manifest`: pinned
-/// by `store_file_writes_the_manifest_commit_writes`).
-fn manifest_of(input: &Input) -> Manifest {
-    let (hashed, hash) = hash_content(&input.map, input.header.as_ref(), input.torch.as_ref());
-    super::commit::manifest_of(input, &hashed.segments, &hashed.bundles, hash)
+    Ok(Input::open(disk, path, Rules::AnyContent)?.manifest())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::safetensors;
     use crate::test_data;
 
     /// A safetensors file of two BF16 tensors (64 KiB and 16 KiB) of float-like values.
