@@ -23,10 +23,9 @@ pub(super) const FS_BLOCK: u64 = 4096;
 /// blob: a delta of their own, `show` and `diff` per object.)
 pub const BUNDLE_BELOW: u64 = FS_BLOCK;
 
-/// Largest bundle, in bytes. A bundle is decoded whole when its tensors are read (checkout,
-/// `diff`, verify), and one per dtype may be live at once: 4 MiB keeps that small while a
-/// bundle is still many chunks (each coded and checked on its own).
-pub const BUNDLE_MAX: u64 = 4 << 20;
+/// Largest bundle, in bytes (a cap every manifest read is checked against, hence defined with
+/// the manifest).
+pub(super) use super::model::BUNDLE_MAX;
 
 /// Fewest small tensors of one dtype worth a bundle: a single one is stored as its own blob,
 /// as before (a bundle of one would only add a level of indirection).

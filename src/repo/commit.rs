@@ -38,7 +38,7 @@ impl Repo {
     ///
     /// Files named `*.safetensors` must be valid safetensors; other files are stored tensor by
     /// tensor if they parse as safetensors, storage by storage if they are `torch.save` archives
-    /// ([`torch_zip`]), and as opaque bytes otherwise.
+    /// ([`crate::torch_zip`]), and as opaque bytes otherwise.
     pub fn commit<P: AsRef<Path>>(&self, paths: &[P], message: &str, options: &CommitOptions) -> Result<VersionId> {
         let _lock = self.lock()?;
         let inputs = self.read_inputs(paths)?;

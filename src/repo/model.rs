@@ -22,6 +22,11 @@ pub const MODEL_FORMAT: u32 = 2;
 /// format 2 still reads every other file.
 pub const BUNDLED_MANIFEST_FORMAT: u32 = 3;
 
+/// Largest bundle, in bytes. A bundle is decoded whole when its tensors are read (checkout,
+/// `diff`, verify), and one per dtype may be live at once: 4 MiB keeps that small while a
+/// bundle is still many chunks (each coded and checked on its own).
+pub(super) const BUNDLE_MAX: u64 = 4 << 20;
+
 /// Caps on what a manifest or version may hold (docs/format.md, "Caps on untrusted sizes").
 /// Manifests and versions arrive from remotes, so a reader must not let their bytes decide how
 /// much memory it uses: a 421 KiB object can decode to a gigabyte of JSON listing 12 million
@@ -392,8 +397,8 @@ impl Manifest {
             return Err(format!("a file of {} bytes (at most {})", self.len, limits::MAX_FILE_LEN));
         }
         for b in &self.bundles {
-            if b.len > super::bundle::BUNDLE_MAX || b.dtype.len() > limits::MAX_DTYPE_LEN {
-                return Err(format!("a bundle of {} bytes (at most {})", b.len, super::bundle::BUNDLE_MAX));
+            if b.len > BUNDLE_MAX || b.dtype.len() > limits::MAX_DTYPE_LEN {
+                return Err(format!("a bundle of {} bytes (at most {})", b.len, BUNDLE_MAX));
             }
         }
         for t in self.segments.iter().filter_map(|s| s.tensor.as_ref()) {
