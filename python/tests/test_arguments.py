@@ -48,8 +48,8 @@ TYPE_ERRORS = [
     ("names of a load not str", lambda r: r.load(names=[1]), "names: expected a str or a list of str"),
     ("files of a checkout not paths", lambda r: r.checkout(files=3), "files: expected a str or a list of str"),
     # Checked by the extension's argument conversion.
-    ("a revision not a str", lambda r: r.resolve(3), ""),
-    ("a read_file path not a str", lambda r: r.read_file(3), ""),
+    ("a revision not a str", lambda r: r.resolve(3), None),
+    ("a read_file path not a str", lambda r: r.read_file(3), None),
 ]
 
 VALUE_ERRORS = [
