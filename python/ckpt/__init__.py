@@ -111,7 +111,7 @@ def _as_bytes_view(name: str, x: Any):
 
         dtype = _TORCH_DTYPES.get(str(x.dtype))
         if dtype is None:
-            raise CkptError(f"tensor {name!r}: dtype {x.dtype} is not supported")
+            raise TypeError(f"tensor {name!r}: dtype {x.dtype} is not supported")
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -124,12 +124,12 @@ def _as_bytes_view(name: str, x: Any):
         if np.isscalar(x) and not isinstance(x, (str, bytes)):
             x = np.asarray(x)
         else:
-            raise CkptError(
+            raise TypeError(
                 f"tensor {name!r}: expected a numpy array or a torch tensor, got {type(x).__name__}"
             )
     dtype = _NUMPY_DTYPES.get(x.dtype.name)
     if dtype is None:
-        raise CkptError(f"tensor {name!r}: dtype {x.dtype} is not supported")
+        raise TypeError(f"tensor {name!r}: dtype {x.dtype} is not supported")
     if x.dtype.byteorder == ">":
         x = x.astype(x.dtype.newbyteorder("<"))
     shape = list(x.shape)
@@ -170,7 +170,7 @@ def _capture(
     views = []
     for name, value in tensors.items():
         if not isinstance(name, str):
-            raise CkptError(f"{path}: tensor names must be str, got {name!r}")
+            raise TypeError(f"{path}: tensor names must be str, got {name!r}")
         dtype, shape, view = _as_bytes_view(name, value)
         specs.append((name, dtype, shape))
         views.append(view)
@@ -216,11 +216,11 @@ def _str_list(value: Any, what: str, paths: bool = False) -> List[str]:
     if isinstance(value, single):
         return [os.fspath(value)]
     if isinstance(value, (bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
-        raise CkptError(f"{what}: expected a str or a list of str, got {type(value).__name__}")
+        raise TypeError(f"{what}: expected a str or a list of str, got {type(value).__name__}")
     out = []
     for item in value:
         if not isinstance(item, single):
-            raise CkptError(f"{what}: expected a str or a list of str, got an item {item!r}")
+            raise TypeError(f"{what}: expected a str or a list of str, got an item {item!r}")
         out.append(os.fspath(item))
     return out
 
@@ -448,28 +448,28 @@ class Repo:
         nothing raised it by the end, the process exits with status 1.
         """
         if not isinstance(files, Mapping):
-            raise CkptError(
+            raise TypeError(
                 "files: expected a dict of repository path -> source (a path on disk, a dict of "
                 f"tensors, or bytes), got {type(files).__name__}"
             )
         if not files:
             raise CkptError("nothing to commit: name the files to commit")
         if not isinstance(message, str):
-            raise CkptError(f"message: expected a str, got {type(message).__name__}")
+            raise TypeError(f"message: expected a str, got {type(message).__name__}")
         tags = _str_list(tags, "tags")
         if metadata is not None:
             if not isinstance(metadata, Mapping):
-                raise CkptError(f"metadata: expected a dict of path -> dict, got {type(metadata).__name__}")
+                raise TypeError(f"metadata: expected a dict of path -> dict, got {type(metadata).__name__}")
             for path, meta in metadata.items():
                 if path not in files or not isinstance(files[path], Mapping):
-                    raise CkptError(f"metadata: {path!r} is not a dict of tensors in this commit")
+                    raise ValueError(f"metadata: {path!r} is not a dict of tensors in this commit")
                 if not isinstance(meta, Mapping):
-                    raise CkptError(f"metadata for {path!r}: expected a dict of str -> str")
+                    raise TypeError(f"metadata for {path!r}: expected a dict of str -> str")
         for path, value in files.items():
             if not isinstance(path, str):
-                raise CkptError(f"{path!r}: repository paths must be str")
+                raise TypeError(f"{path!r}: repository paths must be str")
             if not isinstance(value, (Mapping, bytes, bytearray, memoryview, str, os.PathLike)):
-                raise CkptError(
+                raise TypeError(
                     f"{path}: expected a path on disk, a dict of tensors or bytes, got {type(value).__name__}"
                 )
         self._after_fork()
@@ -529,7 +529,7 @@ class Repo:
     def tag(self, name: str, rev: Optional[str] = None) -> str:
         """Tags `rev` (default HEAD) as `name`; returns the version id."""
         if not isinstance(name, str):
-            raise CkptError(f"tag name: expected a str, got {type(name).__name__}")
+            raise TypeError(f"tag name: expected a str, got {type(name).__name__}")
         _settle(self._key)
         return self._native.tag(name, rev)
 
@@ -576,7 +576,7 @@ class Repo:
         import numpy as np
 
         if framework not in ("numpy", "np", "pt", "torch"):
-            raise CkptError(f"framework {framework!r}: expected 'numpy' or 'pt'")
+            raise ValueError(f"framework {framework!r}: expected 'numpy' or 'pt'")
         wanted = None if names is None else _str_list(names, "names")
         _settle(self._key)
         if path is None:

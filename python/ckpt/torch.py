@@ -54,7 +54,7 @@ def flatten(value: Any, prefix: str, tensors: Dict[str, Any]) -> Any:
     if _is_tensor(value):
         name = prefix or "tensor"
         if name in tensors:
-            raise CkptError(f"two tensors at {name!r}")
+            raise ValueError(f"two tensors at {name!r}")
         tensors[name] = value
         return {_TENSOR: name}
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
@@ -67,12 +67,12 @@ def flatten(value: Any, prefix: str, tensors: Dict[str, Any]) -> Any:
             return {k: flatten(v, join(k), tensors) for k, v in value.items()}
         for k in value:
             if not isinstance(k, (str, int, bool, type(None), float)):
-                raise CkptError(f"{prefix or 'state'}: dict key {k!r} cannot be saved as JSON")
+                raise TypeError(f"{prefix or 'state'}: dict key {k!r} cannot be saved as JSON")
         return {_ITEMS: [[k, flatten(v, join(k), tensors)] for k, v in value.items()]}
     if isinstance(value, (list, tuple)):
         items = [flatten(v, f"{prefix}/{i}" if prefix else str(i), tensors) for i, v in enumerate(value)]
         return {_TUPLE: items} if isinstance(value, tuple) else items
-    raise CkptError(
+    raise TypeError(
         f"{prefix or 'state'}: a {type(value).__name__} cannot be saved as JSON "
         "(tensors, numbers, strings, None, lists, tuples and dicts can)"
     )

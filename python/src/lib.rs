@@ -21,7 +21,7 @@ use ckpt::repo::{
 };
 use ckpt::Dtype;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyTimeoutError};
+use pyo3::exceptions::{PyException, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -207,9 +207,7 @@ impl CommitHandle {
         let limit = match timeout {
             None => None,
             Some(t) if t >= 0.0 => Some(Duration::from_secs_f64(t.min(1e9))),
-            Some(t) => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!("timeout {t}: expected seconds >= 0")))
-            }
+            Some(t) => return Err(PyValueError::new_err(format!("timeout {t}: expected seconds >= 0"))),
         };
         let deadline = limit.map(|l| Instant::now() + l);
         loop {
@@ -427,7 +425,10 @@ fn sources(list: &Bound<'_, PyList>) -> PyResult<Vec<CommitSource>> {
             None
         } else {
             let disk: PathBuf = source.extract().map_err(|_| {
-                err(format!("{path}: expected a path on disk or a tensor image, got {}", type_name(&source)))
+                PyTypeError::new_err(format!(
+                    "{path}: expected a path on disk or a tensor image, got {}",
+                    type_name(&source)
+                ))
             })?;
             Some(OpenedFile::open(&disk).map_err(to_py)?)
         };
@@ -542,8 +543,10 @@ impl Repo {
         let specs = tensors
             .into_iter()
             .map(|(name, dtype, shape)| {
-                let dtype = Dtype::from_safetensors_name(&dtype)
-                    .ok_or_else(|| err(format!("{path}: tensor {name:?}: dtype {dtype} is not supported")))?;
+                // A wrong argument, not a failed operation: ValueError, as Python's own functions.
+                let dtype = Dtype::from_safetensors_name(&dtype).ok_or_else(|| {
+                    PyValueError::new_err(format!("{path}: tensor {name:?}: dtype {dtype} is not supported"))
+                })?;
                 Ok(TensorSpec { name, dtype, shape })
             })
             .collect::<PyResult<Vec<_>>>()?;

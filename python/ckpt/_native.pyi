@@ -1,0 +1,146 @@
+"""Type stubs of ``ckpt._native``, the Rust side of the package (python/src/lib.rs): the Python
+modules turn tensors into the layout it asks for and copy their bytes; everything else
+(committing, deltas, reading back) is the ``ckpt`` library. Use ``ckpt.Repo``, not this."""
+
+import os
+import pathlib
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
+
+_Path = Union[str, os.PathLike[str]]
+
+class CkptError(Exception):
+    """An error of a ckpt operation; its message is the CLI's."""
+
+def exit_with_failure() -> bool:
+    """Makes the process exit with status 1 once the interpreter is finalized (a background
+    commit failed and nobody was told). Returns whether that is in place; if not, the caller
+    exits itself."""
+
+class CommitHandle:
+    """A commit running in the background (``Repo.commit`` with ``background=True``)."""
+
+    def wait(self, timeout: Optional[float] = None) -> str:
+        """Waits for the commit (without holding the GIL) up to `timeout` seconds (``None``: as
+        long as it takes); returns the version id, or raises the commit's error (every time it
+        is called), or ``TimeoutError``. A negative `timeout` is a ``ValueError``."""
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits like ``wait()``, but neither raises the commit's error nor counts as reporting
+        it: whether it has finished."""
+    def done(self) -> bool:
+        """Whether the commit has finished (successfully or not). In a forked child, ``True``:
+        the commit runs in the parent, never here."""
+    @property
+    def error(self) -> Optional[str]:
+        """The commit's error message once it has failed; ``None`` while it runs, or if it
+        succeeded."""
+    @property
+    def reported(self) -> bool:
+        """Whether its outcome reached the caller (see ``mark_reported``)."""
+    def mark_reported(self) -> None:
+        """Records that the outcome was handed to someone who took charge of it (logged by a
+        training callback): the process then does not exit with status 1 for it."""
+    @property
+    def message(self) -> str:
+        """The commit's message."""
+    @property
+    def root(self) -> pathlib.Path:
+        """The root of the repository it commits to."""
+    @property
+    def ours(self) -> bool:
+        """Whether this process runs the commit (``False`` in a forked child)."""
+
+class MemoryImage:
+    """A safetensors file laid out in memory: the header written, each tensor's bytes to be
+    written by the caller (``os.pwrite(fd, buffer, start)``) before it is committed."""
+
+    @property
+    def fd(self) -> int:
+        """The memory file's descriptor (valid until the image is committed)."""
+    @property
+    def ranges(self) -> List[Tuple[int, int]]:
+        """``(start, end)`` of each tensor's bytes, in the order the tensors were given."""
+    @property
+    def len(self) -> int:
+        """The file's total length."""
+    @property
+    def path(self) -> str:
+        """The path it is committed under."""
+
+class Repo:
+    """An open repository."""
+
+    @staticmethod
+    def init(path: _Path) -> Repo:
+        """Creates a repository in `path` (created if missing)."""
+    @staticmethod
+    def discover(path: _Path) -> Repo:
+        """Opens the repository holding `path` (this directory or a parent, as the CLI finds
+        it)."""
+    def set_reuse_buffers(self, reuse: bool) -> None:
+        """Keep each capture's memory for the next capture of the same path (``True``), or free
+        it once committed (``False``, the default). Keeping it makes the next capture about 3x
+        faster (no page allocation) at the cost of holding one checkpoint's bytes between
+        commits."""
+    @property
+    def root(self) -> pathlib.Path:
+        """The working tree's root."""
+    def prepare(
+        self,
+        path: str,
+        tensors: Sequence[Tuple[str, str, Sequence[int]]],
+        metadata: Optional[Mapping[str, str]] = None,
+    ) -> MemoryImage:
+        """Lays out a safetensors file of `tensors` (``(name, dtype, shape)``, dtype a
+        safetensors name such as ``"F32"``; another name is a ``ValueError``) and `metadata` in
+        memory, as ``safetensors``' ``save_file`` would write it; the caller writes each
+        tensor's bytes at its range."""
+    def prepare_bytes(self, path: str, data: bytes) -> MemoryImage:
+        """A memory file holding `data` as it is, to commit under `path`."""
+    def check_tags(self, tags: Sequence[str]) -> None:
+        """Checks `tags` as a commit would before writing anything: valid names, each once,
+        none that exists as a tag or a branch."""
+    def commit(
+        self,
+        files: List[Tuple[str, Union[MemoryImage, _Path]]],
+        message: str,
+        tags: Sequence[str] = ...,
+        exact: bool = False,
+        background: bool = False,
+    ) -> Union[str, CommitHandle]:
+        """Commits `files` (a list of ``(path, MemoryImage | disk path)``; another source is a
+        ``TypeError``) with `message`, then tags the version with each of `tags`. With `exact`,
+        the version holds only these files. Everything is checked first (paths, tags; files on
+        disk are opened now, and read from there): an error is raised before anything is
+        written. Returns the version id; with `background`, a ``CommitHandle`` at once, the
+        commit running on another thread. The caller waits for an earlier background commit of
+        the repository first (the Python package does)."""
+    def resolve(self, rev: str) -> str:
+        """The full id of the version `rev` names."""
+    def log_json(self, rev: str = "HEAD") -> str:
+        """The history from `rev`, newest first, as ``ckpt log --json`` prints it (a JSON
+        string)."""
+    def files(self, rev: str = "HEAD") -> List[Tuple[str, str, int, str, str]]:
+        """The files of version `rev`: ``(path, format, length, file hash, manifest id)``,
+        format ``"safetensors"``, ``"torch"`` or ``"bytes"``."""
+    def read_tensors(
+        self, rev: str, path: str, names: Optional[Sequence[str]] = None
+    ) -> List[Tuple[str, str, List[int], bytearray]]:
+        """The tensors of `path` in `rev` whose names are in `names` (all if ``None``), read from
+        the store: a list of ``(name, dtype, shape, bytearray)``."""
+    def read_file(self, rev: str, path: str, limit: int = ...) -> bytes:
+        """The bytes of the (small) file `path` in `rev`, at most `limit` bytes (1 GiB by
+        default)."""
+    def checkout(
+        self,
+        rev: str = "HEAD",
+        output: Optional[_Path] = None,
+        files: Optional[Sequence[_Path]] = None,
+        force: bool = False,
+    ) -> List[str]:
+        """Writes the files of `rev` (all, or `files`) under `output` (default: the working
+        tree, which refuses to overwrite changes the repository does not hold unless `force`).
+        Returns the paths written."""
+    def tag(self, name: str, rev: Optional[str] = None) -> str:
+        """Tags `rev` (default ``HEAD``) as `name`."""
+    def tags(self) -> List[Tuple[str, str]]:
+        """Every tag and its version id."""
