@@ -49,6 +49,7 @@ pub mod remote;
 pub mod repo;
 pub mod safetensors;
 pub mod store;
+pub mod sync;
 #[cfg(test)]
 mod test_data;
 pub mod torch_zip;

@@ -571,7 +571,7 @@ impl Repo {
 }
 
 /// The files of the reference version, for finding each input's reference manifest.
-pub(super) struct ReferenceFiles<'v> {
+pub(crate) struct ReferenceFiles<'v> {
     version: Option<&'v Version>,
     /// The reference version's files, most recently changed first (see [`Self::by_recency`]),
     /// computed on first need.
@@ -585,7 +585,7 @@ pub(super) struct ReferenceFiles<'v> {
 const RECENCY_WALK: usize = 32;
 
 impl<'v> ReferenceFiles<'v> {
-    pub(super) fn new(version: Option<&'v Version>) -> Self {
+    pub(crate) fn new(version: Option<&'v Version>) -> Self {
         ReferenceFiles { version, recency: None, manifests: HashMap::new() }
     }
 
@@ -613,7 +613,7 @@ impl<'v> ReferenceFiles<'v> {
 
     /// [`Self::for_input`] for a file at `path` whose `tensors` are given (`None`: not a
     /// safetensors file).
-    pub(super) fn for_file(
+    pub(crate) fn for_file(
         &mut self,
         repo: &Repo,
         path: &str,

@@ -76,7 +76,7 @@ impl Repo {
 
     /// The index, opened (and rebuilt if needed) on first call; `None` when another process
     /// holds it or it cannot be rebuilt.
-    pub(super) fn index(&self) -> Option<&Index> {
+    pub(crate) fn index(&self) -> Option<&Index> {
         self.index.get_or_init(|| self.open_index()).as_ref()
     }
 
@@ -92,14 +92,14 @@ impl Repo {
         }
     }
 
-    pub(super) fn index_object(&self, w: &store::Written) {
+    pub(crate) fn index_object(&self, w: &store::Written) {
         if let Some(ix) = self.open_index_or_journal(|| JournalEntry::Object(w.id)) {
             // The index is a cache: a failed insert only costs speed later.
             let _ = ix.put_object(&w.id, &object_record_of(&w.header, w.stored_len));
         }
     }
 
-    pub(super) fn index_version(&self, id: &VersionId, v: &Version) {
+    pub(crate) fn index_version(&self, id: &VersionId, v: &Version) {
         if let Some(ix) = self.open_index_or_journal(|| JournalEntry::Version(*id)) {
             let _ = ix.put_version(id, &version_record(v));
         }
@@ -164,7 +164,7 @@ impl Repo {
     }
 
     /// Flushes the index if it was opened, and appends what was kept for the journal.
-    pub(super) fn flush_index(&self) {
+    pub(crate) fn flush_index(&self) {
         if let Some(Some(ix)) = self.index.get() {
             let _ = ix.flush();
         }

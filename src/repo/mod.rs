@@ -13,25 +13,21 @@
 //! unreferenced objects, which `gc` deletes. This module never speaks git or clap.
 
 mod bundle;
-mod checkout;
-mod commit;
+pub(crate) mod checkout;
+pub(crate) mod commit;
 mod commit_memory;
 mod compact;
 mod config;
 mod error;
-mod file_objects;
 mod gc;
 mod index_cache;
 mod inspect;
-mod lock;
+pub(crate) mod lock;
 mod model;
-mod partial;
 mod path;
 mod reachable;
 mod refs;
-mod remote;
-mod remote_delta;
-mod revision;
+pub(crate) mod revision;
 mod status;
 mod store_file;
 mod verify;
@@ -46,7 +42,7 @@ pub use commit_memory::{
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use error::{Error, Result};
-pub use file_objects::{FileTransfer, KeepReport};
+pub use crate::sync::file_objects::{FileTransfer, KeepReport};
 pub use gc::GcReport;
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
@@ -56,11 +52,11 @@ pub use model::{
     file_hash, limits, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
     MODEL_FORMAT,
 };
-pub use partial::PartialClone;
+pub use crate::sync::partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};
-pub use remote::{absolute_dir_url, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
+pub use crate::sync::remote::{absolute_dir_url, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
@@ -71,7 +67,7 @@ use crate::object_id::ObjectId;
 use crate::store::{self, ObjectKind, Store};
 use error::io;
 use lock::WriterLock;
-use refs::Refs;
+pub(crate) use refs::Refs;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -154,9 +150,9 @@ pub struct BranchInfo {
 
 /// An open repository.
 pub struct Repo {
-    root: PathBuf,
-    dir: PathBuf,
-    store: Store,
+    pub(crate) root: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) store: Store,
     /// The index, opened on first use ([`Repo::index`]): a command that needs no cache (a
     /// checkout to `--output`) never pays sled's start-up (a snapshot write, two fsyncs, its
     /// cache: 35–40 MiB of RSS) nor contends for its lock.
@@ -165,10 +161,10 @@ pub struct Repo {
     /// [`Repo::flush_index`] for the next process that opens it ([`index::Journal`]): a commit
     /// or checkout does not pay sled's start-up for a cache it does not read.
     unjournaled: Mutex<Vec<JournalEntry>>,
-    refs: Refs,
-    config: Config,
-    progress: Arc<dyn Progress>,
-    lock_timeout: Duration,
+    pub(crate) refs: Refs,
+    pub(crate) config: Config,
+    pub(crate) progress: Arc<dyn Progress>,
+    pub(crate) lock_timeout: Duration,
     /// Each version read by [`Repo::ancestor_since_base`] as (`since_base`, first parent):
     /// versions are immutable, and a commit walks up to `base_every` of them to find its pinned
     /// base, so a process committing many versions (the library, the git filter) would otherwise
@@ -297,7 +293,7 @@ impl Repo {
         self.lock_timeout = timeout;
     }
 
-    fn lock(&self) -> Result<WriterLock> {
+    pub(crate) fn lock(&self) -> Result<WriterLock> {
         WriterLock::acquire(&self.dir.join("lock"), self.lock_timeout)
     }
 

@@ -11,9 +11,9 @@
 //! - A remote ref moves by compare-and-swap against the state the pusher read, and only
 //!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
 
-use super::lock::WriterLock;
-use super::remote_delta::WireDelta;
-use super::{check_name, Error, Head, Needed, RefKind, Repo, Result, VersionId};
+use crate::repo::lock::WriterLock;
+use super::wire_delta::WireDelta;
+use crate::repo::{check_name, Error, Head, Needed, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Remote, S3Options, UploadMode, Uploaded};
 use crate::store::{ObjectKind, HEADER_LEN};
@@ -174,7 +174,7 @@ fn parse_ref(remote: &dyn Remote, key: &str, bytes: &[u8]) -> Result<VersionId> 
 /// is arriving), on the store's file system (so a verified object is stored by a rename).
 /// A lock file inside tells a live fetch's directory from one left by a killed fetch, which
 /// the next fetch deletes. Dropped: the directory and what is left in it are deleted.
-pub(super) struct Staging {
+pub(crate) struct Staging {
     _lock: std::fs::File,
     dir: tempfile::TempDir,
 }
@@ -183,7 +183,7 @@ pub(super) struct Staging {
 const INCOMING_DIR: &str = "incoming";
 
 impl Staging {
-    pub(super) fn create(ckpt_dir: &Path) -> Result<Staging> {
+    pub(crate) fn create(ckpt_dir: &Path) -> Result<Staging> {
         let incoming = ckpt_dir.join(INCOMING_DIR);
         std::fs::create_dir_all(&incoming).map_err(|e| Error::Io {
             action: "creating",
@@ -252,7 +252,7 @@ const OBJECT_ATTEMPTS: u32 = 4;
 /// after a transport or server error. Safe for objects only: an object key's content is fixed
 /// by its id, so a repeated upload is create-if-absent (finding the first one's bytes there
 /// is success) and a repeated download starts a fresh temp file.
-pub(super) fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+pub(crate) fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
     let mut attempt = 1;
     loop {
         match f() {
@@ -702,7 +702,7 @@ impl Repo {
     /// Codes blob `id` as planned and uploads it (create-only, with retries): its length on the
     /// wire and whether it was created; `None` when the delta would not be smaller (the caller
     /// then uploads the object as it is).
-    pub(super) fn upload_wire_delta(
+    pub(crate) fn upload_wire_delta(
         &self,
         remote: &dyn Remote,
         id: &ObjectId,
@@ -717,7 +717,7 @@ impl Repo {
 
     /// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
     /// `None` when that would not be smaller than its object here (it then goes up as it is).
-    pub(super) fn encode_wire_delta(
+    pub(crate) fn encode_wire_delta(
         &self,
         id: &ObjectId,
         plan: &WireDelta,
@@ -822,7 +822,7 @@ impl Repo {
     }
 
     /// Downloads one object into a temp file of the store (not stored yet).
-    pub(super) fn receive(
+    pub(crate) fn receive(
         &self,
         remote: &dyn Remote,
         id: &ObjectId,
@@ -832,7 +832,7 @@ impl Repo {
     }
 
     /// Downloads one object into `stage`, reopened for reading.
-    pub(super) fn receive_staged(
+    pub(crate) fn receive_staged(
         &self,
         remote: &dyn Remote,
         id: &ObjectId,
@@ -867,7 +867,7 @@ impl Repo {
         Ok(tmp.into_temp_path())
     }
 
-    pub(super) fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
+    pub(crate) fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
         let file = std::fs::File::open(&path).map_err(|e| Error::Io {
             action: "opening",
             path: path.to_path_buf(),
@@ -885,7 +885,7 @@ impl Repo {
     /// With `depth`, only versions fewer than `depth` parents away from a root are downloaded
     /// (a partial clone); those whose parents stay behind are recorded as cut versions of
     /// remote `remote_name` (partial.rs) before anything is stored.
-    pub(super) fn download(
+    pub(crate) fn download(
         &self,
         remote: &dyn Remote,
         roots: &[VersionId],
@@ -932,7 +932,7 @@ impl Repo {
     /// the lock is held for local work only (docs/architecture.md, "What the lock covers").
     /// If something the download took as present here is gone when the lock is taken (a gc
     /// ran meanwhile), the download is done again under the lock.
-    pub(super) fn download_then_lock(
+    pub(crate) fn download_then_lock(
         &self,
         remote: &dyn Remote,
         roots: &[VersionId],
@@ -1014,13 +1014,13 @@ impl Repo {
                 continue;
             }
             let tmp = Self::reopen(self.receive_into(remote, &id, &received, dir)?)?;
-            let version = super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
+            let version = crate::repo::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
             for file in &version.files {
                 if contains(&file.manifest, &mut staged.assumed) || !seen.insert(file.manifest) {
                     continue;
                 }
                 let mtmp = Self::reopen(self.receive_into(remote, &file.manifest, &received, dir)?)?;
-                let manifest = super::Manifest::parse(
+                let manifest = crate::repo::Manifest::parse(
                     file.manifest,
                     &self.store.read_received(&file.manifest, ObjectKind::Manifest, &mtmp)?,
                 )?;
@@ -1152,7 +1152,7 @@ impl Repo {
             for id in ready {
                 let (_, path) = left.remove(&id).expect("ready is left");
                 let tmp = Self::reopen(path)?;
-                let version = super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
+                let version = crate::repo::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?;
                 let written = self.store.import(&id, Some(ObjectKind::Version), tmp)?;
                 self.index_object(&written);
                 self.index_version(&id, &version);
@@ -1204,7 +1204,7 @@ impl Repo {
             _ => {
                 // As `switch` does: refuses (naming them) to overwrite modified or untracked files
                 // and removes the files the new tip no longer holds.
-                let target = super::checkout::Target {
+                let target = crate::repo::checkout::Target {
                     files: None,
                     output_dir: None,
                     filter: None,
@@ -1246,7 +1246,7 @@ impl Repo {
         let mut parent_since_base = self.version(onto)?.since_base;
         for old in chain.into_iter().rev() {
             let since_base = if parent_since_base + 1 < base_every { parent_since_base + 1 } else { 0 };
-            let version = super::Version {
+            let version = crate::repo::Version {
                 parents: vec![parent],
                 since_base,
                 // The objects are shared with the old version: this one adds none.
@@ -1271,7 +1271,7 @@ impl Repo {
         dir: &Path,
         s3: S3Options,
         transfers: usize,
-        progress: Option<std::sync::Arc<dyn super::Progress>>,
+        progress: Option<std::sync::Arc<dyn crate::repo::Progress>>,
     ) -> Result<(Repo, FetchReport)> {
         Self::clone_with_depth(url, dir, s3, transfers, progress, None)
     }
@@ -1283,7 +1283,7 @@ impl Repo {
         dir: &Path,
         s3: S3Options,
         transfers: usize,
-        progress: Option<std::sync::Arc<dyn super::Progress>>,
+        progress: Option<std::sync::Arc<dyn crate::repo::Progress>>,
         depth: Option<usize>,
     ) -> Result<(Repo, FetchReport)> {
         remote::check_no_secrets(url)?;
@@ -1346,7 +1346,7 @@ impl Repo {
         dir: &Path,
         s3: S3Options,
         transfers: usize,
-        progress: Option<std::sync::Arc<dyn super::Progress>>,
+        progress: Option<std::sync::Arc<dyn crate::repo::Progress>>,
         depth: Option<usize>,
     ) -> Result<(Repo, FetchReport)> {
         let only_branch = match depth {
@@ -1365,7 +1365,7 @@ impl Repo {
                     .map(str::to_string)
                     .collect();
                 branches.sort();
-                match branches.iter().position(|b| b == super::DEFAULT_BRANCH) {
+                match branches.iter().position(|b| b == crate::repo::DEFAULT_BRANCH) {
                     Some(i) => Some(branches.swap_remove(i)),
                     None => branches.into_iter().next(),
                 }
@@ -1387,15 +1387,15 @@ impl Repo {
             .filter(|u| u.kind == "branch")
             .filter_map(|u| u.name.strip_prefix("origin/").map(str::to_string))
             .collect();
-        let branch = if branches.iter().any(|b| b == super::DEFAULT_BRANCH) {
-            Some(super::DEFAULT_BRANCH.to_string())
+        let branch = if branches.iter().any(|b| b == crate::repo::DEFAULT_BRANCH) {
+            Some(crate::repo::DEFAULT_BRANCH.to_string())
         } else {
             branches.first().cloned()
         };
         if let Some(branch) = branch {
             let tip = repo.refs.get_remote("origin", &branch)?.expect("just fetched");
             let target =
-                super::checkout::Target { files: None, output_dir: None, filter: None, force: false, switching: false };
+                crate::repo::checkout::Target { files: None, output_dir: None, filter: None, force: false, switching: false };
             repo.checkout_version(&tip, &target)?;
             repo.refs.set(RefKind::Branch, &branch, &tip)?;
             repo.refs.set_head(&Head::Branch(branch))?;

@@ -5,7 +5,7 @@
 //! on its missing parent, and `ckpt checkout` of a version outside the depth downloads that
 //! version from the remote (`Repo::fetch_revision`), which becomes one more cut version.
 
-use super::{Error, Repo, Result, VersionId};
+use crate::repo::{Error, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::remote::Remote;
 use crate::store::ObjectKind;
@@ -38,7 +38,7 @@ impl Repo {
     }
 
     /// The cut versions (empty for a full repository).
-    pub(super) fn cut_versions(&self) -> Result<HashSet<VersionId>> {
+    pub(crate) fn cut_versions(&self) -> Result<HashSet<VersionId>> {
         Ok(self.partial_clone()?.map(|p| p.cut.into_iter().collect()).unwrap_or_default())
     }
 
@@ -53,7 +53,7 @@ impl Repo {
 
     /// The parents of version `id` (with `parents` read from it) that a walk over history
     /// follows: all of them, except a cut version's parents that are not here.
-    pub(super) fn parents_here(
+    pub(crate) fn parents_here(
         &self,
         cut: &HashSet<VersionId>,
         id: &VersionId,
@@ -64,7 +64,7 @@ impl Repo {
 
     /// Records `ids` as cut versions of a partial clone of remote `remote`. Written before the
     /// versions are stored, so that no version lacking its parents is ever unaccounted for.
-    pub(super) fn add_cut(&self, remote: &str, ids: &[VersionId]) -> Result<()> {
+    pub(crate) fn add_cut(&self, remote: &str, ids: &[VersionId]) -> Result<()> {
         let mut partial = self.partial_clone()?.unwrap_or_else(|| PartialClone { remote: remote.into(), cut: vec![] });
         for id in ids {
             if !partial.cut.contains(id) {
@@ -79,9 +79,9 @@ impl Repo {
     /// Refuses a push that would name, on the remote, a version whose parents neither the
     /// remote (`on_remote`) nor the push hold: a partial clone can push what it builds on top
     /// of its remote's history, not history it never had.
-    pub(super) fn check_pushable(
+    pub(crate) fn check_pushable(
         &self,
-        need: &[super::Needed],
+        need: &[crate::repo::Needed],
         on_remote: &dyn Fn(&ObjectId) -> bool,
         url: &str,
     ) -> Result<()> {
@@ -118,7 +118,7 @@ impl Repo {
         if resolved.is_ok() {
             return resolved;
         }
-        let Some((base, steps)) = super::revision::split_ancestry(rev) else { return resolved };
+        let Some((base, steps)) = crate::repo::revision::split_ancestry(rev) else { return resolved };
         let start = match self.resolve_base(base) {
             Ok(id) => id,
             Err(_) if base.len() == 64 => match base.parse::<VersionId>() {
@@ -143,7 +143,7 @@ impl Repo {
         })?;
         if !self.store.contains(&target) {
             // Downloaded without the writer lock, stored under it.
-            let mut report = super::FetchReport::default();
+            let mut report = crate::repo::FetchReport::default();
             self.download_then_lock(remote.as_ref(), &[target], transfers, &mut report, Some(1), &partial.remote)
                 .map_err(unreachable)?;
         }
@@ -166,7 +166,7 @@ impl Repo {
                     None => stage.insert(super::remote::Staging::create(&self.dir)?),
                 };
                 let tmp = self.receive_staged(remote, &id, dir)?;
-                super::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?
+                crate::repo::Version::parse(id, &self.store.read_received(&id, ObjectKind::Version, &tmp)?)?
             };
             id = *version.parents.first().ok_or_else(|| Error::UnknownRevision {
                 rev: rev.to_string(),

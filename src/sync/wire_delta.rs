@@ -11,9 +11,9 @@
 //! push creates is at most `base_every` deltas deep (`base_every - 1` after the first interval),
 //! and each push costs what the local store grew by.
 
-use super::commit::ReferenceFiles;
-use super::model::{TensorRef, Version};
-use super::{Repo, Result, VersionId};
+use crate::repo::commit::ReferenceFiles;
+use crate::repo::{TensorRef, Version};
+use crate::repo::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
 use std::collections::hash_map::Entry;
@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 
 /// How one blob goes up: coded against a blob the remote holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct WireDelta {
+pub(crate) struct WireDelta {
     /// The blob it is coded against (on the remote already, with everything it needs).
     pub reference: ObjectId,
     /// The depth its chain will have on the remote (written into its header).
@@ -34,7 +34,7 @@ impl Repo {
     /// name, dtype and shape, as commit matches them; bundles by their first tensor) the
     /// version's first parent holds in another blob that the remote has (`on_remote`) and that
     /// entered history inside the version's interval (`wire_interval`).
-    pub(super) fn plan_wire_deltas(
+    pub(crate) fn plan_wire_deltas(
         &self,
         versions: &[VersionId],
         need_blobs: &HashSet<ObjectId>,

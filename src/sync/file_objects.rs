@@ -8,10 +8,10 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
-use super::model::{Manifest, TensorRef};
+use crate::repo::{Manifest, TensorRef};
 use super::remote::with_retries;
-use super::remote_delta::WireDelta;
-use super::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
+use super::wire_delta::WireDelta;
+use crate::repo::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote, UploadMode, Uploaded};
 use crate::store::{ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH};
@@ -88,7 +88,7 @@ impl std::io::Write for HeaderOnly {
 
 /// Pairs (blob in `m`, blob of the same tensor in `reference`): tensors by name, dtype and
 /// shape, bundles by their first tensor (as a commit matches them).
-pub(super) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(ObjectId, ObjectId)> {
+pub(crate) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(ObjectId, ObjectId)> {
     let older_of: HashMap<&TensorRef, ObjectId> = reference.tensors().filter_map(|(t, s)| Some((t, s.blob?))).collect();
     let older_bundle: HashMap<&TensorRef, ObjectId> =
         reference.bundle_keys().into_iter().zip(&reference.bundles).filter_map(|(k, b)| Some((k?, b.blob))).collect();
@@ -318,7 +318,7 @@ impl Repo {
         }
         self.progress.start("fetch", 0);
         let mtmp = self.receive_object(remote, manifest, &mut report)?;
-        let m = super::Manifest::parse(*manifest, &self.store.read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
+        let m = crate::repo::Manifest::parse(*manifest, &self.store.read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
         // Blobs: received one by one; each is stored as soon as its reference is here, else it
         // waits and the reference is fetched.
         let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
@@ -433,7 +433,7 @@ impl Repo {
         let lock = self.lock()?;
         if !dry_run && self.has_pending_deltas() {
             // Deferred rewrites name versions this gc replaces: done first, while they exist.
-            self.compact_locked(&super::CompactOptions::default())?;
+            self.compact_locked(&crate::repo::CompactOptions::default())?;
         }
         let live = live()?;
         let present: Vec<ObjectId> = {
@@ -446,8 +446,8 @@ impl Repo {
         let head = self.refs.head()?;
         let head_version = self.refs.head_version()?;
         let current_branch = match &head {
-            super::Head::Branch(b) => Some(b.clone()),
-            super::Head::Detached(_) => None,
+            crate::repo::Head::Branch(b) => Some(b.clone()),
+            crate::repo::Head::Detached(_) => None,
         };
         // Roots that stay: everything `gc` keeps (Repo::roots: every ref in any namespace, a
         // detached HEAD, the records) except the current branch, whose history this gc replaces
@@ -490,7 +490,7 @@ impl Repo {
         self.index_version(&written.id, &root);
         match &current_branch {
             Some(b) => self.refs.set(RefKind::Branch, b, &written.id)?,
-            None => self.refs.set_head(&super::Head::Detached(written.id))?,
+            None => self.refs.set_head(&crate::repo::Head::Detached(written.id))?,
         }
         self.reset_path_records(&written.id, &root)?;
         self.progress.start("gc", doomed.len() as u64);
@@ -517,7 +517,7 @@ impl Repo {
     /// files at all when nothing is live). Returns its id and the version.
     fn live_version(&self, head: Option<VersionId>, live: &[ObjectId]) -> Result<(VersionId, Version)> {
         let live_set: HashSet<ObjectId> = live.iter().copied().collect();
-        let mut files: std::collections::BTreeMap<String, super::FileEntry> = std::collections::BTreeMap::new();
+        let mut files: std::collections::BTreeMap<String, crate::repo::FileEntry> = std::collections::BTreeMap::new();
         let mut placed = HashSet::new();
         let mut versions: HashMap<VersionId, Version> = HashMap::new();
         let mut candidates: Vec<(String, VersionId)> = self.path_records()?;
@@ -548,13 +548,13 @@ impl Repo {
                 let path = format!("gc-kept/{m}");
                 files.insert(
                     path.clone(),
-                    super::FileEntry { path, manifest: *m, len: manifest.len, hash: manifest.hash },
+                    crate::repo::FileEntry { path, manifest: *m, len: manifest.len, hash: manifest.hash },
                 );
             }
         }
-        let files: Vec<super::FileEntry> = files.into_values().collect();
+        let files: Vec<crate::repo::FileEntry> = files.into_values().collect();
         let version = Version {
-            format: super::MODEL_FORMAT,
+            format: crate::repo::MODEL_FORMAT,
             parents: Vec::new(),
             time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
