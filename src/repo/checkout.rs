@@ -74,7 +74,7 @@ impl TensorFilter {
 }
 
 /// How [`Repo::checkout_version`] writes a version: the internal form of [`CheckoutOptions`].
-pub(crate) struct Target<'a> {
+pub(super) struct Target<'a> {
     /// Only these files.
     pub files: Option<&'a [PathBuf]>,
     /// Instead of the working tree.
@@ -330,7 +330,7 @@ impl Repo {
         self.checkout_version(&id, &target)
     }
 
-    pub(crate) fn checkout_version(&self, id: &VersionId, target: &Target<'_>) -> Result<CheckoutSummary> {
+    pub(super) fn checkout_version(&self, id: &VersionId, target: &Target<'_>) -> Result<CheckoutSummary> {
         let filter = target.filter;
         let version = self.version(id)?;
         let selected: Vec<&FileEntry> = match target.files {

@@ -75,7 +75,7 @@ impl Repo {
     /// the version stays in `.ckpt/pending-deltas`, so the next compaction retries it (the
     /// rewrites it did finish are deltas already and are skipped then). A compaction that leaves
     /// nothing pending empties the log: whatever failed before is done.
-    pub(crate) fn compact_locked(&self, options: &CompactOptions) -> Result<CompactReport> {
+    pub(super) fn compact_locked(&self, options: &CompactOptions) -> Result<CompactReport> {
         let mut pending = self.pending_deltas()?;
         let mut report = CompactReport::default();
         let stop = || options.yield_to_writers && self.writer_waiting();
@@ -183,12 +183,12 @@ impl Repo {
     }
 
     /// The versions in `.ckpt/pending-deltas`, oldest first.
-    pub(crate) fn pending_deltas(&self) -> Result<Vec<VersionId>> {
+    pub(super) fn pending_deltas(&self) -> Result<Vec<VersionId>> {
         self.read_list(PENDING_FILE, "pending deltas")
     }
 
     /// Replaces `.ckpt/pending-deltas` (no fsync: losing the file costs space, not data).
-    pub(crate) fn write_pending_deltas(&self, pending: &[VersionId]) -> Result<()> {
+    pub(super) fn write_pending_deltas(&self, pending: &[VersionId]) -> Result<()> {
         self.write_list(PENDING_FILE, pending)
     }
 

@@ -76,7 +76,7 @@ impl Repo {
 
     /// The index, opened (and rebuilt if needed) on first call; `None` when another process
     /// holds it or it cannot be rebuilt.
-    pub(crate) fn index(&self) -> Option<&Index> {
+    pub(super) fn index(&self) -> Option<&Index> {
         self.index.get_or_init(|| self.open_index()).as_ref()
     }
 
@@ -92,14 +92,14 @@ impl Repo {
         }
     }
 
-    pub(crate) fn index_object(&self, w: &store::Written) {
+    pub(super) fn index_object(&self, w: &store::Written) {
         if let Some(ix) = self.open_index_or_journal(|| JournalEntry::Object(w.id)) {
             // The index is a cache: a failed insert only costs speed later.
             let _ = ix.put_object(&w.id, &object_record_of(&w.header, w.stored_len));
         }
     }
 
-    pub(crate) fn index_version(&self, id: &VersionId, v: &Version) {
+    pub(super) fn index_version(&self, id: &VersionId, v: &Version) {
         if let Some(ix) = self.open_index_or_journal(|| JournalEntry::Version(*id)) {
             let _ = ix.put_version(id, &version_record(v));
         }

@@ -13,8 +13,8 @@
 //! unreferenced objects, which `gc` deletes. This module never speaks git or clap.
 
 mod bundle;
-pub(crate) mod checkout;
-pub(crate) mod commit;
+mod checkout;
+mod commit;
 mod commit_memory;
 mod compact;
 mod config;
@@ -22,12 +22,13 @@ mod error;
 mod gc;
 mod index_cache;
 mod inspect;
-pub(crate) mod lock;
+mod lock;
 mod model;
+mod partial;
 mod path;
 mod reachable;
 mod refs;
-pub(crate) mod revision;
+mod revision;
 mod status;
 mod store_file;
 mod verify;
@@ -42,8 +43,7 @@ pub use commit_memory::{
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use error::{Error, Result};
-pub use crate::sync::file_objects::{FileTransfer, KeepReport};
-pub use gc::GcReport;
+pub use gc::{GcReport, KeepReport};
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
     TensorDiff, TensorName,
@@ -52,11 +52,10 @@ pub use model::{
     file_hash, limits, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
     MODEL_FORMAT,
 };
-pub use crate::sync::partial::PartialClone;
+pub use partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};
-pub use crate::sync::remote::{absolute_dir_url, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
@@ -65,9 +64,12 @@ pub use watch::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};
 use crate::object_id::ObjectId;
 use crate::store::{self, ObjectKind, Store};
+pub(crate) use commit::ReferenceFiles;
+pub(crate) use error::dirty_message;
 use error::io;
-use lock::WriterLock;
+pub(crate) use lock::WriterLock;
 pub(crate) use refs::Refs;
+pub(crate) use revision::split_ancestry;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -150,9 +152,9 @@ pub struct BranchInfo {
 
 /// An open repository.
 pub struct Repo {
-    pub(crate) root: PathBuf,
-    pub(crate) dir: PathBuf,
-    pub(crate) store: Store,
+    root: PathBuf,
+    dir: PathBuf,
+    store: Store,
     /// The index, opened on first use ([`Repo::index`]): a command that needs no cache (a
     /// checkout to `--output`) never pays sled's start-up (a snapshot write, two fsyncs, its
     /// cache: 35–40 MiB of RSS) nor contends for its lock.
@@ -161,10 +163,10 @@ pub struct Repo {
     /// [`Repo::flush_index`] for the next process that opens it ([`index::Journal`]): a commit
     /// or checkout does not pay sled's start-up for a cache it does not read.
     unjournaled: Mutex<Vec<JournalEntry>>,
-    pub(crate) refs: Refs,
-    pub(crate) config: Config,
-    pub(crate) progress: Arc<dyn Progress>,
-    pub(crate) lock_timeout: Duration,
+    refs: Refs,
+    config: Config,
+    progress: Arc<dyn Progress>,
+    lock_timeout: Duration,
     /// Each version read by [`Repo::ancestor_since_base`] as (`since_base`, first parent):
     /// versions are immutable, and a commit walks up to `base_every` of them to find its pinned
     /// base, so a process committing many versions (the library, the git filter) would otherwise
@@ -293,8 +295,61 @@ impl Repo {
         self.lock_timeout = timeout;
     }
 
+    // ---- the crate surface for `crate::sync` ------------------------------------------------
+    // What the layer above needs of the core and cannot do through the public API: the writer
+    // lock, ref files, importing objects it received and verified against their ids, recording
+    // a version, checking a version out, and progress.
+
+    /// Takes the writer lock, waiting up to the lock timeout.
     pub(crate) fn lock(&self) -> Result<WriterLock> {
         WriterLock::acquire(&self.dir.join("lock"), self.lock_timeout)
+    }
+
+    /// The writer lock if it is free now.
+    pub(crate) fn try_lock(&self) -> Option<WriterLock> {
+        WriterLock::acquire(&self.dir.join("lock"), Duration::ZERO).ok()
+    }
+
+    /// The ref files (branches, tags, remote-tracking refs, `HEAD`).
+    pub(crate) fn refs(&self) -> &Refs {
+        &self.refs
+    }
+
+    /// Where progress of long operations goes.
+    pub(crate) fn progress(&self) -> &dyn Progress {
+        self.progress.as_ref()
+    }
+
+    /// Stores a received object (`tmp`, in the store's file system), verified against `id`
+    /// by the store, and records it in the index. The caller holds the writer lock and stores
+    /// what an object needs before it.
+    pub(crate) fn import_object(&self, id: &ObjectId, kind: ObjectKind, tmp: tempfile::NamedTempFile) -> Result<()> {
+        let written = self.store.import(id, Some(kind), tmp)?;
+        self.index_object(&written);
+        Ok(())
+    }
+
+    /// [`Repo::import_object`] for a version, already parsed from `tmp` as `version`.
+    pub(crate) fn import_version(&self, id: &VersionId, version: &Version, tmp: tempfile::NamedTempFile) -> Result<()> {
+        self.import_object(id, ObjectKind::Version, tmp)?;
+        self.index_version(id, version);
+        Ok(())
+    }
+
+    /// Writes `version` (whose manifests and blobs are stored) and returns its id; no ref moves.
+    pub(crate) fn record_version(&self, version: &Version) -> Result<VersionId> {
+        let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
+        self.index_object(&written);
+        self.index_version(&written.id, version);
+        Ok(written.id)
+    }
+
+    /// Checks version `id` out into the working tree, refusing (before writing anything) to
+    /// overwrite modified or untracked files ([`Error::DirtyWorkingTree`]); `switching`, as
+    /// `switch` does, also removes the current version's files that `id` lacks. No ref moves.
+    pub(crate) fn check_out(&self, id: &VersionId, switching: bool) -> Result<()> {
+        let target = checkout::Target { files: None, output_dir: None, filter: None, force: false, switching };
+        self.checkout_version(id, &target).map(drop)
     }
 
     /// Whether another writer is waiting for the writer lock.

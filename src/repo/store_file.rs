@@ -136,7 +136,7 @@ impl Repo {
 
     /// After a gc replaced the branch by `root`: every record now names `root` for the paths
     /// and file names it lists; the others are removed.
-    pub(crate) fn reset_path_records(&self, root: &VersionId, version: &super::Version) -> Result<()> {
+    pub(super) fn reset_path_records(&self, root: &VersionId, version: &super::Version) -> Result<()> {
         let dir = self.dir.join(PATH_RECORDS);
         match std::fs::read_dir(&dir) {
             Ok(entries) => {
@@ -154,7 +154,7 @@ impl Repo {
     }
 
     /// The path records: (path, version) for each `path:` record whose version is in the store.
-    pub(crate) fn path_records(&self) -> Result<Vec<(String, VersionId)>> {
+    pub(super) fn path_records(&self) -> Result<Vec<(String, VersionId)>> {
         let dir = self.dir.join(PATH_RECORDS);
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,

@@ -8,21 +8,20 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
-use crate::repo::{Manifest, TensorRef};
-use super::remote::with_retries;
+use super::remote::{receive, reopen, upload_object, upload_wire_delta};
 use super::wire_delta::WireDelta;
-use crate::repo::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
+use super::Result;
 use crate::object_id::ObjectId;
-use crate::remote::{self, Remote, UploadMode, Uploaded};
+use crate::remote::{self, Remote, Uploaded};
+use crate::repo::{Manifest, Needed, Repo, TensorRef};
 use crate::store::{ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH};
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
 
 /// Largest object a download accepts (as `fetch`: a blob is at most a whole tensor plus its
 /// container).
 const MAX_OBJECT_LEN: u64 = 1 << 40;
 
-/// What [`Repo::push_files`] or [`Repo::fetch_file`] moved.
+/// What [`push_files`] or [`fetch_file`] moved.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FileTransfer {
     /// The remote's URL.
@@ -43,28 +42,6 @@ pub struct FileTransfer {
     /// Files (manifests) of a push that neither the local store nor the remote holds: not
     /// sent (the rest was).
     pub missing: Vec<ObjectId>,
-}
-
-/// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct KeepReport {
-    /// Files kept (live manifests present in the store).
-    pub files_kept: usize,
-    /// Live manifests named that the store does not hold (nothing to keep for them).
-    pub files_missing: usize,
-    /// Objects kept.
-    pub kept: usize,
-    /// Objects deleted (or that would be).
-    pub deleted: usize,
-    /// Bytes of those object files.
-    pub bytes_freed: u64,
-    /// Whether nothing was deleted on purpose.
-    pub dry_run: bool,
-    /// The git repositories (common directories) whose live files were kept (set by the
-    /// caller: `ckpt git gc` reads every user of a shared store).
-    pub repositories: Vec<String>,
-    /// Registered users of the store that no longer exist or use it, forgotten.
-    pub pruned: Vec<String>,
 }
 
 /// A writer that keeps the first [`HEADER_LEN`] bytes and then refuses more (ending a
@@ -98,515 +75,240 @@ pub(crate) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(Obje
     out
 }
 
-impl Repo {
-    /// Every object the files `manifests` need: each manifest, the blobs it lists and every
-    /// blob a delta among them is coded against, each once, a reference before the delta coded
-    /// against it and a manifest after its blobs (the order an upload must follow). Every
-    /// object is read (manifests whole, blobs' headers): a missing or unreadable one is an
-    /// error naming it.
-    pub fn file_objects(&self, manifests: &[ObjectId]) -> Result<Vec<Needed>> {
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
-        for manifest in manifests {
-            if !seen.insert(*manifest) {
+/// Uploads to `remote` what the files `manifests` need and the remote lacks: one listing
+/// of the remote's objects, then the missing objects in [`Repo::file_objects`] order
+/// (bases, deltas, manifest last). A file whose manifest the remote already has is skipped
+/// whole, including when the local store does not hold it (a clone that never smudged
+/// it); a file neither side holds is listed in [`FileTransfer::missing`].
+pub fn push_files(repo: &Repo, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
+    push_files_against(repo, remote, manifests, &HashMap::new())
+}
+
+/// [`push_files`], sending blobs as deltas where that pays: `previous` maps a file
+/// (manifest) to the one the remote already holds for the same path (the pointer at that
+/// path in the remote's commit). A blob the remote lacks, stored whole here, goes up as an
+/// XOR delta against the blob of the same tensor (name, dtype, shape; bundles by their
+/// first tensor) in that file, if the remote holds that file's manifest and blob, the
+/// delta is smaller than the object here, and the remote's chain stays within
+/// `base_every - 1` deltas (read from the header of the remote's copy of the reference:
+/// one short download). Otherwise, or if the reference cannot be read here or there, the
+/// object goes up as it is (docs/format.md, "Deltas on the wire").
+pub fn push_files_against(
+    repo: &Repo,
+    remote: &dyn Remote,
+    manifests: &[ObjectId],
+    previous: &HashMap<ObjectId, ObjectId>,
+) -> Result<FileTransfer> {
+    let mut report = FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
+    let present: HashSet<ObjectId> = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+    let mut wanted = Vec::new();
+    for m in manifests {
+        if present.contains(m) {
+            report.files_present += 1;
+        } else if repo.store().contains(m) {
+            wanted.push(*m);
+        } else {
+            report.missing.push(*m);
+        }
+    }
+    let need: Vec<Needed> = repo.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
+    let wire = plan_file_deltas(repo, remote, &wanted, previous, &need, &present)?;
+    let total: u64 = need.iter().map(|n| repo.store().stored_len(&n.id).unwrap_or(0)).sum();
+    repo.progress().start("push", total);
+    let mut done = 0;
+    for n in &need {
+        if let Some(plan) = wire.get(&n.id) {
+            if let Some((len, uploaded)) = upload_wire_delta(repo, remote, &n.id, plan)? {
+                if uploaded == Uploaded::Created {
+                    report.objects += 1;
+                    report.objects_as_deltas += 1;
+                    report.bytes += len;
+                }
+                done += repo.store().stored_len(&n.id).unwrap_or(len);
+                repo.progress().set(done);
                 continue;
             }
-            let m = self.manifest(manifest)?;
-            for blob in m.blobs() {
-                // The chain down to its standalone base (or to a blob already listed), then
-                // listed base first.
-                let mut chain = Vec::new();
-                let mut next = Some(blob);
-                while let Some(id) = next {
-                    if seen.contains(&id) {
-                        break;
-                    }
-                    if chain.len() as u32 > MAX_CHAIN_DEPTH {
-                        return Err(crate::store::Error::Corrupt {
-                            id: blob,
-                            reason: format!("a delta chain deeper than {MAX_CHAIN_DEPTH}"),
-                        }
-                        .into());
-                    }
-                    let header = self.store.header(&id)?;
-                    if header.kind != ObjectKind::Blob {
-                        return Err(crate::store::Error::WrongKind {
-                            id,
-                            expected: ObjectKind::Blob,
-                            found: header.kind,
-                        }
-                        .into());
-                    }
-                    chain.push(Needed { id, kind: ObjectKind::Blob, reference: header.reference });
-                    next = header.reference;
-                }
-                for n in chain.into_iter().rev() {
-                    if seen.insert(n.id) {
-                        out.push(n);
-                    }
-                }
-            }
-            out.push(Needed { id: *manifest, kind: ObjectKind::Manifest, reference: None });
         }
-        Ok(out)
-    }
-
-    /// Uploads to `remote` what the files `manifests` need and the remote lacks: one listing
-    /// of the remote's objects, then the missing objects in [`Repo::file_objects`] order
-    /// (bases, deltas, manifest last). A file whose manifest the remote already has is skipped
-    /// whole, including when the local store does not hold it (a clone that never smudged
-    /// it); a file neither side holds is listed in [`FileTransfer::missing`].
-    pub fn push_files(&self, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
-        self.push_files_against(remote, manifests, &HashMap::new())
-    }
-
-    /// [`Repo::push_files`], sending blobs as deltas where that pays: `previous` maps a file
-    /// (manifest) to the one the remote already holds for the same path (the pointer at that
-    /// path in the remote's commit). A blob the remote lacks, stored whole here, goes up as an
-    /// XOR delta against the blob of the same tensor (name, dtype, shape; bundles by their
-    /// first tensor) in that file, if the remote holds that file's manifest and blob, the
-    /// delta is smaller than the object here, and the remote's chain stays within
-    /// `base_every - 1` deltas (read from the header of the remote's copy of the reference:
-    /// one short download). Otherwise, or if the reference cannot be read here or there, the
-    /// object goes up as it is (docs/format.md, "Deltas on the wire").
-    pub fn push_files_against(
-        &self,
-        remote: &dyn Remote,
-        manifests: &[ObjectId],
-        previous: &HashMap<ObjectId, ObjectId>,
-    ) -> Result<FileTransfer> {
-        let mut report =
-            FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
-        let present: HashSet<ObjectId> =
-            remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
-        let mut wanted = Vec::new();
-        for m in manifests {
-            if present.contains(m) {
-                report.files_present += 1;
-            } else if self.store.contains(m) {
-                wanted.push(*m);
-            } else {
-                report.missing.push(*m);
-            }
+        let (len, uploaded) = upload_object(repo, remote, &n.id)?;
+        if uploaded == Uploaded::Created {
+            report.objects += 1;
+            report.bytes += len;
         }
-        let need: Vec<Needed> = self.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
-        let wire = self.plan_file_deltas(remote, &wanted, previous, &need, &present)?;
-        let total: u64 = need.iter().map(|n| self.store.stored_len(&n.id).unwrap_or(0)).sum();
-        self.progress.start("push", total);
-        let mut done = 0;
-        for n in &need {
-            if let Some(plan) = wire.get(&n.id) {
-                if let Some((len, uploaded)) = self.upload_wire_delta(remote, &n.id, plan)? {
-                    if uploaded == Uploaded::Created {
-                        report.objects += 1;
-                        report.objects_as_deltas += 1;
-                        report.bytes += len;
-                    }
-                    done += self.store.stored_len(&n.id).unwrap_or(len);
-                    self.progress.set(done);
-                    continue;
-                }
-            }
-            let (len, uploaded) = self.upload_object(remote, &n.id)?;
-            if uploaded == Uploaded::Created {
-                report.objects += 1;
-                report.bytes += len;
-            }
-            done += len;
-            self.progress.set(done);
-        }
-        self.progress.finish();
-        report.requests = remote.requests();
-        Ok(report)
+        done += len;
+        repo.progress().set(done);
     }
+    repo.progress().finish();
+    report.requests = remote.requests();
+    Ok(report)
+}
 
-    /// Which blobs of `need` go up as deltas (see [`Repo::push_files_against`]): pairs of a
-    /// blob of a `wanted` file and the same tensor's blob in the file `previous` names for it,
-    /// the remote holding that file's manifest and blob (`present`), this store holding both
-    /// blobs, the new one whole and no other object of `need` coded against it (its chain
-    /// here would then not match the remote's).
-    fn plan_file_deltas(
-        &self,
-        remote: &dyn Remote,
-        wanted: &[ObjectId],
-        previous: &HashMap<ObjectId, ObjectId>,
-        need: &[Needed],
-        present: &HashSet<ObjectId>,
-    ) -> Result<HashMap<ObjectId, WireDelta>> {
-        let mut plan = HashMap::new();
-        let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
-        let referenced: HashSet<ObjectId> = need.iter().filter_map(|n| n.reference).collect();
-        // Deepest chain a delta may make on the remote, as the local store bounds its own.
-        let max_depth = (self.config.base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
-        // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
-        let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
-        for m in wanted {
-            let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
-            // A clone that never smudged the remote's file cannot code against it.
-            if !self.store.contains(old) {
+/// Which blobs of `need` go up as deltas (see [`push_files_against`]): pairs of a
+/// blob of a `wanted` file and the same tensor's blob in the file `previous` names for it,
+/// the remote holding that file's manifest and blob (`present`), this store holding both
+/// blobs, the new one whole and no other object of `need` coded against it (its chain
+/// here would then not match the remote's).
+fn plan_file_deltas(
+    repo: &Repo,
+    remote: &dyn Remote,
+    wanted: &[ObjectId],
+    previous: &HashMap<ObjectId, ObjectId>,
+    need: &[Needed],
+    present: &HashSet<ObjectId>,
+) -> Result<HashMap<ObjectId, WireDelta>> {
+    let mut plan = HashMap::new();
+    let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
+    let referenced: HashSet<ObjectId> = need.iter().filter_map(|n| n.reference).collect();
+    // Deepest chain a delta may make on the remote, as the local store bounds its own.
+    let max_depth = (repo.config().base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
+    // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
+    let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
+    for m in wanted {
+        let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
+        // A clone that never smudged the remote's file cannot code against it.
+        if !repo.store().contains(old) {
+            continue;
+        }
+        let (new_manifest, old_manifest) = (repo.manifest(m)?, repo.manifest(old)?);
+        for (new, reference) in same_tensor_blobs(&new_manifest, &old_manifest) {
+            if new == reference
+                || plan.contains_key(&new)
+                || !needed.contains(&new)
+                || referenced.contains(&new)
+                || !present.contains(&reference)
+                || !repo.store().contains(&reference)
+                || repo.store().header(&new)?.reference.is_some()
+            {
                 continue;
             }
-            let (new_manifest, old_manifest) = (self.manifest(m)?, self.manifest(old)?);
-            for (new, reference) in same_tensor_blobs(&new_manifest, &old_manifest) {
-                if new == reference
-                    || plan.contains_key(&new)
-                    || !needed.contains(&new)
-                    || referenced.contains(&new)
-                    || !present.contains(&reference)
-                    || !self.store.contains(&reference)
-                    || self.store.header(&new)?.reference.is_some()
-                {
-                    continue;
+            let depth = *remote_depth.entry(reference).or_insert_with(|| remote_blob_depth(remote, &reference));
+            match depth {
+                Some(d) if d < max_depth => {
+                    plan.insert(new, WireDelta { reference, depth: d + 1 });
                 }
-                let depth =
-                    *remote_depth.entry(reference).or_insert_with(|| self.remote_blob_depth(remote, &reference));
-                match depth {
-                    Some(d) if d < max_depth => {
-                        plan.insert(new, WireDelta { reference, depth: d + 1 });
+                _ => {}
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// The chain depth of blob `id` on `remote`, from its header: the download stops once
+/// the header is in. `None` if it cannot be read or is not a blob (then nothing is coded
+/// against it).
+fn remote_blob_depth(remote: &dyn Remote, id: &ObjectId) -> Option<u32> {
+    let mut head = HeaderOnly(Vec::with_capacity(HEADER_LEN));
+    // Stopping the download once the header is in makes it return an error: the header
+    // decides, whatever the download says.
+    let _ = remote.download(&remote::object_key(id), &mut head, MAX_OBJECT_LEN);
+    let header = crate::store::ObjectHeader::decode(*id, &head.0).ok()?;
+    (header.kind == ObjectKind::Blob).then_some(header.depth)
+}
+
+/// Downloads the file whose manifest is `manifest` from `remote` into this store, unless
+/// the store holds the manifest already: the manifest, its blobs and the references of
+/// those that are deltas, each verified against its id before it is stored, blobs bases
+/// first and the manifest last (so an interrupted download leaves only complete chains and
+/// a rerun fetches what is still missing).
+pub fn fetch_file(repo: &Repo, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
+    let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
+    if repo.store().contains(manifest) {
+        report.files_present = 1;
+        return Ok(report);
+    }
+    repo.progress().start("fetch", 0);
+    let mtmp = receive_object(repo, remote, manifest, &mut report)?;
+    let m =
+        crate::repo::Manifest::parse(*manifest, &repo.store().read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
+    // Blobs: received one by one; each is stored as soon as its reference is here, else it
+    // waits and the reference is fetched.
+    let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
+    let mut queue: Vec<ObjectId> = m.blobs().collect();
+    let mut seen: HashSet<ObjectId> = HashSet::new();
+    while let Some(id) = queue.pop() {
+        if repo.store().contains(&id) || !seen.insert(id) {
+            continue;
+        }
+        let tmp = receive_object(repo, remote, &id, &mut report)?;
+        let header = repo.store().received_header(&id, &tmp)?;
+        if header.kind != ObjectKind::Blob {
+            return Err(crate::store::Error::WrongKind { id, expected: ObjectKind::Blob, found: header.kind }.into());
+        }
+        match header.reference {
+            Some(r) if !repo.store().contains(&r) => {
+                // Each listed blob brings at most a chain of references: more is a remote
+                // naming objects without end.
+                let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
+                if seen.len() > limit {
+                    return Err(crate::store::Error::Corrupt {
+                        id,
+                        reason: "its delta chain on the remote does not end".into(),
                     }
-                    _ => {}
+                    .into());
                 }
+                queue.push(r);
+                waiting.insert(id, (tmp, r));
             }
+            _ => import_received(repo, &id, ObjectKind::Blob, tmp, &mut report)?,
         }
-        Ok(plan)
     }
-
-    /// The chain depth of blob `id` on `remote`, from its header: the download stops once
-    /// the header is in. `None` if it cannot be read or is not a blob (then nothing is coded
-    /// against it).
-    fn remote_blob_depth(&self, remote: &dyn Remote, id: &ObjectId) -> Option<u32> {
-        let mut head = HeaderOnly(Vec::with_capacity(HEADER_LEN));
-        // Stopping the download once the header is in makes it return an error: the header
-        // decides, whatever the download says.
-        let _ = remote.download(&remote::object_key(id), &mut head, MAX_OBJECT_LEN);
-        let header = crate::store::ObjectHeader::decode(*id, &head.0).ok()?;
-        (header.kind == ObjectKind::Blob).then_some(header.depth)
+    // The deltas that waited, each once its reference is stored.
+    while !waiting.is_empty() {
+        let ready: Vec<ObjectId> =
+            waiting.iter().filter(|(_, (_, r))| repo.store().contains(r)).map(|(id, _)| *id).collect();
+        if ready.is_empty() {
+            let (id, (_, r)) = waiting.iter().next().expect("non-empty");
+            return Err(crate::store::Error::Corrupt {
+                id: *id,
+                reason: format!("its reference {r} is neither here nor fetched (a cycle on the remote)"),
+            }
+            .into());
+        }
+        for id in ready {
+            let (tmp, _) = waiting.remove(&id).expect("ready is waiting");
+            import_received(repo, &id, ObjectKind::Blob, tmp, &mut report)?;
+        }
     }
+    import_received(repo, manifest, ObjectKind::Manifest, mtmp, &mut report)?;
+    repo.progress().finish();
+    repo.flush_index();
+    report.requests = remote.requests();
+    Ok(report)
+}
 
-    /// Uploads one object file as it is now; returns its length and whether it was created.
-    fn upload_object(&self, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
-        let path = self.store.object_path(id);
-        let io = |action| {
-            let path = path.clone();
-            move |source| Error::Io { action, path, source }
-        };
-        let mut file = std::fs::File::open(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::Store(crate::store::Error::Missing { id: *id }),
-            _ => Error::Io { action: "opening", path: path.clone(), source: e },
-        })?;
-        let len = file.metadata().map_err(io("reading"))?.len();
-        // The header of the very file that goes up decides whether it may replace (a
-        // compaction may rename a delta over the path meanwhile; the open file stays as read).
-        let mut head = Vec::with_capacity(HEADER_LEN);
-        (&mut file).take(HEADER_LEN as u64).read_to_end(&mut head).map_err(io("reading"))?;
-        let header = crate::store::ObjectHeader::decode(*id, &head)?;
-        let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
-        let uploaded = with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))?;
-        Ok((len, uploaded))
-    }
+fn receive_object(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    report: &mut FileTransfer,
+) -> Result<tempfile::NamedTempFile> {
+    // The fetch path's download (retries, temp file in the store), counted from this
+    // transfer's bytes so far so that the progress bar keeps growing across objects.
+    let received = std::sync::atomic::AtomicU64::new(report.bytes);
+    let tmp = reopen(receive(repo, remote, id, &received)?)?;
+    report.bytes = received.into_inner();
+    Ok(tmp)
+}
 
-    /// Downloads the file whose manifest is `manifest` from `remote` into this store, unless
-    /// the store holds the manifest already: the manifest, its blobs and the references of
-    /// those that are deltas, each verified against its id before it is stored, blobs bases
-    /// first and the manifest last (so an interrupted download leaves only complete chains and
-    /// a rerun fetches what is still missing).
-    pub fn fetch_file(&self, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
-        let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
-        if self.store.contains(manifest) {
-            report.files_present = 1;
-            return Ok(report);
-        }
-        self.progress.start("fetch", 0);
-        let mtmp = self.receive_object(remote, manifest, &mut report)?;
-        let m = crate::repo::Manifest::parse(*manifest, &self.store.read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
-        // Blobs: received one by one; each is stored as soon as its reference is here, else it
-        // waits and the reference is fetched.
-        let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
-        let mut queue: Vec<ObjectId> = m.blobs().collect();
-        let mut seen: HashSet<ObjectId> = HashSet::new();
-        while let Some(id) = queue.pop() {
-            if self.store.contains(&id) || !seen.insert(id) {
-                continue;
-            }
-            let tmp = self.receive_object(remote, &id, &mut report)?;
-            let header = self.store.received_header(&id, &tmp)?;
-            if header.kind != ObjectKind::Blob {
-                return Err(
-                    crate::store::Error::WrongKind { id, expected: ObjectKind::Blob, found: header.kind }.into()
-                );
-            }
-            match header.reference {
-                Some(r) if !self.store.contains(&r) => {
-                    // Each listed blob brings at most a chain of references: more is a remote
-                    // naming objects without end.
-                    let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
-                    if seen.len() > limit {
-                        return Err(crate::store::Error::Corrupt {
-                            id,
-                            reason: "its delta chain on the remote does not end".into(),
-                        }
-                        .into());
-                    }
-                    queue.push(r);
-                    waiting.insert(id, (tmp, r));
-                }
-                _ => self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?,
-            }
-        }
-        // The deltas that waited, each once its reference is stored.
-        while !waiting.is_empty() {
-            let ready: Vec<ObjectId> =
-                waiting.iter().filter(|(_, (_, r))| self.store.contains(r)).map(|(id, _)| *id).collect();
-            if ready.is_empty() {
-                let (id, (_, r)) = waiting.iter().next().expect("non-empty");
-                return Err(crate::store::Error::Corrupt {
-                    id: *id,
-                    reason: format!("its reference {r} is neither here nor fetched (a cycle on the remote)"),
-                }
-                .into());
-            }
-            for id in ready {
-                let (tmp, _) = waiting.remove(&id).expect("ready is waiting");
-                self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?;
-            }
-        }
-        self.import_received(manifest, ObjectKind::Manifest, mtmp, &mut report)?;
-        self.progress.finish();
-        self.flush_index();
-        report.requests = remote.requests();
-        Ok(report)
-    }
-
-    fn receive_object(
-        &self,
-        remote: &dyn Remote,
-        id: &ObjectId,
-        report: &mut FileTransfer,
-    ) -> Result<tempfile::NamedTempFile> {
-        // The fetch path's download (retries, temp file in the store), counted from this
-        // transfer's bytes so far so that the progress bar keeps growing across objects.
-        let received = std::sync::atomic::AtomicU64::new(report.bytes);
-        let tmp = Self::reopen(self.receive(remote, id, &received)?)?;
-        report.bytes = received.into_inner();
-        Ok(tmp)
-    }
-
-    fn import_received(
-        &self,
-        id: &ObjectId,
-        kind: ObjectKind,
-        tmp: tempfile::NamedTempFile,
-        report: &mut FileTransfer,
-    ) -> Result<()> {
-        let written = self.store.import(id, Some(kind), tmp)?;
-        self.index_object(&written);
-        report.objects += 1;
-        Ok(())
-    }
-
-    /// Deletes every object of the store that neither the files `live` (manifests: each with
-    /// its blobs and their delta chains) nor a tag or branch other than the current one needs
-    /// ([`Repo::gc_keeping_with`] with a fixed live set).
-    pub fn gc_keeping(&self, live: &[ObjectId], dry_run: bool) -> Result<KeepReport> {
-        self.gc_keeping_with(|| Ok(live.to_vec()), dry_run)
-    }
-
-    /// Deletes every object of the store that neither the files `live()` returns (manifests:
-    /// each with its blobs and their delta chains) nor a tag or branch other than the current
-    /// one needs. `live` runs under the writer lock, so no file stored meanwhile can be missed
-    /// by it. The current branch's history (the versions [`Repo::store_file`] recorded) is
-    /// replaced by one version without parents holding the live files: under the paths the
-    /// store's path records (or the current version) give them (so the next content stored
-    /// for a path is still coded against its last one), the others under
-    /// `gc-kept/<manifest id>`. With `dry_run`, nothing changes and the report says what would
-    /// be deleted.
-    ///
-    /// Marking reads every kept manifest and blob header first; if one cannot be read, nothing
-    /// is deleted. Neither the new root version nor anything a ref names is ever deleted, also
-    /// when the root's id is one an earlier gc wrote (the same files in the same second).
-    pub fn gc_keeping_with<E: From<Error>>(
-        &self,
-        live: impl FnOnce() -> std::result::Result<Vec<ObjectId>, E>,
-        dry_run: bool,
-    ) -> std::result::Result<KeepReport, E> {
-        let mut report = KeepReport { dry_run, ..KeepReport::default() };
-        let lock = self.lock()?;
-        if !dry_run && self.has_pending_deltas() {
-            // Deferred rewrites name versions this gc replaces: done first, while they exist.
-            self.compact_locked(&crate::repo::CompactOptions::default())?;
-        }
-        let live = live()?;
-        let present: Vec<ObjectId> = {
-            let mut seen = HashSet::new();
-            live.iter().filter(|m| seen.insert(**m)).filter(|m| self.store.contains(m)).copied().collect()
-        };
-        report.files_kept = present.len();
-        report.files_missing = live.iter().collect::<HashSet<_>>().len() - present.len();
-
-        let head = self.refs.head()?;
-        let head_version = self.refs.head_version()?;
-        let current_branch = match &head {
-            crate::repo::Head::Branch(b) => Some(b.clone()),
-            crate::repo::Head::Detached(_) => None,
-        };
-        // Roots that stay: everything `gc` keeps (Repo::roots: every ref in any namespace, a
-        // detached HEAD, the records) except the current branch, whose history this gc replaces
-        // by one version of the live files. A ref that cannot be read stops the gc.
-        let current_ref = current_branch.as_ref().map(|b| format!("refs/heads/{b}"));
-        let mut roots: Vec<VersionId> = Vec::new();
-        for root in self.roots() {
-            let root = root?;
-            if Some(&root.name) != current_ref.as_ref() {
-                roots.push(root.id);
-            }
-        }
-        let mut marked: HashSet<ObjectId> = self.reachable(&roots, &|_| false)?.into_iter().map(|n| n.id).collect();
-        marked.extend(self.file_objects(&present)?.into_iter().map(|n| n.id));
-
-        let (root_id, root) = self.live_version(head_version, &present)?;
-        // The root is kept whatever its id: two gcs of the same files in the same second
-        // build the same root, which the second must not delete under the ref it moves there.
-        marked.insert(root_id);
-        let all = self.store.list().map_err(Error::from)?;
-        let doomed: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
-        report.kept = all.len() - doomed.len();
-        report.deleted = doomed.len();
-        report.bytes_freed = doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum();
-        // The root version itself is kept (it is written below, unless already there).
-        if !all.contains(&root_id) {
-            report.kept += 1;
-        }
-        if dry_run {
-            return Ok(report);
-        }
-
-        // The new root first, then the ref to it, then the deletions: an interruption leaves
-        // the old history or the new one, never a ref to a deleted version.
-        let written = self
-            .store
-            .write_data(ObjectKind::Version, &root.to_bytes(), &self.config.codec_options())
-            .map_err(Error::from)?;
-        self.index_object(&written);
-        self.index_version(&written.id, &root);
-        match &current_branch {
-            Some(b) => self.refs.set(RefKind::Branch, b, &written.id)?,
-            None => self.refs.set_head(&crate::repo::Head::Detached(written.id))?,
-        }
-        self.reset_path_records(&written.id, &root)?;
-        self.progress.start("gc", doomed.len() as u64);
-        for (n, id) in doomed.iter().enumerate() {
-            if let Some(ix) = self.index() {
-                let _ = ix.remove_object(id);
-                let _ = ix.remove_version(id);
-            }
-            self.store.remove(id).map_err(Error::from)?;
-            self.progress.set(n as u64 + 1);
-        }
-        self.progress.finish();
-        // Rewrites still pending (a failed compaction) for versions now deleted are dropped.
-        let pending: Vec<VersionId> = self.pending_deltas()?.into_iter().filter(|v| self.store.contains(v)).collect();
-        self.write_pending_deltas(&pending)?;
-        self.flush_index();
-        drop(lock);
-        Ok(report)
-    }
-
-    /// The parentless version holding the files `live` (present in the store): each live file
-    /// under the paths the path records give it (the version that last stored a path lists it
-    /// there) and those of the current version, the others under `gc-kept/<manifest id>` (no
-    /// files at all when nothing is live). Returns its id and the version.
-    fn live_version(&self, head: Option<VersionId>, live: &[ObjectId]) -> Result<(VersionId, Version)> {
-        let live_set: HashSet<ObjectId> = live.iter().copied().collect();
-        let mut files: std::collections::BTreeMap<String, crate::repo::FileEntry> = std::collections::BTreeMap::new();
-        let mut placed = HashSet::new();
-        let mut versions: HashMap<VersionId, Version> = HashMap::new();
-        let mut candidates: Vec<(String, VersionId)> = self.path_records()?;
-        if let Some(h) = head {
-            candidates.push((String::new(), h));
-        }
-        for (path, id) in candidates {
-            let v = match versions.entry(id) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => match self.version(&id) {
-                    Ok(v) => e.insert(v),
-                    // A record is a hint: one naming an unreadable version places nothing.
-                    Err(_) if !path.is_empty() => continue,
-                    Err(e) => return Err(e),
-                },
-            };
-            for f in &v.files {
-                if (path.is_empty() || f.path == path) && live_set.contains(&f.manifest) && !files.contains_key(&f.path)
-                {
-                    placed.insert(f.manifest);
-                    files.insert(f.path.clone(), f.clone());
-                }
-            }
-        }
-        for m in live {
-            if placed.insert(*m) {
-                let manifest = self.manifest(m)?;
-                let path = format!("gc-kept/{m}");
-                files.insert(
-                    path.clone(),
-                    crate::repo::FileEntry { path, manifest: *m, len: manifest.len, hash: manifest.hash },
-                );
-            }
-        }
-        let files: Vec<crate::repo::FileEntry> = files.into_values().collect();
-        let version = Version {
-            format: crate::repo::MODEL_FORMAT,
-            parents: Vec::new(),
-            time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0),
-            message: "ckpt git gc: the files git still reaches".into(),
-            since_base: 0,
-            raw_bytes: files.iter().map(|f| f.len).sum(),
-            stored_bytes: 0,
-            files,
-        };
-        let id = ObjectId::hash(&version.to_bytes());
-        Ok((id, version))
-    }
+fn import_received(
+    repo: &Repo,
+    id: &ObjectId,
+    kind: ObjectKind,
+    tmp: tempfile::NamedTempFile,
+    report: &mut FileTransfer,
+) -> Result<()> {
+    repo.import_object(id, kind, tmp)?;
+    report.objects += 1;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::remote::local::DirRemote;
+    use crate::remote::UploadMode;
     use crate::repo::{CommitOptions, RepoPath};
-    use crate::test_data;
+    use crate::test_data::{steps_checkpoint as checkpoint, store_with_steps};
     use std::path::Path;
-
-    /// A safetensors file of two BF16 tensors whose values depend on `seed`; `step` changes
-    /// every 64th element (a training step), so consecutive steps delta-code.
-    fn checkpoint(seed: u64, step: u64) -> Vec<u8> {
-        let tensors = vec![
-            ("w".to_string(), crate::Dtype::Bf16, vec![64, 256]),
-            ("b".to_string(), crate::Dtype::Bf16, vec![4096]),
-        ];
-        let mut bytes = crate::safetensors::write_header(&tensors, None).unwrap();
-        for (i, r) in test_data::xorshift(seed).take(64 * 256 + 4096).enumerate() {
-            let low = if i % 64 == 0 { (r >> 8) as u8 ^ step as u8 } else { (r >> 8) as u8 };
-            bytes.extend_from_slice(&[low, 0x3f ^ ((r & 1) as u8)]);
-        }
-        bytes
-    }
-
-    /// A store holding three steps of one path; returns it and (manifest, len, hash, bytes).
-    fn store_with_steps(dir: &Path) -> (Repo, Vec<(crate::repo::StoredFile, Vec<u8>)>) {
-        let store = Repo::init(&dir.join("store")).unwrap();
-        let path = RepoPath::parse("m.safetensors").unwrap();
-        let spool = dir.join("spool");
-        let mut files = Vec::new();
-        for step in 0..3 {
-            let bytes = checkpoint(1, step);
-            std::fs::write(&spool, &bytes).unwrap();
-            files.push((store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap(), bytes));
-        }
-        (store, files)
-    }
 
     #[test]
     fn files_go_up_once_and_come_back_verified_and_bit_exact() {
@@ -625,29 +327,29 @@ mod tests {
 
         let remote = DirRemote::create(dir.path().join("remote").to_str().unwrap()).unwrap();
         let manifests: Vec<ObjectId> = files.iter().map(|(f, _)| f.manifest).collect();
-        let first = store.push_files(&remote, &manifests).unwrap();
+        let first = push_files(&store, &remote, &manifests).unwrap();
         assert_eq!((first.files, first.files_present), (3, 0));
         assert!(first.objects > 0 && first.missing.is_empty());
-        let again = store.push_files(&remote, &manifests).unwrap();
+        let again = push_files(&store, &remote, &manifests).unwrap();
         assert_eq!((again.files_present, again.objects, again.bytes), (3, 0, 0));
 
         // Another store fetches each file from the remote alone.
         let clone = Repo::init(&dir.path().join("clone")).unwrap();
         for (f, bytes) in &files {
-            let got = clone.fetch_file(&remote, &f.manifest).unwrap();
+            let got = fetch_file(&clone, &remote, &f.manifest).unwrap();
             assert_eq!(got.files_present, 0);
             let out = dir.path().join("out");
             clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
             assert_eq!(&std::fs::read(&out).unwrap(), bytes);
         }
-        assert_eq!(clone.fetch_file(&remote, &files[0].0.manifest).unwrap().files_present, 1);
+        assert_eq!(fetch_file(&clone, &remote, &files[0].0.manifest).unwrap().files_present, 1);
         for id in clone.store().list().unwrap() {
             clone.store().verify(&id).unwrap();
         }
 
         // A file neither side has is reported, not an error of the whole push.
         let absent = ObjectId::hash(b"no such manifest");
-        let r = store.push_files(&remote, &[absent]).unwrap();
+        let r = push_files(&store, &remote, &[absent]).unwrap();
         assert_eq!(r.missing, vec![absent]);
     }
 
@@ -675,7 +377,7 @@ mod tests {
             std::fs::write(&spool, &bytes).unwrap();
             let f = store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
             let against: HashMap<ObjectId, ObjectId> = previous.map(|p| (f.manifest, p)).into_iter().collect();
-            let r = store.push_files_against(&remote, &[f.manifest], &against).unwrap();
+            let r = push_files_against(&store, &remote, &[f.manifest], &against).unwrap();
             // The blobs this step changed (the safetensors header is the same every step).
             let before: HashSet<ObjectId> =
                 previous.map(|p| store.manifest(&p).unwrap().blobs().collect()).unwrap_or_default();
@@ -698,7 +400,7 @@ mod tests {
         // A store with nothing of its own fetches each file from the remote, chains included.
         let clone = Repo::init(&dir.path().join("clone")).unwrap();
         for (f, bytes) in files.iter().rev() {
-            clone.fetch_file(&remote, &f.manifest).unwrap();
+            fetch_file(&clone, &remote, &f.manifest).unwrap();
             let out = dir.path().join("out");
             clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
             assert_eq!(&std::fs::read(&out).unwrap(), bytes);
@@ -762,19 +464,19 @@ mod tests {
                 inner: DirRemote::create(url.to_str().unwrap()).unwrap(),
                 left: std::sync::atomic::AtomicUsize::new(stop),
             };
-            assert!(store.push_files(&remote, &manifests).is_err());
+            assert!(push_files(&store, &remote, &manifests).is_err());
             // Whatever manifest arrived can be fetched whole from the remote alone.
             let clone = Repo::init(&dir.path().join(format!("clone{stop}"))).unwrap();
             for (f, bytes) in &files {
                 if url.join(crate::remote::object_key(&f.manifest)).exists() {
-                    clone.fetch_file(&remote.inner, &f.manifest).unwrap();
+                    fetch_file(&clone, &remote.inner, &f.manifest).unwrap();
                     let out = dir.path().join("out");
                     clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
                     assert_eq!(&std::fs::read(&out).unwrap(), bytes);
                 }
             }
             // The rerun sends only the rest.
-            let rerun = store.push_files(&remote.inner, &manifests).unwrap();
+            let rerun = push_files(&store, &remote.inner, &manifests).unwrap();
             assert_eq!(rerun.objects as usize, total - stop, "stopped after {stop}");
         }
     }
@@ -786,7 +488,7 @@ mod tests {
         let remote_dir = dir.path().join("remote");
         let remote = DirRemote::create(remote_dir.to_str().unwrap()).unwrap();
         let newest = &files[2].0;
-        store.push_files(&remote, &[newest.manifest]).unwrap();
+        push_files(&store, &remote, &[newest.manifest]).unwrap();
         // Flip a byte near the end of every blob of the newest file on the remote.
         let m = store.manifest(&newest.manifest).unwrap();
         for blob in m.blobs() {
@@ -798,42 +500,9 @@ mod tests {
             std::fs::write(&path, bytes).unwrap();
         }
         let clone = Repo::init(&dir.path().join("clone")).unwrap();
-        let e = clone.fetch_file(&remote, &newest.manifest).unwrap_err().to_string();
+        let e = fetch_file(&clone, &remote, &newest.manifest).unwrap_err().to_string();
         assert!(m.blobs().any(|b| e.contains(&b.to_hex()[..12])), "{e}");
         assert!(!clone.store().contains(&newest.manifest));
         assert!(m.blobs().all(|b| !clone.store().contains(&b)));
-    }
-
-    #[test]
-    fn gc_keeping_deletes_only_what_the_live_files_do_not_need() {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, files) = store_with_steps(dir.path());
-        // A file of another path, not live.
-        let spool = dir.path().join("spool");
-        let other = checkpoint(9, 0);
-        std::fs::write(&spool, &other).unwrap();
-        let dead = store
-            .store_file(&spool, &RepoPath::parse("other.safetensors").unwrap(), "o", &CommitOptions::default())
-            .unwrap();
-        let live: Vec<ObjectId> = [&files[0], &files[2]].iter().map(|(f, _)| f.manifest).collect();
-        let before = store.store().list().unwrap();
-        let dry = store.gc_keeping(&live, true).unwrap();
-        assert_eq!(store.store().list().unwrap(), before);
-        let real = store.gc_keeping(&live, false).unwrap();
-        assert_eq!((real.deleted, real.bytes_freed, real.files_kept), (dry.deleted, dry.bytes_freed, 2));
-        assert!(!store.store().contains(&dead.manifest));
-        assert!(!store.store().contains(&files[1].0.manifest));
-        for (f, bytes) in [&files[0], &files[2]] {
-            let out = dir.path().join("out");
-            store.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
-            assert_eq!(&std::fs::read(&out).unwrap(), bytes);
-        }
-        assert!(store.verify().unwrap().is_ok(), "store does not verify after gc");
-        // The next content of the path is still coded against the last one kept there.
-        std::fs::write(&spool, checkpoint(1, 3)).unwrap();
-        let path = RepoPath::parse("m.safetensors").unwrap();
-        store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
-        let m = store.manifest(&files[2].0.manifest).unwrap();
-        assert!(m.blobs().any(|b| store.store().header(&b).unwrap().reference.is_some()));
     }
 }
