@@ -8,7 +8,7 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
-use super::remote::{receive, reopen, upload_object, upload_wire_delta};
+use super::transfer::{receive, reopen, upload_object, upload_wire_delta};
 use super::wire_delta::WireDelta;
 use super::Result;
 use crate::object_id::ObjectId;

@@ -1,27 +1,43 @@
 //! Sync: a repository's remotes. The remote list (`.ckpt/remotes`), push, fetch and pull,
 //! clone and partial clones, and the file transfers of the git filter, with deltas on the
 //! wire. The [`crate::remote`] layer moves bytes; this module decides which objects move, in
-//! which order, and hands everything it receives to the repository, which verifies it against
-//! its id before it enters the store.
+//! which order, and hands everything it receives to the repository, which checks it with the
+//! store's own verification before it enters the local store.
 //!
-//! It sits above [`crate::repo`] and uses the repository's public API plus a small crate
-//! surface of the core: the writer lock ([`Repo::lock`]), ref files, importing a received
-//! object, recording a version, checking a version out, the partial-clone record and progress.
-//! It never reads the repository's files other than its own (`.ckpt/remotes`, the staging
-//! directories in `.ckpt/incoming`).
+//! It sits above [`crate::repo`]: it uses the repository's public API and a small crate-only
+//! surface of the core (the writer lock, ref files, importing a received object, recording a
+//! version, checking a version out, the partial-clone record, progress). Of `.ckpt/` it owns
+//! only `remotes` and the fetches' staging directories in `incoming/`.
 //!
-//! [`Repo::lock`]: crate::repo::Repo
+//! Invariants (docs/format.md, "Remotes"):
+//! - On either side, an object is present only once everything it needs is: push uploads a
+//!   delta's reference before the delta and every object before any ref; fetch imports blobs
+//!   bases first, then manifests, then versions parents first, then moves refs. So an
+//!   interrupted push or fetch leaves both sides valid, and a rerun skips what arrived.
+//! - A remote ref moves by compare-and-swap against the state the pusher read, and only
+//!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
+//!
+//! Modules: `remotes` (the list, remote refs), `transfer` (one object up or down, retries,
+//! staging), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
+//! `wire_delta` (which blobs go up as deltas), `file_objects` (the git filter's transfers by
+//! file).
 
+mod clone;
 mod error;
+mod fetch;
 mod file_objects;
 mod partial;
-mod remote;
+mod push;
+mod remotes;
+mod transfer;
 mod wire_delta;
 
+pub use clone::{clone_from, clone_with_depth, pull, PullOutcome};
 pub use error::{Error, Result};
+pub use fetch::{fetch, fetch_from, FetchReport};
 pub use file_objects::{fetch_file, push_files, push_files_against, FileTransfer};
 pub use partial::fetch_revision;
-pub use remote::{
-    absolute_dir_url, add_remote, clone_from, clone_with_depth, default_remote, fetch, fetch_from, open_remote, pull,
-    push, push_to, remotes, remove_remote, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig,
+pub use push::{push, push_to, PushOptions, PushReport};
+pub use remotes::{
+    absolute_dir_url, add_remote, default_remote, open_remote, remotes, remove_remote, RefUpdate, RemoteConfig,
 };

@@ -2,7 +2,9 @@
 //! a version outside the history it holds (`ckpt checkout REV` past the cut). The record of
 //! cut versions itself is the repository core's (`crate::repo`, `.ckpt/partial`).
 
-use super::remote::{download_then_lock, open_remote, receive_staged, Staging};
+use super::fetch::{download_then_lock, FetchReport};
+use super::remotes::open_remote;
+use super::transfer::{receive_staged, Staging};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::Remote;
@@ -74,7 +76,7 @@ pub fn fetch_revision(repo: &Repo, rev: &str, transfers: usize) -> Result<Versio
     })?;
     if !repo.store().contains(&target) {
         // Downloaded without the writer lock, stored under it.
-        let mut report = super::FetchReport::default();
+        let mut report = FetchReport::default();
         download_then_lock(repo, remote.as_ref(), &[target], transfers, &mut report, Some(1), &partial.remote)
             .map_err(unreachable)?;
     }
