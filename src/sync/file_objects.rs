@@ -8,20 +8,22 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
-use super::transfer::{receive, reopen, upload_object, upload_wire_delta};
+use super::transfer::{receive, reopen, upload_wire_delta, with_retries};
 use super::wire_delta::WireDelta;
+use super::Error;
 use super::Result;
 use crate::object_id::ObjectId;
-use crate::remote::{self, Remote, Uploaded};
+use crate::remote::{self, Remote, UploadMode, Uploaded};
 use crate::repo::{Manifest, Needed, Repo, TensorRef};
 use crate::store::{ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH};
 use std::collections::{HashMap, HashSet};
+use std::io::Read;
 
 /// Largest object a download accepts (as `fetch`: a blob is at most a whole tensor plus its
 /// container).
 const MAX_OBJECT_LEN: u64 = 1 << 40;
 
-/// What [`push_files`] or [`fetch_file`] moved.
+/// What [`push_files`](super::push_files) or [`fetch_file`](super::fetch_file) moved.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FileTransfer {
     /// The remote's URL.
@@ -65,7 +67,7 @@ impl std::io::Write for HeaderOnly {
 
 /// Pairs (blob in `m`, blob of the same tensor in `reference`): tensors by name, dtype and
 /// shape, bundles by their first tensor (as a commit matches them).
-pub(crate) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(ObjectId, ObjectId)> {
+pub(super) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(ObjectId, ObjectId)> {
     let older_of: HashMap<&TensorRef, ObjectId> = reference.tensors().filter_map(|(t, s)| Some((t, s.blob?))).collect();
     let older_bundle: HashMap<&TensorRef, ObjectId> =
         reference.bundle_keys().into_iter().zip(&reference.bundles).filter_map(|(k, b)| Some((k?, b.blob))).collect();
@@ -75,237 +77,264 @@ pub(crate) fn same_tensor_blobs(m: &Manifest, reference: &Manifest) -> Vec<(Obje
     out
 }
 
-/// Uploads to `remote` what the files `manifests` need and the remote lacks: one listing
-/// of the remote's objects, then the missing objects in [`Repo::file_objects`] order
-/// (bases, deltas, manifest last). A file whose manifest the remote already has is skipped
-/// whole, including when the local store does not hold it (a clone that never smudged
-/// it); a file neither side holds is listed in [`FileTransfer::missing`].
-pub fn push_files(repo: &Repo, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
-    push_files_against(repo, remote, manifests, &HashMap::new())
-}
-
-/// [`push_files`], sending blobs as deltas where that pays: `previous` maps a file
-/// (manifest) to the one the remote already holds for the same path (the pointer at that
-/// path in the remote's commit). A blob the remote lacks, stored whole here, goes up as an
-/// XOR delta against the blob of the same tensor (name, dtype, shape; bundles by their
-/// first tensor) in that file, if the remote holds that file's manifest and blob, the
-/// delta is smaller than the object here, and the remote's chain stays within
-/// `base_every - 1` deltas (read from the header of the remote's copy of the reference:
-/// one short download). Otherwise, or if the reference cannot be read here or there, the
-/// object goes up as it is (docs/format.md, "Deltas on the wire").
-pub fn push_files_against(
-    repo: &Repo,
-    remote: &dyn Remote,
-    manifests: &[ObjectId],
-    previous: &HashMap<ObjectId, ObjectId>,
-) -> Result<FileTransfer> {
-    let mut report = FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
-    let present: HashSet<ObjectId> = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
-    let mut wanted = Vec::new();
-    for m in manifests {
-        if present.contains(m) {
-            report.files_present += 1;
-        } else if repo.store().contains(m) {
-            wanted.push(*m);
-        } else {
-            report.missing.push(*m);
-        }
+impl Repo {
+    /// Uploads to `remote` what the files `manifests` need and the remote lacks: one listing
+    /// of the remote's objects, then the missing objects in [`Repo::file_objects`] order
+    /// (bases, deltas, manifest last). A file whose manifest the remote already has is skipped
+    /// whole, including when the local store does not hold it (a clone that never smudged
+    /// it); a file neither side holds is listed in [`FileTransfer::missing`].
+    pub(super) fn push_files(&self, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
+        self.push_files_against(remote, manifests, &HashMap::new())
     }
-    let need: Vec<Needed> = repo.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
-    let wire = plan_file_deltas(repo, remote, &wanted, previous, &need, &present)?;
-    let total: u64 = need.iter().map(|n| repo.store().stored_len(&n.id).unwrap_or(0)).sum();
-    repo.progress().start("push", total);
-    let mut done = 0;
-    for n in &need {
-        if let Some(plan) = wire.get(&n.id) {
-            if let Some((len, uploaded)) = upload_wire_delta(repo, remote, &n.id, plan)? {
-                if uploaded == Uploaded::Created {
-                    report.objects += 1;
-                    report.objects_as_deltas += 1;
-                    report.bytes += len;
-                }
-                done += repo.store().stored_len(&n.id).unwrap_or(len);
-                repo.progress().set(done);
-                continue;
+
+    /// [`Repo::push_files`], sending blobs as deltas where that pays: `previous` maps a file
+    /// (manifest) to the one the remote already holds for the same path (the pointer at that
+    /// path in the remote's commit). A blob the remote lacks, stored whole here, goes up as an
+    /// XOR delta against the blob of the same tensor (name, dtype, shape; bundles by their
+    /// first tensor) in that file, if the remote holds that file's manifest and blob, the
+    /// delta is smaller than the object here, and the remote's chain stays within
+    /// `base_every - 1` deltas (read from the header of the remote's copy of the reference:
+    /// one short download). Otherwise, or if the reference cannot be read here or there, the
+    /// object goes up as it is (docs/format.md, "Deltas on the wire").
+    pub(super) fn push_files_against(
+        &self,
+        remote: &dyn Remote,
+        manifests: &[ObjectId],
+        previous: &HashMap<ObjectId, ObjectId>,
+    ) -> Result<FileTransfer> {
+        let mut report =
+            FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
+        let present: HashSet<ObjectId> =
+            remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+        let mut wanted = Vec::new();
+        for m in manifests {
+            if present.contains(m) {
+                report.files_present += 1;
+            } else if self.store().contains(m) {
+                wanted.push(*m);
+            } else {
+                report.missing.push(*m);
             }
         }
-        let (len, uploaded) = upload_object(repo, remote, &n.id)?;
-        if uploaded == Uploaded::Created {
-            report.objects += 1;
-            report.bytes += len;
-        }
-        done += len;
-        repo.progress().set(done);
-    }
-    repo.progress().finish();
-    report.requests = remote.requests();
-    Ok(report)
-}
-
-/// Which blobs of `need` go up as deltas (see [`push_files_against`]): pairs of a
-/// blob of a `wanted` file and the same tensor's blob in the file `previous` names for it,
-/// the remote holding that file's manifest and blob (`present`), this store holding both
-/// blobs, the new one whole and no other object of `need` coded against it (its chain
-/// here would then not match the remote's).
-fn plan_file_deltas(
-    repo: &Repo,
-    remote: &dyn Remote,
-    wanted: &[ObjectId],
-    previous: &HashMap<ObjectId, ObjectId>,
-    need: &[Needed],
-    present: &HashSet<ObjectId>,
-) -> Result<HashMap<ObjectId, WireDelta>> {
-    let mut plan = HashMap::new();
-    let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
-    let referenced: HashSet<ObjectId> = need.iter().filter_map(|n| n.reference).collect();
-    // Deepest chain a delta may make on the remote, as the local store bounds its own.
-    let max_depth = (repo.config().base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
-    // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
-    let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
-    for m in wanted {
-        let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
-        // A clone that never smudged the remote's file cannot code against it.
-        if !repo.store().contains(old) {
-            continue;
-        }
-        let (new_manifest, old_manifest) = (repo.manifest(m)?, repo.manifest(old)?);
-        for (new, reference) in same_tensor_blobs(&new_manifest, &old_manifest) {
-            if new == reference
-                || plan.contains_key(&new)
-                || !needed.contains(&new)
-                || referenced.contains(&new)
-                || !present.contains(&reference)
-                || !repo.store().contains(&reference)
-                || repo.store().header(&new)?.reference.is_some()
-            {
-                continue;
-            }
-            let depth = *remote_depth.entry(reference).or_insert_with(|| remote_blob_depth(remote, &reference));
-            match depth {
-                Some(d) if d < max_depth => {
-                    plan.insert(new, WireDelta { reference, depth: d + 1 });
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(plan)
-}
-
-/// The chain depth of blob `id` on `remote`, from its header: the download stops once
-/// the header is in. `None` if it cannot be read or is not a blob (then nothing is coded
-/// against it).
-fn remote_blob_depth(remote: &dyn Remote, id: &ObjectId) -> Option<u32> {
-    let mut head = HeaderOnly(Vec::with_capacity(HEADER_LEN));
-    // Stopping the download once the header is in makes it return an error: the header
-    // decides, whatever the download says.
-    let _ = remote.download(&remote::object_key(id), &mut head, MAX_OBJECT_LEN);
-    let header = crate::store::ObjectHeader::decode(*id, &head.0).ok()?;
-    (header.kind == ObjectKind::Blob).then_some(header.depth)
-}
-
-/// Downloads the file whose manifest is `manifest` from `remote` into this store, unless
-/// the store holds the manifest already: the manifest, its blobs and the references of
-/// those that are deltas, each verified against its id before it is stored, blobs bases
-/// first and the manifest last (so an interrupted download leaves only complete chains and
-/// a rerun fetches what is still missing).
-pub fn fetch_file(repo: &Repo, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
-    let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
-    if repo.store().contains(manifest) {
-        report.files_present = 1;
-        return Ok(report);
-    }
-    repo.progress().start("fetch", 0);
-    let mtmp = receive_object(repo, remote, manifest, &mut report)?;
-    let m =
-        crate::repo::Manifest::parse(*manifest, &repo.store().read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
-    // Blobs: received one by one; each is stored as soon as its reference is here, else it
-    // waits and the reference is fetched.
-    let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
-    let mut queue: Vec<ObjectId> = m.blobs().collect();
-    let mut seen: HashSet<ObjectId> = HashSet::new();
-    while let Some(id) = queue.pop() {
-        if repo.store().contains(&id) || !seen.insert(id) {
-            continue;
-        }
-        let tmp = receive_object(repo, remote, &id, &mut report)?;
-        let header = repo.store().received_header(&id, &tmp)?;
-        if header.kind != ObjectKind::Blob {
-            return Err(crate::store::Error::WrongKind { id, expected: ObjectKind::Blob, found: header.kind }.into());
-        }
-        match header.reference {
-            Some(r) if !repo.store().contains(&r) => {
-                // Each listed blob brings at most a chain of references: more is a remote
-                // naming objects without end.
-                let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
-                if seen.len() > limit {
-                    return Err(crate::store::Error::Corrupt {
-                        id,
-                        reason: "its delta chain on the remote does not end".into(),
+        let need: Vec<Needed> = self.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
+        let wire = self.plan_file_deltas(remote, &wanted, previous, &need, &present)?;
+        let total: u64 = need.iter().map(|n| self.store().stored_len(&n.id).unwrap_or(0)).sum();
+        self.progress().start("push", total);
+        let mut done = 0;
+        for n in &need {
+            if let Some(plan) = wire.get(&n.id) {
+                if let Some((len, uploaded)) = upload_wire_delta(self, remote, &n.id, plan)? {
+                    if uploaded == Uploaded::Created {
+                        report.objects += 1;
+                        report.objects_as_deltas += 1;
+                        report.bytes += len;
                     }
-                    .into());
+                    done += self.store().stored_len(&n.id).unwrap_or(len);
+                    self.progress().set(done);
+                    continue;
                 }
-                queue.push(r);
-                waiting.insert(id, (tmp, r));
             }
-            _ => import_received(repo, &id, ObjectKind::Blob, tmp, &mut report)?,
-        }
-    }
-    // The deltas that waited, each once its reference is stored.
-    while !waiting.is_empty() {
-        let ready: Vec<ObjectId> =
-            waiting.iter().filter(|(_, (_, r))| repo.store().contains(r)).map(|(id, _)| *id).collect();
-        if ready.is_empty() {
-            let (id, (_, r)) = waiting.iter().next().expect("non-empty");
-            return Err(crate::store::Error::Corrupt {
-                id: *id,
-                reason: format!("its reference {r} is neither here nor fetched (a cycle on the remote)"),
+            let (len, uploaded) = self.upload_object(remote, &n.id)?;
+            if uploaded == Uploaded::Created {
+                report.objects += 1;
+                report.bytes += len;
             }
-            .into());
+            done += len;
+            self.progress().set(done);
         }
-        for id in ready {
-            let (tmp, _) = waiting.remove(&id).expect("ready is waiting");
-            import_received(repo, &id, ObjectKind::Blob, tmp, &mut report)?;
-        }
+        self.progress().finish();
+        report.requests = remote.requests();
+        Ok(report)
     }
-    import_received(repo, manifest, ObjectKind::Manifest, mtmp, &mut report)?;
-    repo.progress().finish();
-    repo.flush_index();
-    report.requests = remote.requests();
-    Ok(report)
-}
 
-fn receive_object(
-    repo: &Repo,
-    remote: &dyn Remote,
-    id: &ObjectId,
-    report: &mut FileTransfer,
-) -> Result<tempfile::NamedTempFile> {
-    // The fetch path's download (retries, temp file in the store), counted from this
-    // transfer's bytes so far so that the progress bar keeps growing across objects.
-    let received = std::sync::atomic::AtomicU64::new(report.bytes);
-    let tmp = reopen(receive(repo, remote, id, &received)?)?;
-    report.bytes = received.into_inner();
-    Ok(tmp)
-}
+    /// Which blobs of `need` go up as deltas (see [`Repo::push_files_against`]): pairs of a
+    /// blob of a `wanted` file and the same tensor's blob in the file `previous` names for it,
+    /// the remote holding that file's manifest and blob (`present`), this store holding both
+    /// blobs, the new one whole and no other object of `need` coded against it (its chain
+    /// here would then not match the remote's).
+    fn plan_file_deltas(
+        &self,
+        remote: &dyn Remote,
+        wanted: &[ObjectId],
+        previous: &HashMap<ObjectId, ObjectId>,
+        need: &[Needed],
+        present: &HashSet<ObjectId>,
+    ) -> Result<HashMap<ObjectId, WireDelta>> {
+        let mut plan = HashMap::new();
+        let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
+        let referenced: HashSet<ObjectId> = need.iter().filter_map(|n| n.reference).collect();
+        // Deepest chain a delta may make on the remote, as the local store bounds its own.
+        let max_depth = (self.config().base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
+        // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
+        let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
+        for m in wanted {
+            let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
+            // A clone that never smudged the remote's file cannot code against it.
+            if !self.store().contains(old) {
+                continue;
+            }
+            let (new_manifest, old_manifest) = (self.manifest(m)?, self.manifest(old)?);
+            for (new, reference) in same_tensor_blobs(&new_manifest, &old_manifest) {
+                if new == reference
+                    || plan.contains_key(&new)
+                    || !needed.contains(&new)
+                    || referenced.contains(&new)
+                    || !present.contains(&reference)
+                    || !self.store().contains(&reference)
+                    || self.store().header(&new)?.reference.is_some()
+                {
+                    continue;
+                }
+                let depth =
+                    *remote_depth.entry(reference).or_insert_with(|| self.remote_blob_depth(remote, &reference));
+                match depth {
+                    Some(d) if d < max_depth => {
+                        plan.insert(new, WireDelta { reference, depth: d + 1 });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(plan)
+    }
 
-fn import_received(
-    repo: &Repo,
-    id: &ObjectId,
-    kind: ObjectKind,
-    tmp: tempfile::NamedTempFile,
-    report: &mut FileTransfer,
-) -> Result<()> {
-    repo.import_object(id, kind, tmp)?;
-    report.objects += 1;
-    Ok(())
+    /// The chain depth of blob `id` on `remote`, from its header: the download stops once
+    /// the header is in. `None` if it cannot be read or is not a blob (then nothing is coded
+    /// against it).
+    fn remote_blob_depth(&self, remote: &dyn Remote, id: &ObjectId) -> Option<u32> {
+        let mut head = HeaderOnly(Vec::with_capacity(HEADER_LEN));
+        // Stopping the download once the header is in makes it return an error: the header
+        // decides, whatever the download says.
+        let _ = remote.download(&remote::object_key(id), &mut head, MAX_OBJECT_LEN);
+        let header = crate::store::ObjectHeader::decode(*id, &head.0).ok()?;
+        (header.kind == ObjectKind::Blob).then_some(header.depth)
+    }
+
+    /// Uploads one object file as it is now; returns its length and whether it was created.
+    pub(super) fn upload_object(&self, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
+        let path = self.store().object_path(id);
+        let io = |action| {
+            let path = path.clone();
+            move |source| Error::Io { action, path, source }
+        };
+        let mut file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::Store(crate::store::Error::Missing { id: *id }),
+            _ => Error::Io { action: "opening", path: path.clone(), source: e },
+        })?;
+        let len = file.metadata().map_err(io("reading"))?.len();
+        // The header of the very file that goes up decides whether it may replace (a
+        // compaction may rename a delta over the path meanwhile; the open file stays as read).
+        let mut head = Vec::with_capacity(HEADER_LEN);
+        (&mut file).take(HEADER_LEN as u64).read_to_end(&mut head).map_err(io("reading"))?;
+        let header = crate::store::ObjectHeader::decode(*id, &head)?;
+        let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
+        let uploaded = with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))?;
+        Ok((len, uploaded))
+    }
+
+    /// Downloads the file whose manifest is `manifest` from `remote` into this store, unless
+    /// the store holds the manifest already: the manifest, its blobs and the references of
+    /// those that are deltas, each verified against its id before it is stored, blobs bases
+    /// first and the manifest last (so an interrupted download leaves only complete chains and
+    /// a rerun fetches what is still missing).
+    pub(super) fn fetch_file(&self, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
+        let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
+        if self.store().contains(manifest) {
+            report.files_present = 1;
+            return Ok(report);
+        }
+        self.progress().start("fetch", 0);
+        let mtmp = self.receive_object(remote, manifest, &mut report)?;
+        let m = Manifest::parse(*manifest, &self.store().read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
+        // Blobs: received one by one; each is stored as soon as its reference is here, else it
+        // waits and the reference is fetched.
+        let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
+        let mut queue: Vec<ObjectId> = m.blobs().collect();
+        let mut seen: HashSet<ObjectId> = HashSet::new();
+        while let Some(id) = queue.pop() {
+            if self.store().contains(&id) || !seen.insert(id) {
+                continue;
+            }
+            let tmp = self.receive_object(remote, &id, &mut report)?;
+            let header = self.store().received_header(&id, &tmp)?;
+            if header.kind != ObjectKind::Blob {
+                return Err(
+                    crate::store::Error::WrongKind { id, expected: ObjectKind::Blob, found: header.kind }.into()
+                );
+            }
+            match header.reference {
+                Some(r) if !self.store().contains(&r) => {
+                    // Each listed blob brings at most a chain of references: more is a remote
+                    // naming objects without end.
+                    let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
+                    if seen.len() > limit {
+                        return Err(crate::store::Error::Corrupt {
+                            id,
+                            reason: "its delta chain on the remote does not end".into(),
+                        }
+                        .into());
+                    }
+                    queue.push(r);
+                    waiting.insert(id, (tmp, r));
+                }
+                _ => self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?,
+            }
+        }
+        // The deltas that waited, each once its reference is stored.
+        while !waiting.is_empty() {
+            let ready: Vec<ObjectId> =
+                waiting.iter().filter(|(_, (_, r))| self.store().contains(r)).map(|(id, _)| *id).collect();
+            if ready.is_empty() {
+                let (id, (_, r)) = waiting.iter().next().expect("non-empty");
+                return Err(crate::store::Error::Corrupt {
+                    id: *id,
+                    reason: format!("its reference {r} is neither here nor fetched (a cycle on the remote)"),
+                }
+                .into());
+            }
+            for id in ready {
+                let (tmp, _) = waiting.remove(&id).expect("ready is waiting");
+                self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?;
+            }
+        }
+        self.import_received(manifest, ObjectKind::Manifest, mtmp, &mut report)?;
+        self.progress().finish();
+        self.flush_index();
+        report.requests = remote.requests();
+        Ok(report)
+    }
+
+    fn receive_object(
+        &self,
+        remote: &dyn Remote,
+        id: &ObjectId,
+        report: &mut FileTransfer,
+    ) -> Result<tempfile::NamedTempFile> {
+        // The fetch path's download (retries, temp file in the store), counted from this
+        // transfer's bytes so far so that the progress bar keeps growing across objects.
+        let received = std::sync::atomic::AtomicU64::new(report.bytes);
+        let tmp = reopen(receive(self, remote, id, &received)?)?;
+        report.bytes = received.into_inner();
+        Ok(tmp)
+    }
+
+    fn import_received(
+        &self,
+        id: &ObjectId,
+        kind: ObjectKind,
+        tmp: tempfile::NamedTempFile,
+        report: &mut FileTransfer,
+    ) -> Result<()> {
+        self.import_object(id, kind, tmp)?;
+        report.objects += 1;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::remote::local::DirRemote;
-    use crate::remote::UploadMode;
     use crate::repo::{CommitOptions, RepoPath};
     use crate::test_data::{steps_checkpoint as checkpoint, store_with_steps};
     use std::path::Path;
@@ -327,29 +356,29 @@ mod tests {
 
         let remote = DirRemote::create(dir.path().join("remote").to_str().unwrap()).unwrap();
         let manifests: Vec<ObjectId> = files.iter().map(|(f, _)| f.manifest).collect();
-        let first = push_files(&store, &remote, &manifests).unwrap();
+        let first = store.push_files(&remote, &manifests).unwrap();
         assert_eq!((first.files, first.files_present), (3, 0));
         assert!(first.objects > 0 && first.missing.is_empty());
-        let again = push_files(&store, &remote, &manifests).unwrap();
+        let again = store.push_files(&remote, &manifests).unwrap();
         assert_eq!((again.files_present, again.objects, again.bytes), (3, 0, 0));
 
         // Another store fetches each file from the remote alone.
         let clone = Repo::init(&dir.path().join("clone")).unwrap();
         for (f, bytes) in &files {
-            let got = fetch_file(&clone, &remote, &f.manifest).unwrap();
+            let got = clone.fetch_file(&remote, &f.manifest).unwrap();
             assert_eq!(got.files_present, 0);
             let out = dir.path().join("out");
             clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
             assert_eq!(&std::fs::read(&out).unwrap(), bytes);
         }
-        assert_eq!(fetch_file(&clone, &remote, &files[0].0.manifest).unwrap().files_present, 1);
+        assert_eq!(clone.fetch_file(&remote, &files[0].0.manifest).unwrap().files_present, 1);
         for id in clone.store().list().unwrap() {
             clone.store().verify(&id).unwrap();
         }
 
         // A file neither side has is reported, not an error of the whole push.
         let absent = ObjectId::hash(b"no such manifest");
-        let r = push_files(&store, &remote, &[absent]).unwrap();
+        let r = store.push_files(&remote, &[absent]).unwrap();
         assert_eq!(r.missing, vec![absent]);
     }
 
@@ -377,7 +406,7 @@ mod tests {
             std::fs::write(&spool, &bytes).unwrap();
             let f = store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
             let against: HashMap<ObjectId, ObjectId> = previous.map(|p| (f.manifest, p)).into_iter().collect();
-            let r = push_files_against(&store, &remote, &[f.manifest], &against).unwrap();
+            let r = store.push_files_against(&remote, &[f.manifest], &against).unwrap();
             // The blobs this step changed (the safetensors header is the same every step).
             let before: HashSet<ObjectId> =
                 previous.map(|p| store.manifest(&p).unwrap().blobs().collect()).unwrap_or_default();
@@ -400,7 +429,7 @@ mod tests {
         // A store with nothing of its own fetches each file from the remote, chains included.
         let clone = Repo::init(&dir.path().join("clone")).unwrap();
         for (f, bytes) in files.iter().rev() {
-            fetch_file(&clone, &remote, &f.manifest).unwrap();
+            clone.fetch_file(&remote, &f.manifest).unwrap();
             let out = dir.path().join("out");
             clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
             assert_eq!(&std::fs::read(&out).unwrap(), bytes);
@@ -464,19 +493,19 @@ mod tests {
                 inner: DirRemote::create(url.to_str().unwrap()).unwrap(),
                 left: std::sync::atomic::AtomicUsize::new(stop),
             };
-            assert!(push_files(&store, &remote, &manifests).is_err());
+            assert!(store.push_files(&remote, &manifests).is_err());
             // Whatever manifest arrived can be fetched whole from the remote alone.
             let clone = Repo::init(&dir.path().join(format!("clone{stop}"))).unwrap();
             for (f, bytes) in &files {
                 if url.join(crate::remote::object_key(&f.manifest)).exists() {
-                    fetch_file(&clone, &remote.inner, &f.manifest).unwrap();
+                    clone.fetch_file(&remote.inner, &f.manifest).unwrap();
                     let out = dir.path().join("out");
                     clone.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
                     assert_eq!(&std::fs::read(&out).unwrap(), bytes);
                 }
             }
             // The rerun sends only the rest.
-            let rerun = push_files(&store, &remote.inner, &manifests).unwrap();
+            let rerun = store.push_files(&remote.inner, &manifests).unwrap();
             assert_eq!(rerun.objects as usize, total - stop, "stopped after {stop}");
         }
     }
@@ -488,7 +517,7 @@ mod tests {
         let remote_dir = dir.path().join("remote");
         let remote = DirRemote::create(remote_dir.to_str().unwrap()).unwrap();
         let newest = &files[2].0;
-        push_files(&store, &remote, &[newest.manifest]).unwrap();
+        store.push_files(&remote, &[newest.manifest]).unwrap();
         // Flip a byte near the end of every blob of the newest file on the remote.
         let m = store.manifest(&newest.manifest).unwrap();
         for blob in m.blobs() {
@@ -500,7 +529,7 @@ mod tests {
             std::fs::write(&path, bytes).unwrap();
         }
         let clone = Repo::init(&dir.path().join("clone")).unwrap();
-        let e = fetch_file(&clone, &remote, &newest.manifest).unwrap_err().to_string();
+        let e = clone.fetch_file(&remote, &newest.manifest).unwrap_err().to_string();
         assert!(m.blobs().any(|b| e.contains(&b.to_hex()[..12])), "{e}");
         assert!(!clone.store().contains(&newest.manifest));
         assert!(m.blobs().all(|b| !clone.store().contains(&b)));

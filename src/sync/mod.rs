@@ -35,9 +35,40 @@ mod wire_delta;
 pub use clone::{clone_from, clone_with_depth, pull, PullOutcome};
 pub use error::{Error, Result};
 pub use fetch::{fetch, fetch_from, FetchReport};
-pub use file_objects::{fetch_file, push_files, push_files_against, FileTransfer};
+pub use file_objects::FileTransfer;
 pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
 pub use remotes::{
     absolute_dir_url, add_remote, default_remote, open_remote, remotes, remove_remote, RefUpdate, RemoteConfig,
 };
+
+use crate::object_id::ObjectId;
+use crate::remote::Remote;
+use crate::repo::Repo;
+use std::collections::HashMap;
+
+/// Uploads to `remote` what the files `manifests` (manifest ids) need and the remote lacks,
+/// bases before deltas and each manifest after its blobs; a file neither side holds is listed
+/// in [`FileTransfer::missing`]. The git filter's pre-push.
+pub fn push_files(repo: &Repo, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
+    repo.push_files(remote, manifests)
+}
+
+/// [`push_files`], sending a blob as an XOR delta against the blob of the same tensor in the
+/// file `previous` maps its file to (the one the remote holds for the same path), where that
+/// pays and the remote's chain stays within bounds (docs/format.md, "Deltas on the wire").
+pub fn push_files_against(
+    repo: &Repo,
+    remote: &dyn Remote,
+    manifests: &[ObjectId],
+    previous: &HashMap<ObjectId, ObjectId>,
+) -> Result<FileTransfer> {
+    repo.push_files_against(remote, manifests, previous)
+}
+
+/// Downloads the file whose manifest is `manifest` from `remote` into `repo`'s store (unless
+/// it is there), every object verified against its id before it is stored, bases first and
+/// the manifest last. The git filter's smudge of a file the local store lacks.
+pub fn fetch_file(repo: &Repo, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
+    repo.fetch_file(remote, manifest)
+}

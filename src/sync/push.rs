@@ -4,8 +4,8 @@
 
 use super::partial::check_pushable;
 use super::remotes::{open_remote, parse_ref, put_ref, ref_key, RefUpdate};
-use super::transfer::{parallel, upload_object, upload_wire_delta};
-use super::wire_delta::{plan_wire_deltas, WireDelta};
+use super::transfer::{parallel, upload_wire_delta};
+use super::wire_delta::WireDelta;
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Remote, Uploaded};
@@ -200,10 +200,10 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     }
     check_pushable(repo, &need, &|id| have.contains(id) || present.contains(id), &url)?;
     // New blobs go up as deltas against the parent version's blobs where the remote has
-    // them (remote_delta.rs).
+    // them (wire_delta.rs).
     let versions: Vec<VersionId> = need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
     let need_blobs: HashSet<ObjectId> = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
-    let wire = plan_wire_deltas(repo, &versions, &need_blobs, &|id| have.contains(id) || present.contains(id))?;
+    let wire = repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || present.contains(id))?;
     upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
 
     for (kind, name, key, old, id, expect) in moves {
@@ -302,7 +302,7 @@ fn upload(
                     return Ok(());
                 }
             }
-            let (len, uploaded) = upload_object(repo, remote, id)?;
+            let (len, uploaded) = repo.upload_object(remote, id)?;
             match uploaded {
                 Uploaded::Created => {
                     sent.fetch_add(1, Ordering::Relaxed);

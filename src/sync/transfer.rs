@@ -7,8 +7,6 @@ use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote, UploadMode, Uploaded};
 use crate::repo::Repo;
-use crate::store::HEADER_LEN;
-use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -188,28 +186,6 @@ pub(super) fn receive_into(
         })?;
         download_to(repo, remote, id, received, tmp)
     })
-}
-
-/// Uploads one object file as it is now; returns its length and whether it was created.
-pub(crate) fn upload_object(repo: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
-    let path = repo.store().object_path(id);
-    let io = |action| {
-        let path = path.clone();
-        move |source| Error::Io { action, path, source }
-    };
-    let mut file = std::fs::File::open(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::Store(crate::store::Error::Missing { id: *id }),
-        _ => Error::Io { action: "opening", path: path.clone(), source: e },
-    })?;
-    let len = file.metadata().map_err(io("reading"))?.len();
-    // The header of the very file that goes up decides whether it may replace (a
-    // compaction may rename a delta over the path meanwhile; the open file stays as read).
-    let mut head = Vec::with_capacity(HEADER_LEN);
-    (&mut file).take(HEADER_LEN as u64).read_to_end(&mut head).map_err(io("reading"))?;
-    let header = crate::store::ObjectHeader::decode(*id, &head)?;
-    let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
-    let uploaded = with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))?;
-    Ok((len, uploaded))
 }
 
 /// Codes blob `id` as planned and uploads it (create-only, with retries): its length on the
