@@ -134,7 +134,7 @@ pub(super) fn fetch_refs(
 /// With `depth`, only versions fewer than `depth` parents away from a root are downloaded
 /// (a partial clone); those whose parents stay behind are recorded as cut versions of
 /// remote `remote_name` (partial.rs) before anything is stored.
-pub(crate) fn download(
+pub(super) fn download(
     repo: &Repo,
     remote: &dyn Remote,
     roots: &[VersionId],
@@ -175,7 +175,7 @@ fn keep_arrived_blobs(repo: &Repo, blobs: &mut HashMap<ObjectId, (tempfile::Temp
 /// the lock is held for local work only (docs/architecture.md, "What the lock covers").
 /// If something the download took as present here is gone when the lock is taken (a gc
 /// ran meanwhile), the download is done again under the lock.
-pub(crate) fn download_then_lock(
+pub(super) fn download_then_lock(
     repo: &Repo,
     remote: &dyn Remote,
     roots: &[VersionId],

@@ -15,7 +15,7 @@ use crate::store::ObjectKind;
 /// Refuses a push that would name, on the remote, a version whose parents neither the
 /// remote (`on_remote`) nor the push hold: a partial clone can push what it builds on top
 /// of its remote's history, not history it never had.
-pub(crate) fn check_pushable(
+pub(super) fn check_pushable(
     repo: &Repo,
     need: &[Needed],
     on_remote: &dyn Fn(&ObjectId) -> bool,

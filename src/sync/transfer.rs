@@ -22,7 +22,7 @@ pub(super) const OBJECT_ATTEMPTS: u32 = 4;
 /// after a transport or server error. Safe for objects only: an object key's content is fixed
 /// by its id, so a repeated upload is create-if-absent (finding the first one's bytes there
 /// is success) and a repeated download starts a fresh temp file.
-pub(crate) fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+pub(super) fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
     let mut attempt = 1;
     loop {
         match f() {
@@ -66,13 +66,13 @@ pub(super) fn parallel<T: Sync>(items: &[T], transfers: usize, work: impl Fn(&T)
 /// is arriving), on the store's file system (so a verified object is stored by a rename).
 /// A lock file inside tells a live fetch's directory from one left by a killed fetch, which
 /// the next fetch deletes. Dropped: the directory and what is left in it are deleted.
-pub(crate) struct Staging {
+pub(super) struct Staging {
     _lock: std::fs::File,
     dir: tempfile::TempDir,
 }
 
 impl Staging {
-    pub(crate) fn create(ckpt_dir: &Path) -> Result<Staging> {
+    pub(super) fn create(ckpt_dir: &Path) -> Result<Staging> {
         let incoming = ckpt_dir.join(INCOMING_DIR);
         std::fs::create_dir_all(&incoming).map_err(|e| Error::Io {
             action: "creating",
@@ -123,7 +123,7 @@ impl Staging {
 const INCOMING_DIR: &str = "incoming";
 
 /// Downloads one object into a temp file of the store (not stored yet).
-pub(crate) fn receive(
+pub(super) fn receive(
     repo: &Repo,
     remote: &dyn Remote,
     id: &ObjectId,
@@ -133,7 +133,7 @@ pub(crate) fn receive(
 }
 
 /// Downloads one object into `stage`, reopened for reading.
-pub(crate) fn receive_staged(
+pub(super) fn receive_staged(
     repo: &Repo,
     remote: &dyn Remote,
     id: &ObjectId,
@@ -164,7 +164,7 @@ fn download_to(
     Ok(tmp.into_temp_path())
 }
 
-pub(crate) fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
+pub(super) fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
     let file =
         std::fs::File::open(&path).map_err(|e| Error::Io { action: "opening", path: path.to_path_buf(), source: e })?;
     Ok(tempfile::NamedTempFile::from_parts(file, path))
@@ -191,7 +191,7 @@ pub(super) fn receive_into(
 /// Codes blob `id` as planned and uploads it (create-only, with retries): its length on the
 /// wire and whether it was created; `None` when the delta would not be smaller (the caller
 /// then uploads the object as it is).
-pub(crate) fn upload_wire_delta(
+pub(super) fn upload_wire_delta(
     repo: &Repo,
     remote: &dyn Remote,
     id: &ObjectId,
@@ -206,7 +206,7 @@ pub(crate) fn upload_wire_delta(
 
 /// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
 /// `None` when that would not be smaller than its object here (it then goes up as it is).
-pub(crate) fn encode_wire_delta(
+pub(super) fn encode_wire_delta(
     repo: &Repo,
     id: &ObjectId,
     plan: &WireDelta,
