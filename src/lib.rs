@@ -11,7 +11,8 @@
 //! - [`store`] (immutable objects on disk) and [`index`] (a rebuildable sled cache), which do
 //!   not know each other;
 //! - [`remote`] (a directory or S3-compatible object storage), which knows neither;
-//! - [`repo`]: commit, checkout, log, refs, gc, verify, push, fetch;
+//! - [`repo`]: commit, checkout, log, refs, gc, verify;
+//! - [`sync`]: remotes (push, fetch, pull, clone, partial clones), above [`repo`];
 //! - [`git_filter`]: the git filter driver (pointers, git's filter protocol, set-up);
 //! - [`cli`]: the `ckpt` command.
 //!
@@ -49,6 +50,7 @@ pub mod remote;
 pub mod repo;
 pub mod safetensors;
 pub mod store;
+pub mod sync;
 #[cfg(test)]
 mod test_data;
 pub mod torch_zip;

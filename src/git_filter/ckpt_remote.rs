@@ -12,7 +12,8 @@
 use super::pointer::{self, Pointer};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
-use crate::repo::{FileTransfer, Repo};
+use crate::repo::Repo;
+use crate::sync::FileTransfer;
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::path::Path;
@@ -87,14 +88,14 @@ fn read_remote_key(file: &Path) -> Result<Option<String>> {
 /// Opens the ckpt remote at `url` to read from (S3 settings from the `AWS_*` environment
 /// variables; a directory must exist).
 pub fn open(url: &str) -> Result<Box<dyn crate::remote::Remote>> {
-    crate::remote::open(url, &crate::remote::S3Options::default()).map_err(|e| Error::Repo(e.into()))
+    crate::remote::open(url, &crate::remote::S3Options::default()).map_err(|e| Error::Sync(e.into()))
 }
 
 /// Opens the ckpt remote at `url` to push to: as [`open`], but a directory remote is created
 /// if missing (as `ckpt remote add` does).
 pub fn open_for_push(url: &str) -> Result<Box<dyn crate::remote::Remote>> {
     if url.starts_with("file://") || !url.contains("://") {
-        let dir = crate::remote::local::DirRemote::create(url).map_err(|e| Error::Repo(e.into()))?;
+        let dir = crate::remote::local::DirRemote::create(url).map_err(|e| Error::Sync(e.into()))?;
         return Ok(Box::new(dir));
     }
     open(url)
@@ -213,7 +214,7 @@ pub fn pushed_pointers(git: &git2::Repository, refs: &[PushedRef]) -> Result<Vec
 /// pointer at that path in the commit the remote has the ref at, or for a new ref in the
 /// newest commit of `refs/remotes/<remote_name>/*` (commits the remote is known to have). A
 /// push sends the file's blobs as deltas against that file's where it pays (see
-/// [`Repo::push_files_against`]); a path without such a pointer goes up whole.
+/// [`crate::sync::push_files_against`]); a path without such a pointer goes up whole.
 pub fn previous_files(
     git: &git2::Repository,
     refs: &[PushedRef],
@@ -274,7 +275,7 @@ pub struct PrePushReport {
 }
 
 /// Uploads to `remote` the objects of the files `pointers` name, blobs as deltas against
-/// those of the files `previous` names where that pays (see [`Repo::push_files_against`] and
+/// those of the files `previous` names where that pays (see [`crate::sync::push_files_against`] and
 /// [`previous_files`]). A file neither the local store nor the remote holds is an error
 /// naming its path, after the others went up.
 pub fn push_pointers(
@@ -285,7 +286,7 @@ pub fn push_pointers(
 ) -> Result<PrePushReport> {
     let mut seen = HashSet::new();
     let manifests: Vec<ObjectId> = pointers.iter().map(|(_, p)| p.manifest).filter(|m| seen.insert(*m)).collect();
-    let transfer = store.push_files_against(remote, &manifests, previous)?;
+    let transfer = crate::sync::push_files_against(store, remote, &manifests, previous)?;
     if let Some(missing) = transfer.missing.first() {
         let path = pointers.iter().find(|(_, p)| p.manifest == *missing).map_or("?", |(path, _)| path.as_str());
         return Err(Error::NotPushable {

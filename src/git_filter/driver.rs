@@ -78,7 +78,7 @@ impl GitFilter {
         let source = self.remote.as_ref()?;
         let remote = source.get();
         Some(match remote {
-            Ok(remote) => into.fetch_file(remote.as_ref(), &p.manifest).map(|_| ()).map_err(|e| {
+            Ok(remote) => crate::sync::fetch_file(into, remote.as_ref(), &p.manifest).map(|_| ()).map_err(|e| {
                 format!("fetching file {} (manifest {}) from the ckpt remote {}: {e}", p.hash, p.manifest, source.url)
             }),
             Err(e) => Err(e.clone()),

@@ -53,6 +53,9 @@ pub enum Error {
     /// The ckpt store failed.
     #[error(transparent)]
     Repo(#[from] repo::Error),
+    /// A transfer to or from the ckpt remote failed.
+    #[error(transparent)]
+    Sync(#[from] crate::sync::Error),
     /// A file system operation failed.
     #[error("{action} {}: {source}", path.display())]
     Io {

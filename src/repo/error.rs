@@ -133,63 +133,6 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A remote failed (its error names the remote, the key and the cause).
-    #[error(transparent)]
-    Remote(#[from] crate::remote::Error),
-    /// No remote of this name in `.ckpt/remotes`.
-    #[error("no remote named {name:?} (ckpt remote add NAME URL)")]
-    NoSuchRemote {
-        /// The name.
-        name: String,
-    },
-    /// A remote name that is already configured.
-    #[error("remote {name:?} already exists")]
-    RemoteExists {
-        /// The name.
-        name: String,
-    },
-    /// A push that would overwrite what the remote holds.
-    #[error("{remote}: rejected {what}: {reason}")]
-    Rejected {
-        /// The remote's URL.
-        remote: String,
-        /// The ref (`branch main`, `tag v1`).
-        what: String,
-        /// Why, with what to do.
-        reason: String,
-    },
-    /// A version outside a partial clone's history that could not be fetched from its remote.
-    #[error(
-        "{rev} is outside the history this partial clone holds, and fetching it from remote {remote} failed: {reason}"
-    )]
-    PartialCloneRemote {
-        /// The remote (name, and URL where it was opened).
-        remote: String,
-        /// The revision asked for.
-        rev: String,
-        /// Why the fetch failed.
-        reason: String,
-    },
-    /// A remote ref whose content is not a version id.
-    #[error("{remote}: {key}: not a ref (expected 64 hex digits and a newline)")]
-    BadRemoteRef {
-        /// The remote's URL.
-        remote: String,
-        /// The key.
-        key: String,
-    },
-    /// A pull whose branch and remote branch have both moved.
-    #[error("branch {branch:?} and {remote}/{branch} have diverged (local {local}, remote {theirs}); ckpt pull --rebase puts your versions (same files) on top of the remote's; or push yours to another branch")]
-    Diverged {
-        /// The branch.
-        branch: String,
-        /// The remote's name.
-        remote: String,
-        /// The local tip.
-        local: VersionId,
-        /// The remote tip.
-        theirs: VersionId,
-    },
     /// A manifest or version object that decodes but is not valid.
     #[error("object {id} is corrupt: {reason}")]
     CorruptMetadata {
@@ -299,25 +242,10 @@ pub enum Error {
         /// Which cap and by how much.
         reason: String,
     },
-    /// `pull` would overwrite or remove files whose changes would be lost: nothing was written.
-    #[error(
-        "pull: not moving branch {branch:?} to {theirs}: {}",
-        dirty_message(paths, untracked).replace("or pass --force to discard them", "then pull again")
-    )]
-    PullBlocked {
-        /// The current branch.
-        branch: String,
-        /// The remote's version it would move to.
-        theirs: String,
-        /// Tracked files modified since they were committed or checked out.
-        paths: Vec<String>,
-        /// Untracked files in the way.
-        untracked: Vec<String>,
-    },
 }
 
 /// The message of [`Error::DirtyWorkingTree`].
-pub(super) fn dirty_message(modified: &[String], untracked: &[String]) -> String {
+pub(crate) fn dirty_message(modified: &[String], untracked: &[String]) -> String {
     let mut parts = Vec::new();
     if !modified.is_empty() {
         parts.push(format!("modified since the last commit or checkout: {}", modified.join(", ")));

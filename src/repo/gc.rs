@@ -6,10 +6,10 @@
 //! manifest and every reachable blob's header; if any of them cannot be read, gc stops before
 //! deleting anything, since it cannot know what the unreadable object needs.
 
-use super::{Repo, Result, VersionId};
+use super::{Error, RefKind, Repo, Result, Version, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// What `gc` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -24,6 +24,28 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Leftover temp files of interrupted writes deleted.
     pub temp_files: usize,
+}
+
+/// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KeepReport {
+    /// Files kept (live manifests present in the store).
+    pub files_kept: usize,
+    /// Live manifests named that the store does not hold (nothing to keep for them).
+    pub files_missing: usize,
+    /// Objects kept.
+    pub kept: usize,
+    /// Objects deleted (or that would be).
+    pub deleted: usize,
+    /// Bytes of those object files.
+    pub bytes_freed: u64,
+    /// Whether nothing was deleted on purpose.
+    pub dry_run: bool,
+    /// The git repositories (common directories) whose live files were kept (set by the
+    /// caller: `ckpt git gc` reads every user of a shared store).
+    pub repositories: Vec<String>,
+    /// Registered users of the store that no longer exist or use it, forgotten.
+    pub pruned: Vec<String>,
 }
 
 impl Repo {
@@ -69,6 +91,17 @@ impl Repo {
         let doomed: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
         let mut report = GcReport { versions, kept: all.len() - doomed.len(), ..GcReport::default() };
         self.forget_stats_of_deleted_content(&held)?;
+        report.bytes_freed = self.sweep(&doomed)?;
+        report.deleted = doomed.len();
+        report.temp_files = self.store.clean_tmp()? + self.clean_stale_checkout_staging();
+        self.flush_index();
+        Ok(report)
+    }
+
+    /// Deletes the objects `doomed` (and their index records), reporting progress; returns
+    /// the bytes of the deleted object files. The sweep of `gc` and `gc_keeping`.
+    fn sweep(&self, doomed: &[ObjectId]) -> Result<u64> {
+        let mut freed = 0;
         self.progress.start("gc", doomed.len() as u64);
         for (n, id) in doomed.iter().enumerate() {
             let len = self.store.stored_len(id).unwrap_or(0);
@@ -77,14 +110,11 @@ impl Repo {
                 let _ = ix.remove_version(id);
             }
             self.store.remove(id)?;
-            report.deleted += 1;
-            report.bytes_freed += len;
+            freed += len;
             self.progress.set(n as u64 + 1);
         }
         self.progress.finish();
-        report.temp_files = self.store.clean_tmp()? + self.clean_stale_checkout_staging();
-        self.flush_index();
-        Ok(report)
+        Ok(freed)
     }
 
     /// Deletes the staging directories (`.ckpt/tmp/.ckpt-checkout-*`) that a checkout killed
@@ -110,8 +140,205 @@ impl Repo {
         }
         n
     }
+
+    /// Deletes every object of the store that neither the files `live` (manifests: each with
+    /// its blobs and their delta chains) nor a tag or branch other than the current one needs
+    /// ([`Repo::gc_keeping_with`] with a fixed live set).
+    pub fn gc_keeping(&self, live: &[ObjectId], dry_run: bool) -> Result<KeepReport> {
+        self.gc_keeping_with(|| Ok(live.to_vec()), dry_run)
+    }
+
+    /// Deletes every object of the store that neither the files `live()` returns (manifests:
+    /// each with its blobs and their delta chains) nor a tag or branch other than the current
+    /// one needs. `live` runs under the writer lock, so no file stored meanwhile can be missed
+    /// by it. The current branch's history (the versions [`Repo::store_file`] recorded) is
+    /// replaced by one version without parents holding the live files: under the paths the
+    /// store's path records (or the current version) give them (so the next content stored
+    /// for a path is still coded against its last one), the others under
+    /// `gc-kept/<manifest id>`. With `dry_run`, nothing changes and the report says what would
+    /// be deleted.
+    ///
+    /// Marking reads every kept manifest and blob header first; if one cannot be read, nothing
+    /// is deleted. Neither the new root version nor anything a ref names is ever deleted, also
+    /// when the root's id is one an earlier gc wrote (the same files in the same second).
+    pub fn gc_keeping_with<E: From<Error>>(
+        &self,
+        live: impl FnOnce() -> std::result::Result<Vec<ObjectId>, E>,
+        dry_run: bool,
+    ) -> std::result::Result<KeepReport, E> {
+        let mut report = KeepReport { dry_run, ..KeepReport::default() };
+        let lock = self.lock()?;
+        if !dry_run && self.has_pending_deltas() {
+            // Deferred rewrites name versions this gc replaces: done first, while they exist.
+            self.compact_locked(&super::CompactOptions::default())?;
+        }
+        let live = live()?;
+        let present: Vec<ObjectId> = {
+            let mut seen = HashSet::new();
+            live.iter().filter(|m| seen.insert(**m)).filter(|m| self.store.contains(m)).copied().collect()
+        };
+        report.files_kept = present.len();
+        report.files_missing = live.iter().collect::<HashSet<_>>().len() - present.len();
+
+        let head = self.refs.head()?;
+        let head_version = self.refs.head_version()?;
+        let current_branch = match &head {
+            super::Head::Branch(b) => Some(b.clone()),
+            super::Head::Detached(_) => None,
+        };
+        // Roots that stay: everything `gc` keeps (Repo::roots: every ref in any namespace, a
+        // detached HEAD, the records) except the current branch, whose history this gc replaces
+        // by one version of the live files. A ref that cannot be read stops the gc.
+        let current_ref = current_branch.as_ref().map(|b| format!("refs/heads/{b}"));
+        let mut roots: Vec<VersionId> = Vec::new();
+        for root in self.roots() {
+            let root = root?;
+            if Some(&root.name) != current_ref.as_ref() {
+                roots.push(root.id);
+            }
+        }
+        let mut marked: HashSet<ObjectId> = self.reachable(&roots, &|_| false)?.into_iter().map(|n| n.id).collect();
+        marked.extend(self.file_objects(&present)?.into_iter().map(|n| n.id));
+
+        let (root_id, root) = self.live_version(head_version, &present)?;
+        // The root is kept whatever its id: two gcs of the same files in the same second
+        // build the same root, which the second must not delete under the ref it moves there.
+        marked.insert(root_id);
+        let all = self.store.list().map_err(Error::from)?;
+        let doomed: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
+        report.kept = all.len() - doomed.len();
+        report.deleted = doomed.len();
+        report.bytes_freed = doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum();
+        // The root version itself is kept (it is written below, unless already there).
+        if !all.contains(&root_id) {
+            report.kept += 1;
+        }
+        if dry_run {
+            return Ok(report);
+        }
+
+        // The new root first, then the ref to it, then the deletions: an interruption leaves
+        // the old history or the new one, never a ref to a deleted version.
+        let written = self
+            .store
+            .write_data(ObjectKind::Version, &root.to_bytes(), &self.config.codec_options())
+            .map_err(Error::from)?;
+        self.index_object(&written);
+        self.index_version(&written.id, &root);
+        match &current_branch {
+            Some(b) => self.refs.set(RefKind::Branch, b, &written.id)?,
+            None => self.refs.set_head(&super::Head::Detached(written.id))?,
+        }
+        self.reset_path_records(&written.id, &root)?;
+        self.sweep(&doomed)?;
+        // Rewrites still pending (a failed compaction) for versions now deleted are dropped.
+        let pending: Vec<VersionId> = self.pending_deltas()?.into_iter().filter(|v| self.store.contains(v)).collect();
+        self.write_pending_deltas(&pending)?;
+        self.flush_index();
+        drop(lock);
+        Ok(report)
+    }
+
+    /// The parentless version holding the files `live` (present in the store): each live file
+    /// under the paths the path records give it (the version that last stored a path lists it
+    /// there) and those of the current version, the others under `gc-kept/<manifest id>` (no
+    /// files at all when nothing is live). Returns its id and the version.
+    fn live_version(&self, head: Option<VersionId>, live: &[ObjectId]) -> Result<(VersionId, Version)> {
+        let live_set: HashSet<ObjectId> = live.iter().copied().collect();
+        let mut files: std::collections::BTreeMap<String, super::FileEntry> = std::collections::BTreeMap::new();
+        let mut placed = HashSet::new();
+        let mut versions: HashMap<VersionId, Version> = HashMap::new();
+        let mut candidates: Vec<(String, VersionId)> = self.path_records()?;
+        if let Some(h) = head {
+            candidates.push((String::new(), h));
+        }
+        for (path, id) in candidates {
+            let v = match versions.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => match self.version(&id) {
+                    Ok(v) => e.insert(v),
+                    // A record is a hint: one naming an unreadable version places nothing.
+                    Err(_) if !path.is_empty() => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            for f in &v.files {
+                if (path.is_empty() || f.path == path) && live_set.contains(&f.manifest) && !files.contains_key(&f.path)
+                {
+                    placed.insert(f.manifest);
+                    files.insert(f.path.clone(), f.clone());
+                }
+            }
+        }
+        for m in live {
+            if placed.insert(*m) {
+                let manifest = self.manifest(m)?;
+                let path = format!("gc-kept/{m}");
+                files.insert(
+                    path.clone(),
+                    super::FileEntry { path, manifest: *m, len: manifest.len, hash: manifest.hash },
+                );
+            }
+        }
+        let files: Vec<super::FileEntry> = files.into_values().collect();
+        let version = Version {
+            format: super::MODEL_FORMAT,
+            parents: Vec::new(),
+            time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0),
+            message: "ckpt git gc: the files git still reaches".into(),
+            since_base: 0,
+            raw_bytes: files.iter().map(|f| f.len).sum(),
+            stored_bytes: 0,
+            files,
+        };
+        let id = ObjectId::hash(&version.to_bytes());
+        Ok((id, version))
+    }
 }
 
 /// How long a checkout's staging directory must be untouched before gc takes it for a
 /// leftover: far longer than staging one file of any checkpoint takes.
 const STALE_STAGING: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repo::{CommitOptions, RepoPath};
+    use crate::test_data::{steps_checkpoint as checkpoint, store_with_steps};
+
+    #[test]
+    fn gc_keeping_deletes_only_what_the_live_files_do_not_need() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        // A file of another path, not live.
+        let spool = dir.path().join("spool");
+        let other = checkpoint(9, 0);
+        std::fs::write(&spool, &other).unwrap();
+        let dead = store
+            .store_file(&spool, &RepoPath::parse("other.safetensors").unwrap(), "o", &CommitOptions::default())
+            .unwrap();
+        let live: Vec<ObjectId> = [&files[0], &files[2]].iter().map(|(f, _)| f.manifest).collect();
+        let before = store.store().list().unwrap();
+        let dry = store.gc_keeping(&live, true).unwrap();
+        assert_eq!(store.store().list().unwrap(), before);
+        let real = store.gc_keeping(&live, false).unwrap();
+        assert_eq!((real.deleted, real.bytes_freed, real.files_kept), (dry.deleted, dry.bytes_freed, 2));
+        assert!(!store.store().contains(&dead.manifest));
+        assert!(!store.store().contains(&files[1].0.manifest));
+        for (f, bytes) in [&files[0], &files[2]] {
+            let out = dir.path().join("out");
+            store.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
+            assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+        }
+        assert!(store.verify().unwrap().is_ok(), "store does not verify after gc");
+        // The next content of the path is still coded against the last one kept there.
+        std::fs::write(&spool, checkpoint(1, 3)).unwrap();
+        let path = RepoPath::parse("m.safetensors").unwrap();
+        store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
+        let m = store.manifest(&files[2].0.manifest).unwrap();
+        assert!(m.blobs().any(|b| store.store().header(&b).unwrap().reference.is_some()));
+    }
+}

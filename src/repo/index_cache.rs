@@ -164,7 +164,7 @@ impl Repo {
     }
 
     /// Flushes the index if it was opened, and appends what was kept for the journal.
-    pub(super) fn flush_index(&self) {
+    pub(crate) fn flush_index(&self) {
         if let Some(Some(ix)) = self.index.get() {
             let _ = ix.flush();
         }

@@ -19,7 +19,6 @@ mod commit_memory;
 mod compact;
 mod config;
 mod error;
-mod file_objects;
 mod gc;
 mod index_cache;
 mod inspect;
@@ -31,8 +30,6 @@ mod partial;
 mod path;
 mod reachable;
 mod refs;
-mod remote;
-mod remote_delta;
 mod revision;
 mod status;
 mod store_file;
@@ -48,8 +45,7 @@ pub use commit_memory::{
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use error::{Error, Result};
-pub use file_objects::{FileTransfer, KeepReport};
-pub use gc::GcReport;
+pub use gc::{GcReport, KeepReport};
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
     TensorDiff, TensorName,
@@ -62,7 +58,6 @@ pub use partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};
-pub use remote::{absolute_dir_url, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
 pub use status::{FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
@@ -71,9 +66,11 @@ pub use watch::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};
 use crate::object_id::ObjectId;
 use crate::store::{self, ObjectKind, Store};
+pub(crate) use error::dirty_message;
 use error::io;
-use lock::WriterLock;
-use refs::Refs;
+pub(crate) use lock::WriterLock;
+pub(crate) use refs::Refs;
+pub(crate) use revision::split_ancestry;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -299,8 +296,61 @@ impl Repo {
         self.lock_timeout = timeout;
     }
 
-    fn lock(&self) -> Result<WriterLock> {
+    // ---- the crate surface for `crate::sync` ------------------------------------------------
+    // What the layer above needs of the core and cannot do through the public API: the writer
+    // lock, ref files, importing objects it received and verified against their ids, recording
+    // a version, checking a version out, and progress.
+
+    /// Takes the writer lock, waiting up to the lock timeout.
+    pub(crate) fn lock(&self) -> Result<WriterLock> {
         WriterLock::acquire(&self.dir.join("lock"), self.lock_timeout)
+    }
+
+    /// The writer lock if it is free now.
+    pub(crate) fn try_lock(&self) -> Option<WriterLock> {
+        WriterLock::acquire(&self.dir.join("lock"), Duration::ZERO).ok()
+    }
+
+    /// The ref files (branches, tags, remote-tracking refs, `HEAD`).
+    pub(crate) fn refs(&self) -> &Refs {
+        &self.refs
+    }
+
+    /// Where progress of long operations goes.
+    pub(crate) fn progress(&self) -> &dyn Progress {
+        self.progress.as_ref()
+    }
+
+    /// Stores a received object (`tmp`, in the store's file system), verified against `id`
+    /// by the store, and records it in the index. The caller holds the writer lock and stores
+    /// what an object needs before it.
+    pub(crate) fn import_object(&self, id: &ObjectId, kind: ObjectKind, tmp: tempfile::NamedTempFile) -> Result<()> {
+        let written = self.store.import(id, Some(kind), tmp)?;
+        self.index_object(&written);
+        Ok(())
+    }
+
+    /// [`Repo::import_object`] for a version, already parsed from `tmp` as `version`.
+    pub(crate) fn import_version(&self, id: &VersionId, version: &Version, tmp: tempfile::NamedTempFile) -> Result<()> {
+        self.import_object(id, ObjectKind::Version, tmp)?;
+        self.index_version(id, version);
+        Ok(())
+    }
+
+    /// Writes `version` (whose manifests and blobs are stored) and returns its id; no ref moves.
+    pub(crate) fn record_version(&self, version: &Version) -> Result<VersionId> {
+        let written = self.store.write_data(ObjectKind::Version, &version.to_bytes(), &self.config.codec_options())?;
+        self.index_object(&written);
+        self.index_version(&written.id, version);
+        Ok(written.id)
+    }
+
+    /// Checks version `id` out into the working tree, refusing (before writing anything) to
+    /// overwrite modified or untracked files ([`Error::DirtyWorkingTree`]); `switching`, as
+    /// `switch` does, also removes the current version's files that `id` lacks. No ref moves.
+    pub(crate) fn check_out(&self, id: &VersionId, switching: bool) -> Result<()> {
+        let target = checkout::Target { files: None, output_dir: None, filter: None, force: false, switching };
+        self.checkout_version(id, &target).map(drop)
     }
 
     /// Whether another writer is waiting for the writer lock.

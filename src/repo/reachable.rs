@@ -6,7 +6,7 @@
 
 use super::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
-use crate::store::ObjectKind;
+use crate::store::{ObjectKind, MAX_CHAIN_DEPTH};
 use std::collections::HashSet;
 
 /// One object a set of versions needs.
@@ -127,6 +127,58 @@ impl Repo {
                     }
                 }
             }
+        }
+        Ok(out)
+    }
+
+    /// Every object the files `manifests` need: each manifest, the blobs it lists and every
+    /// blob a delta among them is coded against, each once, a reference before the delta coded
+    /// against it and a manifest after its blobs (the order an upload must follow). Every
+    /// object is read (manifests whole, blobs' headers): a missing or unreadable one is an
+    /// error naming it.
+    pub fn file_objects(&self, manifests: &[ObjectId]) -> Result<Vec<Needed>> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for manifest in manifests {
+            if !seen.insert(*manifest) {
+                continue;
+            }
+            let m = self.manifest(manifest)?;
+            for blob in m.blobs() {
+                // The chain down to its standalone base (or to a blob already listed), then
+                // listed base first.
+                let mut chain = Vec::new();
+                let mut next = Some(blob);
+                while let Some(id) = next {
+                    if seen.contains(&id) {
+                        break;
+                    }
+                    if chain.len() as u32 > MAX_CHAIN_DEPTH {
+                        return Err(crate::store::Error::Corrupt {
+                            id: blob,
+                            reason: format!("a delta chain deeper than {MAX_CHAIN_DEPTH}"),
+                        }
+                        .into());
+                    }
+                    let header = self.store.header(&id)?;
+                    if header.kind != ObjectKind::Blob {
+                        return Err(crate::store::Error::WrongKind {
+                            id,
+                            expected: ObjectKind::Blob,
+                            found: header.kind,
+                        }
+                        .into());
+                    }
+                    chain.push(Needed { id, kind: ObjectKind::Blob, reference: header.reference });
+                    next = header.reference;
+                }
+                for n in chain.into_iter().rev() {
+                    if seen.insert(n.id) {
+                        out.push(n);
+                    }
+                }
+            }
+            out.push(Needed { id: *manifest, kind: ObjectKind::Manifest, reference: None });
         }
         Ok(out)
     }

@@ -257,7 +257,7 @@ impl Refs {
     }
 
     /// Writes `text` to `path` atomically.
-    pub(super) fn write(&self, path: &Path, text: &str) -> Result<()> {
+    pub(crate) fn write(&self, path: &Path, text: &str) -> Result<()> {
         let dir = path.parent().expect("ref paths have a parent");
         let mut tmp =
             tempfile::Builder::new().prefix(".ref-").tempfile_in(dir).map_err(io("creating a file in", dir))?;

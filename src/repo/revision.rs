@@ -29,7 +29,7 @@ impl Repo {
         Ok(id)
     }
 
-    pub(super) fn resolve_base(&self, base: &str) -> Result<VersionId> {
+    pub(crate) fn resolve_base(&self, base: &str) -> Result<VersionId> {
         let unknown = |reason: String| Error::UnknownRevision { rev: base.to_string(), reason };
         if base == "HEAD" {
             return match self.refs.head()? {
@@ -108,7 +108,7 @@ impl Repo {
 }
 
 /// Splits `rev` into its base and the number of `~` steps.
-pub(super) fn split_ancestry(rev: &str) -> Option<(&str, u64)> {
+pub(crate) fn split_ancestry(rev: &str) -> Option<(&str, u64)> {
     let (base, mut rest) = match rev.find('~') {
         Some(i) => (&rev[..i], &rev[i..]),
         None => return Some((rev, 0)),

@@ -6,7 +6,8 @@
 use crate::support::remote::{directory, json, model, s3, trained, S3Server, Served, ACCESS_KEY, BUCKET, SECRET_KEY};
 use crate::support::repo_util::{read_tree, stderr};
 use ckpt::remote::{self, Expect, Remote, Small, UploadMode, Uploaded};
-use ckpt::repo::{PushOptions, Repo};
+use ckpt::repo::Repo;
+use ckpt::sync::PushOptions;
 use std::path::{Path, PathBuf};
 
 fn head_of(dir: &Path, branch: &str) -> String {
@@ -249,23 +250,23 @@ fn interrupted_push_and_fetch_resume(inner: &dyn Remote) {
     let (_a_dir, a) = library_repo(5, 3);
     let options = PushOptions { transfers: 1, ..PushOptions::default() };
     let flaky = Flaky { inner, budget: 5.into() };
-    assert!(a.push_to(&flaky, &options).is_err(), "the push is cut off");
+    assert!(ckpt::sync::push_to(&a, &flaky, &options).is_err(), "the push is cut off");
     assert!(inner.get_small("refs/heads/main").unwrap().is_none(), "no ref before all the objects");
-    let resumed = a.push_to(inner, &options).unwrap();
+    let resumed = ckpt::sync::push_to(&a, inner, &options).unwrap();
     assert_eq!(resumed.objects_present, 5, "the rerun skips what arrived: {resumed:?}");
     assert!(resumed.objects_sent > 0);
 
     let (_b_dir, b) = library_repo(0, 0);
     // 3 versions and 3 manifests, then 3 blobs get through.
     let flaky = Flaky { inner, budget: 9.into() };
-    assert!(b.fetch_from(&flaky, "origin", 1).is_err(), "the fetch is cut off");
+    assert!(ckpt::sync::fetch_from(&b, &flaky, "origin", 1).is_err(), "the fetch is cut off");
     assert!(b.resolve("origin/main").is_err(), "no remote ref before all the objects");
     let report = b.verify().unwrap();
     assert!(report.is_ok(), "what arrived is valid: {report:?}");
     let kept = b.store().list().unwrap().len();
     assert!(kept > 0, "blobs that arrived are kept");
     let total = a.reachable(&[a.resolve("main").unwrap()], &|_| false).unwrap().len();
-    let fetched = b.fetch_from(inner, "origin", 2).unwrap();
+    let fetched = ckpt::sync::fetch_from(&b, inner, "origin", 2).unwrap();
     assert_eq!(fetched.objects_received as usize, total - kept, "the rerun fetches only what is missing");
     assert_eq!(b.resolve("origin/main").unwrap(), a.resolve("main").unwrap());
     for n in 0..3 {

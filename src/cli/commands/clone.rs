@@ -2,7 +2,6 @@
 
 use crate::cli::ui::{BarProgress, Ui};
 use crate::remote::S3Options;
-use crate::repo::Repo;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -66,8 +65,8 @@ pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
     let progress = std::sync::Arc::new(BarProgress::new(ui));
     let depth = args.depth.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
     // A relative directory remote is relative to where the command runs (`-C` included).
-    let url = crate::repo::absolute_dir_url(&args.url, base);
-    let (repo, report) = Repo::clone_with_depth(&url, &dir, s3, super::push::transfers(), Some(progress), depth)
+    let url = crate::sync::absolute_dir_url(&args.url, base);
+    let (repo, report) = crate::sync::clone_with_depth(&url, &dir, s3, super::push::transfers(), Some(progress), depth)
         .with_context(|| format!("cloning {}", crate::remote::redact_url(&args.url)))?;
     super::fetch::print(&report, args.json)?;
     eprintln!("cloned into {}", repo.root().display());

@@ -1,7 +1,7 @@
 //! `ckpt fetch [REMOTE] [--json]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::FetchReport;
+use crate::sync::FetchReport;
 use anyhow::{Context, Result};
 use std::path::Path;
 
@@ -40,8 +40,9 @@ pub fn run(ui: &Ui, base: &Path, args: FetchArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let remote = match args.remote {
         Some(r) => r,
-        None => repo.default_remote()?,
+        None => crate::sync::default_remote(&repo)?,
     };
-    let report = repo.fetch(&remote, super::push::transfers()).with_context(|| format!("fetching from {remote}"))?;
+    let report = crate::sync::fetch(&repo, &remote, super::push::transfers())
+        .with_context(|| format!("fetching from {remote}"))?;
     print(&report, args.json)
 }

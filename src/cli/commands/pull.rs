@@ -1,7 +1,7 @@
 //! `ckpt pull [REMOTE] [--json]`.
 
 use crate::cli::ui::{open_repo, Ui};
-use crate::repo::PullOutcome;
+use crate::sync::PullOutcome;
 use anyhow::{Context, Result};
 use std::path::Path;
 
@@ -24,10 +24,10 @@ pub fn run(ui: &Ui, base: &Path, args: PullArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let remote = match args.remote {
         Some(r) => r,
-        None => repo.default_remote()?,
+        None => crate::sync::default_remote(&repo)?,
     };
-    let (report, outcome) =
-        repo.pull(&remote, super::push::transfers(), args.rebase).with_context(|| format!("pulling from {remote}"))?;
+    let (report, outcome) = crate::sync::pull(&repo, &remote, super::push::transfers(), args.rebase)
+        .with_context(|| format!("pulling from {remote}"))?;
     super::fetch::print(&report, args.json)?;
     match outcome {
         PullOutcome::UpToDate => eprintln!("already up to date"),

@@ -64,11 +64,11 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
             // A relative directory remote is relative to where the command runs (`-C` included),
             // and stored absolute.
             crate::remote::check_no_secrets(&url)?;
-            repo.add_remote(&name, &crate::repo::absolute_dir_url(&url, base), s3.into())?;
+            crate::sync::add_remote(&repo, &name, &crate::sync::absolute_dir_url(&url, base), s3.into())?;
         }
-        Some(Action::Remove { name }) => repo.remove_remote(&name)?,
+        Some(Action::Remove { name }) => crate::sync::remove_remote(&repo, &name)?,
         None => {
-            for (name, config) in repo.remotes()? {
+            for (name, config) in crate::sync::remotes(&repo)? {
                 if !args.verbose {
                     outln!("{name}")?;
                     continue;

@@ -11,9 +11,9 @@
 //! push creates is at most `base_every` deltas deep (`base_every - 1` after the first interval),
 //! and each push costs what the local store grew by.
 
-use super::model::Version;
-use super::{Repo, Result, VersionId};
+use super::Result;
 use crate::object_id::ObjectId;
+use crate::repo::{Repo, Version, VersionId};
 use crate::store::ObjectKind;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -83,7 +83,8 @@ impl Repo {
                 }
                 // Only blobs stored whole here: one sent as it is needs no chain then, if the
                 // delta does not pay.
-                if self.store.header(&new)?.reference.is_some() || self.store.header(&old)?.kind != ObjectKind::Blob {
+                if self.store().header(&new)?.reference.is_some() || self.store().header(&old)?.kind != ObjectKind::Blob
+                {
                     continue;
                 }
                 plan.insert(new, WireDelta { reference: old, depth });
@@ -101,7 +102,7 @@ impl Repo {
     /// no start is found within `base_every` steps (a history not written with this
     /// setting) or a version on the way cannot be read (a partial clone's cut): no deltas.
     fn wire_interval(&self, v: &Version) -> Option<(u32, Option<VersionId>)> {
-        let limit = self.config.base_every.max(1);
+        let limit = self.config().base_every.max(1);
         let mut current = v.clone();
         let mut steps = 0;
         loop {

@@ -8,11 +8,13 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
-use super::remote::with_retries;
-use super::remote_delta::WireDelta;
-use super::{Error, Needed, RefKind, Repo, Result, Version, VersionId};
+use super::transfer::{receive, reopen, upload_wire_delta, with_retries};
+use super::wire_delta::WireDelta;
+use super::Error;
+use super::Result;
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote, UploadMode, Uploaded};
+use crate::repo::{Manifest, Needed, Repo};
 use crate::store::{ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH};
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -21,7 +23,7 @@ use std::io::Read;
 /// container).
 const MAX_OBJECT_LEN: u64 = 1 << 40;
 
-/// What [`Repo::push_files`] or [`Repo::fetch_file`] moved.
+/// What [`push_files`](super::push_files) or [`fetch_file`](super::fetch_file) moved.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FileTransfer {
     /// The remote's URL.
@@ -44,28 +46,6 @@ pub struct FileTransfer {
     pub missing: Vec<ObjectId>,
 }
 
-/// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct KeepReport {
-    /// Files kept (live manifests present in the store).
-    pub files_kept: usize,
-    /// Live manifests named that the store does not hold (nothing to keep for them).
-    pub files_missing: usize,
-    /// Objects kept.
-    pub kept: usize,
-    /// Objects deleted (or that would be).
-    pub deleted: usize,
-    /// Bytes of those object files.
-    pub bytes_freed: u64,
-    /// Whether nothing was deleted on purpose.
-    pub dry_run: bool,
-    /// The git repositories (common directories) whose live files were kept (set by the
-    /// caller: `ckpt git gc` reads every user of a shared store).
-    pub repositories: Vec<String>,
-    /// Registered users of the store that no longer exist or use it, forgotten.
-    pub pruned: Vec<String>,
-}
-
 /// A writer that keeps the first [`HEADER_LEN`] bytes and then refuses more (ending a
 /// download once an object's header is in).
 struct HeaderOnly(Vec<u8>);
@@ -86,64 +66,12 @@ impl std::io::Write for HeaderOnly {
 }
 
 impl Repo {
-    /// Every object the files `manifests` need: each manifest, the blobs it lists and every
-    /// blob a delta among them is coded against, each once, a reference before the delta coded
-    /// against it and a manifest after its blobs (the order an upload must follow). Every
-    /// object is read (manifests whole, blobs' headers): a missing or unreadable one is an
-    /// error naming it.
-    pub fn file_objects(&self, manifests: &[ObjectId]) -> Result<Vec<Needed>> {
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
-        for manifest in manifests {
-            if !seen.insert(*manifest) {
-                continue;
-            }
-            let m = self.manifest(manifest)?;
-            for blob in m.blobs() {
-                // The chain down to its standalone base (or to a blob already listed), then
-                // listed base first.
-                let mut chain = Vec::new();
-                let mut next = Some(blob);
-                while let Some(id) = next {
-                    if seen.contains(&id) {
-                        break;
-                    }
-                    if chain.len() as u32 > MAX_CHAIN_DEPTH {
-                        return Err(crate::store::Error::Corrupt {
-                            id: blob,
-                            reason: format!("a delta chain deeper than {MAX_CHAIN_DEPTH}"),
-                        }
-                        .into());
-                    }
-                    let header = self.store.header(&id)?;
-                    if header.kind != ObjectKind::Blob {
-                        return Err(crate::store::Error::WrongKind {
-                            id,
-                            expected: ObjectKind::Blob,
-                            found: header.kind,
-                        }
-                        .into());
-                    }
-                    chain.push(Needed { id, kind: ObjectKind::Blob, reference: header.reference });
-                    next = header.reference;
-                }
-                for n in chain.into_iter().rev() {
-                    if seen.insert(n.id) {
-                        out.push(n);
-                    }
-                }
-            }
-            out.push(Needed { id: *manifest, kind: ObjectKind::Manifest, reference: None });
-        }
-        Ok(out)
-    }
-
     /// Uploads to `remote` what the files `manifests` need and the remote lacks: one listing
     /// of the remote's objects, then the missing objects in [`Repo::file_objects`] order
     /// (bases, deltas, manifest last). A file whose manifest the remote already has is skipped
     /// whole, including when the local store does not hold it (a clone that never smudged
     /// it); a file neither side holds is listed in [`FileTransfer::missing`].
-    pub fn push_files(&self, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
+    pub(super) fn push_files(&self, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
         self.push_files_against(remote, manifests, &HashMap::new())
     }
 
@@ -156,7 +84,7 @@ impl Repo {
     /// `base_every - 1` deltas (read from the header of the remote's copy of the reference:
     /// one short download). Otherwise, or if the reference cannot be read here or there, the
     /// object goes up as it is (docs/format.md, "Deltas on the wire").
-    pub fn push_files_against(
+    pub(super) fn push_files_against(
         &self,
         remote: &dyn Remote,
         manifests: &[ObjectId],
@@ -170,7 +98,7 @@ impl Repo {
         for m in manifests {
             if present.contains(m) {
                 report.files_present += 1;
-            } else if self.store.contains(m) {
+            } else if self.store().contains(m) {
                 wanted.push(*m);
             } else {
                 report.missing.push(*m);
@@ -178,19 +106,19 @@ impl Repo {
         }
         let need: Vec<Needed> = self.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
         let wire = self.plan_file_deltas(remote, &wanted, previous, &need, &present)?;
-        let total: u64 = need.iter().map(|n| self.store.stored_len(&n.id).unwrap_or(0)).sum();
-        self.progress.start("push", total);
+        let total: u64 = need.iter().map(|n| self.store().stored_len(&n.id).unwrap_or(0)).sum();
+        self.progress().start("push", total);
         let mut done = 0;
         for n in &need {
             if let Some(plan) = wire.get(&n.id) {
-                if let Some((len, uploaded)) = self.upload_wire_delta(remote, &n.id, plan)? {
+                if let Some((len, uploaded)) = upload_wire_delta(self, remote, &n.id, plan)? {
                     if uploaded == Uploaded::Created {
                         report.objects += 1;
                         report.objects_as_deltas += 1;
                         report.bytes += len;
                     }
-                    done += self.store.stored_len(&n.id).unwrap_or(len);
-                    self.progress.set(done);
+                    done += self.store().stored_len(&n.id).unwrap_or(len);
+                    self.progress().set(done);
                     continue;
                 }
             }
@@ -200,9 +128,9 @@ impl Repo {
                 report.bytes += len;
             }
             done += len;
-            self.progress.set(done);
+            self.progress().set(done);
         }
-        self.progress.finish();
+        self.progress().finish();
         report.requests = remote.requests();
         Ok(report)
     }
@@ -224,13 +152,13 @@ impl Repo {
         let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
         let referenced: HashSet<ObjectId> = need.iter().filter_map(|n| n.reference).collect();
         // Deepest chain a delta may make on the remote, as the local store bounds its own.
-        let max_depth = (self.config.base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
+        let max_depth = (self.config().base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
         // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
         let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
         for m in wanted {
             let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
             // A clone that never smudged the remote's file cannot code against it.
-            if !self.store.contains(old) {
+            if !self.store().contains(old) {
                 continue;
             }
             let (new_manifest, old_manifest) = (self.manifest(m)?, self.manifest(old)?);
@@ -241,8 +169,8 @@ impl Repo {
                     || !needed.contains(&new)
                     || referenced.contains(&new)
                     || !present.contains(&reference)
-                    || !self.store.contains(&reference)
-                    || self.store.header(&new)?.reference.is_some()
+                    || !self.store().contains(&reference)
+                    || self.store().header(&new)?.reference.is_some()
                 {
                     continue;
                 }
@@ -272,8 +200,8 @@ impl Repo {
     }
 
     /// Uploads one object file as it is now; returns its length and whether it was created.
-    fn upload_object(&self, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
-        let path = self.store.object_path(id);
+    pub(super) fn upload_object(&self, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
+        let path = self.store().object_path(id);
         let io = |action| {
             let path = path.clone();
             move |source| Error::Io { action, path, source }
@@ -298,33 +226,33 @@ impl Repo {
     /// those that are deltas, each verified against its id before it is stored, blobs bases
     /// first and the manifest last (so an interrupted download leaves only complete chains and
     /// a rerun fetches what is still missing).
-    pub fn fetch_file(&self, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
+    pub(super) fn fetch_file(&self, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
         let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
-        if self.store.contains(manifest) {
+        if self.store().contains(manifest) {
             report.files_present = 1;
             return Ok(report);
         }
-        self.progress.start("fetch", 0);
+        self.progress().start("fetch", 0);
         let mtmp = self.receive_object(remote, manifest, &mut report)?;
-        let m = super::Manifest::parse(*manifest, &self.store.read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
+        let m = Manifest::parse(*manifest, &self.store().read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
         // Blobs: received one by one; each is stored as soon as its reference is here, else it
         // waits and the reference is fetched.
         let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
         let mut queue: Vec<ObjectId> = m.blobs().collect();
         let mut seen: HashSet<ObjectId> = HashSet::new();
         while let Some(id) = queue.pop() {
-            if self.store.contains(&id) || !seen.insert(id) {
+            if self.store().contains(&id) || !seen.insert(id) {
                 continue;
             }
             let tmp = self.receive_object(remote, &id, &mut report)?;
-            let header = self.store.received_header(&id, &tmp)?;
+            let header = self.store().received_header(&id, &tmp)?;
             if header.kind != ObjectKind::Blob {
                 return Err(
                     crate::store::Error::WrongKind { id, expected: ObjectKind::Blob, found: header.kind }.into()
                 );
             }
             match header.reference {
-                Some(r) if !self.store.contains(&r) => {
+                Some(r) if !self.store().contains(&r) => {
                     // Each listed blob brings at most a chain of references: more is a remote
                     // naming objects without end.
                     let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
@@ -344,7 +272,7 @@ impl Repo {
         // The deltas that waited, each once its reference is stored.
         while !waiting.is_empty() {
             let ready: Vec<ObjectId> =
-                waiting.iter().filter(|(_, (_, r))| self.store.contains(r)).map(|(id, _)| *id).collect();
+                waiting.iter().filter(|(_, (_, r))| self.store().contains(r)).map(|(id, _)| *id).collect();
             if ready.is_empty() {
                 let (id, (_, r)) = waiting.iter().next().expect("non-empty");
                 return Err(crate::store::Error::Corrupt {
@@ -359,7 +287,7 @@ impl Repo {
             }
         }
         self.import_received(manifest, ObjectKind::Manifest, mtmp, &mut report)?;
-        self.progress.finish();
+        self.progress().finish();
         self.flush_index();
         report.requests = remote.requests();
         Ok(report)
@@ -374,7 +302,7 @@ impl Repo {
         // The fetch path's download (retries, temp file in the store), counted from this
         // transfer's bytes so far so that the progress bar keeps growing across objects.
         let received = std::sync::atomic::AtomicU64::new(report.bytes);
-        let tmp = Self::reopen(self.receive(remote, id, &received)?)?;
+        let tmp = reopen(receive(self, remote, id, &received)?)?;
         report.bytes = received.into_inner();
         Ok(tmp)
     }
@@ -386,176 +314,9 @@ impl Repo {
         tmp: tempfile::NamedTempFile,
         report: &mut FileTransfer,
     ) -> Result<()> {
-        let written = self.store.import(id, Some(kind), tmp)?;
-        self.index_object(&written);
+        self.import_object(id, kind, tmp)?;
         report.objects += 1;
         Ok(())
-    }
-
-    /// Deletes every object of the store that neither the files `live` (manifests: each with
-    /// its blobs and their delta chains) nor a tag or branch other than the current one needs
-    /// ([`Repo::gc_keeping_with`] with a fixed live set).
-    pub fn gc_keeping(&self, live: &[ObjectId], dry_run: bool) -> Result<KeepReport> {
-        self.gc_keeping_with(|| Ok(live.to_vec()), dry_run)
-    }
-
-    /// Deletes every object of the store that neither the files `live()` returns (manifests:
-    /// each with its blobs and their delta chains) nor a tag or branch other than the current
-    /// one needs. `live` runs under the writer lock, so no file stored meanwhile can be missed
-    /// by it. The current branch's history (the versions [`Repo::store_file`] recorded) is
-    /// replaced by one version without parents holding the live files: under the paths the
-    /// store's path records (or the current version) give them (so the next content stored
-    /// for a path is still coded against its last one), the others under
-    /// `gc-kept/<manifest id>`. With `dry_run`, nothing changes and the report says what would
-    /// be deleted.
-    ///
-    /// Marking reads every kept manifest and blob header first; if one cannot be read, nothing
-    /// is deleted. Neither the new root version nor anything a ref names is ever deleted, also
-    /// when the root's id is one an earlier gc wrote (the same files in the same second).
-    pub fn gc_keeping_with<E: From<Error>>(
-        &self,
-        live: impl FnOnce() -> std::result::Result<Vec<ObjectId>, E>,
-        dry_run: bool,
-    ) -> std::result::Result<KeepReport, E> {
-        let mut report = KeepReport { dry_run, ..KeepReport::default() };
-        let lock = self.lock()?;
-        if !dry_run && self.has_pending_deltas() {
-            // Deferred rewrites name versions this gc replaces: done first, while they exist.
-            self.compact_locked(&super::CompactOptions::default())?;
-        }
-        let live = live()?;
-        let present: Vec<ObjectId> = {
-            let mut seen = HashSet::new();
-            live.iter().filter(|m| seen.insert(**m)).filter(|m| self.store.contains(m)).copied().collect()
-        };
-        report.files_kept = present.len();
-        report.files_missing = live.iter().collect::<HashSet<_>>().len() - present.len();
-
-        let head = self.refs.head()?;
-        let head_version = self.refs.head_version()?;
-        let current_branch = match &head {
-            super::Head::Branch(b) => Some(b.clone()),
-            super::Head::Detached(_) => None,
-        };
-        // Roots that stay: everything `gc` keeps (Repo::roots: every ref in any namespace, a
-        // detached HEAD, the records) except the current branch, whose history this gc replaces
-        // by one version of the live files. A ref that cannot be read stops the gc.
-        let current_ref = current_branch.as_ref().map(|b| format!("refs/heads/{b}"));
-        let mut roots: Vec<VersionId> = Vec::new();
-        for root in self.roots() {
-            let root = root?;
-            if Some(&root.name) != current_ref.as_ref() {
-                roots.push(root.id);
-            }
-        }
-        let mut marked: HashSet<ObjectId> = self.reachable(&roots, &|_| false)?.into_iter().map(|n| n.id).collect();
-        marked.extend(self.file_objects(&present)?.into_iter().map(|n| n.id));
-
-        let (root_id, root) = self.live_version(head_version, &present)?;
-        // The root is kept whatever its id: two gcs of the same files in the same second
-        // build the same root, which the second must not delete under the ref it moves there.
-        marked.insert(root_id);
-        let all = self.store.list().map_err(Error::from)?;
-        let doomed: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
-        report.kept = all.len() - doomed.len();
-        report.deleted = doomed.len();
-        report.bytes_freed = doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum();
-        // The root version itself is kept (it is written below, unless already there).
-        if !all.contains(&root_id) {
-            report.kept += 1;
-        }
-        if dry_run {
-            return Ok(report);
-        }
-
-        // The new root first, then the ref to it, then the deletions: an interruption leaves
-        // the old history or the new one, never a ref to a deleted version.
-        let written = self
-            .store
-            .write_data(ObjectKind::Version, &root.to_bytes(), &self.config.codec_options())
-            .map_err(Error::from)?;
-        self.index_object(&written);
-        self.index_version(&written.id, &root);
-        match &current_branch {
-            Some(b) => self.refs.set(RefKind::Branch, b, &written.id)?,
-            None => self.refs.set_head(&super::Head::Detached(written.id))?,
-        }
-        self.reset_path_records(&written.id, &root)?;
-        self.progress.start("gc", doomed.len() as u64);
-        for (n, id) in doomed.iter().enumerate() {
-            if let Some(ix) = self.index() {
-                let _ = ix.remove_object(id);
-                let _ = ix.remove_version(id);
-            }
-            self.store.remove(id).map_err(Error::from)?;
-            self.progress.set(n as u64 + 1);
-        }
-        self.progress.finish();
-        // Rewrites still pending (a failed compaction) for versions now deleted are dropped.
-        let pending: Vec<VersionId> = self.pending_deltas()?.into_iter().filter(|v| self.store.contains(v)).collect();
-        self.write_pending_deltas(&pending)?;
-        self.flush_index();
-        drop(lock);
-        Ok(report)
-    }
-
-    /// The parentless version holding the files `live` (present in the store): each live file
-    /// under the paths the path records give it (the version that last stored a path lists it
-    /// there) and those of the current version, the others under `gc-kept/<manifest id>` (no
-    /// files at all when nothing is live). Returns its id and the version.
-    fn live_version(&self, head: Option<VersionId>, live: &[ObjectId]) -> Result<(VersionId, Version)> {
-        let live_set: HashSet<ObjectId> = live.iter().copied().collect();
-        let mut files: std::collections::BTreeMap<String, super::FileEntry> = std::collections::BTreeMap::new();
-        let mut placed = HashSet::new();
-        let mut versions: HashMap<VersionId, Version> = HashMap::new();
-        let mut candidates: Vec<(String, VersionId)> = self.path_records()?;
-        if let Some(h) = head {
-            candidates.push((String::new(), h));
-        }
-        for (path, id) in candidates {
-            let v = match versions.entry(id) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => match self.version(&id) {
-                    Ok(v) => e.insert(v),
-                    // A record is a hint: one naming an unreadable version places nothing.
-                    Err(_) if !path.is_empty() => continue,
-                    Err(e) => return Err(e),
-                },
-            };
-            for f in &v.files {
-                if (path.is_empty() || f.path == path) && live_set.contains(&f.manifest) && !files.contains_key(&f.path)
-                {
-                    placed.insert(f.manifest);
-                    files.insert(f.path.clone(), f.clone());
-                }
-            }
-        }
-        for m in live {
-            if placed.insert(*m) {
-                let manifest = self.manifest(m)?;
-                let path = format!("gc-kept/{m}");
-                files.insert(
-                    path.clone(),
-                    super::FileEntry { path, manifest: *m, len: manifest.len, hash: manifest.hash },
-                );
-            }
-        }
-        let files: Vec<super::FileEntry> = files.into_values().collect();
-        let version = Version {
-            format: super::MODEL_FORMAT,
-            parents: Vec::new(),
-            time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0),
-            message: "ckpt git gc: the files git still reaches".into(),
-            since_base: 0,
-            raw_bytes: files.iter().map(|f| f.len).sum(),
-            stored_bytes: 0,
-            files,
-        };
-        let id = ObjectId::hash(&version.to_bytes());
-        Ok((id, version))
     }
 }
 
@@ -564,37 +325,8 @@ mod tests {
     use super::*;
     use crate::remote::local::DirRemote;
     use crate::repo::{CommitOptions, RepoPath};
-    use crate::test_data;
+    use crate::test_data::{steps_checkpoint as checkpoint, store_with_steps};
     use std::path::Path;
-
-    /// A safetensors file of two BF16 tensors whose values depend on `seed`; `step` changes
-    /// every 64th element (a training step), so consecutive steps delta-code.
-    fn checkpoint(seed: u64, step: u64) -> Vec<u8> {
-        let tensors = vec![
-            ("w".to_string(), crate::Dtype::Bf16, vec![64, 256]),
-            ("b".to_string(), crate::Dtype::Bf16, vec![4096]),
-        ];
-        let mut bytes = crate::safetensors::write_header(&tensors, None).unwrap();
-        for (i, r) in test_data::xorshift(seed).take(64 * 256 + 4096).enumerate() {
-            let low = if i % 64 == 0 { (r >> 8) as u8 ^ step as u8 } else { (r >> 8) as u8 };
-            bytes.extend_from_slice(&[low, 0x3f ^ ((r & 1) as u8)]);
-        }
-        bytes
-    }
-
-    /// A store holding three steps of one path; returns it and (manifest, len, hash, bytes).
-    fn store_with_steps(dir: &Path) -> (Repo, Vec<(crate::repo::StoredFile, Vec<u8>)>) {
-        let store = Repo::init(&dir.join("store")).unwrap();
-        let path = RepoPath::parse("m.safetensors").unwrap();
-        let spool = dir.join("spool");
-        let mut files = Vec::new();
-        for step in 0..3 {
-            let bytes = checkpoint(1, step);
-            std::fs::write(&spool, &bytes).unwrap();
-            files.push((store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap(), bytes));
-        }
-        (store, files)
-    }
 
     #[test]
     fn files_go_up_once_and_come_back_verified_and_bit_exact() {
@@ -790,39 +522,5 @@ mod tests {
         assert!(m.blobs().any(|b| e.contains(&b.to_hex()[..12])), "{e}");
         assert!(!clone.store().contains(&newest.manifest));
         assert!(m.blobs().all(|b| !clone.store().contains(&b)));
-    }
-
-    #[test]
-    fn gc_keeping_deletes_only_what_the_live_files_do_not_need() {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, files) = store_with_steps(dir.path());
-        // A file of another path, not live.
-        let spool = dir.path().join("spool");
-        let other = checkpoint(9, 0);
-        std::fs::write(&spool, &other).unwrap();
-        let dead = store
-            .store_file(&spool, &RepoPath::parse("other.safetensors").unwrap(), "o", &CommitOptions::default())
-            .unwrap();
-        let live: Vec<ObjectId> = [&files[0], &files[2]].iter().map(|(f, _)| f.manifest).collect();
-        let before = store.store().list().unwrap();
-        let dry = store.gc_keeping(&live, true).unwrap();
-        assert_eq!(store.store().list().unwrap(), before);
-        let real = store.gc_keeping(&live, false).unwrap();
-        assert_eq!((real.deleted, real.bytes_freed, real.files_kept), (dry.deleted, dry.bytes_freed, 2));
-        assert!(!store.store().contains(&dead.manifest));
-        assert!(!store.store().contains(&files[1].0.manifest));
-        for (f, bytes) in [&files[0], &files[2]] {
-            let out = dir.path().join("out");
-            store.write_stored_file(&f.manifest, f.len, &f.hash, &out).unwrap();
-            assert_eq!(&std::fs::read(&out).unwrap(), bytes);
-        }
-        let report = store.verify().unwrap();
-        assert!(report.is_ok(), "store does not verify after gc: {report:?}");
-        // The next content of the path is still coded against the last one kept there.
-        std::fs::write(&spool, checkpoint(1, 3)).unwrap();
-        let path = RepoPath::parse("m.safetensors").unwrap();
-        store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
-        let m = store.manifest(&files[2].0.manifest).unwrap();
-        assert!(m.blobs().any(|b| store.store().header(&b).unwrap().reference.is_some()));
     }
 }

@@ -1,0 +1,104 @@
+//! The error type of sync: what the repository core, the store or the remote reported, and
+//! what sync itself refuses (a push that would move a remote ref backwards, a diverged pull).
+//! Remote errors name the remote and the key; store errors name the object.
+
+use crate::repo::VersionId;
+use crate::{remote, repo, store};
+use std::path::PathBuf;
+
+/// Errors of push, fetch, pull, clone and the file transfers of the git filter.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The repository failed.
+    #[error(transparent)]
+    Repo(#[from] repo::Error),
+    /// The object store failed or found damage (in an object received from a remote, too).
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    /// A file system operation failed (a fetch's staging directory).
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A remote failed (its error names the remote, the key and the cause).
+    #[error(transparent)]
+    Remote(#[from] remote::Error),
+    /// No remote of this name in `.ckpt/remotes`.
+    #[error("no remote named {name:?} (ckpt remote add NAME URL)")]
+    NoSuchRemote {
+        /// The name.
+        name: String,
+    },
+    /// A remote name that is already configured.
+    #[error("remote {name:?} already exists")]
+    RemoteExists {
+        /// The name.
+        name: String,
+    },
+    /// A push that would overwrite what the remote holds.
+    #[error("{remote}: rejected {what}: {reason}")]
+    Rejected {
+        /// The remote's URL.
+        remote: String,
+        /// The ref (`branch main`, `tag v1`).
+        what: String,
+        /// Why, with what to do.
+        reason: String,
+    },
+    /// A version outside a partial clone's history that could not be fetched from its remote.
+    #[error(
+        "{rev} is outside the history this partial clone holds, and fetching it from remote {remote} failed: {reason}"
+    )]
+    PartialCloneRemote {
+        /// The remote (name, and URL where it was opened).
+        remote: String,
+        /// The revision asked for.
+        rev: String,
+        /// Why the fetch failed.
+        reason: String,
+    },
+    /// A remote ref whose content is not a version id.
+    #[error("{remote}: {key}: not a ref (expected 64 hex digits and a newline)")]
+    BadRemoteRef {
+        /// The remote's URL.
+        remote: String,
+        /// The key.
+        key: String,
+    },
+    /// A pull whose branch and remote branch have both moved.
+    #[error("branch {branch:?} and {remote}/{branch} have diverged (local {local}, remote {theirs}); ckpt pull --rebase puts your versions (same files) on top of the remote's; or push yours to another branch")]
+    Diverged {
+        /// The branch.
+        branch: String,
+        /// The remote's name.
+        remote: String,
+        /// The local tip.
+        local: VersionId,
+        /// The remote tip.
+        theirs: VersionId,
+    },
+    /// `pull` would overwrite or remove files whose changes would be lost: nothing was written.
+    #[error(
+        "pull: not moving branch {branch:?} to {theirs}: {}",
+        crate::repo::dirty_message(paths, untracked).replace("or pass --force to discard them", "then pull again")
+    )]
+    PullBlocked {
+        /// The current branch.
+        branch: String,
+        /// The remote's version it would move to.
+        theirs: String,
+        /// Tracked files modified since they were committed or checked out.
+        paths: Vec<String>,
+        /// Untracked files in the way.
+        untracked: Vec<String>,
+    },
+}
+
+/// Shorthand for sync results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

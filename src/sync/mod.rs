@@ -1,0 +1,74 @@
+//! Sync: a repository's remotes. The remote list (`.ckpt/remotes`), push, fetch and pull,
+//! clone and partial clones, and the file transfers of the git filter, with deltas on the
+//! wire. The [`crate::remote`] layer moves bytes; this module decides which objects move, in
+//! which order, and hands everything it receives to the repository, which checks it with the
+//! store's own verification before it enters the local store.
+//!
+//! It sits above [`crate::repo`]: it uses the repository's public API and a small crate-only
+//! surface of the core (the writer lock, ref files, importing a received object, recording a
+//! version, checking a version out, the partial-clone record, progress). Of `.ckpt/` it owns
+//! only `remotes` and the fetches' staging directories in `incoming/`.
+//!
+//! Invariants (docs/format.md, "Remotes"):
+//! - On either side, an object is present only once everything it needs is: push uploads a
+//!   delta's reference before the delta and every object before any ref; fetch imports blobs
+//!   bases first, then manifests, then versions parents first, then moves refs. So an
+//!   interrupted push or fetch leaves both sides valid, and a rerun skips what arrived.
+//! - A remote ref moves by compare-and-swap against the state the pusher read, and only
+//!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
+//!
+//! Modules: `remotes` (the list, remote refs), `transfer` (one object up or down, retries,
+//! staging), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
+//! `wire_delta` (which blobs go up as deltas), `file_objects` (the git filter's transfers by
+//! file).
+
+mod clone;
+mod error;
+mod fetch;
+mod file_objects;
+mod partial;
+mod push;
+mod remotes;
+mod transfer;
+mod wire_delta;
+
+pub use clone::{clone_from, clone_with_depth, pull, PullOutcome};
+pub use error::{Error, Result};
+pub use fetch::{fetch, fetch_from, FetchReport};
+pub use file_objects::FileTransfer;
+pub use partial::fetch_revision;
+pub use push::{push, push_to, PushOptions, PushReport};
+pub use remotes::{
+    absolute_dir_url, add_remote, default_remote, open_remote, remotes, remove_remote, RefUpdate, RemoteConfig,
+};
+
+use crate::object_id::ObjectId;
+use crate::remote::Remote;
+use crate::repo::Repo;
+use std::collections::HashMap;
+
+/// Uploads to `remote` what the files `manifests` (manifest ids) need and the remote lacks,
+/// bases before deltas and each manifest after its blobs; a file neither side holds is listed
+/// in [`FileTransfer::missing`]. The git filter's pre-push.
+pub fn push_files(repo: &Repo, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
+    repo.push_files(remote, manifests)
+}
+
+/// [`push_files`], sending a blob as an XOR delta against the blob of the same tensor in the
+/// file `previous` maps its file to (the one the remote holds for the same path), where that
+/// pays and the remote's chain stays within bounds (docs/format.md, "Deltas on the wire").
+pub fn push_files_against(
+    repo: &Repo,
+    remote: &dyn Remote,
+    manifests: &[ObjectId],
+    previous: &HashMap<ObjectId, ObjectId>,
+) -> Result<FileTransfer> {
+    repo.push_files_against(remote, manifests, previous)
+}
+
+/// Downloads the file whose manifest is `manifest` from `remote` into `repo`'s store (unless
+/// it is there), every object verified against its id before it is stored, bases first and
+/// the manifest last. The git filter's smudge of a file the local store lacks.
+pub fn fetch_file(repo: &Repo, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
+    repo.fetch_file(remote, manifest)
+}

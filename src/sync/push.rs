@@ -1,0 +1,325 @@
+//! `push`: the objects the pushed versions need that the remote lacks, a delta's reference
+//! before the delta and every object before any ref; then each ref by compare-and-swap, only
+//! forward.
+
+use super::partial::check_pushable;
+use super::remotes::{open_remote, parse_ref, put_ref, ref_key, RefUpdate};
+use super::transfer::{parallel, upload_wire_delta};
+use super::wire_delta::WireDelta;
+use super::{Error, Result};
+use crate::object_id::ObjectId;
+use crate::remote::{self, Expect, Remote, Uploaded};
+use crate::repo::Error as RepoError;
+use crate::repo::{Head, Needed, RefKind, Repo, VersionId};
+use crate::store::ObjectKind;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What `push` should send.
+#[derive(Clone, Debug, Default)]
+pub struct PushOptions {
+    /// Branches and tags to push by name (a name is looked up as a branch, then a tag). Empty:
+    /// the current branch.
+    pub refs: Vec<String>,
+    /// Every branch and tag.
+    pub all: bool,
+    /// Transfers in flight at once (at least 1).
+    pub transfers: usize,
+}
+
+/// What a push did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PushReport {
+    /// The remote's URL.
+    pub remote: String,
+    /// Refs moved or created.
+    pub updated: Vec<RefUpdate>,
+    /// Refs already where they should be.
+    pub up_to_date: Vec<String>,
+    /// Objects uploaded.
+    pub objects_sent: u64,
+    /// Bytes uploaded.
+    pub bytes_sent: u64,
+    /// Objects the pushed versions need that the remote already had (found by listing, or
+    /// found present on upload).
+    pub objects_present: u64,
+    /// Of `objects_sent`, blobs sent as XOR deltas against a blob the remote already had
+    /// (docs/format.md, "Remotes": deltas on the wire).
+    pub objects_sent_as_deltas: u64,
+    /// Requests sent to the remote.
+    pub requests: u64,
+    /// Versions a remote ref named whose version object or manifests the remote lacked: their
+    /// missing objects were uploaded again (hex ids).
+    pub repaired: Vec<String>,
+}
+
+/// Pushes refs to the remote `name` (see [`push_to`]) and records where its branches
+/// now are (`refs/remotes/NAME/BRANCH`).
+pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport> {
+    let remote = open_remote(repo, name)?;
+    let report = push_to(repo, remote.as_ref(), options)?;
+    for update in report.updated.iter().filter(|u| u.kind == "branch") {
+        repo.refs().set_remote(name, &update.name, &update.new)?;
+    }
+    // Also where the remote already had the branch: an earlier push may have moved it
+    // without learning so (its answer lost), leaving the remote-tracking ref behind.
+    for branch in report.up_to_date.iter().filter_map(|what| what.strip_prefix("branch ")) {
+        if let Some(id) = repo.refs().get(RefKind::Branch, branch)? {
+            repo.refs().set_remote(name, branch, &id)?;
+        }
+    }
+    Ok(report)
+}
+
+/// Pushes refs to `remote`: the objects their versions need that the remote lacks, then
+/// each ref by compare-and-swap. A branch moves only forward from where the remote has it,
+/// a tag is never moved; otherwise, or if the ref changed on the remote during the push,
+/// the push is rejected ("fetch first") and the remote ref left as it was.
+pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Result<PushReport> {
+    let url = remote.url().to_string();
+    let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
+    if options.all {
+        for (name, id) in repo.refs().list(RefKind::Branch)? {
+            wanted.push((RefKind::Branch, name, id));
+        }
+        for (name, id) in repo.refs().list(RefKind::Tag)? {
+            wanted.push((RefKind::Tag, name, id));
+        }
+    } else if options.refs.is_empty() {
+        let Head::Branch(branch) = repo.refs().head()? else {
+            return Err(Error::from(RepoError::UnknownRevision {
+                rev: "HEAD".into(),
+                reason: "detached: name the branch or tag to push".into(),
+            }));
+        };
+        let id = repo.refs().get(RefKind::Branch, &branch)?.ok_or_else(|| {
+            Error::from(RepoError::UnknownRevision {
+                rev: branch.clone(),
+                reason: "the branch has no version yet".into(),
+            })
+        })?;
+        wanted.push((RefKind::Branch, branch, id));
+    } else {
+        for name in &options.refs {
+            if let Some(id) = repo.refs().get(RefKind::Branch, name)? {
+                wanted.push((RefKind::Branch, name.clone(), id));
+            } else if let Some(id) = repo.refs().get(RefKind::Tag, name)? {
+                wanted.push((RefKind::Tag, name.clone(), id));
+            } else {
+                return Err(Error::from(RepoError::UnknownRevision {
+                    rev: name.clone(),
+                    reason: "not a branch or tag".into(),
+                }));
+            }
+        }
+    }
+
+    // Where each ref is on the remote, and the tag to compare-and-swap against.
+    let mut report = PushReport { remote: url.clone(), ..PushReport::default() };
+    let mut moves = Vec::new();
+    let mut remote_known: Vec<VersionId> = Vec::new();
+    for (kind, name, id) in wanted {
+        let key = ref_key(kind, &name);
+        let current = remote.get_small(&key)?;
+        let old = match &current {
+            Some(small) => Some(parse_ref(remote, &key, &small.bytes)?),
+            None => None,
+        };
+        let what = format!("{} {name}", kind.name());
+        match old {
+            Some(old) if old == id => {
+                report.up_to_date.push(what);
+                remote_known.push(old);
+                continue;
+            }
+            Some(_) if kind == RefKind::Tag => {
+                return Err(Error::Rejected {
+                    remote: url,
+                    what,
+                    reason: "the remote has this tag at another version (tags do not move)".into(),
+                });
+            }
+            Some(old) => {
+                let known = repo.store().contains(&old);
+                if !known || !repo.is_ancestor(&old, &id)? {
+                    return Err(Error::Rejected {
+                        remote: url,
+                        what,
+                        reason: format!(
+                            "fetch first: the remote has version {} there, which {}",
+                            old.short(12),
+                            if known { "is not an ancestor of yours" } else { "you do not have" }
+                        ),
+                    });
+                }
+                remote_known.push(old);
+            }
+            None => {}
+        }
+        let expect = match current {
+            Some(small) => Expect::Tag(small.tag),
+            None => Expect::Absent,
+        };
+        moves.push((kind, name, key, old, id, expect));
+    }
+    // A remote ref's version is taken as complete only if the remote still has its version
+    // object and manifests (a HEAD each): a remote that lost one (a failed copy, a
+    // lifecycle rule, a hand-made ref) would otherwise stay unreadable while every push
+    // says "up to date". An incomplete one is pushed again like a new version: its
+    // objects the remote lacks (found by listing) go up.
+    remote_known.sort();
+    remote_known.dedup();
+    let mut incomplete = Vec::new();
+    for id in &remote_known {
+        if !remote_has_version(repo, remote, id)? {
+            incomplete.push(*id);
+        }
+    }
+    remote_known.retain(|id| !incomplete.contains(id));
+    report.repaired = incomplete.iter().map(|id| id.to_hex()).collect();
+    if moves.is_empty() && incomplete.is_empty() {
+        report.requests = remote.requests();
+        return Ok(report);
+    }
+
+    // What the pushed versions need, less what the remote's refs already name (the remote
+    // holds all of that, each with its chain: refs move only after their objects). Not
+    // less the local chains of those blobs: after a compaction here, an old blob is a delta
+    // against a new one, which the remote does not have.
+    let have: HashSet<ObjectId> = repo.named(&remote_known)?.into_iter().map(|n| n.id).collect();
+    let roots: Vec<VersionId> = moves.iter().map(|m| m.4).chain(incomplete.iter().copied()).collect();
+    let mut need = repo.reachable(&roots, &|id| have.contains(id))?;
+    let mut present: HashSet<ObjectId> = HashSet::new();
+    if !need.is_empty() {
+        // Objects a previous, interrupted push left there (one listing, not a request per
+        // object).
+        present = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+        let before = need.len();
+        need.retain(|n| !present.contains(&n.id));
+        report.objects_present += (before - need.len()) as u64;
+    }
+    check_pushable(repo, &need, &|id| have.contains(id) || present.contains(id), &url)?;
+    // New blobs go up as deltas against the parent version's blobs where the remote has
+    // them (wire_delta.rs).
+    let versions: Vec<VersionId> = need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
+    let need_blobs: HashSet<ObjectId> = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
+    let wire = repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || present.contains(id))?;
+    upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
+
+    for (kind, name, key, old, id, expect) in moves {
+        match put_ref(remote, &key, &id, &expect) {
+            Ok(()) => report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id }),
+            Err(remote::Error::Conflict { .. }) => {
+                return Err(Error::Rejected {
+                    remote: url,
+                    what: format!("{} {name}", kind.name()),
+                    reason: "fetch first: it changed on the remote during this push".into(),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    report.requests = remote.requests();
+    Ok(report)
+}
+
+/// Whether `remote` has version `id`'s object and the manifests of its files (the
+/// manifests only if the version object is there).
+fn remote_has_version(repo: &Repo, remote: &dyn Remote, id: &VersionId) -> Result<bool> {
+    if !remote.exists(&remote::object_key(id))? {
+        return Ok(false);
+    }
+    let version = repo.version(id)?;
+    let mut manifests: Vec<ObjectId> = version.files.iter().map(|f| f.manifest).collect();
+    manifests.sort();
+    manifests.dedup();
+    for m in manifests {
+        if !remote.exists(&remote::object_key(&m))? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Uploads `need`, a delta's reference before the delta (by levels: objects with no
+/// reference to upload first, then the deltas on them, ...), each level in parallel.
+fn upload(
+    repo: &Repo,
+    remote: &dyn Remote,
+    need: &[Needed],
+    wire: &HashMap<ObjectId, WireDelta>,
+    transfers: usize,
+    report: &mut PushReport,
+) -> Result<()> {
+    let index: HashMap<ObjectId, &Needed> = need.iter().map(|n| (n.id, n)).collect();
+    let mut level: HashMap<ObjectId, usize> = HashMap::new();
+    for n in need {
+        // Follow the chain down to the first reference not being uploaded.
+        let mut chain = vec![n.id];
+        let mut base_level = 0;
+        while let Some(r) = index.get(chain.last().expect("non-empty")).and_then(|m| m.reference) {
+            if let Some(l) = level.get(&r) {
+                base_level = l + 1;
+                break;
+            }
+            if !index.contains_key(&r) || chain.len() > crate::store::MAX_CHAIN_DEPTH as usize + 1 {
+                break;
+            }
+            chain.push(r);
+        }
+        let deepest = chain.len() - 1;
+        for (i, id) in chain.iter().enumerate() {
+            level.entry(*id).or_insert(base_level + deepest - i);
+        }
+    }
+    let mut levels: BTreeMap<usize, Vec<ObjectId>> = BTreeMap::new();
+    for n in need {
+        levels.entry(level[&n.id]).or_default().push(n.id);
+    }
+    let total: u64 = need.iter().map(|n| repo.store().stored_len(&n.id).unwrap_or(0)).sum();
+    repo.progress().start("push", total);
+    let done = AtomicU64::new(0);
+    let sent = AtomicU64::new(0);
+    let sent_bytes = AtomicU64::new(0);
+    let existed = AtomicU64::new(0);
+    let as_deltas = AtomicU64::new(0);
+    for ids in levels.values() {
+        parallel(ids, transfers, |id| {
+            if let Some(plan) = wire.get(id) {
+                if let Some((len, uploaded)) = upload_wire_delta(repo, remote, id, plan)? {
+                    match uploaded {
+                        Uploaded::Created => {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                            sent_bytes.fetch_add(len, Ordering::Relaxed);
+                            as_deltas.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Uploaded::Existed => {
+                            existed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    let whole = repo.store().stored_len(id).unwrap_or(len);
+                    repo.progress().set(done.fetch_add(whole, Ordering::Relaxed) + whole);
+                    return Ok(());
+                }
+            }
+            let (len, uploaded) = repo.upload_object(remote, id)?;
+            match uploaded {
+                Uploaded::Created => {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    sent_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Uploaded::Existed => {
+                    existed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            repo.progress().set(done.fetch_add(len, Ordering::Relaxed) + len);
+            Ok(())
+        })?;
+    }
+    repo.progress().finish();
+    report.objects_sent += sent.into_inner();
+    report.bytes_sent += sent_bytes.into_inner();
+    report.objects_present += existed.into_inner();
+    report.objects_sent_as_deltas += as_deltas.into_inner();
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! Moving single objects: downloads into a temp file (the store's, or a fetch's staging
+//! directory), uploads of an object as stored or as a wire delta, retries, and the thread pool
+//! the transfers run on.
+
+use super::wire_delta::WireDelta;
+use super::{Error, Result};
+use crate::object_id::ObjectId;
+use crate::remote::{self, Remote, UploadMode, Uploaded};
+use crate::repo::Repo;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Largest object a fetch accepts (a blob is at most a whole tensor, plus its container).
+pub(super) const MAX_OBJECT_LEN: u64 = 1 << 40;
+
+/// Attempts at an object upload or download (the backend's own retries come first; these
+/// cover what it does not retry, such as a connection dropped in the middle of a PUT).
+pub(super) const OBJECT_ATTEMPTS: u32 = 4;
+
+/// Runs `f` until it succeeds, up to [`OBJECT_ATTEMPTS`] times, backing off (0.2, 0.4, 0.8 s)
+/// after a transport or server error. Safe for objects only: an object key's content is fixed
+/// by its id, so a repeated upload is create-if-absent (finding the first one's bytes there
+/// is success) and a repeated download starts a fresh temp file.
+pub(super) fn with_retries<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 1;
+    loop {
+        match f() {
+            Err(Error::Remote(remote::Error::Backend { .. })) if attempt < OBJECT_ATTEMPTS => {
+                std::thread::sleep(std::time::Duration::from_millis(100 << attempt));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Runs `work` on every item with `transfers` threads; the first error stops the others from
+/// taking new items and is returned.
+pub(super) fn parallel<T: Sync>(items: &[T], transfers: usize, work: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    let error: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..transfers.clamp(1, items.len().max(1)) {
+            scope.spawn(|| loop {
+                if error.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                    break;
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                if let Err(e) = work(item) {
+                    error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    break;
+                }
+            });
+        }
+    });
+    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Where a fetch downloads, without the writer lock: `.ckpt/incoming/fetch-XXXX/`, a
+/// directory of its own that gc and `clean_tmp` do not know about (so they cannot delete what
+/// is arriving), on the store's file system (so a verified object is stored by a rename).
+/// A lock file inside tells a live fetch's directory from one left by a killed fetch, which
+/// the next fetch deletes. Dropped: the directory and what is left in it are deleted.
+pub(super) struct Staging {
+    _lock: std::fs::File,
+    dir: tempfile::TempDir,
+}
+
+impl Staging {
+    pub(super) fn create(ckpt_dir: &Path) -> Result<Staging> {
+        let incoming = ckpt_dir.join(INCOMING_DIR);
+        std::fs::create_dir_all(&incoming).map_err(|e| Error::Io {
+            action: "creating",
+            path: incoming.clone(),
+            source: e,
+        })?;
+        // Directories of fetches that died: their lock file is not held.
+        if let Ok(entries) = std::fs::read_dir(&incoming) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                // A lock file that is not held; or none at all a minute after the directory
+                // was made (a fetch creates it right after its directory).
+                let abandoned = match std::fs::File::open(path.join("lock")) {
+                    Ok(f) => f.try_lock().is_ok(),
+                    Err(_) => entry
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > std::time::Duration::from_secs(60)),
+                };
+                if abandoned && path.is_dir() {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
+            }
+        }
+        let dir = tempfile::Builder::new().prefix("fetch-").tempdir_in(&incoming).map_err(|e| Error::Io {
+            action: "creating a directory in",
+            path: incoming.clone(),
+            source: e,
+        })?;
+        let lock_path = dir.path().join("lock");
+        let lock = std::fs::File::create(&lock_path).and_then(|f| f.lock().map(|()| f)).map_err(|e| Error::Io {
+            action: "locking",
+            path: lock_path,
+            source: e,
+        })?;
+        Ok(Staging { _lock: lock, dir })
+    }
+
+    /// The directory downloads go to.
+    pub(super) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Staging directories of all fetches.
+const INCOMING_DIR: &str = "incoming";
+
+/// Downloads one object into a temp file of the store (not stored yet).
+pub(super) fn receive(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    received: &AtomicU64,
+) -> Result<tempfile::TempPath> {
+    with_retries(|| receive_once(repo, remote, id, received))
+}
+
+/// Downloads one object into `stage`, reopened for reading.
+pub(super) fn receive_staged(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    stage: &Staging,
+) -> Result<tempfile::NamedTempFile> {
+    reopen(receive_into(repo, remote, id, &AtomicU64::new(0), stage.dir.path())?)
+}
+
+fn receive_once(repo: &Repo, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
+    download_to(repo, remote, id, received, repo.store().receive_file()?)
+}
+
+/// Downloads one object into `tmp`, adds its size to `received` (and the progress), and
+/// keeps only the file's name: a fetch may hold thousands of received objects at once.
+fn download_to(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    received: &AtomicU64,
+    tmp: tempfile::NamedTempFile,
+) -> Result<tempfile::TempPath> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
+    let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
+    std::io::Write::flush(&mut out).map_err(|e| Error::Io { action: "writing", path: tmp.path().into(), source: e })?;
+    drop(out);
+    received.fetch_add(n, Ordering::Relaxed);
+    repo.progress().set(received.load(Ordering::Relaxed));
+    Ok(tmp.into_temp_path())
+}
+
+pub(super) fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
+    let file =
+        std::fs::File::open(&path).map_err(|e| Error::Io { action: "opening", path: path.to_path_buf(), source: e })?;
+    Ok(tempfile::NamedTempFile::from_parts(file, path))
+}
+
+/// Downloads one object into a new file in `dir` (a fetch's staging directory).
+pub(super) fn receive_into(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    received: &AtomicU64,
+    dir: &Path,
+) -> Result<tempfile::TempPath> {
+    with_retries(|| {
+        let tmp = tempfile::Builder::new().prefix("obj-").tempfile_in(dir).map_err(|e| Error::Io {
+            action: "creating a file in",
+            path: dir.into(),
+            source: e,
+        })?;
+        download_to(repo, remote, id, received, tmp)
+    })
+}
+
+/// Codes blob `id` as planned and uploads it (create-only, with retries): its length on the
+/// wire and whether it was created; `None` when the delta would not be smaller (the caller
+/// then uploads the object as it is).
+pub(super) fn upload_wire_delta(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    plan: &WireDelta,
+) -> Result<Option<(u64, Uploaded)>> {
+    let Some((tmp, len)) = encode_wire_delta(repo, id, plan)? else { return Ok(None) };
+    let uploaded = with_retries(|| {
+        Ok(remote.upload(&remote::object_key(id), tmp.as_file(), tmp.path(), len, UploadMode::CreateOnly)?)
+    })?;
+    Ok(Some((len, uploaded)))
+}
+
+/// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
+/// `None` when that would not be smaller than its object here (it then goes up as it is).
+pub(super) fn encode_wire_delta(
+    repo: &Repo,
+    id: &ObjectId,
+    plan: &WireDelta,
+) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
+    let target = repo.store().open_blob(id)?;
+    let reference = repo.store().open_blob(&plan.reference)?;
+    let limit = target.stored_len();
+    match repo.store().encode_delta_for_transfer(&target, &reference, plan.depth, limit, &repo.config().codec_options())
+    {
+        Ok(done) => Ok(done),
+        // A pair the coder refuses (another chunk size since a config change): sent whole.
+        Err(crate::store::Error::Encode { source: crate::codec::Error::InvalidInput(reason), .. })
+            if !reason.starts_with("writing") =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
