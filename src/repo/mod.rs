@@ -35,7 +35,6 @@ mod revision;
 mod status;
 mod store_file;
 mod verify;
-mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
@@ -61,10 +60,9 @@ pub use path::RepoPath;
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};
 pub use remote::{absolute_dir_url, FetchReport, PullOutcome, PushOptions, PushReport, RefUpdate, RemoteConfig};
-pub use status::{FileState, FileStatus, InTheWay, Status};
+pub use status::{hash_file, FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
-pub use watch::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};
 use crate::object_id::ObjectId;

@@ -1,8 +1,8 @@
 //! `ckpt checkout REV [FILE...] [--output DIR] [--tensor PATTERN] [--force]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::CheckoutOptions;
 use anyhow::Result;
+use ckpt::repo::CheckoutOptions;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `ckpt checkout`.

@@ -1,9 +1,9 @@
 //! `ckpt clone URL [DIR] [--depth N] [--endpoint URL] [--region R] [--allow-http]`.
 
 use crate::cli::ui::{BarProgress, Ui};
-use crate::remote::S3Options;
-use crate::repo::Repo;
 use anyhow::{Context, Result};
+use ckpt::remote::S3Options;
+use ckpt::repo::Repo;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `ckpt clone`.
@@ -49,14 +49,14 @@ pub fn humanish_dir(url: &str) -> Option<String> {
 
 /// Runs `ckpt clone`.
 pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
-    crate::remote::check_no_secrets(&args.url)?;
+    ckpt::remote::check_no_secrets(&args.url)?;
     let dir = match args.dir {
         Some(d) => base.join(d),
         None => {
             let Some(name) = humanish_dir(&args.url) else {
                 anyhow::bail!(
                     "cannot derive a directory name from {}; name one: ckpt clone URL DIR",
-                    crate::remote::redact_url(&args.url)
+                    ckpt::remote::redact_url(&args.url)
                 );
             };
             base.join(name)
@@ -66,9 +66,9 @@ pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
     let progress = std::sync::Arc::new(BarProgress::new(ui));
     let depth = args.depth.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
     // A relative directory remote is relative to where the command runs (`-C` included).
-    let url = crate::repo::absolute_dir_url(&args.url, base);
+    let url = ckpt::repo::absolute_dir_url(&args.url, base);
     let (repo, report) = Repo::clone_with_depth(&url, &dir, s3, super::push::transfers(), Some(progress), depth)
-        .with_context(|| format!("cloning {}", crate::remote::redact_url(&args.url)))?;
+        .with_context(|| format!("cloning {}", ckpt::remote::redact_url(&args.url)))?;
     super::fetch::print(&report, args.json)?;
     eprintln!("cloned into {}", repo.root().display());
     Ok(())

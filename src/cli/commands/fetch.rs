@@ -1,8 +1,8 @@
 //! `ckpt fetch [REMOTE] [--json]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::FetchReport;
 use anyhow::{Context, Result};
+use ckpt::repo::FetchReport;
 use std::path::Path;
 
 /// Arguments of `ckpt fetch`.

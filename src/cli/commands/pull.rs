@@ -1,8 +1,8 @@
 //! `ckpt pull [REMOTE] [--json]`.
 
 use crate::cli::ui::{open_repo, Ui};
-use crate::repo::PullOutcome;
 use anyhow::{Context, Result};
+use ckpt::repo::PullOutcome;
 use std::path::Path;
 
 /// Arguments of `ckpt pull`.

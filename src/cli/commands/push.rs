@@ -1,8 +1,8 @@
 //! `ckpt push [REMOTE] [BRANCH|TAG...] [--all] [--json]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::PushOptions;
 use anyhow::{Context, Result};
+use ckpt::repo::PushOptions;
 use std::path::Path;
 
 /// Arguments of `ckpt push`.

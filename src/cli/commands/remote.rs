@@ -2,8 +2,8 @@
 //! NAME`, `ckpt remote [-v]`.
 
 use crate::cli::ui::{open_repo, Ui};
-use crate::remote::S3Options;
 use anyhow::Result;
+use ckpt::remote::S3Options;
 use std::path::Path;
 
 /// S3 settings given on the command line (`remote add`, `clone`); credentials come only from
@@ -63,8 +63,8 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
         Some(Action::Add { name, url, s3 }) => {
             // A relative directory remote is relative to where the command runs (`-C` included),
             // and stored absolute.
-            crate::remote::check_no_secrets(&url)?;
-            repo.add_remote(&name, &crate::repo::absolute_dir_url(&url, base), s3.into())?;
+            ckpt::remote::check_no_secrets(&url)?;
+            repo.add_remote(&name, &ckpt::repo::absolute_dir_url(&url, base), s3.into())?;
         }
         Some(Action::Remove { name }) => repo.remove_remote(&name)?,
         None => {
@@ -75,7 +75,7 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
                 }
                 let mut extra = Vec::new();
                 if let Some(e) = &config.s3.endpoint {
-                    extra.push(format!("endpoint={}", crate::remote::redact_url(e)));
+                    extra.push(format!("endpoint={}", ckpt::remote::redact_url(e)));
                 }
                 if let Some(r) = &config.s3.region {
                     extra.push(format!("region={r}"));
@@ -85,7 +85,7 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
                 }
                 let extra = if extra.is_empty() { String::new() } else { format!(" ({})", extra.join(", ")) };
                 // Never a secret, even from a file written before they were refused.
-                outln!("{name}\t{}{extra}", crate::remote::redact_url(&config.url))?;
+                outln!("{name}\t{}{extra}", ckpt::remote::redact_url(&config.url))?;
             }
         }
     }
