@@ -13,8 +13,12 @@
 //! - [`remote`] (a directory or S3-compatible object storage), which knows neither;
 //! - [`repo`]: commit, checkout, log, refs, gc, verify;
 //! - [`sync`]: remotes (push, fetch, pull, clone, partial clones), above [`repo`];
-//! - [`git_filter`]: the git filter driver (pointers, git's filter protocol, set-up);
-//! - [`cli`]: the `ckpt` command.
+//! - `watch` (feature `watch`, on by default): commits each checkpoint that appears in a
+//!   directory, through [`repo::Repo`]'s public methods;
+//! - [`git_filter`]: the git filter driver (pointers, git's filter protocol, set-up).
+//!
+//! The `ckpt` command (src/cli) is a module of the binary, not of this library: with
+//! `default-features = false` the library builds without clap, indicatif, anyhow and notify.
 //!
 //! ```
 //! use ckpt::repo::{CommitOptions, Repo};
@@ -38,13 +42,12 @@
 // The MSRV is 1.89 (std file locks); the codec's `len % width != 0` checks predate
 // `is_multiple_of` and read as the format spec states them.
 
-pub mod cli;
 pub mod codec;
 pub mod dtype;
 pub mod file_codec;
 pub mod git_filter;
 pub mod index;
-pub mod mmap;
+mod mmap;
 pub mod object_id;
 pub mod remote;
 pub mod repo;
@@ -54,6 +57,9 @@ pub mod sync;
 #[cfg(test)]
 mod test_data;
 pub mod torch_zip;
+#[cfg(feature = "watch")]
+pub mod watch;
 
 pub use dtype::Dtype;
+pub use mmap::{MappedFile, MappedFileError};
 pub use object_id::ObjectId;

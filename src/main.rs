@@ -1,5 +1,8 @@
 //! The `ckpt` binary: parse arguments, run the command, map the outcome to an exit code.
-//! Everything else lives in the library (`ckpt::cli`).
+//! The command line (`cli`: clap parsing, one file per command, output helpers) is this
+//! binary's own module tree; everything it runs lives in the library (`ckpt`).
+
+mod cli;
 
 // mimalloc instead of the system allocator: the codec allocates many chunk-sized buffers, which
 // glibc serves with mmap/munmap, paying page faults per chunk (measured in docs/BENCHMARKS.md).
@@ -17,5 +20,5 @@ fn main() -> std::process::ExitCode {
     // and its peak is bounded by the codec windows, so keeping freed pages costs nothing.
     // SAFETY: sets an integer option before any thread is started; -1 means "never purge".
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-    ckpt::cli::main()
+    cli::main()
 }

@@ -182,6 +182,60 @@ impl FileStamp {
     }
 }
 
+/// A file mapped read-only for reading as one `&[u8]` (dereferences to its bytes), guarded
+/// against it shrinking meanwhile: a read past its new end gives zeros instead of killing the
+/// process. Call [`MappedFile::changed`] once everything is read, before trusting what was read.
+pub struct MappedFile {
+    map: Map,
+    file: File,
+    stamp: FileStamp,
+}
+
+/// Why [`MappedFile::open`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MappedFileError {
+    /// The file cannot be opened, or is not a regular file (a named pipe would block).
+    #[error("opening {}", path.display())]
+    Open {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Its metadata cannot be read, or it cannot be mapped.
+    #[error("reading {}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl MappedFile {
+    /// Maps the whole file at `path`; refuses anything but a regular file without waiting.
+    pub fn open(path: &Path) -> Result<MappedFile, MappedFileError> {
+        let file = open_regular(path).map_err(|source| MappedFileError::Open { path: path.to_path_buf(), source })?;
+        let read = |source| MappedFileError::Read { path: path.to_path_buf(), source };
+        let meta = file.metadata().map_err(read)?;
+        let map = map_input(&file).map_err(read)?;
+        Ok(MappedFile { map, file, stamp: FileStamp::of(&meta) })
+    }
+
+    /// Whether the file changed (shrank, or was rewritten) since it was mapped: what was read
+    /// may then be a mix of two versions, or zeros where the file ended.
+    pub fn changed(&self) -> bool {
+        self.stamp.changed(&self.file, &self.map)
+    }
+}
+
+impl Deref for MappedFile {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
 // ---- The guard: registered ranges and the SIGBUS handler ----
 
 /// One registered map: `start == 0` means free. `len` is set after `start` and cleared first, so

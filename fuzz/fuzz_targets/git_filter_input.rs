@@ -2,15 +2,15 @@
 //! may panic; a pointer that parses must write back to the same bytes.
 #![no_main]
 use ckpt::git_filter::pointer::Pointer;
-use ckpt::git_filter::process::{serve, Command, Filter};
+use ckpt::git_filter::process::{serve, Command, Filter, FilterError};
 use std::io::{Read, Write};
 
 /// Copies content through, as a smudge of a non-pointer does.
 struct PassThrough;
 
 impl Filter for PassThrough {
-    fn filter(&mut self, _: Command, _: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
-        std::io::copy(input, output).map(|_| ()).map_err(|e| e.to_string())
+    fn filter(&mut self, _: Command, _: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), FilterError> {
+        std::io::copy(input, output).map(|_| ()).map_err(Into::into)
     }
 }
 

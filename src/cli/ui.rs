@@ -33,7 +33,7 @@ impl Ui {
     }
 }
 
-/// Progress of library operations ([`crate::repo::Progress`]) shown as one bar at a time.
+/// Progress of library operations ([`ckpt::repo::Progress`]) shown as one bar at a time.
 pub struct BarProgress {
     show: bool,
     bar: std::sync::Mutex<Option<ProgressBar>>,
@@ -46,7 +46,7 @@ impl BarProgress {
     }
 }
 
-impl crate::repo::Progress for BarProgress {
+impl ckpt::repo::Progress for BarProgress {
     fn start(&self, label: &str, total: u64) {
         let bar = if !self.show {
             ProgressBar::hidden()
@@ -86,8 +86,8 @@ impl crate::repo::Progress for BarProgress {
 
 /// Opens the repository containing `dir`, with progress bars and the writer-lock timeout from
 /// `CKPT_LOCK_TIMEOUT` ([`lock_timeout_from_env`]).
-pub fn open_repo(ui: &Ui, dir: &Path) -> Result<crate::repo::Repo> {
-    let mut repo = crate::repo::Repo::discover(dir)?;
+pub fn open_repo(ui: &Ui, dir: &Path) -> Result<ckpt::repo::Repo> {
+    let mut repo = ckpt::repo::Repo::discover(dir)?;
     repo.set_progress(std::sync::Arc::new(BarProgress::new(ui)));
     if let Some(timeout) = lock_timeout_from_env()? {
         repo.set_lock_timeout(timeout);
@@ -323,19 +323,17 @@ fn write_into<T>(
     Ok(value)
 }
 
-/// An input file mapped read-only (see [`crate::mmap`]), guarded against it shrinking
+/// An input file mapped read-only ([`ckpt::MappedFile`]), guarded against it shrinking
 /// meanwhile: call [`InputFile::check_unchanged`] once everything is read, before trusting what
 /// was read.
 pub struct InputFile {
-    map: crate::mmap::Map,
-    file: std::fs::File,
-    stamp: crate::mmap::FileStamp,
+    map: ckpt::MappedFile,
     path: std::path::PathBuf,
 }
 
 impl std::ops::Deref for InputFile {
-    type Target = crate::mmap::Map;
-    fn deref(&self) -> &crate::mmap::Map {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
         &self.map
     }
 }
@@ -345,7 +343,7 @@ impl InputFile {
     /// may then be a mix of two versions, or zeros where the file ended.
     pub fn check_unchanged(&self) -> Result<()> {
         anyhow::ensure!(
-            !self.stamp.changed(&self.file, &self.map),
+            !self.map.changed(),
             "{} changed while it was being read; nothing was written (try again once it is complete)",
             self.path.display()
         );
@@ -356,10 +354,7 @@ impl InputFile {
 /// Maps a whole input file read-only; refuses anything but a regular file (a named pipe would
 /// block) without waiting.
 pub fn map_file(path: &Path) -> Result<InputFile> {
-    let file = crate::mmap::open_regular(path).with_context(|| format!("opening {}", path.display()))?;
-    let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
-    let map = crate::mmap::map_input(&file).with_context(|| format!("reading {}", path.display()))?;
-    Ok(InputFile { map, file, stamp: crate::mmap::FileStamp::of(&meta), path: path.to_path_buf() })
+    Ok(InputFile { map: ckpt::MappedFile::open(path)?, path: path.to_path_buf() })
 }
 
 #[cfg(test)]

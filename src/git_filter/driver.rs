@@ -10,9 +10,11 @@
 
 use super::pointer::{self, Pointer};
 use super::process::{Command, Filter};
+use super::{Error, Result};
 use crate::repo::{CommitOptions, Manifest, Repo, RepoPath};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Buffer size for copying content between pipes and files.
 const COPY_BUF: usize = 1 << 20;
@@ -32,22 +34,24 @@ pub struct GitFilter {
     request: super::process::RequestMeta,
     /// A store in the own store's `tmp/` for files fetched from the ckpt remote only to be
     /// read (a diff), dropped with the filter.
-    scratch: std::sync::OnceLock<Result<(tempfile::TempDir, Repo), String>>,
+    scratch: std::sync::OnceLock<std::result::Result<(tempfile::TempDir, Repo), Arc<Error>>>,
 }
 
 /// The ckpt remote a filter fetches missing objects from, opened on first use (most smudges
 /// never need it).
 struct RemoteSource {
     url: String,
-    opened: std::sync::OnceLock<Result<Box<dyn crate::remote::Remote>, String>>,
+    opened: std::sync::OnceLock<std::result::Result<Box<dyn crate::remote::Remote>, Arc<Error>>>,
 }
 
 impl RemoteSource {
     /// The remote, opened on first use (an error to open it is kept and given to every caller).
-    fn get(&self) -> &Result<Box<dyn crate::remote::Remote>, String> {
-        self.opened.get_or_init(|| {
-            super::ckpt_remote::open(&self.url).map_err(|e| format!("opening the ckpt remote {}: {e}", self.url))
-        })
+    fn get(&self) -> Result<&dyn crate::remote::Remote> {
+        let opened = self.opened.get_or_init(|| {
+            super::ckpt_remote::open(&self.url)
+                .map_err(|e| Arc::new(Error::RemoteOpen { url: self.url.clone(), source: Box::new(e) }))
+        });
+        opened.as_deref().map_err(|e| Error::Shared(e.clone()))
     }
 }
 
@@ -74,29 +78,29 @@ impl GitFilter {
 
     /// Downloads `p`'s file from the ckpt remote into `into` (the own store, or the scratch
     /// store); `None` without a remote.
-    fn fetch_from_remote(&self, p: &Pointer, into: &Repo) -> Option<Result<(), String>> {
+    fn fetch_from_remote(&self, p: &Pointer, into: &Repo) -> Option<Result<()>> {
         let source = self.remote.as_ref()?;
-        let remote = source.get();
-        Some(match remote {
-            Ok(remote) => crate::sync::fetch_file(into, remote.as_ref(), &p.manifest).map(|_| ()).map_err(|e| {
-                format!("fetching file {} (manifest {}) from the ckpt remote {}: {e}", p.hash, p.manifest, source.url)
-            }),
-            Err(e) => Err(e.clone()),
-        })
+        Some(source.get().and_then(|remote| {
+            crate::sync::fetch_file(into, remote, &p.manifest).map(|_| ()).map_err(|source_error| Error::RemoteFetch {
+                hash: p.hash,
+                manifest: p.manifest,
+                url: source.url.clone(),
+                source: Box::new(source_error),
+            })
+        }))
     }
 
     /// The scratch store (created on first use).
-    fn scratch(&self) -> Result<&Repo, String> {
+    fn scratch(&self) -> Result<&Repo> {
         let made = self.scratch.get_or_init(|| {
             let tmp_dir = self.store.ckpt_dir().join("tmp");
-            let dir = tempfile::Builder::new()
-                .prefix("git-read-")
-                .tempdir_in(&tmp_dir)
-                .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
-            let repo = Repo::init(dir.path()).map_err(|e| format!("creating a scratch store: {e}"))?;
+            let dir = tempfile::Builder::new().prefix("git-read-").tempdir_in(&tmp_dir).map_err(|source| {
+                Arc::new(Error::Io { action: "creating a directory in", path: tmp_dir.clone(), source })
+            })?;
+            let repo = Repo::init(dir.path()).map_err(|e| Arc::new(Error::Scratch(Box::new(e))))?;
             Ok((dir, repo))
         });
-        made.as_ref().map(|(_, r)| r).map_err(Clone::clone)
+        made.as_ref().map(|(_, r)| r).map_err(|e| Error::Shared(e.clone()))
     }
 
     /// Whether the current smudge writes the working tree, so that what it needs from
@@ -134,44 +138,47 @@ impl GitFilter {
     /// returned unchanged if the file it names can be checked out (see
     /// [`GitFilter::check_restorable`]), and is an error otherwise: git never commits a pointer
     /// that fails only at checkout.
-    pub fn clean(&self, path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
+    pub fn clean(&self, path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
         let mut head = Vec::with_capacity(pointer::MAX_LEN + 1);
-        input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(|e| format!("reading from git: {e}"))?;
+        input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(stream("reading from git"))?;
         if head.len() <= pointer::MAX_LEN {
             if let Ok(p) = Pointer::parse(&head) {
                 // Already a pointer (a checkout whose smudge was skipped, or a pointer committed
                 // on purpose): storing it as content would hide the weights behind a pointer to
                 // a pointer. Passed through only if its file exists somewhere ckpt reads from.
                 self.check_restorable(&p)?;
-                return output.write_all(&head).map_err(|e| format!("writing to git: {e}"));
+                return output.write_all(&head).map_err(stream("writing to git"));
             }
         }
-        let rp = RepoPath::parse(path).map_err(|reason| format!("cannot store under this path: {reason}"))?;
+        let rp = RepoPath::parse(path).map_err(|reason| Error::StorePath { path: path.to_string(), reason })?;
         let tmp_dir = self.store.ckpt_dir().join("tmp");
         let spool = tempfile::Builder::new()
             .prefix("git-clean-")
             .tempfile_in(&tmp_dir)
-            .map_err(|e| format!("creating a file in {}: {e}", tmp_dir.display()))?;
+            .map_err(|source| Error::Io { action: "creating a file in", path: tmp_dir.clone(), source })?;
         {
             let mut w = io::BufWriter::with_capacity(COPY_BUF, spool.as_file());
-            let spool_err = |e: io::Error| format!("writing {}: {e}", spool.path().display());
-            w.write_all(&head).map_err(spool_err)?;
-            io::copy(input, &mut w).map_err(|e| format!("spooling the content to {}: {e}", spool.path().display()))?;
-            w.flush().map_err(spool_err)?;
+            let spool_err = |action| {
+                let path = spool.path().to_path_buf();
+                move |source| Error::Io { action, path, source }
+            };
+            w.write_all(&head).map_err(spool_err("writing"))?;
+            io::copy(input, &mut w).map_err(spool_err("spooling the content to"))?;
+            w.flush().map_err(spool_err("writing"))?;
         }
         let stored = self
             .store
             .store_file(spool.path(), &rp, &format!("git clean {path}"), &self.options)
-            .map_err(|e| format!("storing in the ckpt store at {}: {e}", self.store.root().display()))?;
+            .map_err(|e| Error::Store { store: self.store.root().to_path_buf(), source: Box::new(e) })?;
         let p = Pointer::new(stored.hash, stored.manifest, stored.len);
-        output.write_all(&p.to_bytes()).map_err(|e| format!("writing to git: {e}"))
+        output.write_all(&p.to_bytes()).map_err(stream("writing to git"))
     }
 
     /// Whether the file `p` names can be checked out here: its manifest (with the same size
     /// and hash) and every blob it lists are in the own store or a fallback store, or the ckpt
     /// remote holds its manifest (pushes upload a file's objects before its manifest). The
     /// error says where ckpt looked.
-    pub fn check_restorable(&self, p: &Pointer) -> Result<(), String> {
+    pub fn check_restorable(&self, p: &Pointer) -> Result<()> {
         let mut notes = Vec::new();
         for store in std::iter::once(&self.store).chain(&self.fallbacks) {
             if !store.store().contains(&p.manifest) {
@@ -194,59 +201,49 @@ impl GitFilter {
         }
         match &self.remote {
             None => notes.push("no ckpt remote is configured".to_string()),
-            Some(source) => {
-                let remote = source.get();
-                match remote {
-                    Ok(remote) => {
-                        let key = crate::remote::object_key(&p.manifest);
-                        match remote.download(&key, &mut io::sink(), MAX_REMOTE_MANIFEST) {
-                            Ok(_) => return Ok(()),
-                            Err(crate::remote::Error::NotFound { .. }) => {
-                                notes.push(format!("the ckpt remote {} does not have it", source.url))
-                            }
-                            Err(e) => notes.push(format!("asking the ckpt remote {}: {e}", source.url)),
+            Some(source) => match source.get() {
+                Ok(remote) => {
+                    let key = crate::remote::object_key(&p.manifest);
+                    match remote.download(&key, &mut io::sink(), MAX_REMOTE_MANIFEST) {
+                        Ok(_) => return Ok(()),
+                        Err(crate::remote::Error::NotFound { .. }) => {
+                            notes.push(format!("the ckpt remote {} does not have it", source.url))
                         }
+                        Err(e) => notes.push(format!("asking the ckpt remote {}: {e}", source.url)),
                     }
-                    Err(e) => notes.push(e.clone()),
                 }
-            }
+                Err(e) => notes.push(e.to_string()),
+            },
         }
-        Err(format!(
-            "this is a ckpt pointer, but the file it names (manifest {}, {} bytes) is nowhere ckpt can \
-             restore it from (looked in the ckpt store at {}{}): committed, it would fail at checkout. \
-             Put the real file here instead; or, if the pointer is right, set `git config ckpt.remote` \
-             (or `ckpt.store`) to where its file is",
-            p.manifest,
-            p.size,
-            self.store.root().display(),
-            if notes.is_empty() { String::new() } else { format!("; {}", notes.join("; ")) },
-        ))
+        Err(Error::NotRestorable { manifest: p.manifest, size: p.size, store: self.store.root().to_path_buf(), notes })
     }
 
     /// smudge: `input` (what git stores for the file at `path`) → the file on `output`. Content that does
     /// not start like a ckpt pointer (committed before the path was tracked) passes through
     /// unchanged; a malformed ckpt pointer, or one whose objects are missing or damaged, is an
     /// error before any byte is sent.
-    pub fn smudge(&self, path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<(), String> {
+    pub fn smudge(&self, path: &str, input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
         let mut head = Vec::with_capacity(pointer::MAX_LEN + 1);
-        input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(|e| format!("reading from git: {e}"))?;
+        input.take(pointer::MAX_LEN as u64 + 1).read_to_end(&mut head).map_err(stream("reading from git"))?;
         if !head.starts_with(pointer::PREFIX) {
-            output.write_all(&head).map_err(|e| format!("writing to git: {e}"))?;
-            return io::copy(input, output).map(|_| ()).map_err(|e| format!("passing content through: {e}"));
+            output.write_all(&head).map_err(stream("writing to git"))?;
+            return io::copy(input, output).map(|_| ()).map_err(stream("passing content through"));
         }
-        let p = Pointer::parse(&head).map_err(|e| format!("invalid ckpt pointer: {e}"))?;
+        let p = Pointer::parse(&head).map_err(Error::InvalidPointer)?;
         if self.skip_smudge {
-            return output.write_all(&head).map_err(|e| format!("writing to git: {e}"));
+            return output.write_all(&head).map_err(stream("writing to git"));
         }
         let tmp_dir = self.store.ckpt_dir().join("tmp");
-        let dir = tempfile::Builder::new()
-            .prefix("git-smudge-")
-            .tempdir_in(&tmp_dir)
-            .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
+        let dir = tempfile::Builder::new().prefix("git-smudge-").tempdir_in(&tmp_dir).map_err(|source| Error::Io {
+            action: "creating a directory in",
+            path: tmp_dir.clone(),
+            source,
+        })?;
         let file = dir.path().join("file");
         self.write_from(&p, &file, &|| self.smudge_keeps(path))?;
-        let mut f = std::fs::File::open(&file).map_err(|e| format!("opening {}: {e}", file.display()))?;
-        copy_with_buffer(&mut f, output).map_err(|e| format!("sending the file to git: {e}"))
+        let mut f =
+            std::fs::File::open(&file).map_err(|source| Error::Io { action: "opening", path: file.clone(), source })?;
+        copy_with_buffer(&mut f, output).map_err(stream("sending the file to git"))
     }
 
     /// Writes `p`'s file to `dest` (temporary file + rename, verified) from the own store, else
@@ -255,13 +252,13 @@ impl GitFilter {
     /// object before it lands in the own store, and a damaged copy sends the search on to the
     /// next source; the error, when no source has a good copy, names the file and every
     /// source tried with what was wrong there.
-    pub fn write_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
+    pub fn write_from_stores(&self, p: &Pointer, dest: &Path) -> Result<()> {
         self.write_from(p, dest, &|| true)
     }
 
     /// [`Self::write_from_stores`] for a file only read (a diff, a check): what comes from
     /// another source does not enter the own store.
-    pub fn read_from_stores(&self, p: &Pointer, dest: &Path) -> Result<(), String> {
+    pub fn read_from_stores(&self, p: &Pointer, dest: &Path) -> Result<()> {
         self.write_from(p, dest, &|| false)
     }
 
@@ -269,7 +266,7 @@ impl GitFilter {
     /// lacks the file), what is read from elsewhere does not enter the own store (a smudge for
     /// a diff): a fallback store is read in place, a ckpt remote's file goes to the scratch
     /// store.
-    fn write_from(&self, p: &Pointer, dest: &Path, keep: &dyn Fn() -> bool) -> Result<(), String> {
+    fn write_from(&self, p: &Pointer, dest: &Path, keep: &dyn Fn() -> bool) -> Result<()> {
         let own_err = match self.store.write_stored_file(&p.manifest, p.size, &p.hash, dest) {
             Ok(_) => return Ok(()),
             Err(e) => e,
@@ -306,39 +303,31 @@ impl GitFilter {
                         Ok(_) => return Ok(()),
                         Err(e) => tried.push(format!("the file fetched from the ckpt remote: {e}")),
                     },
-                    Some(Err(e)) => tried.push(e),
+                    Some(Err(e)) => tried.push(e.to_string()),
                     None => {
                         tried.push("no ckpt remote is configured (git config ckpt.remote URL, or .ckptconfig)".into())
                     }
                 },
-                Err(e) => tried.push(e),
+                Err(e) => tried.push(e.to_string()),
             }
         }
-        Err(format!(
-            "cannot restore the file {} (manifest {}, {} bytes): no source has a good copy; tried {}; \
-             if this repository was cloned or the store moved, point `git config ckpt.store` at a store \
-             that has it or `git config ckpt.remote` at the ckpt remote it was pushed to, or run \
-             `ckpt -C {} verify` to find damaged objects",
-            p.hash,
-            p.manifest,
-            p.size,
-            tried.join("; "),
-            self.store.root().display(),
-        ))
+        Err(Error::NoGoodCopy {
+            hash: p.hash,
+            manifest: p.manifest,
+            size: p.size,
+            store: self.store.root().to_path_buf(),
+            tried: tried.into(),
+        })
     }
 }
 
 impl GitFilter {
     /// The manifest of the file `p` points to, from the own store or a fallback.
-    pub fn manifest(&self, p: &Pointer) -> Result<Manifest, String> {
-        std::iter::once(&self.store)
-            .chain(&self.fallbacks)
-            .find(|r| r.store().contains(&p.manifest))
-            .ok_or_else(|| {
-                format!("manifest {} is in no ckpt store (looked in {})", p.manifest, self.store.root().display())
-            })?
-            .manifest(&p.manifest)
-            .map_err(|e| e.to_string())
+    pub fn manifest(&self, p: &Pointer) -> Result<Manifest> {
+        let store = std::iter::once(&self.store).chain(&self.fallbacks).find(|r| r.store().contains(&p.manifest));
+        let store = store
+            .ok_or_else(|| Error::ManifestMissing { manifest: p.manifest, store: self.store.root().to_path_buf() })?;
+        Ok(store.manifest(&p.manifest)?)
     }
 
     /// The text `git diff` shows for a tracked file (the diff driver's textconv): its size and
@@ -346,12 +335,12 @@ impl GitFilter {
     /// changed tensor is a changed line), headers and gaps as bytes. `file` is either a pointer
     /// (git's side of a diff), whose manifest is read from the store, or the real file (the
     /// working tree's side), which is hashed.
-    pub fn textconv(&self, file: &Path) -> Result<String, String> {
+    pub fn textconv(&self, file: &Path) -> Result<String> {
         let small = std::fs::metadata(file).is_ok_and(|m| m.len() <= pointer::MAX_LEN as u64);
         let pointer = if small { std::fs::read(file).ok().and_then(|b| Pointer::parse(&b).ok()) } else { None };
         let manifest = match pointer {
             Some(p) => self.manifest(&p)?,
-            None => crate::repo::manifest_of_file(file).map_err(|e| e.to_string())?,
+            None => crate::repo::manifest_of_file(file)?,
         };
         let kind = match manifest.kind {
             crate::repo::FileFormat::Safetensors => "safetensors",
@@ -379,6 +368,11 @@ impl GitFilter {
     }
 }
 
+/// An error of git's pipes while `action`.
+fn stream(action: &'static str) -> impl Fn(io::Error) -> Error {
+    move |source| Error::Stream { action, source }
+}
+
 fn copy_with_buffer(from: &mut dyn Read, to: &mut dyn Write) -> io::Result<()> {
     let mut buf = vec![0u8; COPY_BUF];
     loop {
@@ -398,11 +392,12 @@ impl Filter for GitFilter {
         path: &str,
         input: &mut dyn Read,
         output: &mut dyn Write,
-    ) -> Result<(), String> {
-        match command {
+    ) -> std::result::Result<(), super::process::FilterError> {
+        let result = match command {
             Command::Clean => self.clean(path, input, output),
             Command::Smudge => self.smudge(path, input, output),
-        }
+        };
+        Ok(result?)
     }
 
     fn request(&mut self, meta: &super::process::RequestMeta) {

@@ -73,12 +73,12 @@ pub enum Error {
         path: PathBuf,
     },
     /// A file `ckpt git checkout` could not write.
-    #[error("{path}: {reason}")]
+    #[error("{path}: {source}")]
     Checkout {
         /// The file, relative to the working tree.
         path: String,
         /// What went wrong.
-        reason: String,
+        source: Box<Error>,
     },
     /// A `pre-push` hook ckpt cannot put its block into: not a shell script.
     #[error(
@@ -176,6 +176,117 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// Reading from or writing to git's pipes (clean and smudge) failed.
+    #[error("{action}: {source}")]
+    Stream {
+        /// What was being done (`reading from git`, `writing to git`, ...).
+        action: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A file whose metadata cannot be read (a side of a diff).
+    #[error("{}: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A path git gave that cannot be a path in the ckpt store.
+    #[error("cannot store under this path: {reason}")]
+    StorePath {
+        /// The path, as git gave it.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Storing a cleaned file in the ckpt store failed.
+    #[error("storing in the ckpt store at {}: {source}", store.display())]
+    Store {
+        /// The store's root.
+        store: PathBuf,
+        /// The store's error.
+        source: Box<repo::Error>,
+    },
+    /// Content that starts like a ckpt pointer but is not a valid one.
+    #[error("invalid ckpt pointer: {0}")]
+    InvalidPointer(#[source] pointer::Error),
+    /// A pointer (given to clean) whose file no source ckpt reads from can restore.
+    #[error(
+        "this is a ckpt pointer, but the file it names (manifest {manifest}, {size} bytes) is nowhere ckpt can \
+         restore it from (looked in the ckpt store at {}{}): committed, it would fail at checkout. \
+         Put the real file here instead; or, if the pointer is right, set `git config ckpt.remote` \
+         (or `ckpt.store`) to where its file is",
+        store.display(),
+        notes.iter().map(|n| format!("; {n}")).collect::<String>()
+    )]
+    NotRestorable {
+        /// The pointer's manifest.
+        manifest: crate::ObjectId,
+        /// The pointer's file size.
+        size: u64,
+        /// The own store's root.
+        store: PathBuf,
+        /// What each other source said.
+        notes: Vec<String>,
+    },
+    /// A pointer's file that no source (own store, fallback stores, ckpt remote) has a good
+    /// copy of.
+    #[error(
+        "cannot restore the file {hash} (manifest {manifest}, {size} bytes): no source has a good copy; tried {}; \
+         if this repository was cloned or the store moved, point `git config ckpt.store` at a store \
+         that has it or `git config ckpt.remote` at the ckpt remote it was pushed to, or run \
+         `ckpt -C {} verify` to find damaged objects",
+        tried.join("; "),
+        store.display()
+    )]
+    NoGoodCopy {
+        /// The file's hash.
+        hash: crate::ObjectId,
+        /// Its manifest.
+        manifest: crate::ObjectId,
+        /// Its size.
+        size: u64,
+        /// The own store's root.
+        store: PathBuf,
+        /// Each source tried, with what was wrong there (boxed: keeps [`Error`] small).
+        tried: Box<[String]>,
+    },
+    /// A manifest that neither the own store nor a fallback store holds.
+    #[error("manifest {manifest} is in no ckpt store (looked in {})", store.display())]
+    ManifestMissing {
+        /// The manifest.
+        manifest: crate::ObjectId,
+        /// The own store's root.
+        store: PathBuf,
+    },
+    /// The ckpt remote cannot be opened.
+    #[error("opening the ckpt remote {url}: {source}")]
+    RemoteOpen {
+        /// Its URL.
+        url: String,
+        /// Why.
+        source: Box<Error>,
+    },
+    /// Fetching a pointer's file from the ckpt remote failed.
+    #[error("fetching file {hash} (manifest {manifest}) from the ckpt remote {url}: {source}")]
+    RemoteFetch {
+        /// The file's hash.
+        hash: crate::ObjectId,
+        /// Its manifest.
+        manifest: crate::ObjectId,
+        /// The ckpt remote's URL.
+        url: String,
+        /// The transfer's error.
+        source: Box<crate::sync::Error>,
+    },
+    /// The scratch store (for files fetched only to be read) cannot be created.
+    #[error("creating a scratch store: {0}")]
+    Scratch(#[source] Box<repo::Error>),
+    /// An error met once (opening the ckpt remote, creating the scratch store) and given to
+    /// every operation that needs the same thing.
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
 }
 
 /// Results of the git layer.
@@ -490,7 +601,7 @@ pub fn checkout_pointers(git: &git2::Repository, filter: &GitFilter, paths: &[St
         if git2::Oid::hash_object(git2::ObjectType::Blob, &bytes).ok() != Some(entry.id) {
             continue;
         }
-        filter.write_from_stores(&p, &file).map_err(|reason| Error::Checkout { path: path.clone(), reason })?;
+        filter.write_from_stores(&p, &file).map_err(|e| Error::Checkout { path: path.clone(), source: Box::new(e) })?;
         written.push(path);
     }
     if !written.is_empty() {

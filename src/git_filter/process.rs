@@ -20,6 +20,10 @@ pub enum Command {
     Smudge,
 }
 
+/// Why a [`Filter`] failed on one file: reported to git as `status=error` and its message
+/// (with its causes) to stderr.
+pub type FilterError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A filter: turns one file's content into its filtered form.
 pub trait Filter {
     /// Filters the content read from `input` (the file at `path`, relative to the working
@@ -31,7 +35,7 @@ pub trait Filter {
         path: &str,
         input: &mut dyn Read,
         output: &mut dyn Write,
-    ) -> Result<(), String>;
+    ) -> Result<(), FilterError>;
 
     /// What git says about the request [`Filter::filter`] is called for next, besides its
     /// path (git 2.27 and later). Ignored by default.
@@ -344,7 +348,7 @@ mod tests {
             path: &str,
             input: &mut dyn Read,
             output: &mut dyn Write,
-        ) -> Result<(), String> {
+        ) -> Result<(), FilterError> {
             if path.starts_with("bad") {
                 // Reads only part of the content: the server must drain the rest.
                 let mut one = [0u8; 1];
@@ -357,7 +361,7 @@ mod tests {
                 Command::Clean => bytes.make_ascii_uppercase(),
                 Command::Smudge => bytes.reverse(),
             }
-            output.write_all(&bytes).map_err(|e| e.to_string())
+            Ok(output.write_all(&bytes)?)
         }
     }
 

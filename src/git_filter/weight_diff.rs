@@ -8,7 +8,7 @@
 //! file size): how many elements changed and, for float dtypes, the largest absolute change.
 
 use super::pointer::{self, Pointer};
-use super::GitFilter;
+use super::{Error, GitFilter, Result};
 use crate::safetensors::{self, Header};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,9 +29,9 @@ struct Side {
 
 impl Side {
     /// Opens `path`: a pointer's file is written from `filter`'s stores first.
-    fn open(filter: &GitFilter, path: &Path) -> Result<Side, String> {
-        let small =
-            std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len() <= pointer::MAX_LEN as u64;
+    fn open(filter: &GitFilter, path: &Path) -> Result<Side> {
+        let meta = std::fs::metadata(path).map_err(|source| Error::Unreadable { path: path.to_path_buf(), source })?;
+        let small = meta.len() <= pointer::MAX_LEN as u64;
         let pointer = if small { std::fs::read(path).ok().and_then(|b| Pointer::parse(&b).ok()) } else { None };
         let (tmp, file, hash) = match pointer {
             Some(p) => {
@@ -39,15 +39,20 @@ impl Side {
                 let dir = tempfile::Builder::new()
                     .prefix("git-diff-")
                     .tempdir_in(&tmp_dir)
-                    .map_err(|e| format!("creating a directory in {}: {e}", tmp_dir.display()))?;
+                    .map_err(|source| Error::Io { action: "creating a directory in", path: tmp_dir.clone(), source })?;
                 let file = dir.path().join("file");
                 filter.read_from_stores(&p, &file)?;
                 (Some(dir), file, Some(p.hash))
             }
             None => (None, path.to_path_buf(), None),
         };
-        let f = crate::mmap::open_regular(&file).map_err(|e| format!("opening {}: {e}", file.display()))?;
-        let map = crate::mmap::map_input(&f).map_err(|e| format!("reading {}: {e}", file.display()))?;
+        let f = crate::mmap::open_regular(&file).map_err(|source| Error::Io {
+            action: "opening",
+            path: file.clone(),
+            source,
+        })?;
+        let map =
+            crate::mmap::map_input(&f).map_err(|source| Error::Io { action: "reading", path: file.clone(), source })?;
         let header = safetensors::parse(&map).ok();
         Ok(Side { _tmp: tmp, len: map.len() as u64, header, map, hash })
     }
@@ -104,7 +109,7 @@ pub struct TensorChange {
 /// `/dev/null`), tensor by tensor, and returns the text `git diff` shows: each side's kind,
 /// size and hash, then [`render`]'s table. When a side is not safetensors, only whether the
 /// bytes differ.
-pub fn compare(filter: &GitFilter, old: Option<&Path>, new: Option<&Path>) -> Result<String, String> {
+pub fn compare(filter: &GitFilter, old: Option<&Path>, new: Option<&Path>) -> Result<String> {
     let old = old.map(|p| Side::open(filter, p)).transpose()?;
     let new = new.map(|p| Side::open(filter, p)).transpose()?;
     let mut out = String::new();

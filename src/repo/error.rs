@@ -234,7 +234,7 @@ pub enum Error {
         branch: String,
     },
     /// A commit whose manifest or version would exceed a cap readers apply
-    /// ([`super::limits`]): it is refused rather than written unreadable.
+    /// ([`limits`](super::limits)): it is refused rather than written unreadable.
     #[error("cannot commit {what}: {reason} (docs/format.md, \"Caps on untrusted sizes\")")]
     OverLimit {
         /// The file, or "the version".

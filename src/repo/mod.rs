@@ -34,7 +34,6 @@ mod revision;
 mod status;
 mod store_file;
 mod verify;
-mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutSummary, TensorFilter};
 pub use commit::CommitOptions;
@@ -58,10 +57,9 @@ pub use partial::PartialClone;
 pub use path::RepoPath;
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};
-pub use status::{FileState, FileStatus, InTheWay, Status};
+pub use status::{hash_file, FileState, FileStatus, InTheWay, Status};
 pub use store_file::{manifest_of_file, StoredFile};
 pub use verify::{BadObject, BadVersion, VerifyReport};
-pub use watch::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 
 use crate::index::{self, Index, Journal, JournalEntry, ObjectRecord, StatRecord, VersionRecord};
 use crate::object_id::ObjectId;

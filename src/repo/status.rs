@@ -223,11 +223,13 @@ pub(super) fn stat_is_fresh(c: &StatRecord, meta: &std::fs::Metadata) -> bool {
     now == *c && c.recorded_ns - c.mtime_ns.max(c.ctime_ns) > RACY_NS
 }
 
-/// The content hash a commit of the file at `path` would record (`model::file_hash`),
-/// memory-mapped. A file that does not parse as safetensors (or as a `torch.save` archive)
+/// The content hash a commit of the file at `path` would record ([`FileEntry::hash`](super::FileEntry::hash),
+/// `model::file_hash`), memory-mapped. A file that does not parse as safetensors (or as a `torch.save` archive)
 /// hashes as opaque bytes, as commit stores it (a `.safetensors` file that does not parse cannot be committed, so it never
-/// matches).
-pub(super) fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
+/// matches). Compare it with a version's [`FileEntry`](super::FileEntry) to tell whether that version holds
+/// the file's content without committing it. Errors: the file cannot be read, or it changed
+/// while it was read ([`Error::ChangedWhileRead`](super::Error::ChangedWhileRead)).
+pub fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     // Not `File::open`: a named pipe at a tracked path would block; and a guarded map, so that a
     // file truncated while it is hashed is reported, not a SIGBUS.
     let input = Input::open(path, RepoPath::parse("file").expect("a valid path"), Rules::Hash)?;

@@ -3,7 +3,7 @@
 //! test runs `ckpt watch` itself (file-system events and polling) and restarts it.
 
 use crate::support::repo_util::{ckpt_command, TestRepo};
-use ckpt::repo::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
+use ckpt::watch::{WatchEvent, WatchOptions, Watcher, WATCH_LOG};
 use std::time::{Duration, Instant};
 
 pub(crate) const SETTLE: Duration = Duration::from_secs(5);

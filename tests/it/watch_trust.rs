@@ -4,7 +4,8 @@
 
 use crate::repo_watch::{committed, options, SETTLE};
 use crate::support::repo_util::{ckpt_command, stderr, TestRepo};
-use ckpt::repo::{Repo, WatchEvent, WatchOptions, Watcher};
+use ckpt::repo::Repo;
+use ckpt::watch::{watch, WatchEvent, WatchOptions, Watcher};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -189,7 +190,7 @@ fn files_written_in_pieces_are_committed_whole() {
         poll: Duration::from_millis(100),
         ..WatchOptions::default()
     };
-    repo.watch(&t.path("run"), &options, &stop, &mut |e| polling |= matches!(e, WatchEvent::Polling { .. })).unwrap();
+    watch(&repo, &t.path("run"), &options, &stop, &mut |e| polling |= matches!(e, WatchEvent::Polling { .. })).unwrap();
     writers.join().unwrap();
     // Every version that holds these files holds them whole.
     let full_state = STATE.concat();

@@ -1,8 +1,8 @@
 //! `ckpt checkout REV [FILE...] [--output DIR] [--tensor PATTERN] [--force]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::CheckoutOptions;
 use anyhow::Result;
+use ckpt::repo::CheckoutOptions;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `ckpt checkout`.
@@ -41,7 +41,7 @@ pub fn run(ui: &Ui, base: &Path, args: CheckoutArgs) -> Result<()> {
     };
     // In a partial clone, a version outside its history is downloaded first.
     let rev = if repo.partial_clone()?.is_some() {
-        crate::sync::fetch_revision(&repo, &args.rev, super::push::transfers())?.to_hex()
+        ckpt::sync::fetch_revision(&repo, &args.rev, super::push::transfers())?.to_hex()
     } else {
         args.rev.clone()
     };

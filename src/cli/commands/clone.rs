@@ -1,8 +1,8 @@
 //! `ckpt clone URL [DIR] [--depth N] [--endpoint URL] [--region R] [--allow-http]`.
 
 use crate::cli::ui::{BarProgress, Ui};
-use crate::remote::S3Options;
 use anyhow::{Context, Result};
+use ckpt::remote::S3Options;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `ckpt clone`.
@@ -48,14 +48,14 @@ pub fn humanish_dir(url: &str) -> Option<String> {
 
 /// Runs `ckpt clone`.
 pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
-    crate::remote::check_no_secrets(&args.url)?;
+    ckpt::remote::check_no_secrets(&args.url)?;
     let dir = match args.dir {
         Some(d) => base.join(d),
         None => {
             let Some(name) = humanish_dir(&args.url) else {
                 anyhow::bail!(
                     "cannot derive a directory name from {}; name one: ckpt clone URL DIR",
-                    crate::remote::redact_url(&args.url)
+                    ckpt::remote::redact_url(&args.url)
                 );
             };
             base.join(name)
@@ -65,9 +65,9 @@ pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
     let progress = std::sync::Arc::new(BarProgress::new(ui));
     let depth = args.depth.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
     // A relative directory remote is relative to where the command runs (`-C` included).
-    let url = crate::sync::absolute_dir_url(&args.url, base);
-    let (repo, report) = crate::sync::clone_with_depth(&url, &dir, s3, super::push::transfers(), Some(progress), depth)
-        .with_context(|| format!("cloning {}", crate::remote::redact_url(&args.url)))?;
+    let url = ckpt::sync::absolute_dir_url(&args.url, base);
+    let (repo, report) = ckpt::sync::clone_with_depth(&url, &dir, s3, super::push::transfers(), Some(progress), depth)
+        .with_context(|| format!("cloning {}", ckpt::remote::redact_url(&args.url)))?;
     super::fetch::print(&report, args.json)?;
     eprintln!("cloned into {}", repo.root().display());
     Ok(())

@@ -1,8 +1,8 @@
 //! `ckpt commit -m MSG FILE...`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::{CommitOptions, Compaction};
 use anyhow::Result;
+use ckpt::repo::{CommitOptions, Compaction};
 use std::path::{Path, PathBuf};
 
 /// Arguments of `ckpt commit`.

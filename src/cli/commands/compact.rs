@@ -3,8 +3,8 @@
 //! the background).
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::repo::CompactOptions;
 use anyhow::Result;
+use ckpt::repo::CompactOptions;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -28,7 +28,7 @@ pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
         // Its stderr is `.ckpt/compact.log`, where the library has recorded a failed
         // compaction already; other errors (the lock not free in time) are printed there.
         return match r {
-            Err(crate::repo::Error::CompactionFailed { .. }) | Ok(_) => Ok(()),
+            Err(ckpt::repo::Error::CompactionFailed { .. }) | Ok(_) => Ok(()),
             Err(e) => Err(e.into()),
         };
     }
@@ -64,7 +64,7 @@ pub fn start_in_background(root: &Path) -> std::io::Result<()> {
     let log = std::fs::File::options()
         .create(true)
         .append(true)
-        .open(root.join(crate::repo::DIR_NAME).join(crate::repo::COMPACTION_LOG))?;
+        .open(root.join(ckpt::repo::DIR_NAME).join(ckpt::repo::COMPACTION_LOG))?;
     let mut command = Command::new(std::env::current_exe()?);
     command
         .arg("-C")

@@ -1,9 +1,9 @@
 //! `ckpt compress INPUT -o OUTPUT`.
 
 use crate::cli::ui::{map_file, write_atomically, Ui};
-use crate::codec::Options;
-use crate::file_codec::{self, Format};
 use anyhow::{Context, Result};
+use ckpt::codec::Options;
+use ckpt::file_codec::{self, Format};
 use std::path::PathBuf;
 
 /// Arguments of `ckpt compress`.

@@ -1,8 +1,8 @@
 //! `ckpt decompress INPUT -o OUTPUT`.
 
 use crate::cli::ui::{map_file, write_atomically, Ui};
-use crate::codec::container::Container;
 use anyhow::{Context, Result};
+use ckpt::codec::container::Container;
 use std::path::PathBuf;
 
 /// Arguments of `ckpt decompress`.

@@ -30,7 +30,7 @@ pub fn run(ui: &Ui, base: &Path, args: DiffArgs) -> Result<()> {
     writeln!(out, "diff {} {}", r.from.short(12), r.to.short(12))?;
     // Sizes of the files added, removed or changed, from the two versions.
     let (va, vb) = (repo.version(&r.from)?, repo.version(&r.to)?);
-    let len_in = |v: &crate::repo::Version, path: &str| v.file(path).map_or(0, |f| f.len);
+    let len_in = |v: &ckpt::repo::Version, path: &str| v.file(path).map_or(0, |f| f.len);
     let mut file = "";
     for t in &r.tensors {
         if t.file != file {

@@ -1,8 +1,8 @@
 //! `ckpt fetch [REMOTE] [--json]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::sync::FetchReport;
 use anyhow::{Context, Result};
+use ckpt::sync::FetchReport;
 use std::path::Path;
 
 /// Arguments of `ckpt fetch`.
@@ -40,9 +40,9 @@ pub fn run(ui: &Ui, base: &Path, args: FetchArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let remote = match args.remote {
         Some(r) => r,
-        None => crate::sync::default_remote(&repo)?,
+        None => ckpt::sync::default_remote(&repo)?,
     };
-    let report = crate::sync::fetch(&repo, &remote, super::push::transfers())
+    let report = ckpt::sync::fetch(&repo, &remote, super::push::transfers())
         .with_context(|| format!("fetching from {remote}"))?;
     print(&report, args.json)
 }

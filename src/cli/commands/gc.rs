@@ -16,7 +16,7 @@ pub struct GcArgs {
 pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     // Deltas still pending make the store smaller too: finish them first.
-    repo.compact(&crate::repo::CompactOptions::default())?;
+    repo.compact(&ckpt::repo::CompactOptions::default())?;
     let r = repo.gc()?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r)?)?;

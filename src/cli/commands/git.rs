@@ -3,9 +3,9 @@
 //! reads; messages go to stderr.
 
 use crate::cli::ui::Ui;
-use crate::git_filter::{self, attributes, ckpt_remote, process, GitFilter};
-use crate::repo::{CommitOptions, Compaction};
 use anyhow::{Context, Result};
+use ckpt::git_filter::{self, attributes, ckpt_remote, process, GitFilter};
+use ckpt::repo::{CommitOptions, Compaction};
 use std::path::Path;
 
 /// Arguments of `ckpt git`.

@@ -1,8 +1,8 @@
 //! `ckpt init [DIR]`.
 
 use crate::cli::ui::Ui;
-use crate::repo::Repo;
 use anyhow::Result;
+use ckpt::repo::Repo;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `ckpt init`.

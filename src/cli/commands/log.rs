@@ -1,8 +1,8 @@
 //! `ckpt log [REV] [-n N] [--oneline | --json]`.
 
 use crate::cli::ui::{bytes, open_repo, printable, printable_text, Ui};
-use crate::repo::{format_time, Head, Repo, VersionId};
 use anyhow::Result;
+use ckpt::repo::{format_time, Head, Repo, VersionId};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;

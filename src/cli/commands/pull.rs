@@ -1,8 +1,8 @@
 //! `ckpt pull [REMOTE] [--json]`.
 
 use crate::cli::ui::{open_repo, Ui};
-use crate::sync::PullOutcome;
 use anyhow::{Context, Result};
+use ckpt::sync::PullOutcome;
 use std::path::Path;
 
 /// Arguments of `ckpt pull`.
@@ -24,9 +24,9 @@ pub fn run(ui: &Ui, base: &Path, args: PullArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let remote = match args.remote {
         Some(r) => r,
-        None => crate::sync::default_remote(&repo)?,
+        None => ckpt::sync::default_remote(&repo)?,
     };
-    let (report, outcome) = crate::sync::pull(&repo, &remote, super::push::transfers(), args.rebase)
+    let (report, outcome) = ckpt::sync::pull(&repo, &remote, super::push::transfers(), args.rebase)
         .with_context(|| format!("pulling from {remote}"))?;
     super::fetch::print(&report, args.json)?;
     match outcome {

@@ -1,8 +1,8 @@
 //! `ckpt push [REMOTE] [BRANCH|TAG...] [--all] [--json]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
-use crate::sync::PushOptions;
 use anyhow::{Context, Result};
+use ckpt::sync::PushOptions;
 use std::path::Path;
 
 /// Arguments of `ckpt push`.
@@ -30,10 +30,10 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let remote = match args.remote {
         Some(r) => r,
-        None => crate::sync::default_remote(&repo)?,
+        None => ckpt::sync::default_remote(&repo)?,
     };
     let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers() };
-    let report = crate::sync::push(&repo, &remote, &options).with_context(|| format!("pushing to {remote}"))?;
+    let report = ckpt::sync::push(&repo, &remote, &options).with_context(|| format!("pushing to {remote}"))?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());

@@ -2,8 +2,8 @@
 //! NAME`, `ckpt remote [-v]`.
 
 use crate::cli::ui::{open_repo, Ui};
-use crate::remote::S3Options;
 use anyhow::Result;
+use ckpt::remote::S3Options;
 use std::path::Path;
 
 /// S3 settings given on the command line (`remote add`, `clone`); credentials come only from
@@ -63,19 +63,19 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
         Some(Action::Add { name, url, s3 }) => {
             // A relative directory remote is relative to where the command runs (`-C` included),
             // and stored absolute.
-            crate::remote::check_no_secrets(&url)?;
-            crate::sync::add_remote(&repo, &name, &crate::sync::absolute_dir_url(&url, base), s3.into())?;
+            ckpt::remote::check_no_secrets(&url)?;
+            ckpt::sync::add_remote(&repo, &name, &ckpt::sync::absolute_dir_url(&url, base), s3.into())?;
         }
-        Some(Action::Remove { name }) => crate::sync::remove_remote(&repo, &name)?,
+        Some(Action::Remove { name }) => ckpt::sync::remove_remote(&repo, &name)?,
         None => {
-            for (name, config) in crate::sync::remotes(&repo)? {
+            for (name, config) in ckpt::sync::remotes(&repo)? {
                 if !args.verbose {
                     outln!("{name}")?;
                     continue;
                 }
                 let mut extra = Vec::new();
                 if let Some(e) = &config.s3.endpoint {
-                    extra.push(format!("endpoint={}", crate::remote::redact_url(e)));
+                    extra.push(format!("endpoint={}", ckpt::remote::redact_url(e)));
                 }
                 if let Some(r) = &config.s3.region {
                     extra.push(format!("region={r}"));
@@ -85,7 +85,7 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
                 }
                 let extra = if extra.is_empty() { String::new() } else { format!(" ({})", extra.join(", ")) };
                 // Never a secret, even from a file written before they were refused.
-                outln!("{name}\t{}{extra}", crate::remote::redact_url(&config.url))?;
+                outln!("{name}\t{}{extra}", ckpt::remote::redact_url(&config.url))?;
             }
         }
     }

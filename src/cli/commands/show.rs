@@ -1,8 +1,8 @@
 //! `ckpt show REV [--json]`.
 
 use crate::cli::ui::{bytes, open_repo, printable, printable_text, Ui};
-use crate::repo::{MethodCounts, SegmentShow, Storage};
 use anyhow::Result;
+use ckpt::repo::{MethodCounts, SegmentShow, Storage};
 use std::io::Write;
 use std::path::Path;
 

@@ -1,10 +1,10 @@
 //! `ckpt stats FILE [--json]`: where every byte goes.
 
 use crate::cli::ui::{map_file, Ui};
-use crate::codec::container::{is_container, Container};
-use crate::codec::{Method, Options};
-use crate::file_codec::{self, Format, Report};
 use anyhow::{Context, Result};
+use ckpt::codec::container::{is_container, Container};
+use ckpt::codec::{Method, Options};
+use ckpt::file_codec::{self, Format, Report};
 use std::io::Write;
 use std::path::PathBuf;
 

@@ -1,8 +1,8 @@
 //! `ckpt status [--json]`.
 
 use crate::cli::ui::{open_repo, printable, printable_text, Ui};
-use crate::repo::FileState;
 use anyhow::Result;
+use ckpt::repo::FileState;
 use std::io::Write;
 use std::path::Path;
 

@@ -1,8 +1,8 @@
 //! `ckpt watch DIR [--pattern GLOB] [--settle SECONDS]`.
 
 use crate::cli::ui::{open_repo, Ui};
-use crate::repo::{WatchEvent, WatchOptions};
 use anyhow::{Context, Result};
+use ckpt::watch::{watch, WatchEvent, WatchOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub fn run(ui: &Ui, base: &Path, args: WatchArgs) -> Result<()> {
     let options = WatchOptions { pattern: args.pattern, settle, ..WatchOptions::default() };
     let dir = base.join(&args.directory);
     eprintln!("watching {} (settle {:.1} s; Ctrl-C stops)", dir.display(), settle.as_secs_f64());
-    repo.watch(&dir, &options, &|| false, &mut |e| match e {
+    watch(&repo, &dir, &options, &|| false, &mut |e| match e {
         WatchEvent::Committed { path, version, files } => {
             // A closed stdout does not stop the watcher: the versions are committed either way.
             let _ =

@@ -21,10 +21,12 @@
 //! file-system event (`notify`, the only user of that crate) and every poll interval, so a
 //! watcher that cannot be set up (or misses events, as on network file systems) still works by
 //! polling.
+//!
+//! The watcher sits above the repository: it commits, reads versions and hashes files through
+//! [`Repo`]'s public methods only, as any program using the library could.
 
-use super::{Error, Repo, Result};
 use crate::object_id::ObjectId;
-use crate::repo::{CommitOptions, TensorFilter, VersionId};
+use crate::repo::{hash_file, CommitOptions, Error, Repo, Result, TensorFilter, VersionId, DIR_NAME};
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -42,7 +44,7 @@ pub const WATCH_LOG: &str = "watched";
 /// times (a writer that keeps an idle file open, or a lost event, cannot hold it back forever).
 const OPEN_FILE_SETTLES: u32 = 6;
 
-/// Settings of [`Repo::watch`].
+/// Settings of [`watch`].
 #[derive(Clone, Debug)]
 pub struct WatchOptions {
     /// Names (of entries directly under the directory) to commit: a glob (`*`, `?`) or a
@@ -161,7 +163,7 @@ struct Candidate {
     committed: Option<Signature>,
 }
 
-/// The watcher's state between scans ([`Repo::watch`] runs it; tests step it by hand).
+/// The watcher's state between scans ([`watch`] runs it; tests step it by hand).
 pub struct Watcher<'r> {
     repo: &'r Repo,
     dir: PathBuf,
@@ -174,43 +176,41 @@ pub struct Watcher<'r> {
     skipped: HashSet<PathBuf>,
 }
 
-impl Repo {
-    /// Watches `dir` (inside the working tree) and commits each checkpoint that appears in it,
-    /// until `stop` returns true (checked after every scan). `on_event` hears what happened.
-    pub fn watch(
-        &self,
-        dir: &Path,
-        options: &WatchOptions,
-        stop: &dyn Fn() -> bool,
-        on_event: &mut dyn FnMut(&WatchEvent),
-    ) -> Result<()> {
-        let mut watcher = Watcher::new(self, dir, options.clone())?;
-        let (tx, rx) = mpsc::channel();
-        // Kept alive for the whole loop: dropping it ends the events.
-        let _events = match events(&watcher.dir, tx) {
-            Ok(w) => Some(w),
-            Err(reason) => {
-                on_event(&WatchEvent::Polling { reason });
-                None
-            }
-        };
-        loop {
-            while let Ok(change) = rx.try_recv() {
-                watcher.note(change);
-            }
-            for e in watcher.step(Instant::now())? {
-                on_event(&e);
-            }
-            if stop() {
-                return Ok(());
-            }
-            // Wake on the first event or after the poll interval, whichever comes first; a
-            // burst of events (a trainer writing a file) costs one rescan per interval at most.
-            let wait = options.poll.min(options.settle / 2).max(Duration::from_millis(10));
-            if let Ok(change) = rx.recv_timeout(wait) {
-                watcher.note(change);
-                std::thread::sleep(Duration::from_millis(50));
-            }
+/// Watches `dir` (inside `repo`'s working tree) and commits each checkpoint that appears in it,
+/// until `stop` returns true (checked after every scan). `on_event` hears what happened.
+pub fn watch(
+    repo: &Repo,
+    dir: &Path,
+    options: &WatchOptions,
+    stop: &dyn Fn() -> bool,
+    on_event: &mut dyn FnMut(&WatchEvent),
+) -> Result<()> {
+    let mut watcher = Watcher::new(repo, dir, options.clone())?;
+    let (tx, rx) = mpsc::channel();
+    // Kept alive for the whole loop: dropping it ends the events.
+    let _events = match events(&watcher.dir, tx) {
+        Ok(w) => Some(w),
+        Err(reason) => {
+            on_event(&WatchEvent::Polling { reason });
+            None
+        }
+    };
+    loop {
+        while let Ok(change) = rx.try_recv() {
+            watcher.note(change);
+        }
+        for e in watcher.step(Instant::now())? {
+            on_event(&e);
+        }
+        if stop() {
+            return Ok(());
+        }
+        // Wake on the first event or after the poll interval, whichever comes first; a
+        // burst of events (a trainer writing a file) costs one rescan per interval at most.
+        let wait = options.poll.min(options.settle / 2).max(Duration::from_millis(10));
+        if let Ok(change) = rx.recv_timeout(wait) {
+            watcher.note(change);
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -262,7 +262,7 @@ impl<'r> Watcher<'r> {
     /// A watcher of `dir`, which must be a directory inside `repo`'s working tree.
     pub fn new(repo: &'r Repo, dir: &Path, options: WatchOptions) -> Result<Watcher<'r>> {
         let rel = repo.repo_path(dir)?;
-        let dir = rel.under(&repo.root);
+        let dir = rel.under(repo.root());
         if !dir.is_dir() {
             return Err(Error::InvalidPath { path: dir, reason: "is not a directory".into() });
         }
@@ -314,7 +314,7 @@ impl<'r> Watcher<'r> {
     fn wanted(&self, name: &str) -> bool {
         match &self.filter {
             // The repository's own directory is never a checkpoint (when DIR is the root).
-            Some(_) if name == super::DIR_NAME => false,
+            Some(_) if name == DIR_NAME => false,
             Some(f) => f.matches(name),
             None => {
                 !(name.starts_with('.')
@@ -407,14 +407,14 @@ impl<'r> Watcher<'r> {
         let files: Vec<&Path> = signature.iter().map(|f| f.path.as_path()).collect();
         let mut hashes = Vec::with_capacity(files.len());
         for f in &files {
-            hashes.push((self.repo.repo_path(f)?.to_string(), super::status::hash_file(f)?));
+            hashes.push((self.repo.repo_path(f)?.to_string(), hash_file(f)?));
         }
         // Hashed while it was being written (a pause longer than the settle time): what was
         // hashed may be a prefix. Settle again.
         if !self.unchanged(path, signature, now) {
             return Ok(WatchEvent::Retrying { path: rel });
         }
-        let head = self.repo.refs.head_version()?.map(|id| self.repo.version(&id)).transpose()?;
+        let head = self.repo.head_version()?.map(|id| self.repo.version(&id)).transpose()?;
         let in_head = |(p, h): &(String, ObjectId)| head.as_ref().and_then(|v| v.file(p)).is_some_and(|f| f.hash == *h);
         if hashes.iter().all(in_head) {
             self.candidates.get_mut(path).expect("scanned").committed = Some(signature.clone());
@@ -434,7 +434,7 @@ impl<'r> Watcher<'r> {
         let stored = self.repo.version(&version)?;
         let committed: Vec<(String, ObjectId)> =
             hashes.iter().filter_map(|(p, _)| stored.file(p).map(|f| (p.clone(), f.hash))).collect();
-        append_log(&self.repo.dir.join(WATCH_LOG), &committed)?;
+        append_log(&self.repo.ckpt_dir().join(WATCH_LOG), &committed)?;
         // Changed during or after the commit: the version holds what the commit read, and the
         // new content is committed again once it settles (`unchanged` reset the clock).
         if self.unchanged(path, signature, now) {
