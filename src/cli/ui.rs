@@ -96,28 +96,12 @@ pub fn open_repo(ui: &Ui, dir: &Path) -> Result<ckpt::repo::Repo> {
 }
 
 /// The writer-lock timeout `CKPT_LOCK_TIMEOUT` asks for (`None` when unset; the library's
-/// default is 60 s): see [`parse_lock_timeout`].
+/// default is 60 s), parsed by the library's one parser ([`ckpt::repo::parse_lock_timeout`]:
+/// negative numbers and NaN are refused, a value too large for a `Duration` waits forever).
 pub fn lock_timeout_from_env() -> Result<Option<std::time::Duration>> {
-    match std::env::var("CKPT_LOCK_TIMEOUT") {
-        Ok(text) => parse_lock_timeout(&text).map(Some),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(text)) => {
-            anyhow::bail!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds")
-        }
-    }
-}
-
-/// Parses a lock timeout in seconds (`0`, `2.5`, `1e3`). Negative numbers and NaN are refused;
-/// a value too large for a [`std::time::Duration`] (`1e20`, `inf`) means "wait forever", as
-/// nobody can tell such a wait from an endless one (it used to panic in `from_secs_f64`).
-pub fn parse_lock_timeout(text: &str) -> Result<std::time::Duration> {
-    let secs: f64 = text
-        .trim()
-        .parse()
-        .ok()
-        .filter(|s: &f64| !s.is_nan() && *s >= 0.0)
-        .with_context(|| format!("CKPT_LOCK_TIMEOUT={text:?}: expected a number of seconds, 0 or more"))?;
-    Ok(std::time::Duration::try_from_secs_f64(secs).unwrap_or(std::time::Duration::MAX))
+    ckpt::repo::lock_timeout_from_env().map_err(|value| {
+        anyhow::anyhow!("CKPT_LOCK_TIMEOUT={value:?}: expected a number of seconds, 0 or more, such as 60 or 0.5")
+    })
 }
 
 /// A repository-provided string (a file path, a tensor or ref name, a message line: any of which

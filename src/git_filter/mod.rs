@@ -102,7 +102,7 @@ pub enum Error {
         message: String,
     },
     /// `CKPT_LOCK_TIMEOUT` is not a number of seconds.
-    #[error("CKPT_LOCK_TIMEOUT={value:?}: expected a number of seconds, such as 60 or 0.5")]
+    #[error("CKPT_LOCK_TIMEOUT={value:?}: expected a number of seconds, 0 or more, such as 60 or 0.5")]
     LockTimeout {
         /// The value.
         value: String,
@@ -540,18 +540,10 @@ pub fn uninstall(start: &Path, scope: Scope) -> Result<()> {
     Ok(())
 }
 
-/// The writer-lock timeout from `CKPT_LOCK_TIMEOUT` (seconds, fractions allowed), as the
-/// `ckpt` commands take it; `None` when unset (the store's default applies).
+/// The writer-lock timeout from `CKPT_LOCK_TIMEOUT` ([`repo::lock_timeout_from_env`], the
+/// one parser the command line uses too: a huge value waits forever).
 pub fn lock_timeout_from_env() -> Result<Option<std::time::Duration>> {
-    let Some(raw) = std::env::var_os("CKPT_LOCK_TIMEOUT") else { return Ok(None) };
-    let value = raw.to_string_lossy().into_owned();
-    parse_lock_timeout(&value).map(Some).ok_or(Error::LockTimeout { value })
-}
-
-fn parse_lock_timeout(value: &str) -> Option<std::time::Duration> {
-    let secs: f64 = value.trim().parse().ok()?;
-    // `try_from`: a huge value (1e20) is an error, not a panic.
-    (secs.is_finite() && secs >= 0.0).then(|| std::time::Duration::try_from_secs_f64(secs).ok()).flatten()
+    repo::lock_timeout_from_env().map_err(|value| Error::LockTimeout { value })
 }
 
 /// `repo` with the writer-lock timeout `CKPT_LOCK_TIMEOUT` sets, if set.

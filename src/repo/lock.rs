@@ -26,6 +26,30 @@ use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The environment variable that sets how long a writer waits for the writer lock.
+pub const LOCK_TIMEOUT_VAR: &str = "CKPT_LOCK_TIMEOUT";
+
+/// Parses a lock timeout in seconds (`0`, `2.5`, `1e3`): `None` for anything else (negative,
+/// NaN, not a number). A value too large for a [`Duration`] (`1e20`, `inf`) means "wait
+/// forever" ([`Duration::MAX`]): nobody can tell such a wait from an endless one. The one parser
+/// of `CKPT_LOCK_TIMEOUT`, for the command line, the git filter and the library alike.
+pub fn parse_lock_timeout(text: &str) -> Option<Duration> {
+    let secs: f64 = text.trim().parse().ok().filter(|s: &f64| !s.is_nan() && *s >= 0.0)?;
+    Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+}
+
+/// The writer-lock timeout `CKPT_LOCK_TIMEOUT` asks for: `Ok(None)` when it is unset (the
+/// default is [`super::DEFAULT_LOCK_TIMEOUT`]), `Err(value)` when it is set to something
+/// [`parse_lock_timeout`] refuses (the caller names the variable and the value in its error).
+pub fn lock_timeout_from_env() -> std::result::Result<Option<Duration>, String> {
+    let Some(raw) = std::env::var_os(LOCK_TIMEOUT_VAR) else { return Ok(None) };
+    let value = raw.to_string_lossy().into_owned();
+    match raw.to_str().and_then(parse_lock_timeout) {
+        Some(timeout) => Ok(Some(timeout)),
+        None => Err(value),
+    }
+}
+
 /// Proof of holding the writer lock; dropping it releases the lock.
 pub struct WriterLock {
     _file: Held,
@@ -255,5 +279,21 @@ mod tests {
         let w = WriterLock::acquire(&path, Duration::ZERO).unwrap();
         assert!(matches!(ReaderLock::acquire(&path, Duration::from_millis(30)), Err(Error::Locked { .. })));
         drop(w);
+    }
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::*;
+
+    #[test]
+    fn lock_timeouts_parse_one_way() {
+        assert_eq!(parse_lock_timeout("0"), Some(Duration::ZERO));
+        assert_eq!(parse_lock_timeout(" 2.5 "), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_lock_timeout("1e20"), Some(Duration::MAX));
+        assert_eq!(parse_lock_timeout("inf"), Some(Duration::MAX));
+        for bad in ["", "soon", "-1", "NaN", "-inf", "1s"] {
+            assert_eq!(parse_lock_timeout(bad), None, "{bad:?}");
+        }
     }
 }

@@ -49,6 +49,7 @@ pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
     TensorDiff, TensorName,
 };
+pub use lock::{lock_timeout_from_env, parse_lock_timeout, LOCK_TIMEOUT_VAR};
 pub use model::{
     file_hash, limits, Bundle, FileEntry, FileFormat, Manifest, Segment, TensorRef, Version, BUNDLED_MANIFEST_FORMAT,
     MODEL_FORMAT,

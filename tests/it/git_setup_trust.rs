@@ -320,15 +320,20 @@ fn the_filter_honours_ckpt_lock_timeout() {
     assert!(started.elapsed() < Duration::from_secs(20), "waited {:?}", started.elapsed());
     assert!(stderr(&o).contains("another ckpt process"), "{}", stderr(&o));
     lock.unlock().unwrap();
-    // A value that is not a number of seconds is an error naming it (never a panic).
-    for bad in ["soon", "1e20", "-1", "NaN"] {
+    // A value that is not a number of seconds is an error naming it (never a panic); one too
+    // large for a `Duration` waits forever, as on the command line (the one parser:
+    // `repo::parse_lock_timeout`), so `git add` succeeds with the lock free.
+    for bad in ["soon", "-1", "NaN"] {
         let mut c = env.command("git", &dir, &["add", "model.safetensors"]);
         c.env("CKPT_LOCK_TIMEOUT", bad);
         let o = c.output().unwrap();
         assert!(!o.status.success(), "{bad}");
         assert!(stderr(&o).contains("CKPT_LOCK_TIMEOUT") && !stderr(&o).contains("panicked"), "{bad}: {}", stderr(&o));
     }
-    env.git(&dir, &["add", "model.safetensors"]);
+    let mut c = env.command("git", &dir, &["add", "model.safetensors"]);
+    c.env("CKPT_LOCK_TIMEOUT", "1e20");
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "CKPT_LOCK_TIMEOUT=1e20 with the lock free: {}", stderr(&o));
 }
 
 /// Real Git LFS, both orders, when `git-lfs` is installed (`CKPT_REQUIRE_GIT_LFS=1` makes its
