@@ -163,14 +163,16 @@ impl Item {
 /// The items of a DCP checkpoint, from its `.metadata`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Metadata {
-    /// Every item, sorted by file and offset.
+    /// Every item, sorted by file and offset ([`Metadata::items_in`] relies on it).
     pub items: Vec<Item>,
 }
 
 impl Metadata {
     /// The items stored in `file` (a path relative to the checkpoint directory), in file order.
     pub fn items_in<'a>(&'a self, file: &'a str) -> impl Iterator<Item = &'a Item> + 'a {
-        self.items.iter().filter(move |i| i.file == file)
+        // Sorted by file: the file's items are one run, found by binary search.
+        let start = self.items.partition_point(|i| i.file.as_str() < file);
+        self.items[start..].iter().take_while(move |i| i.file == file)
     }
 
     /// The files holding items, each once, sorted.
