@@ -470,9 +470,9 @@ fn item_storages(bytes: &[u8], base: u64, item: &str) -> Result<Vec<Storage>, su
 }
 
 /// Cuts `file`, the `.distcp` file at `relative_path` in a checkpoint whose `.metadata` is
-/// `metadata`, into its items. Items that lie outside the file or overlap make the whole file an
-/// error; an item whose archive is not understood, or whose tensor does not match `.metadata`
-/// (dtype, element count), is kept as an opaque item.
+/// `metadata`, into its items. Items that lie outside the file or overlap (or two tensors of one
+/// name) make the whole file an error; an item whose archive is not understood, or whose tensor
+/// does not match `.metadata` (dtype, element count), is kept as an opaque item.
 pub fn file_layout(file: &[u8], metadata: &Metadata, relative_path: &str) -> Result<FileLayout, Error> {
     let len = file.len() as u64;
     let fail = |reason: String| Error::Items { file: relative_path.to_string(), reason };
@@ -501,6 +501,12 @@ pub fn file_layout(file: &[u8], metadata: &Metadata, relative_path: &str) -> Res
             Err(reason) => (Vec::new(), Some(reason)),
         };
         out.push(ItemLayout { name, range: item.range.clone(), storages, opaque });
+    }
+    // Tensor names identify tensors across versions: a bytes item's inner storage named like
+    // another item's (only contrived fqns such as `a/b` next to `a` can) makes the file an error.
+    let mut names = HashSet::new();
+    if let Some(s) = out.iter().flat_map(|i| &i.storages).find(|s| !names.insert(s.name.as_str())) {
+        return Err(fail(format!("two tensors named {:?}", s.name)));
     }
     Ok(FileLayout { len, items: out })
 }

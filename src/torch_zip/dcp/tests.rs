@@ -266,6 +266,14 @@ fn items_past_the_end_or_overlapping_are_errors() {
     let mut huge = metadata.clone();
     huge.items[second].range.end = u64::MAX;
     assert!(matches!(file_layout(file, &huge, "__0_0.distcp"), Err(Error::Items { .. })));
+    // Two items of one name (parse_metadata refuses them; a caller's table might not).
+    let mut twice = metadata.clone();
+    for item in twice.items.iter_mut().filter(|i| i.file == "__0_0.distcp") {
+        if let Some(moment) = item.fqn.strip_suffix("exp_avg_sq") {
+            item.fqn = format!("{moment}exp_avg");
+        }
+    }
+    assert!(matches!(file_layout(file, &twice, "__0_0.distcp"), Err(Error::Items { .. })));
     // A file the metadata does not mention has no items: all of it is opaque.
     let layout = file_layout(file, &metadata, "__9_0.distcp").expect("layout");
     assert_eq!(layout.segments(), vec![(0..file.len() as u64, None)]);
