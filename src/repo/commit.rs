@@ -2,7 +2,7 @@
 //! ref. All inputs are parsed before anything is written, so an invalid file changes nothing.
 
 use super::layout::{manifest_of, HashedBundle, HashedSegment, HashedSegments, Input, Rules};
-use super::model::{FileEntry, Manifest, Version, MODEL_FORMAT};
+use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::pairing::{ReferenceFiles, TensorBlobs};
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
@@ -133,8 +133,8 @@ impl Repo {
         let hashed: Vec<HashedFile> = inputs
             .iter()
             .map(|input| {
-                let reference = references.for_input(self, input);
-                hash_file(input, reference.as_ref())
+                let reference = references.blobs_for_input(self, input);
+                hash_file(input, reference)
             })
             .collect();
         // 2. Store every blob not stored yet (each id once).
@@ -543,9 +543,9 @@ enum Target {
 /// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
 const PARALLEL_BELOW: u64 = 4 << 20;
 
-fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
+fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
     let (HashedSegments { segments, bundles }, hash) = input.hash();
-    HashedFile { segments, bundles, hash, reference: reference.map(TensorBlobs::of).unwrap_or_default() }
+    HashedFile { segments, bundles, hash, reference }
 }
 
 #[cfg(test)]

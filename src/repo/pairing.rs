@@ -1,11 +1,14 @@
 //! Pairing: the same tensor in the reference version. A new file's tensors are delta-coded
 //! against the same tensors (by name, dtype and shape; bundles by their first tensor) of one
 //! file of a reference version: the file at the same path, or for a new path the reference
-//! version's file that holds the most of its tensors ([`ReferenceFiles`]). The commit codes
+//! version's file that holds the most of its tensors ([`ReferenceFiles`]); a `.distcp` file's
+//! against the same items in any `.distcp` file of the reference version, the one at the same
+//! path first (DCP moves items between ranks; a change of rank count, between files). The
+//! commit codes
 //! against these, the reverse-delta rewrite (`compact`) rewrites them, and pushes send new
 //! blobs as deltas against them ([`Repo::counterparts`], [`Manifest::same_tensor_blobs`]).
 
-use super::layout::Input;
+use super::layout::{Input, DISTCP_SUFFIX};
 use super::model::{FileEntry, FileFormat, Manifest, TensorRef, Version};
 use super::Repo;
 use crate::object_id::ObjectId;
@@ -19,6 +22,9 @@ pub(super) struct ReferenceFiles<'v> {
     recency: Option<Vec<&'v FileEntry>>,
     /// Manifests loaded so far, by id.
     manifests: HashMap<ObjectId, Manifest>,
+    /// The blobs of every `.distcp` file's tensors in the reference version, by name, dtype and
+    /// shape (the most recently changed file's first), computed on first need.
+    distcp: Option<TensorBlobs>,
 }
 
 /// Versions walked back along first parents to order the reference version's files by when they
@@ -27,7 +33,44 @@ const RECENCY_WALK: usize = 32;
 
 impl<'v> ReferenceFiles<'v> {
     pub(super) fn new(version: Option<&'v Version>) -> Self {
-        ReferenceFiles { version, recency: None, manifests: HashMap::new() }
+        ReferenceFiles { version, recency: None, manifests: HashMap::new(), distcp: None }
+    }
+
+    /// The blobs `input`'s tensors are delta-coded against: of its reference file
+    /// ([`Self::for_input`]), or for a `.distcp` file, [`Self::distcp_blobs`].
+    pub(super) fn blobs_for_input(&mut self, repo: &Repo, input: &Input) -> TensorBlobs {
+        if input.distcp {
+            return self.distcp_blobs(repo, input.path.as_str());
+        }
+        self.for_input(repo, input).as_ref().map(TensorBlobs::of).unwrap_or_default()
+    }
+
+    /// The blobs a `.distcp` file at `path` is delta-coded against: each item's in the reference
+    /// version's file at `path`, or else in any `.distcp` file of that version holding it (same
+    /// name, dtype and shape; the most recently changed file first, as [`Self::for_file`]
+    /// orders them). DCP's de-duplication may write an item from another rank than last time,
+    /// and a change of rank count moves items between files; names (fqn and chunk offsets) are
+    /// unique in a checkpoint, so the index holds each item of the latest save once.
+    pub(super) fn distcp_blobs(&mut self, repo: &Repo, path: &str) -> TensorBlobs {
+        let Some(version) = self.version else { return TensorBlobs::default() };
+        let mut out = TensorBlobs::default();
+        if let Some(m) = version.file(path).and_then(|f| load(&mut self.manifests, repo, &f.manifest)) {
+            out.add(m);
+        }
+        if self.distcp.is_none() {
+            let recency = self.recency.get_or_insert_with(|| Self::by_recency(repo, version));
+            let mut index = TensorBlobs::default();
+            for f in recency.iter().filter(|f| f.path.ends_with(DISTCP_SUFFIX)) {
+                if let Some(m) = load(&mut self.manifests, repo, &f.manifest).filter(|m| m.kind == FileFormat::Distcp) {
+                    index.add(m);
+                }
+            }
+            self.distcp = Some(index);
+        }
+        if let Some(index) = &self.distcp {
+            out.add_missing(index);
+        }
+        out
     }
 
     /// The manifest whose tensors `input`'s tensors are delta-coded against: the file at the same
@@ -132,10 +175,33 @@ pub(super) struct TensorBlobs {
 impl TensorBlobs {
     /// The blobs of `reference`'s tensors and bundles.
     pub(super) fn of(reference: &Manifest) -> TensorBlobs {
-        let tensors = reference.tensors().filter_map(|(t, s)| Some((t.clone(), s.blob?))).collect();
-        let keys = reference.bundle_keys().into_iter().zip(&reference.bundles);
-        let bundles = keys.filter_map(|(k, b)| Some((k?.clone(), b.blob))).collect();
-        TensorBlobs { tensors, bundles }
+        let mut out = TensorBlobs::default();
+        out.add(reference);
+        out
+    }
+
+    /// Adds the blobs of `reference`'s tensors and bundles not held yet (those held stay).
+    fn add(&mut self, reference: &Manifest) {
+        for (t, s) in reference.tensors() {
+            if let Some(blob) = s.blob {
+                self.tensors.entry(t.clone()).or_insert(blob);
+            }
+        }
+        for (k, b) in reference.bundle_keys().into_iter().zip(&reference.bundles) {
+            if let Some(k) = k {
+                self.bundles.entry(k.clone()).or_insert(b.blob);
+            }
+        }
+    }
+
+    /// Adds `other`'s blobs of tensors and bundles not held yet.
+    fn add_missing(&mut self, other: &TensorBlobs) {
+        for (t, blob) in &other.tensors {
+            self.tensors.entry(t.clone()).or_insert(*blob);
+        }
+        for (k, blob) in &other.bundles {
+            self.bundles.entry(k.clone()).or_insert(*blob);
+        }
     }
 
     /// The blob of tensor `t` stored whole, if the reference holds it so.
@@ -165,7 +231,11 @@ impl Manifest {
     /// tensors by name, dtype and shape, bundles by their first tensor (as a commit matches
     /// them); whole tensors in file order, then bundles in order.
     pub(crate) fn same_tensor_blobs(&self, reference: &Manifest) -> Vec<Counterpart> {
-        let older = TensorBlobs::of(reference);
+        self.same_tensor_blobs_in(&TensorBlobs::of(reference))
+    }
+
+    /// [`Self::same_tensor_blobs`] against the blobs `older` of a reference.
+    fn same_tensor_blobs_in(&self, older: &TensorBlobs) -> Vec<Counterpart> {
         let tensors = self
             .tensors()
             .filter_map(|(t, seg)| Some(Counterpart { new: seg.blob?, old: older.tensor(t)?, len: seg.len }));
@@ -181,8 +251,9 @@ impl Manifest {
 impl Repo {
     /// Pairs each blob of `files` (path and manifest of each new file, in order) with the blob
     /// of the same tensor in `reference`'s file at the same path or, for a new path, in the file
-    /// a commit would code it against ([`ReferenceFiles::for_file`]). Files without a reference
-    /// file contribute nothing.
+    /// a commit would code it against ([`ReferenceFiles::for_file`]); a `.distcp` file's blobs,
+    /// with the same items in any `.distcp` file of `reference`, as a commit pairs them
+    /// ([`ReferenceFiles::distcp_blobs`]). Files without a reference file contribute nothing.
     pub(crate) fn counterparts<'m>(
         &self,
         files: impl IntoIterator<Item = (&'m str, &'m Manifest)>,
@@ -191,6 +262,10 @@ impl Repo {
         let mut references = ReferenceFiles::new(Some(reference));
         let mut out = Vec::new();
         for (path, m) in files {
+            if m.kind == FileFormat::Distcp {
+                out.extend(m.same_tensor_blobs_in(&references.distcp_blobs(self, path)));
+                continue;
+            }
             let tensors: HashSet<TensorRef> = m.tensors().map(|(t, _)| t.clone()).collect();
             let Some(reference) = references.for_file(self, path, (!tensors.is_empty()).then_some(tensors)) else {
                 continue;
