@@ -353,7 +353,7 @@ impl Repo {
             match job.target {
                 Target::Segment(s) => {
                     let seg = &h.segments[s];
-                    let reference = deltas.and_then(|base_every| Some((h.reference_of(seg)?, base_every)));
+                    let reference = deltas.and_then(|base_every| Some((h.reference_of(s)?, base_every)));
                     let bytes = &inputs[job.file].map[seg.range.start as usize..seg.range.end as usize];
                     let start = seg.range.start as usize;
                     let release_input = |r: Range<usize>| inputs[job.file].map.release(start + r.start..start + r.end);
@@ -514,12 +514,22 @@ struct HashedFile {
     bundles: Vec<HashedBundle>,
     hash: ObjectId,
     reference: TensorBlobs,
+    /// Whether the file is a `.distcp` file (whose opaque segments pair too).
+    distcp: bool,
 }
 
 impl HashedFile {
-    /// The blob of `seg`'s tensor in the reference version, if it has one.
-    fn reference_of(&self, seg: &HashedSegment) -> Option<ObjectId> {
-        seg.tensor.as_ref().and_then(|t| self.reference.tensor(t))
+    /// The blob of segment `s`'s tensor in the reference version, if it has one; for an opaque
+    /// segment of a `.distcp` file, the same item's framing ([`super::pairing::gap_key`]).
+    fn reference_of(&self, s: usize) -> Option<ObjectId> {
+        match &self.segments[s].tensor {
+            Some(t) => self.reference.tensor(t),
+            None if self.distcp => {
+                let after = self.segments[s + 1..].iter().map(|seg| seg.tensor.as_ref());
+                self.reference.gap(&super::pairing::gap_key(after))
+            }
+            None => None,
+        }
     }
 }
 
@@ -545,7 +555,7 @@ const PARALLEL_BELOW: u64 = 4 << 20;
 
 fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
     let (HashedSegments { segments, bundles }, hash) = input.hash();
-    HashedFile { segments, bundles, hash, reference }
+    HashedFile { segments, bundles, hash, reference, distcp: input.distcp && input.torch.is_some() }
 }
 
 #[cfg(test)]

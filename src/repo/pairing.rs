@@ -170,6 +170,17 @@ fn load<'c>(cache: &'c mut HashMap<ObjectId, Manifest>, repo: &Repo, id: &Object
 pub(super) struct TensorBlobs {
     tensors: HashMap<TensorRef, ObjectId>,
     bundles: HashMap<TensorRef, ObjectId>,
+    /// The opaque segments of `.distcp` files, by [`gap_key`]: an item's zip framing and pickle,
+    /// the same length and nearly the same bytes in every save (a random `serialization_id` and
+    /// the CRCs differ), so they are delta-coded against the same item's as tensors are.
+    gaps: HashMap<String, ObjectId>,
+}
+
+/// What names the opaque segment `segments[i]` of a `.distcp` file across versions: the name of
+/// the first tensor after it (whose item's local headers and pickle it ends with), or `(end)`
+/// for the bytes after the last tensor.
+pub(super) fn gap_key<'t>(mut after: impl Iterator<Item = Option<&'t TensorRef>>) -> String {
+    after.find_map(|t| t.map(|t| t.name.clone())).unwrap_or_else(|| "(end)".to_string())
 }
 
 impl TensorBlobs {
@@ -180,8 +191,18 @@ impl TensorBlobs {
         out
     }
 
-    /// Adds the blobs of `reference`'s tensors and bundles not held yet (those held stay).
+    /// Adds the blobs of `reference`'s tensors and bundles not held yet (those held stay), and
+    /// of a `.distcp` file, its opaque segments' ([`gap_key`]).
     fn add(&mut self, reference: &Manifest) {
+        if reference.kind == FileFormat::Distcp {
+            let segments = &reference.segments;
+            for (i, s) in segments.iter().enumerate() {
+                if let (None, Some(blob)) = (&s.tensor, s.blob) {
+                    let key = gap_key(segments[i + 1..].iter().map(|s| s.tensor.as_ref()));
+                    self.gaps.entry(key).or_insert(blob);
+                }
+            }
+        }
         for (t, s) in reference.tensors() {
             if let Some(blob) = s.blob {
                 self.tensors.entry(t.clone()).or_insert(blob);
@@ -202,11 +223,20 @@ impl TensorBlobs {
         for (k, blob) in &other.bundles {
             self.bundles.entry(k.clone()).or_insert(*blob);
         }
+        for (k, blob) in &other.gaps {
+            self.gaps.entry(k.clone()).or_insert(*blob);
+        }
     }
 
     /// The blob of tensor `t` stored whole, if the reference holds it so.
     pub(super) fn tensor(&self, t: &TensorRef) -> Option<ObjectId> {
         self.tensors.get(t).copied()
+    }
+
+    /// The blob of the opaque segment of a `.distcp` file named `key` ([`gap_key`]), if the
+    /// reference has one.
+    pub(super) fn gap(&self, key: &str) -> Option<ObjectId> {
+        self.gaps.get(key).copied()
     }
 
     /// The blob of the bundle starting with tensor `key`, if the reference has one.

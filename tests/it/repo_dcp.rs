@@ -85,6 +85,12 @@ fn epochs_are_committed_item_by_item_and_the_second_as_deltas() {
         let items = tensors(&f);
         assert!(items.len() >= 15 && items.iter().all(|(_, s)| *s == Storage::Delta), "{path}: {items:?}");
     }
+    // So are the items' zip framing and pickles (the same but for a random serialization id
+    // and the CRCs), each against the same item's.
+    let f = shown(&repo, "HEAD", "ck/__1_0.distcp");
+    let framing: Vec<Storage> = f.segments.iter().filter(|s| !s.is_tensor).map(|s| s.storage).collect();
+    let deltas = framing.iter().filter(|s| **s == Storage::Delta).count();
+    assert!(deltas + 1 >= framing.len(), "framing: {framing:?}");
     assert_checks_out(&t, &repo, "HEAD~1", &e1);
     assert_checks_out(&t, &repo, "HEAD", &e2);
     let report = repo.verify().unwrap();
@@ -242,4 +248,75 @@ fn hugging_face_storage_writer_shards_are_committed_tensor_by_tensor() {
     assert_eq!(f.kind, FileFormat::Safetensors);
     assert!(tensors(&f).iter().any(|(n, _)| *n == "fc1.weight"), "{:?}", tensors(&f));
     assert_checks_out(&t, &repo, "HEAD", &files);
+}
+
+/// A safetensors file of the tensor items of the `.distcp` file `file` (named `name` in a
+/// checkpoint whose `.metadata` is `metadata`), under their item names.
+fn as_safetensors(file: &[u8], metadata: &[u8], name: &str) -> Vec<u8> {
+    use ckpt::torch_zip::dcp;
+    let layout = dcp::file_layout(file, &dcp::parse_metadata(metadata).unwrap(), name).unwrap().layout();
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for s in &layout.storages {
+        let begin = data.len();
+        data.extend_from_slice(&file[s.range.start as usize..s.range.end as usize]);
+        header.insert(
+            s.name.clone(),
+            serde_json::json!({"dtype": s.dtype.safetensors_name(), "shape": s.shape, "data_offsets": [begin, data.len()]}),
+        );
+    }
+    let mut json = serde_json::to_vec(&header).unwrap();
+    json.resize(json.len().div_ceil(8) * 8, b' ');
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend(json);
+    out.extend(data);
+    out
+}
+
+/// The size of `t`'s object files.
+fn store_size(t: &TestRepo) -> u64 {
+    t.object_files().iter().map(|p| std::fs::metadata(p).unwrap().len()).sum()
+}
+
+/// docs/BENCHMARKS.md, "torch.distributed.checkpoint files": the fixture series (2 ranks epoch
+/// 1, 2 ranks epoch 2, 4 ranks epoch 2) committed item by item, as opaque bytes (renamed
+/// `.bin`), and as safetensors files of the same tensors; the store after each commit.
+/// `cargo test --test it repo_dcp::store_sizes -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement: prints a table"]
+fn store_sizes() {
+    let series = ["mlp_2ranks_epoch1", "mlp_2ranks_epoch2", "mlp_4ranks_epoch2"];
+    let (items, opaque, safetensors) = (
+        TestRepo::with_config(&delta_config()),
+        TestRepo::with_config(&delta_config()),
+        TestRepo::with_config(&delta_config()),
+    );
+    let (ri, ro, rs) = (items.open(), opaque.open(), safetensors.open());
+    println!("| save | raw .distcp + .metadata | item by item | opaque bytes | safetensors (tensors only) | framing raw / stored |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for name in series {
+        let files = fixture_dir(name);
+        let raw: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
+        commit_under(&items, &ri, &files, "ck");
+        commit_under(&opaque, &ro, &as_opaque(&files), "ck");
+        let metadata = &files.iter().find(|(n, _)| n == ".metadata").unwrap().1;
+        let shards: Vec<(String, Vec<u8>)> = files
+            .iter()
+            .filter(|(n, _)| n.ends_with(".distcp"))
+            .map(|(n, b)| (n.replace(".distcp", ".safetensors"), as_safetensors(b, metadata, n)))
+            .collect();
+        commit_under(&safetensors, &rs, &shards, "ck");
+        let shown = ri.show("HEAD").unwrap();
+        let framing = |f: fn(&ckpt::repo::SegmentShow) -> u64| -> u64 {
+            shown.files.iter().filter(|f| f.kind == FileFormat::Distcp).flat_map(|f| &f.segments).filter(|s| !s.is_tensor).map(f).sum()
+        };
+        println!(
+            "| {name} | {raw} | {} | {} | {} | {} / {} |",
+            store_size(&items),
+            store_size(&opaque),
+            store_size(&safetensors),
+            framing(|s| s.raw_bytes),
+            framing(|s| if s.storage == Storage::Duplicate { 0 } else { s.stored_bytes }),
+        );
+    }
 }
