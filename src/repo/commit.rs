@@ -520,13 +520,15 @@ struct HashedFile {
 
 impl HashedFile {
     /// The blob of segment `s`'s tensor in the reference version, if it has one; for an opaque
-    /// segment of a `.distcp` file, the same item's framing ([`super::pairing::gap_key`]).
+    /// segment of a `.distcp` file, the same item's framing ([`super::pairing::gap_key`]), else
+    /// framing of the same length.
     fn reference_of(&self, s: usize) -> Option<ObjectId> {
         match &self.segments[s].tensor {
             Some(t) => self.reference.tensor(t),
             None if self.distcp => {
                 let after = self.segments[s + 1..].iter().map(|seg| seg.tensor.as_ref());
-                self.reference.gap(&super::pairing::gap_key(after))
+                let range = &self.segments[s].range;
+                self.reference.gap(&super::pairing::gap_key(after), range.end - range.start)
             }
             None => None,
         }

@@ -173,7 +173,11 @@ pub(super) struct TensorBlobs {
     /// The opaque segments of `.distcp` files, by [`gap_key`]: an item's zip framing and pickle,
     /// the same length and nearly the same bytes in every save (a random `serialization_id` and
     /// the CRCs differ), so they are delta-coded against the same item's as tensors are.
-    gaps: HashMap<String, ObjectId>,
+    gaps: HashMap<String, (ObjectId, u64)>,
+    /// The same, by length: an item with no namesake (the chunks of a save on another number
+    /// of ranks are named anew) has framing of the same length as other items of its dtype and
+    /// rank of shape, which differs from it in a few bytes (names, sizes, the random id).
+    gaps_by_len: HashMap<u64, ObjectId>,
 }
 
 /// What names the opaque segment `segments[i]` of a `.distcp` file across versions: the name of
@@ -199,7 +203,8 @@ impl TensorBlobs {
             for (i, s) in segments.iter().enumerate() {
                 if let (None, Some(blob)) = (&s.tensor, s.blob) {
                     let key = gap_key(segments[i + 1..].iter().map(|s| s.tensor.as_ref()));
-                    self.gaps.entry(key).or_insert(blob);
+                    self.gaps.entry(key).or_insert((blob, s.len));
+                    self.gaps_by_len.entry(s.len).or_insert(blob);
                 }
             }
         }
@@ -226,6 +231,9 @@ impl TensorBlobs {
         for (k, blob) in &other.gaps {
             self.gaps.entry(k.clone()).or_insert(*blob);
         }
+        for (len, blob) in &other.gaps_by_len {
+            self.gaps_by_len.entry(*len).or_insert(*blob);
+        }
     }
 
     /// The blob of tensor `t` stored whole, if the reference holds it so.
@@ -233,10 +241,12 @@ impl TensorBlobs {
         self.tensors.get(t).copied()
     }
 
-    /// The blob of the opaque segment of a `.distcp` file named `key` ([`gap_key`]), if the
-    /// reference has one.
-    pub(super) fn gap(&self, key: &str) -> Option<ObjectId> {
-        self.gaps.get(key).copied()
+    /// The blob of the opaque segment of a `.distcp` file named `key` ([`gap_key`]), else of
+    /// one of the same length, if the reference has one of `len` bytes (a delta pairs blobs of
+    /// one length).
+    pub(super) fn gap(&self, key: &str, len: u64) -> Option<ObjectId> {
+        let named = self.gaps.get(key).filter(|(_, l)| *l == len).map(|(blob, _)| *blob);
+        named.or_else(|| self.gaps_by_len.get(&len).copied())
     }
 
     /// The blob of the bundle starting with tensor `key`, if the reference has one.
@@ -259,7 +269,8 @@ pub(crate) struct Counterpart {
 impl Manifest {
     /// Pairs each blob of this manifest with the blob of the same tensor in `reference`:
     /// tensors by name, dtype and shape, bundles by their first tensor (as a commit matches
-    /// them); whole tensors in file order, then bundles in order.
+    /// them); whole tensors in file order, then bundles in order; then for a `.distcp` file,
+    /// its opaque segments with the same item's (or framing of the same length: [`gap_key`]).
     pub(crate) fn same_tensor_blobs(&self, reference: &Manifest) -> Vec<Counterpart> {
         self.same_tensor_blobs_in(&TensorBlobs::of(reference))
     }
@@ -274,7 +285,16 @@ impl Manifest {
             .into_iter()
             .zip(&self.bundles)
             .filter_map(|(k, b)| Some(Counterpart { new: b.blob, old: older.bundle(k?)?, len: b.len }));
-        tensors.chain(bundles).collect()
+        let mut out: Vec<Counterpart> = tensors.chain(bundles).collect();
+        if self.kind == FileFormat::Distcp {
+            for (i, s) in self.segments.iter().enumerate() {
+                if let (None, Some(new)) = (&s.tensor, s.blob) {
+                    let key = gap_key(self.segments[i + 1..].iter().map(|s| s.tensor.as_ref()));
+                    out.extend(older.gap(&key, s.len).map(|old| Counterpart { new, old, len: s.len }));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -303,5 +323,80 @@ impl Repo {
             out.extend(m.same_tensor_blobs(&reference));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repo::{CommitOptions, Config, DeltaPolicy};
+    use std::path::Path;
+
+    fn fixture(dir: &str, name: &str) -> Vec<u8> {
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dcp").join(dir).join(name)).unwrap()
+    }
+
+    /// `.metadata` with the names `__0_0.distcp` and `__1_0.distcp` swapped (same length: the
+    /// pickle stays valid), so that each rank's file holds the other's items.
+    fn swap_ranks(metadata: &[u8]) -> Vec<u8> {
+        let (a, b): (&[u8], &[u8]) = (b"__0_0.distcp", b"__1_0.distcp");
+        let mut out = metadata.to_vec();
+        for i in 0..=metadata.len() - a.len() {
+            let window = &metadata[i..i + a.len()];
+            if window == a || window == b {
+                out[i..i + a.len()].copy_from_slice(if window == a { b } else { a });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn distcp_blobs_pair_with_the_same_items_in_any_distcp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config { delta_policy: DeltaPolicy::Previous, ..Config::default() };
+        Repo::init(dir.path()).unwrap();
+        std::fs::write(dir.path().join(".ckpt/config"), config.to_json()).unwrap();
+        let repo = Repo::open(dir.path()).unwrap();
+        let commit = |files: &[(&str, Vec<u8>)]| {
+            std::fs::create_dir_all(dir.path().join("ck")).unwrap();
+            for (name, bytes) in files {
+                std::fs::write(dir.path().join("ck").join(name), bytes).unwrap();
+            }
+            let paths: Vec<String> = files.iter().map(|(n, _)| format!("ck/{n}")).collect();
+            let abs: Vec<std::path::PathBuf> = paths.iter().map(|p| dir.path().join(p)).collect();
+            let id = repo.commit(&abs, "save", &CommitOptions::default()).unwrap();
+            repo.version(&id).unwrap()
+        };
+        let e1 = "mlp_2ranks_epoch1";
+        let old = commit(&[
+            (".metadata", fixture(e1, ".metadata")),
+            ("__0_0.distcp", fixture(e1, "__0_0.distcp")),
+            ("__1_0.distcp", fixture(e1, "__1_0.distcp")),
+        ]);
+        let e2 = "mlp_2ranks_epoch2";
+        let new = commit(&[
+            (".metadata", swap_ranks(&fixture(e2, ".metadata"))),
+            ("__0_0.distcp", fixture(e2, "__1_0.distcp")),
+            ("__1_0.distcp", fixture(e2, "__0_0.distcp")),
+        ]);
+        let manifest = |v: &Version, path: &str| repo.manifest(&v.file(path).unwrap().manifest).unwrap();
+        let (new0, old1) = (manifest(&new, "ck/__0_0.distcp"), manifest(&old, "ck/__1_0.distcp"));
+        assert_eq!(new0.kind, FileFormat::Distcp);
+        // The same path's file holds none of the items: only framing of the same length pairs.
+        let same_path = new0.same_tensor_blobs(&manifest(&old, "ck/__0_0.distcp"));
+        assert!(same_path.iter().all(|c| !new0.bundles.iter().any(|b| b.blob == c.new)));
+        // Through the index over every `.distcp` file, the bundle pairs with the one of the
+        // other file that starts with the same item, and each item's framing with its own.
+        let pairs = repo.counterparts([("ck/__0_0.distcp", &new0)], &old);
+        let bundle = Counterpart { new: new0.bundles[0].blob, old: old1.bundles[0].blob, len: new0.bundles[0].len };
+        assert!(pairs.contains(&bundle), "{pairs:?}");
+        let gaps_of = |m: &Manifest| -> Vec<ObjectId> {
+            m.segments.iter().filter(|s| s.tensor.is_none()).filter_map(|s| s.blob).collect()
+        };
+        let (new_gaps, old_gaps) = (gaps_of(&new0), gaps_of(&old1));
+        assert_eq!(new_gaps.len(), old_gaps.len());
+        for (n, o) in new_gaps.iter().zip(&old_gaps) {
+            assert!(pairs.iter().any(|c| c.new == *n && c.old == *o), "framing {n} not paired with {o}");
+        }
     }
 }

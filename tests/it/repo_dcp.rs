@@ -285,12 +285,17 @@ fn store_size(t: &TestRepo) -> u64 {
 #[test]
 #[ignore = "a measurement: prints a table"]
 fn store_sizes() {
+    let reverse = Config { compact: ckpt::repo::Compaction::Inline, ..Config::default() };
+    for (policy, config) in [("previous", delta_config()), ("reverse (default)", reverse)] {
+        println!("\ndelta policy: {policy}\n");
+        store_sizes_with(&config);
+    }
+}
+
+fn store_sizes_with(config: &Config) {
     let series = ["mlp_2ranks_epoch1", "mlp_2ranks_epoch2", "mlp_4ranks_epoch2"];
-    let (items, opaque, safetensors) = (
-        TestRepo::with_config(&delta_config()),
-        TestRepo::with_config(&delta_config()),
-        TestRepo::with_config(&delta_config()),
-    );
+    let (items, opaque, safetensors) =
+        (TestRepo::with_config(config), TestRepo::with_config(config), TestRepo::with_config(config));
     let (ri, ro, rs) = (items.open(), opaque.open(), safetensors.open());
     println!("| save | raw .distcp + .metadata | item by item | opaque bytes | safetensors (tensors only) | framing raw / stored |");
     println!("|---|---:|---:|---:|---:|---:|");
@@ -320,3 +325,4 @@ fn store_sizes() {
         );
     }
 }
+
