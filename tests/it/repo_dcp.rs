@@ -73,7 +73,8 @@ fn epochs_are_committed_item_by_item_and_the_second_as_deltas() {
 
     let first = shown(&repo, "HEAD~1", "ck/__0_0.distcp");
     assert_eq!(first.kind, FileFormat::Distcp);
-    let fc1 = first.segments.iter().find(|s| s.name == "model.fc1.weight[0:16,0:8]").expect("item named by fqn and chunk");
+    let fc1 =
+        first.segments.iter().find(|s| s.name == "model.fc1.weight[0:16,0:8]").expect("item named by fqn and chunk");
     assert_eq!((fc1.dtype.as_deref(), fc1.shape.as_deref()), (Some("F32"), Some(&[16u64, 8][..])));
     assert_eq!(tensors(&first).len(), 15, "{:?}", tensors(&first));
     assert_eq!(shown(&repo, "HEAD~1", "ck/.metadata").kind, FileFormat::Bytes);
@@ -209,7 +210,8 @@ fn a_missing_or_damaged_metadata_still_commits_and_checks_out_exactly() {
 
     // A `.distcp` file that is no run of archives is opaque bytes, never refused.
     let cut = e1[0].1[..e1[0].1.len() - 100].to_vec();
-    let files = commit_under(&t, &repo, &[("__0_0.distcp".to_string(), cut), (".metadata".to_string(), metadata)], "cut");
+    let files =
+        commit_under(&t, &repo, &[("__0_0.distcp".to_string(), cut), (".metadata".to_string(), metadata)], "cut");
     assert_eq!(shown(&repo, "HEAD", "cut/__0_0.distcp").kind, FileFormat::Bytes);
     assert_checks_out(&t, &repo, "HEAD", &files);
 }
@@ -313,7 +315,14 @@ fn store_sizes_with(config: &Config) {
         commit_under(&safetensors, &rs, &shards, "ck");
         let shown = ri.show("HEAD").unwrap();
         let framing = |f: fn(&ckpt::repo::SegmentShow) -> u64| -> u64 {
-            shown.files.iter().filter(|f| f.kind == FileFormat::Distcp).flat_map(|f| &f.segments).filter(|s| !s.is_tensor).map(f).sum()
+            shown
+                .files
+                .iter()
+                .filter(|f| f.kind == FileFormat::Distcp)
+                .flat_map(|f| &f.segments)
+                .filter(|s| !s.is_tensor)
+                .map(f)
+                .sum()
         };
         println!(
             "| {name} | {raw} | {} | {} | {} | {} / {} |",
@@ -325,4 +334,3 @@ fn store_sizes_with(config: &Config) {
         );
     }
 }
-
