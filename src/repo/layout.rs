@@ -1,7 +1,7 @@
 //! A file's layout: how an input file is opened and parsed ([`Input`]), cut into segments
-//! (safetensors header, tensors and gaps; a `torch.save` archive's storages; or one opaque
-//! segment), grouped into bundles ([`super::bundle::plan`]), hashed, and described by a
-//! manifest. `commit`, `status` (which hashes working files) and the git filter's store all go
+//! (safetensors header, tensors and gaps; a `torch.save` archive's storages; a `.distcp` file's
+//! tensor items, cut by its directory's `.metadata`; or one opaque segment), grouped into
+//! bundles ([`super::bundle::plan`]), hashed, and described by a manifest. `commit`, `status` (which hashes working files) and the git filter's store all go
 //! through here, so they agree on what a file's segments, ids and hash are.
 
 use super::model::{Bundle, FileFormat, Manifest, Segment, TensorRef};
@@ -54,8 +54,7 @@ impl Input {
     /// Opens the file at `disk` (refusing a named pipe, socket or device before anything blocks
     /// on it), maps it (a guarded map: a file truncated meanwhile is reported by
     /// [`Input::check_unchanged`], not a SIGBUS) and parses it under `rules`, as the content of
-    /// `path`.
-    /// A `.distcp` file is cut by the `.metadata` next to `disk` ([`distcp_layout`]).
+    /// `path`. A `.distcp` file is cut by the `.metadata` next to `disk` ([`distcp_layout`]).
     pub(super) fn open(disk: &Path, path: RepoPath, rules: Rules) -> Result<Input> {
         let (file, metadata) = open_regular(disk, rules)?;
         Input::from_file(disk, path, file, metadata, rules, true)
