@@ -663,6 +663,7 @@ impl Repo {
                     let kind = match manifest.kind {
                         repo::FileFormat::Safetensors => "safetensors",
                         repo::FileFormat::Torch => "torch",
+                        repo::FileFormat::Distcp => "distcp",
                         _ => "bytes",
                     };
                     Ok((f.path.clone(), kind.to_string(), f.len, f.hash.to_hex(), f.manifest.to_hex()))

@@ -345,6 +345,7 @@ impl GitFilter {
         let kind = match manifest.kind {
             crate::repo::FileFormat::Safetensors => "safetensors",
             crate::repo::FileFormat::Torch => "torch.save",
+            crate::repo::FileFormat::Distcp => "torch.distributed.checkpoint",
             crate::repo::FileFormat::Bytes => "opaque",
         };
         let mut out = format!("ckpt: {kind} file, {} bytes, hash {}\n", manifest.len, manifest.hash);

@@ -2,7 +2,7 @@
 //! ref. All inputs are parsed before anything is written, so an invalid file changes nothing.
 
 use super::layout::{manifest_of, HashedBundle, HashedSegment, HashedSegments, Input, Rules};
-use super::model::{FileEntry, Manifest, Version, MODEL_FORMAT};
+use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::pairing::{ReferenceFiles, TensorBlobs};
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
@@ -133,8 +133,8 @@ impl Repo {
         let hashed: Vec<HashedFile> = inputs
             .iter()
             .map(|input| {
-                let reference = references.for_input(self, input);
-                hash_file(input, reference.as_ref())
+                let reference = references.blobs_for_input(self, input);
+                hash_file(input, reference)
             })
             .collect();
         // 2. Store every blob not stored yet (each id once).
@@ -353,7 +353,7 @@ impl Repo {
             match job.target {
                 Target::Segment(s) => {
                     let seg = &h.segments[s];
-                    let reference = deltas.and_then(|base_every| Some((h.reference_of(seg)?, base_every)));
+                    let reference = deltas.and_then(|base_every| Some((h.reference_of(s)?, base_every)));
                     let bytes = &inputs[job.file].map[seg.range.start as usize..seg.range.end as usize];
                     let start = seg.range.start as usize;
                     let release_input = |r: Range<usize>| inputs[job.file].map.release(start + r.start..start + r.end);
@@ -514,12 +514,24 @@ struct HashedFile {
     bundles: Vec<HashedBundle>,
     hash: ObjectId,
     reference: TensorBlobs,
+    /// Whether the file is a `.distcp` file (whose opaque segments pair too).
+    distcp: bool,
 }
 
 impl HashedFile {
-    /// The blob of `seg`'s tensor in the reference version, if it has one.
-    fn reference_of(&self, seg: &HashedSegment) -> Option<ObjectId> {
-        seg.tensor.as_ref().and_then(|t| self.reference.tensor(t))
+    /// The blob of segment `s`'s tensor in the reference version, if it has one; for an opaque
+    /// segment of a `.distcp` file, the same item's framing ([`super::pairing::gap_key`]), else
+    /// framing of the same length.
+    fn reference_of(&self, s: usize) -> Option<ObjectId> {
+        match &self.segments[s].tensor {
+            Some(t) => self.reference.tensor(t),
+            None if self.distcp => {
+                let after = self.segments[s + 1..].iter().map(|seg| seg.tensor.as_ref());
+                let range = &self.segments[s].range;
+                self.reference.gap(&super::pairing::gap_key(after), range.end - range.start)
+            }
+            None => None,
+        }
     }
 }
 
@@ -543,9 +555,9 @@ enum Target {
 /// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
 const PARALLEL_BELOW: u64 = 4 << 20;
 
-fn hash_file(input: &Input, reference: Option<&Manifest>) -> HashedFile {
+fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
     let (HashedSegments { segments, bundles }, hash) = input.hash();
-    HashedFile { segments, bundles, hash, reference: reference.map(TensorBlobs::of).unwrap_or_default() }
+    HashedFile { segments, bundles, hash, reference, distcp: input.distcp && input.torch.is_some() }
 }
 
 #[cfg(test)]

@@ -431,7 +431,9 @@ impl Repo {
                 (path, file.disk.clone(), handle, metadata, in_working_tree)
             }
         };
-        let mut input = Input::from_file(&disk, path.clone(), file, metadata, Rules::Commit)?;
+        // Bytes from memory have no directory to find a `.distcp` file's `.metadata` in.
+        let disk_is_real = !matches!(prepared, Prepared::Memory { .. });
+        let mut input = Input::from_file(&disk, path.clone(), file, metadata, Rules::Commit, disk_is_real)?;
         input.in_working_tree = in_working_tree;
         Ok(input)
     }

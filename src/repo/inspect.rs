@@ -441,7 +441,7 @@ impl Repo {
             (None, FileFormat::Bytes) => "(data)".into(),
             (None, FileFormat::Safetensors) if i == 0 => "(header)".into(),
             (None, FileFormat::Safetensors) => "(gap)".into(),
-            (None, FileFormat::Torch) => "(archive)".into(),
+            (None, FileFormat::Torch | FileFormat::Distcp) => "(archive)".into(),
         };
         Ok(SegmentShow {
             name,

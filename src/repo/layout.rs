@@ -1,7 +1,7 @@
 //! A file's layout: how an input file is opened and parsed ([`Input`]), cut into segments
-//! (safetensors header, tensors and gaps; a `torch.save` archive's storages; or one opaque
-//! segment), grouped into bundles ([`super::bundle::plan`]), hashed, and described by a
-//! manifest. `commit`, `status` (which hashes working files) and the git filter's store all go
+//! (safetensors header, tensors and gaps; a `torch.save` archive's storages; a `.distcp` file's
+//! tensor items, cut by its directory's `.metadata`; or one opaque segment), grouped into
+//! bundles ([`super::bundle::plan`]), hashed, and described by a manifest. `commit`, `status` (which hashes working files) and the git filter's store all go
 //! through here, so they agree on what a file's segments, ids and hash are.
 
 use super::model::{Bundle, FileFormat, Manifest, Segment, TensorRef};
@@ -36,8 +36,11 @@ pub(super) struct Input {
     pub(super) path: RepoPath,
     pub(super) map: Map,
     pub(super) header: Option<safetensors::Header>,
-    /// The storages of a `torch.save` archive (when `header` is `None`).
+    /// The storages of a `torch.save` archive, or the tensor items of a `.distcp` file (when
+    /// `header` is `None`).
     pub(super) torch: Option<torch_zip::Layout>,
+    /// Whether `torch` is a `.distcp` file cut into its items ([`distcp_layout`]).
+    pub(super) distcp: bool,
     pub(super) metadata: Metadata,
     /// The open file, whose metadata is compared with `metadata` once it is read
     /// ([`Input::check_unchanged`]).
@@ -51,39 +54,51 @@ impl Input {
     /// Opens the file at `disk` (refusing a named pipe, socket or device before anything blocks
     /// on it), maps it (a guarded map: a file truncated meanwhile is reported by
     /// [`Input::check_unchanged`], not a SIGBUS) and parses it under `rules`, as the content of
-    /// `path`.
+    /// `path`. A `.distcp` file is cut by the `.metadata` next to `disk` ([`distcp_layout`]).
     pub(super) fn open(disk: &Path, path: RepoPath, rules: Rules) -> Result<Input> {
         let (file, metadata) = open_regular(disk, rules)?;
-        Input::from_file(disk, path, file, metadata, rules)
+        Input::from_file(disk, path, file, metadata, rules, true)
     }
 
     /// Maps the open `file` (with its `metadata`, read from `disk`) and parses it under `rules`.
+    /// `disk_is_real`: `disk` is where the file lies (not a name given to bytes from memory), so
+    /// the `.metadata` of a `.distcp` file is read next to it.
     pub(super) fn from_file(
         disk: &Path,
         path: RepoPath,
         file: File,
         metadata: Metadata,
         rules: Rules,
+        disk_is_real: bool,
     ) -> Result<Input> {
         let map = mmap::map_input(&file).map_err(|source| Error::Io {
             action: "reading",
             path: disk.to_path_buf(),
             source,
         })?;
-        let mut input = Input { path, map, header: None, torch: None, metadata, file, in_working_tree: true };
+        let mut input =
+            Input { path, map, header: None, torch: None, distcp: false, metadata, file, in_working_tree: true };
         match rules {
             Rules::Commit => input.parse()?,
-            Rules::AnyContent | Rules::Hash => {
-                input.header = safetensors::parse(&input.map).ok();
-                input.torch = torch_layout(&input.map, input.header.as_ref());
+            Rules::AnyContent | Rules::Hash => input.header = safetensors::parse(&input.map).ok(),
+        }
+        if input.header.is_none() {
+            match distcp_name(disk.file_name(), &input.path) {
+                Some(name) => {
+                    input.distcp = true;
+                    let sibling = disk_is_real && disk.file_name().is_some_and(|n| n.to_str() == Some(name.as_str()));
+                    input.torch = distcp_layout(&input.map, sibling.then_some(disk), &name);
+                }
+                None => input.torch = torch_layout(&input.map, None),
             }
         }
         Ok(input)
     }
 
     /// Parses the mapped file as a commit reads it: a file named `*.safetensors` must be valid
-    /// safetensors; any other file is safetensors if it parses as such, else a `torch.save`
-    /// archive if it is one, else opaque bytes.
+    /// safetensors; any other file is safetensors if it parses as such, else (in
+    /// [`Input::from_file`]) a `.distcp` file or a `torch.save` archive if it is one, else opaque
+    /// bytes.
     fn parse(&mut self) -> Result<()> {
         let parsed = safetensors::parse(&self.map);
         if parsed.is_err() {
@@ -95,7 +110,6 @@ impl Input {
         } else {
             parsed.ok()
         };
-        self.torch = torch_layout(&self.map, self.header.as_ref());
         Ok(())
     }
 
@@ -200,6 +214,7 @@ pub(super) fn manifest_of(
         .collect();
     let kind = match (&input.header, &input.torch) {
         (Some(_), _) => FileFormat::Safetensors,
+        (None, Some(_)) if input.distcp => FileFormat::Distcp,
         (None, Some(_)) => FileFormat::Torch,
         (None, None) => FileFormat::Bytes,
     };
@@ -305,6 +320,53 @@ pub(super) fn torch_layout(map: &Map, header: Option<&safetensors::Header>) -> O
         return None;
     }
     torch_zip::parse(map).ok()
+}
+
+/// The name a `.distcp` file has in its checkpoint directory (as `.metadata` names it): the file
+/// name on disk if it ends with `.distcp` (`status` hashes a working file under a placeholder
+/// path), else the repository path's file name if that does (the git filter's spooled copy).
+/// `None`: not a `.distcp` file.
+fn distcp_name(disk_name: Option<&std::ffi::OsStr>, path: &RepoPath) -> Option<String> {
+    let disk_name = disk_name.and_then(|n| n.to_str()).filter(|n| n.ends_with(DISTCP_SUFFIX));
+    let path_name = path.as_str().rsplit('/').next().filter(|n| n.ends_with(DISTCP_SUFFIX));
+    disk_name.or(path_name).map(str::to_string)
+}
+
+/// How `torch.distributed.checkpoint`'s `FileSystemWriter` names each rank's file.
+pub(super) const DISTCP_SUFFIX: &str = ".distcp";
+
+/// The checkpoint directory's metadata file, next to its `.distcp` files.
+const DCP_METADATA: &str = ".metadata";
+
+/// The tensor items of the `.distcp` file `map`, named `name` in its checkpoint directory, as
+/// one `torch.save`-style layout ([`torch_zip::dcp`]): cut by the `.metadata` next to `disk`
+/// (when given) if it reads and places items in this file, else by walking the file's
+/// concatenated archives; `None` (opaque bytes) if neither reads it. Never an error: a missing,
+/// unreadable or foreign `.metadata` only changes how the file is cut. Commit and `status` both
+/// call this, so both cut a file the same way; without `.metadata` the cut ranges are the same,
+/// only the names differ (`archive.<n>` instead of fqn and chunk offsets).
+fn distcp_layout(map: &Map, disk: Option<&Path>, name: &str) -> Option<torch_zip::Layout> {
+    use torch_zip::dcp;
+    let metadata = disk.and_then(|d| read_dcp_metadata(&d.with_file_name(DCP_METADATA)));
+    let cut = metadata
+        .and_then(|m| dcp::file_layout(map, &m, name).ok())
+        .filter(|l| !l.items.is_empty())
+        .or_else(|| dcp::walk_archives(map).ok())?;
+    Some(cut.layout())
+}
+
+/// The parsed `.metadata` at `path`, if it is a regular file of at most
+/// [`torch_zip::dcp::MAX_METADATA_LEN`] bytes that parses.
+fn read_dcp_metadata(path: &Path) -> Option<torch_zip::dcp::Metadata> {
+    use std::io::Read;
+    let file = mmap::open_regular(path).ok()?;
+    let limit = torch_zip::dcp::MAX_METADATA_LEN as u64;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > limit {
+        return None;
+    }
+    torch_zip::dcp::parse_metadata(&bytes).ok()
 }
 
 /// Segments of a file of `len` bytes: a safetensors file as header, tensors (empty ones as

@@ -151,6 +151,11 @@ pub enum FileFormat {
     /// A `torch.save` archive: each storage a tensor blob, the bytes between them (zip headers,
     /// the pickle, other entries) as opaque blobs.
     Torch,
+    /// A `torch.distributed.checkpoint` `.distcp` file: each tensor item (a shard, named by its
+    /// fqn and chunk offsets) a tensor blob, the bytes between them (each item's zip framing and
+    /// pickle, non-tensor items) as opaque blobs. Its tensors pair with the same items in any
+    /// `.distcp` file of the reference version (`pairing`).
+    Distcp,
 }
 
 /// One committed file: its bytes are the concatenation of its segments' blobs.

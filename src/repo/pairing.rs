@@ -1,11 +1,14 @@
 //! Pairing: the same tensor in the reference version. A new file's tensors are delta-coded
 //! against the same tensors (by name, dtype and shape; bundles by their first tensor) of one
 //! file of a reference version: the file at the same path, or for a new path the reference
-//! version's file that holds the most of its tensors ([`ReferenceFiles`]). The commit codes
+//! version's file that holds the most of its tensors ([`ReferenceFiles`]); a `.distcp` file's
+//! against the same items in any `.distcp` file of the reference version, the one at the same
+//! path first (DCP moves items between ranks; a change of rank count, between files). The
+//! commit codes
 //! against these, the reverse-delta rewrite (`compact`) rewrites them, and pushes send new
 //! blobs as deltas against them ([`Repo::counterparts`], [`Manifest::same_tensor_blobs`]).
 
-use super::layout::Input;
+use super::layout::{Input, DISTCP_SUFFIX};
 use super::model::{FileEntry, FileFormat, Manifest, TensorRef, Version};
 use super::Repo;
 use crate::object_id::ObjectId;
@@ -19,6 +22,9 @@ pub(super) struct ReferenceFiles<'v> {
     recency: Option<Vec<&'v FileEntry>>,
     /// Manifests loaded so far, by id.
     manifests: HashMap<ObjectId, Manifest>,
+    /// The blobs of every `.distcp` file's tensors in the reference version, by name, dtype and
+    /// shape (the most recently changed file's first), computed on first need.
+    distcp: Option<TensorBlobs>,
 }
 
 /// Versions walked back along first parents to order the reference version's files by when they
@@ -27,7 +33,44 @@ const RECENCY_WALK: usize = 32;
 
 impl<'v> ReferenceFiles<'v> {
     pub(super) fn new(version: Option<&'v Version>) -> Self {
-        ReferenceFiles { version, recency: None, manifests: HashMap::new() }
+        ReferenceFiles { version, recency: None, manifests: HashMap::new(), distcp: None }
+    }
+
+    /// The blobs `input`'s tensors are delta-coded against: of its reference file
+    /// ([`Self::for_input`]), or for a `.distcp` file, [`Self::distcp_blobs`].
+    pub(super) fn blobs_for_input(&mut self, repo: &Repo, input: &Input) -> TensorBlobs {
+        if input.distcp {
+            return self.distcp_blobs(repo, input.path.as_str());
+        }
+        self.for_input(repo, input).as_ref().map(TensorBlobs::of).unwrap_or_default()
+    }
+
+    /// The blobs a `.distcp` file at `path` is delta-coded against: each item's in the reference
+    /// version's file at `path`, or else in any `.distcp` file of that version holding it (same
+    /// name, dtype and shape; the most recently changed file first, as [`Self::for_file`]
+    /// orders them). DCP's de-duplication may write an item from another rank than last time,
+    /// and a change of rank count moves items between files; names (fqn and chunk offsets) are
+    /// unique in a checkpoint, so the index holds each item of the latest save once.
+    pub(super) fn distcp_blobs(&mut self, repo: &Repo, path: &str) -> TensorBlobs {
+        let Some(version) = self.version else { return TensorBlobs::default() };
+        let mut out = TensorBlobs::default();
+        if let Some(m) = version.file(path).and_then(|f| load(&mut self.manifests, repo, &f.manifest)) {
+            out.add(m);
+        }
+        if self.distcp.is_none() {
+            let recency = self.recency.get_or_insert_with(|| Self::by_recency(repo, version));
+            let mut index = TensorBlobs::default();
+            for f in recency.iter().filter(|f| f.path.ends_with(DISTCP_SUFFIX)) {
+                if let Some(m) = load(&mut self.manifests, repo, &f.manifest).filter(|m| m.kind == FileFormat::Distcp) {
+                    index.add(m);
+                }
+            }
+            self.distcp = Some(index);
+        }
+        if let Some(index) = &self.distcp {
+            out.add_missing(index);
+        }
+        out
     }
 
     /// The manifest whose tensors `input`'s tensors are delta-coded against: the file at the same
@@ -127,20 +170,83 @@ fn load<'c>(cache: &'c mut HashMap<ObjectId, Manifest>, repo: &Repo, id: &Object
 pub(super) struct TensorBlobs {
     tensors: HashMap<TensorRef, ObjectId>,
     bundles: HashMap<TensorRef, ObjectId>,
+    /// The opaque segments of `.distcp` files, by [`gap_key`]: an item's zip framing and pickle,
+    /// the same length and nearly the same bytes in every save (a random `serialization_id` and
+    /// the CRCs differ), so they are delta-coded against the same item's as tensors are.
+    gaps: HashMap<String, (ObjectId, u64)>,
+    /// The same, by length: an item with no namesake (the chunks of a save on another number
+    /// of ranks are named anew) has framing of the same length as other items of its dtype and
+    /// rank of shape, which differs from it in a few bytes (names, sizes, the random id).
+    gaps_by_len: HashMap<u64, ObjectId>,
+}
+
+/// What names the opaque segment `segments[i]` of a `.distcp` file across versions: the name of
+/// the first tensor after it (whose item's local headers and pickle it ends with), or `(end)`
+/// for the bytes after the last tensor.
+pub(super) fn gap_key<'t>(mut after: impl Iterator<Item = Option<&'t TensorRef>>) -> String {
+    after.find_map(|t| t.map(|t| t.name.clone())).unwrap_or_else(|| "(end)".to_string())
 }
 
 impl TensorBlobs {
     /// The blobs of `reference`'s tensors and bundles.
     pub(super) fn of(reference: &Manifest) -> TensorBlobs {
-        let tensors = reference.tensors().filter_map(|(t, s)| Some((t.clone(), s.blob?))).collect();
-        let keys = reference.bundle_keys().into_iter().zip(&reference.bundles);
-        let bundles = keys.filter_map(|(k, b)| Some((k?.clone(), b.blob))).collect();
-        TensorBlobs { tensors, bundles }
+        let mut out = TensorBlobs::default();
+        out.add(reference);
+        out
+    }
+
+    /// Adds the blobs of `reference`'s tensors and bundles not held yet (those held stay), and
+    /// of a `.distcp` file, its opaque segments' ([`gap_key`]).
+    fn add(&mut self, reference: &Manifest) {
+        if reference.kind == FileFormat::Distcp {
+            let segments = &reference.segments;
+            for (i, s) in segments.iter().enumerate() {
+                if let (None, Some(blob)) = (&s.tensor, s.blob) {
+                    let key = gap_key(segments[i + 1..].iter().map(|s| s.tensor.as_ref()));
+                    self.gaps.entry(key).or_insert((blob, s.len));
+                    self.gaps_by_len.entry(s.len).or_insert(blob);
+                }
+            }
+        }
+        for (t, s) in reference.tensors() {
+            if let Some(blob) = s.blob {
+                self.tensors.entry(t.clone()).or_insert(blob);
+            }
+        }
+        for (k, b) in reference.bundle_keys().into_iter().zip(&reference.bundles) {
+            if let Some(k) = k {
+                self.bundles.entry(k.clone()).or_insert(b.blob);
+            }
+        }
+    }
+
+    /// Adds `other`'s blobs of tensors and bundles not held yet.
+    fn add_missing(&mut self, other: &TensorBlobs) {
+        for (t, blob) in &other.tensors {
+            self.tensors.entry(t.clone()).or_insert(*blob);
+        }
+        for (k, blob) in &other.bundles {
+            self.bundles.entry(k.clone()).or_insert(*blob);
+        }
+        for (k, blob) in &other.gaps {
+            self.gaps.entry(k.clone()).or_insert(*blob);
+        }
+        for (len, blob) in &other.gaps_by_len {
+            self.gaps_by_len.entry(*len).or_insert(*blob);
+        }
     }
 
     /// The blob of tensor `t` stored whole, if the reference holds it so.
     pub(super) fn tensor(&self, t: &TensorRef) -> Option<ObjectId> {
         self.tensors.get(t).copied()
+    }
+
+    /// The blob of the opaque segment of a `.distcp` file named `key` ([`gap_key`]), else of
+    /// one of the same length, if the reference has one of `len` bytes (a delta pairs blobs of
+    /// one length).
+    pub(super) fn gap(&self, key: &str, len: u64) -> Option<ObjectId> {
+        let named = self.gaps.get(key).filter(|(_, l)| *l == len).map(|(blob, _)| *blob);
+        named.or_else(|| self.gaps_by_len.get(&len).copied())
     }
 
     /// The blob of the bundle starting with tensor `key`, if the reference has one.
@@ -163,9 +269,14 @@ pub(crate) struct Counterpart {
 impl Manifest {
     /// Pairs each blob of this manifest with the blob of the same tensor in `reference`:
     /// tensors by name, dtype and shape, bundles by their first tensor (as a commit matches
-    /// them); whole tensors in file order, then bundles in order.
+    /// them); whole tensors in file order, then bundles in order; then for a `.distcp` file,
+    /// its opaque segments with the same item's (or framing of the same length: [`gap_key`]).
     pub(crate) fn same_tensor_blobs(&self, reference: &Manifest) -> Vec<Counterpart> {
-        let older = TensorBlobs::of(reference);
+        self.same_tensor_blobs_in(&TensorBlobs::of(reference))
+    }
+
+    /// [`Self::same_tensor_blobs`] against the blobs `older` of a reference.
+    fn same_tensor_blobs_in(&self, older: &TensorBlobs) -> Vec<Counterpart> {
         let tensors = self
             .tensors()
             .filter_map(|(t, seg)| Some(Counterpart { new: seg.blob?, old: older.tensor(t)?, len: seg.len }));
@@ -174,15 +285,25 @@ impl Manifest {
             .into_iter()
             .zip(&self.bundles)
             .filter_map(|(k, b)| Some(Counterpart { new: b.blob, old: older.bundle(k?)?, len: b.len }));
-        tensors.chain(bundles).collect()
+        let mut out: Vec<Counterpart> = tensors.chain(bundles).collect();
+        if self.kind == FileFormat::Distcp {
+            for (i, s) in self.segments.iter().enumerate() {
+                if let (None, Some(new)) = (&s.tensor, s.blob) {
+                    let key = gap_key(self.segments[i + 1..].iter().map(|s| s.tensor.as_ref()));
+                    out.extend(older.gap(&key, s.len).map(|old| Counterpart { new, old, len: s.len }));
+                }
+            }
+        }
+        out
     }
 }
 
 impl Repo {
     /// Pairs each blob of `files` (path and manifest of each new file, in order) with the blob
     /// of the same tensor in `reference`'s file at the same path or, for a new path, in the file
-    /// a commit would code it against ([`ReferenceFiles::for_file`]). Files without a reference
-    /// file contribute nothing.
+    /// a commit would code it against ([`ReferenceFiles::for_file`]); a `.distcp` file's blobs,
+    /// with the same items in any `.distcp` file of `reference`, as a commit pairs them
+    /// ([`ReferenceFiles::distcp_blobs`]). Files without a reference file contribute nothing.
     pub(crate) fn counterparts<'m>(
         &self,
         files: impl IntoIterator<Item = (&'m str, &'m Manifest)>,
@@ -191,6 +312,10 @@ impl Repo {
         let mut references = ReferenceFiles::new(Some(reference));
         let mut out = Vec::new();
         for (path, m) in files {
+            if m.kind == FileFormat::Distcp {
+                out.extend(m.same_tensor_blobs_in(&references.distcp_blobs(self, path)));
+                continue;
+            }
             let tensors: HashSet<TensorRef> = m.tensors().map(|(t, _)| t.clone()).collect();
             let Some(reference) = references.for_file(self, path, (!tensors.is_empty()).then_some(tensors)) else {
                 continue;
@@ -198,5 +323,80 @@ impl Repo {
             out.extend(m.same_tensor_blobs(&reference));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repo::{CommitOptions, Config, DeltaPolicy};
+    use std::path::Path;
+
+    fn fixture(dir: &str, name: &str) -> Vec<u8> {
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dcp").join(dir).join(name)).unwrap()
+    }
+
+    /// `.metadata` with the names `__0_0.distcp` and `__1_0.distcp` swapped (same length: the
+    /// pickle stays valid), so that each rank's file holds the other's items.
+    fn swap_ranks(metadata: &[u8]) -> Vec<u8> {
+        let (a, b): (&[u8], &[u8]) = (b"__0_0.distcp", b"__1_0.distcp");
+        let mut out = metadata.to_vec();
+        for i in 0..=metadata.len() - a.len() {
+            let window = &metadata[i..i + a.len()];
+            if window == a || window == b {
+                out[i..i + a.len()].copy_from_slice(if window == a { b } else { a });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn distcp_blobs_pair_with_the_same_items_in_any_distcp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config { delta_policy: DeltaPolicy::Previous, ..Config::default() };
+        Repo::init(dir.path()).unwrap();
+        std::fs::write(dir.path().join(".ckpt/config"), config.to_json()).unwrap();
+        let repo = Repo::open(dir.path()).unwrap();
+        let commit = |files: &[(&str, Vec<u8>)]| {
+            std::fs::create_dir_all(dir.path().join("ck")).unwrap();
+            for (name, bytes) in files {
+                std::fs::write(dir.path().join("ck").join(name), bytes).unwrap();
+            }
+            let paths: Vec<String> = files.iter().map(|(n, _)| format!("ck/{n}")).collect();
+            let abs: Vec<std::path::PathBuf> = paths.iter().map(|p| dir.path().join(p)).collect();
+            let id = repo.commit(&abs, "save", &CommitOptions::default()).unwrap();
+            repo.version(&id).unwrap()
+        };
+        let e1 = "mlp_2ranks_epoch1";
+        let old = commit(&[
+            (".metadata", fixture(e1, ".metadata")),
+            ("__0_0.distcp", fixture(e1, "__0_0.distcp")),
+            ("__1_0.distcp", fixture(e1, "__1_0.distcp")),
+        ]);
+        let e2 = "mlp_2ranks_epoch2";
+        let new = commit(&[
+            (".metadata", swap_ranks(&fixture(e2, ".metadata"))),
+            ("__0_0.distcp", fixture(e2, "__1_0.distcp")),
+            ("__1_0.distcp", fixture(e2, "__0_0.distcp")),
+        ]);
+        let manifest = |v: &Version, path: &str| repo.manifest(&v.file(path).unwrap().manifest).unwrap();
+        let (new0, old1) = (manifest(&new, "ck/__0_0.distcp"), manifest(&old, "ck/__1_0.distcp"));
+        assert_eq!(new0.kind, FileFormat::Distcp);
+        // The same path's file holds none of the items: only framing of the same length pairs.
+        let same_path = new0.same_tensor_blobs(&manifest(&old, "ck/__0_0.distcp"));
+        assert!(same_path.iter().all(|c| !new0.bundles.iter().any(|b| b.blob == c.new)));
+        // Through the index over every `.distcp` file, the bundle pairs with the one of the
+        // other file that starts with the same item, and each item's framing with its own.
+        let pairs = repo.counterparts([("ck/__0_0.distcp", &new0)], &old);
+        let bundle = Counterpart { new: new0.bundles[0].blob, old: old1.bundles[0].blob, len: new0.bundles[0].len };
+        assert!(pairs.contains(&bundle), "{pairs:?}");
+        let gaps_of = |m: &Manifest| -> Vec<ObjectId> {
+            m.segments.iter().filter(|s| s.tensor.is_none()).filter_map(|s| s.blob).collect()
+        };
+        let (new_gaps, old_gaps) = (gaps_of(&new0), gaps_of(&old1));
+        assert_eq!(new_gaps.len(), old_gaps.len());
+        for (n, o) in new_gaps.iter().zip(&old_gaps) {
+            assert!(pairs.iter().any(|c| c.new == *n && c.old == *o), "framing {n} not paired with {o}");
+        }
     }
 }

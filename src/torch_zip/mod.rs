@@ -7,6 +7,7 @@
 //! panic or allocate beyond fixed bounds on hostile input: any archive it does not fully
 //! understand is an error, and callers keep such a file as opaque bytes.
 
+pub mod dcp;
 pub mod pickle;
 pub mod zip;
 
@@ -208,7 +209,7 @@ fn walk(v: &Value, path: &mut Vec<String>, pickle: &pickle::Pickle, names: &mut 
             let shape = if whole && (expected == *stride || numel <= 1) { shape.clone() } else { vec![numel] };
             *slot = Some((joined(path), shape));
         }
-        Value::Leaf | Value::Int(_) | Value::Str(_) | Value::Global(_) => {}
+        Value::Leaf | Value::Int(_) | Value::Str(_) | Value::Global(_) | Value::Object { .. } => {}
     }
 }
 

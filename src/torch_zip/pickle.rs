@@ -4,7 +4,10 @@
 //! `torch._utils._rebuild_parameter` and the typed storage classes such as `torch.FloatStorage`)
 //! and turns every persistent id `('storage', <storage type>, key, location, numel)` into a
 //! storage reference. Any other opcode or global is an error (the caller then keeps the file as
-//! opaque bytes). Work and memory are bounded: the node budget covers every value built or copied
+//! opaque bytes). [`read_with_classes`] also accepts the globals of a caller's list (the
+//! dataclasses of a `torch.distributed.checkpoint` `.metadata` file, say): each is only ever a
+//! name, and calling or instantiating it (`REDUCE`, `NEWOBJ`) and setting its state (`BUILD`)
+//! build a [`Value::Object`] recording the arguments and the state. Work and memory are bounded: the node budget covers every value built or copied
 //! out of the memo, values nest at most [`MAX_DEPTH`] deep, the memo holds at most
 //! [`MAX_MEMO`] entries.
 
@@ -39,9 +42,22 @@ enum Global {
     RebuildTensorV2,
     RebuildParameter,
     Storage(Dtype),
+    /// A global of the caller's list ([`read_with_classes`]), by its full dotted name.
+    Class(&'static str),
 }
 
 impl Global {
+    /// The global `module.name`: one the reader interprets, else one of `classes`.
+    fn lookup(module: &str, name: &str, classes: &[&'static str]) -> Option<Global> {
+        Global::of(module, name).or_else(|| {
+            classes
+                .iter()
+                .find(|c| c.len() == module.len() + 1 + name.len() && c.starts_with(module) && c.ends_with(name))
+                .filter(|c| c.as_bytes()[module.len()] == b'.')
+                .map(|c| Global::Class(c))
+        })
+    }
+
     fn of(module: &str, name: &str) -> Option<Global> {
         Some(match (module, name) {
             ("collections", "OrderedDict") => Global::OrderedDict,
@@ -91,14 +107,37 @@ pub enum Value {
         /// Strides, in elements.
         stride: Vec<u64>,
     },
-    /// A known global, only ever reduced.
+    /// A known global, only ever reduced (or, for one of the caller's classes, kept as a value:
+    /// `torch.float32` in a `.metadata` file).
     #[doc(hidden)]
     Global(GlobalRef),
+    /// An instance of one of the caller's classes ([`read_with_classes`]), as the pickle describes
+    /// it: nothing was constructed or called.
+    Object {
+        /// The class (or function) called, its full dotted name as listed by the caller.
+        class: &'static str,
+        /// The arguments it was called with (`REDUCE`, `NEWOBJ`).
+        args: Vec<Value>,
+        /// The state set by `BUILD` (a dataclass's field dict, or what `__getstate__` returned).
+        state: Option<Box<Value>>,
+        /// Nesting depth, as for containers.
+        depth: usize,
+    },
 }
 
 /// Opaque handle of a known global (kept private: nothing outside reduces it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GlobalRef(Global);
+
+impl GlobalRef {
+    /// The full dotted name, for a global of the caller's list ([`read_with_classes`]).
+    pub fn class(&self) -> Option<&'static str> {
+        match self.0 {
+            Global::Class(name) => Some(name),
+            _ => None,
+        }
+    }
+}
 
 /// The result of reading a pickle.
 #[derive(Debug)]
@@ -116,6 +155,9 @@ fn size_of(v: &Value) -> usize {
         Value::Dict(items, _) => 1 + items.iter().map(|(k, v)| size_of(k) + size_of(v)).sum::<usize>(),
         Value::Tensor { shape, stride, .. } => 1 + shape.len() + stride.len(),
         Value::Str(text) => 1 + text.len() / 16,
+        Value::Object { args, state, .. } => {
+            1 + args.iter().map(size_of).sum::<usize>() + state.as_deref().map_or(0, size_of)
+        }
         _ => 1,
     }
 }
@@ -123,7 +165,7 @@ fn size_of(v: &Value) -> usize {
 /// Nesting depth of `v` (kept in each container, so this is O(1)).
 fn depth_of(v: &Value) -> usize {
     match v {
-        Value::Seq(_, d) | Value::Dict(_, d) => *d,
+        Value::Seq(_, d) | Value::Dict(_, d) | Value::Object { depth: d, .. } => *d,
         _ => 0,
     }
 }
@@ -152,6 +194,8 @@ struct Reader<'a> {
     /// Storage index by key.
     storage_index: HashMap<String, usize>,
     nodes: usize,
+    /// Globals accepted besides the built-in ones, as [`Global::Class`].
+    classes: &'a [&'static str],
 }
 
 impl<'a> Reader<'a> {
@@ -293,7 +337,10 @@ impl<'a> Reader<'a> {
     fn reduce(&self, callable: Value, args: Value) -> Result<Value, Error> {
         let at = self.at;
         let Value::Global(GlobalRef(g)) = callable else { return Err(bad(at, "call of a non-global")) };
-        let Value::Seq(args, _) = args else { return Err(bad(at, "call arguments are not a tuple")) };
+        let Value::Seq(args, depth) = args else { return Err(bad(at, "call arguments are not a tuple")) };
+        if let Global::Class(class) = g {
+            return object(class, args, depth, at);
+        }
         let ints = |v: &Value| -> Option<Vec<u64>> {
             match v {
                 Value::Seq(items, _) => items
@@ -459,7 +506,7 @@ impl<'a> Reader<'a> {
                             _ => return Err(bad(op_at, "STACK_GLOBAL of non-strings")),
                         }
                     };
-                    let g = Global::of(&module, &name)
+                    let g = Global::lookup(&module, &name, self.classes)
                         .ok_or_else(|| bad(op_at, format!("unknown global {module}.{name}")))?;
                     self.push(Value::Global(GlobalRef(g)))?;
                 }
@@ -477,11 +524,32 @@ impl<'a> Reader<'a> {
                 }
                 b'b' => {
                     // BUILD: state set on an OrderedDict (torch's `_metadata`); no tensors live
-                    // there that matter for naming, so the state is dropped.
-                    self.pop()?;
-                    if !matches!(self.top()?, Value::Dict(..)) {
-                        return Err(bad(op_at, "BUILD of a non-dict"));
+                    // there that matter for naming, so the state is dropped. On an object of the
+                    // caller's classes, the state is kept (a dataclass's fields).
+                    let state = self.pop()?;
+                    let child = 1 + depth_of(&state);
+                    match self.top()? {
+                        Value::Dict(..) => {}
+                        Value::Object { state: slot @ None, depth, .. } => {
+                            if child > MAX_DEPTH {
+                                return Err(bad(op_at, format!("values nested deeper than {MAX_DEPTH}")));
+                            }
+                            *slot = Some(Box::new(state));
+                            *depth = (*depth).max(child);
+                        }
+                        Value::Object { .. } => return Err(bad(op_at, "BUILD of an object twice")),
+                        _ => return Err(bad(op_at, "BUILD of a non-dict")),
                     }
+                }
+                0x81 => {
+                    // NEWOBJ: `cls.__new__(cls, *args)`, only for the caller's classes.
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    let (Value::Global(GlobalRef(Global::Class(class))), Value::Seq(args, depth)) = (cls, args) else {
+                        return Err(bad(op_at, "NEWOBJ of a class not listed or without an argument tuple"));
+                    };
+                    let v = object(class, args, depth, op_at)?;
+                    self.push(v)?;
                 }
                 _ => return Err(bad(op_at, format!("unsupported opcode 0x{op:02x}"))),
             }
@@ -489,8 +557,24 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// An instance of `class` made with `args` (a tuple of nesting depth `depth`).
+fn object(class: &'static str, args: Vec<Value>, depth: usize, at: usize) -> Result<Value, Error> {
+    if depth + 1 > MAX_DEPTH {
+        return Err(bad(at, format!("values nested deeper than {MAX_DEPTH}")));
+    }
+    Ok(Value::Object { class, args, state: None, depth: depth + 1 })
+}
+
 /// Reads `bytes` (a `data.pkl`) without executing anything.
 pub fn read(bytes: &[u8]) -> Result<Pickle, Error> {
+    read_with_classes(bytes, &[])
+}
+
+/// Reads `bytes` as [`read`] does, also accepting the globals named in `classes` (full dotted
+/// names such as `torch.distributed.checkpoint.metadata.Metadata` or `torch.float32`): each is
+/// a [`Value::Global`] until called or instantiated, which makes a [`Value::Object`]. Nothing is
+/// executed either way.
+pub fn read_with_classes(bytes: &[u8], classes: &[&'static str]) -> Result<Pickle, Error> {
     let reader = Reader {
         bytes,
         at: 0,
@@ -500,6 +584,7 @@ pub fn read(bytes: &[u8]) -> Result<Pickle, Error> {
         storages: Vec::new(),
         storage_index: HashMap::new(),
         nodes: 0,
+        classes,
     };
     reader.run()
 }

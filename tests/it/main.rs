@@ -16,6 +16,7 @@ mod remote_trust;
 mod remote_wire;
 mod repo_compact;
 mod repo_crash;
+mod repo_dcp;
 mod repo_faults;
 mod repo_history;
 mod repo_inspect;

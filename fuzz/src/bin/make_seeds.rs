@@ -2,7 +2,8 @@
 //! synthetic safetensors checkpoints (two epochs, so that deltas occur), what `ckpt compress`
 //! makes of them, the objects a real commit stores (blobs, manifests, versions), the pointers
 //! and filter-protocol sessions of a real `git add`/`git checkout` through `ckpt git
-//! filter-process`, the torch.save fixtures and their pickles, and Huffman and sparse streams.
+//! filter-process`, the torch.save fixtures and their pickles, the torch.distributed.checkpoint
+//! fixtures' `.metadata` and `.distcp` files, and Huffman and sparse streams.
 //! Deterministic except for the git transcripts' temp paths (none are recorded).
 //!
 //! Usage: make_seeds OUT_DIR CKPT_BINARY (fuzz/make_seeds.sh builds both and passes them).
@@ -276,6 +277,22 @@ fn main() -> Result<(), Error> {
         torch.push((name, bytes));
     }
     torch.sort();
+
+    // torch.distributed.checkpoint directories: every `.metadata` and `.distcp` file of the
+    // tests/fixtures/dcp checkpoints (written by real torch ranks).
+    let dcp_fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/dcp");
+    let mut checkpoints: Vec<PathBuf> =
+        std::fs::read_dir(&dcp_fixtures)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    checkpoints.sort();
+    for dir in checkpoints.iter().filter(|p| p.join(".metadata").is_file()) {
+        let checkpoint = dir.file_name().and_then(|n| n.to_str()).ok_or("fixture name")?;
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+        files.sort();
+        for file in files {
+            let name = file.file_name().and_then(|n| n.to_str()).ok_or("fixture name")?;
+            corpus.put("dcp_metadata", &format!("{checkpoint}{name}"), &std::fs::read(&file)?)?;
+        }
+    }
 
     // Containers: what `ckpt compress` writes, with the default chunk size and the smallest
     // (several chunks per segment), plus an XOR delta container.

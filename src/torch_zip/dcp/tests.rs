@@ -1,0 +1,330 @@
+//! Tests on checkpoints written by real torch.distributed ranks (tests/fixtures/dcp/, see
+//! make_fixtures.py there) and on damaged or hostile variants of them.
+
+use super::*;
+use serde_json::Value as Json;
+
+macro_rules! fixture {
+    ($dir:literal, [$($file:literal),*]) => {
+        Fixture {
+            metadata: include_bytes!(concat!("../../../tests/fixtures/dcp/", $dir, "/.metadata")),
+            files: &[$(($file, include_bytes!(concat!("../../../tests/fixtures/dcp/", $dir, "/", $file)))),*],
+            expected: include_str!(concat!("../../../tests/fixtures/dcp/", $dir, ".expected.json")),
+        }
+    };
+}
+
+struct Fixture {
+    metadata: &'static [u8],
+    files: &'static [(&'static str, &'static [u8])],
+    expected: &'static str,
+}
+
+impl Fixture {
+    fn expected(&self) -> Json {
+        serde_json::from_str(self.expected).expect("expected.json")
+    }
+    fn file(&self, name: &str) -> &'static [u8] {
+        self.files.iter().find(|(n, _)| *n == name).map(|(_, b)| *b).expect("fixture file")
+    }
+}
+
+fn epoch1() -> Fixture {
+    fixture!("mlp_2ranks_epoch1", ["__0_0.distcp", "__1_0.distcp"])
+}
+fn epoch2() -> Fixture {
+    fixture!("mlp_2ranks_epoch2", ["__0_0.distcp", "__1_0.distcp"])
+}
+fn four_ranks() -> Fixture {
+    fixture!("mlp_4ranks_epoch2", ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"])
+}
+fn objects() -> Fixture {
+    fixture!("objects_2ranks", ["__0_0.distcp", "__1_0.distcp"])
+}
+
+/// FNV-1a 64, as make_fixtures.py hashes each shard's raw bytes.
+fn fnv1a64(bytes: &[u8]) -> String {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{h:016x}")
+}
+
+fn u64s(v: &Json) -> Vec<u64> {
+    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("u64")).collect()
+}
+
+/// The name make_fixtures.py's item would get.
+fn expected_name(t: &Json) -> String {
+    let dims: Vec<String> =
+        u64s(&t["offsets"]).iter().zip(u64s(&t["sizes"])).map(|(o, s)| format!("{o}:{}", o + s)).collect();
+    format!("{}[{}]", t["fqn"].as_str().expect("fqn"), dims.join(","))
+}
+
+/// Every storage of every file, by name: (dtype, shape, bytes).
+fn storages(f: &Fixture, metadata: &Metadata) -> HashMap<String, (Dtype, Vec<u64>, &'static [u8])> {
+    let mut out = HashMap::new();
+    for (name, bytes) in f.files {
+        let layout = file_layout(bytes, metadata, name).expect("layout");
+        check_cover(bytes, &layout);
+        for s in layout.items.iter().flat_map(|i| &i.storages) {
+            let previous = out.insert(
+                s.name.clone(),
+                (s.dtype, s.shape.clone(), &bytes[s.range.start as usize..s.range.end as usize]),
+            );
+            assert!(previous.is_none(), "{} twice", s.name);
+        }
+    }
+    out
+}
+
+/// Items in order and disjoint, segments covering the file exactly once, storages inside their
+/// items with byte lengths matching dtype and shape.
+fn check_cover(file: &[u8], layout: &FileLayout) {
+    assert_eq!(layout.len, file.len() as u64);
+    let mut at = 0;
+    for item in &layout.items {
+        assert!(item.range.start >= at, "{}", item.name);
+        for s in &item.storages {
+            assert!(item.range.start <= s.range.start && s.range.end <= item.range.end, "{}", s.name);
+        }
+        at = item.range.end;
+    }
+    let mut at = 0;
+    for (range, storage) in layout.segments() {
+        assert_eq!(range.start, at);
+        match storage {
+            Some(s) => {
+                let elements: u64 = s.shape.iter().product();
+                assert_eq!(range.end - range.start, elements * s.dtype.size() as u64, "{}", s.name);
+            }
+            None => assert!(range.end > range.start),
+        }
+        at = range.end;
+    }
+    assert_eq!(at, file.len() as u64);
+}
+
+/// Every shard torch wrote is found, named by fqn and chunk, with torch's dtype, shape and bytes.
+fn check_fixture(f: &Fixture) {
+    let expected = f.expected();
+    assert!(expected["torch_version"].as_str().expect("version").starts_with("2."));
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let tensors = expected["tensors"].as_array().expect("tensors");
+    let objects = expected["objects"].as_object().expect("objects");
+    assert_eq!(metadata.items.len(), tensors.len() + objects.len());
+    let found = storages(f, &metadata);
+    assert_eq!(found.len(), tensors.len());
+    for t in tensors {
+        let name = expected_name(t);
+        let (dtype, shape, bytes) = found.get(&name).unwrap_or_else(|| panic!("{name} not found"));
+        assert_eq!(Some(*dtype), dtype_of_torch(t["dtype"].as_str().expect("dtype")), "{name}");
+        assert_eq!(*shape, u64s(&t["sizes"]), "{name}");
+        assert_eq!(fnv1a64(bytes), t["fnv1a64"].as_str().expect("hash"), "{name}");
+    }
+    for fqn in objects.keys() {
+        let item = metadata.items.iter().find(|i| &i.fqn == fqn).unwrap_or_else(|| panic!("{fqn}"));
+        assert_eq!(item.kind, ItemKind::Bytes);
+        assert_eq!(item.name(), *fqn);
+    }
+    // Every item is understood (none opaque), and walking the archives without `.metadata`
+    // finds the same items and the same tensor bytes.
+    for (name, bytes) in f.files {
+        let layout = file_layout(bytes, &metadata, name).expect("layout");
+        assert!(layout.items.iter().all(|i| i.opaque.is_none()), "{name}");
+        let walked = walk_archives(bytes).expect("walk");
+        check_cover(bytes, &walked);
+        let ranges = |l: &FileLayout| l.items.iter().map(|i| i.range.clone()).collect::<Vec<_>>();
+        assert_eq!(ranges(&walked), ranges(&layout), "{name}");
+        let payloads =
+            |l: &FileLayout| l.layout().storages.iter().map(|s| (s.range.clone(), s.dtype)).collect::<Vec<_>>();
+        assert_eq!(payloads(&walked), payloads(&layout), "{name}");
+    }
+}
+
+#[test]
+fn two_ranks_every_shard_is_found_with_torchs_bytes() {
+    check_fixture(&epoch1());
+    check_fixture(&epoch2());
+}
+
+#[test]
+fn four_ranks_every_shard_is_found_including_empty_ones() {
+    let f = four_ranks();
+    check_fixture(&f);
+    // fc2 has 6 rows: on 4 ranks the last shard is empty, and DCP still writes it.
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let found = storages(&f, &metadata);
+    let (_, shape, bytes) = &found["model.fc2.weight[6:6,0:32]"];
+    assert_eq!((shape.as_slice(), bytes.len()), (&[0, 32][..], 0));
+}
+
+#[test]
+fn non_tensor_values_are_bytes_items() {
+    let f = objects();
+    check_fixture(&f);
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let step = metadata.items.iter().find(|i| i.fqn == "step").expect("step");
+    let layout = file_layout(f.file(&step.file), &metadata, &step.file).expect("layout");
+    let item = layout.items.iter().find(|i| i.name == "step").expect("step item");
+    assert!(item.storages.is_empty() && item.opaque.is_none());
+}
+
+#[test]
+fn successive_saves_name_their_items_alike() {
+    let names = |f: &Fixture| {
+        let mut n: Vec<(String, String)> =
+            parse_metadata(f.metadata).expect("metadata").items.iter().map(|i| (i.name(), i.file.clone())).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&epoch1()), names(&epoch2()));
+    // The epochs differ, but only a little: same sizes, other bytes.
+    let (e1, e2) = (epoch1(), epoch2());
+    let (m1, m2) = (parse_metadata(e1.metadata).expect("1"), parse_metadata(e2.metadata).expect("2"));
+    let (s1, s2) = (storages(&e1, &m1), storages(&e2, &m2));
+    let w = "model.fc1.weight[0:16,0:8]";
+    assert_eq!(s1[w].2.len(), s2[w].2.len());
+    assert_ne!(s1[w].2, s2[w].2);
+}
+
+#[test]
+fn dim0_shards_of_four_ranks_are_byte_ranges_of_the_two_rank_shards() {
+    // After a change of rank count the names differ (`[0:8,..]` and `[8:16,..]` against
+    // `[0:16,..]`), but a shard on dim 0 is a contiguous row range of the whole tensor.
+    let (two, four) = (epoch2(), four_ranks());
+    let s2 = storages(&two, &parse_metadata(two.metadata).expect("2"));
+    let s4 = storages(&four, &parse_metadata(four.metadata).expect("4"));
+    for fqn in ["model.fc1.weight", "optim.fc1.weight.exp_avg"] {
+        let whole = s2[&format!("{fqn}[0:16,0:8]")].2;
+        let halves = [s4[&format!("{fqn}[0:8,0:8]")].2, s4[&format!("{fqn}[8:16,0:8]")].2].concat();
+        assert_eq!(whole, &halves[..], "{fqn}");
+    }
+}
+
+#[test]
+fn huggingface_writer_output_is_safetensors_with_the_shards() {
+    let files: [&[u8]; 2] = [
+        include_bytes!("../../../tests/fixtures/dcp/hf_2ranks/shard-00001-model-00001-of-00001.safetensors"),
+        include_bytes!("../../../tests/fixtures/dcp/hf_2ranks/shard-00002-model-00001-of-00001.safetensors"),
+    ];
+    let expected: Json = serde_json::from_str(include_str!("../../../tests/fixtures/dcp/hf_2ranks.expected.json"))
+        .expect("expected.json");
+    // Rank r's file holds rank r's chunk of every tensor, under the plain fqn.
+    for (rank, file) in files.iter().enumerate() {
+        let header = crate::safetensors::parse(file).expect("safetensors");
+        let chunks: Vec<&Json> =
+            expected["tensors"].as_array().expect("tensors").chunks(2).map(|per_rank| &per_rank[rank]).collect();
+        assert_eq!(header.tensors.len(), chunks.len());
+        for t in chunks {
+            let fqn = t["fqn"].as_str().expect("fqn");
+            let info = header.tensors.iter().find(|i| i.name == fqn).unwrap_or_else(|| panic!("{fqn}"));
+            assert_eq!(info.shape, u64s(&t["sizes"]), "{fqn}");
+            assert_eq!(fnv1a64(&file[info.begin as usize..info.end as usize]), t["fnv1a64"].as_str().expect("hash"));
+        }
+    }
+}
+
+#[test]
+fn the_torch_save_reader_still_refuses_dcp_classes() {
+    // Backwards compatibility: `data.pkl` of a torch.save archive accepts no DCP global.
+    assert!(pickle::read(epoch1().metadata).is_err());
+    assert!(pickle::read_with_classes(epoch1().metadata, METADATA_CLASSES).is_ok());
+}
+
+#[test]
+fn every_truncation_of_metadata_is_an_error() {
+    let m = epoch1().metadata;
+    // Every third length (every one takes seconds in a debug build), and every one near the end.
+    for len in (0..m.len()).step_by(3).chain(m.len().saturating_sub(64)..m.len()) {
+        assert!(parse_metadata(&m[..len]).is_err(), "{len} bytes");
+    }
+}
+
+#[test]
+fn a_foreign_global_in_metadata_is_an_error() {
+    // Same length, another module: nothing is looked up beyond the list.
+    let m = epoch1().metadata;
+    let needle = b"torch.distributed.checkpoint.filesystem";
+    let at = m.windows(needle.len()).position(|w| w == needle).expect("module name");
+    let mut evil = m.to_vec();
+    evil[at..at + needle.len()].copy_from_slice(b"subprocess.xxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+    assert!(matches!(parse_metadata(&evil), Err(Error::Pickle(_))));
+}
+
+#[test]
+fn items_past_the_end_or_overlapping_are_errors() {
+    let f = epoch1();
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let file = f.file("__0_0.distcp");
+    // Truncated file: the last item runs past its end.
+    for cut in [1, 100, file.len() / 2] {
+        assert!(matches!(file_layout(&file[..file.len() - cut], &metadata, "__0_0.distcp"), Err(Error::Items { .. })));
+    }
+    let mut damaged = metadata.clone();
+    let second = damaged.items.iter().position(|i| i.file == "__0_0.distcp" && i.range.start > 0).expect("second item");
+    damaged.items[second].range.start -= 1;
+    assert!(matches!(file_layout(file, &damaged, "__0_0.distcp"), Err(Error::Items { .. })));
+    let mut huge = metadata.clone();
+    huge.items[second].range.end = u64::MAX;
+    assert!(matches!(file_layout(file, &huge, "__0_0.distcp"), Err(Error::Items { .. })));
+    // Two items of one name (parse_metadata refuses them; a caller's table might not).
+    let mut twice = metadata.clone();
+    for item in twice.items.iter_mut().filter(|i| i.file == "__0_0.distcp") {
+        if let Some(moment) = item.fqn.strip_suffix("exp_avg_sq") {
+            item.fqn = format!("{moment}exp_avg");
+        }
+    }
+    assert!(matches!(file_layout(file, &twice, "__0_0.distcp"), Err(Error::Items { .. })));
+    // A file the metadata does not mention has no items: all of it is opaque.
+    let layout = file_layout(file, &metadata, "__9_0.distcp").expect("layout");
+    assert_eq!(layout.segments(), vec![(0..file.len() as u64, None)]);
+}
+
+#[test]
+fn a_damaged_or_mismatched_item_is_opaque_and_the_rest_still_found() {
+    let f = epoch1();
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let file = f.file("__0_0.distcp");
+    let first = metadata.items_in("__0_0.distcp").next().expect("item").clone();
+    let mut damaged = file.to_vec();
+    damaged[first.range.start as usize] ^= 0xff;
+    let layout = file_layout(&damaged, &metadata, "__0_0.distcp").expect("layout");
+    assert!(layout.items[0].opaque.is_some() && layout.items[0].storages.is_empty());
+    assert!(layout.items[1..].iter().all(|i| i.opaque.is_none() && i.storages.len() == 1));
+    check_cover(&damaged, &layout);
+    // .metadata saying another dtype or shape than the archive holds: opaque too.
+    let mut other = metadata.clone();
+    let i = other.items.iter().position(|i| i.name() == first.name()).expect("first");
+    if let ItemKind::Tensor { dtype, sizes, .. } = &mut other.items[i].kind {
+        *dtype = Some(Dtype::Bf16);
+        sizes[0] += 1;
+    }
+    let layout = file_layout(file, &other, "__0_0.distcp").expect("layout");
+    assert!(layout.items[0].opaque.is_some());
+    // Transformed items (a storage extension such as compression) are opaque.
+    let mut transformed = metadata.clone();
+    transformed.items[i].transformed = true;
+    assert!(file_layout(file, &transformed, "__0_0.distcp").expect("layout").items[0].opaque.is_some());
+}
+
+#[test]
+fn walking_damaged_runs_of_archives_is_an_error_not_a_panic() {
+    let file = epoch1().file("__1_0.distcp");
+    let ends: HashSet<usize> = walk_archives(file).expect("walk").items.iter().map(|i| i.range.end as usize).collect();
+    for len in (1..file.len()).step_by(7).filter(|len| !ends.contains(len)) {
+        assert!(walk_archives(&file[..len]).is_err(), "{len} bytes");
+    }
+    let mut junk = file.to_vec();
+    junk.extend(b"trailing bytes");
+    assert!(walk_archives(&junk).is_err());
+    assert_eq!(walk_archives(b"").expect("empty").items, vec![]);
+}
+
+#[test]
+fn relative_paths_must_stay_inside_the_directory() {
+    for ok in ["__0_0.distcp", "sub/__0_0.distcp"] {
+        assert!(plain_relative(ok), "{ok}");
+    }
+    for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\\b"] {
+        assert!(!plain_relative(bad), "{bad}");
+    }
+}
