@@ -20,6 +20,9 @@ pub mod sparse;
 pub mod xor_delta;
 pub mod zstd_block;
 
+#[cfg(test)]
+mod golden_containers;
+
 pub use chunk::{decode_chunk, encode_chunk, ChunkHeader, GroupEntry};
 pub use select::Options;
 
