@@ -19,7 +19,7 @@ pub struct ShowArgs {
 
 fn mix(m: &MethodCounts) -> String {
     let parts: Vec<String> =
-        [("raw", m.raw), ("zero", m.zero), ("huff", m.huffman), ("zstd", m.zstd), ("sparse", m.sparse)]
+        [("raw", m.raw), ("zero", m.zero), ("huff", m.huffman), ("zstd", m.zstd), ("sparse", m.sparse), ("rans", m.rans)]
             .iter()
             .filter(|(_, n)| *n > 0)
             .map(|(name, n)| format!("{name} {n}"))
