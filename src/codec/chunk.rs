@@ -858,7 +858,11 @@ mod tests {
                 if i % 2 == 0 {
                     return s as u8;
                 }
-                e = match s % 8 { 0 => e.saturating_sub(1).max(0x38), 1 => (e + 1).min(0x3F), _ => e };
+                e = match s % 8 {
+                    0 => e.saturating_sub(1).max(0x38),
+                    1 => (e + 1).min(0x3F),
+                    _ => e,
+                };
                 e
             })
             .collect();

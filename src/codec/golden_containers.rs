@@ -71,7 +71,9 @@ impl Golden {
 fn mixed_segments(seed: u64) -> Vec<(Vec<u8>, Option<Dtype>)> {
     let mut text = Vec::new();
     for i in 0..150 {
-        text.extend_from_slice(format!("{{\"layer.{i}.weight\":{{\"dtype\":\"BF16\",\"shape\":[64,64]}}}},").as_bytes());
+        text.extend_from_slice(
+            format!("{{\"layer.{i}.weight\":{{\"dtype\":\"BF16\",\"shape\":[64,64]}}}},").as_bytes(),
+        );
     }
     let mut mostly_zero = vec![0u8; 8192];
     for (i, s) in xorshift(seed ^ 9).take(120).enumerate() {
@@ -146,8 +148,8 @@ fn methods_of(version: u16) -> &'static [Method] {
 
 fn write(golden: &Golden) -> Vec<u8> {
     let original = golden.original();
-    let mut w =
-        ContainerWriter::new(Vec::new(), FileKind::Bytes, original.len() as u64, golden.options.clone()).expect("writer");
+    let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, original.len() as u64, golden.options.clone())
+        .expect("writer");
     let mut at = 0;
     for (bytes, dtype) in &golden.segments {
         let reference = golden.reference.as_ref().map(|r| &r[at..at + bytes.len()]);

@@ -552,7 +552,8 @@ mod tests {
 
     #[test]
     fn corrupt_payloads_are_rejected_or_decode_without_panic() {
-        let group: Vec<u8> = crate::test_data::xorshift(3).take(20_000).map(|s| (s % 5) as u8 * (s % 3) as u8).collect();
+        let group: Vec<u8> =
+            crate::test_data::xorshift(3).take(20_000).map(|s| (s % 5) as u8 * (s % 3) as u8).collect();
         let mut out = Vec::new();
         assert!(encode(&group, 15, &mut out).unwrap());
         let mut back = vec![0; group.len()];
