@@ -382,7 +382,7 @@ fn main() -> Result<(), Error> {
     // rANS streams: plain byte groups (exponents: with contexts) and XOR groups (order-0).
     let mut rans_groups = 0;
     for (tname, a, b, layout) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
-        for (kind, reference, contexts) in [("plain", None, rans::MAX_CONTEXTS), ("xor", Some(a), 0)] {
+        for (kind, reference, contexts) in [("plain", None, rans::MAX_CONTEXTS), ("xor", Some(&a[..]), 0)] {
             for (g, group) in groups(b, reference, layout)?.iter().enumerate() {
                 let mut coded = Vec::new();
                 if rans::encode(group, contexts, &mut coded)? {
