@@ -14,6 +14,7 @@
 pub mod byte_group;
 pub mod chunk;
 pub mod container;
+pub mod cross_precision;
 pub mod huffman;
 pub mod rans;
 pub mod select;

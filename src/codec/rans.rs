@@ -208,6 +208,30 @@ pub fn estimate(group: &[u8], max_contexts: usize) -> usize {
     build_model(group, max_contexts.min(MAX_CONTEXTS)).1
 }
 
+/// Order-1 entropy of `group` in bits: the information of each byte given the byte before it
+/// (the first byte given a 0), with one table per previous byte value and table costs not
+/// counted: the bound for any coder whose context is the previous byte (`ckpt stats`).
+pub fn order1_entropy_bits(group: &[u8]) -> f64 {
+    PAIRS.with(|cell| {
+        let mut pairs = cell.borrow_mut();
+        pairs.clear();
+        pairs.resize(256 * 256, 0);
+        let mut prev = 0usize;
+        for &b in group {
+            pairs[prev * 256 + b as usize] += 1;
+            prev = b as usize;
+        }
+        let mut bits = 0.0;
+        for row in pairs.chunks_exact(256) {
+            let total: f64 = row.iter().map(|&c| f64::from(c)).sum();
+            for &c in row.iter().filter(|&&c| c > 0) {
+                bits += f64::from(c) * (total / f64::from(c)).log2();
+            }
+        }
+        bits
+    })
+}
+
 /// Estimated order-0 payload size in bytes from a group's histogram: the entropy, the tables
 /// (about 1.5 bytes per symbol present) and the fixed fields. Cheap: no model is built.
 pub fn order0_estimate(stats: &super::select::GroupStats) -> f64 {
@@ -515,6 +539,15 @@ mod tests {
         let order0 = round_trip(&group, 0).unwrap();
         let order1 = round_trip(&group, 15).unwrap();
         assert!((order1 as f64) < 0.7 * order0 as f64, "order-1 {order1} vs order-0 {order0}");
+    }
+
+    #[test]
+    fn order1_entropy_sees_what_order0_cannot() {
+        let alternating: Vec<u8> = (0..1000).map(|i| if i % 2 == 0 { 1 } else { 2 }).collect();
+        assert!(order1_entropy_bits(&alternating) < 1e-9, "each byte follows from the one before");
+        let stats = crate::codec::select::GroupStats::of(&alternating);
+        assert!((stats.entropy_bits() - 1000.0).abs() < 1e-9);
+        assert_eq!(order1_entropy_bits(&[]), 0.0);
     }
 
     #[test]
