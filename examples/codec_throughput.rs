@@ -4,6 +4,9 @@
 //! `{"size": stored_bytes, "comp_s": seconds, "decomp_s": seconds, "ok": bool}`.
 //! Used by benches/compare.py. `codec_throughput FILE THREADS [SKIP_AFTER_RAW [RAW_FRACTION]]`
 //!
+//! With `CKPT_LEVEL=max` it compresses at [`ckpt::codec::Level::Max`]; `CKPT_CHUNK_KIB=K` sets
+//! the chunk size; `CKPT_RANS_GAIN=0` turns rANS off at the default level (for A/B runs).
+//!
 //! With `CKPT_BENCH_REPEAT=R` it runs R compressions, then R decompressions, into the same
 //! buffers and reports the median of each (the first run also pays the page faults of fresh
 //! buffers, which on the project's VM cost as much as the codec itself and vary run to run).
@@ -30,6 +33,15 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     if let Some(raw_fraction) = args.next() {
         options.raw_fraction = raw_fraction.parse()?;
+    }
+    if let Ok(kib) = std::env::var("CKPT_CHUNK_KIB") {
+        options.chunk_size = kib.parse::<usize>()? << 10;
+    }
+    if let Ok(gain) = std::env::var("CKPT_RANS_GAIN") {
+        options.rans_gain = gain.parse()?;
+    }
+    if let Ok(level) = std::env::var("CKPT_LEVEL") {
+        options.level = level.parse()?;
     }
     let repeat: usize = std::env::var("CKPT_BENCH_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let data = std::fs::read(&path)?;

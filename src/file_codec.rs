@@ -127,11 +127,16 @@ pub struct GroupReport {
     pub raw_bytes: u64,
     /// Stored bytes.
     pub stored_bytes: u64,
-    /// Chunks coded with each method, indexed by method tag: raw, zero, huffman, zstd, sparse.
+    /// Chunks coded with each method, indexed by method tag: raw, zero, huffman, zstd, sparse,
+    /// rans.
     pub methods: [u64; Method::ALL.len()],
     /// Order-0 entropy of the group, computed per chunk and summed, in bytes: the bound for a
     /// per-chunk byte coder.
     pub entropy_bytes: f64,
+    /// Order-1 entropy of the group (each byte given the one before it, one table per previous
+    /// value, table costs not counted), computed per chunk and summed, in bytes: the bound for
+    /// rANS with the previous byte as context (`--level max` gets near it on exponent groups).
+    pub order1_entropy_bytes: f64,
 }
 
 /// Totals for a container.
@@ -148,7 +153,7 @@ pub struct Report {
 }
 
 /// Decodes every chunk of `container` (in parallel) and reports, per dtype and byte group, the
-/// methods chosen, stored bytes and the order-0 entropy of the original group bytes.
+/// methods chosen, stored bytes and the order-0 and order-1 entropy of the original group bytes.
 pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
     use crate::codec::{byte_group, select::GroupStats, Layout};
     use rayon::prelude::*;
@@ -179,6 +184,8 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
                         stored_bytes: e.stored_len as u64,
                         methods,
                         entropy_bytes: GroupStats::of(&grouped[g * n..(g + 1) * n]).entropy_bits() / 8.0,
+                        order1_entropy_bytes: crate::codec::rans::order1_entropy_bits(&grouped[g * n..(g + 1) * n])
+                            / 8.0,
                     };
                     ((code, g), report)
                 })
@@ -195,6 +202,7 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         t.raw_bytes += r.raw_bytes;
         t.stored_bytes += r.stored_bytes;
         t.entropy_bytes += r.entropy_bytes;
+        t.order1_entropy_bytes += r.order1_entropy_bytes;
         for (a, b) in t.methods.iter_mut().zip(r.methods) {
             *a += b;
         }

@@ -6,9 +6,9 @@
 //! [`ChunkHeader`] (method and stored length per group) is kept apart from the payload so that
 //! containers can put all headers in one index, readable without touching the data.
 
-use super::select::{predict_with_stats, Options, Selection, MAX_CHUNK_SIZE};
+use super::select::{predict_with_stats, Level, Options, Selection, MAX_CHUNK_SIZE};
 use super::xor_delta::xor_in_place;
-use super::{byte_group, huffman, sparse, zstd_block, Error, Layout, Method, Result};
+use super::{byte_group, huffman, rans, sparse, zstd_block, Error, Layout, Method, Result};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -62,7 +62,7 @@ impl ChunkHeader {
             let ok = match e.method {
                 Method::Raw => e.stored_len as usize == group_len,
                 Method::Zero => e.stored_len == 0,
-                Method::Huffman | Method::Zstd | Method::Sparse => (e.stored_len as usize) < group_len,
+                Method::Huffman | Method::Zstd | Method::Sparse | Method::Rans => (e.stored_len as usize) < group_len,
             };
             if !ok {
                 return Err(Error::Corrupt(format!(
@@ -108,6 +108,7 @@ fn code_group_counted(
         // A group too dense for tokens to pay may still have long zero runs: plain zstd.
         Method::Sparse if sparse::encode(group, options.zstd_level, out)? => true,
         Method::Sparse => return code_group_counted(group, Method::Zstd, histogram, options, out),
+        Method::Rans => rans::encode(group, rans::MAX_CONTEXTS, out)?,
     };
     if coded {
         return Ok(method);
@@ -155,7 +156,7 @@ fn code_group_exhaustive(group: &[u8], options: &Options, out: &mut Vec<u8>) -> 
     let start = out.len();
     let mut best = (Method::Raw, group.len());
     let mut trial = Vec::new();
-    for method in [Method::Huffman, Method::Zstd, Method::Sparse] {
+    for method in [Method::Huffman, Method::Zstd, Method::Sparse, Method::Rans] {
         trial.clear();
         if code_group(group, method, options, &mut trial)? == method && trial.len() < best.1 {
             best = (method, trial.len());
@@ -168,6 +169,60 @@ fn code_group_exhaustive(group: &[u8], options: &Options, out: &mut Vec<u8>) -> 
         out.extend_from_slice(group);
     }
     Ok(best.0)
+}
+
+thread_local! {
+    /// A rANS payload being tried against the group's first coding.
+    static TRIAL: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// After `group` was coded with `chosen` into `out[start..]`, tries rANS where it may win and
+/// keeps it (replacing `out[start..]`) when it is smaller; returns whether it did.
+///
+/// At [`Level::Max`] every group that is not all zero is tried, with up to 15 contexts. At the
+/// default level, rANS is only tried order-0 (cheap to build and fast to decode) and only where
+/// the histogram predicts a clear win over what the group already costs: a group whose order-0
+/// entropy plus table is under [`Options::rans_gain`] of the stored size. That is where Huffman's
+/// one-bit floor or zstd's overhead on mostly-zero groups (late-training deltas) bites; on
+/// ordinary exponent groups Huffman is within a few percent of the entropy and nothing is tried.
+fn rans_trial(
+    group: &[u8],
+    chosen: Method,
+    stats: Option<&super::select::GroupStats>,
+    options: &Options,
+    start: usize,
+    out: &mut Vec<u8>,
+) -> Result<bool> {
+    let stored = out.len() - start;
+    let max_contexts = match (options.level, chosen) {
+        (_, Method::Zero) => return Ok(false),
+        (Level::Max, _) => rans::MAX_CONTEXTS,
+        (Level::Default, Method::Raw) => return Ok(false),
+        (Level::Default, _) => {
+            let owned;
+            let stats = match stats {
+                Some(s) => s,
+                None => {
+                    owned = super::select::GroupStats::of(group);
+                    &owned
+                }
+            };
+            if rans::order0_estimate(stats) >= options.rans_gain * stored as f64 {
+                return Ok(false);
+            }
+            0
+        }
+    };
+    TRIAL.with(|cell| {
+        let mut trial = cell.borrow_mut();
+        trial.clear();
+        if rans::encode(group, max_contexts, &mut trial)? && trial.len() < stored {
+            out.truncate(start);
+            out.extend_from_slice(&trial);
+            return Ok(true);
+        }
+        Ok(false)
+    })
 }
 
 /// A source of XOR-delta reference bytes that holds them in grouped form. A stored delta chain
@@ -313,6 +368,10 @@ pub fn encode_chunk(
                         }
                         _ => code_group_counted(group, predicted, histogram, options, out)?,
                     };
+                    let chosen = match rans_trial(group, chosen, stats.as_ref(), options, start, out)? {
+                        true => Method::Rans,
+                        false => chosen,
+                    };
                     if chosen == Method::Raw {
                         skip.0[g] = options.skip_after_raw;
                     }
@@ -376,6 +435,7 @@ pub fn decode_chunk(
                 Method::Huffman => huffman::decode(stored, buf)?,
                 Method::Zstd => zstd_block::decode(stored, buf)?,
                 Method::Sparse => sparse::decode(stored, buf, false)?,
+                Method::Rans => rans::decode(stored, buf)?,
             }
             slots.push(buf);
         }
@@ -409,10 +469,10 @@ pub fn decode_chunk_groups(
             (Method::Zero, false) => group.fill(0),
             (Method::Raw, false) => group.copy_from_slice(stored),
             (Method::Raw, true) => xor_in_place(group, stored),
-            (Method::Huffman | Method::Zstd, false) => decode_group(e.method, stored, group)?,
+            (Method::Huffman | Method::Zstd | Method::Rans, false) => decode_group(e.method, stored, group)?,
             // Tokens touch only the bytes that change: no scratch, no full-group XOR.
             (Method::Sparse, xor_into) => sparse::decode(stored, group, xor_into)?,
-            (Method::Huffman | Method::Zstd, true) => with_group_scratch(n, |tmp| {
+            (Method::Huffman | Method::Zstd | Method::Rans, true) => with_group_scratch(n, |tmp| {
                 decode_group(e.method, stored, tmp)?;
                 xor_in_place(group, tmp);
                 Ok(())
@@ -426,7 +486,8 @@ fn decode_group(method: Method, stored: &[u8], out: &mut [u8]) -> Result<()> {
     match method {
         Method::Huffman => huffman::decode(stored, out),
         Method::Zstd => zstd_block::decode(stored, out),
-        Method::Raw | Method::Zero | Method::Sparse => unreachable!("only Huffman and zstd groups come here"),
+        Method::Rans => rans::decode(stored, out),
+        Method::Raw | Method::Zero | Method::Sparse => unreachable!("only Huffman, zstd and rANS groups come here"),
     }
 }
 
@@ -555,6 +616,7 @@ mod tests {
             Just(Selection::Only(Method::Huffman)),
             Just(Selection::Only(Method::Zstd)),
             Just(Selection::Only(Method::Sparse)),
+            Just(Selection::Only(Method::Rans)),
             Just(Selection::Only(Method::Raw)),
             Just(Selection::Only(Method::Zero)),
         ]
@@ -564,13 +626,14 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
         fn chunk_round_trip(layout in layouts(), elems in 0usize..3000, seed in any::<u64>(), zero_every in 0usize..4,
-                            delta in any::<bool>(), selection in selections()) {
+                            delta in any::<bool>(), selection in selections(), max in any::<bool>()) {
             let len = elems * layout.width;
             let input = weights(seed, len, zero_every);
             let mut reference = input.clone();
             for (i, b) in reference.iter_mut().enumerate() { if i % 7 == 0 { *b ^= 1 } }
             let r = delta.then_some(reference.as_slice());
-            let options = Options { selection, ..Options::default() };
+            let level = if max { Level::Max } else { Level::Default };
+            let options = Options { selection, level, ..Options::default() };
             let mut payload = Vec::new();
             let header = encode_chunk(Data::Bytes(&input), r.map(Reference::Bytes), layout, &options, &mut SkipState::default(), &mut payload).unwrap();
             prop_assert_eq!(header.stored_len(), payload.len() as u64);
@@ -747,6 +810,67 @@ mod tests {
         let mut out = vec![0u8; base.len()];
         byte_group::regroup(&groups, None, layout, &mut out).unwrap();
         assert_eq!(&out, versions.last().unwrap());
+    }
+
+    /// The default level takes rANS for a group that is almost all zeros (below Huffman's and
+    /// zstd's floors), and leaves ordinary weight groups to Huffman; the max level takes rANS
+    /// with contexts where it is smaller.
+    #[test]
+    fn levels_choose_rans_where_it_wins() {
+        let layout = Layout { width: 2, extract_exponent: true };
+        let code = |input: &[u8], reference: Option<&[u8]>, level| {
+            let options = Options { level, ..Options::default() };
+            let mut payload = Vec::new();
+            let header = encode_chunk(
+                Data::Bytes(input),
+                reference.map(Reference::Bytes),
+                layout,
+                &options,
+                &mut SkipState::default(),
+                &mut payload,
+            )
+            .unwrap();
+            let mut back = vec![0; input.len()];
+            decode_chunk(&payload, &header, layout, reference, &mut back).unwrap();
+            assert_eq!(back, input);
+            (header.groups().iter().map(|g| g.method).collect::<Vec<_>>(), payload.len())
+        };
+        let base = weights(21, 1 << 18, 0);
+        // Late training: one element in 300 changes its low mantissa bits.
+        let mut next = base.clone();
+        for (i, s) in crate::test_data::xorshift(4).take(next.len() / 2).enumerate() {
+            if s % 300 == 0 {
+                next[2 * i] ^= ((s >> 20) as u8 & 0x7F) | 1;
+            }
+        }
+        let (methods, delta_size) = code(&next, Some(&base), Level::Default);
+        assert_eq!(methods, [Method::Rans, Method::Zero], "sparse delta");
+        let (methods, _) = code(&base, None, Level::Default);
+        assert!(!methods.contains(&Method::Rans), "ordinary weights: {methods:?}");
+        let (_, max_delta) = code(&next, Some(&base), Level::Max);
+        assert!(max_delta <= delta_size);
+        // Exponents that follow their neighbour: the max level codes them with context.
+        let mut e = 0x3Cu8;
+        let correlated: Vec<u8> = crate::test_data::xorshift(8)
+            .take(1 << 18)
+            .enumerate()
+            .map(|(i, s)| {
+                if i % 2 == 0 {
+                    return s as u8;
+                }
+                e = match s % 8 {
+                    0 => e.saturating_sub(1).max(0x38),
+                    1 => (e + 1).min(0x3F),
+                    _ => e,
+                };
+                e
+            })
+            .collect();
+        let (default_methods, default_size) = code(&correlated, None, Level::Default);
+        let (max_methods, max_size) = code(&correlated, None, Level::Max);
+        assert_eq!(default_methods[1], Method::Huffman);
+        assert_eq!(max_methods[1], Method::Rans);
+        assert!((max_size as f64) < 0.95 * default_size as f64, "{max_size} vs {default_size}");
     }
 
     /// Text (a safetensors JSON header) is zstd-coded: order-0 Huffman cannot see its repeats.

@@ -5,7 +5,7 @@
 //! 2. exponent extraction for floats and byte grouping ([`byte_group`]),
 //! 3. per byte group, a [`Method`] picked from cheap statistics ([`select`]) and applied:
 //!    [`huffman`] (zstd's huff0, entropy coding only), [`zstd_block`], zero-run tokens then zstd
-//!    ([`sparse`]), all-zero truncation or raw,
+//!    ([`sparse`]), rANS with an order-1 context ([`rans`]), all-zero truncation or raw,
 //! 4. framing: [`container`] writes chunk tables and a whole-file container with a chunk index.
 //!
 //! This layer is pure: bytes in, bytes out. It never opens files and never panics on untrusted
@@ -14,14 +14,19 @@
 pub mod byte_group;
 pub mod chunk;
 pub mod container;
+pub mod cross_precision;
 pub mod huffman;
+pub mod rans;
 pub mod select;
 pub mod sparse;
 pub mod xor_delta;
 pub mod zstd_block;
 
+#[cfg(test)]
+mod golden_containers;
+
 pub use chunk::{decode_chunk, encode_chunk, ChunkHeader, GroupEntry};
-pub use select::Options;
+pub use select::{Level, Options};
 
 use crate::dtype::Dtype;
 use std::ops::Range;
@@ -115,11 +120,16 @@ pub enum Method {
     /// The zero-run tokens of the group ([`sparse`]) as a zstd frame, after their length
     /// (u32 LE): for groups that are mostly zero, such as XOR deltas late in training.
     Sparse = 4,
+    /// rANS with 12-bit frequency tables, order-0 or with the previous byte as context
+    /// ([`rans`]): below one bit per byte for mostly-zero groups, below the order-0 entropy for
+    /// exponents whose neighbours agree. Added in container format 4.
+    Rans = 5,
 }
 
 impl Method {
     /// All methods, in tag order.
-    pub const ALL: [Method; 5] = [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse];
+    pub const ALL: [Method; 6] =
+        [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse, Method::Rans];
 
     /// Lowercase name for tables and JSON.
     pub fn name(self) -> &'static str {
@@ -129,6 +139,7 @@ impl Method {
             Method::Huffman => "huffman",
             Method::Zstd => "zstd",
             Method::Sparse => "sparse",
+            Method::Rans => "rans",
         }
     }
 }
@@ -142,6 +153,7 @@ impl TryFrom<u8> for Method {
             2 => Ok(Method::Huffman),
             3 => Ok(Method::Zstd),
             4 => Ok(Method::Sparse),
+            5 => Ok(Method::Rans),
             other => Err(Error::Corrupt(format!("unknown method tag {other}"))),
         }
     }
@@ -216,10 +228,10 @@ mod tests {
     #[test]
     fn method_tags_are_pinned() {
         let tags: Vec<(u8, &str)> = Method::ALL.iter().map(|m| (*m as u8, m.name())).collect();
-        assert_eq!(tags, vec![(0, "raw"), (1, "zero"), (2, "huffman"), (3, "zstd"), (4, "sparse")]);
+        assert_eq!(tags, vec![(0, "raw"), (1, "zero"), (2, "huffman"), (3, "zstd"), (4, "sparse"), (5, "rans")]);
         for m in Method::ALL {
             assert_eq!(Method::try_from(m as u8).unwrap(), m);
         }
-        assert!(Method::try_from(5).is_err());
+        assert!(Method::try_from(6).is_err());
     }
 }

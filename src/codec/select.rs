@@ -35,6 +35,39 @@ pub enum Selection {
     Only(Method),
 }
 
+/// How hard the coder works for ratio.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// Today's speed targets: rANS only where statistics predict a clear win, order-0.
+    #[default]
+    Default,
+    /// Every group that is not all zero is also tried with rANS with up to 15 order-1
+    /// contexts, and the smaller coding kept: slower to compress, decodes at rANS speed.
+    Max,
+}
+
+impl Level {
+    /// The level's name in the CLI and config (`default`, `max`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Default => "default",
+            Level::Max => "max",
+        }
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = super::Error;
+    fn from_str(s: &str) -> Result<Level, super::Error> {
+        match s {
+            "default" => Ok(Level::Default),
+            "max" => Ok(Level::Max),
+            other => Err(super::Error::InvalidInput(format!("unknown compression level {other:?} (default, max)"))),
+        }
+    }
+}
+
 /// Codec settings. `Default` gives the tuned values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
@@ -57,6 +90,11 @@ pub struct Options {
     /// After a group is stored raw, the same group of this many following chunks (of the same
     /// stripe) is stored raw without looking at it. 0 disables skipping.
     pub skip_after_raw: u32,
+    /// How hard to work for ratio (see [`Level`]).
+    pub level: Level,
+    /// At the default level, rANS is tried on a group when its estimated order-0 size is below
+    /// this fraction of what the chosen method stored.
+    pub rans_gain: f64,
 }
 
 /// Largest chunk size the container accepts; bounds every decode buffer.
@@ -76,6 +114,8 @@ impl Default for Options {
             zstd_literal_penalty: 1.20,
             raw_fraction: 0.985,
             skip_after_raw: 8,
+            level: Level::Default,
+            rans_gain: 0.85,
         }
     }
 }

@@ -84,6 +84,9 @@ pub struct Config {
     pub chunk_size: usize,
     /// zstd level for groups coded with zstd.
     pub zstd_level: i32,
+    /// `default` or `max` ([`crate::codec::Level`]): `max` tries rANS with context on every
+    /// byte group (smaller, slower to commit).
+    pub compression_level: crate::codec::Level,
     /// When `ckpt commit` turns the parent's blobs into deltas (`reverse` policy). The library's
     /// [`super::Repo::commit`] does it inline unless told otherwise
     /// ([`super::CommitOptions::defer_deltas`]).
@@ -97,6 +100,7 @@ impl Default for Config {
             delta_policy: DeltaPolicy::Reverse,
             chunk_size: Options::default().chunk_size,
             zstd_level: Options::default().zstd_level,
+            compression_level: crate::codec::Level::Default,
             compact: Compaction::Background,
         }
     }
@@ -142,6 +146,11 @@ impl Config {
 
     /// Codec options for new objects.
     pub fn codec_options(&self) -> Options {
-        Options { chunk_size: self.chunk_size, zstd_level: self.zstd_level, ..Options::default() }
+        Options {
+            chunk_size: self.chunk_size,
+            zstd_level: self.zstd_level,
+            level: self.compression_level,
+            ..Options::default()
+        }
     }
 }

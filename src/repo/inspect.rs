@@ -22,6 +22,8 @@ pub struct MethodCounts {
     pub zstd: u64,
     /// Groups coded as sparse tokens (zstd).
     pub sparse: u64,
+    /// rANS-coded groups.
+    pub rans: u64,
 }
 
 impl MethodCounts {
@@ -32,6 +34,7 @@ impl MethodCounts {
             Method::Huffman => self.huffman += 1,
             Method::Zstd => self.zstd += 1,
             Method::Sparse => self.sparse += 1,
+            Method::Rans => self.rans += 1,
         }
     }
     fn add(&mut self, o: &MethodCounts) {
@@ -40,10 +43,11 @@ impl MethodCounts {
         self.huffman += o.huffman;
         self.zstd += o.zstd;
         self.sparse += o.sparse;
+        self.rans += o.rans;
     }
     /// Total groups counted.
     pub fn total(&self) -> u64 {
-        self.raw + self.zero + self.huffman + self.zstd + self.sparse
+        self.raw + self.zero + self.huffman + self.zstd + self.sparse + self.rans
     }
 }
 

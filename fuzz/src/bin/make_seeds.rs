@@ -3,13 +3,13 @@
 //! makes of them, the objects a real commit stores (blobs, manifests, versions), the pointers
 //! and filter-protocol sessions of a real `git add`/`git checkout` through `ckpt git
 //! filter-process`, the torch.save fixtures and their pickles, the torch.distributed.checkpoint
-//! fixtures' `.metadata` and `.distcp` files, and Huffman and sparse streams.
+//! fixtures' `.metadata` and `.distcp` files, and Huffman, sparse and rANS streams.
 //! Deterministic except for the git transcripts' temp paths (none are recorded).
 //!
 //! Usage: make_seeds OUT_DIR CKPT_BINARY (fuzz/make_seeds.sh builds both and passes them).
 
 use ckpt::codec::container::{ContainerWriter, FileKind};
-use ckpt::codec::{byte_group, huffman, sparse, Layout, Options};
+use ckpt::codec::{byte_group, huffman, rans, sparse, Layout, Options};
 use ckpt::file_codec::{self, Format};
 use ckpt::repo::{CommitOptions, Repo};
 use ckpt::store::{ObjectHeader, ObjectKind, Store, HEADER_LEN};
@@ -394,6 +394,27 @@ fn main() -> Result<(), Error> {
     }
     if sparse_groups == 0 {
         return Err("no XOR byte group sparse-coded".into());
+    }
+
+    // rANS streams: plain byte groups (exponents: with contexts) and XOR groups (order-0).
+    let mut rans_groups = 0;
+    for (tname, a, b, layout) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
+        for (kind, reference, contexts) in [("plain", None, rans::MAX_CONTEXTS), ("xor", Some(&a[..]), 0)] {
+            for (g, group) in groups(b, reference, layout)?.iter().enumerate() {
+                let mut coded = Vec::new();
+                if rans::encode(group, contexts, &mut coded)? {
+                    corpus.put(
+                        "rans_decode",
+                        &format!("{tname}-{kind}-group{g}.rans"),
+                        &length_prefixed(group.len(), &coded),
+                    )?;
+                    rans_groups += 1;
+                }
+            }
+        }
+    }
+    if rans_groups == 0 {
+        return Err("no byte group rANS-coded".into());
     }
 
     // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 8), then

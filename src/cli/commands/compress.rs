@@ -24,6 +24,10 @@ pub struct CompressArgs {
     /// Chunk size in KiB: a power of two from 4 to 4096.
     #[arg(long, default_value_t = Options::default().chunk_size / 1024)]
     chunk_kib: usize,
+    /// Compression level: default, or max (rANS with context on every byte group: smaller,
+    /// slower to compress).
+    #[arg(long, default_value = "default", value_parser = ["default", "max"])]
+    level: String,
 }
 
 /// Runs `ckpt compress`.
@@ -35,8 +39,12 @@ pub fn run(ui: &Ui, args: CompressArgs) -> Result<()> {
         _ if args.input.extension().is_some_and(|e| e == "safetensors") => Format::Safetensors,
         _ => Format::Detect,
     };
-    let options =
-        Options { zstd_level: args.zstd_level, chunk_size: args.chunk_kib.saturating_mul(1024), ..Options::default() };
+    let options = Options {
+        zstd_level: args.zstd_level,
+        chunk_size: args.chunk_kib.saturating_mul(1024),
+        level: args.level.parse()?,
+        ..Options::default()
+    };
     let output = args.output.unwrap_or_else(|| {
         let mut name = args.input.clone().into_os_string();
         name.push(".ckz");

@@ -18,12 +18,18 @@ pub struct ShowArgs {
 }
 
 fn mix(m: &MethodCounts) -> String {
-    let parts: Vec<String> =
-        [("raw", m.raw), ("zero", m.zero), ("huff", m.huffman), ("zstd", m.zstd), ("sparse", m.sparse)]
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(name, n)| format!("{name} {n}"))
-            .collect();
+    let parts: Vec<String> = [
+        ("raw", m.raw),
+        ("zero", m.zero),
+        ("huff", m.huffman),
+        ("zstd", m.zstd),
+        ("sparse", m.sparse),
+        ("rans", m.rans),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(name, n)| format!("{name} {n}"))
+    .collect();
     if parts.is_empty() {
         "-".into()
     } else {

@@ -1,0 +1,215 @@
+//! Compatibility: containers written by earlier formats, checked in under
+//! `tests/fixtures/containers/v<N>/`, must keep decoding bit-exactly. Each fixture's input is
+//! regenerated here from a fixed seed, and the decoded bytes are compared with it (the container's
+//! own blake3 check runs as well).
+//!
+//! The fixtures were written by `write_golden_containers` (ignored; run it with
+//! `CKPT_WRITE_GOLDEN=1 cargo test --lib golden_containers -- --ignored` only to add the fixtures
+//! of a new format version into a new directory: the files of an older version never change).
+
+use super::container::{Container, ContainerWriter, FileKind};
+use super::select::{Options, Selection};
+use super::Method;
+use crate::dtype::Dtype;
+use crate::test_data::xorshift;
+
+/// Float-like weights of `n` elements: roughly normal values of scale `scale`, as f32.
+fn gaussian_f32(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = xorshift(seed);
+    (0..n)
+        .map(|_| {
+            // Sum of four uniforms: close enough to a bell curve for realistic exponents.
+            let u: f32 = (0..4).map(|_| (s.next().expect("endless") >> 40) as f32 / (1u64 << 24) as f32).sum();
+            (u - 2.0) * scale
+        })
+        .collect()
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn bf16_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect()
+}
+
+/// A crude f16 (truncated, finite, no subnormals): only the byte statistics matter here.
+fn f16_bytes(values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|v| {
+            let b = v.to_bits();
+            let sign = ((b >> 16) & 0x8000) as u16;
+            let exp = ((b >> 23) & 0xFF) as i32 - 127 + 15;
+            let h = if exp <= 0 { sign } else { sign | ((exp.min(30) as u16) << 10) | ((b >> 13) & 0x3FF) as u16 };
+            h.to_le_bytes()
+        })
+        .collect()
+}
+
+fn f64_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| f64::from(*v).to_le_bytes()).collect()
+}
+
+/// One golden container: its file name, the segments coded (bytes and dtype), optional
+/// reference (for a delta container) and the options.
+struct Golden {
+    name: &'static str,
+    segments: Vec<(Vec<u8>, Option<Dtype>)>,
+    reference: Option<Vec<u8>>,
+    options: Options,
+}
+
+impl Golden {
+    fn original(&self) -> Vec<u8> {
+        self.segments.iter().flat_map(|(b, _)| b.iter().copied()).collect()
+    }
+}
+
+/// Segments of several dtypes: text, bf16, f32 (two scales), f16, f64, i32 counters, a zero
+/// region and a mostly-zero region, so that automatic selection meets every method.
+fn mixed_segments(seed: u64) -> Vec<(Vec<u8>, Option<Dtype>)> {
+    let mut text = Vec::new();
+    for i in 0..150 {
+        text.extend_from_slice(
+            format!("{{\"layer.{i}.weight\":{{\"dtype\":\"BF16\",\"shape\":[64,64]}}}},").as_bytes(),
+        );
+    }
+    let mut mostly_zero = vec![0u8; 8192];
+    for (i, s) in xorshift(seed ^ 9).take(120).enumerate() {
+        mostly_zero[(s as usize) % 8192] = (i as u8) | 1;
+    }
+    let counters: Vec<u8> = (0..1500i32).flat_map(|i| (i * 3).to_le_bytes()).collect();
+    vec![
+        (text, None),
+        (bf16_bytes(&gaussian_f32(seed, 4000, 0.05)), Some(Dtype::Bf16)),
+        (f32_bytes(&gaussian_f32(seed + 1, 2500, 0.02)), Some(Dtype::F32)),
+        (f16_bytes(&gaussian_f32(seed + 2, 2000, 0.1)), Some(Dtype::F16)),
+        (f64_bytes(&gaussian_f32(seed + 3, 800, 1.0)), Some(Dtype::F64)),
+        (counters, Some(Dtype::I32)),
+        (vec![0u8; 4096], Some(Dtype::Bf16)),
+        (mostly_zero, Some(Dtype::U8)),
+        (xorshift(seed + 4).take(2000).map(|s| s as u8).collect(), None),
+    ]
+}
+
+/// The fixtures of a format: `methods` are the methods it has (one fixture forcing each).
+fn goldens(methods: &[Method]) -> Vec<Golden> {
+    let options = |selection| Options { chunk_size: 4096, selection, ..Options::default() };
+    let mut all = vec![Golden {
+        name: "auto_mixed.ckz",
+        segments: mixed_segments(1),
+        reference: None,
+        options: options(Selection::Auto),
+    }];
+    for &method in methods {
+        all.push(Golden {
+            name: leak(format!("only_{}.ckz", method.name())),
+            segments: mixed_segments(2 + method as u64),
+            reference: None,
+            options: options(Selection::Only(method)),
+        });
+    }
+    // A delta: the next "epoch" of f32 and bf16 weights, a few values changed a little.
+    let base = gaussian_f32(20, 3000, 0.03);
+    let next: Vec<f32> = base
+        .iter()
+        .zip(xorshift(21))
+        .map(|(v, s)| if s % 5 == 0 { v + ((s >> 32) as f32 / u32::MAX as f32 - 0.5) * 1e-4 } else { *v })
+        .collect();
+    let bf16_next: Vec<f32> = base.iter().zip(xorshift(22)).map(|(v, s)| if s % 40 == 0 { -v } else { *v }).collect();
+    let reference = [f32_bytes(&base), bf16_bytes(&base)].concat();
+    all.push(Golden {
+        name: "delta_auto.ckz",
+        segments: vec![(f32_bytes(&next), Some(Dtype::F32)), (bf16_bytes(&bf16_next), Some(Dtype::Bf16))],
+        reference: Some(reference),
+        options: options(Selection::Auto),
+    });
+    all
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// Methods of each format version.
+const FORMAT_3_METHODS: [Method; 5] = [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse];
+
+/// Methods of format 4: those of format 3 and rANS.
+const FORMAT_4_METHODS: [Method; 6] =
+    [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse, Method::Rans];
+
+fn methods_of(version: u16) -> &'static [Method] {
+    match version {
+        3 => &FORMAT_3_METHODS,
+        _ => &FORMAT_4_METHODS,
+    }
+}
+
+fn write(golden: &Golden) -> Vec<u8> {
+    let original = golden.original();
+    let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, original.len() as u64, golden.options.clone())
+        .expect("writer");
+    let mut at = 0;
+    for (bytes, dtype) in &golden.segments {
+        let reference = golden.reference.as_ref().map(|r| &r[at..at + bytes.len()]);
+        w.segment_delta(bytes, reference, *dtype).expect("segment");
+        at += bytes.len();
+    }
+    w.finish().expect("finish").0
+}
+
+fn fixture_dir(version: u16) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/containers/v{version}"))
+}
+
+/// Writes the fixtures of the current format version (never over existing ones).
+#[test]
+#[ignore = "writes fixtures; run by hand when the format version is bumped"]
+fn write_golden_containers() {
+    if std::env::var_os("CKPT_WRITE_GOLDEN").is_none() {
+        return;
+    }
+    let dir = fixture_dir(super::container::FORMAT_VERSION);
+    std::fs::create_dir_all(&dir).unwrap();
+    for golden in goldens(methods_of(super::container::FORMAT_VERSION)) {
+        let path = dir.join(golden.name);
+        assert!(!path.exists(), "{} exists: fixtures of a released format never change", path.display());
+        std::fs::write(&path, write(&golden)).unwrap();
+    }
+}
+
+/// Decodes every fixture of `version` and checks it against its regenerated input; returns the
+/// methods met, so callers can check the fixtures cover them.
+fn check_fixtures(version: u16) -> std::collections::BTreeSet<Method> {
+    let dir = fixture_dir(version);
+    let mut methods = std::collections::BTreeSet::new();
+    for golden in goldens(methods_of(version)) {
+        let path = dir.join(golden.name);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), version, "{}", golden.name);
+        let container = Container::open(&bytes).unwrap_or_else(|e| panic!("{}: {e}", golden.name));
+        for i in 0..container.chunk_count() {
+            methods.extend(container.chunk(i).2.groups().iter().map(|g| g.method));
+        }
+        let mut out = Vec::new();
+        container.decode_to_with_reference(golden.reference.as_deref(), &mut out).unwrap();
+        assert!(out == golden.original(), "{} decodes to other bytes", golden.name);
+    }
+    methods
+}
+
+/// Format 3 containers (Raw, Zero, Huffman, Zstd and Sparse groups; several dtypes; a delta)
+/// still decode bit-exactly.
+#[test]
+fn format_3_containers_still_decode() {
+    let methods = check_fixtures(3);
+    assert!(FORMAT_3_METHODS.iter().all(|m| methods.contains(m)), "fixtures cover {methods:?}");
+}
+
+/// Format 4 containers (format 3's methods and rANS) still decode bit-exactly.
+#[test]
+fn format_4_containers_still_decode() {
+    let methods = check_fixtures(4);
+    assert!(FORMAT_4_METHODS.iter().all(|m| methods.contains(m)), "fixtures cover {methods:?}");
+}
