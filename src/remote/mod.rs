@@ -183,6 +183,17 @@ pub trait Remote: Send + Sync {
     /// concurrent rewrite of the path (a compaction renaming a delta over it) cannot change
     /// what goes up.
     fn upload(&self, key: &str, file: &std::fs::File, path: &Path, len: u64, mode: UploadMode) -> Result<Uploaded>;
+    /// Writes `len` bytes of the open file `file` under `key`, replacing what the key holds:
+    /// atomically, so a reader gets the old bytes or the new ones, never a mix. Only for keys
+    /// whose every version is valid: an object recoded as another encoding of the same content
+    /// (a mirror push's recode, docs/format.md "Remotes"), or a push's journal.
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> Result<()>;
+    /// Deletes `key`; a key that does not exist is no error. Only a push's journal is ever
+    /// deleted: object keys, once written, stay.
+    fn delete(&self, key: &str) -> Result<()>;
+    /// The first `len` bytes of the object `key` (fewer if it is shorter) and the object's
+    /// whole size: a ranged read, such as an object's header.
+    fn read_head(&self, key: &str, len: u64) -> Result<(Vec<u8>, u64)>;
     /// Streams the object `key` into `out`, at most `limit` bytes (more is an error naming the
     /// key); returns the bytes written.
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64>;

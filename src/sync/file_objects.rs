@@ -461,6 +461,15 @@ mod tests {
             }
             self.inner.upload(key, file, path, len, mode)
         }
+        fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> crate::remote::Result<()> {
+            self.inner.replace(key, file, path, len)
+        }
+        fn delete(&self, key: &str) -> crate::remote::Result<()> {
+            self.inner.delete(key)
+        }
+        fn read_head(&self, key: &str, len: u64) -> crate::remote::Result<(Vec<u8>, u64)> {
+            self.inner.read_head(key, len)
+        }
         fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> crate::remote::Result<u64> {
             self.inner.download(key, out, limit)
         }

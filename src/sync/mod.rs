@@ -19,13 +19,15 @@
 //!
 //! Modules: `remotes` (the list, remote refs), `transfer` (one object up or down, retries,
 //! staging), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
-//! `wire_delta` (which blobs go up as deltas), `file_objects` (the git filter's transfers by
+//! `layout` (mirror or deltas: a mirror push's recodes and their journal), `wire_delta`
+//! (which blobs go up as deltas in the deltas layout), `file_objects` (the git filter's transfers by
 //! file).
 
 mod clone;
 mod error;
 mod fetch;
 mod file_objects;
+mod layout;
 mod partial;
 mod push;
 mod remotes;
@@ -36,10 +38,12 @@ pub use clone::{clone_from, clone_with_depth, pull, PullOutcome};
 pub use error::{Error, Result};
 pub use fetch::{fetch, fetch_from, FetchReport};
 pub use file_objects::FileTransfer;
+pub use layout::Layout;
 pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
 pub use remotes::{
-    absolute_dir_url, add_remote, default_remote, open_remote, remotes, remove_remote, RefUpdate, RemoteConfig,
+    absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,
+    RemoteConfig,
 };
 
 use crate::object_id::ObjectId;
