@@ -16,6 +16,9 @@
 //!   interrupted push or fetch leaves both sides valid, and a rerun skips what arrived.
 //! - A remote ref moves by compare-and-swap against the state the pusher read, and only
 //!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
+//! - Uploads never replace an object. Only a mirror push's recodes do, each an older blob
+//!   recoded against a newer one that was absent when the push listed the remote and is
+//!   standalone when the recode is written: no reference cycle can form (`layout.rs`).
 //!
 //! Modules: `remotes` (the list, remote refs), `transfer` (one object up or down, retries,
 //! staging), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
