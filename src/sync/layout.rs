@@ -88,9 +88,11 @@ pub(super) struct Recode {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Journal {
-    /// The branch pushed.
-    pub branch: String,
-    /// The version pushed there.
+    /// The branch pushed; `None` for the git filter's file transfers, which move no ckpt ref
+    /// (git moves its own after the pre-push hook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// The version pushed there (file transfers: the id of the recodes' JSON, naming the key).
     pub version: VersionId,
     /// The recodes, each valid forever (see the module documentation).
     pub recodes: Vec<Recode>,
@@ -176,6 +178,84 @@ pub(super) fn plan_recodes(
     Ok(recodes)
 }
 
+/// Plans the recodes of the git filter's file transfers in the mirror layout: for each file
+/// `wanted` (manifest) whose path's previous content `previous` names and the remote holds
+/// (`present`), each blob of that previous file paired with the same tensor's blob of the new
+/// one ([`crate::repo::Manifest::same_tensor_blobs`]), kept if the older is on the remote and the
+/// newer is not (as for a push), neither is held whole by a `wanted` file, and this store holds
+/// the older as exactly that delta already: local compaction made it, under the local chain
+/// bound (the filter's store pins versions as any store does), which the remote so keeps.
+pub(super) fn plan_file_recodes(
+    repo: &Repo,
+    wanted: &[ObjectId],
+    previous: &std::collections::HashMap<ObjectId, ObjectId>,
+    present: &HashSet<ObjectId>,
+) -> Result<Vec<Recode>> {
+    let mut keep = HashSet::new();
+    for m in wanted {
+        keep.extend(repo.manifest(m)?.blobs());
+    }
+    let mut seen = HashSet::new();
+    let mut recodes = Vec::new();
+    for m in wanted {
+        let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
+        if !repo.store().contains(old) {
+            continue;
+        }
+        let (new_manifest, old_manifest) = (repo.manifest(m)?, repo.manifest(old)?);
+        for pair in new_manifest.same_tensor_blobs(&old_manifest) {
+            let (newer, older) = (pair.new, pair.old);
+            if newer == older
+                || !present.contains(&older)
+                || present.contains(&newer)
+                || keep.contains(&older)
+                || !repo.store().contains(&newer)
+                || !seen.insert(older)
+            {
+                continue;
+            }
+            let compacted = repo.store().contains(&older)
+                && repo.store().header(&older).is_ok_and(|h| h.reference == Some(newer));
+            if compacted {
+                recodes.push(Recode { older, newer });
+            }
+        }
+    }
+    Ok(recodes)
+}
+
+/// The journal of a file transfer's `recodes`, named by their own id.
+pub(super) fn file_journal(recodes: Vec<Recode>) -> Journal {
+    let version = ObjectId::hash(&serde_json::to_vec(&recodes).expect("recodes serialize"));
+    Journal { branch: None, version, recodes }
+}
+
+/// Lists and finishes the journals on the remote (a push in the mirror layout does this
+/// first); journals of versions in `own` are returned instead, to be merged into the caller's.
+/// Returns the recodes done and their bytes, and the journals left to the caller.
+pub(super) fn finish_journals(
+    repo: &Repo,
+    remote: &dyn Remote,
+    own: &dyn Fn(&Journal) -> bool,
+    transfers: usize,
+) -> Result<((u64, u64), Vec<Journal>)> {
+    let keys = remote.list(JOURNAL_PREFIX)?;
+    let mut done = (0, 0);
+    let mut mine = Vec::new();
+    if keys.is_empty() {
+        return Ok((done, mine));
+    }
+    for journal in read_journals(remote, &keys)? {
+        if own(&journal) {
+            mine.push(journal);
+        } else if let Some((objects, bytes)) = finish_journal(repo, remote, &journal, transfers)? {
+            done.0 += objects;
+            done.1 += bytes;
+        }
+    }
+    Ok((done, mine))
+}
+
 /// The remote tips' blobs this store knows (the versions of `refs/heads/*` on the remote that
 /// are here, except `moving`, the refs this push moves): a recode leaves them whole.
 pub(super) fn remote_tip_blobs(repo: &Repo, remote: &dyn Remote, moving: &[String]) -> Result<HashSet<ObjectId>> {
@@ -231,24 +311,26 @@ pub(super) fn read_journals(remote: &dyn Remote, keys: &[String]) -> Result<Vec<
 }
 
 /// Finishes `journal` if its branch on the remote holds its version, or a version this store
-/// knows to descend from it: does its recodes, then deletes it. A journal whose push never
-/// moved its ref (killed before, or rejected) waits for that push's rerun. Returns the
-/// recodes done and their bytes.
+/// knows to descend from it (a file transfer's journal: always): does its recodes, then deletes
+/// it. A journal whose push never moved its ref (killed before, or rejected) waits for that
+/// push's rerun. Returns the recodes done and their bytes.
 pub(super) fn finish_journal(
     repo: &Repo,
     remote: &dyn Remote,
     journal: &Journal,
     transfers: usize,
 ) -> Result<Option<(u64, u64)>> {
-    let key = ref_key(RefKind::Branch, &journal.branch);
-    let Some(small) = remote.get_small(&key)? else { return Ok(None) };
-    let Ok(tip) = parse_ref(remote, &key, &small.bytes) else { return Ok(None) };
-    let holds = tip == journal.version
-        || (repo.store().contains(&tip)
-            && repo.store().contains(&journal.version)
-            && repo.is_ancestor(&journal.version, &tip).unwrap_or(false));
-    if !holds {
-        return Ok(None);
+    if let Some(branch) = &journal.branch {
+        let key = ref_key(RefKind::Branch, branch);
+        let Some(small) = remote.get_small(&key)? else { return Ok(None) };
+        let Ok(tip) = parse_ref(remote, &key, &small.bytes) else { return Ok(None) };
+        let holds = tip == journal.version
+            || (repo.store().contains(&tip)
+                && repo.store().contains(&journal.version)
+                && repo.is_ancestor(&journal.version, &tip).unwrap_or(false));
+        if !holds {
+            return Ok(None);
+        }
     }
     let done = recode(repo, remote, &journal.recodes, transfers)?;
     remote.delete(&journal_key(&journal.version))?;

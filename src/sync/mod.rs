@@ -61,16 +61,20 @@ pub fn push_files(repo: &Repo, remote: &dyn Remote, manifests: &[ObjectId]) -> R
     repo.push_files(remote, manifests)
 }
 
-/// [`push_files`], sending a blob as an XOR delta against the blob of the same tensor in the
-/// file `previous` maps its file to (the one the remote holds for the same path), where that
-/// pays and the remote's chain stays within bounds (docs/format.md, "Deltas on the wire").
+/// [`push_files`] in `layout`, `previous` mapping a file to the one the remote holds for the
+/// same path. Mirror: the new files go up as stored here (whole), then the previous files'
+/// blobs that local compaction recoded against the new ones are replaced on the remote by
+/// those deltas (docs/format.md, "A mirror push"). Deltas: a blob goes up as an XOR delta
+/// against the blob of the same tensor in the previous file, where that pays and the remote's
+/// chain stays within bounds (docs/format.md, "Deltas on the wire").
 pub fn push_files_against(
     repo: &Repo,
     remote: &dyn Remote,
     manifests: &[ObjectId],
     previous: &HashMap<ObjectId, ObjectId>,
+    layout: Layout,
 ) -> Result<FileTransfer> {
-    repo.push_files_against(remote, manifests, previous)
+    repo.push_files_against(remote, manifests, previous, layout)
 }
 
 /// Downloads the file whose manifest is `manifest` from `remote` into `repo`'s store (unless

@@ -3,8 +3,7 @@
 //! forward.
 
 use super::layout::{
-    finish_journal, journal_key, plan_recodes, read_journals, recode, remote_tip_blobs, write_journal, Journal, Layout,
-    Recode, JOURNAL_PREFIX,
+    finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
 };
 use super::partial::check_pushable;
 use super::remotes::{open_remote, parse_ref, put_ref, ref_key, remote_layout, RefUpdate};
@@ -205,17 +204,13 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     // finished if their branch holds their version.
     let mut own_journals: HashMap<VersionId, Vec<Recode>> = HashMap::new();
     if layout == Layout::Mirror {
-        let keys = remote.list(JOURNAL_PREFIX)?;
-        if !keys.is_empty() {
-            for journal in read_journals(remote, &keys)? {
-                if moves.iter().any(|m| m.0 == RefKind::Branch && m.4 == journal.version) {
-                    own_journals.entry(journal.version).or_default().extend(journal.recodes);
-                } else if let Some((objects, bytes)) = finish_journal(repo, remote, &journal, options.transfers)? {
-                    report.objects_sent += objects;
-                    report.objects_recoded += objects;
-                    report.bytes_sent += bytes;
-                }
-            }
+        let own = |j: &Journal| j.branch.is_some() && moves.iter().any(|m| m.0 == RefKind::Branch && m.4 == j.version);
+        let ((objects, bytes), mine) = finish_journals(repo, remote, &own, options.transfers)?;
+        report.objects_sent += objects;
+        report.objects_recoded += objects;
+        report.bytes_sent += bytes;
+        for journal in mine {
+            own_journals.entry(journal.version).or_default().extend(journal.recodes);
         }
     }
     if moves.is_empty() && incomplete.is_empty() {
@@ -277,7 +272,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
                 }
             }
             if !all.is_empty() {
-                let branch = moves.iter().find(|m| m.4 == *id).map(|m| m.1.clone()).unwrap_or_default();
+                let branch = moves.iter().find(|m| m.4 == *id).map(|m| m.1.clone());
                 write_journal(repo, remote, &Journal { branch, version: *id, recodes: all.clone() })?;
                 recodes.insert(*id, all);
             }
