@@ -214,8 +214,8 @@ pub(super) fn plan_file_recodes(
             {
                 continue;
             }
-            let compacted = repo.store().contains(&older)
-                && repo.store().header(&older).is_ok_and(|h| h.reference == Some(newer));
+            let compacted =
+                repo.store().contains(&older) && repo.store().header(&older).is_ok_and(|h| h.reference == Some(newer));
             if compacted {
                 recodes.push(Recode { older, newer });
             }

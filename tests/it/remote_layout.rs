@@ -8,6 +8,7 @@
 //! cloning while a pusher recodes, and a push that fails between uploading the new blobs and
 //! replacing the parent's (the journal lets the rerun finish).
 
+use crate::support::git::{model as git_model, GitEnv};
 use crate::support::layout::{remote_objects, version_blobs, version_objects};
 use crate::support::remote::{directory, json, s3, Served};
 use crate::support::repo_util::{read_tree, stderr, synthetic_checkpoint, TRAINING_MODEL};
@@ -331,4 +332,54 @@ fn a_push_killed_before_its_recodes_leaves_a_valid_remote_and_the_rerun_finishes
         let want = vec![("model.safetensors".to_string(), model(e))];
         assert!(checkout(&r, &c, &format!("main~{n}")) == want);
     }
+}
+
+/// The pointer `git` holds for `model.safetensors` at `rev` in `dir`.
+fn pointer_at(env: &GitEnv, dir: &Path, rev: &str) -> ckpt::git_filter::Pointer {
+    let text = env.git(dir, &["cat-file", "blob", &format!("{rev}:model.safetensors")]);
+    ckpt::git_filter::Pointer::parse(text.as_bytes()).unwrap()
+}
+
+/// The git pre-push hook in the mirror layout (the default): each push uploads the new file
+/// whole and recodes the file the remote had at that path as a delta against it; a clone
+/// smudges every epoch bit-exact from the remote, reading one file's size for the newest.
+#[test]
+fn the_git_pre_push_hook_keeps_the_newest_file_whole_on_the_remote() {
+    let env = GitEnv::new();
+    let weights = env.path("weights");
+    let a = env.repo("a");
+    std::fs::write(a.join(".ckptconfig"), format!("[ckpt]\n\tremote = {}\n", weights.display())).unwrap();
+    env.git(env.tmp.path(), &["init", "-q", "--bare", "-b", "main", "origin.git"]);
+    env.git(&a, &["remote", "add", "origin", env.path("origin.git").to_str().unwrap()]);
+    for epoch in 0..3 {
+        std::fs::write(a.join("model.safetensors"), git_model(epoch)).unwrap();
+        env.git(&a, &["add", "-A"]);
+        env.git(&a, &["commit", "-qm", &format!("epoch {epoch}")]);
+        env.git(&a, &["push", "-q", "origin", "main"]);
+    }
+    assert!(std::fs::read_dir(weights.join("pending")).map_or(true, |d| d.count() == 0), "no journal left");
+    let store = a.join(".git/ckpt");
+    let objects = remote_objects(&weights.join("objects"));
+    let blobs = |rev: &str| -> Vec<ckpt::ObjectId> {
+        let repo = Repo::open(&store).unwrap();
+        repo.manifest(&pointer_at(&env, &a, rev).manifest).unwrap().blobs().collect()
+    };
+    for b in blobs("main") {
+        assert!(objects[&b].header.reference.is_none(), "the newest file's blob {b} is whole");
+    }
+    for (rev, newer) in [("main~1", "main"), ("main~2", "main~1")] {
+        let newer = blobs(newer);
+        for b in blobs(rev).iter().filter(|b| objects[*b].header.raw_len >= BIG) {
+            let reference = objects[b].header.reference;
+            assert!(reference.is_some_and(|x| newer.contains(&x)), "{rev}'s blob {b} is a delta against the next file");
+        }
+    }
+    env.ckpt(env.tmp.path(), &["git", "install", "--global"]);
+    env.git(env.tmp.path(), &["clone", "-q", env.path("origin.git").to_str().unwrap(), "b"]);
+    let b = env.path("b");
+    for (rev, epoch) in [("main", 2), ("main~1", 1), ("main~2", 0)] {
+        env.git(&b, &["checkout", "-q", rev]);
+        assert_eq!(std::fs::read(b.join("model.safetensors")).unwrap(), git_model(epoch), "{rev}");
+    }
+    env.ckpt(&b.join(".git/ckpt"), &["verify"]);
 }
