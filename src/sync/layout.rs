@@ -414,3 +414,32 @@ fn recode_one(repo: &Repo, remote: &dyn Remote, r: &Recode) -> Result<Option<u64
     with_retries(|| Ok(remote.replace(&key, tmp.as_file(), tmp.path(), len)?))?;
     Ok(Some(len))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_parse_print_and_serialize_by_name() {
+        for layout in [Layout::Mirror, Layout::Deltas] {
+            assert_eq!(layout.name().parse::<Layout>(), Ok(layout));
+            assert_eq!(serde_json::to_string(&layout).unwrap(), format!("\"{layout}\""));
+        }
+        assert!("forward".parse::<Layout>().is_err());
+        assert_eq!(Layout::default(), Layout::Mirror);
+        assert!(Layout::Mirror.is_default() && !Layout::Deltas.is_default());
+    }
+
+    #[test]
+    fn a_journal_round_trips_and_a_file_journal_is_named_by_its_recodes() {
+        let r = Recode { older: ObjectId::hash(b"y"), newer: ObjectId::hash(b"x") };
+        let j = Journal { branch: Some("main".into()), version: ObjectId::hash(b"v"), recodes: vec![r] };
+        let text = serde_json::to_vec(&j).unwrap();
+        assert_eq!(serde_json::from_slice::<Journal>(&text).unwrap(), j);
+        let f = file_journal(vec![r]);
+        assert_eq!(f.branch, None);
+        assert_eq!(f.version, file_journal(vec![r]).version);
+        assert_ne!(f.version, file_journal(vec![Recode { older: r.newer, newer: r.older }]).version);
+        assert!(!String::from_utf8(serde_json::to_vec(&f).unwrap()).unwrap().contains("branch"));
+    }
+}
