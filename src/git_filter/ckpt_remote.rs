@@ -7,7 +7,8 @@
 //! in a committed `.ckptconfig` at the root of the working tree (git-config syntax, like Git
 //! LFS's `.lfsconfig`; read from the working tree, else from `HEAD`, so a clone knows it
 //! before that file is checked out). A relative directory path is relative to the working
-//! tree's root.
+//! tree's root. `git config ckpt.layout` (`mirror`, the default, or `deltas`) sets how the
+//! pre-push hook uploads.
 
 use super::pointer::{self, Pointer};
 use super::{Error, Result};
@@ -39,6 +40,19 @@ pub fn remote_url(git: &git2::Repository) -> Result<Option<RemoteUrl>> {
     }
     let Some(url) = committed_remote(git)? else { return Ok(None) };
     Ok(Some(RemoteUrl { url: resolve(&base, &url), source: CONFIG_FILE }))
+}
+
+/// The layout the pre-push hook uploads in: `git config ckpt.layout` (`mirror` or `deltas`),
+/// else [`crate::sync::Layout::Mirror`] (docs/format.md, "Layout on the remote").
+pub fn layout(git: &git2::Repository) -> Result<crate::sync::Layout> {
+    let config = git.config().map_err(super::git("reading git config"))?;
+    match config.get_string("ckpt.layout") {
+        Ok(name) => name.trim().parse().map_err(|reason: String| Error::Git {
+            action: "reading ckpt.layout".into(),
+            source: git2::Error::from_str(&reason),
+        }),
+        Err(_) => Ok(crate::sync::Layout::default()),
+    }
 }
 
 /// A directory path relative to `base` made absolute; URLs as they are.
@@ -274,19 +288,21 @@ pub struct PrePushReport {
     pub transfer: FileTransfer,
 }
 
-/// Uploads to `remote` the objects of the files `pointers` name, blobs as deltas against
-/// those of the files `previous` names where that pays (see [`crate::sync::push_files_against`] and
-/// [`previous_files`]). A file neither the local store nor the remote holds is an error
+/// Uploads to `remote` the objects of the files `pointers` name in `layout` ([`layout`]): in
+/// the mirror layout whole, the files `previous` names then recoded on the remote as deltas
+/// against them; in the deltas layout as deltas against those files where that pays (see
+/// [`crate::sync::push_files_against`] and [`previous_files`]). A file neither the local store nor the remote holds is an error
 /// naming its path, after the others went up.
 pub fn push_pointers(
     store: &Repo,
     remote: &dyn crate::remote::Remote,
     pointers: &[(String, Pointer)],
     previous: &HashMap<ObjectId, ObjectId>,
+    layout: crate::sync::Layout,
 ) -> Result<PrePushReport> {
     let mut seen = HashSet::new();
     let manifests: Vec<ObjectId> = pointers.iter().map(|(_, p)| p.manifest).filter(|m| seen.insert(*m)).collect();
-    let transfer = crate::sync::push_files_against(store, remote, &manifests, previous)?;
+    let transfer = crate::sync::push_files_against(store, remote, &manifests, previous, layout)?;
     if let Some(missing) = transfer.missing.first() {
         let path = pointers.iter().find(|(_, p)| p.manifest == *missing).map_or("?", |(path, _)| path.as_str());
         return Err(Error::NotPushable {

@@ -206,6 +206,55 @@ impl Remote for DirRemote {
         Ok(outcome)
     }
 
+    fn replace(&self, key: &str, file: &File, path: &Path, len: u64) -> Result<()> {
+        self.count();
+        let target = self.path(key)?;
+        let mut tmp = self.temp()?;
+        let mut src = file.try_clone().map_err(self.io("opening", path))?;
+        std::io::Seek::rewind(&mut src).map_err(self.io("reading", path))?;
+        let copied = std::io::copy(&mut src.take(len), tmp.as_file_mut()).map_err(self.io("copying", path))?;
+        if copied != len {
+            return Err(Error::Io {
+                remote: self.url.clone(),
+                action: "copying",
+                path: path.to_path_buf(),
+                source: std::io::Error::other(format!("{copied} bytes, expected {len}")),
+            });
+        }
+        tmp.as_file().sync_all().map_err(self.io("syncing", tmp.path()))?;
+        let dir = target.parent().expect("keys have a directory").to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(self.io("creating", &dir))?;
+        // `rename` replaces atomically: a reader opens the old file or the new one.
+        tmp.persist(&target).map_err(|e| self.io("renaming to", &target)(e.error))?;
+        self.sync_dir(&dir)
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        self.count();
+        let path = self.path(key)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.io("deleting", &path)(e)),
+        }
+    }
+
+    fn read_head(&self, key: &str, len: u64) -> Result<(Vec<u8>, u64)> {
+        self.count();
+        let path = self.path(key)?;
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NotFound { remote: self.url.clone(), key: key.into() })
+            }
+            Err(e) => return Err(self.io("opening", &path)(e)),
+        };
+        let size = file.metadata().map_err(self.io("reading", &path))?.len();
+        let mut bytes = Vec::new();
+        file.take(len).read_to_end(&mut bytes).map_err(self.io("reading", &path))?;
+        Ok((bytes, size))
+    }
+
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64> {
         self.count();
         let path = self.path(key)?;

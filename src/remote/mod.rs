@@ -1,7 +1,9 @@
 //! Remotes: where `push` sends objects and refs and `fetch` and `clone` take them from. A
 //! [`Remote`] is a flat key → bytes store with two guarantees the repository builds on:
-//! create-if-absent puts (an object key, once written, keeps its bytes) and compare-and-swap
-//! puts on small files (a ref moves only if it still holds what the pusher saw). Two
+//! create-if-absent puts (an upload never replaces an object) and compare-and-swap puts on small
+//! files (a ref moves only if it still holds what the pusher saw). The one put that replaces,
+//! [`Remote::replace`], is atomic: a mirror push uses it to recode an object as another
+//! encoding of the same content, under the rules of docs/format.md ("A mirror push"). Two
 //! implementations: a directory ([`local::DirRemote`], for NFS and tests) and any
 //! `object_store` backend ([`s3::StoreRemote`]: S3-compatible storage, and an in-memory store
 //! for tests).
@@ -149,7 +151,9 @@ pub enum Uploaded {
 pub enum UploadMode {
     /// Only if the key is absent (an existing object is left as it is). Used for every delta
     /// blob: replacing an object by another encoding of the same content could close a
-    /// reference cycle between two pushers' encodings (docs/format.md, "Remotes").
+    /// reference cycle between two pushers' encodings; the mirror layout's recodes, which do
+    /// replace, go through [`Remote::replace`] under rules that exclude cycles
+    /// (docs/format.md, "Remotes").
     CreateOnly,
     /// May replace an existing object with these bytes (same id, so same content), which lets
     /// large uploads go in parallel parts (multipart uploads cannot be conditional). Only for
@@ -183,6 +187,17 @@ pub trait Remote: Send + Sync {
     /// concurrent rewrite of the path (a compaction renaming a delta over it) cannot change
     /// what goes up.
     fn upload(&self, key: &str, file: &std::fs::File, path: &Path, len: u64, mode: UploadMode) -> Result<Uploaded>;
+    /// Writes `len` bytes of the open file `file` under `key`, replacing what the key holds:
+    /// atomically, so a reader gets the old bytes or the new ones, never a mix. Only for keys
+    /// whose every version is valid: an object recoded as another encoding of the same content
+    /// (a mirror push's recode, docs/format.md "Remotes"), or a push's journal.
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> Result<()>;
+    /// Deletes `key`; a key that does not exist is no error. Only a push's journal is ever
+    /// deleted: object keys, once written, stay.
+    fn delete(&self, key: &str) -> Result<()>;
+    /// The first `len` bytes of the object `key` (fewer if it is shorter) and the object's
+    /// whole size: a ranged read, such as an object's header.
+    fn read_head(&self, key: &str, len: u64) -> Result<(Vec<u8>, u64)>;
     /// Streams the object `key` into `out`, at most `limit` bytes (more is an error naming the
     /// key); returns the bytes written.
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64>;

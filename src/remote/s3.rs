@@ -346,6 +346,56 @@ impl Remote for StoreRemote {
         })
     }
 
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> Result<()> {
+        // One unconditional PUT: S3 makes a whole object visible at once (never a multipart
+        // upload here: what is replaced is small, a delta or a journal).
+        self.count(1);
+        let location = self.location(key);
+        let data = self.map(file, path, len)?;
+        self.runtime.block_on(async {
+            let options = PutOptions { mode: PutMode::Overwrite, ..PutOptions::default() };
+            self.store
+                .put_opts(&location, PutPayload::from_bytes(data), options)
+                .await
+                .map_err(|e| self.backend("replacing", key, e))?;
+            Ok(())
+        })
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        self.count(1);
+        let location = self.location(key);
+        self.runtime.block_on(async {
+            match self.store.delete(&location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.backend("deleting", key, e)),
+            }
+        })
+    }
+
+    fn read_head(&self, key: &str, len: u64) -> Result<(Vec<u8>, u64)> {
+        self.count(1);
+        let location = self.location(key);
+        self.runtime.block_on(async {
+            let options = object_store::GetOptions {
+                range: Some(object_store::GetRange::Bounded(0..len)),
+                ..object_store::GetOptions::default()
+            };
+            let got = self.store.get_opts(&location, options).await.map_err(|e| self.backend("reading", key, e))?;
+            let size = got.meta.size;
+            let mut stream = got.into_stream();
+            let mut bytes = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                bytes.extend_from_slice(&chunk.map_err(|e| self.backend("reading", key, e))?);
+                if bytes.len() as u64 >= len {
+                    bytes.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+                    break;
+                }
+            }
+            Ok((bytes, size))
+        })
+    }
+
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64> {
         self.count(1);
         let location = self.location(key);

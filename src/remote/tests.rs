@@ -2,7 +2,7 @@ use super::*;
 use crate::ObjectId;
 
 /// The contract every remote keeps: create-if-absent uploads, compare-and-swap on small files,
-/// listing, bounded downloads.
+/// listing, bounded downloads, atomic replacement, deletion, ranged head reads.
 fn contract(remote: &dyn Remote) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("obj");
@@ -42,6 +42,21 @@ fn contract(remote: &dyn Remote) {
     let mut refs = remote.list("refs/").unwrap();
     refs.sort();
     assert_eq!(refs, vec!["refs/heads/main".to_string()]);
+
+    // Replace (a mirror push's recode, a journal): the new bytes, whole; a ranged head read.
+    std::fs::write(&file, b"replacement, longer").unwrap();
+    remote.replace(&key, &std::fs::File::open(&file).unwrap(), &file, 19).unwrap();
+    let mut out = Vec::new();
+    remote.download(&key, &mut out, 100).unwrap();
+    assert_eq!(out, b"replacement, longer");
+    assert_eq!(remote.read_head(&key, 5).unwrap(), (b"repla".to_vec(), 19));
+    assert_eq!(remote.read_head(&key, 100).unwrap(), (b"replacement, longer".to_vec(), 19));
+    assert!(matches!(remote.read_head("objects/00/none", 5), Err(Error::NotFound { .. })));
+    remote.replace("pending/x", &std::fs::File::open(&file).unwrap(), &file, 19).unwrap();
+    assert_eq!(remote.list("pending/").unwrap(), vec!["pending/x".to_string()]);
+    remote.delete("pending/x").unwrap();
+    remote.delete("pending/x").unwrap();
+    assert_eq!(remote.list("pending/").unwrap(), Vec::<String>::new());
     assert!(remote.requests() > 0);
 }
 

@@ -2,6 +2,7 @@
 //! repository with remote `origin`, fetched, optionally to a depth: a partial clone).
 
 use super::fetch::{fetch, fetch_from, fetch_refs, FetchReport};
+use super::layout::Layout;
 use super::remotes::{absolute_dir_url, add_remote};
 use super::{Error, Result};
 use crate::remote::{self, Remote, S3Options};
@@ -233,7 +234,7 @@ fn clone_into(
     if let Some(p) = progress {
         repo.set_progress(p);
     }
-    add_remote(&repo, "origin", url, s3)?;
+    add_remote(&repo, "origin", url, s3, Layout::default())?;
     let report = match (&only_branch, depth) {
         (Some(b), Some(_)) => fetch_refs(&repo, remote, "origin", transfers, Some(b), depth)?,
         _ => fetch_from(&repo, remote, "origin", transfers)?,

@@ -8,6 +8,7 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
+use super::layout::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Layout};
 use super::transfer::{receive, reopen, upload_wire_delta, with_retries};
 use super::wire_delta::WireDelta;
 use super::Error;
@@ -39,6 +40,10 @@ pub struct FileTransfer {
     /// Of `objects` (push), blobs sent as XOR deltas against the blob of the same tensor in
     /// the file the remote already holds for the same path (fetch: always 0).
     pub objects_as_deltas: u64,
+    /// Of `objects` (push, mirror layout), blobs of the files the remote held for the same
+    /// paths replaced there by XOR deltas against the new files' blobs (their bytes are in
+    /// `bytes`).
+    pub objects_recoded: u64,
     /// Requests sent to the remote.
     pub requests: u64,
     /// Files (manifests) of a push that neither the local store nor the remote holds: not
@@ -72,12 +77,19 @@ impl Repo {
     /// whole, including when the local store does not hold it (a clone that never smudged
     /// it); a file neither side holds is listed in [`FileTransfer::missing`].
     pub(super) fn push_files(&self, remote: &dyn Remote, manifests: &[ObjectId]) -> Result<FileTransfer> {
-        self.push_files_against(remote, manifests, &HashMap::new())
+        self.push_files_against(remote, manifests, &HashMap::new(), Layout::Deltas)
     }
 
-    /// [`Repo::push_files`], sending blobs as deltas where that pays: `previous` maps a file
-    /// (manifest) to the one the remote already holds for the same path (the pointer at that
-    /// path in the remote's commit). A blob the remote lacks, stored whole here, goes up as an
+    /// [`Repo::push_files`] in `layout`; `previous` maps a file (manifest) to the one the
+    /// remote already holds for the same path (the pointer at that path in the remote's commit).
+    ///
+    /// Mirror (docs/format.md, "A mirror push"): journals on the remote are finished first; the
+    /// files' objects go up as this store holds them (the newest content whole), and then each
+    /// blob of the previous file that local compaction recoded as a delta against the new
+    /// file's blob of the same tensor is replaced on the remote by that delta, with the same
+    /// rules and journal as a push ([`super::layout`]).
+    ///
+    /// Deltas: a blob the remote lacks, stored whole here, goes up as an
     /// XOR delta against the blob of the same tensor (name, dtype, shape; bundles by their
     /// first tensor) in that file, if the remote holds that file's manifest and blob, the
     /// delta is smaller than the object here, and the remote's chain stays within
@@ -89,9 +101,17 @@ impl Repo {
         remote: &dyn Remote,
         manifests: &[ObjectId],
         previous: &HashMap<ObjectId, ObjectId>,
+        layout: Layout,
     ) -> Result<FileTransfer> {
+        let transfers = 4;
         let mut report =
             FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
+        if layout == Layout::Mirror {
+            let ((objects, bytes), _) = finish_journals(self, remote, &|_| false, transfers)?;
+            report.objects += objects;
+            report.objects_recoded += objects;
+            report.bytes += bytes;
+        }
         let present: HashSet<ObjectId> =
             remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
         let mut wanted = Vec::new();
@@ -105,7 +125,17 @@ impl Repo {
             }
         }
         let need: Vec<Needed> = self.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
-        let wire = self.plan_file_deltas(remote, &wanted, previous, &need, &present)?;
+        let (wire, journal) = match layout {
+            Layout::Deltas => (self.plan_file_deltas(remote, &wanted, previous, &need, &present)?, None),
+            Layout::Mirror => {
+                let recodes = plan_file_recodes(self, &wanted, previous, &present)?;
+                (HashMap::new(), (!recodes.is_empty()).then(|| file_journal(recodes)))
+            }
+        };
+        // Written before anything goes up: a rerun (of any push) finishes the recodes.
+        if let Some(journal) = &journal {
+            write_journal(self, remote, journal)?;
+        }
         let total: u64 = need.iter().map(|n| self.store().stored_len(&n.id).unwrap_or(0)).sum();
         self.progress().start("push", total);
         let mut done = 0;
@@ -131,6 +161,13 @@ impl Repo {
             self.progress().set(done);
         }
         self.progress().finish();
+        if let Some(journal) = journal {
+            let (objects, bytes) = recode(self, remote, &journal.recodes, transfers)?;
+            report.objects += objects;
+            report.objects_recoded += objects;
+            report.bytes += bytes;
+            remote.delete(&journal_key(&journal.version))?;
+        }
         report.requests = remote.requests();
         Ok(report)
     }
@@ -395,7 +432,7 @@ mod tests {
             std::fs::write(&spool, &bytes).unwrap();
             let f = store.store_file(&spool, &path, "s", &CommitOptions::default()).unwrap();
             let against: HashMap<ObjectId, ObjectId> = previous.map(|p| (f.manifest, p)).into_iter().collect();
-            let r = store.push_files_against(&remote, &[f.manifest], &against).unwrap();
+            let r = store.push_files_against(&remote, &[f.manifest], &against, Layout::Deltas).unwrap();
             // The blobs this step changed (the safetensors header is the same every step).
             let before: HashSet<ObjectId> =
                 previous.map(|p| store.manifest(&p).unwrap().blobs().collect()).unwrap_or_default();
@@ -460,6 +497,15 @@ mod tests {
                 return Err(crate::remote::Error::NotFound { remote: "interrupted".into(), key: key.into() });
             }
             self.inner.upload(key, file, path, len, mode)
+        }
+        fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> crate::remote::Result<()> {
+            self.inner.replace(key, file, path, len)
+        }
+        fn delete(&self, key: &str) -> crate::remote::Result<()> {
+            self.inner.delete(key)
+        }
+        fn read_head(&self, key: &str, len: u64) -> crate::remote::Result<(Vec<u8>, u64)> {
+            self.inner.read_head(key, len)
         }
         fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> crate::remote::Result<u64> {
             self.inner.download(key, out, limit)

@@ -16,16 +16,21 @@
 //!   interrupted push or fetch leaves both sides valid, and a rerun skips what arrived.
 //! - A remote ref moves by compare-and-swap against the state the pusher read, and only
 //!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
+//! - Uploads never replace an object. Only a mirror push's recodes do, each an older blob
+//!   recoded against a newer one that was absent when the push listed the remote and is
+//!   standalone when the recode is written: no reference cycle can form (`layout.rs`).
 //!
 //! Modules: `remotes` (the list, remote refs), `transfer` (one object up or down, retries,
 //! staging), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
-//! `wire_delta` (which blobs go up as deltas), `file_objects` (the git filter's transfers by
+//! `layout` (mirror or deltas: a mirror push's recodes and their journal), `wire_delta`
+//! (which blobs go up as deltas in the deltas layout), `file_objects` (the git filter's transfers by
 //! file).
 
 mod clone;
 mod error;
 mod fetch;
 mod file_objects;
+mod layout;
 mod partial;
 mod push;
 mod remotes;
@@ -36,10 +41,12 @@ pub use clone::{clone_from, clone_with_depth, pull, PullOutcome};
 pub use error::{Error, Result};
 pub use fetch::{fetch, fetch_from, FetchReport};
 pub use file_objects::FileTransfer;
+pub use layout::Layout;
 pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
 pub use remotes::{
-    absolute_dir_url, add_remote, default_remote, open_remote, remotes, remove_remote, RefUpdate, RemoteConfig,
+    absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,
+    RemoteConfig,
 };
 
 use crate::object_id::ObjectId;
@@ -54,16 +61,20 @@ pub fn push_files(repo: &Repo, remote: &dyn Remote, manifests: &[ObjectId]) -> R
     repo.push_files(remote, manifests)
 }
 
-/// [`push_files`], sending a blob as an XOR delta against the blob of the same tensor in the
-/// file `previous` maps its file to (the one the remote holds for the same path), where that
-/// pays and the remote's chain stays within bounds (docs/format.md, "Deltas on the wire").
+/// [`push_files`] in `layout`, `previous` mapping a file to the one the remote holds for the
+/// same path. Mirror: the new files go up as stored here (whole), then the previous files'
+/// blobs that local compaction recoded against the new ones are replaced on the remote by
+/// those deltas (docs/format.md, "A mirror push"). Deltas: a blob goes up as an XOR delta
+/// against the blob of the same tensor in the previous file, where that pays and the remote's
+/// chain stays within bounds (docs/format.md, "Deltas on the wire").
 pub fn push_files_against(
     repo: &Repo,
     remote: &dyn Remote,
     manifests: &[ObjectId],
     previous: &HashMap<ObjectId, ObjectId>,
+    layout: Layout,
 ) -> Result<FileTransfer> {
-    repo.push_files_against(remote, manifests, previous)
+    repo.push_files_against(remote, manifests, previous, layout)
 }
 
 /// Downloads the file whose manifest is `manifest` from `remote` into `repo`'s store (unless

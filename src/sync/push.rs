@@ -2,8 +2,11 @@
 //! before the delta and every object before any ref; then each ref by compare-and-swap, only
 //! forward.
 
+use super::layout::{
+    finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
+};
 use super::partial::check_pushable;
-use super::remotes::{open_remote, parse_ref, put_ref, ref_key, RefUpdate};
+use super::remotes::{open_remote, parse_ref, put_ref, ref_key, remote_layout, RefUpdate};
 use super::transfer::{parallel, upload_wire_delta};
 use super::wire_delta::WireDelta;
 use super::{Error, Result};
@@ -25,6 +28,9 @@ pub struct PushOptions {
     pub all: bool,
     /// Transfers in flight at once (at least 1).
     pub transfers: usize,
+    /// The remote's layout. `None`: the remote's setting in `.ckpt/remotes` for [`push`],
+    /// [`Layout::Mirror`] for [`push_to`].
+    pub layout: Option<Layout>,
 }
 
 /// What a push did.
@@ -46,6 +52,10 @@ pub struct PushReport {
     /// Of `objects_sent`, blobs sent as XOR deltas against a blob the remote already had
     /// (docs/format.md, "Remotes": deltas on the wire).
     pub objects_sent_as_deltas: u64,
+    /// Of `objects_sent`, blobs of older versions replaced on the remote by XOR deltas against
+    /// the newer blobs this push uploaded (the mirror layout's recodes, including those of
+    /// journals a killed push left); their bytes are in `bytes_sent`.
+    pub objects_recoded: u64,
     /// Requests sent to the remote.
     pub requests: u64,
     /// Versions a remote ref named whose version object or manifests the remote lacked: their
@@ -57,7 +67,11 @@ pub struct PushReport {
 /// now are (`refs/remotes/NAME/BRANCH`).
 pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport> {
     let remote = open_remote(repo, name)?;
-    let report = push_to(repo, remote.as_ref(), options)?;
+    let mut options = options.clone();
+    if options.layout.is_none() {
+        options.layout = Some(remote_layout(repo, name)?);
+    }
+    let report = push_to(repo, remote.as_ref(), &options)?;
     for update in report.updated.iter().filter(|u| u.kind == "branch") {
         repo.refs().set_remote(name, &update.name, &update.new)?;
     }
@@ -75,8 +89,15 @@ pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport
 /// each ref by compare-and-swap. A branch moves only forward from where the remote has it,
 /// a tag is never moved; otherwise, or if the ref changed on the remote during the push,
 /// the push is rejected ("fetch first") and the remote ref left as it was.
+///
+/// In the mirror layout (docs/format.md, "Remotes") the new versions' objects go up as this
+/// store holds them, and once a branch has moved, the blobs of the version it was at that the
+/// new version changed are replaced on the remote by deltas against the new blobs, as a
+/// journal written first records; journals a killed push left are finished first. In the
+/// deltas layout new blobs go up as forward deltas and nothing is replaced.
 pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Result<PushReport> {
     let url = remote.url().to_string();
+    let layout = options.layout.unwrap_or_default();
     let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
     if options.all {
         for (name, id) in repo.refs().list(RefKind::Branch)? {
@@ -177,6 +198,21 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     }
     remote_known.retain(|id| !incomplete.contains(id));
     report.repaired = incomplete.iter().map(|id| id.to_hex()).collect();
+
+    // Journals of mirror pushes that were killed or are still running (one listing): those
+    // whose version this push moves a branch to are merged into its own; the others are
+    // finished if their branch holds their version.
+    let mut own_journals: HashMap<VersionId, Vec<Recode>> = HashMap::new();
+    if layout == Layout::Mirror {
+        let own = |j: &Journal| j.branch.is_some() && moves.iter().any(|m| m.0 == RefKind::Branch && m.4 == j.version);
+        let ((objects, bytes), mine) = finish_journals(repo, remote, &own, options.transfers)?;
+        report.objects_sent += objects;
+        report.objects_recoded += objects;
+        report.bytes_sent += bytes;
+        for journal in mine {
+            own_journals.entry(journal.version).or_default().extend(journal.recodes);
+        }
+    }
     if moves.is_empty() && incomplete.is_empty() {
         report.requests = remote.requests();
         return Ok(report);
@@ -203,18 +239,69 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     // them (wire_delta.rs).
     let versions: Vec<VersionId> = need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
     let need_blobs: HashSet<ObjectId> = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
-    let wire = repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || present.contains(id))?;
+    let wire = match layout {
+        Layout::Deltas => {
+            repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || present.contains(id))?
+        }
+        Layout::Mirror => HashMap::new(),
+    };
+    // Mirror: the recodes each moved branch will do, written down before anything goes up.
+    let mut recodes: HashMap<VersionId, Vec<Recode>> = HashMap::new();
+    if layout == Layout::Mirror {
+        let mut protected: Option<HashSet<ObjectId>> = None;
+        for (kind, _, _, _, id, _) in &moves {
+            if *kind != RefKind::Branch || recodes.contains_key(id) {
+                continue;
+            }
+            let mut planned = Vec::new();
+            if !present.is_empty() {
+                planned = plan_recodes(repo, id, &present, &HashSet::new())?;
+            }
+            if !planned.is_empty() {
+                if protected.is_none() {
+                    let moving: Vec<String> = moves.iter().map(|m| m.2.clone()).collect();
+                    protected = Some(remote_tip_blobs(repo, remote, &moving)?);
+                }
+                let protected = protected.as_ref().expect("set above");
+                planned.retain(|r| !protected.contains(&r.older));
+            }
+            let mut all = own_journals.remove(id).unwrap_or_default();
+            for r in planned {
+                if !all.contains(&r) {
+                    all.push(r);
+                }
+            }
+            if !all.is_empty() {
+                let branch = moves.iter().find(|m| m.4 == *id).map(|m| m.1.clone());
+                write_journal(repo, remote, &Journal { branch, version: *id, recodes: all.clone() })?;
+                recodes.insert(*id, all);
+            }
+        }
+    }
     upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
 
     for (kind, name, key, old, id, expect) in moves {
         match put_ref(remote, &key, &id, &expect) {
-            Ok(()) => report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id }),
+            Ok(()) => {
+                report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id });
+                if let Some(planned) = recodes.remove(&id) {
+                    let (objects, bytes) = recode(repo, remote, &planned, options.transfers)?;
+                    report.objects_sent += objects;
+                    report.objects_recoded += objects;
+                    report.bytes_sent += bytes;
+                    remote.delete(&journal_key(&id))?;
+                }
+            }
             Err(remote::Error::Conflict { .. }) => {
+                // Its recodes are not done: the branch does not hold the version.
+                if recodes.remove(&id).is_some() {
+                    let _ = remote.delete(&journal_key(&id));
+                }
                 return Err(Error::Rejected {
                     remote: url,
                     what: format!("{} {name}", kind.name()),
                     reason: "fetch first: it changed on the remote during this push".into(),
-                })
+                });
             }
             Err(e) => return Err(e.into()),
         }

@@ -1,6 +1,7 @@
 //! The remote list (`.ckpt/remotes`: NAME → URL and settings) and the remote's refs
 //! (`refs/heads/NAME`, `refs/tags/NAME` holding a version id), moved by compare-and-swap.
 
+use super::layout::Layout;
 use super::transfer::OBJECT_ATTEMPTS;
 use super::{Error, Result};
 use crate::object_id::ObjectId;
@@ -22,6 +23,10 @@ pub struct RemoteConfig {
     /// S3 settings stored with the remote (never credentials).
     #[serde(default, skip_serializing_if = "is_default")]
     pub s3: S3Options,
+    /// How the remote stores versions ([`Layout::Mirror`] unless set; the default is not
+    /// written).
+    #[serde(default, skip_serializing_if = "Layout::is_default")]
+    pub layout: Layout,
 }
 
 fn is_default(o: &S3Options) -> bool {
@@ -119,11 +124,11 @@ pub(super) fn write_remotes(repo: &Repo, remotes: &BTreeMap<String, RemoteConfig
     Ok(repo.refs().write(&repo.ckpt_dir().join(REMOTES_FILE), &text)?)
 }
 
-/// Adds remote `name` at `url` (checked by opening it: a directory remote is created). A
-/// relative directory path is stored made absolute against the current directory; a URL
-/// with credentials in it (user information, a query string) is refused
+/// Adds remote `name` at `url` with `layout` (checked by opening it: a directory remote is
+/// created). A relative directory path is stored made absolute against the current directory;
+/// a URL with credentials in it (user information, a query string) is refused
 /// ([`remote::check_no_secrets`]).
-pub fn add_remote(repo: &Repo, name: &str, url: &str, s3: S3Options) -> Result<()> {
+pub fn add_remote(repo: &Repo, name: &str, url: &str, s3: S3Options, layout: Layout) -> Result<()> {
     check_name(name)?;
     let _lock = repo.lock()?;
     let mut remotes = remotes(repo)?;
@@ -136,7 +141,7 @@ pub fn add_remote(repo: &Repo, name: &str, url: &str, s3: S3Options) -> Result<(
     }
     let cwd = std::env::current_dir().map_err(|e| Error::Io { action: "reading", path: ".".into(), source: e })?;
     let url = &absolute_dir_url(url, &cwd);
-    let config = RemoteConfig { url: url.to_string(), s3 };
+    let config = RemoteConfig { url: url.to_string(), s3, layout };
     if url.starts_with("s3://") || url.contains("://") && !url.starts_with("file://") {
         // Checks the URL; an S3 remote is not contacted (the credentials may only be set
         // where it is used).
@@ -167,6 +172,12 @@ pub fn open_remote(repo: &Repo, name: &str) -> Result<Box<dyn Remote>> {
     // A relative directory path (stored by an older ckpt) means the same wherever the
     // command runs: relative to the working tree's root.
     Ok(remote::open(&absolute_dir_url(&config.url, repo.root()), &config.s3)?)
+}
+
+/// The layout of the remote `name`.
+pub fn remote_layout(repo: &Repo, name: &str) -> Result<Layout> {
+    let remotes = remotes(repo)?;
+    Ok(remotes.get(name).ok_or_else(|| Error::NoSuchRemote { name: name.into() })?.layout)
 }
 
 /// The remote a command uses when none is named: `origin`, or the only one.

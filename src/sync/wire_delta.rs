@@ -1,5 +1,6 @@
-//! Deltas on the wire: which blobs a push sends as XOR deltas against blobs the remote already
-//! holds, and how deep the remote's chains may grow (docs/format.md, "Remotes").
+//! Deltas on the wire (the deltas layout, `layout.rs`): which blobs a push sends as XOR deltas
+//! against blobs the remote already holds, and how deep the remote's chains may grow
+//! (docs/format.md, "Remotes").
 //!
 //! Locally the newest version is whole and older ones are reverse deltas, so a push after an
 //! epoch would otherwise send the new version whole. XOR is symmetric: the new blob can travel

@@ -119,6 +119,9 @@ fn the_pre_push_hook_sends_the_next_epoch_as_deltas_and_a_clone_smudges_both_bit
     std::fs::write(a.join(".ckptconfig"), format!("[ckpt]\n\tremote = {}\n", remote.display())).unwrap();
     env.git(env.tmp.path(), &["init", "-q", "--bare", "-b", "main", "origin.git"]);
     env.git(&a, &["remote", "add", "origin", env.path("origin.git").to_str().unwrap()]);
+    // Forward deltas on the wire: the deltas layout (the mirror layout's hook is tested in
+    // remote_layout.rs).
+    env.git(&a, &["config", "ckpt.layout", "deltas"]);
     let commit_epoch = |epoch: u32| {
         std::fs::write(a.join("model.safetensors"), model(epoch)).unwrap();
         env.git(&a, &["add", "-A"]);

@@ -12,6 +12,7 @@ mod git_store_trust;
 
 mod remote;
 mod remote_faults;
+mod remote_layout;
 mod remote_trust;
 mod remote_wire;
 mod repo_compact;

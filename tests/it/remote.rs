@@ -227,6 +227,15 @@ impl Remote for Flaky<'_> {
         self.spend()?;
         self.inner.upload(key, file, path, len, mode)
     }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> remote::Result<()> {
+        self.inner.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> remote::Result<()> {
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
     fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
         self.spend()?;
         self.inner.download(key, out, limit)

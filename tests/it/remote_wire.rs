@@ -1,6 +1,6 @@
 //! Deltas on the wire and partial clones (issue 21), through the `ckpt` binary against a
-//! directory remote and a real S3-protocol server (`s3s-fs`, as in `support/remote.rs`): a push after
-//! an epoch sends the new blobs as XOR deltas against the remote's, fetch and clone rebuild
+//! directory remote and a real S3-protocol server (`s3s-fs`, as in `support/remote.rs`): with
+//! `--layout deltas` (the mirror layout is tested in `remote_layout.rs`), a push after an epoch sends the new blobs as XOR deltas against the remote's, fetch and clone rebuild
 //! every version bit-exactly, a damaged delta or a missing base is refused and named, chains on
 //! the remote stay bounded, and `clone --depth` downloads only the newest versions until a
 //! checkout asks for an older one.
@@ -63,7 +63,7 @@ fn checked_out(r: &Served, dir: &Path, rev: &str) -> Vec<(String, Vec<u8>)> {
 
 fn epoch_after_epoch_goes_up_as_deltas(r: &Served) {
     let a = trained(r, 11, 1);
-    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    r.ok(a.path(), &["remote", "add", "origin", &r.url, "--layout", "deltas"]);
     let first = json(&r.ok(a.path(), &["push", "--json"]));
     let whole = first["bytes_sent"].as_u64().unwrap();
     assert_eq!(first["objects_sent_as_deltas"], 0, "nothing to code against yet: {first}");
@@ -98,7 +98,7 @@ fn epoch_after_epoch_goes_up_as_deltas(r: &Served) {
 
 fn damaged_delta_and_missing_base_are_refused(r: &Served) {
     let a = trained(r, 12, 1);
-    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    r.ok(a.path(), &["remote", "add", "origin", &r.url, "--layout", "deltas"]);
     r.ok(a.path(), &["push"]);
     std::fs::write(a.path().join("model.safetensors"), model(12, 1)).unwrap();
     r.ok(a.path(), &["commit", "-m", "epoch 1", "model.safetensors"]);
@@ -140,7 +140,7 @@ fn chains_on_the_remote_stay_bounded(r: &Served) {
     let dir = tempfile::tempdir().unwrap();
     r.ok(dir.path(), &["init"]);
     std::fs::write(dir.path().join(".ckpt/config"), r#"{"base_every": 3}"#).unwrap();
-    r.ok(dir.path(), &["remote", "add", "origin", &r.url]);
+    r.ok(dir.path(), &["remote", "add", "origin", &r.url, "--layout", "deltas"]);
     let mut deltas = 0;
     let mut deepest_seen = 0;
     for epoch in 0..7 {

@@ -419,14 +419,16 @@ fn pre_push(ui: &Ui, base: &Path, remote_name: &str, url: Option<&str>, json: bo
         .with_context(|| format!("opening the ckpt remote {} (from {})", remote_url.url, remote_url.source))?;
     // git runs the hook with the remote's name, or its URL when pushing to one unnamed.
     let previous = ckpt_remote::previous_files(&git, &refs, Some(remote_name), &pointers)?;
-    let report = ckpt_remote::push_pointers(&store, remote.as_ref(), &pointers, &previous).with_context(|| {
-        format!(
-            "uploading weights to the ckpt remote {} (from {}) before pushing to {remote_name}{}",
-            remote_url.url,
-            remote_url.source,
-            url.map(|u| format!(" ({u})")).unwrap_or_default()
-        )
-    })?;
+    let layout = ckpt_remote::layout(&git)?;
+    let report =
+        ckpt_remote::push_pointers(&store, remote.as_ref(), &pointers, &previous, layout).with_context(|| {
+            format!(
+                "uploading weights to the ckpt remote {} (from {}) before pushing to {remote_name}{}",
+                remote_url.url,
+                remote_url.source,
+                url.map(|u| format!(" ({u})")).unwrap_or_default()
+            )
+        })?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {

@@ -32,7 +32,7 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
         Some(r) => r,
         None => ckpt::sync::default_remote(&repo)?,
     };
-    let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers() };
+    let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers(), layout: None };
     let report = ckpt::sync::push(&repo, &remote, &options).with_context(|| format!("pushing to {remote}"))?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
@@ -48,8 +48,13 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     for id in &report.repaired {
         eprintln!("version {}: the remote lacked some of its objects; uploaded them again", &id[..12]);
     }
+    let recoded = if report.objects_recoded > 0 {
+        format!(", {} older blobs recoded there as deltas against the new ones", report.objects_recoded)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "{}: sent {} objects ({}; {} as deltas against what it had), {} already there, {} requests",
+        "{}: sent {} objects ({}; {} as deltas against what it had{recoded}), {} already there, {} requests",
         report.remote,
         report.objects_sent,
         bytes(report.bytes_sent),

@@ -1,5 +1,5 @@
-//! `ckpt remote add NAME URL [--endpoint URL] [--region R] [--allow-http]`, `ckpt remote remove
-//! NAME`, `ckpt remote [-v]`.
+//! `ckpt remote add NAME URL [--endpoint URL] [--region R] [--allow-http] [--layout
+//! mirror|deltas]`, `ckpt remote remove NAME`, `ckpt remote [-v]`.
 
 use crate::cli::ui::{open_repo, Ui};
 use anyhow::Result;
@@ -48,6 +48,12 @@ enum Action {
         url: String,
         #[command(flatten)]
         s3: S3Args,
+        /// How the remote stores versions: `mirror` keeps the newest version of each branch
+        /// whole there (older ones as reverse deltas), so reading the latest downloads one
+        /// checkpoint; `deltas` uploads forward deltas and never replaces an object, the
+        /// least upload for pushers on a thin uplink.
+        #[arg(long, default_value = "mirror")]
+        layout: ckpt::sync::Layout,
     },
     /// Remove a remote and its remote-tracking branches.
     Remove {
@@ -60,11 +66,11 @@ enum Action {
 pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     match args.action {
-        Some(Action::Add { name, url, s3 }) => {
+        Some(Action::Add { name, url, s3, layout }) => {
             // A relative directory remote is relative to where the command runs (`-C` included),
             // and stored absolute.
             ckpt::remote::check_no_secrets(&url)?;
-            ckpt::sync::add_remote(&repo, &name, &ckpt::sync::absolute_dir_url(&url, base), s3.into())?;
+            ckpt::sync::add_remote(&repo, &name, &ckpt::sync::absolute_dir_url(&url, base), s3.into(), layout)?;
         }
         Some(Action::Remove { name }) => ckpt::sync::remove_remote(&repo, &name)?,
         None => {
@@ -73,7 +79,7 @@ pub fn run(ui: &Ui, base: &Path, args: RemoteArgs) -> Result<()> {
                     outln!("{name}")?;
                     continue;
                 }
-                let mut extra = Vec::new();
+                let mut extra = vec![format!("layout={}", config.layout)];
                 if let Some(e) = &config.s3.endpoint {
                     extra.push(format!("endpoint={}", ckpt::remote::redact_url(e)));
                 }

@@ -1,0 +1,445 @@
+//! The layout of a remote's store (docs/format.md, "Remotes"): which form each object takes
+//! there, and the recodes and journal of a mirror push.
+//!
+//! - **mirror** (the default): the remote mirrors the local store. A push uploads the new
+//!   version's objects as the local store holds them (the newest version whole), then replaces
+//!   the blobs of the parent version that the new version changed by XOR deltas against the new
+//!   blobs (a *recode*), so readers of the newest version download one checkpoint.
+//! - **deltas**: new blobs go up as forward deltas against the parent's blobs (`wire_delta.rs`)
+//!   and nothing on the remote is ever replaced: the least upload, for thin uplinks.
+//!
+//! A recode replaces an object that concurrent readers and pushers may be using, so it follows
+//! the rules that keep the remote valid whatever else runs (the proof is in docs/format.md):
+//! a pair (older blob Y, newer blob X) is planned only if the listing taken at the start of the
+//! push had Y and lacked X (so Y appeared on the remote before X, forever: keys are never
+//! deleted), is written down in a journal key `pending/<version>` before anything is uploaded,
+//! and is carried out only once X is on the remote and standalone there. A push first finishes
+//! the journals a killed push left.
+
+use super::remotes::{parse_ref, ref_key};
+use super::transfer::{parallel, with_retries};
+use super::{Error, Result};
+use crate::object_id::ObjectId;
+use crate::remote::{self, Remote};
+use crate::repo::{RefKind, Repo, Version, VersionId};
+use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN};
+use std::collections::HashSet;
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How a remote stores versions (the `layout` key of a remote in `.ckpt/remotes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// The newest version of each branch whole, older ones reverse deltas against newer ones,
+    /// as the local store keeps them: a reader of the newest version downloads one checkpoint.
+    #[default]
+    Mirror,
+    /// Forward deltas as the epochs were pushed, nothing on the remote ever replaced: a push
+    /// uploads about what the epoch added.
+    Deltas,
+}
+
+impl Layout {
+    /// Its name in settings and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Mirror => "mirror",
+            Layout::Deltas => "deltas",
+        }
+    }
+
+    /// Whether this is the default ([`Layout::Mirror`]), which the remote list does not write.
+    pub fn is_default(&self) -> bool {
+        *self == Layout::default()
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Layout, String> {
+        match s {
+            "mirror" => Ok(Layout::Mirror),
+            "deltas" => Ok(Layout::Deltas),
+            other => Err(format!("unknown remote layout {other:?} (mirror or deltas)")),
+        }
+    }
+}
+
+/// One planned recode: the remote's `older` blob is to become an XOR delta against `newer`
+/// (same tensor, a newer version on the same first-parent line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub(super) struct Recode {
+    /// The blob that is replaced (it was on the remote before the push listed it).
+    pub older: ObjectId,
+    /// Its reference (the push's listing did not have it).
+    pub newer: ObjectId,
+}
+
+/// What a push records on the remote before it uploads anything: the recodes it will do once
+/// its ref has moved, so that a rerun can finish them after a kill.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Journal {
+    /// The branch pushed; `None` for the git filter's file transfers, which move no ckpt ref
+    /// (git moves its own after the pre-push hook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// The version pushed there (file transfers: the id of the recodes' JSON, naming the key).
+    pub version: VersionId,
+    /// The recodes, each valid forever (see the module documentation).
+    pub recodes: Vec<Recode>,
+}
+
+/// Where journals live on the remote.
+pub(super) const JOURNAL_PREFIX: &str = "pending/";
+
+/// Largest journal a push reads (about 130 bytes a recode).
+const MAX_JOURNAL_LEN: u64 = 64 << 20;
+
+/// A recode must save at least this much (one file-system block, as local compaction).
+const MIN_SAVING: u64 = 4096;
+
+pub(super) fn journal_key(version: &VersionId) -> String {
+    format!("{JOURNAL_PREFIX}{}", version.to_hex())
+}
+
+/// Whether `v` is pinned: its blobs stay whole, locally and on a mirror remote (the chain
+/// bound of docs/format.md, "Commit policy").
+fn pinned(v: &Version) -> bool {
+    v.since_base == 0 && !v.parents.is_empty()
+}
+
+/// Plans the recodes of a mirror push of `tip`: the blobs of the newest version on `tip`'s
+/// first-parent line that the remote holds (`present`, the push's listing) which the next
+/// whole version above it changed, each paired with the same tensor's blob there (tensors
+/// matched with [`Repo::counterparts`], as local compaction pairs them). The whole version
+/// above is `tip`, or the pinned version closest above it if there is one (its blobs stay
+/// whole). Kept only where the older blob is on the remote, the newer is not (so it is
+/// uploaded by this push), the older version is not pinned, and the older blob is not held by
+/// the tip, the whole version, or `protected` (the tips of the remote's other branches).
+pub(super) fn plan_recodes(
+    repo: &Repo,
+    tip: &VersionId,
+    present: &HashSet<ObjectId>,
+    protected: &HashSet<ObjectId>,
+) -> Result<Vec<Recode>> {
+    let tip_version = repo.version(tip)?;
+    let mut whole = tip_version.clone();
+    let mut current = tip_version.clone();
+    let older = loop {
+        let Some(parent) = current.parents.first().copied() else { return Ok(Vec::new()) };
+        // A version this store lacks (a partial clone's cut): nothing to plan.
+        let Ok(parent_version) = repo.version(&parent) else { return Ok(Vec::new()) };
+        if present.contains(&parent) {
+            break parent_version;
+        }
+        if pinned(&parent_version) {
+            whole = parent_version.clone();
+        }
+        current = parent_version;
+    };
+    if pinned(&older) {
+        return Ok(Vec::new());
+    }
+    let mut keep: HashSet<ObjectId> = protected.clone();
+    for v in [&tip_version, &whole] {
+        for f in &v.files {
+            keep.extend(repo.manifest(&f.manifest)?.blobs());
+        }
+    }
+    let mut changed = Vec::new();
+    for f in whole.files.iter().filter(|f| older.file(&f.path).is_none_or(|p| p.manifest != f.manifest)) {
+        changed.push((f.path.as_str(), repo.manifest(&f.manifest)?));
+    }
+    let mut seen = HashSet::new();
+    let mut recodes = Vec::new();
+    for pair in repo.counterparts(changed.iter().map(|(path, m)| (*path, m)), &older) {
+        let (newer, older) = (pair.new, pair.old);
+        if newer == older
+            || !present.contains(&older)
+            || present.contains(&newer)
+            || keep.contains(&older)
+            || !repo.store().contains(&older)
+            || !repo.store().contains(&newer)
+            || !seen.insert(older)
+        {
+            continue;
+        }
+        recodes.push(Recode { older, newer });
+    }
+    Ok(recodes)
+}
+
+/// Plans the recodes of the git filter's file transfers in the mirror layout: for each file
+/// `wanted` (manifest) whose path's previous content `previous` names and the remote holds
+/// (`present`), each blob of that previous file paired with the same tensor's blob of the new
+/// one ([`crate::repo::Manifest::same_tensor_blobs`]), kept if the older is on the remote and the
+/// newer is not (as for a push), neither is held whole by a `wanted` file, and this store holds
+/// the older as exactly that delta already: local compaction made it, under the local chain
+/// bound (the filter's store pins versions as any store does), which the remote so keeps.
+pub(super) fn plan_file_recodes(
+    repo: &Repo,
+    wanted: &[ObjectId],
+    previous: &std::collections::HashMap<ObjectId, ObjectId>,
+    present: &HashSet<ObjectId>,
+) -> Result<Vec<Recode>> {
+    let mut keep = HashSet::new();
+    for m in wanted {
+        keep.extend(repo.manifest(m)?.blobs());
+    }
+    let mut seen = HashSet::new();
+    let mut recodes = Vec::new();
+    for m in wanted {
+        let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
+        if !repo.store().contains(old) {
+            continue;
+        }
+        let (new_manifest, old_manifest) = (repo.manifest(m)?, repo.manifest(old)?);
+        for pair in new_manifest.same_tensor_blobs(&old_manifest) {
+            let (newer, older) = (pair.new, pair.old);
+            if newer == older
+                || !present.contains(&older)
+                || present.contains(&newer)
+                || keep.contains(&older)
+                || !repo.store().contains(&newer)
+                || !seen.insert(older)
+            {
+                continue;
+            }
+            let compacted =
+                repo.store().contains(&older) && repo.store().header(&older).is_ok_and(|h| h.reference == Some(newer));
+            if compacted {
+                recodes.push(Recode { older, newer });
+            }
+        }
+    }
+    Ok(recodes)
+}
+
+/// The journal of a file transfer's `recodes`, named by their own id.
+pub(super) fn file_journal(recodes: Vec<Recode>) -> Journal {
+    let version = ObjectId::hash(&serde_json::to_vec(&recodes).expect("recodes serialize"));
+    Journal { branch: None, version, recodes }
+}
+
+/// Lists and finishes the journals on the remote (a push in the mirror layout does this
+/// first); journals of versions in `own` are returned instead, to be merged into the caller's.
+/// Returns the recodes done and their bytes, and the journals left to the caller.
+pub(super) fn finish_journals(
+    repo: &Repo,
+    remote: &dyn Remote,
+    own: &dyn Fn(&Journal) -> bool,
+    transfers: usize,
+) -> Result<((u64, u64), Vec<Journal>)> {
+    let keys = remote.list(JOURNAL_PREFIX)?;
+    let mut done = (0, 0);
+    let mut mine = Vec::new();
+    if keys.is_empty() {
+        return Ok((done, mine));
+    }
+    for journal in read_journals(remote, &keys)? {
+        if own(&journal) {
+            mine.push(journal);
+        } else if let Some((objects, bytes)) = finish_journal(repo, remote, &journal, transfers)? {
+            done.0 += objects;
+            done.1 += bytes;
+        }
+    }
+    Ok((done, mine))
+}
+
+/// The remote tips' blobs this store knows (the versions of `refs/heads/*` on the remote that
+/// are here, except `moving`, the refs this push moves): a recode leaves them whole.
+pub(super) fn remote_tip_blobs(repo: &Repo, remote: &dyn Remote, moving: &[String]) -> Result<HashSet<ObjectId>> {
+    let mut blobs = HashSet::new();
+    for key in remote.list("refs/heads/")? {
+        if moving.contains(&key) {
+            continue;
+        }
+        let Some(small) = remote.get_small(&key)? else { continue };
+        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
+        let Ok(v) = repo.version(&id) else { continue };
+        for f in &v.files {
+            if let Ok(m) = repo.manifest(&f.manifest) {
+                blobs.extend(m.blobs());
+            }
+        }
+    }
+    Ok(blobs)
+}
+
+/// Writes `journal` under its key (replacing a journal of the same version, whose recodes the
+/// caller merged into this one).
+pub(super) fn write_journal(repo: &Repo, remote: &dyn Remote, journal: &Journal) -> Result<()> {
+    let bytes = serde_json::to_vec(journal).expect("a journal serializes");
+    let mut tmp = repo.store().receive_file()?;
+    std::io::Write::write_all(tmp.as_file_mut(), &bytes).map_err(|e| Error::Io {
+        action: "writing",
+        path: tmp.path().to_path_buf(),
+        source: e,
+    })?;
+    let key = journal_key(&journal.version);
+    with_retries(|| Ok(remote.replace(&key, tmp.as_file(), tmp.path(), bytes.len() as u64)?))
+}
+
+/// The journals on the remote (`keys`, from a listing of [`JOURNAL_PREFIX`]); one that vanished
+/// meanwhile (finished by another push) or does not parse (not ckpt's) is left out.
+pub(super) fn read_journals(remote: &dyn Remote, keys: &[String]) -> Result<Vec<Journal>> {
+    let mut out = Vec::new();
+    for key in keys {
+        let mut bytes = Vec::new();
+        match remote.download(key, &mut bytes, MAX_JOURNAL_LEN) {
+            Ok(_) => {}
+            Err(remote::Error::NotFound { .. } | remote::Error::TooLarge { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if let Ok(journal) = serde_json::from_slice::<Journal>(&bytes) {
+            if journal_key(&journal.version) == *key {
+                out.push(journal);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Finishes `journal` if its branch on the remote holds its version, or a version this store
+/// knows to descend from it (a file transfer's journal: always): does its recodes, then deletes
+/// it. A journal whose push never moved its ref (killed before, or rejected) waits for that
+/// push's rerun. Returns the recodes done and their bytes.
+pub(super) fn finish_journal(
+    repo: &Repo,
+    remote: &dyn Remote,
+    journal: &Journal,
+    transfers: usize,
+) -> Result<Option<(u64, u64)>> {
+    if let Some(branch) = &journal.branch {
+        let key = ref_key(RefKind::Branch, branch);
+        let Some(small) = remote.get_small(&key)? else { return Ok(None) };
+        let Ok(tip) = parse_ref(remote, &key, &small.bytes) else { return Ok(None) };
+        let holds = tip == journal.version
+            || (repo.store().contains(&tip)
+                && repo.store().contains(&journal.version)
+                && repo.is_ancestor(&journal.version, &tip).unwrap_or(false));
+        if !holds {
+            return Ok(None);
+        }
+    }
+    let done = recode(repo, remote, &journal.recodes, transfers)?;
+    remote.delete(&journal_key(&journal.version))?;
+    Ok(Some(done))
+}
+
+/// Carries out `recodes` (in parallel): each older blob whose newer blob is on the remote and
+/// standalone there, and which is itself still standalone there, is replaced by an XOR delta
+/// against the newer one, if that saves at least [`MIN_SAVING`] bytes. Returns the objects
+/// replaced and the bytes uploaded.
+pub(super) fn recode(repo: &Repo, remote: &dyn Remote, recodes: &[Recode], transfers: usize) -> Result<(u64, u64)> {
+    let objects = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    parallel(recodes, transfers, |r| {
+        if let Some(len) = recode_one(repo, remote, r)? {
+            objects.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(())
+    })?;
+    Ok((objects.into_inner(), bytes.into_inner()))
+}
+
+/// The header of object `id` on the remote and the object's size there (one ranged read);
+/// `None` if it is absent or its header does not decode (then nothing is coded against it or
+/// replaces it).
+fn remote_header(remote: &dyn Remote, id: &ObjectId) -> Result<Option<(ObjectHeader, u64)>> {
+    match remote.read_head(&remote::object_key(id), HEADER_LEN as u64) {
+        Ok((head, size)) => Ok(ObjectHeader::decode(*id, &head).ok().map(|h| (h, size))),
+        Err(remote::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn recode_one(repo: &Repo, remote: &dyn Remote, r: &Recode) -> Result<Option<u64>> {
+    // The newer blob must be standalone at this moment: from then on it can only become a
+    // recode against a blob newer still, so no chain from it leads back to the older one.
+    let Some((newer, _)) = remote_header(remote, &r.newer)? else { return Ok(None) };
+    if newer.kind != ObjectKind::Blob || newer.reference.is_some() {
+        return Ok(None);
+    }
+    // Already a delta (this recode done by an earlier run, or another encoding): left alone.
+    let Some((older, remote_len)) = remote_header(remote, &r.older)? else { return Ok(None) };
+    if older.kind != ObjectKind::Blob || older.reference.is_some() {
+        return Ok(None);
+    }
+    if !repo.store().contains(&r.older) || !repo.store().contains(&r.newer) {
+        return Ok(None);
+    }
+    let limit = remote_len.saturating_sub(MIN_SAVING);
+    let key = remote::object_key(&r.older);
+    // The delta local compaction made, if it is exactly this one: sent as it is (the open
+    // file, whose header was read: a compaction cannot change it under the upload).
+    let path = repo.store().object_path(&r.older);
+    if let Ok(mut file) = std::fs::File::open(&path) {
+        let mut head = Vec::with_capacity(HEADER_LEN);
+        let read = (&mut file).take(HEADER_LEN as u64).read_to_end(&mut head);
+        let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+        if read.is_ok()
+            && ObjectHeader::decode(r.older, &head).is_ok_and(|h| h.reference == Some(r.newer) && h.depth == 1)
+            && len < limit
+        {
+            with_retries(|| Ok(remote.replace(&key, &file, &path, len)?))?;
+            return Ok(Some(len));
+        }
+    }
+    let target = repo.store().open_blob(&r.older)?;
+    let reference = repo.store().open_blob(&r.newer)?;
+    let coded =
+        match repo.store().encode_delta_for_transfer(&target, &reference, 1, limit, &repo.config().codec_options()) {
+            Ok(coded) => coded,
+            // A pair the coder refuses (another chunk size since a config change): left whole.
+            Err(crate::store::Error::Encode { source: crate::codec::Error::InvalidInput(reason), .. })
+                if !reason.starts_with("writing") =>
+            {
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+    let Some((tmp, len)) = coded else { return Ok(None) };
+    with_retries(|| Ok(remote.replace(&key, tmp.as_file(), tmp.path(), len)?))?;
+    Ok(Some(len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_parse_print_and_serialize_by_name() {
+        for layout in [Layout::Mirror, Layout::Deltas] {
+            assert_eq!(layout.name().parse::<Layout>(), Ok(layout));
+            assert_eq!(serde_json::to_string(&layout).unwrap(), format!("\"{layout}\""));
+        }
+        assert!("forward".parse::<Layout>().is_err());
+        assert_eq!(Layout::default(), Layout::Mirror);
+        assert!(Layout::Mirror.is_default() && !Layout::Deltas.is_default());
+    }
+
+    #[test]
+    fn a_journal_round_trips_and_a_file_journal_is_named_by_its_recodes() {
+        let r = Recode { older: ObjectId::hash(b"y"), newer: ObjectId::hash(b"x") };
+        let j = Journal { branch: Some("main".into()), version: ObjectId::hash(b"v"), recodes: vec![r] };
+        let text = serde_json::to_vec(&j).unwrap();
+        assert_eq!(serde_json::from_slice::<Journal>(&text).unwrap(), j);
+        let f = file_journal(vec![r]);
+        assert_eq!(f.branch, None);
+        assert_eq!(f.version, file_journal(vec![r]).version);
+        assert_ne!(f.version, file_journal(vec![Recode { older: r.newer, newer: r.older }]).version);
+        assert!(!String::from_utf8(serde_json::to_vec(&f).unwrap()).unwrap().contains("branch"));
+    }
+}
