@@ -114,10 +114,14 @@ def _classes():
                 if name.endswith(".tmp"):
                     name = name[: -len(".tmp")]
                 fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC)
-                with os.fdopen(fd, "wb") as f:
-                    yield f
-                    f.flush()
-                    stored = self.native.store_objects(f"/proc/self/fd/{fd}", name, self.previous)
+                # DCP may close the stream itself: the file is read through a descriptor of ours.
+                kept = os.dup(fd)
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        yield f
+                    stored = self.native.store_objects(f"/proc/self/fd/{kept}", name, self.previous)
+                finally:
+                    os.close(kept)
                 with self.lock:
                     self.stored[name] = stored
             else:

@@ -96,7 +96,7 @@ def save_worker(rank, world, port, repo, seed, out, fail_rank, gate):
         dist.destroy_process_group()
 
 
-def load_worker(rank, world, port, repo, seed, out, rev):
+def load_worker(rank, world, port, repo, seed, rev, out):
     mesh = init(rank, world, port)
     try:
         sd = sharded(full_state(seed), mesh, zero=True)
