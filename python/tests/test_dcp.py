@@ -90,7 +90,7 @@ def save_worker(rank, world, port, repo, seed, out, fail_rank, gate):
             writer.write_data = write_data
         dcp.save(sharded(full_state(seed), mesh), storage_writer=writer)
         report(out, rank, {"ok": True})
-    except Exception as e:  # noqa: BLE001 - reported to the test
+    except BaseException as e:  # noqa: BLE001 - reported to the test (CheckpointException is one)
         report(out, rank, {"ok": False, "error": str(e)})
     finally:
         dist.destroy_process_group()
@@ -104,7 +104,7 @@ def load_worker(rank, world, port, repo, seed, rev, out):
         full = full_state(seed)
         same = all(torch.equal(sd[k].full_tensor(), full[k]) for k in full)
         report(out, rank, {"ok": same and sd["step"] == 1234, "local": list(sd["w"].to_local().shape)})
-    except Exception as e:  # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
@@ -178,8 +178,7 @@ def test_a_rank_that_raises_leaves_no_version(repo_dir, tmp_path):
     got = save(4, repo_dir, 1, str(tmp_path / "f"), fail_rank=2)
     assert not any(r["ok"] for r in got), got
     assert "rank failed on purpose" in json.dumps(got)
-    with pytest.raises(ckpt.CkptError):
-        log(repo_dir)  # the branch has no version
+    assert NativeRepo.discover(repo_dir).branch_tip("main") is None  # no version, no ref
     # The objects stored before the failure are garbage; the store works on.
     assert save(4, repo_dir, 1, str(tmp_path / "ok")) == [{"ok": True}] * 4
     assert len(log(repo_dir)) == 1
