@@ -478,7 +478,12 @@ impl Repo {
 
     /// Writes `input`'s manifest to `store` unless stored already; returns the file's entry and
     /// the object written, if any.
-    pub(super) fn write_manifest(&self, store: &Store, input: &Input, h: &HashedFile) -> Result<(FileEntry, Option<Written>)> {
+    pub(super) fn write_manifest(
+        &self,
+        store: &Store,
+        input: &Input,
+        h: &HashedFile,
+    ) -> Result<(FileEntry, Option<Written>)> {
         let manifest = manifest_of(input, &h.segments, &h.bundles, h.hash);
         let over = |reason| Error::OverLimit { what: input.path.to_string(), reason };
         manifest.check_limits().map_err(over)?;

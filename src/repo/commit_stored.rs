@@ -88,8 +88,10 @@ impl Repo {
         }
         let mut by_path = BTreeMap::new();
         for f in files {
-            RepoPath::parse(&f.path)
-                .map_err(|reason| Error::InvalidPath { path: std::path::PathBuf::from(&f.path), reason: reason.to_string() })?;
+            RepoPath::parse(&f.path).map_err(|reason| Error::InvalidPath {
+                path: std::path::PathBuf::from(&f.path),
+                reason: reason.to_string(),
+            })?;
             let path = f.path.clone();
             if by_path.insert(path.clone(), f).is_some() {
                 return Err(Error::InvalidPath { path: path.into(), reason: "listed twice in one version".into() });
@@ -180,7 +182,8 @@ mod tests {
         assert_eq!(repo.branch_tip("main").unwrap(), None);
         assert!(repo.store().contains(&a.manifest));
 
-        let v1 = repo.commit_stored("main", None, vec![b.clone(), a.clone()], "save 1", &CommitOptions::default()).unwrap();
+        let v1 =
+            repo.commit_stored("main", None, vec![b.clone(), a.clone()], "save 1", &CommitOptions::default()).unwrap();
         assert_eq!(repo.branch_tip("main").unwrap(), Some(v1));
         let version = repo.version(&v1).unwrap();
         assert_eq!(version.files, vec![a.clone(), b.clone()]);
