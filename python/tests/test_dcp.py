@@ -202,3 +202,15 @@ def test_two_jobs_saving_to_one_branch_at_once_one_is_refused(repo_dir, tmp_path
     assert len(versions) == 2 and versions[1]["id"] == before
     assert versions[0]["message"] == "seed 2"
 
+
+
+def test_async_save_in_one_process_then_load(repo_dir):
+    """`dcp.async_save` with the Writer (one process, no process group)."""
+    full = full_state(4)
+    sd = dict(full, step=1234)
+    dcp.async_save(sd, storage_writer=ckpt.dcp.Writer(repo_dir, message="async")).result()
+    assert [v["message"] for v in log(repo_dir)] == ["async"]
+    out = {k: torch.zeros_like(v) for k, v in full.items()}
+    out["step"] = 0
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert all(torch.equal(out[k], full[k]) for k in full) and out["step"] == 1234
