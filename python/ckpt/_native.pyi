@@ -114,6 +114,26 @@ class Repo:
         written. Returns the version id; with `background`, a ``CommitHandle`` at once, the
         commit running on another thread. The caller waits for an earlier background commit of
         the repository first (the Python package does)."""
+    def current_branch(self) -> Tuple[str, Optional[str]]:
+        """The current branch and the version it points at (`None`: none yet); a detached
+        `HEAD` is an error."""
+    def branch_tip(self, name: str) -> Optional[str]:
+        """The version branch `name` points at (`None`: no such branch or no version yet)."""
+    def store_objects(self, disk: str, path: str, previous: Optional[str] = None) -> Tuple[str, str, str, int]:
+        """Stores the file at `disk` as the content of `path`: objects only (no version, no
+        ref, no writer lock), delta-coded against `path` in version `previous` where the delta
+        policy allows. Returns `(path, manifest, file hash, length)` for `commit_stored`."""
+    def commit_stored(
+        self,
+        branch: str,
+        expected: Optional[str],
+        files: Sequence[Tuple[str, str, str, int]],
+        message: str,
+        tags: Sequence[str] = (),
+    ) -> str:
+        """Writes one version of `files` (as `store_objects` returned them) on top of
+        `expected` and moves `branch` to it unless the branch has moved since (an error,
+        nothing written); tags it with `tags`. Returns the version id."""
     def resolve(self, rev: str) -> str:
         """The full id of the version `rev` names."""
     def log_json(self, rev: str = "HEAD") -> str:

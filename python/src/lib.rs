@@ -635,6 +635,84 @@ impl Repo {
         Ok(Bound::new(py, CommitHandle { job })?.into_any())
     }
 
+    /// The current branch and the version it points at (`None`: none yet). A detached `HEAD`
+    /// is an error: a distributed save moves a branch.
+    fn current_branch(&self, py: Python<'_>) -> PyResult<(String, Option<String>)> {
+        let (name, tip) = self.run(py, |repo| match repo.head()? {
+            Head::Branch(name) => {
+                let tip = repo.branch_tip(&name)?;
+                Ok(Ok((name, tip)))
+            }
+            Head::Detached(id) => Ok(Err(id)),
+        })?
+        .map_err(|id| err(format!("HEAD is detached at {}: name the branch to save to", id.to_hex())))?;
+        Ok((name, tip.map(|t| t.to_hex())))
+    }
+
+    /// The version branch `name` points at (`None`: no such branch or no version yet).
+    fn branch_tip(&self, py: Python<'_>, name: &str) -> PyResult<Option<String>> {
+        let name = name.to_string();
+        Ok(self.run(py, move |repo| repo.branch_tip(&name))?.map(|t| t.to_hex()))
+    }
+
+    /// Stores the file at `disk` as the content of `path` (objects only: no version, no ref,
+    /// no writer lock), delta-coded against the same path in version `previous` where the
+    /// repository's delta policy allows. Returns `(path, manifest, file hash, length)` for
+    /// [`Repo::commit_stored`].
+    #[pyo3(signature = (disk, path, previous=None))]
+    fn store_objects(
+        &self,
+        py: Python<'_>,
+        disk: PathBuf,
+        path: String,
+        previous: Option<String>,
+    ) -> PyResult<(String, String, String, u64)> {
+        let rp = RepoPath::parse(&path).map_err(|reason| PyValueError::new_err(format!("{path}: {reason}")))?;
+        let previous = previous.map(|p| parse_id(&p)).transpose()?;
+        let entry = self.run(py, move |repo| repo.store_objects(&disk, &rp, previous.as_ref()))?;
+        Ok((entry.path, entry.manifest.to_hex(), entry.hash.to_hex(), entry.len))
+    }
+
+    /// Writes one version of `files` (`(path, manifest, file hash, length)` as
+    /// [`Repo::store_objects`] returned them) on top of `expected` and moves `branch` to it,
+    /// unless the branch has moved since (an error; nothing written); then tags it with `tags`
+    /// (checked before anything is written).
+    #[pyo3(signature = (branch, expected, files, message, tags=Vec::new()))]
+    fn commit_stored(
+        &self,
+        py: Python<'_>,
+        branch: String,
+        expected: Option<String>,
+        files: Vec<(String, String, String, u64)>,
+        message: String,
+        tags: Vec<String>,
+    ) -> PyResult<String> {
+        let expected = expected.map(|e| parse_id(&e)).transpose()?;
+        let files = files
+            .into_iter()
+            .map(|(path, manifest, hash, len)| {
+                Ok(repo::FileEntry { path, manifest: parse_id(&manifest)?, hash: parse_id(&hash)?, len })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        self.run(py, move |repo| {
+            if let Err(reason) = check_tags(repo, &tags)? {
+                return Ok(Err(reason));
+            }
+            let id = repo.commit_stored(&branch, expected, files, &message, &CommitOptions::default())?;
+            for t in &tags {
+                if let Err(e) = repo.tag(t, Some(&id.to_hex())) {
+                    return Ok(Err(format!(
+                        "version {} was committed, but tagging it failed: {}",
+                        id.to_hex(),
+                        error_text(&e)
+                    )));
+                }
+            }
+            Ok(Ok(id.to_hex()))
+        })?
+        .map_err(err)
+    }
+
     /// The full id of the version `rev` names.
     fn resolve(&self, py: Python<'_>, rev: &str) -> PyResult<String> {
         let rev = rev.to_string();
@@ -752,6 +830,11 @@ impl Repo {
         let tags = self.run(py, |repo| repo.tags())?;
         Ok(tags.into_iter().map(|(n, id)| (n, id.to_hex())).collect())
     }
+}
+
+/// An object or version id given as hex by the Python side.
+fn parse_id(hex: &str) -> PyResult<VersionId> {
+    hex.parse().map_err(|_| PyValueError::new_err(format!("{hex:?} is not an object id")))
 }
 
 /// `ckpt log --json` of `rev` (the CLI's fields, the CLI's order).

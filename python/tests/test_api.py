@@ -399,3 +399,13 @@ def test_commits_from_several_threads_are_all_kept(tmp_path):
     for v in log:
         i = int(v["message"].split()[1])
         assert_same_tensors(repo.load(v["id"]), states[i])
+
+
+def test_dcp_module_imports_without_torch():
+    """`ckpt.dcp` imports torch only when a Writer or Reader is made."""
+    import sys
+
+    code = "import sys, ckpt.dcp; assert 'torch' not in sys.modules; print(ckpt.dcp.__all__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "Writer" in out.stdout

@@ -340,7 +340,7 @@ impl Repo {
 
     /// Stores the blobs of `jobs` in `store`, as deltas where `deltas` (the `base_every` that
     /// bounds their chains) allows it and they pay. Returns the objects written.
-    fn store_blobs(
+    pub(super) fn store_blobs(
         &self,
         store: &Store,
         inputs: &[Input],
@@ -478,7 +478,12 @@ impl Repo {
 
     /// Writes `input`'s manifest to `store` unless stored already; returns the file's entry and
     /// the object written, if any.
-    fn write_manifest(&self, store: &Store, input: &Input, h: &HashedFile) -> Result<(FileEntry, Option<Written>)> {
+    pub(super) fn write_manifest(
+        &self,
+        store: &Store,
+        input: &Input,
+        h: &HashedFile,
+    ) -> Result<(FileEntry, Option<Written>)> {
         let manifest = manifest_of(input, &h.segments, &h.bundles, h.hash);
         let over = |reason| Error::OverLimit { what: input.path.to_string(), reason };
         manifest.check_limits().map_err(over)?;
@@ -509,10 +514,10 @@ impl Repo {
 
 /// A file's segments and bundles with their ids, its whole-file hash and the blobs of the same
 /// tensors (and bundles) in the reference version.
-struct HashedFile {
-    segments: Vec<HashedSegment>,
-    bundles: Vec<HashedBundle>,
-    hash: ObjectId,
+pub(super) struct HashedFile {
+    pub(super) segments: Vec<HashedSegment>,
+    pub(super) bundles: Vec<HashedBundle>,
+    pub(super) hash: ObjectId,
     reference: TensorBlobs,
     /// Whether the file is a `.distcp` file (whose opaque segments pair too).
     distcp: bool,
@@ -537,14 +542,14 @@ impl HashedFile {
 
 /// One blob to store, of file `file`.
 #[derive(Clone, Copy)]
-struct Job {
-    file: usize,
-    target: Target,
+pub(super) struct Job {
+    pub(super) file: usize,
+    pub(super) target: Target,
 }
 
 /// What a [`Job`] stores.
 #[derive(Clone, Copy)]
-enum Target {
+pub(super) enum Target {
     /// The segment of this index.
     Segment(usize),
     /// The bundle of this index.
@@ -555,7 +560,7 @@ enum Target {
 /// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
 const PARALLEL_BELOW: u64 = 4 << 20;
 
-fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
+pub(super) fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
     let (HashedSegments { segments, bundles }, hash) = input.hash();
     HashedFile { segments, bundles, hash, reference, distcp: input.distcp && input.torch.is_some() }
 }

@@ -16,6 +16,7 @@ mod bundle;
 mod checkout;
 mod commit;
 mod commit_memory;
+mod commit_stored;
 mod compact;
 mod config;
 mod error;

@@ -1,0 +1,216 @@
+"""ckpt.dcp.Writer / Reader under real torch.distributed: gloo on CPU, ranks spawned on loopback,
+DTensor shards. Skipped without torch."""
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import ckpt  # noqa: E402
+import ckpt.dcp  # noqa: E402
+from ckpt._native import Repo as NativeRepo  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def full_state(seed):
+    """The whole tensors every rank shards (the same on all ranks)."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(64, 24, generator=g),
+        "b": torch.randn(40, generator=g).to(torch.bfloat16),
+        "m": torch.randn(32, 8, generator=g),
+    }
+
+
+def sharded(full, mesh, zero=False):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    sd = {k: distribute_tensor(torch.zeros_like(v) if zero else v, mesh, [Shard(0)]) for k, v in full.items()}
+    sd["step"] = 0 if zero else 1234
+    return sd
+
+
+def init(rank, world, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world,))
+
+
+def report(out, rank, value):
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(value, f)
+
+
+def wait_for(path, limit=60):
+    end = time.time() + limit
+    while not os.path.exists(path):
+        if time.time() > end:
+            raise TimeoutError(path)
+        time.sleep(0.05)
+
+
+def save_worker(rank, world, port, repo, seed, out, fail_rank, gate):
+    mesh = init(rank, world, port)
+    try:
+        writer = ckpt.dcp.Writer(repo, message=f"seed {seed}", tags=[f"s{seed}"] if fail_rank is None else [])
+        inner = writer.write_data
+        if fail_rank == rank:
+
+            def write_data(plan, planner):
+                inner(plan, planner)  # its objects are stored, then the rank fails
+                raise RuntimeError("rank failed on purpose")
+
+            writer.write_data = write_data
+        if gate is not None:
+            started, proceed = gate
+
+            def write_data(plan, planner):
+                open(started, "w").close()
+                wait_for(proceed)
+                return inner(plan, planner)
+
+            writer.write_data = write_data
+        dcp.save(sharded(full_state(seed), mesh), storage_writer=writer)
+        report(out, rank, {"ok": True})
+    except BaseException as e:  # noqa: BLE001 - reported to the test (CheckpointException is one)
+        report(out, rank, {"ok": False, "error": str(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def load_worker(rank, world, port, repo, seed, rev, out):
+    mesh = init(rank, world, port)
+    try:
+        sd = sharded(full_state(seed), mesh, zero=True)
+        dcp.load(sd, storage_reader=ckpt.dcp.Reader(repo, rev=rev))
+        full = full_state(seed)
+        same = all(torch.equal(sd[k].full_tensor(), full[k]) for k in full)
+        report(out, rank, {"ok": same and sd["step"] == 1234, "local": list(sd["w"].to_local().shape)})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def run(fn, world, *args, out):
+    os.makedirs(out, exist_ok=True)
+    mp.spawn(fn, args=(world, free_port(), *args, out), nprocs=world, join=True)
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
+
+
+def run_save(world, repo, seed, out, fail_rank=None, gate=None):
+    os.makedirs(out, exist_ok=True)
+    return mp.spawn(
+        save_worker, args=(world, free_port(), repo, seed, out, fail_rank, gate), nprocs=world, join=False
+    )
+
+
+def results(out, world):
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
+
+
+def save(world, repo, seed, out, fail_rank=None):
+    ctx = run_save(world, repo, seed, out, fail_rank)
+    while not ctx.join():
+        pass
+    return results(out, world)
+
+
+def log(repo):
+    return json.loads(NativeRepo.discover(str(repo)).log_json("HEAD"))
+
+
+@pytest.fixture
+def repo_dir(tmp_path):
+    ckpt.Repo.init(tmp_path / "repo")
+    return str(tmp_path / "repo")
+
+
+def test_four_ranks_save_one_version_and_load_with_resharding_and_as_a_checkout(repo_dir, tmp_path):
+    assert save(4, repo_dir, 1, str(tmp_path / "s1")) == [{"ok": True}] * 4
+    native = NativeRepo.discover(repo_dir)
+    versions = log(repo_dir)
+    assert len(versions) == 1
+    files = sorted(f[0] for f in native.files("HEAD"))
+    assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+    assert dict(native.tags())["s1"] == native.resolve("HEAD")
+
+    # A second save follows the first on the branch.
+    assert save(4, repo_dir, 2, str(tmp_path / "s2")) == [{"ok": True}] * 4
+    assert len(log(repo_dir)) == 2
+
+    # Loaded on 4 ranks and, resharded, on 2; the first save by its tag.
+    loaded = run(load_worker, 4, repo_dir, 2, "HEAD", out=str(tmp_path / "l4"))
+    assert all(r["ok"] for r in loaded), loaded
+    loaded = run(load_worker, 2, repo_dir, 1, "s1", out=str(tmp_path / "l2"))
+    assert all(r["ok"] for r in loaded), loaded
+    assert loaded[0]["local"] == [32, 24]
+
+    # Checked out, the version is a DCP directory that stock dcp.load reads (one process).
+    out = tmp_path / "checkout"
+    native.checkout("HEAD", output=str(out))
+    full = full_state(2)
+    sd = {k: torch.zeros_like(v) for k, v in full.items()}
+    sd["step"] = 0
+    dcp.load(sd, checkpoint_id=str(out))
+    assert all(torch.equal(sd[k], full[k]) for k in full) and sd["step"] == 1234
+
+
+def test_a_rank_that_raises_leaves_no_version(repo_dir, tmp_path):
+    got = save(4, repo_dir, 1, str(tmp_path / "f"), fail_rank=2)
+    assert not any(r["ok"] for r in got), got
+    assert "rank failed on purpose" in json.dumps(got)
+    assert NativeRepo.discover(repo_dir).branch_tip("main") is None  # no version, no ref
+    # The objects stored before the failure are garbage; the store works on.
+    assert save(4, repo_dir, 1, str(tmp_path / "ok")) == [{"ok": True}] * 4
+    assert len(log(repo_dir)) == 1
+
+
+def test_two_jobs_saving_to_one_branch_at_once_one_is_refused(repo_dir, tmp_path):
+    assert save(2, repo_dir, 1, str(tmp_path / "first")) == [{"ok": True}] * 2
+    before = log(repo_dir)[0]["id"]
+    started, proceed = str(tmp_path / "b_started"), str(tmp_path / "a_done")
+    # Job B plans (sees the tip) and waits in write_data until job A has committed.
+    job_b = run_save(2, repo_dir, 3, str(tmp_path / "b"), gate=(started, proceed))
+    wait_for(started)
+    assert save(2, repo_dir, 2, str(tmp_path / "a")) == [{"ok": True}] * 2
+    open(proceed, "w").close()
+    while not job_b.join():
+        pass
+    b = results(str(tmp_path / "b"), 2)
+    assert not any(r["ok"] for r in b), b
+    assert "another save committed first" in json.dumps(b)
+    versions = log(repo_dir)
+    assert len(versions) == 2 and versions[1]["id"] == before
+    assert versions[0]["message"] == "seed 2"
+
+
+
+def test_async_save_in_one_process_then_load(repo_dir):
+    """`dcp.async_save` with the Writer (one process, no process group)."""
+    full = full_state(4)
+    sd = dict(full, step=1234)
+    dcp.async_save(sd, storage_writer=ckpt.dcp.Writer(repo_dir, message="async")).result()
+    assert [v["message"] for v in log(repo_dir)] == ["async"]
+    out = {k: torch.zeros_like(v) for k, v in full.items()}
+    out["step"] = 0
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert all(torch.equal(out[k], full[k]) for k in full) and out["step"] == 1234

@@ -1,0 +1,216 @@
+//! A version made of files stored separately, by writers that share only the store: the ranks
+//! of a distributed checkpoint (`ckpt.dcp.Writer`). Each writer stores its own files with
+//! [`Repo::store_objects`], without the writer lock and without a version (objects are named by
+//! their content and written create-if-absent, so writers never conflict); one of them then
+//! lists them all in one version with [`Repo::commit_stored`], which moves the branch only if
+//! it is still where it was when the save began.
+//!
+//! A save that fails before `commit_stored` leaves its objects unreferenced: `gc` deletes them.
+//! `gc` has no grace period for such objects; a `gc` that runs while a save is in flight may
+//! delete what the save stored so far, and `commit_stored` then refuses the version (it checks
+//! that every file's objects are in the store, under the writer lock) instead of writing one
+//! that could not be read.
+
+use super::commit::{hash_file, Job, Target};
+use super::layout::{Input, Rules};
+use super::model::{FileEntry, Version, MODEL_FORMAT};
+use super::pairing::ReferenceFiles;
+use super::{now_secs, CommitOptions, DeltaPolicy, Error, RefKind, Repo, RepoPath, Result, VersionId};
+use crate::object_id::ObjectId;
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+impl Repo {
+    /// Stores the file at `disk` as the content of `path`: its blobs and manifest, no version,
+    /// no ref, without the writer lock. With `previous` (the version the new one will follow),
+    /// and a delta policy other than `reverse`, its tensors are delta-coded against the same
+    /// tensors of the file at `path` there. Returns the file's entry for
+    /// [`Repo::commit_stored`].
+    pub fn store_objects(&self, disk: &Path, path: &RepoPath, previous: Option<&VersionId>) -> Result<FileEntry> {
+        let input = Input::open(disk, path.clone(), Rules::AnyContent)?;
+        let base_every = self.config.base_every.clamp(1, super::config::MAX_BASE_EVERY);
+        // Under `reverse`, the new file is stored whole and the previous version's blobs are
+        // rewritten later (the version is left pending for `compact`, see `commit_stored`).
+        let deltas = (self.config.delta_policy != DeltaPolicy::Reverse).then_some(base_every);
+        // The reference blobs as a commit finds them (the same path; for a `.distcp` file, each
+        // item in any file of the previous version: `ReferenceFiles::blobs_for_input`).
+        let previous_version = match (deltas, previous) {
+            (Some(_), Some(v)) => Some(self.version(v)?),
+            _ => None,
+        };
+        let reference = ReferenceFiles::new(previous_version.as_ref()).blobs_for_input(self, &input);
+        let hashed = [hash_file(&input, reference)];
+        let mut seen = HashSet::new();
+        let h = &hashed[0];
+        let segments =
+            h.segments.iter().enumerate().filter(|(_, s)| s.bundle.is_none()).map(|(i, s)| (Target::Segment(i), s.id));
+        let bundles = h.bundles.iter().enumerate().map(|(b, bundle)| (Target::Bundle(b), bundle.id));
+        let jobs: Vec<Job> = segments
+            .chain(bundles)
+            .filter(|(_, id)| seen.insert(*id) && !self.store.contains(id))
+            .map(|(target, _)| Job { file: 0, target })
+            .collect();
+        let inputs = [input];
+        let (objects, entry) = self.store.with_background_sync(|store| {
+            let mut objects = self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?;
+            let (entry, manifest) = self.write_manifest(store, &inputs[0], &hashed[0])?;
+            objects.extend(manifest);
+            Ok::<_, Error>((objects, entry))
+        })?;
+        if inputs[0].check_unchanged().is_err() {
+            return Err(Error::FileChanged { path: path.to_string() });
+        }
+        for w in &objects {
+            self.index_object(w);
+        }
+        self.flush_index();
+        Ok(entry)
+    }
+
+    /// The version branch `name` points at (`None`: no such branch, or no version yet).
+    pub fn branch_tip(&self, name: &str) -> Result<Option<VersionId>> {
+        super::check_name(name)?;
+        self.refs.get(RefKind::Branch, name)
+    }
+
+    /// Writes one version listing `files` (stored by [`Repo::store_objects`]) on top of
+    /// `expected`, the tip `branch` had when they were stored (`None`: no version yet), and
+    /// moves `branch` to it, unless the branch has moved since: then nothing is written and
+    /// the error says where it is now. Files are listed once each (a path given twice is an
+    /// error); the version holds only them. Every file's objects must be in the store.
+    pub fn commit_stored(
+        &self,
+        branch: &str,
+        expected: Option<VersionId>,
+        files: Vec<FileEntry>,
+        message: &str,
+        options: &CommitOptions,
+    ) -> Result<VersionId> {
+        super::check_name(branch)?;
+        if files.is_empty() {
+            return Err(Error::NothingToCommit);
+        }
+        let mut by_path = BTreeMap::new();
+        for f in files {
+            RepoPath::parse(&f.path).map_err(|reason| Error::InvalidPath {
+                path: std::path::PathBuf::from(&f.path),
+                reason: reason.to_string(),
+            })?;
+            let path = f.path.clone();
+            if by_path.insert(path.clone(), f).is_some() {
+                return Err(Error::InvalidPath { path: path.into(), reason: "listed twice in one version".into() });
+            }
+        }
+        if let Some((file, under)) = super::path::prefix_conflict(by_path.keys().map(String::as_str)) {
+            return Err(Error::InvalidPath {
+                path: under.into(),
+                reason: format!("cannot be in the same version as the file {file:?}"),
+            });
+        }
+        let _lock = self.lock()?;
+        let tip = self.refs.get(RefKind::Branch, branch)?;
+        if tip != expected {
+            let show = |v: Option<VersionId>| v.map_or("no version".to_string(), |v| v.to_hex());
+            return Err(Error::RefRefused {
+                kind: RefKind::Branch,
+                name: branch.to_string(),
+                reason: format!(
+                    "moved to {} since this save began on {}: another save committed first; nothing was written",
+                    show(tip),
+                    show(expected)
+                ),
+            });
+        }
+        // A gc during the save may have deleted what it stored (unreferenced until now).
+        for f in by_path.values() {
+            let missing = |id: &ObjectId| (!self.store.contains(id)).then_some(*id);
+            let absent = missing(&f.manifest).or_else(|| match self.manifest(&f.manifest) {
+                Ok(m) => m.blobs().find_map(|b| missing(&b)),
+                Err(_) => Some(f.manifest),
+            });
+            if let Some(id) = absent {
+                let source = Box::new(Error::Store(crate::store::Error::Missing { id }));
+                return Err(Error::File { path: f.path.clone(), source });
+            }
+        }
+        let base_every = self.config.base_every.clamp(1, super::config::MAX_BASE_EVERY);
+        let parent = expected.map(|id| self.version(&id)).transpose()?;
+        let since_base = match &parent {
+            Some(p) if p.since_base + 1 < base_every => p.since_base + 1,
+            _ => 0,
+        };
+        let files: Vec<FileEntry> = by_path.into_values().collect();
+        let version = Version {
+            format: MODEL_FORMAT,
+            parents: expected.into_iter().collect(),
+            time: options.time.unwrap_or_else(now_secs),
+            message: message.to_string(),
+            since_base,
+            raw_bytes: files.iter().map(|f| f.len).sum(),
+            // The writers' objects are not counted (they are not known here).
+            stored_bytes: 0,
+            files,
+        };
+        version.check_limits().map_err(|reason| Error::OverLimit { what: "the version".into(), reason })?;
+        let id = self.record_version(&version)?;
+        self.refs.set(RefKind::Branch, branch, &id)?;
+        if expected.is_some() && self.config.delta_policy == DeltaPolicy::Reverse && base_every >= 2 {
+            // The parent's blobs become deltas against this version's in the next `compact`
+            // (or the next commit, which runs pending compactions first).
+            let mut pending = self.pending_deltas()?;
+            pending.push(id);
+            self.write_pending_deltas(&pending)?;
+        }
+        self.flush_index();
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(repo: &Repo, dir: &Path, path: &str, bytes: &[u8], previous: Option<&VersionId>) -> FileEntry {
+        let disk = dir.join("spool");
+        std::fs::write(&disk, bytes).unwrap();
+        repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous).unwrap()
+    }
+
+    #[test]
+    fn stored_files_become_one_version_only_on_the_tip_they_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repo::init(&dir.path().join("repo")).unwrap();
+        let a = store(&repo, dir.path(), "__0_0.distcp", b"rank zero bytes", None);
+        let b = store(&repo, dir.path(), "__1_0.distcp", b"rank one bytes", None);
+        // Objects only: no version, no ref.
+        assert_eq!(repo.branch_tip("main").unwrap(), None);
+        assert!(repo.store().contains(&a.manifest));
+
+        let v1 =
+            repo.commit_stored("main", None, vec![b.clone(), a.clone()], "save 1", &CommitOptions::default()).unwrap();
+        assert_eq!(repo.branch_tip("main").unwrap(), Some(v1));
+        let version = repo.version(&v1).unwrap();
+        assert_eq!(version.files, vec![a.clone(), b.clone()]);
+        assert_eq!(version.parents, Vec::<VersionId>::new());
+        assert_eq!(repo.read_file_bytes("HEAD", "__1_0.distcp", 1 << 20).unwrap(), b"rank one bytes");
+
+        // A save that began on no version, after another committed: refused, nothing moves.
+        let c = store(&repo, dir.path(), "__0_0.distcp", b"a later save", Some(&v1));
+        let refused = repo.commit_stored("main", None, vec![c.clone()], "late", &CommitOptions::default());
+        assert!(matches!(refused, Err(Error::RefRefused { .. })), "{refused:?}");
+        assert_eq!(repo.branch_tip("main").unwrap(), Some(v1));
+        let v2 = repo.commit_stored("main", Some(v1), vec![c], "save 2", &CommitOptions::default()).unwrap();
+        assert_eq!(repo.version(&v2).unwrap().parents, vec![v1]);
+
+        // A path twice, or objects a gc took: refused before anything is written.
+        let twice = repo.commit_stored("main", Some(v2), vec![a.clone(), a.clone()], "x", &CommitOptions::default());
+        assert!(matches!(twice, Err(Error::InvalidPath { .. })), "{twice:?}");
+        let gone = store(&repo, dir.path(), "__2_0.distcp", b"collected", None);
+        repo.gc().unwrap();
+        assert!(!repo.store().contains(&gone.manifest));
+        let missing = repo.commit_stored("main", Some(v2), vec![gone], "x", &CommitOptions::default());
+        assert!(matches!(missing, Err(Error::File { .. })), "{missing:?}");
+        assert_eq!(repo.branch_tip("main").unwrap(), Some(v2));
+        assert!(repo.verify().unwrap().is_ok());
+    }
+}
