@@ -19,6 +19,28 @@ pub struct DirRemote {
 }
 
 impl DirRemote {
+
+    /// Copies the first `len` bytes of `file` (read from `path`) into a synced temporary file
+    /// of this remote, and creates the directory of `target`: what a create-if-absent upload
+    /// and a replacement share before they link or rename it into place.
+    fn stage(&self, file: &File, path: &Path, len: u64, target: &Path) -> Result<(tempfile::NamedTempFile, PathBuf)> {
+        let mut tmp = self.temp()?;
+        let mut src = file.try_clone().map_err(self.io("opening", path))?;
+        std::io::Seek::rewind(&mut src).map_err(self.io("reading", path))?;
+        let copied = std::io::copy(&mut src.take(len), tmp.as_file_mut()).map_err(self.io("copying", path))?;
+        if copied != len {
+            return Err(Error::Io {
+                remote: self.url.clone(),
+                action: "copying",
+                path: path.to_path_buf(),
+                source: std::io::Error::other(format!("{copied} bytes, expected {len}")),
+            });
+        }
+        tmp.as_file().sync_all().map_err(self.io("syncing", tmp.path()))?;
+        let dir = target.parent().expect("keys have a directory").to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(self.io("creating", &dir))?;
+        Ok((tmp, dir))
+    }
     /// Opens the directory named by `url`: a path or `file://` URL. It must exist (a typo in
     /// a clone's URL is an error, not an empty repository); [`DirRemote::create`] makes one.
     pub fn open(url: &str) -> Result<DirRemote> {
@@ -179,21 +201,7 @@ impl Remote for DirRemote {
         if target.is_file() {
             return Ok(Uploaded::Existed);
         }
-        let mut tmp = self.temp()?;
-        let mut src = file.try_clone().map_err(self.io("opening", path))?;
-        std::io::Seek::rewind(&mut src).map_err(self.io("reading", path))?;
-        let copied = std::io::copy(&mut src.take(len), tmp.as_file_mut()).map_err(self.io("copying", path))?;
-        if copied != len {
-            return Err(Error::Io {
-                remote: self.url.clone(),
-                action: "copying",
-                path: path.to_path_buf(),
-                source: std::io::Error::other(format!("{copied} bytes, expected {len}")),
-            });
-        }
-        tmp.as_file().sync_all().map_err(self.io("syncing", tmp.path()))?;
-        let dir = target.parent().expect("keys have a directory").to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(self.io("creating", &dir))?;
+        let (tmp, dir) = self.stage(file, path, len, &target)?;
         // `link` never replaces: create-if-absent, whatever the mode (a directory has no use
         // for replacement: its copies are not split into parts).
         let outcome = match std::fs::hard_link(tmp.path(), &target) {
@@ -209,21 +217,7 @@ impl Remote for DirRemote {
     fn replace(&self, key: &str, file: &File, path: &Path, len: u64) -> Result<()> {
         self.count();
         let target = self.path(key)?;
-        let mut tmp = self.temp()?;
-        let mut src = file.try_clone().map_err(self.io("opening", path))?;
-        std::io::Seek::rewind(&mut src).map_err(self.io("reading", path))?;
-        let copied = std::io::copy(&mut src.take(len), tmp.as_file_mut()).map_err(self.io("copying", path))?;
-        if copied != len {
-            return Err(Error::Io {
-                remote: self.url.clone(),
-                action: "copying",
-                path: path.to_path_buf(),
-                source: std::io::Error::other(format!("{copied} bytes, expected {len}")),
-            });
-        }
-        tmp.as_file().sync_all().map_err(self.io("syncing", tmp.path()))?;
-        let dir = target.parent().expect("keys have a directory").to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(self.io("creating", &dir))?;
+        let (tmp, dir) = self.stage(file, path, len, &target)?;
         // `rename` replaces atomically: a reader opens the old file or the new one.
         tmp.persist(&target).map_err(|e| self.io("renaming to", &target)(e.error))?;
         self.sync_dir(&dir)
