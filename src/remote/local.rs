@@ -19,7 +19,6 @@ pub struct DirRemote {
 }
 
 impl DirRemote {
-
     /// Copies the first `len` bytes of `file` (read from `path`) into a synced temporary file
     /// of this remote, and creates the directory of `target`: what a create-if-absent upload
     /// and a replacement share before they link or rename it into place.
