@@ -638,14 +638,15 @@ impl Repo {
     /// The current branch and the version it points at (`None`: none yet). A detached `HEAD`
     /// is an error: a distributed save moves a branch.
     fn current_branch(&self, py: Python<'_>) -> PyResult<(String, Option<String>)> {
-        let (name, tip) = self.run(py, |repo| match repo.head()? {
-            Head::Branch(name) => {
-                let tip = repo.branch_tip(&name)?;
-                Ok(Ok((name, tip)))
-            }
-            Head::Detached(id) => Ok(Err(id)),
-        })?
-        .map_err(|id| err(format!("HEAD is detached at {}: name the branch to save to", id.to_hex())))?;
+        let (name, tip) = self
+            .run(py, |repo| match repo.head()? {
+                Head::Branch(name) => {
+                    let tip = repo.branch_tip(&name)?;
+                    Ok(Ok((name, tip)))
+                }
+                Head::Detached(id) => Ok(Err(id)),
+            })?
+            .map_err(|id| err(format!("HEAD is detached at {}: name the branch to save to", id.to_hex())))?;
         Ok((name, tip.map(|t| t.to_hex())))
     }
 
