@@ -22,6 +22,18 @@ impl DirRemote {
     /// Copies the first `len` bytes of `file` (read from `path`) into a synced temporary file
     /// of this remote, and creates the directory of `target`: what a create-if-absent upload
     /// and a replacement share before they link or rename it into place.
+    /// Opens the file of `key` for reading: [`Error::NotFound`] when there is none.
+    fn open_key(&self, key: &str) -> Result<(File, PathBuf)> {
+        let path = self.path(key)?;
+        match File::open(&path) {
+            Ok(f) => Ok((f, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(Error::NotFound { remote: self.url.clone(), key: key.into() })
+            }
+            Err(e) => Err(self.io("opening", &path)(e)),
+        }
+    }
+
     fn stage(&self, file: &File, path: &Path, len: u64, target: &Path) -> Result<(tempfile::NamedTempFile, PathBuf)> {
         let mut tmp = self.temp()?;
         let mut src = file.try_clone().map_err(self.io("opening", path))?;
@@ -234,14 +246,7 @@ impl Remote for DirRemote {
 
     fn read_head(&self, key: &str, len: u64) -> Result<(Vec<u8>, u64)> {
         self.count();
-        let path = self.path(key)?;
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotFound { remote: self.url.clone(), key: key.into() })
-            }
-            Err(e) => return Err(self.io("opening", &path)(e)),
-        };
+        let (file, path) = self.open_key(key)?;
         let size = file.metadata().map_err(self.io("reading", &path))?.len();
         let mut bytes = Vec::new();
         file.take(len).read_to_end(&mut bytes).map_err(self.io("reading", &path))?;
@@ -250,14 +255,7 @@ impl Remote for DirRemote {
 
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64> {
         self.count();
-        let path = self.path(key)?;
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotFound { remote: self.url.clone(), key: key.into() })
-            }
-            Err(e) => return Err(self.io("opening", &path)(e)),
-        };
+        let (file, path) = self.open_key(key)?;
         let n = std::io::copy(&mut file.take(limit.saturating_add(1)), out).map_err(self.io("reading", &path))?;
         if n > limit {
             return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });

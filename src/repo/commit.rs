@@ -138,24 +138,7 @@ impl Repo {
             })
             .collect();
         // 2. Store every blob not stored yet (each id once).
-        // (Bundled tensors are stored in their bundle, not as blobs of their own.)
-        let mut seen = HashSet::new();
-        let jobs: Vec<Job> = hashed
-            .iter()
-            .enumerate()
-            .flat_map(|(f, h)| {
-                let segments = h.segments.iter().enumerate().filter(|(_, seg)| seg.bundle.is_none());
-                let segments = segments.map(move |(s, seg)| (Job { file: f, target: Target::Segment(s) }, seg.id));
-                let bundles = h
-                    .bundles
-                    .iter()
-                    .enumerate()
-                    .map(move |(b, bundle)| (Job { file: f, target: Target::Bundle(b) }, bundle.id));
-                segments.chain(bundles)
-            })
-            .filter(|(_, id)| seen.insert(*id) && !self.store.contains(id))
-            .map(|(job, _)| job)
-            .collect();
+        let jobs = self.jobs_to_store(&hashed);
         // 2 and 3 write through a view of the store that fsyncs and renames the objects on
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
@@ -559,6 +542,31 @@ pub(super) enum Target {
 /// Segments below this size are coded several at a time (each is at most one codec stripe or
 /// so, which would leave cores idle); larger ones one at a time, parallel inside the codec.
 const PARALLEL_BELOW: u64 = 4 << 20;
+
+impl Repo {
+    /// What a commit of `hashed` must store: every segment not in a bundle, and every bundle
+    /// (bundled tensors are stored in their bundle, not as blobs of their own), each id once and
+    /// only if the store lacks it.
+    pub(super) fn jobs_to_store(&self, hashed: &[HashedFile]) -> Vec<Job> {
+        let mut seen = HashSet::new();
+        hashed
+            .iter()
+            .enumerate()
+            .flat_map(|(f, h)| {
+                let segments = h.segments.iter().enumerate().filter(|(_, seg)| seg.bundle.is_none());
+                let segments = segments.map(move |(s, seg)| (Job { file: f, target: Target::Segment(s) }, seg.id));
+                let bundles = h
+                    .bundles
+                    .iter()
+                    .enumerate()
+                    .map(move |(b, bundle)| (Job { file: f, target: Target::Bundle(b) }, bundle.id));
+                segments.chain(bundles)
+            })
+            .filter(|(_, id)| seen.insert(*id) && !self.store.contains(id))
+            .map(|(job, _)| job)
+            .collect()
+    }
+}
 
 pub(super) fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
     let (HashedSegments { segments, bundles }, hash) = input.hash();

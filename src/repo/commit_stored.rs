@@ -11,13 +11,13 @@
 //! that every file's objects are in the store, under the writer lock) instead of writing one
 //! that could not be read.
 
-use super::commit::{hash_file, Job, Target};
+use super::commit::hash_file;
 use super::layout::{Input, Rules};
 use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::pairing::ReferenceFiles;
 use super::{now_secs, CommitOptions, DeltaPolicy, Error, RefKind, Repo, RepoPath, Result, VersionId};
 use crate::object_id::ObjectId;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 impl Repo {
@@ -40,16 +40,7 @@ impl Repo {
         };
         let reference = ReferenceFiles::new(previous_version.as_ref()).blobs_for_input(self, &input);
         let hashed = [hash_file(&input, reference)];
-        let mut seen = HashSet::new();
-        let h = &hashed[0];
-        let segments =
-            h.segments.iter().enumerate().filter(|(_, s)| s.bundle.is_none()).map(|(i, s)| (Target::Segment(i), s.id));
-        let bundles = h.bundles.iter().enumerate().map(|(b, bundle)| (Target::Bundle(b), bundle.id));
-        let jobs: Vec<Job> = segments
-            .chain(bundles)
-            .filter(|(_, id)| seen.insert(*id) && !self.store.contains(id))
-            .map(|(target, _)| Job { file: 0, target })
-            .collect();
+        let jobs = self.jobs_to_store(&hashed);
         let inputs = [input];
         let (objects, entry) = self.store.with_background_sync(|store| {
             let mut objects = self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?;
