@@ -475,7 +475,7 @@ impl Repo {
             return Err(over(format!("a manifest of {} bytes (at most {})", bytes.len(), store::MAX_DATA_OBJECT_LEN)));
         }
         let manifest_id = ObjectId::hash(&bytes);
-        let written = if store.contains(&manifest_id) {
+        let written = if store.contains_fresh(&manifest_id) {
             None
         } else {
             Some(store.write_data(ObjectKind::Manifest, &bytes, &self.config.codec_options())?)
@@ -562,7 +562,7 @@ impl Repo {
                     .map(move |(b, bundle)| (Job { file: f, target: Target::Bundle(b) }, bundle.id));
                 segments.chain(bundles)
             })
-            .filter(|(_, id)| seen.insert(*id) && !self.store.contains(id))
+            .filter(|(_, id)| seen.insert(*id) && !self.store.contains_fresh(id))
             .map(|(job, _)| job)
             .collect()
     }

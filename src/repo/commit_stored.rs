@@ -197,7 +197,7 @@ mod tests {
         let twice = repo.commit_stored("main", Some(v2), vec![a.clone(), a.clone()], "x", &CommitOptions::default());
         assert!(matches!(twice, Err(Error::InvalidPath { .. })), "{twice:?}");
         let gone = store(&repo, dir.path(), "__2_0.distcp", b"collected", None);
-        repo.gc().unwrap();
+        repo.gc_with(&crate::repo::GcOptions::now()).unwrap();
         assert!(!repo.store().contains(&gone.manifest));
         let missing = repo.commit_stored("main", Some(v2), vec![gone], "x", &CommitOptions::default());
         assert!(matches!(missing, Err(Error::File { .. })), "{missing:?}");

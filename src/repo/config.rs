@@ -91,6 +91,13 @@ pub struct Config {
     /// [`super::Repo::commit`] does it inline unless told otherwise
     /// ([`super::CommitOptions::defer_deltas`]).
     pub compact: Compaction,
+    /// How long `gc` keeps an object that nothing references, counted from when it was written
+    /// or last reused (its file's mtime), in seconds: the objects of a save still in flight
+    /// (the ranks of `ckpt.dcp.Writer` store theirs before any version names them; so does a
+    /// `git add` before git writes its index) are unreferenced until it ends. `ckpt gc
+    /// --prune=now` overrides it for one run. Default: one hour (git keeps such objects two
+    /// weeks; a checkpoint's garbage is too large for that, and a save lasts minutes).
+    pub gc_grace_seconds: u64,
 }
 
 impl Default for Config {
@@ -102,6 +109,7 @@ impl Default for Config {
             zstd_level: Options::default().zstd_level,
             compression_level: crate::codec::Level::Default,
             compact: Compaction::Background,
+            gc_grace_seconds: 3600,
         }
     }
 }

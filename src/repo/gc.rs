@@ -5,11 +5,57 @@
 //! forgotten first (docs/format.md, "What gc keeps"). Marking must read every reachable version and
 //! manifest and every reachable blob's header; if any of them cannot be read, gc stops before
 //! deleting anything, since it cannot know what the unreadable object needs.
+//!
+//! Unreferenced objects younger than the grace period ([`GcOptions::grace`], the config's
+//! `gc_grace_seconds`, one hour by default) are kept: they may belong to a save in flight, whose
+//! writers store objects before any version names them (the ranks of a distributed save, which
+//! take no lock; a `git add` before git writes its index). A writer that reuses an existing
+//! object renews its mtime ([`crate::store::Store::contains_fresh`]), so the period counts from
+//! the last use. Temp files of interrupted writes are kept as long.
 
 use super::{Error, RefKind, Repo, Result, Version, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+/// How `gc` treats objects nothing references.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GcOptions {
+    /// Unreferenced objects (and temp files) younger than this are kept.
+    pub grace: Duration,
+}
+
+impl GcOptions {
+    /// No grace: every unreferenced object goes (`ckpt gc --prune=now`). Only safe when no
+    /// save is in flight.
+    pub fn now() -> GcOptions {
+        GcOptions { grace: Duration::ZERO }
+    }
+}
+
+/// Parses a grace period as `ckpt gc --prune` takes it: `now`, or a number with an optional
+/// unit `s`, `m`, `h`, `d` or `w` (seconds without one): `90`, `30m`, `2h`, `1.5d`.
+pub fn parse_grace(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if text == "now" {
+        return Some(Duration::ZERO);
+    }
+    let (number, unit) = match text.char_indices().last()? {
+        (i, c) if c.is_ascii_alphabetic() => (&text[..i], c),
+        _ => (text, 's'),
+    };
+    let scale = match unit {
+        's' => 1.0,
+        'm' => 60.0,
+        'h' => 3600.0,
+        'd' => 86400.0,
+        'w' => 7.0 * 86400.0,
+        _ => return None,
+    };
+    let n: f64 = number.parse().ok().filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
+    Duration::try_from_secs_f64(n * scale).ok()
+}
 
 /// What `gc` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -24,6 +70,10 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Leftover temp files of interrupted writes deleted.
     pub temp_files: usize,
+    /// Unreferenced objects kept because they are younger than the grace period.
+    pub recent: usize,
+    /// The grace period, in seconds.
+    pub grace_seconds: u64,
 }
 
 /// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
@@ -39,6 +89,8 @@ pub struct KeepReport {
     pub deleted: usize,
     /// Bytes of those object files.
     pub bytes_freed: u64,
+    /// Unreferenced objects kept because they are younger than the grace period.
+    pub recent: usize,
     /// Whether nothing was deleted on purpose.
     pub dry_run: bool,
     /// The git repositories (common directories) whose live files were kept (set by the
@@ -83,19 +135,50 @@ impl Repo {
         Ok(ix.flush()?)
     }
 
-    /// Deletes unreachable objects and leftover temp files.
+    /// The grace period the config sets (`gc_grace_seconds`).
+    pub fn gc_options(&self) -> GcOptions {
+        GcOptions { grace: Duration::from_secs(self.config.gc_grace_seconds) }
+    }
+
+    /// Deletes unreachable objects and leftover temp files older than the configured grace
+    /// period ([`Repo::gc_with`]).
     pub fn gc(&self) -> Result<GcReport> {
+        self.gc_with(&self.gc_options())
+    }
+
+    /// Deletes unreachable objects and leftover temp files older than `options.grace`.
+    pub fn gc_with(&self, options: &GcOptions) -> Result<GcReport> {
         let _lock = self.lock()?;
         let (reachable, versions, held) = self.mark()?;
         let all = self.store.list()?;
-        let doomed: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
-        let mut report = GcReport { versions, kept: all.len() - doomed.len(), ..GcReport::default() };
+        let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
+        let (doomed, recent) = self.past_grace(unreferenced, options.grace);
+        let mut report = GcReport {
+            versions,
+            kept: all.len() - doomed.len(),
+            recent,
+            grace_seconds: options.grace.as_secs(),
+            ..GcReport::default()
+        };
         self.forget_stats_of_deleted_content(&held)?;
         report.bytes_freed = self.sweep(&doomed)?;
         report.deleted = doomed.len();
-        report.temp_files = self.store.clean_tmp()? + self.clean_stale_checkout_staging();
+        report.temp_files = self.store.clean_tmp(options.grace)? + self.clean_stale_checkout_staging();
         self.flush_index();
         Ok(report)
+    }
+
+    /// Splits unreferenced objects into those older than `grace` (returned, to delete) and
+    /// the number of younger ones (kept). An object whose age cannot be read is kept.
+    fn past_grace(&self, unreferenced: Vec<ObjectId>, grace: Duration) -> (Vec<ObjectId>, usize) {
+        if grace.is_zero() {
+            return (unreferenced, 0);
+        }
+        let total = unreferenced.len();
+        let old: Vec<ObjectId> =
+            unreferenced.into_iter().filter(|id| self.store.age(id).is_ok_and(|age| age >= grace)).collect();
+        let recent = total - old.len();
+        (old, recent)
     }
 
     /// Deletes the objects `doomed` (and their index records), reporting progress; returns
@@ -144,8 +227,8 @@ impl Repo {
     /// Deletes every object of the store that neither the files `live` (manifests: each with
     /// its blobs and their delta chains) nor a tag or branch other than the current one needs
     /// ([`Repo::gc_keeping_with`] with a fixed live set).
-    pub fn gc_keeping(&self, live: &[ObjectId], dry_run: bool) -> Result<KeepReport> {
-        self.gc_keeping_with(|| Ok(live.to_vec()), dry_run)
+    pub fn gc_keeping(&self, live: &[ObjectId], options: &GcOptions, dry_run: bool) -> Result<KeepReport> {
+        self.gc_keeping_with(|| Ok(live.to_vec()), options, dry_run)
     }
 
     /// Deletes every object of the store that neither the files `live()` returns (manifests:
@@ -156,7 +239,7 @@ impl Repo {
     /// store's path records (or the current version) give them (so the next content stored
     /// for a path is still coded against its last one), the others under
     /// `gc-kept/<manifest id>`. With `dry_run`, nothing changes and the report says what would
-    /// be deleted.
+    /// be deleted. Unreferenced objects younger than `options.grace` are kept.
     ///
     /// Marking reads every kept manifest and blob header first; if one cannot be read, nothing
     /// is deleted. Neither the new root version nor anything a ref names is ever deleted, also
@@ -164,6 +247,7 @@ impl Repo {
     pub fn gc_keeping_with<E: From<Error>>(
         &self,
         live: impl FnOnce() -> std::result::Result<Vec<ObjectId>, E>,
+        options: &GcOptions,
         dry_run: bool,
     ) -> std::result::Result<KeepReport, E> {
         let mut report = KeepReport { dry_run, ..KeepReport::default() };
@@ -205,7 +289,9 @@ impl Repo {
         // build the same root, which the second must not delete under the ref it moves there.
         marked.insert(root_id);
         let all = self.store.list().map_err(Error::from)?;
-        let doomed: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
+        let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
+        let (doomed, recent) = self.past_grace(unreferenced, options.grace);
+        report.recent = recent;
         report.kept = all.len() - doomed.len();
         report.deleted = doomed.len();
         report.bytes_freed = doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum();
@@ -322,9 +408,9 @@ mod tests {
             .unwrap();
         let live: Vec<ObjectId> = [&files[0], &files[2]].iter().map(|(f, _)| f.manifest).collect();
         let before = store.store().list().unwrap();
-        let dry = store.gc_keeping(&live, true).unwrap();
+        let dry = store.gc_keeping(&live, &GcOptions::now(), true).unwrap();
         assert_eq!(store.store().list().unwrap(), before);
-        let real = store.gc_keeping(&live, false).unwrap();
+        let real = store.gc_keeping(&live, &GcOptions::now(), false).unwrap();
         assert_eq!((real.deleted, real.bytes_freed, real.files_kept), (dry.deleted, dry.bytes_freed, 2));
         assert!(!store.store().contains(&dead.manifest));
         assert!(!store.store().contains(&files[1].0.manifest));

@@ -45,7 +45,7 @@ pub use commit_memory::{
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use error::{Error, Result};
-pub use gc::{GcReport, KeepReport};
+pub use gc::{parse_grace, GcOptions, GcReport, KeepReport};
 pub use inspect::{
     to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
     TensorDiff, TensorName,

@@ -265,6 +265,35 @@ impl Store {
         self.object_path(id).is_file()
     }
 
+    /// Whether an object file named `id` exists; if it does, its modification time is set to
+    /// now. A writer that finds the object it was about to write calls this instead of
+    /// [`Store::contains`]: `gc` keeps unreferenced objects for a grace period counted from
+    /// their mtime, so an object an in-flight save reuses (perhaps garbage of a failed earlier
+    /// save) must look as young as the objects it writes (git "freshens" loose objects the same
+    /// way). Renewing the time is best effort: an object whose time cannot be set is still there.
+    pub fn contains_fresh(&self, id: &ObjectId) -> bool {
+        let path = self.object_path(id);
+        match File::open(&path) {
+            Ok(f) => {
+                let _ = f.set_modified(std::time::SystemTime::now());
+                f.metadata().is_ok_and(|m| m.is_file())
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// How long ago object `id` was written (or last reused: [`Store::contains_fresh`]); zero
+    /// for a time in the future.
+    pub fn age(&self, id: &ObjectId) -> Result<std::time::Duration> {
+        let path = self.object_path(id);
+        let modified = match std::fs::metadata(&path).and_then(|m| m.modified()) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { id: *id }),
+            Err(e) => return Err(Error::Io { action: "reading the time of", path, source: e }),
+        };
+        Ok(modified.elapsed().unwrap_or_default())
+    }
+
     /// Size of the object file.
     pub fn stored_len(&self, id: &ObjectId) -> Result<u64> {
         let path = self.object_path(id);
@@ -468,14 +497,17 @@ impl Store {
         }
     }
 
-    /// Deletes leftover temp files (from interrupted writes). Only safe while no writer runs:
-    /// callers hold the repository's writer lock. Returns how many were deleted.
-    pub fn clean_tmp(&self) -> Result<usize> {
+    /// Deletes leftover temp files (from interrupted writes) untouched for at least `older_than`.
+    /// Callers hold the repository's writer lock, which keeps out every writer but those that
+    /// store objects without it (the ranks of a distributed save): a temp file younger than
+    /// `older_than` may be one of theirs, still being written. Returns how many were deleted.
+    pub fn clean_tmp(&self, older_than: std::time::Duration) -> Result<usize> {
         let mut n = 0;
         for entry in std::fs::read_dir(&self.tmp).map_err(io("listing", &self.tmp))? {
             let entry = entry.map_err(io("listing", &self.tmp))?;
             let path = entry.path();
-            if path.is_file() {
+            let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            if path.is_file() && age.is_some_and(|a| a >= older_than) {
                 std::fs::remove_file(&path).map_err(io("deleting", &path))?;
                 n += 1;
             }

@@ -42,23 +42,23 @@ fn gc_in_a_clone_keeps_what_remote_tracking_refs_reach() {
     let (r, a, _parent, b) = clone_with_a_remote_branch();
     let expected = checkout_to(&r, a.path(), "side");
     assert!(expected.iter().any(|(p, _)| p == "notes.txt"));
-    r.ok(&b, &["gc"]);
+    r.ok(&b, &["gc", "--prune=now"]);
     assert!(checkout_to(&r, &b, "origin/side") == expected, "origin/side after gc");
     r.ok(&b, &["verify"]);
     // A detached HEAD and a ref in a namespace of its own are roots too.
     let side = std::fs::read_to_string(b.join(".ckpt/refs/remotes/origin/side")).unwrap();
     std::fs::write(b.join(".ckpt/HEAD"), &side).unwrap();
     std::fs::remove_dir_all(b.join(".ckpt/refs/remotes")).unwrap();
-    r.ok(&b, &["gc"]);
+    r.ok(&b, &["gc", "--prune=now"]);
     assert!(checkout_to(&r, &b, "HEAD") == expected, "detached HEAD after gc");
     std::fs::create_dir_all(b.join(".ckpt/refs/kept")).unwrap();
     std::fs::write(b.join(".ckpt/refs/kept/x"), &side).unwrap();
     r.ok(&b, &["switch", "main"]);
-    r.ok(&b, &["gc"]);
+    r.ok(&b, &["gc", "--prune=now"]);
     assert!(checkout_to(&r, &b, side.trim()) == expected, "a ref under refs/kept/ after gc");
     // Nothing names it any more: now gc may delete it.
     std::fs::remove_dir_all(b.join(".ckpt/refs/kept")).unwrap();
-    r.ok(&b, &["gc"]);
+    r.ok(&b, &["gc", "--prune=now"]);
     assert!(!r.ckpt(&b, &["checkout", side.trim(), "--output", b.join("x").to_str().unwrap()]).status.success());
     r.ok(&b, &["verify"]);
 }
@@ -68,7 +68,7 @@ fn gc_refuses_to_run_when_a_ref_cannot_be_read() {
     let (r, _a, _parent, b) = clone_with_a_remote_branch();
     std::fs::write(b.join(".ckpt/refs/remotes/origin/side"), b"not a version id\n").unwrap();
     let before = std::fs::read_dir(b.join(".ckpt/objects")).unwrap().count();
-    let out = r.ckpt(&b, &["gc"]);
+    let out = r.ckpt(&b, &["gc", "--prune=now"]);
     assert!(!out.status.success(), "gc ran with an unreadable ref");
     assert!(stderr(&out).contains("origin/side"), "{}", stderr(&out));
     assert_eq!(std::fs::read_dir(b.join(".ckpt/objects")).unwrap().count(), before);
@@ -96,7 +96,7 @@ fn verify_checks_what_remote_tracking_refs_need_and_names_the_ref() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&blob.to_hex()) && text.contains("refs/remotes/origin/side"), "{text}");
     // gc refuses too: it cannot see what the missing object needs.
-    assert!(repo.gc().is_err());
+    assert!(repo.gc_with(&ckpt::repo::GcOptions::now()).is_err());
 }
 
 /// Writes `version` as a store object and points tag `name` at it (what a fetch of a hostile
@@ -182,7 +182,7 @@ fn gc_does_not_leave_records_vouching_for_deleted_content() {
     // The branch goes (deleted by hand here), the working tree stays: HEAD on main.
     std::fs::write(t.path(".ckpt/HEAD"), "ref: refs/heads/main\n").unwrap();
     std::fs::remove_file(t.path(".ckpt/refs/heads/tmp")).unwrap();
-    run(&["gc"]);
+    run(&["gc", "--prune=now"]);
     let out = t.ckpt(&["checkout", "main", "a.bin"]);
     assert_eq!(t.read("a.bin"), b"only on tmp, and in the working tree", "the only copy was overwritten");
     assert!(!out.status.success(), "checkout overwrote a file whose content gc deleted");
@@ -205,7 +205,7 @@ fn gc_removes_the_staging_directory_a_killed_checkout_left_and_spares_a_young_on
     let young = tmp.join(".ckpt-checkout-young");
     std::fs::create_dir_all(&young).unwrap();
     std::fs::write(young.join("model.safetensors"), vec![7u8; 4096]).unwrap();
-    let report = repo.gc().unwrap();
+    let report = repo.gc_with(&ckpt::repo::GcOptions::now()).unwrap();
     assert!(!old.exists(), "the leftover staging directory is still there");
     assert!(young.join("model.safetensors").exists(), "gc deleted a running checkout's staging");
     assert_eq!(report.temp_files, 1);

@@ -16,7 +16,7 @@ fn pointer_at(env: &GitEnv, dir: &std::path::Path, rev: &str) -> Pointer {
 }
 
 fn gc_json(env: &GitEnv, dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["git", "gc", "--json"];
+    let mut all = vec!["git", "gc", "--prune=now", "--json"];
     all.extend_from_slice(args);
     serde_json::from_str(&env.ckpt(dir, &all)).unwrap()
 }

@@ -55,7 +55,7 @@ fn gc_keeps_what_linked_worktrees_stage_or_commit_on_a_detached_head() {
     let detached = pointer_at(&env, &wt1, "HEAD:model.safetensors");
     let staged = pointer_at(&env, &wt2, ":staged.safetensors");
 
-    env.ckpt(&dir, &["git", "gc"]);
+    env.ckpt(&dir, &["git", "gc", "--prune=now"]);
     for p in [&detached, &staged] {
         assert!(object_file(&store, &p.manifest).exists(), "gc deleted a worktree's file");
     }
@@ -64,7 +64,7 @@ fn gc_keeps_what_linked_worktrees_stage_or_commit_on_a_detached_head() {
     // From a linked worktree, gc keeps what the main one reaches too.
     std::fs::write(dir.join("main-staged.safetensors"), model(3)).unwrap();
     env.git(&dir, &["add", "main-staged.safetensors"]);
-    env.ckpt(&wt2, &["git", "gc"]);
+    env.ckpt(&wt2, &["git", "gc", "--prune=now"]);
     restores(&env, &dir, "main-staged.safetensors", &model(3));
     restores(&env, &wt1, "model.safetensors", &model(1));
     env.ckpt(&store, &["verify"]);
@@ -86,7 +86,7 @@ fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_forgets_deleted_
     let (a, b) = (&repos[0], &repos[1]);
     let b_file = pointer_at(&env, b, "HEAD:model.safetensors");
 
-    let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--json"])).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--prune=now", "--json"])).unwrap();
     assert!(object_file(&shared, &b_file.manifest).exists(), "gc in a deleted b's file");
     restores(&env, b, "model.safetensors", &model(5));
     assert_eq!(r["repositories"].as_array().map(Vec::len), Some(2), "{r}");
@@ -100,7 +100,7 @@ fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_forgets_deleted_
     env.git(a, &["add", "model.safetensors"]);
     env.git(a, &["reset", "-q", "--hard"]);
     let before = objects(&shared);
-    let o = env.run(env!("CARGO_BIN_EXE_ckpt"), a, &["git", "gc"]);
+    let o = env.run(env!("CARGO_BIN_EXE_ckpt"), a, &["git", "gc", "--prune=now"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("cannot be read") && err.contains("/b/.git"), "{err}");
     assert_eq!(objects(&shared), before, "a refused gc deleted something");
@@ -109,7 +109,7 @@ fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_forgets_deleted_
 
     // b deleted: its registration is forgotten and its file freed.
     std::fs::remove_dir_all(b).unwrap();
-    let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--json"])).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--prune=now", "--json"])).unwrap();
     assert!(!object_file(&shared, &b_file.manifest).exists(), "a deleted repository's file kept");
     assert_eq!(r["pruned"].as_array().map(Vec::len), Some(1), "{r}");
     assert_eq!(r["repositories"].as_array().map(Vec::len), Some(1), "{r}");
@@ -126,8 +126,8 @@ fn two_gcs_in_the_same_second_leave_a_store_git_can_use() {
     let mut same_second = false;
     for _ in 0..10 {
         let t0 = now();
-        env.ckpt(&dir, &["git", "gc"]);
-        env.ckpt(&dir, &["git", "gc"]);
+        env.ckpt(&dir, &["git", "gc", "--prune=now"]);
+        env.ckpt(&dir, &["git", "gc", "--prune=now"]);
         if now() == t0 {
             same_second = true;
             break;
@@ -165,7 +165,7 @@ fn a_clean_writes_what_its_file_needs_not_a_listing_of_every_path() {
     std::fs::write(dir.join("f007.bin"), "changed").unwrap();
     env.git(&dir, &["commit", "-qam", "changed"]);
     restores(&env, &dir, "f007.bin", b"changed");
-    env.ckpt(&dir, &["git", "gc"]);
+    env.ckpt(&dir, &["git", "gc", "--prune=now"]);
     restores(&env, &dir, "f100.bin", "small file 100\n".repeat(8).as_bytes());
     env.git(&dir, &["checkout", "-q", "HEAD~1"]);
     assert_eq!(std::fs::read(dir.join("f007.bin")).unwrap(), "small file 7\n".repeat(8).as_bytes());

@@ -3,6 +3,7 @@
 mod cli_trust;
 mod codec_cli;
 mod format_pin;
+mod gc_grace;
 mod gc_trust;
 mod git_filter;
 mod git_gc;

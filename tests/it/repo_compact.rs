@@ -183,7 +183,7 @@ fn gc_finishes_pending_deltas() {
     let t = TestRepo::with_config(&config());
     let history = commit_epochs(&t, 0..3, &CommitOptions { defer_deltas: true, ..CommitOptions::default() });
     let before: u64 = layout(&t).iter().map(|o| o.2).sum();
-    let o = ckpt_command(t.root(), &["gc"]).output().unwrap();
+    let o = ckpt_command(t.root(), &["gc", "--prune=now"]).output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let after: u64 = layout(&t).iter().map(|o| o.2).sum();
     assert!(after < before, "{after} vs {before}");

@@ -81,7 +81,7 @@ fn kill_9_during_commit_compact_and_gc() {
         history.push((Repo::open(t.root()).unwrap().resolve("HEAD").unwrap(), files));
         epoch += 1;
     }
-    let gc_time = timed(&t, &["gc"]).max(Duration::from_millis(5));
+    let gc_time = timed(&t, &["gc", "--prune=now"]).max(Duration::from_millis(5));
     let mut rng = Rng::new(42);
     let started = Instant::now();
     let mut completed = 0;
@@ -156,7 +156,7 @@ fn kill_9_during_commit_compact_and_gc() {
                 repo.store().write_blob(id, &bytes, None, &repo.config().codec_options(), &Feedback::NONE).unwrap();
             }
         }
-        let (delay, finished) = kill_during(&t, &["gc"], gc_time, &mut rng);
+        let (delay, finished) = kill_during(&t, &["gc", "--prune=now"], gc_time, &mut rng);
         completed += finished as u32;
         check(&t, &mut history, None, &format!("gc trial {trial} (killed after {delay:?})"));
     }
@@ -166,7 +166,7 @@ fn kill_9_during_commit_compact_and_gc() {
     t.write_files(&files);
     let o = t.ckpt(&["commit", "-m", "final", "model.safetensors", "optim.safetensors", "step.txt"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = t.ckpt(&["gc"]);
+    let o = t.ckpt(&["gc", "--prune=now"]);
     assert!(o.status.success(), "{}", stderr(&o));
     check(&t, &mut history, Some(&files), "final");
     assert!(std::fs::read_dir(t.path(".ckpt/tmp")).unwrap().next().is_none(), "gc removed temp files");

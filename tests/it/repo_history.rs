@@ -512,7 +512,7 @@ fn cli_log_json_ids_check_out() {
         &["tag"],
         &["branch", "b"],
         &["branch"],
-        &["gc"],
+        &["gc", "--prune=now"],
         &["verify"],
     ] {
         let o = t.ckpt(args);

@@ -114,7 +114,7 @@ fn run(ops: Vec<Op>, delta_policy: DeltaPolicy) -> Result<(), TestCaseError> {
                 }
             }
             Op::Gc => {
-                let result = repo.gc();
+                let result = repo.gc_with(&ckpt::repo::GcOptions::now());
                 prop_assert!(result.is_ok(), "gc: {result:?}");
             }
         }
@@ -130,7 +130,7 @@ fn run(ops: Vec<Op>, delta_policy: DeltaPolicy) -> Result<(), TestCaseError> {
     for (name, i) in &m.tags {
         prop_assert_eq!(repo.resolve(name).unwrap(), ids[*i]);
     }
-    repo.gc().unwrap();
+    repo.gc_with(&ckpt::repo::GcOptions::now()).unwrap();
     let report = repo.verify().unwrap();
     prop_assert!(report.is_ok(), "verify: {:?}", report);
     Ok(())

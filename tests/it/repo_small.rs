@@ -85,7 +85,7 @@ fn twenty_thousand_small_tensors_take_a_few_objects_and_less_than_zstd() {
     expected.sort();
     assert_eq!(moved, expected);
 
-    repo.gc().unwrap();
+    repo.gc_with(&ckpt::repo::GcOptions::now()).unwrap();
     let report = repo.verify().unwrap();
     assert!(report.is_ok(), "{report:?}");
     assert_eq!(t.checkout_all(&repo, &id1.to_hex()), vec![("moe.safetensors".to_string(), v1)]);
@@ -170,7 +170,7 @@ proptest! {
         }
         let diff = repo.diff(&id1.to_hex(), &id2.to_hex()).unwrap();
         prop_assert_eq!(diff.tensors.len(), count);
-        repo.gc().unwrap();
+        repo.gc_with(&ckpt::repo::GcOptions::now()).unwrap();
         let report = repo.verify().unwrap();
         prop_assert!(report.is_ok(), "verify: {:?}", report);
     }

@@ -236,7 +236,7 @@ fn verify_beside_commits_and_gc_raises_no_false_alarm() {
                 std::fs::write(&file, tiny_checkpoint(n)).unwrap();
                 repo.commit(&[&file], &format!("v{n}"), &CommitOptions::default()).unwrap();
                 if n.is_multiple_of(2) {
-                    repo.gc().unwrap();
+                    repo.gc_with(&ckpt::repo::GcOptions::now()).unwrap();
                 }
             }
             n

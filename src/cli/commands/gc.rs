@@ -7,6 +7,12 @@ use std::path::Path;
 /// Arguments of `ckpt gc`.
 #[derive(clap::Args, Debug)]
 pub struct GcArgs {
+    /// Delete unreferenced objects older than this: `now`, or a number with a unit `s`, `m`,
+    /// `h`, `d`, `w` (`30m`, `2h`). Default: the config's `gc_grace_seconds` (one hour), so
+    /// that the objects of a save still in flight are kept. `now` is safe only when no save is
+    /// running (a `ckpt.dcp.Writer` save, a `git add`).
+    #[arg(long, value_name = "WHEN", value_parser = parse_prune)]
+    prune: Option<std::time::Duration>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -17,7 +23,11 @@ pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     // Deltas still pending make the store smaller too: finish them first.
     repo.compact(&ckpt::repo::CompactOptions::default())?;
-    let r = repo.gc()?;
+    let options = match args.prune {
+        Some(grace) => ckpt::repo::GcOptions { grace },
+        None => repo.gc_options(),
+    };
+    let r = repo.gc_with(&options)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r)?)?;
     } else {
@@ -29,6 +39,29 @@ pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
             bytes(r.bytes_freed),
             r.temp_files
         )?;
+        if r.recent > 0 {
+            outln!(
+                "kept {} unreferenced objects younger than {} (a save may still be writing them; --prune=now deletes them)",
+                r.recent,
+                grace_text(r.grace_seconds)
+            )?;
+        }
     }
     Ok(())
+}
+
+pub(crate) fn parse_prune(text: &str) -> std::result::Result<std::time::Duration, String> {
+    ckpt::repo::parse_grace(text)
+        .ok_or_else(|| format!("{text:?}: expected `now` or a duration such as 90s, 30m, 2h, 1d"))
+}
+
+/// `3600` as `1h`, `90` as `90s`.
+fn grace_text(secs: u64) -> String {
+    match secs {
+        0 => "0s".into(),
+        s if s % 86400 == 0 => format!("{}d", s / 86400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }

@@ -84,6 +84,11 @@ enum GitCommand {
         /// Report what would be deleted; delete nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Delete unreachable objects older than this (`now`, `30m`, `2h`, ...). Default: the
+        /// store's `gc_grace_seconds` (one hour): a `git add` stores objects before git writes
+        /// its index, so younger ones may still be needed.
+        #[arg(long, value_name = "WHEN", value_parser = crate::cli::commands::gc::parse_prune)]
+        prune: Option<std::time::Duration>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -141,7 +146,7 @@ pub fn run(ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
             }
             Ok(())
         }
-        GitCommand::Gc { dry_run, json } => gc(ui, base, dry_run, json),
+        GitCommand::Gc { dry_run, prune, json } => gc(ui, base, dry_run, prune, json),
         GitCommand::PrePush { remote, url, json } => pre_push(ui, base, &remote, url.as_deref(), json),
         GitCommand::DiffDriver { args } => diff_driver(base, &args),
         GitCommand::Track { patterns } => track(base, &patterns),
@@ -354,7 +359,7 @@ fn one_shot(base: &Path, command: process::Command, path: &str) -> Result<()> {
     Ok(())
 }
 
-fn gc(ui: &Ui, base: &Path, dry_run: bool, json: bool) -> Result<()> {
+fn gc(ui: &Ui, base: &Path, dry_run: bool, prune: Option<std::time::Duration>, json: bool) -> Result<()> {
     let git = git_filter::discover(base)?;
     let mut store = git_filter::with_env_lock_timeout(git_filter::open_store(&git)?)?;
     store.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
@@ -365,6 +370,7 @@ fn gc(ui: &Ui, base: &Path, dry_run: bool, json: bool) -> Result<()> {
             users = git_filter::live_set(&git, &store, dry_run)?;
             Ok::<_, anyhow::Error>(std::mem::take(&mut users.manifests))
         },
+        &prune.map(|grace| ckpt::repo::GcOptions { grace }).unwrap_or_else(|| store.gc_options()),
         dry_run,
     )?;
     r.repositories = users.repositories.iter().map(|p| p.display().to_string()).collect();
@@ -392,6 +398,9 @@ fn gc(ui: &Ui, base: &Path, dry_run: bool, json: bool) -> Result<()> {
             r.deleted,
             crate::cli::ui::bytes(r.bytes_freed)
         )?;
+        if r.recent > 0 {
+            outln!("kept {} unreachable objects younger than the grace period (--prune=now deletes them)", r.recent)?;
+        }
     }
     Ok(())
 }
