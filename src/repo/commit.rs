@@ -3,7 +3,7 @@
 
 use super::layout::{manifest_of, HashedBundle, HashedSegment, HashedSegments, Input, Rules};
 use super::model::{FileEntry, Version, MODEL_FORMAT};
-use super::pairing::{PrecisionIndex, ReferenceFiles, TensorBlobs};
+use super::pairing::{precision_key, PrecisionIndex, ReferenceFiles, TensorBlobs};
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
@@ -548,9 +548,10 @@ impl Repo {
     /// The cross-precision references of a commit's tensors (docs/format.md, "Derived blobs"):
     /// a BF16 or F16 tensor is derived from the F32 tensor of the same name and shape
     /// ([`PrecisionIndex`]) in this version (any file: an input or a file kept from the
-    /// parent), else in the parent; an F32 tensor only from the parent's narrow one, and only
-    /// when this version has no narrow namesake (which is then derived from it: within one
-    /// version references only go from narrow to wide, so no two blobs refer to each other).
+    /// parent), else in the parent. An F32 tensor is derived from a narrow one already stored
+    /// (a file of this version kept from the parent, else the parent's), unless this commit
+    /// stores a new narrow namesake, which is then derived from it: a reference is always a
+    /// blob stored before the one derived from it, so no two blobs refer to each other.
     fn plan_derivations(
         &self,
         inputs: &[Input],
@@ -558,10 +559,10 @@ impl Repo {
         kept: &BTreeMap<String, FileEntry>,
         parent: Option<&Version>,
     ) -> Derivations {
-        let own_blob = |seg: &super::layout::HashedSegment| {
+        fn own_blob(seg: &super::layout::HashedSegment) -> Option<(&super::model::TensorRef, Dtype)> {
             let tensor = seg.tensor.as_ref().filter(|_| seg.bundle.is_none() && seg.range.end > seg.range.start)?;
             Some((tensor, seg.dtype?))
-        };
+        }
         let mut this = PrecisionIndex::default();
         for h in hashed {
             for seg in &h.segments {
@@ -583,6 +584,14 @@ impl Repo {
             }
         }
         let previous = parent.map(|p| PrecisionIndex::of_version(self, p)).unwrap_or_default();
+        // Narrow tensors this commit stores anew: they derive from their F32 namesake.
+        let new_narrow: HashSet<(String, Vec<u64>)> = hashed
+            .iter()
+            .flat_map(|h| &h.segments)
+            .filter_map(|seg| Some((own_blob(seg)?, seg.id)))
+            .filter(|((_, dtype), id)| matches!(dtype, Dtype::Bf16 | Dtype::F16) && !self.store.contains(id))
+            .map(|((t, _), _)| precision_key(&t.name, &t.shape))
+            .collect();
         let mut sources = HashMap::new();
         for (file, h) in hashed.iter().enumerate() {
             for (s, seg) in h.segments.iter().enumerate() {
@@ -591,7 +600,10 @@ impl Repo {
                     Dtype::Bf16 | Dtype::F16 => {
                         this.source(&t.name, &t.shape, dtype).or_else(|| previous.source(&t.name, &t.shape, dtype))
                     }
-                    Dtype::F32 if !this.has_narrow(&t.name, &t.shape) => previous.source(&t.name, &t.shape, dtype),
+                    Dtype::F32 if !new_narrow.contains(&precision_key(&t.name, &t.shape)) => this
+                        .source(&t.name, &t.shape, dtype)
+                        .filter(|narrow| self.store.contains(narrow))
+                        .or_else(|| previous.source(&t.name, &t.shape, dtype)),
                     _ => None,
                 };
                 if let Some(source) = source.filter(|src| *src != seg.id) {

@@ -342,6 +342,10 @@ impl Store {
         if !chunk_size.is_power_of_two() || !(4096..=4 << 20).contains(&chunk_size) {
             return Err(invalid(format!("a derived chunk size of {chunk_size} bytes")));
         }
+        if reference.ids().contains(&id) {
+            // Storing it would replace an object of its own reference chain: a cycle.
+            return Err(invalid(format!("{id} is in its reference's chain")));
+        }
         let mut plain = Vec::with_capacity(reference.len() as usize);
         reference.copy_to(&mut plain)?;
         let conversion = match conversion {
@@ -466,6 +470,7 @@ impl Store {
             dtype: target.dtype(),
             reference: Some(reference.id()),
             depth,
+            conversion: None,
             raw_len: target.len(),
         };
         // The delta must use the reference's chunk size so chunk i lines up with chunk i.

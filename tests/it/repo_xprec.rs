@@ -110,7 +110,7 @@ fn bf16_copies_are_derived_from_fp32_and_survive_compaction_and_gc() {
         let r = u.open();
         for e in 0..3 {
             let files = epoch_files(e);
-            u.write_files(&files[1..]);
+            u.write_files(&files[1..].to_vec());
             r.commit(&["model_fp32.safetensors"], "fp32 only", &CommitOptions::default()).unwrap();
         }
         store_size(&r)
@@ -302,4 +302,120 @@ fn push_and_clone_carry_the_references() {
 #[test]
 fn a_depth_1_clone_fetches_the_references() {
     push_and_clone(Some("1"));
+}
+
+/// Little-endian bytes of `values` in `dtype` (bf16/f16 by rounding to nearest even).
+fn float_bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
+    use ckpt::codec::cross_precision::{f32_to_bf16, f32_to_f16, Rounding};
+    let mut out = Vec::new();
+    for v in values {
+        match dtype {
+            Dtype::F32 => out.extend_from_slice(&v.to_le_bytes()),
+            Dtype::Bf16 => out.extend_from_slice(&f32_to_bf16(v.to_bits(), Rounding::NearestEven).to_le_bytes()),
+            Dtype::F16 => out.extend_from_slice(&f32_to_f16(v.to_bits(), Rounding::NearestEven).to_le_bytes()),
+            other => panic!("{other:?}"),
+        }
+    }
+    out
+}
+
+#[test]
+fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
+    use ckpt::codec::Options;
+    use ckpt::store::{DeltaOutcome, Feedback};
+    let t = TestRepo::init();
+    let repo = t.open();
+    let store = repo.store();
+    let options = Options { chunk_size: 16 << 10, ..Options::default() };
+    let n = 20_000;
+    let mut a0 = weights(5, n, 0);
+    // Special values: NaNs, infinities, signed zeros, subnormals of f32 and of f16, f16 overflow.
+    let special = [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, -3e-39, 5.9e-8, 7e4];
+    a0[..special.len()].copy_from_slice(&special);
+    let a1: Vec<f32> = a0.iter().enumerate().map(|(i, x)| if i % 7 == 0 { x * 1.01 } else { *x }).collect();
+    let write = |data: &[u8], dtype| {
+        let id = ObjectId::hash(data);
+        store.write_blob(id, data, Some(dtype), &options, &Feedback::NONE).unwrap();
+        id
+    };
+    let delta = |data: &[u8], reference: ObjectId| {
+        let id = ObjectId::hash(data);
+        let chain = store.open_blob(&reference).unwrap();
+        match store.write_blob_delta(id, data, &chain, u64::MAX, &options, &Feedback::NONE).unwrap() {
+            DeltaOutcome::Written(_) => id,
+            other => panic!("{other:?}"),
+        }
+    };
+    let derive = |data: &[u8], dtype, reference: ObjectId| {
+        let id = ObjectId::hash(data);
+        let chain = store.open_blob(&reference).unwrap();
+        let coded = store.code_blob_derived(id, data, dtype, &chain, None, u64::MAX, &options, &Feedback::NONE);
+        store.keep(coded.unwrap().unwrap()).unwrap();
+        id
+    };
+    let read = |id: &ObjectId| {
+        let mut out = Vec::new();
+        store.open_blob(id).unwrap().copy_to(&mut out).unwrap();
+        out
+    };
+    let f0 = write(&float_bytes(&a0, Dtype::F32), Dtype::F32);
+    let f1 = delta(&float_bytes(&a1, Dtype::F32), f0);
+    // bf16 from a delta chain, with a few elements that are not roundings of the reference.
+    let mut b1 = float_bytes(&a1, Dtype::Bf16);
+    for i in (0..b1.len()).step_by(997) {
+        b1[i] ^= 0x5A;
+    }
+    let d1 = derive(&b1, Dtype::Bf16, f1);
+    assert_eq!(read(&d1), b1);
+    // The next bf16 as a delta of the derived one: its chain ends at a derived blob.
+    let mut b2 = b1.clone();
+    b2[100..140].fill(7);
+    let d2 = delta(&b2, d1);
+    assert_eq!(read(&d2), b2);
+    let chain = store.open_blob(&d2).unwrap();
+    assert_eq!(chain.depth(), 3, "d2 -> d1 -> f1 -> f0");
+    assert_eq!(chain.ids(), vec![d2, d1, f1, f0]);
+    chain.verify_members(2).unwrap();
+    let decoder = chain.decoder().unwrap();
+    let mut part = vec![0u8; decoder.byte_range(1..2).len()];
+    decoder.decode_into(1..2, &mut part).unwrap();
+    assert_eq!(part, b2[decoder.byte_range(1..2)]);
+    // f16 by rounding, and f32 widened from the f16 copy (the low bits coded).
+    let h = float_bytes(&a1, Dtype::F16);
+    let dh = derive(&h, Dtype::F16, f1);
+    assert_eq!(read(&dh), h);
+    // The f32 content of a blob in dh's own chain cannot be derived from it (a cycle).
+    let wide = float_bytes(&a0, Dtype::F32);
+    let chain = store.open_blob(&dh).unwrap();
+    let refused =
+        store.code_blob_derived(f0, &wide, Dtype::F32, &chain, None, u64::MAX, &options, &Feedback::NONE);
+    assert!(matches!(refused, Err(ckpt::store::Error::Encode { .. })));
+    let a2: Vec<f32> = a1.iter().map(|x| x * 0.999).collect();
+    let wide = float_bytes(&a2, Dtype::F32);
+    let dw = derive(&wide, Dtype::F32, dh);
+    assert_eq!(read(&dw), wide);
+    assert_eq!(store.header(&dw).unwrap().conversion.map(|c| c.name()), Some("widen"));
+    // A reference whose chunks cannot line up (4 KiB of f32 would need 2 KiB chunks of bf16).
+    let small = Options { chunk_size: 4096, ..options.clone() };
+    let other: Vec<f32> = a0.iter().map(|x| x * 3.0).collect();
+    let g = ObjectId::hash(&float_bytes(&other, Dtype::F32));
+    store.write_blob(g, &float_bytes(&other, Dtype::F32), Some(Dtype::F32), &small, &Feedback::NONE).unwrap();
+    let narrow = float_bytes(&other, Dtype::Bf16);
+    let refused = store.code_blob_derived(
+        ObjectId::hash(&narrow),
+        &narrow,
+        Dtype::Bf16,
+        &store.open_blob(&g).unwrap(),
+        None,
+        u64::MAX,
+        &options,
+        &Feedback::NONE,
+    );
+    assert!(matches!(refused, Err(ckpt::store::Error::Encode { .. })));
+    // Element counts that differ are refused too.
+    let short = &narrow[..narrow.len() - 2];
+    let chain = store.open_blob(&f1).unwrap();
+    let refused =
+        store.code_blob_derived(ObjectId::hash(short), short, Dtype::Bf16, &chain, None, u64::MAX, &options, &Feedback::NONE);
+    assert!(refused.is_err());
 }
