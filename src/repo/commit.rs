@@ -185,7 +185,15 @@ impl Repo {
             // tell apart. They are removed, so that no later commit deduplicates against them.
             // (Jobs name only objects that were not stored before this commit, which holds the
             // writer lock; nothing refers to them yet.)
+            let mut removed = HashSet::new();
             for job in jobs.iter().filter(|j| inputs[j.file].check_unchanged().is_err()) {
+                let id = hashed[job.file].id_of(job.target);
+                let _ = self.store.remove(&id);
+                removed.insert(id);
+            }
+            // A blob derived from a removed one would be left without its reference, and a
+            // later commit would deduplicate against it.
+            for job in jobs.iter().filter(|j| derivations.source_of(j).is_some_and(|s| removed.contains(&s))) {
                 let _ = self.store.remove(&hashed[job.file].id_of(job.target));
             }
             return Err(Error::FileChanged { path: inputs[changed].path.to_string() });

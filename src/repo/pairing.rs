@@ -332,7 +332,6 @@ impl PrecisionIndex {
             _ => None,
         }
     }
-
 }
 
 /// A blob of a new file and the blob of the same tensor (or bundle) in the reference file.

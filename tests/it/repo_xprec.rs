@@ -387,8 +387,7 @@ fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     // The f32 content of a blob in dh's own chain cannot be derived from it (a cycle).
     let wide = float_bytes(&a0, Dtype::F32);
     let chain = store.open_blob(&dh).unwrap();
-    let refused =
-        store.code_blob_derived(f0, &wide, Dtype::F32, &chain, None, u64::MAX, &options, &Feedback::NONE);
+    let refused = store.code_blob_derived(f0, &wide, Dtype::F32, &chain, None, u64::MAX, &options, &Feedback::NONE);
     assert!(matches!(refused, Err(ckpt::store::Error::Encode { .. })));
     let a2: Vec<f32> = a1.iter().map(|x| x * 0.999).collect();
     let wide = float_bytes(&a2, Dtype::F32);
@@ -415,7 +414,15 @@ fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     // Element counts that differ are refused too.
     let short = &narrow[..narrow.len() - 2];
     let chain = store.open_blob(&f1).unwrap();
-    let refused =
-        store.code_blob_derived(ObjectId::hash(short), short, Dtype::Bf16, &chain, None, u64::MAX, &options, &Feedback::NONE);
+    let refused = store.code_blob_derived(
+        ObjectId::hash(short),
+        short,
+        Dtype::Bf16,
+        &chain,
+        None,
+        u64::MAX,
+        &options,
+        &Feedback::NONE,
+    );
     assert!(refused.is_err());
 }
