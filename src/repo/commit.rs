@@ -593,7 +593,7 @@ impl Repo {
         }
         let previous = parent.map(|p| PrecisionIndex::of_version(self, p)).unwrap_or_default();
         // Narrow tensors this commit stores anew: they derive from their F32 namesake.
-        let new_narrow: HashSet<(String, Vec<u64>)> = hashed
+        let new_narrow: HashSet<super::pairing::PrecisionKey> = hashed
             .iter()
             .flat_map(|h| &h.segments)
             .filter_map(|seg| Some((own_blob(seg)?, seg.id)))

@@ -261,9 +261,12 @@ impl TensorBlobs {
 /// precisions of one model saved by different code paths may differ only by them.
 const WRAPPER_PREFIXES: [&str; 4] = ["module.", "_orig_mod.", "model.", "state_dict."];
 
+/// A tensor's name without wrapper prefixes, and its shape ([`precision_key`]).
+pub(super) type PrecisionKey = (String, Vec<u64>);
+
 /// What pairs tensors across precisions: the name without [`WRAPPER_PREFIXES`] (repeatedly, as
 /// long as something is left) and the shape.
-pub(super) fn precision_key(name: &str, shape: &[u64]) -> (String, Vec<u64>) {
+pub(super) fn precision_key(name: &str, shape: &[u64]) -> PrecisionKey {
     let mut n = name;
     while let Some(rest) = WRAPPER_PREFIXES.iter().find_map(|p| n.strip_prefix(p)).filter(|r| !r.is_empty()) {
         n = rest;
@@ -283,7 +286,7 @@ fn is_precision_dtype(dtype: Dtype) -> bool {
 /// another file than the low-precision copy.
 #[derive(Default)]
 pub(super) struct PrecisionIndex {
-    blobs: HashMap<(String, Vec<u64>), Vec<(Dtype, ObjectId)>>,
+    blobs: HashMap<PrecisionKey, Vec<(Dtype, ObjectId)>>,
 }
 
 impl PrecisionIndex {
