@@ -1,5 +1,4 @@
-//! Primitives for cross-precision references (issue #28, item 1; not wired into the store yet):
-//! the same weights saved in two precisions (fp32 master weights beside their bf16 or fp16
+//! Cross-precision references (issue #28, item 1): the same weights saved in two precisions (fp32 master weights beside their bf16 or fp16
 //! copy) predict each other. A narrow tensor is predicted by converting the wide one with the
 //! rounding rule that produced it ([`narrow`], [`detect_rule`]); a wide tensor is predicted by
 //! widening the narrow one ([`widen`]), which is exact, so only the low mantissa bits remain.
@@ -15,6 +14,114 @@
 //! and the quiet bit set, under both rules (as PyTorch's conversions do).
 
 use super::{Error, Result};
+use crate::dtype::Dtype;
+
+/// How a derived blob's prediction is made from its reference blob: an on-disk tag (byte 13 of
+/// a derived object's header, docs/format.md "Derived blobs"), fixed forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Conversion {
+    /// The reference is F32; the blob (BF16 or F16) is predicted by rounding it to nearest, ties
+    /// to even.
+    NarrowNearestEven = 1,
+    /// The reference is F32; the blob (BF16 or F16) is predicted by truncating it.
+    NarrowTruncate = 2,
+    /// The reference is BF16 or F16; the blob (F32) is predicted by widening it (exact).
+    Widen = 3,
+}
+
+impl Conversion {
+    /// The conversion with on-disk tag `tag`.
+    pub fn from_tag(tag: u8) -> Option<Conversion> {
+        [Conversion::NarrowNearestEven, Conversion::NarrowTruncate, Conversion::Widen]
+            .into_iter()
+            .find(|c| *c as u8 == tag)
+    }
+
+    /// The narrowing conversion by `rule`.
+    pub fn narrow(rule: Rounding) -> Conversion {
+        match rule {
+            Rounding::NearestEven => Conversion::NarrowNearestEven,
+            Rounding::Truncate => Conversion::NarrowTruncate,
+        }
+    }
+
+    /// Short name for `ckpt show` and JSON: `round-nearest-even`, `truncate`, `widen`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Conversion::NarrowNearestEven => "round-nearest-even",
+            Conversion::NarrowTruncate => "truncate",
+            Conversion::Widen => "widen",
+        }
+    }
+
+    /// Whether a blob of `target` can be predicted from one of `source` this way.
+    pub fn fits(self, source: Dtype, target: Dtype) -> bool {
+        match self {
+            Conversion::NarrowNearestEven | Conversion::NarrowTruncate => {
+                source == Dtype::F32 && narrow_of(target).is_some()
+            }
+            Conversion::Widen => target == Dtype::F32 && narrow_of(source).is_some(),
+        }
+    }
+}
+
+impl std::fmt::Display for Conversion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The narrow format of a 2-byte float dtype.
+pub fn narrow_of(dtype: Dtype) -> Option<Narrow> {
+    match dtype {
+        Dtype::Bf16 => Some(Narrow::Bf16),
+        Dtype::F16 => Some(Narrow::F16),
+        _ => None,
+    }
+}
+
+/// The conversion that best predicts `target` (`target_dtype` elements) from `source`
+/// (`source_dtype` elements, as many): widening from a narrow float to F32, else narrowing F32
+/// by the rule [`detect_rule`] finds (round to nearest even when neither reproduces every
+/// element: the prediction is still good where most elements are roundings). `None` when the
+/// dtypes or lengths do not pair.
+pub fn choose(source: &[u8], source_dtype: Dtype, target: &[u8], target_dtype: Dtype) -> Option<Conversion> {
+    if source.len() / source_dtype.size() != target.len() / target_dtype.size() {
+        return None;
+    }
+    if Conversion::Widen.fits(source_dtype, target_dtype) {
+        return Some(Conversion::Widen);
+    }
+    let to = narrow_of(target_dtype).filter(|_| source_dtype == Dtype::F32)?;
+    let rule = detect_rule(source, target, to).ok()?.unwrap_or(Rounding::NearestEven);
+    Some(Conversion::narrow(rule))
+}
+
+/// The prediction of a `target` blob from `source` bytes (`source_dtype` elements) by
+/// `conversion`, into `out` (as many elements of `target`). Errors when the dtypes do not fit
+/// the conversion or the lengths do not pair.
+pub fn predict(
+    conversion: Conversion,
+    source: &[u8],
+    source_dtype: Dtype,
+    target: Dtype,
+    out: &mut [u8],
+) -> Result<()> {
+    if !conversion.fits(source_dtype, target) {
+        return Err(Error::InvalidInput(format!(
+            "{target:?} cannot be predicted from {source_dtype:?} by {conversion}"
+        )));
+    }
+    match conversion {
+        Conversion::NarrowNearestEven | Conversion::NarrowTruncate => {
+            let rule =
+                if conversion == Conversion::NarrowTruncate { Rounding::Truncate } else { Rounding::NearestEven };
+            narrow(source, narrow_of(target).expect("checked by fits"), rule, out)
+        }
+        Conversion::Widen => widen(source, narrow_of(source_dtype).expect("checked by fits"), out),
+    }
+}
 
 /// How a wide float was rounded to a narrow one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -349,6 +456,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn conversion_tags_are_pinned() {
+        assert_eq!(Conversion::NarrowNearestEven as u8, 1);
+        assert_eq!(Conversion::NarrowTruncate as u8, 2);
+        assert_eq!(Conversion::Widen as u8, 3);
+        for tag in 0..=255u8 {
+            assert_eq!(Conversion::from_tag(tag).map(|c| c as u8), (1..=3).contains(&tag).then_some(tag));
+        }
+        assert!(Conversion::Widen.fits(Dtype::Bf16, Dtype::F32));
+        assert!(!Conversion::Widen.fits(Dtype::F32, Dtype::Bf16));
+        assert!(Conversion::NarrowTruncate.fits(Dtype::F32, Dtype::F16));
+        assert!(!Conversion::NarrowTruncate.fits(Dtype::F64, Dtype::F16));
+        let wide: Vec<u8> = [1.0f32, -2.5, 3.0e-3].iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        let mut bf = vec![0u8; 6];
+        narrow(&wide, Narrow::Bf16, Rounding::Truncate, &mut bf).unwrap();
+        assert_eq!(
+            choose(&wide, Dtype::F32, &bf, Dtype::Bf16),
+            Some(Conversion::narrow(detect_rule(&wide, &bf, Narrow::Bf16).unwrap().unwrap()))
+        );
+        assert_eq!(choose(&bf, Dtype::Bf16, &wide, Dtype::F32), Some(Conversion::Widen));
+        assert_eq!(choose(&wide[..8], Dtype::F32, &bf, Dtype::Bf16), None, "element counts differ");
+        let mut out = vec![0u8; 6];
+        assert!(predict(Conversion::Widen, &wide, Dtype::F32, Dtype::Bf16, &mut out).is_err());
     }
 
     #[test]

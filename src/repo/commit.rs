@@ -3,14 +3,14 @@
 
 use super::layout::{manifest_of, HashedBundle, HashedSegment, HashedSegments, Input, Rules};
 use super::model::{FileEntry, Version, MODEL_FORMAT};
-use super::pairing::{ReferenceFiles, TensorBlobs};
+use super::pairing::{precision_key, PrecisionIndex, ReferenceFiles, TensorBlobs};
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::{self, DeltaOutcome, Feedback, ObjectKind, Store, Written};
 use crate::Dtype;
 use rayon::prelude::*;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -139,23 +139,40 @@ impl Repo {
             .collect();
         // 2. Store every blob not stored yet (each id once).
         let jobs = self.jobs_to_store(&hashed);
+        let derivations = self.plan_derivations(&inputs, &hashed, &files, parent.as_ref());
+        // A blob derived from another blob of this commit is coded once that one is durable
+        // (readable): in a second pass.
+        let written_now: HashSet<ObjectId> = jobs.iter().map(|j| hashed[j.file].id_of(j.target)).collect();
+        let (second, first): (Vec<Job>, Vec<Job>) =
+            jobs.iter().partition(|j| derivations.source_of(j).is_some_and(|source| written_now.contains(&source)));
         // 2 and 3 write through a view of the store that fsyncs and renames the objects on
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
         let deltas = if policy == DeltaPolicy::Reverse { None } else { Some(base_every) };
-        let stored = self.store.with_background_sync(|store| {
-            let blobs = self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?;
-            // 3. Manifests.
-            let mut manifests = Vec::new();
-            let mut entries = Vec::new();
-            for (input, h) in inputs.iter().zip(&hashed) {
-                let (entry, w) = self
-                    .write_manifest(store, input, h)
-                    .map_err(|e| Error::File { path: input.path.to_string(), source: Box::new(e) })?;
-                manifests.extend(w);
-                entries.push(entry);
-            }
-            Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
+        let first_pass = if second.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.store.with_background_sync(|store| {
+                self.store_blobs_deriving(store, &inputs, &hashed, &first, deltas, &derivations)
+            })
+        };
+        let stored = first_pass.and_then(|first_blobs| {
+            self.store.with_background_sync(|store| {
+                let rest = if second.is_empty() { &first } else { &second };
+                let mut blobs = first_blobs;
+                blobs.extend(self.store_blobs_deriving(store, &inputs, &hashed, rest, deltas, &derivations)?);
+                // 3. Manifests.
+                let mut manifests = Vec::new();
+                let mut entries = Vec::new();
+                for (input, h) in inputs.iter().zip(&hashed) {
+                    let (entry, w) = self
+                        .write_manifest(store, input, h)
+                        .map_err(|e| Error::File { path: input.path.to_string(), source: Box::new(e) })?;
+                    manifests.extend(w);
+                    entries.push(entry);
+                }
+                Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
+            })
         });
         // Every input is read by now. One that changed meanwhile (a training loop rewriting it
         // with O_TRUNC) fails the commit here, before any ref moves: the objects written from it
@@ -168,12 +185,16 @@ impl Repo {
             // tell apart. They are removed, so that no later commit deduplicates against them.
             // (Jobs name only objects that were not stored before this commit, which holds the
             // writer lock; nothing refers to them yet.)
+            let mut removed = HashSet::new();
             for job in jobs.iter().filter(|j| inputs[j.file].check_unchanged().is_err()) {
-                let id = match job.target {
-                    Target::Segment(i) => hashed[job.file].segments[i].id,
-                    Target::Bundle(b) => hashed[job.file].bundles[b].id,
-                };
+                let id = hashed[job.file].id_of(job.target);
                 let _ = self.store.remove(&id);
+                removed.insert(id);
+            }
+            // A blob derived from a removed one would be left without its reference, and a
+            // later commit would deduplicate against it.
+            for job in jobs.iter().filter(|j| derivations.source_of(j).is_some_and(|s| removed.contains(&s))) {
+                let _ = self.store.remove(&hashed[job.file].id_of(job.target));
             }
             return Err(Error::FileChanged { path: inputs[changed].path.to_string() });
         }
@@ -331,6 +352,20 @@ impl Repo {
         jobs: &[Job],
         deltas: Option<u32>,
     ) -> Result<Vec<Written>> {
+        self.store_blobs_deriving(store, inputs, hashed, jobs, deltas, &Derivations::default())
+    }
+
+    /// [`Self::store_blobs`], deriving the blobs `derivations` names from their cross-precision
+    /// references where that pays.
+    fn store_blobs_deriving(
+        &self,
+        store: &Store,
+        inputs: &[Input],
+        hashed: &[HashedFile],
+        jobs: &[Job],
+        deltas: Option<u32>,
+        derivations: &Derivations,
+    ) -> Result<Vec<Written>> {
         let written = self.run_jobs("commit", inputs, hashed, jobs, |job, progress| {
             let h = &hashed[job.file];
             match job.target {
@@ -341,6 +376,14 @@ impl Repo {
                     let start = seg.range.start as usize;
                     let release_input = |r: Range<usize>| inputs[job.file].map.release(start + r.start..start + r.end);
                     let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
+                    if let (Some(source), Some(dtype)) = (derivations.source_of(job), seg.dtype) {
+                        let previous = h.reference_of(s);
+                        let derived =
+                            self.store_derived(store, seg.id, bytes, dtype, source, previous, deltas, &feedback)?;
+                        if let Some(w) = derived {
+                            return Ok(Some(w));
+                        }
+                    }
                     self.store_blob(store, seg.id, bytes, seg.dtype, reference, &feedback).map(Some)
                 }
                 Target::Bundle(b) => {
@@ -459,6 +502,126 @@ impl Repo {
         Ok(store.write_blob(id, bytes, dtype, &options, feedback)?)
     }
 
+    /// Stores blob `id` (`bytes` of `dtype` elements) derived from its cross-precision reference
+    /// `source` (docs/format.md, "Derived blobs") if that costs less than the alternatives:
+    /// less than a standalone copy (estimated by the stored size of the standalone base of
+    /// `previous`, the same tensor's blob in the reference version, else the raw length) and,
+    /// when version deltas are allowed (`deltas`, the `base_every` bounding them), less than
+    /// the delta against `previous`. `None` when it does not pay or cannot be made (a source
+    /// that is missing or damaged, dtypes or chunk sizes that do not pair): the caller stores
+    /// the blob as usual.
+    #[allow(clippy::too_many_arguments)]
+    fn store_derived(
+        &self,
+        store: &Store,
+        id: ObjectId,
+        bytes: &[u8],
+        dtype: Dtype,
+        source: ObjectId,
+        previous: Option<ObjectId>,
+        deltas: Option<u32>,
+        feedback: &Feedback<'_>,
+    ) -> Result<Option<Written>> {
+        let options = self.config.codec_options();
+        let Ok(source) = store.open_blob(&source) else { return Ok(None) };
+        let previous = previous
+            .filter(|r| *r != id)
+            .and_then(|r| store.open_blob(&r).ok())
+            .filter(|chain| chain.len() == bytes.len() as u64);
+        // A previous copy that is itself derived says nothing about a standalone copy's size.
+        let standalone = previous
+            .as_ref()
+            .filter(|chain| chain.derived_from().is_none())
+            .map_or(bytes.len() as u64 + store::HEADER_LEN as u64, |chain| chain.base_stored_len());
+        let version_reference = previous.zip(deltas);
+        let candidate = match store.code_blob_derived(id, bytes, dtype, &source, None, standalone, &options, feedback) {
+            Ok(Some(candidate)) => candidate,
+            Ok(None) => return Ok(None),
+            Err(store::Error::Corrupt { .. } | store::Error::Missing { .. } | store::Error::Encode { .. }) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some((chain, _)) = version_reference.filter(|(chain, base_every)| chain.depth() + 1 < *base_every) {
+            match store.write_blob_delta(id, bytes, &chain, candidate.stored_len(), &options, feedback) {
+                Ok(DeltaOutcome::Written(w)) => return Ok(Some(w)),
+                Ok(DeltaOutcome::NotSmaller { .. }) => {}
+                Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Some(store.keep(candidate)?))
+    }
+
+    /// The cross-precision references of a commit's tensors (docs/format.md, "Derived blobs"):
+    /// a BF16 or F16 tensor is derived from the F32 tensor of the same name and shape
+    /// ([`PrecisionIndex`]) in this version (any file: an input or a file kept from the
+    /// parent), else in the parent. An F32 tensor is derived from a narrow one already stored
+    /// (a file of this version kept from the parent, else the parent's), unless this commit
+    /// stores a new narrow namesake, which is then derived from it: a reference is always a
+    /// blob stored before the one derived from it, so no two blobs refer to each other.
+    fn plan_derivations(
+        &self,
+        inputs: &[Input],
+        hashed: &[HashedFile],
+        kept: &BTreeMap<String, FileEntry>,
+        parent: Option<&Version>,
+    ) -> Derivations {
+        fn own_blob(seg: &super::layout::HashedSegment) -> Option<(&super::model::TensorRef, Dtype)> {
+            let tensor = seg.tensor.as_ref().filter(|_| seg.bundle.is_none() && seg.range.end > seg.range.start)?;
+            Some((tensor, seg.dtype?))
+        }
+        let mut this = PrecisionIndex::default();
+        for h in hashed {
+            for seg in &h.segments {
+                if let Some((t, dtype)) = own_blob(seg) {
+                    this.add(&t.name, &t.shape, dtype, seg.id);
+                }
+            }
+        }
+        let named: HashSet<&str> = inputs.iter().map(|i| i.path.as_str()).collect();
+        // Off only for benchmarks (benches/mixed_precision.py): what a build without derived
+        // blobs stores, from the same binary.
+        let off = std::env::var_os("CKPT_CROSS_PRECISION").is_some_and(|v| v == "off");
+        if off || !hashed.iter().any(|h| h.segments.iter().any(|seg| own_blob(seg).is_some())) {
+            return Derivations::default();
+        }
+        for f in kept.values().filter(|f| !named.contains(f.path.as_str())) {
+            if let Ok(m) = self.manifest(&f.manifest) {
+                this.add_manifest(&m);
+            }
+        }
+        let previous = parent.map(|p| PrecisionIndex::of_version(self, p)).unwrap_or_default();
+        // Narrow tensors this commit stores anew: they derive from their F32 namesake.
+        let new_narrow: HashSet<super::pairing::PrecisionKey> = hashed
+            .iter()
+            .flat_map(|h| &h.segments)
+            .filter_map(|seg| Some((own_blob(seg)?, seg.id)))
+            .filter(|((_, dtype), id)| matches!(dtype, Dtype::Bf16 | Dtype::F16) && !self.store.contains(id))
+            .map(|((t, _), _)| precision_key(&t.name, &t.shape))
+            .collect();
+        let mut sources = HashMap::new();
+        for (file, h) in hashed.iter().enumerate() {
+            for (s, seg) in h.segments.iter().enumerate() {
+                let Some((t, dtype)) = own_blob(seg) else { continue };
+                let source = match dtype {
+                    Dtype::Bf16 | Dtype::F16 => {
+                        this.source(&t.name, &t.shape, dtype).or_else(|| previous.source(&t.name, &t.shape, dtype))
+                    }
+                    Dtype::F32 if !new_narrow.contains(&precision_key(&t.name, &t.shape)) => this
+                        .source(&t.name, &t.shape, dtype)
+                        .filter(|narrow| self.store.contains(narrow))
+                        .or_else(|| previous.source(&t.name, &t.shape, dtype)),
+                    _ => None,
+                };
+                if let Some(source) = source.filter(|src| *src != seg.id) {
+                    sources.insert((file, s), source);
+                }
+            }
+        }
+        Derivations { sources }
+    }
+
     /// Writes `input`'s manifest to `store` unless stored already; returns the file's entry and
     /// the object written, if any.
     pub(super) fn write_manifest(
@@ -507,6 +670,14 @@ pub(super) struct HashedFile {
 }
 
 impl HashedFile {
+    /// The id of what `target` stores.
+    fn id_of(&self, target: Target) -> ObjectId {
+        match target {
+            Target::Segment(i) => self.segments[i].id,
+            Target::Bundle(b) => self.bundles[b].id,
+        }
+    }
+
     /// The blob of segment `s`'s tensor in the reference version, if it has one; for an opaque
     /// segment of a `.distcp` file, the same item's framing ([`super::pairing::gap_key`]), else
     /// framing of the same length.
@@ -519,6 +690,23 @@ impl HashedFile {
                 self.reference.gap(&super::pairing::gap_key(after), range.end - range.start)
             }
             None => None,
+        }
+    }
+}
+
+/// The cross-precision references a commit plans ([`Repo::plan_derivations`]): per (file,
+/// segment), the blob it is derived from if that pays.
+#[derive(Default)]
+pub(super) struct Derivations {
+    sources: HashMap<(usize, usize), ObjectId>,
+}
+
+impl Derivations {
+    /// The blob `job`'s segment is to be derived from, if any.
+    fn source_of(&self, job: &Job) -> Option<ObjectId> {
+        match job.target {
+            Target::Segment(s) => self.sources.get(&(job.file, s)).copied(),
+            Target::Bundle(_) => None,
         }
     }
 }

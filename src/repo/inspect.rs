@@ -108,6 +108,24 @@ pub struct SegmentShow {
     pub groups_per_chunk: u64,
     /// Methods of the (chunk, group) pairs of the object's own container.
     pub methods: MethodCounts,
+    /// For a derived blob (a cross-precision reference, counted as a delta): the tensor its
+    /// reference holds and the conversion.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub derived_from: Option<DerivedFrom>,
+}
+
+/// What a derived blob is predicted from ([`SegmentShow::derived_from`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DerivedFrom {
+    /// The name of a tensor of this version or its parent held by the reference blob (the
+    /// blob id's first 12 hex digits when neither lists it).
+    pub tensor: String,
+    /// That tensor's dtype (`None` when not found).
+    pub dtype: Option<String>,
+    /// The reference blob.
+    pub blob: ObjectId,
+    /// The conversion: `round-nearest-even`, `truncate` or `widen`.
+    pub rule: String,
 }
 
 /// One file of a shown version.
@@ -347,6 +365,7 @@ impl Repo {
             totals.added_bytes += file.added_bytes;
             files.push(file);
         }
+        self.name_derivation_sources(&v, &mut files);
         Ok(ShowReport {
             id,
             time: v.time,
@@ -387,6 +406,31 @@ impl Repo {
             }
         }
         sizes
+    }
+
+    /// Names the tensors derived blobs of `files` are derived from: a tensor of `v` or of its
+    /// first parent held by the reference blob.
+    fn name_derivation_sources(&self, v: &Version, files: &mut [FileShow]) {
+        let derived = files.iter().flat_map(|f| &f.segments).any(|s| s.derived_from.is_some());
+        if !derived {
+            return;
+        }
+        let mut names: std::collections::HashMap<ObjectId, (String, String)> = std::collections::HashMap::new();
+        let parent = v.parents.first().and_then(|p| self.version(p).ok());
+        for f in v.files.iter().chain(parent.iter().flat_map(|p| &p.files)) {
+            let Ok(m) = self.manifest(&f.manifest) else { continue };
+            for (t, seg) in m.tensors() {
+                if let Some(blob) = seg.blob {
+                    names.entry(blob).or_insert_with(|| (t.name.clone(), t.dtype.clone()));
+                }
+            }
+        }
+        for d in files.iter_mut().flat_map(|f| &mut f.segments).filter_map(|s| s.derived_from.as_mut()) {
+            if let Some((name, dtype)) = names.get(&d.blob) {
+                d.tensor.clone_from(name);
+                d.dtype = Some(dtype.clone());
+            }
+        }
     }
 
     /// Blob ids of every version before `v` along first parents.
@@ -462,6 +506,15 @@ impl Repo {
             chunks: container.chunk_count() as u64,
             groups_per_chunk,
             methods,
+            derived_from: match (raw.header.conversion, raw.header.reference) {
+                (Some(rule), Some(reference)) => Some(DerivedFrom {
+                    tensor: reference.short(12),
+                    dtype: None,
+                    blob: reference,
+                    rule: rule.name().to_string(),
+                }),
+                _ => None,
+            },
         })
     }
 

@@ -47,8 +47,8 @@ pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use error::{Error, Result};
 pub use gc::{parse_grace, GcOptions, GcReport, KeepReport};
 pub use inspect::{
-    to_f64, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport, ShowTotals, Storage,
-    TensorDiff, TensorName,
+    to_f64, DerivedFrom, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport,
+    ShowTotals, Storage, TensorDiff, TensorName,
 };
 pub use lock::{lock_timeout_from_env, parse_lock_timeout, LOCK_TIMEOUT_VAR};
 pub use model::{

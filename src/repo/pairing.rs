@@ -12,6 +12,7 @@ use super::layout::{Input, DISTCP_SUFFIX};
 use super::model::{FileEntry, FileFormat, Manifest, TensorRef, Version};
 use super::Repo;
 use crate::object_id::ObjectId;
+use crate::Dtype;
 use std::collections::{HashMap, HashSet};
 
 /// The files of the reference version, for finding each input's reference manifest.
@@ -255,6 +256,87 @@ impl TensorBlobs {
     }
 }
 
+/// Prefixes that training code wraps parameter names in (`DistributedDataParallel`'s `module.`,
+/// `torch.compile`'s `_orig_mod.`, a `model.` or `state_dict.` level of the saved dict): two
+/// precisions of one model saved by different code paths may differ only by them.
+const WRAPPER_PREFIXES: [&str; 4] = ["module.", "_orig_mod.", "model.", "state_dict."];
+
+/// A tensor's name without wrapper prefixes, and its shape ([`precision_key`]).
+pub(super) type PrecisionKey = (String, Vec<u64>);
+
+/// What pairs tensors across precisions: the name without [`WRAPPER_PREFIXES`] (repeatedly, as
+/// long as something is left) and the shape.
+pub(super) fn precision_key(name: &str, shape: &[u64]) -> PrecisionKey {
+    let mut n = name;
+    while let Some(rest) = WRAPPER_PREFIXES.iter().find_map(|p| n.strip_prefix(p)).filter(|r| !r.is_empty()) {
+        n = rest;
+    }
+    (n.to_string(), shape.to_vec())
+}
+
+/// Whether `dtype` takes part in cross-precision references.
+fn is_precision_dtype(dtype: Dtype) -> bool {
+    matches!(dtype, Dtype::F32 | Dtype::Bf16 | Dtype::F16)
+}
+
+/// The float tensors of one version stored as blobs of their own (bundled tensors have none), by
+/// [`precision_key`], the first blob per dtype: where a cross-precision reference is looked for
+/// (docs/format.md, "Derived blobs"). Any file of the version may hold the partner: a
+/// `model_bf16.safetensors` beside `model_fp32.safetensors`, or the fp32 master weights in
+/// another file than the low-precision copy.
+#[derive(Default)]
+pub(super) struct PrecisionIndex {
+    blobs: HashMap<PrecisionKey, Vec<(Dtype, ObjectId)>>,
+}
+
+impl PrecisionIndex {
+    /// Adds a tensor's blob, unless one of its key and dtype is held already.
+    pub(super) fn add(&mut self, name: &str, shape: &[u64], dtype: Dtype, blob: ObjectId) {
+        if !is_precision_dtype(dtype) {
+            return;
+        }
+        let entry = self.blobs.entry(precision_key(name, shape)).or_default();
+        if !entry.iter().any(|(d, _)| *d == dtype) {
+            entry.push((dtype, blob));
+        }
+    }
+
+    /// Adds every tensor blob of `m`.
+    pub(super) fn add_manifest(&mut self, m: &Manifest) {
+        for (t, seg) in m.tensors() {
+            if let (Some(blob), Some(dtype)) = (seg.blob, Dtype::from_safetensors_name(&t.dtype)) {
+                if seg.len > 0 {
+                    self.add(&t.name, &t.shape, dtype, blob);
+                }
+            }
+        }
+    }
+
+    /// The index of every file of `version` (files whose manifest cannot be read are left out:
+    /// they only cost a reference).
+    pub(super) fn of_version(repo: &Repo, version: &Version) -> PrecisionIndex {
+        let mut index = PrecisionIndex::default();
+        for f in &version.files {
+            if let Ok(m) = repo.manifest(&f.manifest) {
+                index.add_manifest(&m);
+            }
+        }
+        index
+    }
+
+    /// The blob of the same tensor in another precision a tensor of `dtype` is predicted from:
+    /// for BF16 or F16, the F32 one; for F32, a BF16 (else F16) one.
+    pub(super) fn source(&self, name: &str, shape: &[u64], dtype: Dtype) -> Option<ObjectId> {
+        let partners = self.blobs.get(&precision_key(name, shape))?;
+        let find = |want: Dtype| partners.iter().find(|(d, _)| *d == want).map(|(_, b)| *b);
+        match dtype {
+            Dtype::Bf16 | Dtype::F16 => find(Dtype::F32),
+            Dtype::F32 => find(Dtype::Bf16).or_else(|| find(Dtype::F16)),
+            _ => None,
+        }
+    }
+}
+
 /// A blob of a new file and the blob of the same tensor (or bundle) in the reference file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Counterpart {
@@ -348,6 +430,23 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn precisions_pair_by_name_without_wrappers_and_shape() {
+        let (a, b, c) = (ObjectId::hash(b"a"), ObjectId::hash(b"b"), ObjectId::hash(b"c"));
+        let mut index = PrecisionIndex::default();
+        index.add("module.fc.weight", &[4, 8], Dtype::F32, a);
+        index.add("fc.weight", &[4, 8], Dtype::F32, b); // a second F32 of the key: the first stays
+        index.add("model.fc.weight", &[4, 8], Dtype::Bf16, c);
+        index.add("fc.ids", &[4], Dtype::I64, c);
+        assert_eq!(index.source("fc.weight", &[4, 8], Dtype::Bf16), Some(a));
+        assert_eq!(index.source("_orig_mod.fc.weight", &[4, 8], Dtype::F16), Some(a));
+        assert_eq!(index.source("fc.weight", &[8, 4], Dtype::Bf16), None, "another shape");
+        assert_eq!(index.source("fc.weight", &[4, 8], Dtype::F32), Some(c));
+        assert_eq!(index.source("fc.ids", &[4], Dtype::I64), None);
+        assert_eq!(precision_key("state_dict.module.fc.weight", &[4, 8]), precision_key("fc.weight", &[4, 8]));
+        assert_eq!(precision_key("model.", &[]), ("model.".to_string(), vec![]), "nothing left: kept");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! What versions need: the versions themselves, their ancestors, their manifests, the blobs
-//! those list and every blob a delta is coded against, down to its standalone base. `gc`
+//! those list and every blob a delta is coded against, down to its standalone base (a derived
+//! blob's cross-precision reference, a blob of another dtype, is followed the same way: it is
+//! the `reference` of its header, docs/format.md "Derived blobs"). `gc`
 //! keeps this set for the versions [`Repo::roots`] names; `verify` checks it for the same
 //! roots; `push` sends the part of it the remote lacks; `fetch` walks the same relation on the
 //! remote's side.
@@ -16,7 +18,8 @@ pub struct Needed {
     pub id: ObjectId,
     /// Its kind.
     pub kind: ObjectKind,
-    /// For a delta blob, the blob it is coded against (also in the set, unless skipped).
+    /// For a delta blob, the blob it is coded against (also in the set, unless skipped); for a
+    /// derived blob, its cross-precision reference.
     pub reference: Option<ObjectId>,
 }
 

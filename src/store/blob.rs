@@ -5,11 +5,18 @@
 //! `i` covers original bytes `[i * chunk_size, (i + 1) * chunk_size)` (the last one shorter).
 //! So chunk `i` of the target is chunk `i` of the base, XORed in order with chunk `i` of every
 //! delta above it: a reader holds a few chunks per worker, never a whole tensor.
+//!
+//! A chain may end, instead of at a standalone base, at a *derived* blob (a cross-precision
+//! reference, docs/format.md "Derived blobs"): an XOR residual against a conversion of a blob of
+//! another float dtype, itself opened as a chain. Its chunk size is scaled by the ratio of the
+//! element widths, so its chunk `i` holds the same elements as the reference's chunk `i`: the
+//! base of chunk `i` is then the converted reference chunk.
 
 use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, MAX_CHAIN_DEPTH};
 use crate::codec::chunk::STRIPE_CHUNKS;
 use crate::codec::chunk::{Data, GroupedReference, Reference};
 use crate::codec::container::{Container, ContainerWriter, FileKind, SegmentInput};
+use crate::codec::cross_precision::{self, Conversion};
 use crate::codec::{byte_group, Layout, Method, Options};
 use crate::dtype::Dtype;
 use crate::object_id::{hash_update, ObjectId};
@@ -46,6 +53,25 @@ fn return_window(buf: Vec<u8>) {
     });
 }
 
+/// A derived blob coded into a temp file, not stored yet ([`Store::code_blob_derived`]).
+pub struct DerivedBlob {
+    id: ObjectId,
+    header: ObjectHeader,
+    tmp: tempfile::NamedTempFile,
+    stored_len: u64,
+}
+
+impl DerivedBlob {
+    /// Size the object file will have.
+    pub fn stored_len(&self) -> u64 {
+        self.stored_len
+    }
+    /// How it is predicted from its reference.
+    pub fn conversion(&self) -> Option<Conversion> {
+        self.header.conversion
+    }
+}
+
 /// Outcome of [`Store::write_blob_delta`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeltaOutcome {
@@ -61,10 +87,12 @@ pub enum DeltaOutcome {
 /// A blob opened with its whole reference chain, checked for consistency (kinds, lengths,
 /// dtypes, chunk sizes and layout, depths). Decoding verifies the result against the blob's id.
 pub struct BlobChain {
-    /// `[target, its reference, ..., standalone base]`.
+    /// `[target, its reference, ..., standalone base]`, or down to a derived blob.
     objects: Vec<RawObject>,
     chunk_size: usize,
     chunk_count: usize,
+    /// When the last object is derived: how it is predicted, and its reference's chain.
+    derived: Option<(Conversion, Box<BlobChain>)>,
 }
 
 impl Store {
@@ -77,6 +105,12 @@ impl Store {
     /// the store yet: `Store::import` checks a received object this way), else read from the
     /// store; its references are read from the store.
     pub(super) fn open_chain_from(&self, first: Option<RawObject>, id: &ObjectId) -> Result<BlobChain> {
+        self.open_chain_within(first, id, MAX_CHAIN_DEPTH)
+    }
+
+    /// [`Self::open_chain_from`] following at most `budget` references in all (through derived
+    /// blobs too), so that a damaged store with a cycle of references ends in an error.
+    fn open_chain_within(&self, first: Option<RawObject>, id: &ObjectId, budget: u32) -> Result<BlobChain> {
         let mut objects: Vec<RawObject> = Vec::new();
         let mut first = first;
         let mut next = Some(*id);
@@ -121,21 +155,84 @@ impl Store {
                     return Err(Error::Corrupt { id: referrer.id, reason });
                 }
             }
-            if objects.len() as u32 > MAX_CHAIN_DEPTH {
+            if objects.len() as u32 > budget {
                 return Err(Error::Corrupt { id: *id, reason: "delta chain too long".into() });
             }
             next = raw.header.reference;
+            let derived = raw.header.conversion.is_some();
             objects.push(raw);
+            if derived {
+                break;
+            }
         }
         let base = objects.last().expect("at least the target");
         let chunk_size = base.container()?.chunk_size();
         let len = base.header.raw_len;
         let chunk_count = usize::try_from(len.div_ceil(chunk_size as u64))
             .map_err(|_| Error::Corrupt { id: base.id, reason: "too many chunks".into() })?;
-        let chain = BlobChain { objects, chunk_size, chunk_count };
+        let derived = match (base.header.conversion, base.header.reference) {
+            (Some(conversion), Some(reference)) => {
+                let rest = budget.saturating_sub(objects.len() as u32);
+                Some((conversion, Box::new(self.open_derived_reference(base, conversion, reference, rest)?)))
+            }
+            _ => None,
+        };
+        if let Some((_, source)) = &derived {
+            // Chunk i of the derived blob holds the elements of its reference's chunk i.
+            let width = |d: Option<Dtype>| d.map_or(1, Dtype::size);
+            let (w, ws) = (width(base.header.dtype), width(source.dtype()));
+            if source.chunk_size * w != chunk_size * ws || source.chunk_count != chunk_count {
+                return Err(Error::Corrupt {
+                    id: base.id,
+                    reason: format!(
+                        "chunks of {chunk_size} bytes do not line up with its cross-precision reference's {}",
+                        source.chunk_size
+                    ),
+                });
+            }
+        }
+        let chain = BlobChain { objects, chunk_size, chunk_count, derived };
         // Opening every container checks its layout; decoding re-opens them (cheap: the index).
         chain.containers()?;
         Ok(chain)
+    }
+
+    /// Opens the chain of `reference`, the cross-precision reference of the derived blob `base`
+    /// (whose conversion is `conversion`), following at most `budget` references; checks that
+    /// the two pair (dtypes fit the conversion, equal element counts). Errors blame `base`.
+    fn open_derived_reference(
+        &self,
+        base: &RawObject,
+        conversion: Conversion,
+        reference: ObjectId,
+        budget: u32,
+    ) -> Result<BlobChain> {
+        let corrupt = |reason: String| Error::Corrupt { id: base.id, reason };
+        if budget == 0 {
+            return Err(corrupt("delta chain too long".into()));
+        }
+        let source = match self.open_chain_within(None, &reference, budget - 1) {
+            Ok(source) => source,
+            Err(Error::Missing { id }) if id == reference => {
+                return Err(corrupt(format!("its cross-precision reference {reference} is missing")))
+            }
+            Err(Error::WrongKind { found, .. }) => {
+                return Err(corrupt(format!("its cross-precision reference {reference} is a {found}")))
+            }
+            Err(e) => return Err(e),
+        };
+        let target = base.header.dtype.ok_or_else(|| corrupt("a derived blob without a dtype".into()))?;
+        let fits = source.dtype().is_some_and(|d| conversion.fits(d, target));
+        let elements = |len: u64, d: Option<Dtype>| d.map(|d| (len / d.size() as u64, len % d.size() as u64));
+        if !fits || elements(source.len(), source.dtype()) != elements(base.header.raw_len, Some(target)) {
+            return Err(corrupt(format!(
+                "{} bytes of {target:?} cannot be derived by {conversion} from {} bytes of {:?}",
+                base.header.raw_len,
+                source.len(),
+                source.dtype()
+            )));
+        }
+        Ok(source)
     }
 
     /// How many deltas lie between blob `id` and its standalone base now, read from the
@@ -164,10 +261,16 @@ impl Store {
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<Written> {
-        let header =
-            ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, raw_len: data.len() as u64 };
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype,
+            reference: None,
+            depth: 0,
+            conversion: None,
+            raw_len: data.len() as u64,
+        };
         let written = self.write_object(id, header, None, |out| {
-            encode_blob(id, out, BlobData::Bytes(data), None, dtype, options, feedback)
+            encode_blob(id, out, BlobData::Bytes(data), Against::Nothing, dtype, options, feedback)
         })?;
         Ok(written.expect("no size limit"))
     }
@@ -201,9 +304,85 @@ impl Store {
             dtype,
             reference: Some(reference.id()),
             depth: reference.depth() + 1,
+            conversion: None,
             raw_len: data.len() as u64,
         };
         self.write_delta_object(id, header, BlobData::Bytes(data), reference, limit, options, feedback)
+    }
+
+    /// Codes `data` (whose blake3 is `id`, `dtype` elements) as a derived blob, not stored yet:
+    /// the XOR residual against the prediction of it from `reference` (a blob of another float
+    /// dtype with as many elements) by `conversion`, or when `None` by the conversion
+    /// [`cross_precision::choose`] finds; `None` when the object would take `limit` bytes or
+    /// more. [`Store::keep`] stores the result. The reference is decoded whole and checked
+    /// against its id first, so a damaged reference is an error naming it. The object's chunk
+    /// size is the reference's scaled by the ratio of element widths (chunk `i` holds the
+    /// elements of the reference's chunk `i`); when that is not a valid chunk size, or the
+    /// dtypes do not pair, the blob cannot be derived (an [`Error::Encode`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn code_blob_derived(
+        &self,
+        id: ObjectId,
+        data: &[u8],
+        dtype: Dtype,
+        reference: &BlobChain,
+        conversion: Option<Conversion>,
+        limit: u64,
+        options: &Options,
+        feedback: &Feedback<'_>,
+    ) -> Result<Option<DerivedBlob>> {
+        let invalid = |reason: String| Error::Encode { id, source: crate::codec::Error::InvalidInput(reason) };
+        let source_dtype = reference.dtype().ok_or_else(|| invalid("an opaque reference".into()))?;
+        let chunk_size = reference.chunk_size * dtype.size() / source_dtype.size();
+        if !data.len().is_multiple_of(dtype.size())
+            || (data.len() / dtype.size()) as u64 * source_dtype.size() as u64 != reference.len()
+        {
+            return Err(invalid(format!("{} bytes against a reference of {}", data.len(), reference.len())));
+        }
+        if !chunk_size.is_power_of_two() || !(4096..=4 << 20).contains(&chunk_size) {
+            return Err(invalid(format!("a derived chunk size of {chunk_size} bytes")));
+        }
+        if reference.ids().contains(&id) {
+            // Storing it would replace an object of its own reference chain: a cycle.
+            return Err(invalid(format!("{id} is in its reference's chain")));
+        }
+        let mut plain = Vec::with_capacity(reference.len() as usize);
+        reference.copy_to(&mut plain)?;
+        let conversion = match conversion {
+            Some(c) => c,
+            None => cross_precision::choose(&plain, source_dtype, data, dtype)
+                .ok_or_else(|| invalid(format!("{dtype:?} cannot be predicted from {source_dtype:?}")))?,
+        };
+        let mut predicted = vec![0u8; data.len()];
+        cross_precision::predict(conversion, &plain, source_dtype, dtype, &mut predicted)
+            .map_err(|source| Error::Encode { id, source })?;
+        drop(plain);
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype: Some(dtype),
+            reference: Some(reference.id()),
+            depth: reference.depth().saturating_add(1).min(MAX_CHAIN_DEPTH),
+            conversion: Some(conversion),
+            raw_len: data.len() as u64,
+        };
+        let options = Options { chunk_size, ..options.clone() };
+        let coded = self.write_temp_object(id, header, Some(limit), |out| {
+            encode_blob(id, out, BlobData::Bytes(data), Against::Bytes(&predicted), header.dtype, &options, feedback)
+        })?;
+        Ok(coded.map(|(tmp, stored_len)| DerivedBlob { id, header, tmp, stored_len }))
+    }
+
+    /// Stores a blob coded by [`Self::code_blob_derived`] (through the background sync of a
+    /// [`Store::with_background_sync`] view, as every write).
+    pub fn keep(&self, blob: DerivedBlob) -> Result<Written> {
+        let DerivedBlob { id, header, tmp, stored_len } = blob;
+        match &self.background {
+            Some(queue) => {
+                queue.send(super::PendingObject { tmp, id }).expect("the syncing threads outlive every view")
+            }
+            None => self.persist(tmp, &id)?,
+        }
+        Ok(Written { id, header, stored_len })
     }
 
     /// Replaces the standalone blob `older` by an XOR delta against `newer`, a standalone blob
@@ -248,6 +427,7 @@ impl Store {
             dtype: older.dtype(),
             reference: Some(newer.id()),
             depth: 1,
+            conversion: None,
             raw_len: older.len(),
         };
         let limit = limit.min(older.stored_len());
@@ -290,6 +470,7 @@ impl Store {
             dtype: target.dtype(),
             reference: Some(reference.id()),
             depth,
+            conversion: None,
             raw_len: target.len(),
         };
         // The delta must use the reference's chunk size so chunk i lines up with chunk i.
@@ -299,7 +480,7 @@ impl Store {
                 target.id(),
                 out,
                 BlobData::Stored(target),
-                Some(reference),
+                Against::Chain(reference),
                 header.dtype,
                 &options,
                 &Feedback::NONE,
@@ -328,7 +509,8 @@ impl Store {
         let mut stored = 0;
         let written = self.write_object(id, header, Some(limit), |out| {
             let mut counting = CountingWriter { inner: out, count: 0 };
-            let result = encode_blob(id, &mut counting, data, Some(xor_with), header.dtype, &options, feedback);
+            let result =
+                encode_blob(id, &mut counting, data, Against::Chain(xor_with), header.dtype, &options, feedback);
             stored = counting.count;
             result
         })?;
@@ -337,6 +519,15 @@ impl Store {
             None => DeltaOutcome::NotSmaller { stored_len: stored + super::HEADER_LEN as u64 },
         })
     }
+}
+
+/// What a blob write XORs its data with: nothing (a standalone blob), a stored blob (a delta),
+/// or bytes (a derived blob's prediction).
+#[derive(Clone, Copy)]
+enum Against<'a> {
+    Nothing,
+    Chain(&'a BlobChain),
+    Bytes(&'a [u8]),
 }
 
 /// What a blob write codes: bytes the caller has (a file being committed), or a blob that is
@@ -415,7 +606,7 @@ fn encode_blob(
     id: ObjectId,
     out: &mut dyn Write,
     data: BlobData<'_>,
-    reference: Option<&BlobChain>,
+    against: Against<'_>,
     dtype: Option<Dtype>,
     options: &Options,
     feedback: &Feedback<'_>,
@@ -433,7 +624,10 @@ fn encode_blob(
         (BlobData::Bytes(_), None) => w,
     };
     let chain_source = |chain| ChainReference { chain, containers: Vec::new(), error: Mutex::new(None) };
-    let mut source = reference.map(chain_source);
+    let mut source = match against {
+        Against::Chain(chain) => Some(chain_source(chain)),
+        Against::Nothing | Against::Bytes(_) => None,
+    };
     let mut stored = match data {
         BlobData::Stored(chain) => Some(chain_source(chain)),
         BlobData::Bytes(_) => None,
@@ -448,7 +642,11 @@ fn encode_blob(
             (BlobData::Stored(_), None) => unreachable!("a stored blob has its source"),
         },
         dtype,
-        reference: source.as_ref().map(|s| Reference::Grouped { source: s, offset: 0, len }),
+        reference: match (against, &source) {
+            (Against::Bytes(bytes), _) => Some(Reference::Bytes(bytes)),
+            (_, Some(s)) => Some(Reference::Grouped { source: s, offset: 0, len }),
+            (_, None) => None,
+        },
     };
     // Pages of the input and of the stored objects read are dropped every window once coded,
     // so the resident set stays about one window whatever the blob's size.
@@ -528,7 +726,15 @@ impl BlobChain {
     /// Number of deltas above the standalone base (0: the blob is standalone): the chain's
     /// length now, which may exceed the depth its header recorded when it was written.
     pub fn depth(&self) -> u32 {
-        (self.objects.len() - 1) as u32
+        let own = (self.objects.len() - 1) as u32;
+        match &self.derived {
+            Some((_, source)) => own + 1 + source.depth(),
+            None => own,
+        }
+    }
+    /// When the chain ends at a derived blob: its conversion and its reference's chain.
+    pub fn derived_from(&self) -> Option<(Conversion, &BlobChain)> {
+        self.derived.as_ref().map(|(c, source)| (*c, source.as_ref()))
     }
     /// Chunk size shared by every object of the chain.
     pub fn chunk_size(&self) -> usize {
@@ -540,11 +746,18 @@ impl BlobChain {
         for o in &self.objects {
             o.release_pages();
         }
+        if let Some((_, source)) = &self.derived {
+            source.release_pages();
+        }
     }
 
     /// Ids of the chain, target first, standalone base last.
     pub fn ids(&self) -> Vec<ObjectId> {
-        self.objects.iter().map(|o| o.id).collect()
+        let mut ids: Vec<ObjectId> = self.objects.iter().map(|o| o.id).collect();
+        if let Some((_, source)) = &self.derived {
+            ids.extend(source.ids());
+        }
+        ids
     }
     /// Size of the standalone base's object file: an estimate of what this content costs
     /// stored on its own.
@@ -556,8 +769,17 @@ impl BlobChain {
         self.objects[0].bytes().len() as u64
     }
 
-    /// Opens every container of the chain and checks that they line up.
+    /// Opens every container of the chain and checks that they line up: the chain's own
+    /// objects first, then, for a chain ending at a derived blob, its reference's containers.
     fn containers(&self) -> Result<Vec<Container<'_>>> {
+        let mut containers = self.own_containers()?;
+        if let Some((_, source)) = &self.derived {
+            containers.extend(source.containers()?);
+        }
+        Ok(containers)
+    }
+
+    fn own_containers(&self) -> Result<Vec<Container<'_>>> {
         let layout = Layout::for_dtype(self.dtype());
         let len = self.len();
         self.objects
@@ -614,10 +836,10 @@ impl BlobChain {
     }
 
     fn decode_chunk(&self, containers: &[Container<'_>], i: usize, dst: &mut [u8]) -> Result<()> {
-        let n = containers.len();
+        let n = self.objects.len();
         let corrupt =
             |k: usize| move |e: crate::codec::Error| Error::Corrupt { id: self.objects[k].id, reason: e.to_string() };
-        if n == 1 {
+        if n == 1 && self.derived.is_none() {
             return containers[0].decode_chunk_into(i, dst).map_err(corrupt(0));
         }
         // Decode the chain in grouped form: XOR the byte groups of every member into one buffer
@@ -635,9 +857,41 @@ impl BlobChain {
         grouped: &mut [u8],
         dst: &mut [u8],
     ) -> Result<()> {
-        let n = containers.len();
+        let n = self.objects.len();
         self.apply_member_groups(containers, i, 0..n, grouped)?;
         self.regroup_chunk(grouped, dst, n - 1)
+    }
+
+    /// Writes the grouped form of the prediction of chunk `i` of the derived blob this chain
+    /// ends at into `grouped`: the reference's chunk `i` decoded (through its own chain, from
+    /// `containers`, the reference's), converted, split. Errors about the conversion blame the
+    /// derived blob.
+    fn predicted_groups(
+        &self,
+        conversion: Conversion,
+        source: &BlobChain,
+        containers: &[Container<'_>],
+        i: usize,
+        grouped: &mut [u8],
+    ) -> Result<()> {
+        let base = self.objects.last().expect("at least the target");
+        let corrupt = |e: crate::codec::Error| Error::Corrupt { id: base.id, reason: e.to_string() };
+        let mut plain = vec![0u8; source.chunk_range(i).len()];
+        // Not through `decode_chunk`: its thread buffer is the caller's while this runs.
+        if source.objects.len() == 1 && source.derived.is_none() {
+            containers[0]
+                .decode_chunk_into(i, &mut plain)
+                .map_err(|e| Error::Corrupt { id: source.objects[0].id, reason: e.to_string() })?;
+        } else {
+            let mut scratch = vec![0u8; plain.len()];
+            source.decode_chunk_grouped(containers, i, &mut scratch, &mut plain)?;
+        }
+        let (Some(from), Some(to)) = (source.dtype(), self.dtype()) else {
+            return Err(corrupt(crate::codec::Error::InvalidInput("a derived blob of opaque bytes".into())));
+        };
+        let mut predicted = vec![0u8; grouped.len()];
+        cross_precision::predict(conversion, &plain, from, to, &mut predicted).map_err(corrupt)?;
+        byte_group::split(&predicted, None, Layout::for_dtype(self.dtype()), grouped).map_err(corrupt)
     }
 
     /// Applies chunk `i`'s byte groups of chain `members` (indices into the chain, oldest =
@@ -652,9 +906,14 @@ impl BlobChain {
         members: Range<usize>,
         grouped: &mut [u8],
     ) -> Result<()> {
-        let base = containers.len() - 1;
+        let base = self.objects.len() - 1;
         for k in members.rev() {
-            let fresh = k == base;
+            let mut fresh = k == base;
+            if let (true, Some((conversion, source))) = (fresh, &self.derived) {
+                // The derived blob's residual applies to its prediction, not to nothing.
+                self.predicted_groups(*conversion, source, &containers[base + 1..], i, grouped)?;
+                fresh = false;
+            }
             let (_, _, header) = containers[k].chunk(i);
             if !fresh && header.groups().iter().all(|g| g.method == Method::Zero) {
                 continue;

@@ -1,6 +1,7 @@
 //! The fixed 72-byte header in front of every stored object (docs/format.md, "Objects").
 
 use super::{Error, Result};
+use crate::codec::cross_precision::Conversion;
 use crate::dtype::Dtype;
 use crate::object_id::ObjectId;
 
@@ -12,6 +13,9 @@ pub const OBJECT_FORMAT_VERSION: u16 = 1;
 pub const HEADER_LEN: usize = 72;
 /// Flag bit: the object is an XOR delta against `reference`.
 const FLAG_DELTA: u8 = 1;
+/// Flag bit, only with [`FLAG_DELTA`]: the object is derived, i.e. an XOR residual against a
+/// conversion of `reference`, a blob of another float dtype; byte 13 names the conversion.
+const FLAG_DERIVED: u8 = 2;
 /// Longest reference chain a reader follows. Writers keep chains far shorter (`base_every`);
 /// this bound only stops a damaged header from sending a reader around in circles.
 pub const MAX_CHAIN_DEPTH: u32 = 1000;
@@ -64,6 +68,10 @@ pub struct ObjectHeader {
     pub reference: Option<ObjectId>,
     /// Number of deltas between this object and a standalone base (0: standalone).
     pub depth: u32,
+    /// For a derived blob (a cross-precision reference): how its prediction is made from
+    /// `reference`, a blob of another float dtype with as many elements. `None` for a plain
+    /// delta (same dtype and length as `reference`) and for standalone objects.
+    pub conversion: Option<Conversion>,
     /// Length of the logical content (tensor bytes, JSON bytes).
     pub raw_len: u64,
 }
@@ -76,7 +84,12 @@ impl ObjectHeader {
         h[8..10].copy_from_slice(&OBJECT_FORMAT_VERSION.to_le_bytes());
         h[10] = self.kind as u8;
         h[11] = self.dtype.map_or(0, Dtype::code);
-        h[12] = if self.reference.is_some() { FLAG_DELTA } else { 0 };
+        h[12] = match (self.reference, self.conversion) {
+            (None, _) => 0,
+            (Some(_), None) => FLAG_DELTA,
+            (Some(_), Some(_)) => FLAG_DELTA | FLAG_DERIVED,
+        };
+        h[13] = self.conversion.filter(|_| self.reference.is_some()).map_or(0, |c| c as u8);
         h[16..20].copy_from_slice(&self.depth.to_le_bytes());
         h[24..32].copy_from_slice(&self.raw_len.to_le_bytes());
         if let Some(r) = self.reference {
@@ -109,9 +122,23 @@ impl ObjectHeader {
             c => Some(Dtype::from_code(c).ok_or_else(|| corrupt(format!("unknown dtype code {c}")))?),
         };
         let flags = h[12];
-        if flags & !FLAG_DELTA != 0 || h[13..16].iter().chain(&h[20..24]).any(|&b| b != 0) {
+        if flags & !(FLAG_DELTA | FLAG_DERIVED) != 0
+            || flags == FLAG_DERIVED
+            || h[14..16].iter().chain(&h[20..24]).any(|&b| b != 0)
+        {
             return Err(corrupt("unknown flags or non-zero reserved header bytes".into()));
         }
+        let conversion = if flags & FLAG_DERIVED != 0 {
+            let c = Conversion::from_tag(h[13]).ok_or_else(|| corrupt(format!("unknown conversion {}", h[13])))?;
+            if !dtype.is_some_and(|d| matches!(d, Dtype::F32 | Dtype::Bf16 | Dtype::F16)) {
+                return Err(corrupt(format!("a derived blob of dtype {dtype:?}")));
+            }
+            Some(c)
+        } else if h[13] != 0 {
+            return Err(corrupt("a conversion on an object that is not derived".into()));
+        } else {
+            None
+        };
         let depth = u32::from_le_bytes(h[16..20].try_into().expect("4 bytes"));
         let raw_len = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
         let reference_bytes: [u8; 32] = h[32..64].try_into().expect("32 bytes");
@@ -128,7 +155,7 @@ impl ObjectHeader {
         if reference == Some(id) {
             return Err(corrupt("the object is a delta against itself".into()));
         }
-        Ok(ObjectHeader { kind, dtype, reference, depth, raw_len })
+        Ok(ObjectHeader { kind, dtype, reference, depth, conversion, raw_len })
     }
 }
 
@@ -159,20 +186,57 @@ mod tests {
             dtype: Some(Dtype::Bf16),
             reference: Some(reference),
             depth: 3,
+            conversion: None,
             raw_len: 0x0102,
         };
         let bytes = h.encode();
         assert_eq!(&bytes[..32], b"\x89CKO\r\n\x1a\n\x01\x00\x01\x09\x01\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00\x02\x01\x00\x00\x00\x00\x00\x00");
         assert_eq!(&bytes[32..64], &[7; 32]);
         assert_eq!(ObjectHeader::decode(id, &bytes).unwrap(), h);
-        let plain = ObjectHeader { kind: ObjectKind::Version, dtype: None, reference: None, depth: 0, raw_len: 5 };
+        let plain = ObjectHeader {
+            kind: ObjectKind::Version,
+            dtype: None,
+            reference: None,
+            depth: 0,
+            conversion: None,
+            raw_len: 5,
+        };
         assert_eq!(ObjectHeader::decode(id, &plain.encode()).unwrap(), plain);
+        // A derived blob: flags 3, conversion tag in byte 13.
+        let derived = ObjectHeader { conversion: Some(Conversion::NarrowTruncate), ..h };
+        let bytes = derived.encode();
+        assert_eq!(bytes[12..14], [3, 2]);
+        assert_eq!(ObjectHeader::decode(id, &bytes).unwrap(), derived);
+        // Unknown conversion tags, a conversion without the flag, the flag without a reference
+        // and a derived opaque blob are refused.
+        let reseal = |mut b: [u8; HEADER_LEN]| {
+            let sum = checksum(&b[..64]);
+            b[64..72].copy_from_slice(&sum);
+            b
+        };
+        for (at, value) in [(13, 0u8), (13, 4), (12, 2)] {
+            let mut bad = bytes;
+            bad[at] = value;
+            assert!(ObjectHeader::decode(id, &reseal(bad)).is_err(), "byte {at} = {value}");
+        }
+        let mut no_flag = h.encode();
+        no_flag[13] = 1;
+        assert!(ObjectHeader::decode(id, &reseal(no_flag)).is_err());
+        let opaque = ObjectHeader { dtype: None, ..derived };
+        assert!(ObjectHeader::decode(id, &opaque.encode()).is_err());
     }
 
     #[test]
     fn every_flipped_bit_is_rejected() {
         let id = ObjectId::hash(b"x");
-        let h = ObjectHeader { kind: ObjectKind::Blob, dtype: None, reference: None, depth: 0, raw_len: 9 };
+        let h = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype: None,
+            reference: None,
+            depth: 0,
+            conversion: None,
+            raw_len: 9,
+        };
         let bytes = h.encode();
         for at in 0..HEADER_LEN {
             for bit in 0..8 {

@@ -17,7 +17,7 @@ mod blob;
 mod header;
 mod import;
 
-pub use blob::{BlobChain, BlobReader, ChainDecoder, DeltaOutcome, Feedback};
+pub use blob::{BlobChain, BlobReader, ChainDecoder, DeltaOutcome, DerivedBlob, Feedback};
 pub use header::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH, OBJECT_FORMAT_VERSION, OBJECT_MAGIC};
 
 use crate::codec::container::{Container, ContainerWriter, FileKind};
@@ -335,7 +335,8 @@ impl Store {
     /// bytes. An object already stored under the same id is replaced by an equivalent one.
     pub fn write_data(&self, kind: ObjectKind, bytes: &[u8], options: &Options) -> Result<Written> {
         let id = ObjectId::hash(bytes);
-        let header = ObjectHeader { kind, dtype: None, reference: None, depth: 0, raw_len: bytes.len() as u64 };
+        let raw_len = bytes.len() as u64;
+        let header = ObjectHeader { kind, dtype: None, reference: None, depth: 0, conversion: None, raw_len };
         let written = self.write_object(id, header, None, |out| {
             let encode = |e| Error::Encode { id, source: e };
             let mut w =

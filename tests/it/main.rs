@@ -24,6 +24,7 @@ mod repo_history;
 mod repo_inspect;
 mod repo_model;
 mod repo_small;
+mod repo_xprec;
 
 mod repo_torch;
 mod repo_watch;

@@ -38,9 +38,10 @@ fn mix(m: &MethodCounts) -> String {
 }
 
 fn how(s: &SegmentShow) -> String {
-    let form = match s.reference {
-        Some(r) => format!("delta vs {} d={}", r.short(8), s.depth),
-        None => "base".into(),
+    let form = match (&s.derived_from, s.reference) {
+        (Some(d), _) => format!("derived from {} ({}) d={}", d.tensor, d.rule, s.depth),
+        (None, Some(r)) => format!("delta vs {} d={}", r.short(8), s.depth),
+        (None, None) => "base".into(),
     };
     match s.storage {
         Storage::Duplicate => format!("duplicate ({form})"),
