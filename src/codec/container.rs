@@ -160,9 +160,13 @@ fn bytes_in_flight(chunk_size: usize) -> usize {
 }
 
 /// Original bytes [`Container::decode_to_reporting`] decodes per parallel batch before writing
-/// them: bounds its memory.
+/// them: bounds its memory. One [`DECODE_UNIT`] (or chunk) per thread: the two batch buffers
+/// are reused from batch to batch, so their size is also the fresh memory a decompression
+/// faults in. At 8 MiB per batch (the earlier size), a 6 MB file was one batch whose buffer
+/// was all new pages: the kernel zeroing them (`clear_page_erms`) was 14% of `ckpt
+/// decompress`'s time in perf, more than decoding.
 fn decode_batch_len(chunk_size: usize) -> usize {
-    chunk_size * STRIPE_CHUNKS * (2 * rayon::current_num_threads().max(1)).max(4)
+    DECODE_UNIT.max(chunk_size) * rayon::current_num_threads().max(1)
 }
 
 impl<W: Write> ContainerWriter<W> {
