@@ -339,7 +339,7 @@ pub fn predict(group: &[u8], options: &Options) -> Method {
 /// A group that is all or mostly zeros (the exponent bytes of an XOR delta late in training) is
 /// decided from its zero count alone, taken with a cheap vector scan, without the histogram,
 /// which costs several times more per byte. The scan runs only when the group's first
-/// [`ZERO_SAMPLE`] bytes are at least half zeros: on the groups of a standalone float tensor,
+/// 4 KiB (`ZERO_SAMPLE`) are at least half zeros: on the groups of a standalone float tensor,
 /// which hold few zeros, it was 2.5% of `ckpt compress` for nothing. When the sample misses
 /// (zeros only further on), the histogram's zero count decides the same way, so the choice
 /// never depends on the sample.
@@ -483,6 +483,19 @@ mod tests {
         let r = zero_runs(&g);
         assert_eq!(r, ZeroRuns { runs: 2, zeros_in_runs: 144, longest: 140 });
         assert_eq!(zero_runs(&[0u8; 128]), ZeroRuns { runs: 1, zeros_in_runs: 128, longest: 128 });
+    }
+
+    /// The zero count runs only when the first 4 KiB look zero-heavy; a group whose zeros come
+    /// after a dense start is still decided by its zeros (from the histogram), as before.
+    #[test]
+    fn mostly_zero_groups_are_sparse_wherever_their_zeros_are() {
+        let o = Options::default();
+        let mut late = vec![0u8; 100_000];
+        late[..5000].fill(7);
+        let mut early = late.clone();
+        early.reverse();
+        assert_eq!(predict(&late, &o), Method::Sparse);
+        assert_eq!(predict(&early, &o), Method::Sparse);
     }
 
     #[test]
