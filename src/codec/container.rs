@@ -160,9 +160,13 @@ fn bytes_in_flight(chunk_size: usize) -> usize {
 }
 
 /// Original bytes [`Container::decode_to_reporting`] decodes per parallel batch before writing
-/// them: bounds its memory.
+/// them: bounds its memory. Four chunks per thread (1 MiB at the default chunk size): the two
+/// batch buffers are reused from batch to batch, so their size is also the fresh memory a
+/// decompression faults in. At 8 MiB per batch (the earlier size), a 6 MB file was one batch
+/// whose buffer was all new pages: the kernel zeroing them (`clear_page_erms`) was 14% of
+/// `ckpt decompress`'s time in perf, more than decoding.
 fn decode_batch_len(chunk_size: usize) -> usize {
-    chunk_size * STRIPE_CHUNKS * (2 * rayon::current_num_threads().max(1)).max(4)
+    chunk_size * 4 * rayon::current_num_threads().max(1)
 }
 
 impl<W: Write> ContainerWriter<W> {
@@ -1050,7 +1054,7 @@ mod tests {
         };
         let outside = std::thread::scope(|s| s.spawn(code).join().unwrap());
         assert_eq!(outside.1, blake3::hash(&data));
-        // Decoding streams double-buffered batches (here 128 KiB on one thread): several of them.
+        // Decoding streams double-buffered batches (here 16 KiB per thread): several of them.
         let decode = || {
             let (mut out, mut seen) = (Vec::new(), Vec::new());
             let c = Container::open(&outside.0).unwrap();

@@ -336,23 +336,38 @@ pub fn predict(group: &[u8], options: &Options) -> Method {
 /// [`predict`], also returning the group's histogram when it was needed (the Huffman coder
 /// reuses it instead of counting the bytes again).
 ///
-/// Zeros are counted first, with a cheap vector scan: a group that is all or mostly zeros (the
-/// exponent bytes of an XOR delta late in training) is decided from that count alone, without
-/// the histogram, which costs several times more per byte.
+/// A group that is all or mostly zeros (the exponent bytes of an XOR delta late in training) is
+/// decided from its zero count alone, taken with a cheap vector scan, without the histogram,
+/// which costs several times more per byte. The scan runs only when the group's first
+/// 4 KiB (`ZERO_SAMPLE`) are at least half zeros: on the groups of a standalone float tensor,
+/// which hold few zeros, it was 2.5% of `ckpt compress` for nothing. When the sample misses
+/// (zeros only further on), the histogram's zero count decides the same way, so the choice
+/// never depends on the sample.
 pub fn predict_with_stats(group: &[u8], options: &Options) -> (Method, Option<GroupStats>) {
     let n = group.len();
-    let zeros = count_zeros(group);
-    if zeros == n {
-        return (Method::Zero, None);
-    }
-    if zeros as f64 >= options.zstd_zero_fraction * n as f64 {
-        return (Method::Sparse, None);
+    let mostly_zero = |zeros: usize| zeros as f64 >= options.zstd_zero_fraction * n as f64;
+    let sample = &group[..n.min(ZERO_SAMPLE)];
+    if count_zeros(sample) * 2 >= sample.len() {
+        let zeros = count_zeros(group);
+        if zeros == n {
+            return (Method::Zero, None);
+        }
+        if mostly_zero(zeros) {
+            return (Method::Sparse, None);
+        }
     }
     let stats = GroupStats::of(group);
-    debug_assert_eq!(stats.zeros(), zeros);
-    let method = predict_from(group, &stats, options);
+    let method = match stats.zeros() {
+        zeros if zeros == n => Method::Zero,
+        zeros if mostly_zero(zeros) => Method::Sparse,
+        _ => predict_from(group, &stats, options),
+    };
     (method, Some(stats))
 }
+
+/// Bytes at the start of a group that [`predict_with_stats`] looks at to decide whether to
+/// count its zeros before building its histogram.
+const ZERO_SAMPLE: usize = 4096;
 
 /// The rest of [`predict_with_stats`], for a group that is not mostly zeros.
 fn predict_from(group: &[u8], stats: &GroupStats, options: &Options) -> Method {
@@ -468,6 +483,19 @@ mod tests {
         let r = zero_runs(&g);
         assert_eq!(r, ZeroRuns { runs: 2, zeros_in_runs: 144, longest: 140 });
         assert_eq!(zero_runs(&[0u8; 128]), ZeroRuns { runs: 1, zeros_in_runs: 128, longest: 128 });
+    }
+
+    /// The zero count runs only when the first 4 KiB look zero-heavy; a group whose zeros come
+    /// after a dense start is still decided by its zeros (from the histogram), as before.
+    #[test]
+    fn mostly_zero_groups_are_sparse_wherever_their_zeros_are() {
+        let o = Options::default();
+        let mut late = vec![0u8; 100_000];
+        late[..5000].fill(7);
+        let mut early = late.clone();
+        early.reverse();
+        assert_eq!(predict(&late, &o), Method::Sparse);
+        assert_eq!(predict(&early, &o), Method::Sparse);
     }
 
     #[test]

@@ -159,3 +159,22 @@ fn a_chunk_size_that_is_not_a_power_of_two_is_refused_without_output() {
     assert!(err.contains("n.bin") && err.contains("chunk size 12288 is not a power of two"), "{err}");
     assert_eq!(list(dir.path()), before, "no output left behind");
 }
+
+/// The output is written by a thread of its own (`WriteBehind`): a write that fails there
+/// (a full device) still fails the command, naming the output and the OS error, for
+/// decompression and compression alike, with output larger than one of its buffers.
+#[test]
+fn a_failing_output_write_is_reported() {
+    if !Path::new("/dev/full").exists() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = noise(9, 3 << 20);
+    round_trip(dir.path(), "n.bin", &data, "1");
+    for args in [["decompress", "c.ckz", "-o", "/dev/full"], ["compress", "n.bin", "-o", "/dev/full"]] {
+        let o = ckpt(dir.path(), &args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("/dev/full") && err.contains("No space left on device"), "{args:?}: {err}");
+    }
+}
