@@ -194,7 +194,8 @@ fn push_whole_then_recode(
         report.requests = remote.requests();
         return Ok(report);
     }
-    let need: Vec<Needed> = cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present.contains(&n.id)).collect();
+    let need: Vec<Needed> =
+        cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present.contains(&n.id)).collect();
     let mut recodes = Vec::new();
     if let Some(old) = earlier.filter(|o| o != manifest && present.contains(o)) {
         let (new_m, old_m) = (cache.manifest(manifest)?, cache.manifest(&old)?);

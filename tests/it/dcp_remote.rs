@@ -5,7 +5,7 @@
 //! bit for bit, in either layout; a second save that began on the same tip is refused; byte
 //! ranges read back through `sync::StoredFileReader` are the file's bytes.
 
-use crate::support::repo_util::{read_tree, synthetic_checkpoint};
+use crate::support::repo_util::{read_tree, synthetic_checkpoint, Files};
 use ckpt::remote::{local::DirRemote, Remote, S3Options};
 use ckpt::repo::{CommitOptions, FileEntry, Repo, RepoPath, VersionId};
 use ckpt::sync::{self, Layout, RemoteTip};
@@ -13,7 +13,7 @@ use ckpt::Dtype;
 use std::path::Path;
 
 /// Two ranks' files of one save: large enough tensors that deltas and recodes pay.
-fn rank_files(epoch: u32) -> Vec<(String, Vec<u8>)> {
+fn rank_files(epoch: u32) -> Files {
     let shapes: &[(&str, &[u64])] = &[("w.a", &[128, 256]), ("w.b", &[256, 64]), ("bias", &[64])];
     (0..2)
         .map(|rank| (format!("__{rank}_0.distcp"), synthetic_checkpoint(10 + rank, Dtype::F32, shapes, epoch)))
@@ -59,7 +59,7 @@ fn save(
 }
 
 /// Every version of `expected` checks out of a clone of `url` as those bytes.
-fn assert_clone_reads(work: &Path, url: &str, expected: &[(VersionId, Vec<(String, Vec<u8>)>)]) {
+fn assert_clone_reads(work: &Path, url: &str, expected: &[(VersionId, Files)]) {
     let dir = tempfile::tempdir_in(work).unwrap();
     let (clone, _) = sync::clone_from(url, &dir.path().join("clone"), S3Options::default(), 4, None).unwrap();
     assert!(clone.verify().unwrap().is_ok());
