@@ -164,3 +164,61 @@ class Repo:
         """Tags `rev` (default ``HEAD``) as `name`."""
     def tags(self) -> List[Tuple[str, str]]:
         """Every tag and its version id."""
+    def open_file(self, rev: str, path: str) -> "StoredFile":
+        """A reader of byte ranges of the file `path` in version `rev`, from the store."""
+
+class StoredFile:
+    """Byte ranges of one stored file, decoded and verified segment by segment."""
+
+    @property
+    def len(self) -> int:
+        """The file's length."""
+    def read(self, offset: int, length: int) -> bytes:
+        """The `length` bytes at `offset` (only the segments they cover are decoded)."""
+
+class RemoteStore:
+    """A remote (``s3://…``, ``file://…``) the ranks of a distributed save write to and read
+    from without a repository, each through a cache of its own (``ckpt.dcp``)."""
+
+    @staticmethod
+    def open(
+        url: str,
+        cache: _Path,
+        layout: str = "mirror",
+        endpoint: Optional[str] = None,
+        region: Optional[str] = None,
+        allow_http: bool = False,
+        create: bool = False,
+    ) -> "RemoteStore":
+        """Opens the remote at `url` (S3 settings from the ``AWS_*`` environment, overridden by
+        these; a directory remote is created if missing when `create`) with its cache in
+        `cache` (created if missing); uploads go in `layout` (``"mirror"`` or ``"deltas"``)."""
+    @property
+    def url(self) -> str:
+        """The remote's URL, without credentials."""
+    def branch_tip(self, name: str) -> Tuple[Optional[str], Optional[str]]:
+        """Where branch `name` is: ``(version or None, tag or None)``, the tag being what
+        `commit` compares against."""
+    def check_tags(self, tags: Sequence[str]) -> None:
+        """Raises if a tag is invalid, given twice or exists on the remote."""
+    def resolve(self, rev: str) -> str:
+        """The full id of the version `rev` (``HEAD``, a branch, a tag, an id) names there."""
+    def store_objects(self, disk: str, path: str, previous: Optional[str] = None) -> Tuple[str, str, str, int]:
+        """Stores the file at `disk` as `path` in the cache and uploads what the remote lacks
+        (coded against `path` in version `previous`). Returns `(path, manifest, file hash,
+        length)` for `commit`."""
+    def commit(
+        self,
+        branch: str,
+        expected: Optional[str],
+        tag: Optional[str],
+        files: Sequence[Tuple[str, str, str, int]],
+        message: str,
+        tags: Sequence[str] = (),
+    ) -> str:
+        """Writes one version of `files` to the remote and moves `branch` there by
+        compare-and-swap against ``(expected, tag)`` from `branch_tip`; then creates `tags`.
+        Returns the version id; raises, moving nothing, if the branch moved meanwhile."""
+    def open_file(self, version: str, path: str) -> StoredFile:
+        """A reader of byte ranges of `path` in `version` (a full id), after downloading that
+        file's objects (only that file's) into the cache."""

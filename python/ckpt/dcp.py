@@ -1,4 +1,4 @@
-"""`torch.distributed.checkpoint` (DCP) storage straight into a ckpt repository.
+"""`torch.distributed.checkpoint` (DCP) storage straight into a ckpt repository or remote.
 
     import torch.distributed.checkpoint as dcp
     import ckpt.dcp
@@ -6,28 +6,48 @@
     dcp.save(state_dict, storage_writer=ckpt.dcp.Writer("/shared/ckpts", message="step 1000"))
     dcp.load(state_dict, storage_reader=ckpt.dcp.Reader("/shared/ckpts", rev="HEAD"))
 
+    dcp.save(state_dict, storage_writer=ckpt.dcp.Writer("s3://bucket/run1", message="step 1000"))
+    dcp.load(state_dict, storage_reader=ckpt.dcp.Reader("s3://bucket/run1"))
+
 `Writer` plans and serializes exactly as DCP's `FileSystemWriter` (the same `__R_I.distcp`
 files, byte for byte, and the same `.metadata`), but each rank writes its files into memory
-(a memfd) and stores them in the repository's object store itself, in parallel with the other
-ranks, without a version and without the repository's writer lock (objects are named by their
-content and written create-if-absent). `finish()` on the coordinator stores `.metadata` and
-writes one version listing every rank's files, then moves the branch by compare-and-swap
-against the tip it saw when the save began: if another save moved the branch meanwhile, the
-save raises on every rank and nothing is overwritten. Under a delta policy other than
-`reverse`, each rank's file is delta-coded against the same file of the branch's previous
-version; under `reverse` (the default) the files are stored whole and the version is left
-pending for `ckpt compact`, which rewrites the previous version's tensors as deltas.
+(a memfd) and stores them itself, in parallel with the other ranks, without a version and
+without a lock (objects are named by their content and written create-if-absent). `finish()`
+on the coordinator stores `.metadata` and writes one version listing every rank's files, then
+moves the branch by compare-and-swap against the tip it saw when the save began: if another
+save moved the branch meanwhile, the save raises on every rank and nothing is overwritten.
+
+`target` is either
+
+- a repository path (a shared file system every rank sees). Under a delta policy other than
+  `reverse`, each rank's file is delta-coded against the same file of the branch's previous
+  version; under `reverse` (the default) the files are stored whole and the version is left
+  pending for `ckpt compact`, which rewrites the previous version's tensors as deltas; or
+- a remote URL, as `ckpt remote add` takes them: `s3://bucket/prefix` (S3-compatible storage;
+  credentials, region and endpoint from the `AWS_*` environment variables as for ckpt's S3
+  remotes, or the `endpoint`, `region` and `allow_http` arguments) or `file:///dir` (a
+  directory remote; the writer creates it if missing). The ranks need no repository: each
+  keeps a cache of objects (`cache`, default a temporary directory deleted when the rank is
+  done), downloads only its own file of the branch's previous version, and uploads its file
+  in the remote's `layout` (`"mirror"`, the default of `ckpt remote add`: new tensors whole,
+  then the previous version's changed tensors recoded on the remote as deltas against them;
+  or `"deltas"`: new tensors as forward deltas against the previous version's), as `ckpt push`
+  and the git filter's transfers do (docs/format.md, "Distributed saves to a remote"). The
+  version and the remote branch are what `ckpt clone`/`fetch` of that remote read; `branch`
+  defaults to `main`.
 
 A rank that raises leaves no version and no ref change (DCP raises on every rank); what it
-stored is unreferenced and `ckpt gc` deletes it. `gc` has no grace period: a `gc` run during
-a save may delete what the save stored so far, and `finish()` then refuses the version.
+stored is unreferenced. In a repository `ckpt gc` deletes it once it is older than the grace
+period (`gc_grace_seconds`, one hour by default), so a `gc` during a save leaves the save's
+objects alone; a save that outlasts the grace period, or a `gc --prune=now` during one, may lose
+objects, and `finish()` then refuses the version. On a remote nothing is ever deleted.
 
-`Reader` reads `.metadata` and each rank file from the store, in memory (a whole file at a
-time), with DCP's own planning (so a save on 4 ranks loads on 2). A version written by
-`Writer` also checks out (`ckpt checkout`) as a DCP directory that stock `dcp.load` reads.
-
-`target` is a repository path (a shared file system every rank sees). Remote targets (S3)
-are not supported yet.
+`Reader` reads `.metadata`, then for each item DCP asks for only that item's byte range of its
+rank file, decoded from the store (a repository's, or the reader's cache, into which a remote
+reader downloads the objects of the rank files it reads from, and no others), with DCP's own
+planning: a save on 4 ranks loads on 2. Nothing is checked out. A version written by `Writer`
+also checks out (`ckpt checkout`, after `ckpt clone` for a remote) as a DCP directory that
+stock `dcp.load` reads.
 
 torch is imported when a `Writer` or `Reader` is made, not when this module is.
 """
@@ -38,6 +58,8 @@ import contextlib
 import dataclasses
 import io
 import os
+import shutil
+import tempfile
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -46,10 +68,103 @@ __all__ = ["Writer", "Reader"]
 _METADATA = ".metadata"
 
 
-def _open_repo(target: Any):
-    from ckpt._native import Repo as _NativeRepo
+def _is_remote(target: str) -> bool:
+    """Whether `target` is a remote URL (`s3://`, `file://`) rather than a repository path."""
+    return "://" in target
 
-    return _NativeRepo.discover(os.fspath(target))
+
+class _RepoTarget:
+    """A repository every rank opens (a shared file system)."""
+
+    def __init__(self, path: str) -> None:
+        from ckpt._native import Repo as _NativeRepo
+
+        self.native = _NativeRepo.discover(path)
+
+    def tip(self, branch: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
+        """(branch, its version, the tag its compare-and-swap expects)."""
+        if branch is None:
+            branch, tip = self.native.current_branch()
+        else:
+            tip = self.native.branch_tip(branch)
+        return branch, tip, None
+
+    def check_tags(self, tags: List[str]) -> None:
+        self.native.check_tags(tags)
+
+    def store_objects(self, disk: str, path: str, previous: Optional[str]):
+        return self.native.store_objects(disk, path, previous)
+
+    def commit(self, branch, tip, cas, files, message, tags) -> str:
+        return self.native.commit_stored(branch, tip, files, message, tags)
+
+    def resolve(self, rev: str) -> str:
+        return self.native.resolve(rev)
+
+    def open_file(self, version: str, path: str):
+        return self.native.open_file(version, path)
+
+    def close(self) -> None:
+        pass
+
+
+class _RemoteTarget:
+    """A remote every rank reaches through a cache of its own."""
+
+    def __init__(self, url: str, cache: Optional[str], layout: str, s3: Dict[str, Any], create: bool) -> None:
+        from ckpt._native import RemoteStore
+
+        self.temp: Optional[str] = None
+        if cache is None:
+            self.temp = cache = tempfile.mkdtemp(prefix="ckpt-dcp-cache-")
+        try:
+            self.native = RemoteStore.open(url, os.fspath(cache), layout=layout, create=create, **s3)
+        except BaseException:
+            self.close()
+            raise
+
+    def tip(self, branch: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
+        branch = branch if branch is not None else "main"
+        tip, cas = self.native.branch_tip(branch)
+        return branch, tip, cas
+
+    def check_tags(self, tags: List[str]) -> None:
+        self.native.check_tags(tags)
+
+    def store_objects(self, disk: str, path: str, previous: Optional[str]):
+        return self.native.store_objects(disk, path, previous)
+
+    def commit(self, branch, tip, cas, files, message, tags) -> str:
+        return self.native.commit(branch, tip, cas, files, message, tags)
+
+    def resolve(self, rev: str) -> str:
+        return self.native.resolve(rev)
+
+    def open_file(self, version: str, path: str):
+        return self.native.open_file(version, path)
+
+    def close(self) -> None:
+        self.native = None
+        if self.temp is not None:
+            shutil.rmtree(self.temp, ignore_errors=True)
+            self.temp = None
+
+
+def _open_target(target: str, cache: Optional[str], layout: str, s3: Dict[str, Any], create: bool):
+    if _is_remote(target):
+        return _RemoteTarget(target, cache, layout, s3, create)
+    return _RepoTarget(target)
+
+
+_MAX_METADATA = 1 << 30
+
+
+class _Unread(io.RawIOBase):
+    """The stream of a rank file while loading: never read as a whole (each item's range is
+    read by `Reader._slice_file`)."""
+
+    def readable(self) -> bool:
+        return False
 
 
 def _classes():
@@ -76,13 +191,14 @@ def _classes():
         stored: Optional[Tuple[str, str, str, int]] = None
 
     class _StoreFS(fs.FileSystem):
-        """DCP's `FileSystem`, with files kept in a repository's store instead of a directory.
+        """DCP's `FileSystem`, with files kept in a store instead of a directory.
 
-        Written files go to a memfd, stored when closed; read files come from a version."""
+        Written files go to a memfd, stored when closed; read, only `.metadata` is read whole
+        (each item of a rank file is read on its own, `Reader._slice_file`)."""
 
-        def __init__(self, native, version: Optional[str] = None, previous: Optional[str] = None):
+        def __init__(self, target, version: Optional[str] = None, previous: Optional[str] = None):
             super().__init__()
-            self.native = native
+            self.target = target
             self.version = version
             self.previous = previous
             self.stored: Dict[str, Tuple[str, str, str, int]] = {}
@@ -119,21 +235,35 @@ def _classes():
                 try:
                     with os.fdopen(fd, "wb") as f:
                         yield f
-                    stored = self.native.store_objects(f"/proc/self/fd/{kept}", name, self.previous)
+                    stored = self.target.store_objects(f"/proc/self/fd/{kept}", name, self.previous)
                 finally:
                     os.close(kept)
                 with self.lock:
                     self.stored[name] = stored
+            elif name.endswith(_METADATA):
+                f = self.target.open_file(self.version, name)
+                if f.len > _MAX_METADATA:
+                    raise ValueError(f"{name}: {f.len} bytes, over the {_MAX_METADATA} bytes read into memory")
+                with io.BytesIO(f.read(0, f.len)) as data:
+                    yield data
             else:
-                data = self.native.read_file(self.version, name, 1 << 62)
-                with io.BytesIO(data) as f:
-                    yield f
+                yield _Unread()
+
+    def _target_options(cache, layout, endpoint, region, allow_http) -> Dict[str, Any]:
+        return {
+            "cache": None if cache is None else os.fspath(cache),
+            "layout": layout,
+            "s3": {"endpoint": endpoint, "region": region, "allow_http": allow_http},
+        }
 
     class Writer(fs.FileSystemWriter):
-        """A DCP `StorageWriter` that saves into the ckpt repository at `target` as one
-        version on `branch` (default: the repository's current branch), with `message` and
-        `tags`. Other keyword arguments go to `FileSystemWriter` (`thread_count`,
-        `single_file_per_rank`, ...)."""
+        """A DCP `StorageWriter` that saves into the ckpt repository or remote at `target` as
+        one version on `branch` (default: the repository's current branch; `main` on a remote),
+        with `message` and `tags`. For a remote: `layout` (`"mirror"` or `"deltas"`), `cache`
+        (a directory for this rank's objects; default a temporary one, deleted when the rank is
+        done) and the S3 settings `endpoint`, `region`, `allow_http` (else from `AWS_*`). Other
+        keyword arguments go to `FileSystemWriter` (`thread_count`, `single_file_per_rank`,
+        ...)."""
 
         def __init__(
             self,
@@ -141,6 +271,11 @@ def _classes():
             message: Optional[str] = None,
             tags: Iterable[str] = (),
             branch: Optional[str] = None,
+            layout: str = "mirror",
+            cache: Any = None,
+            endpoint: Optional[str] = None,
+            region: Optional[str] = None,
+            allow_http: bool = False,
             **kwargs: Any,
         ) -> None:
             kwargs.setdefault("sync_files", False)  # the store syncs what it writes
@@ -149,26 +284,32 @@ def _classes():
             self.message = message if message is not None else "dcp save"
             self.tags = list(tags)
             self.branch = branch
-            self._native = None
+            self.options = _target_options(cache, layout, endpoint, region, allow_http)
+            self._opened = None
             self.fs = _StoreFS(None)
 
-        def _repo(self):
+        def _target(self):
             # Opened in the rank's own process (a Writer may be made before a fork or spawn).
-            if self._native is None:
-                self._native = _open_repo(self.target)
-            return self._native
+            if self._opened is None:
+                self._opened = _open_target(self.target, create=True, **self.options)
+            return self._opened
+
+        def _close(self) -> None:
+            if self._opened is not None:
+                self._opened.close()
+                self._opened = None
 
         def reset(self, checkpoint_id=None) -> None:
             if checkpoint_id:
                 self.target = os.fspath(checkpoint_id)
-                self._native = None
+                self._close()
             super().reset(None)
 
         def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
             super().set_up_storage_writer(is_coordinator, *args, **kwargs)
-            self.fs = _StoreFS(self._repo())
+            self.fs = _StoreFS(self._target())
             if is_coordinator and self.tags:
-                self._repo().check_tags(self.tags)
+                self._target().check_tags(self.tags)
 
         def prepare_local_plan(self, plan):
             plan = super().prepare_local_plan(plan)
@@ -177,21 +318,22 @@ def _classes():
             return plan
 
         def prepare_global_plan(self, plans):
-            native = self._repo()
-            if self.branch is None:
-                branch, tip = native.current_branch()
-            else:
-                branch, tip = self.branch, native.branch_tip(self.branch)
-            self._branch, self._tip = branch, tip
+            # The tip (and, on a remote, its tag) that `finish` compares the branch against.
+            self._branch, self._tip, self._cas = self._target().tip(self.branch)
             plans = super().prepare_global_plan(plans)
             return [
-                dataclasses.replace(p, storage_data=_Prefix(p.storage_data.prefix, branch=branch, tip=tip))
+                dataclasses.replace(p, storage_data=_Prefix(p.storage_data.prefix, branch=self._branch, tip=self._tip))
                 for p in plans
             ]
 
         def write_data(self, plan, planner):
-            self.fs = _StoreFS(self._repo(), previous=plan.storage_data.tip)
-            results = super().write_data(plan, planner).value()
+            try:
+                self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip)
+                results = super().write_data(plan, planner).value()
+            finally:
+                # This rank's part is uploaded (or failed): its temporary cache goes.
+                if _is_remote(self.target):
+                    self._close()
             stored = self.fs.stored
             out = [
                 _StoredResult(r.index, r.size_in_bytes, r.storage_data, stored[r.storage_data.relative_path])
@@ -208,12 +350,17 @@ def _classes():
                 for r in rank_results:
                     files[r.stored[0]] = r.stored
                 plain.append([WriteResult(r.index, r.size_in_bytes, r.storage_data) for r in rank_results])
-            self.fs = _StoreFS(self._repo(), previous=self._tip)
-            super().finish(metadata, plain)
-            files.update(self.fs.stored)
-            self.version = self._repo().commit_stored(
-                self._branch, self._tip, list(files.values()), self.message, self.tags
-            )
+            try:
+                target = self._target()
+                self.fs = _StoreFS(target, previous=self._tip)
+                super().finish(metadata, plain)
+                files.update(self.fs.stored)
+                self.version = target.commit(
+                    self._branch, self._tip, self._cas, list(files.values()), self.message, self.tags
+                )
+            finally:
+                if _is_remote(self.target):
+                    self._close()
 
         def storage_meta(self):
             return StorageMeta(checkpoint_id=self.target, save_id=self.save_id)
@@ -227,36 +374,78 @@ def _classes():
             return False
 
     class Reader(fs.FileSystemReader):
-        """A DCP `StorageReader` of version `rev` of the ckpt repository at `target`, read
-        from the store (no files written)."""
+        """A DCP `StorageReader` of version `rev` of the ckpt repository or remote at `target`,
+        read item by item from the store (nothing checked out). For a remote: `cache` (this
+        rank's objects; default a temporary directory) and the S3 settings."""
 
-        def __init__(self, target: Any, rev: str = "HEAD") -> None:
+        def __init__(
+            self,
+            target: Any,
+            rev: str = "HEAD",
+            cache: Any = None,
+            endpoint: Optional[str] = None,
+            region: Optional[str] = None,
+            allow_http: bool = False,
+        ) -> None:
             super().__init__(path=os.fspath(target))
             self.target = os.fspath(target)
             self.rev = rev
-            self._native = None
+            self.options = _target_options(cache, "mirror", endpoint, region, allow_http)
+            self._opened = None
             self._version: Optional[str] = None
+            self._files: Dict[str, Any] = {}
 
         def _store_fs(self):
-            if self._native is None:
-                self._native = _open_repo(self.target)
+            if self._opened is None:
+                self._opened = _open_target(self.target, create=False, **self.options)
+            if self._version is None:
                 # One version for every read of this load, whatever moves meanwhile.
-                self._version = self._native.resolve(self.rev)
-            return _StoreFS(self._native, version=self._version)
+                self._version = self._opened.resolve(self.rev)
+            return _StoreFS(self._opened, version=self._version)
+
+        def _close(self) -> None:
+            self._files = {}
+            if self._opened is not None:
+                self._opened.close()
+                self._opened = None
 
         def reset(self, checkpoint_id=None) -> None:
             if checkpoint_id:
                 self.target = os.fspath(checkpoint_id)
-                self._native = None
+                self._close()
+                self._version = None
             super().reset(None)
 
         def read_metadata(self, *args: Any, **kwargs: Any):
             self.fs = self._store_fs()
             return super().read_metadata(*args, **kwargs)
 
+        def _slice_file(self, file, sinfo):
+            # Only this item's bytes, decoded from the store: memory is about the item.
+            stored = self._files.get(sinfo.relative_path)
+            if stored is None:
+                stored = self._opened.open_file(self._version, sinfo.relative_path)
+                self._files[sinfo.relative_path] = stored
+            return io.BytesIO(stored.read(sinfo.offset, sinfo.length))
+
+        def prepare_global_plan(self, plans):
+            # Every rank reads the version the coordinator resolved (each resolved `rev` itself
+            # to read `.metadata`): a branch moved in between is an error, not a mixed load.
+            plans = super().prepare_global_plan(plans)
+            return [dataclasses.replace(p, storage_data=self._version) for p in plans]
+
         def read_data(self, plan, planner):
             self.fs = self._store_fs()
-            return super().read_data(plan, planner)
+            if plan.storage_data is not None and plan.storage_data != self._version:
+                raise RuntimeError(
+                    f"{self.rev!r} moved during the load ({plan.storage_data} on the coordinator, "
+                    f"{self._version} here): load a version id or a tag"
+                )
+            try:
+                return super().read_data(plan, planner)
+            finally:
+                # The last step of a load: a temporary cache goes.
+                self._close()
 
         @property
         def checkpoint_id(self):
@@ -284,12 +473,21 @@ def __getattr__(name: str) -> Any:
 _BUILT: Optional[Dict[str, Any]] = None
 
 
-def Writer(target: Any, message: Optional[str] = None, tags: Iterable[str] = (), branch: Optional[str] = None, **kwargs: Any):
-    """A DCP `StorageWriter` saving into the ckpt repository at `target` (see the module
-    docstring): one version on `branch` (default: the current branch) with `message`, `tags`."""
+def Writer(
+    target: Any,
+    message: Optional[str] = None,
+    tags: Iterable[str] = (),
+    branch: Optional[str] = None,
+    **kwargs: Any,
+):
+    """A DCP `StorageWriter` saving into the ckpt repository or remote at `target` (see the
+    module docstring): one version on `branch` (default: the current branch; `main` on a
+    remote) with `message`, `tags`. For a remote also `layout`, `cache`, `endpoint`, `region`,
+    `allow_http`."""
     return _classes()["Writer"](target, message=message, tags=tags, branch=branch, **kwargs)
 
 
-def Reader(target: Any, rev: str = "HEAD"):
-    """A DCP `StorageReader` of version `rev` of the ckpt repository at `target`."""
-    return _classes()["Reader"](target, rev=rev)
+def Reader(target: Any, rev: str = "HEAD", **kwargs: Any):
+    """A DCP `StorageReader` of version `rev` of the ckpt repository or remote at `target`
+    (for a remote also `cache`, `endpoint`, `region`, `allow_http`)."""
+    return _classes()["Reader"](target, rev=rev, **kwargs)

@@ -16,9 +16,11 @@
 //! by a thread the child does not have), and work is given to a rayon pool of the child's own
 //! ([`child_pool`]): rayon's global pool, copied from the parent, has no threads in the child.
 
+use ckpt::remote::{self, Remote};
 use ckpt::repo::{
     self, CheckoutOptions, CommitOptions, CommitSource, Head, MemoryFile, OpenedFile, RepoPath, TensorSpec, VersionId,
 };
+use ckpt::sync;
 use ckpt::Dtype;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTimeoutError, PyTypeError, PyValueError};
@@ -831,6 +833,213 @@ impl Repo {
         let tags = self.run(py, |repo| repo.tags())?;
         Ok(tags.into_iter().map(|(n, id)| (n, id.to_hex())).collect())
     }
+
+    /// A reader of byte ranges of the file `path` in version `rev`, straight from the store
+    /// (`ckpt.dcp.Reader`: only the ranges asked for are decoded).
+    fn open_file(&self, py: Python<'_>, rev: &str, path: &str) -> PyResult<StoredFile> {
+        let (rev, path) = (rev.to_string(), path.to_string());
+        let repo = self.repo()?;
+        let reader = self.run(py, move |repo| {
+            let id = repo.resolve(&rev)?;
+            let version = repo.version(&id)?;
+            let entry =
+                version.file(&path).ok_or_else(|| repo::Error::NotInVersion { path: path.clone(), version: id })?;
+            sync::StoredFileReader::open(repo, &entry.manifest).map_err(|e| match e {
+                sync::Error::Repo(e) => e,
+                e => repo::Error::InvalidPath { path: path.clone().into(), reason: error_text(&e) },
+            })
+        })?;
+        Ok(StoredFile { repo, reader: Mutex::new(reader) })
+    }
+}
+
+// ---- distributed checkpoints on a remote (ckpt.dcp) --------------------------------------------
+
+fn sync_err(e: sync::Error) -> PyErr {
+    CkptError::new_err(error_text(&e))
+}
+
+/// Byte ranges of one stored file ([`sync::StoredFileReader`]), from a repository or a remote's
+/// cache.
+#[pyclass(frozen, module = "ckpt._native")]
+struct StoredFile {
+    repo: Arc<repo::Repo>,
+    reader: Mutex<sync::StoredFileReader>,
+}
+
+#[pymethods]
+impl StoredFile {
+    /// The file's length.
+    #[getter]
+    fn len(&self) -> u64 {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The `length` bytes at `offset`, decoded and verified (only the segments they cover).
+    fn read<'py>(&self, py: Python<'py>, offset: u64, length: u64) -> PyResult<Bound<'py, PyBytes>> {
+        let repo = self.repo.clone();
+        let bytes = py
+            .detach(|| self.reader.lock().unwrap_or_else(|p| p.into_inner()).read(&repo, offset, length))
+            .map_err(sync_err)?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+}
+
+/// A remote (`s3://…`, `file://…`) that the ranks of a distributed save write to and read from
+/// without a repository, each through a cache of its own (a repository used as an object
+/// store only): [`sync::store_file_to_remote`], [`sync::commit_to_remote`].
+#[pyclass(frozen, module = "ckpt._native")]
+struct RemoteStore {
+    remote: Arc<dyn Remote>,
+    cache: Arc<repo::Repo>,
+    layout: sync::Layout,
+    /// Transfers in flight at once.
+    transfers: usize,
+}
+
+impl RemoteStore {
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&dyn Remote, &repo::Repo) -> sync::Result<T> + Send,
+    ) -> PyResult<T> {
+        let (remote, cache) = (self.remote.clone(), self.cache.clone());
+        py.detach(move || f(remote.as_ref(), &cache)).map_err(sync_err)
+    }
+}
+
+#[pymethods]
+impl RemoteStore {
+    /// Opens the remote at `url` (`s3://bucket/prefix`, with the `AWS_*` environment and these
+    /// settings; `file:///dir`, created if missing, for a writer) with its cache in `cache`
+    /// (created if missing), uploading in `layout` (`"mirror"` or `"deltas"`).
+    #[staticmethod]
+    #[pyo3(signature = (url, cache, layout="mirror", endpoint=None, region=None, allow_http=false, create=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn open(
+        py: Python<'_>,
+        url: String,
+        cache: PathBuf,
+        layout: &str,
+        endpoint: Option<String>,
+        region: Option<String>,
+        allow_http: bool,
+        create: bool,
+    ) -> PyResult<RemoteStore> {
+        let layout: sync::Layout = layout.parse().map_err(PyValueError::new_err)?;
+        let (remote, cache) = py
+            .detach(move || {
+                let s3 = remote::S3Options { endpoint, region, allow_http };
+                let remote: Box<dyn Remote> = if create && !url.starts_with("s3://") && url != "memory://" {
+                    Box::new(remote::local::DirRemote::create(&url).map_err(|e| error_text(&e))?)
+                } else {
+                    remote::open(&url, &s3).map_err(|e| error_text(&e))?
+                };
+                let cache =
+                    if cache.join(".ckpt").is_dir() { repo::Repo::open(&cache) } else { repo::Repo::init(&cache) };
+                Ok::<_, String>((remote, cache.map_err(|e| error_text(&e))?))
+            })
+            .map_err(err)?;
+        Ok(RemoteStore { remote: Arc::from(remote), cache: Arc::new(cache), layout, transfers: 8 })
+    }
+
+    /// The remote's URL (without credentials).
+    #[getter]
+    fn url(&self) -> String {
+        self.remote.url().to_string()
+    }
+
+    /// Where branch `name` is on the remote: `(version or None, tag or None)`, the tag being
+    /// what [`RemoteStore::commit`] compares against.
+    fn branch_tip(&self, py: Python<'_>, name: &str) -> PyResult<(Option<String>, Option<String>)> {
+        let name = name.to_string();
+        let tip = self.run(py, move |remote, _| sync::remote_branch_tip(remote, &name))?;
+        Ok((tip.version.map(|v| v.to_hex()), tip.tag))
+    }
+
+    /// Refuses `tags` that are invalid, given twice, or exist on the remote.
+    fn check_tags(&self, py: Python<'_>, tags: Vec<String>) -> PyResult<()> {
+        let problem = self.run(py, move |remote, _| {
+            let mut seen = HashSet::new();
+            for t in &tags {
+                repo::check_name(t)?;
+                if !seen.insert(t.clone()) {
+                    return Ok(Some(format!("tag {t:?} is given twice")));
+                }
+                if remote.get_small(&format!("refs/tags/{t}"))?.is_some() {
+                    return Ok(Some(format!("tag {t:?} already exists on {}", remote.url())));
+                }
+            }
+            Ok(None)
+        })?;
+        problem.map_or(Ok(()), |p| Err(err(p)))
+    }
+
+    /// The full id of the version `rev` names on the remote (`HEAD`, a branch, a tag, an id).
+    fn resolve(&self, py: Python<'_>, rev: &str) -> PyResult<String> {
+        let rev = rev.to_string();
+        Ok(self.run(py, move |remote, _| sync::resolve_remote(remote, &rev))?.to_hex())
+    }
+
+    /// Stores the file at `disk` as `path` in the cache and uploads it
+    /// ([`sync::store_file_to_remote`]), coded against the same path in version `previous`.
+    /// Returns `(path, manifest, file hash, length)` for [`RemoteStore::commit`].
+    #[pyo3(signature = (disk, path, previous=None))]
+    fn store_objects(
+        &self,
+        py: Python<'_>,
+        disk: PathBuf,
+        path: String,
+        previous: Option<String>,
+    ) -> PyResult<(String, String, String, u64)> {
+        let rp = RepoPath::parse(&path).map_err(|reason| PyValueError::new_err(format!("{path}: {reason}")))?;
+        let previous = previous.map(|p| parse_id(&p)).transpose()?;
+        let (layout, transfers) = (self.layout, self.transfers);
+        let (entry, _) = self.run(py, move |remote, cache| {
+            sync::store_file_to_remote(cache, remote, &disk, &rp, previous.as_ref(), layout, transfers)
+        })?;
+        Ok((entry.path, entry.manifest.to_hex(), entry.hash.to_hex(), entry.len))
+    }
+
+    /// Writes one version of `files` on the remote and moves `branch` there by
+    /// compare-and-swap against `(expected, tag)` as [`RemoteStore::branch_tip`] returned
+    /// them, then creates `tags` ([`sync::commit_to_remote`]). Returns the version id.
+    #[pyo3(signature = (branch, expected, tag, files, message, tags=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        py: Python<'_>,
+        branch: String,
+        expected: Option<String>,
+        tag: Option<String>,
+        files: Vec<(String, String, String, u64)>,
+        message: String,
+        tags: Vec<String>,
+    ) -> PyResult<String> {
+        let version = expected.map(|e| parse_id(&e)).transpose()?;
+        let tip = sync::RemoteTip { version, tag };
+        let files = files
+            .into_iter()
+            .map(|(path, manifest, hash, len)| {
+                Ok(repo::FileEntry { path, manifest: parse_id(&manifest)?, hash: parse_id(&hash)?, len })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let id = self.run(py, move |remote, cache| {
+            sync::commit_to_remote(cache, remote, &branch, &tip, files, &message, &tags, &CommitOptions::default())
+        })?;
+        Ok(id.to_hex())
+    }
+
+    /// A reader of byte ranges of `path` in `version` (a full id), after downloading that
+    /// file's objects into the cache (only that file's).
+    fn open_file(&self, py: Python<'_>, version: &str, path: &str) -> PyResult<StoredFile> {
+        let (id, path) = (parse_id(version)?, path.to_string());
+        let reader = self.run(py, move |remote, cache| {
+            let entry = sync::fetch_stored_file(cache, remote, &id, &path)?;
+            sync::StoredFileReader::open(cache, &entry.manifest)
+        })?;
+        Ok(StoredFile { repo: self.cache.clone(), reader: Mutex::new(reader) })
+    }
 }
 
 /// An object or version id given as hex by the Python side.
@@ -894,5 +1103,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Repo>()?;
     m.add_class::<CommitHandle>()?;
     m.add_class::<MemoryImage>()?;
+    m.add_class::<StoredFile>()?;
+    m.add_class::<RemoteStore>()?;
     Ok(())
 }

@@ -24,7 +24,8 @@
 //! staging), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
 //! `layout` (mirror or deltas: a mirror push's recodes and their journal), `wire_delta`
 //! (which blobs go up as deltas in the deltas layout), `file_objects` (the git filter's transfers by
-//! file).
+//! file), `stored` (versions written straight to a remote by the ranks of a distributed save, and
+//! byte ranges of stored files read back).
 
 mod clone;
 mod error;
@@ -34,6 +35,7 @@ mod layout;
 mod partial;
 mod push;
 mod remotes;
+mod stored;
 mod transfer;
 mod wire_delta;
 
@@ -47,6 +49,10 @@ pub use push::{push, push_to, PushOptions, PushReport};
 pub use remotes::{
     absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,
     RemoteConfig,
+};
+pub use stored::{
+    commit_to_remote, fetch_stored_file, fetch_version, remote_branch_tip, resolve_remote, store_file_to_remote,
+    RemoteTip, StoredFileReader,
 };
 
 use crate::object_id::ObjectId;

@@ -1,0 +1,261 @@
+"""ckpt.dcp.Writer / Reader with a remote target (an S3 server on loopback, `s3s-fs`, and a
+directory remote) under real torch.distributed: gloo on CPU, ranks spawned on loopback, DTensor
+shards. The ranks have no repository. What they save is what `ckpt clone` reads, and a checkout
+of it is a DCP directory stock `dcp.load` reads. Skipped without torch (and the S3 cases without
+`s3s-fs`)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import ckpt.dcp  # noqa: E402
+from ckpt._native import RemoteStore  # noqa: E402
+
+from conftest import ckpt_binary  # noqa: E402
+
+ACCESS_KEY, SECRET_KEY, BUCKET = "ckpt-test-key", "ckpt-test-secret", "ckpt-dcp"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def full_state(seed):
+    """The whole tensors every rank shards (the same on all ranks)."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(256, 64, generator=g),
+        "b": torch.randn(40, generator=g).to(torch.bfloat16),
+        "m": torch.randn(128, 32, generator=g),
+    }
+
+
+def drifted(seed):
+    """`full_state(1)` after a little training: the tensors a delta pays on."""
+    base = full_state(1)
+    g = torch.Generator().manual_seed(seed)
+    return {k: (v.float() + 1e-3 * torch.randn(v.shape, generator=g)).to(v.dtype) for k, v in base.items()}
+
+
+def state(seed):
+    return full_state(seed) if seed == 1 else drifted(seed)
+
+
+def sharded(full, mesh, zero=False):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    sd = {k: distribute_tensor(torch.zeros_like(v) if zero else v, mesh, [Shard(0)]) for k, v in full.items()}
+    sd["step"] = 0 if zero else 1234
+    return sd
+
+
+def init(rank, world, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world,))
+
+
+def report(out, rank, value):
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(value, f)
+
+
+def wait_for(path, limit=60):
+    end = time.time() + limit
+    while not os.path.exists(path):
+        if time.time() > end:
+            raise TimeoutError(path)
+        time.sleep(0.05)
+
+
+def save_worker(rank, world, port, url, layout, seed, gate, out):
+    mesh = init(rank, world, port)
+    try:
+        writer = ckpt.dcp.Writer(url, message=f"seed {seed}", tags=[f"s{seed}"], layout=layout)
+        if gate is not None:
+            started, proceed = gate
+            inner = writer.write_data
+
+            def write_data(plan, planner):
+                open(started, "w").close()
+                wait_for(proceed)
+                return inner(plan, planner)
+
+            writer.write_data = write_data
+        dcp.save(sharded(state(seed), mesh), storage_writer=writer)
+        report(out, rank, {"ok": True})
+    except BaseException as e:  # noqa: BLE001 - reported to the test (CheckpointException is one)
+        report(out, rank, {"ok": False, "error": str(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def load_worker(rank, world, port, url, seed, rev, out):
+    mesh = init(rank, world, port)
+    try:
+        sd = sharded(state(seed), mesh, zero=True)
+        dcp.load(sd, storage_reader=ckpt.dcp.Reader(url, rev=rev))
+        full = state(seed)
+        same = all(torch.equal(sd[k].full_tensor(), full[k]) for k in full)
+        report(out, rank, {"ok": same and sd["step"] == 1234, "local": list(sd["w"].to_local().shape)})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def results(out, world):
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
+
+
+def run(fn, world, *args, out):
+    os.makedirs(out, exist_ok=True)
+    mp.spawn(fn, args=(world, free_port(), *args, out), nprocs=world, join=True)
+    return results(out, world)
+
+
+def save(world, url, layout, seed, out, gate=None):
+    return run(save_worker, world, url, layout, seed, gate, out=out)
+
+
+@pytest.fixture
+def s3_url(tmp_path, monkeypatch):
+    """An `s3s-fs` server on a loopback port, reached through the `AWS_*` environment (which
+    the spawned ranks inherit)."""
+    server = shutil.which("s3s-fs") or ("/root/.cargo/bin/s3s-fs" if os.path.exists("/root/.cargo/bin/s3s-fs") else None)
+    if server is None:
+        pytest.skip("s3s-fs is not installed (cargo install s3s-fs --features binary)")
+    root = tmp_path / "s3"
+    (root / BUCKET).mkdir(parents=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        [server, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        end = time.time() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > end or proc.poll() is not None:
+                    pytest.fail("s3s-fs did not start")
+                time.sleep(0.05)
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(key, value)
+        yield f"s3://{BUCKET}/run1"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def dir_url(tmp_path):
+    return f"file://{tmp_path / 'remote'}"
+
+
+def cli():
+    found = ckpt_binary()
+    target = os.environ.get("CARGO_TARGET_DIR")
+    if found is None and target and os.access(os.path.join(target, "debug", "ckpt"), os.X_OK):
+        found = os.path.join(target, "debug", "ckpt")
+    if found is None:
+        pytest.skip("the ckpt binary is not built (cargo build; or set CKPT_BIN)")
+    return found
+
+
+def remote_state(url, tmp_path, name):
+    """(HEAD's version, the tags) on the remote, read by a fresh client."""
+    store = RemoteStore.open(url, str(tmp_path / name))
+    return store.resolve("HEAD"), store
+
+
+@pytest.mark.parametrize("target,layout", [("s3", "mirror"), ("dir", "deltas")])
+def test_four_ranks_save_to_a_remote_and_load_back_resharded_and_through_a_clone(target, layout, request, tmp_path):
+    url = request.getfixturevalue("s3_url" if target == "s3" else "dir_url")
+    assert save(4, url, layout, 1, str(tmp_path / "s1")) == [{"ok": True}] * 4
+    first, store = remote_state(url, tmp_path, "c1")
+    assert store.resolve("s1") == first
+    # A second save follows the first on the remote branch, each rank coding against its own
+    # file of the first.
+    assert save(4, url, layout, 2, str(tmp_path / "s2")) == [{"ok": True}] * 4
+    second, store = remote_state(url, tmp_path, "c2")
+    assert second != first and store.resolve("s2") == second
+
+    # Loaded straight from the remote on 4 ranks and, resharded, on 2 (the first by its tag).
+    loaded = run(load_worker, 4, url, 2, "HEAD", out=str(tmp_path / "l4"))
+    assert all(r["ok"] for r in loaded), loaded
+    loaded = run(load_worker, 2, url, 1, "s1", out=str(tmp_path / "l2"))
+    assert all(r["ok"] for r in loaded), loaded
+    assert loaded[0]["local"] == [128, 64]
+
+    # `ckpt clone` reads the remote; the checkout is a DCP directory stock dcp.load reads.
+    binary = cli()
+    clone = tmp_path / "clone"
+    env = dict(os.environ)
+    subprocess.run([binary, "clone", url, str(clone)], check=True, env=env, capture_output=True)
+    log = json.loads(subprocess.run([binary, "log", "--json"], cwd=clone, check=True, capture_output=True).stdout)
+    assert [v["id"] for v in log] == [second, first]
+    for seed, version in [(2, second), (1, first)]:
+        out = tmp_path / f"checkout{seed}"
+        subprocess.run([binary, "checkout", version, "--output", str(out)], cwd=clone, check=True, capture_output=True)
+        assert sorted(os.listdir(out)) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+        full = state(seed)
+        sd = {k: torch.zeros_like(v) for k, v in full.items()}
+        sd["step"] = 0
+        dcp.load(sd, checkpoint_id=str(out))
+        assert all(torch.equal(sd[k], full[k]) for k in full) and sd["step"] == 1234
+    assert subprocess.run([binary, "verify"], cwd=clone, capture_output=True).returncode == 0
+
+
+def test_two_jobs_saving_to_one_remote_branch_at_once_one_is_refused(dir_url, tmp_path):
+    assert save(2, dir_url, "mirror", 1, str(tmp_path / "first")) == [{"ok": True}] * 2
+    started, proceed = str(tmp_path / "b_started"), str(tmp_path / "a_done")
+    os.makedirs(tmp_path / "b", exist_ok=True)
+    # Job B plans (reads the remote tip) and waits in write_data until job A has saved.
+    ctx = mp.spawn(
+        save_worker,
+        args=(2, free_port(), dir_url, "mirror", 3, (started, proceed), str(tmp_path / "b")),
+        nprocs=2,
+        join=False,
+    )
+    wait_for(started)
+    assert save(2, dir_url, "mirror", 2, str(tmp_path / "a")) == [{"ok": True}] * 2
+    a, _ = remote_state(dir_url, tmp_path, "ca")
+    open(proceed, "w").close()
+    while not ctx.join():
+        pass
+    b = results(str(tmp_path / "b"), 2)
+    assert not any(r["ok"] for r in b), b
+    assert "another save committed first" in json.dumps(b)
+    # The remote branch is where job A put it, and loads as job A's state.
+    after, store = remote_state(dir_url, tmp_path, "cb")
+    assert after == a and store.resolve("s2") == a
+    loaded = run(load_worker, 2, dir_url, 2, "HEAD", out=str(tmp_path / "l"))
+    assert all(r["ok"] for r in loaded), loaded

@@ -1,0 +1,480 @@
+//! Versions written straight to a remote by writers that share only the remote: the ranks of a
+//! distributed checkpoint saved with `ckpt.dcp.Writer("s3://…")`, and their reads back
+//! (`ckpt.dcp.Reader`). No rank has a repository; each has a cache of its own (a repository
+//! used only as an object store: no version of it is ever committed or checked out).
+//!
+//! A save follows the rules of the push machinery (docs/format.md, "Remotes" and "Distributed
+//! saves to a remote"): each rank stores its file in its cache, whole, and uploads the objects
+//! the remote lacks, create-if-absent, a manifest after its blobs ([`store_file_to_remote`]).
+//! In the deltas layout its new blobs go up as forward deltas against the same tensors of the
+//! previous version's file at the same path, as the git filter's file transfers send them; in
+//! the mirror layout they go up whole and the previous file's blobs are then recoded on the
+//! remote as deltas against them, under a journal, as a mirror file transfer does. A rank
+//! downloads only its own file of the previous version. One writer then lists every rank's
+//! file in one version, uploads it and moves the remote branch by compare-and-swap against the
+//! tip read when the save began ([`commit_to_remote`]): a concurrent save of another job that
+//! moved the branch first makes it fail, and nothing is overwritten.
+//!
+//! Reads ([`StoredFileReader`]) decode only the segments a byte range covers, each verified
+//! against its id, so a reader holds about what it asked for, not a whole file.
+
+use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode};
+use super::remotes::{parse_ref, put_ref, ref_key};
+use super::transfer::{parallel, receive, reopen};
+use super::{Error, FileTransfer, Result};
+use crate::object_id::ObjectId;
+use crate::remote::{self, Expect, Remote, Uploaded};
+use crate::repo::Error as RepoError;
+use crate::repo::{
+    check_name, CommitOptions, FileEntry, Manifest, Needed, RefKind, Repo, RepoPath, Version, VersionId, MODEL_FORMAT,
+};
+use crate::store::ObjectKind;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where a branch of a remote was when a save began: its version and the tag the save's
+/// compare-and-swap expects ([`remote::Small::tag`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteTip {
+    /// The version the branch names (`None`: no such branch yet).
+    pub version: Option<VersionId>,
+    /// The ref's tag as read (`None`: the ref did not exist).
+    pub tag: Option<String>,
+}
+
+impl RemoteTip {
+    fn expect(&self) -> Expect {
+        match &self.tag {
+            Some(tag) => Expect::Tag(tag.clone()),
+            None => Expect::Absent,
+        }
+    }
+}
+
+/// Reads where `branch` is on `remote` (one request).
+pub fn remote_branch_tip(remote: &dyn Remote, branch: &str) -> Result<RemoteTip> {
+    check_name(branch)?;
+    let key = ref_key(RefKind::Branch, branch);
+    match remote.get_small(&key)? {
+        Some(small) => Ok(RemoteTip { version: Some(parse_ref(remote, &key, &small.bytes)?), tag: Some(small.tag) }),
+        None => Ok(RemoteTip { version: None, tag: None }),
+    }
+}
+
+/// The version `rev` names on `remote`: `HEAD` (the branch `clone` checks out: `main`, else
+/// the first branch by name), a branch, a tag, or a full version id the remote holds.
+pub fn resolve_remote(remote: &dyn Remote, rev: &str) -> Result<VersionId> {
+    let unknown = |reason: String| Error::from(RepoError::UnknownRevision { rev: rev.to_string(), reason });
+    if rev == "HEAD" {
+        let mut branches: Vec<String> = remote
+            .list("refs/heads/")?
+            .iter()
+            .filter_map(|k| k.strip_prefix("refs/heads/"))
+            .filter(|b| check_name(b).is_ok())
+            .map(str::to_string)
+            .collect();
+        branches.sort();
+        let branch = match branches.iter().find(|b| *b == crate::repo::DEFAULT_BRANCH) {
+            Some(b) => b.clone(),
+            None => branches.into_iter().next().ok_or_else(|| unknown(format!("{} has no branch", remote.url())))?,
+        };
+        return resolve_remote(remote, &branch);
+    }
+    if rev.len() == 64 {
+        if let Ok(id) = rev.parse::<VersionId>() {
+            if remote.exists(&remote::object_key(&id))? {
+                return Ok(id);
+            }
+            return Err(unknown(format!("{} has no such version", remote.url())));
+        }
+    }
+    check_name(rev)?;
+    for kind in [RefKind::Branch, RefKind::Tag] {
+        let key = ref_key(kind, rev);
+        if let Some(small) = remote.get_small(&key)? {
+            return parse_ref(remote, &key, &small.bytes);
+        }
+    }
+    Err(unknown(format!("not a branch, tag or version of {}", remote.url())))
+}
+
+/// Version `id`, from `cache` or else downloaded from `remote` (verified against its id) into
+/// it.
+pub fn fetch_version(cache: &Repo, remote: &dyn Remote, id: &VersionId) -> Result<Version> {
+    if cache.store().contains(id) {
+        return Ok(cache.version(id)?);
+    }
+    let tmp = reopen(receive(cache, remote, id, &AtomicU64::new(0))?)?;
+    let version = Version::parse(*id, &cache.store().read_received(id, ObjectKind::Version, &tmp)?)?;
+    cache.import_version(id, &version, tmp)?;
+    Ok(version)
+}
+
+/// The entry of `path` in version `id` of `remote`, with the file's objects (manifest, blobs
+/// and their chains) downloaded into `cache` unless it holds them: what a reader needs to
+/// read the file's bytes from the cache ([`StoredFileReader`]), and no other file's.
+pub fn fetch_stored_file(cache: &Repo, remote: &dyn Remote, id: &VersionId, path: &str) -> Result<FileEntry> {
+    let version = fetch_version(cache, remote, id)?;
+    let entry = version
+        .file(path)
+        .cloned()
+        .ok_or_else(|| Error::from(RepoError::NotInVersion { path: path.to_string(), version: *id }))?;
+    cache.fetch_file(remote, &entry.manifest)?;
+    Ok(entry)
+}
+
+/// Whether `v` is pinned: its blobs stay whole on a mirror remote (as in `layout.rs`).
+fn pinned(v: &Version) -> bool {
+    v.since_base == 0 && !v.parents.is_empty()
+}
+
+/// Stores the file at `disk` as the content of `path` in `cache` (whole) and uploads what the
+/// remote lacks of it (create-if-absent, the manifest last), for [`commit_to_remote`] to list
+/// in a version whose parent is `previous`. The file `path` has in `previous` (if any) is
+/// downloaded into `cache` first (only that file). In `layout`:
+///
+/// - deltas: each new blob goes up as a forward XOR delta against the blob of the same tensor
+///   in that previous file, where that pays and the remote's chain stays within bounds (the
+///   git filter's deltas-layout transfer, docs/format.md "Deltas on the wire");
+/// - mirror: the new blobs go up whole; then each blob of the previous file that the remote
+///   held before this upload and whose tensor now has a new blob (which the remote lacked) is
+///   replaced there by an XOR delta against it, under a journal written first, unless the
+///   previous version is pinned (docs/format.md, "A mirror push").
+///
+/// Returns the file's entry and what moved.
+pub fn store_file_to_remote(
+    cache: &Repo,
+    remote: &dyn Remote,
+    disk: &Path,
+    path: &RepoPath,
+    previous: Option<&VersionId>,
+    layout: Layout,
+    transfers: usize,
+) -> Result<(FileEntry, FileTransfer)> {
+    // The previous file of this path: (its manifest, whether its version is pinned).
+    let mut earlier = None;
+    if let Some(p) = previous {
+        let version = fetch_version(cache, remote, p)?;
+        if let Some(f) = version.file(path.as_str()) {
+            cache.fetch_file(remote, &f.manifest)?;
+            earlier = Some((f.manifest, pinned(&version)));
+        }
+    }
+    // Whole: the deltas go up coded for the remote, against what it holds.
+    let entry = cache.store_objects(disk, path, None)?;
+    let transfer = match layout {
+        Layout::Deltas => {
+            let map: HashMap<ObjectId, ObjectId> = earlier.map(|(m, _)| (entry.manifest, m)).into_iter().collect();
+            cache.push_files_against(remote, &[entry.manifest], &map, Layout::Deltas)?
+        }
+        Layout::Mirror => {
+            let recode_against = earlier.filter(|(_, pinned)| !pinned).map(|(m, _)| m);
+            push_whole_then_recode(cache, remote, &entry.manifest, recode_against, transfers)?
+        }
+    };
+    Ok((entry, transfer))
+}
+
+/// The mirror layout's upload of one file ([`store_file_to_remote`]): one listing of the
+/// remote's objects; the recodes planned from it (an older blob of `earlier` present, its new
+/// counterpart absent) and written down in a journal; the upload; then the recodes, each only
+/// if the new blob is standalone on the remote at that moment ([`recode`]).
+fn push_whole_then_recode(
+    cache: &Repo,
+    remote: &dyn Remote,
+    manifest: &ObjectId,
+    earlier: Option<ObjectId>,
+    transfers: usize,
+) -> Result<FileTransfer> {
+    let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
+    let present: HashSet<ObjectId> = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+    if present.contains(manifest) {
+        report.files_present = 1;
+        report.requests = remote.requests();
+        return Ok(report);
+    }
+    let need: Vec<Needed> =
+        cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present.contains(&n.id)).collect();
+    let mut recodes = Vec::new();
+    if let Some(old) = earlier.filter(|o| o != manifest && present.contains(o)) {
+        let (new_m, old_m) = (cache.manifest(manifest)?, cache.manifest(&old)?);
+        // A blob the new file holds stays whole.
+        let keep: HashSet<ObjectId> = new_m.blobs().collect();
+        let mut seen = HashSet::new();
+        for pair in new_m.same_tensor_blobs(&old_m) {
+            let (newer, older) = (pair.new, pair.old);
+            if newer == older
+                || !present.contains(&older)
+                || present.contains(&newer)
+                || keep.contains(&older)
+                || !cache.store().contains(&older)
+                || !cache.store().contains(&newer)
+                || !seen.insert(older)
+            {
+                continue;
+            }
+            recodes.push(Recode { older, newer });
+        }
+    }
+    let journal = (!recodes.is_empty()).then(|| file_journal(recodes));
+    // Written before anything goes up: a later push finishes the recodes after a kill.
+    if let Some(journal) = &journal {
+        write_journal(cache, remote, journal)?;
+    }
+    // Objects that reference nothing being uploaded go first, in parallel; then the rest in
+    // `file_objects` order (bases before deltas, the manifest last).
+    let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
+    let (first, rest): (Vec<&Needed>, Vec<&Needed>) =
+        need.iter().partition(|n| n.kind == ObjectKind::Blob && n.reference.is_none_or(|r| !needed.contains(&r)));
+    let first: Vec<ObjectId> = first.iter().map(|n| n.id).collect();
+    let (objects, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
+    let count = |(len, uploaded): (u64, Uploaded)| {
+        if uploaded == Uploaded::Created {
+            objects.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(len, Ordering::Relaxed);
+        }
+    };
+    parallel(&first, transfers, |id| {
+        count(cache.upload_object(remote, id)?);
+        Ok(())
+    })?;
+    for n in rest {
+        count(cache.upload_object(remote, &n.id)?);
+    }
+    report.objects += objects.into_inner();
+    report.bytes += bytes.into_inner();
+    if let Some(journal) = journal {
+        let (objects, bytes) = recode(cache, remote, &journal.recodes, transfers)?;
+        report.objects += objects;
+        report.objects_recoded += objects;
+        report.bytes += bytes;
+        remote.delete(&journal_key(&journal.version))?;
+    }
+    report.requests = remote.requests();
+    Ok(report)
+}
+
+/// Writes one version listing `files` (uploaded by [`store_file_to_remote`]) on top of
+/// `tip.version` to `remote` and moves `branch` there by compare-and-swap against `tip` (as
+/// read by [`remote_branch_tip`] when the save began), then creates `tags` on it. If the
+/// branch moved meanwhile (another save), nothing is moved and the error says so; a tag that
+/// exists is refused before the branch moves. Every file's manifest must be on the remote (a
+/// rank uploads its manifest after its blobs, so a present manifest is a complete file).
+/// `cache` holds the version object before it goes up (and the parent's, downloaded).
+#[allow(clippy::too_many_arguments)]
+pub fn commit_to_remote(
+    cache: &Repo,
+    remote: &dyn Remote,
+    branch: &str,
+    tip: &RemoteTip,
+    files: Vec<FileEntry>,
+    message: &str,
+    tags: &[String],
+    options: &CommitOptions,
+) -> Result<VersionId> {
+    check_name(branch)?;
+    let url = remote.url().to_string();
+    let mut seen_tags = HashSet::new();
+    for t in tags {
+        check_name(t)?;
+        if !seen_tags.insert(t.as_str()) {
+            return Err(Error::Rejected { remote: url, what: format!("tag {t}"), reason: "given twice".into() });
+        }
+    }
+    if files.is_empty() {
+        return Err(RepoError::NothingToCommit.into());
+    }
+    let mut by_path = BTreeMap::new();
+    for f in files {
+        RepoPath::parse(&f.path)
+            .map_err(|reason| RepoError::InvalidPath { path: f.path.clone().into(), reason: reason.to_string() })?;
+        let path = f.path.clone();
+        if by_path.insert(path.clone(), f).is_some() {
+            return Err(
+                RepoError::InvalidPath { path: path.into(), reason: "listed twice in one version".into() }.into()
+            );
+        }
+    }
+    for f in by_path.values() {
+        if !remote.exists(&remote::object_key(&f.manifest))? {
+            let source = Box::new(RepoError::Store(crate::store::Error::Missing { id: f.manifest }));
+            return Err(RepoError::File { path: f.path.clone(), source }.into());
+        }
+    }
+    for t in tags {
+        if remote.get_small(&ref_key(RefKind::Tag, t))?.is_some() {
+            return Err(Error::Rejected {
+                remote: url,
+                what: format!("tag {t}"),
+                reason: "the remote has this tag already (tags do not move)".into(),
+            });
+        }
+    }
+    let base_every = cache.config().base_every.clamp(1, crate::repo::MAX_BASE_EVERY);
+    let parent = tip.version.map(|id| fetch_version(cache, remote, &id)).transpose()?;
+    let since_base = match &parent {
+        Some(p) if p.since_base + 1 < base_every => p.since_base + 1,
+        _ => 0,
+    };
+    let files: Vec<FileEntry> = by_path.into_values().collect();
+    let time = options.time.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    });
+    let version = Version {
+        format: MODEL_FORMAT,
+        parents: tip.version.into_iter().collect(),
+        time,
+        message: message.to_string(),
+        since_base,
+        raw_bytes: files.iter().map(|f| f.len).sum(),
+        // The ranks' objects are not counted (as `Repo::commit_stored`).
+        stored_bytes: 0,
+        files,
+    };
+    version.check_limits().map_err(|reason| RepoError::OverLimit { what: "the version".into(), reason })?;
+    let id = cache.record_version(&version)?;
+    cache.upload_object(remote, &id)?;
+    let key = ref_key(RefKind::Branch, branch);
+    match put_ref(remote, &key, &id, &tip.expect()) {
+        Ok(()) => {}
+        Err(remote::Error::Conflict { .. }) => {
+            let show = |v: Option<VersionId>| v.map_or("no version".to_string(), |v| v.to_hex());
+            let now = remote_branch_tip(remote, branch).ok().and_then(|t| t.version);
+            return Err(Error::Rejected {
+                remote: url,
+                what: format!("branch {branch}"),
+                reason: format!(
+                    "moved to {} since this save began on {}: another save committed first; nothing was overwritten",
+                    show(now),
+                    show(tip.version)
+                ),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    }
+    for t in tags {
+        put_ref(remote, &ref_key(RefKind::Tag, t), &id, &Expect::Absent).map_err(|e| match e {
+            remote::Error::Conflict { .. } => Error::Rejected {
+                remote: url.clone(),
+                what: format!("tag {t}"),
+                reason: format!(
+                    "version {} was saved, but the tag was created meanwhile by another writer",
+                    id.to_hex()
+                ),
+            },
+            e => e.into(),
+        })?;
+    }
+    Ok(id)
+}
+
+/// Reads byte ranges of one stored file from a repository's store (a repository, or a rank's
+/// cache after [`fetch_stored_file`]), decoding only the segments a range covers, each through
+/// its delta chain and checked against its id. A tensor in a bundle is read from its bundle,
+/// decoded once and kept until a range needs another bundle.
+#[derive(Debug)]
+pub struct StoredFileReader {
+    manifest: Manifest,
+    /// Where each segment starts in the file.
+    starts: Vec<u64>,
+    /// The last bundle decoded: its id and bytes.
+    bundle: Option<(ObjectId, Vec<u8>)>,
+}
+
+/// A `Write` that keeps the bytes of `want` (positions in what is written) and drops the rest.
+struct RangeSink<'a> {
+    want: std::ops::Range<u64>,
+    at: u64,
+    out: &'a mut Vec<u8>,
+}
+
+impl std::io::Write for RangeSink<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let end = self.at + buf.len() as u64;
+        let from = self.want.start.max(self.at);
+        let to = self.want.end.min(end);
+        if from < to {
+            let slice = buf.get((from - self.at) as usize..(to - self.at) as usize).unwrap_or_default();
+            self.out.extend_from_slice(slice);
+        }
+        self.at = end;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl StoredFileReader {
+    /// A reader of the file whose manifest is `manifest` in `repo`'s store.
+    pub fn open(repo: &Repo, manifest: &ObjectId) -> Result<StoredFileReader> {
+        let manifest = repo.manifest(manifest)?;
+        let mut starts = Vec::with_capacity(manifest.segments.len());
+        let mut at = 0u64;
+        for s in &manifest.segments {
+            starts.push(at);
+            at = at.saturating_add(s.len);
+        }
+        Ok(StoredFileReader { manifest, starts, bundle: None })
+    }
+
+    /// The file's length.
+    pub fn len(&self) -> u64 {
+        self.manifest.len
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.manifest.len == 0
+    }
+
+    /// The `len` bytes at `offset` (a range past the file's end is an error).
+    pub fn read(&mut self, repo: &Repo, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let end =
+            offset.checked_add(len).filter(|e| *e <= self.manifest.len).ok_or_else(|| RepoError::InvalidPath {
+                path: format!("bytes {offset}+{len}").into(),
+                reason: format!("past the end of a file of {} bytes", self.manifest.len),
+            })?;
+        let mut out = Vec::with_capacity(len as usize);
+        // The first segment ending after `offset`.
+        let mut i = self.starts.partition_point(|&s| s <= offset).saturating_sub(1);
+        while out.len() as u64 != len {
+            let (Some(&start), Some(segment)) = (self.starts.get(i), self.manifest.segments.get(i)) else {
+                break;
+            };
+            let seg_end = start.saturating_add(segment.len);
+            if seg_end > offset && start < end {
+                let (blob, range) = self.manifest.location(segment);
+                let want = range.start + (offset.max(start) - start)..range.start + (end.min(seg_end) - start);
+                if segment.blob.is_none() {
+                    // A bundled tensor: the bundle, decoded once for its members.
+                    if self.bundle.as_ref().is_none_or(|(id, _)| *id != blob) {
+                        self.bundle = None;
+                        let mut bytes = Vec::new();
+                        repo.store().open_blob(&blob)?.copy_to(&mut bytes)?;
+                        self.bundle = Some((blob, bytes));
+                    }
+                    let bytes = self.bundle.as_ref().map(|(_, b)| b.as_slice()).unwrap_or_default();
+                    let slice = bytes.get(want.start as usize..want.end as usize).ok_or_else(|| {
+                        crate::store::Error::Corrupt { id: blob, reason: "shorter than its manifest says".into() }
+                    })?;
+                    out.extend_from_slice(slice);
+                } else {
+                    let chain = repo.store().open_blob(&blob)?;
+                    chain.copy_to(&mut RangeSink { want, at: 0, out: &mut out })?;
+                }
+            }
+            i += 1;
+        }
+        if out.len() as u64 != len {
+            return Err(RepoError::InvalidPath {
+                path: format!("bytes {offset}+{len}").into(),
+                reason: format!("its segments hold {} of them", out.len()),
+            }
+            .into());
+        }
+        Ok(out)
+    }
+}

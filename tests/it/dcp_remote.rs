@@ -1,0 +1,194 @@
+//! Versions written straight to a remote by ranks without a repository (`ckpt.dcp.Writer` with
+//! a remote target): each rank stores and uploads its own file through a cache of its own
+//! (`sync::store_file_to_remote`), one writer lists them in a version and moves the remote
+//! branch by compare-and-swap (`sync::commit_to_remote`). What lands is what `clone` reads,
+//! bit for bit, in either layout; a second save that began on the same tip is refused; byte
+//! ranges read back through `sync::StoredFileReader` are the file's bytes.
+
+use crate::support::repo_util::{read_tree, synthetic_checkpoint, Files};
+use ckpt::remote::{local::DirRemote, Remote, S3Options};
+use ckpt::repo::{CommitOptions, FileEntry, Repo, RepoPath, VersionId};
+use ckpt::sync::{self, Layout, RemoteTip};
+use ckpt::Dtype;
+use std::path::Path;
+
+/// Two ranks' files of one save: large enough tensors that deltas and recodes pay.
+fn rank_files(epoch: u32) -> Files {
+    let shapes: &[(&str, &[u64])] = &[("w.a", &[128, 256]), ("w.b", &[256, 64]), ("bias", &[64])];
+    (0..2)
+        .map(|rank| (format!("__{rank}_0.distcp"), synthetic_checkpoint(10 + rank, Dtype::F32, shapes, epoch)))
+        .collect()
+}
+
+/// One rank: a cache of its own, its file stored and uploaded against `previous`.
+fn save_rank(
+    work: &Path,
+    remote: &dyn Remote,
+    path: &str,
+    bytes: &[u8],
+    previous: Option<&VersionId>,
+    layout: Layout,
+) -> (FileEntry, sync::FileTransfer) {
+    let cache_dir = tempfile::tempdir_in(work).unwrap();
+    let cache = Repo::init(cache_dir.path()).unwrap();
+    let disk = cache_dir.path().join("spool");
+    std::fs::write(&disk, bytes).unwrap();
+    sync::store_file_to_remote(&cache, remote, &disk, &RepoPath::parse(path).unwrap(), previous, layout, 4).unwrap()
+}
+
+/// A save of `files` on `branch` by one process per rank plus a coordinator, all starting
+/// from `tip`.
+fn save(
+    work: &Path,
+    remote: &dyn Remote,
+    tip: &RemoteTip,
+    files: &[(String, Vec<u8>)],
+    layout: Layout,
+) -> (sync::Result<VersionId>, Vec<sync::FileTransfer>) {
+    let mut entries = Vec::new();
+    let mut transfers = Vec::new();
+    for (path, bytes) in files {
+        let (entry, transfer) = save_rank(work, remote, path, bytes, tip.version.as_ref(), layout);
+        entries.push(entry);
+        transfers.push(transfer);
+    }
+    let coordinator = tempfile::tempdir_in(work).unwrap();
+    let cache = Repo::init(coordinator.path()).unwrap();
+    let id = sync::commit_to_remote(&cache, remote, "main", tip, entries, "save", &[], &CommitOptions::default());
+    (id, transfers)
+}
+
+/// Every version of `expected` checks out of a clone of `url` as those bytes.
+fn assert_clone_reads(work: &Path, url: &str, expected: &[(VersionId, Files)]) {
+    let dir = tempfile::tempdir_in(work).unwrap();
+    let (clone, _) = sync::clone_from(url, &dir.path().join("clone"), S3Options::default(), 4, None).unwrap();
+    assert!(clone.verify().unwrap().is_ok());
+    for (id, files) in expected {
+        let out = tempfile::tempdir_in(work).unwrap();
+        clone.checkout(&id.to_hex(), None, Some(out.path()), None).unwrap();
+        assert_eq!(read_tree(out.path()), *files, "version {id} after a clone");
+    }
+}
+
+#[test]
+fn ranks_without_a_repository_save_versions_a_clone_reads_in_both_layouts() {
+    for layout in [Layout::Mirror, Layout::Deltas] {
+        let work = tempfile::tempdir().unwrap();
+        let url = work.path().join("remote").to_str().unwrap().to_string();
+        let remote = DirRemote::create(&url).unwrap();
+
+        let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+        assert_eq!(tip, RemoteTip { version: None, tag: None });
+        let first = rank_files(1);
+        let (v1, _) = save(work.path(), &remote, &tip, &first, layout);
+        let v1 = v1.unwrap();
+        assert_eq!(sync::resolve_remote(&remote, "HEAD").unwrap(), v1);
+
+        let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+        assert_eq!(tip.version, Some(v1));
+        let second = rank_files(2);
+        let (v2, transfers) = save(work.path(), &remote, &tip, &second, layout);
+        let v2 = v2.unwrap();
+        // Each rank coded against its own file of the previous save: mirror recodes the
+        // previous blobs on the remote, deltas sends the new ones as deltas.
+        let (recoded, as_deltas): (u64, u64) =
+            transfers.iter().fold((0, 0), |(r, d), t| (r + t.objects_recoded, d + t.objects_as_deltas));
+        match layout {
+            Layout::Mirror => assert!(recoded >= 2 && as_deltas == 0, "{layout}: {transfers:?}"),
+            Layout::Deltas => assert!(as_deltas >= 2 && recoded == 0, "{layout}: {transfers:?}"),
+        }
+        assert_eq!(sync::resolve_remote(&remote, "main").unwrap(), v2);
+        assert_eq!(sync::resolve_remote(&remote, &v1.to_hex()).unwrap(), v1);
+        // No journal is left behind.
+        assert!(remote.list("pending/").unwrap().is_empty());
+
+        let mut sorted = [first, second];
+        for files in &mut sorted {
+            files.sort();
+        }
+        let [first, second] = sorted;
+        assert_clone_reads(work.path(), &url, &[(v1, first), (v2, second)]);
+    }
+}
+
+#[test]
+fn a_second_save_that_began_on_the_same_tip_is_refused_and_overwrites_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let url = work.path().join("remote").to_str().unwrap().to_string();
+    let remote = DirRemote::create(&url).unwrap();
+    let (v1, _) = save(work.path(), &remote, &RemoteTip { version: None, tag: None }, &rank_files(1), Layout::Mirror);
+    let v1 = v1.unwrap();
+    let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+
+    // Two jobs read the same tip; the first to finish wins.
+    let (won, _) = save(work.path(), &remote, &tip, &rank_files(2), Layout::Mirror);
+    let won = won.unwrap();
+    let (lost, _) = save(work.path(), &remote, &tip, &rank_files(3), Layout::Mirror);
+    match lost {
+        Err(sync::Error::Rejected { reason, .. }) => assert!(reason.contains("another save"), "{reason}"),
+        other => panic!("the second save was not refused: {other:?}"),
+    }
+    assert_eq!(sync::resolve_remote(&remote, "main").unwrap(), won);
+    let mut files = rank_files(2);
+    files.sort();
+    assert_clone_reads(work.path(), &url, &[(won, files)]);
+    let _ = v1;
+}
+
+#[test]
+fn a_version_lists_only_complete_files_and_new_tags() {
+    let work = tempfile::tempdir().unwrap();
+    let url = work.path().join("remote").to_str().unwrap().to_string();
+    let remote = DirRemote::create(&url).unwrap();
+    let none = RemoteTip { version: None, tag: None };
+    let (entry, _) = save_rank(work.path(), &remote, "__0_0.distcp", &rank_files(1)[0].1, None, Layout::Mirror);
+    let cache_dir = tempfile::tempdir_in(work.path()).unwrap();
+    let cache = Repo::init(cache_dir.path()).unwrap();
+    let options = CommitOptions::default();
+
+    // A file whose manifest never reached the remote.
+    let mut missing = entry.clone();
+    missing.path = "__1_0.distcp".into();
+    missing.manifest = ckpt::ObjectId::hash(b"not uploaded");
+    let refused =
+        sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone(), missing], "m", &[], &options);
+    assert!(refused.is_err());
+    assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap(), none);
+
+    let tags = vec!["step-1".to_string()];
+    let v1 = sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone()], "m", &tags, &options).unwrap();
+    assert_eq!(sync::resolve_remote(&remote, "step-1").unwrap(), v1);
+    // A tag that exists: refused before the branch moves.
+    let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+    let again = sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], "m", &tags, &options);
+    assert!(matches!(again, Err(sync::Error::Rejected { .. })), "{again:?}");
+    assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap(), tip);
+}
+
+#[test]
+fn byte_ranges_of_a_stored_file_are_its_bytes() {
+    let work = tempfile::tempdir().unwrap();
+    let url = work.path().join("remote").to_str().unwrap().to_string();
+    let remote = DirRemote::create(&url).unwrap();
+    let files = rank_files(1);
+    let (v1, _) = save(work.path(), &remote, &RemoteTip { version: None, tag: None }, &files, Layout::Deltas);
+    let v1 = v1.unwrap();
+
+    // A reader's cache downloads only the file it reads.
+    let cache_dir = tempfile::tempdir_in(work.path()).unwrap();
+    let cache = Repo::init(cache_dir.path()).unwrap();
+    let (path, bytes) = &files[1];
+    let entry = sync::fetch_stored_file(&cache, &remote, &v1, path).unwrap();
+    let other = sync::fetch_version(&cache, &remote, &v1).unwrap().file(&files[0].0).unwrap().manifest;
+    assert!(!cache.store().contains(&other));
+
+    let mut reader = sync::StoredFileReader::open(&cache, &entry.manifest).unwrap();
+    assert_eq!(reader.len(), bytes.len() as u64);
+    let n = bytes.len() as u64;
+    for (offset, len) in [(0, n), (0, 0), (1, 100), (n / 3, n / 3), (n - 7, 7), (n, 0), (100, n / 2)] {
+        let got = reader.read(&cache, offset, len).unwrap();
+        assert!(got == bytes[offset as usize..(offset + len) as usize], "bytes {offset}+{len}");
+    }
+    assert!(reader.read(&cache, n - 1, 2).is_err());
+    assert!(reader.read(&cache, u64::MAX, 2).is_err());
+}
