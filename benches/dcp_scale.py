@@ -47,15 +47,17 @@ def rss_kib(field):
 
 
 def memfd_bytes():
-    """The size of the memfds this process has open (where the Writer spools a rank's file)."""
-    total = 0
+    """The size of the memfds this process has open (where the Writer spools a rank's file),
+    each once (the Writer holds two descriptors of each)."""
+    sizes = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:"):
-                total += os.stat(f"/proc/self/fd/{fd}").st_size
+                st = os.stat(f"/proc/self/fd/{fd}")
+                sizes[(st.st_dev, st.st_ino)] = st.st_size
         except OSError:
             pass
-    return total
+    return sum(sizes.values())
 
 
 class MemorySampler:

@@ -68,7 +68,10 @@ impl Repo {
     /// `expected`, the tip `branch` had when they were stored (`None`: no version yet), and
     /// moves `branch` to it, unless the branch has moved since: then nothing is written and
     /// the error says where it is now. Files are listed once each (a path given twice is an
-    /// error); the version holds only them. Every file's objects must be in the store.
+    /// error); the version holds only them. Every file's objects must be in the store. The
+    /// version's `stored_bytes` (`log`, `show`) is what the save stored: the size of its files'
+    /// objects that `expected` does not list, each counted once, as a commit counts what it
+    /// writes.
     pub fn commit_stored(
         &self,
         branch: &str,
