@@ -21,6 +21,13 @@ reads the previous version to pair items). Reported per save:
 
     python benches/dcp_scale.py [--ranks 8] [--items 500,2000,8000] [--shard-mib 32] [--dir DIR]
     python benches/dcp_scale.py --ranks 8 --items 2000 --shard-mib 256   # memory per rank
+    python benches/dcp_scale.py --commit-stored [--items ...] [--ranks 8]
+
+`--commit-stored` times `Repo::commit_stored` alone, in one process, without DCP's planning or
+the other ranks: RANKS `.distcp` files of ITEMS small items each (written by stock `dcp.save`
+in one process, 4 KiB per item) are stored with `store_objects`, then listed in a version, twice
+(the second save after a step, on top of the first); median of 5 calls each, on copies of the
+repository state.
 """
 
 import argparse
@@ -207,6 +214,47 @@ def worker(rank, world, port, counts, shard_mib, root, queue):
     dist.destroy_process_group()
 
 
+def commit_stored_only(ranks, counts, root):
+    import shutil
+    import statistics
+
+    import ckpt
+    from ckpt._native import Repo as Native
+
+    print(f"commit_stored alone: {ranks} rank files, median of 5 (s)")
+    print("| items per file (in the version) | first version | on top of the previous |")
+    print("|---|---:|---:|")
+    for items in counts:
+        g = torch.Generator().manual_seed(items)
+        repo = os.path.join(root, f"cs{items}")
+        ckpt.Repo.init(repo)
+        native = Native.discover(repo)
+        entries = [[], []]
+        for step in range(2):
+            for r in range(ranks):
+                sd = {f"layers.{i}.w": torch.randn(32, 32, generator=g) for i in range(items)}
+                out = os.path.join(root, f"dcp{items}_{step}_{r}")
+                dcp.save(sd, checkpoint_id=out, no_dist=True)
+                name = f"__{r}_0.distcp"
+                os.rename(os.path.join(out, "__0_0.distcp"), os.path.join(out, name))
+                entries[step].append(native.store_objects(os.path.join(out, name), name, None))
+                shutil.rmtree(out)
+        first, on_top = [], []
+        for k in range(5):
+            # A version with no parent, on a new branch each time.
+            start = time.perf_counter()
+            native.commit_stored(f"first{k}", None, entries[0], "timed")
+            first.append(time.perf_counter() - start)
+        # Versions on `main`, each on top of the other save: the second save on the first, then
+        # the first on the second, and so on (every call has a parent of other content).
+        tip = native.commit_stored("main", None, entries[0], "base")
+        for k in range(5):
+            start = time.perf_counter()
+            tip = native.commit_stored("main", tip, entries[(k + 1) % 2], "timed")
+            on_top.append(time.perf_counter() - start)
+        print(f"| {items:,} ({items * ranks:,}) | {statistics.median(first):.4f} | {statistics.median(on_top):.4f} |")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", type=int, default=8)
@@ -214,8 +262,13 @@ def main():
     p.add_argument("--shard-mib", type=int, default=32, help="MiB of tensors per rank")
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None, help="also write the raw rows here")
+    p.add_argument("--commit-stored", action="store_true", help="time Repo::commit_stored alone")
     a = p.parse_args()
     counts = [int(x) for x in a.items.split(",")]
+    if a.commit_stored:
+        with tempfile.TemporaryDirectory(dir=a.dir) as root:
+            commit_stored_only(a.ranks, counts, root)
+        return
 
     with tempfile.TemporaryDirectory(dir=a.dir) as root:
         with socket.socket() as s:
