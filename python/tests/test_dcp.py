@@ -1,9 +1,12 @@
 """ckpt.dcp.Writer / Reader under real torch.distributed: gloo on CPU, ranks spawned on loopback,
 DTensor shards. Skipped without torch."""
 
+import datetime
 import json
 import os
+import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -19,6 +22,8 @@ import torch.multiprocessing as mp  # noqa: E402
 import ckpt  # noqa: E402
 import ckpt.dcp  # noqa: E402
 from ckpt._native import Repo as NativeRepo  # noqa: E402
+
+from conftest import ckpt_binary  # noqa: E402
 
 
 def free_port():
@@ -45,10 +50,11 @@ def sharded(full, mesh, zero=False):
     return sd
 
 
-def init(rank, world, port):
+def init(rank, world, port, timeout=None):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    kwargs = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    dist.init_process_group("gloo", rank=rank, world_size=world, **kwargs)
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh("cpu", (world,))
@@ -149,6 +155,8 @@ def test_four_ranks_save_one_version_and_load_with_resharding_and_as_a_checkout(
     native = NativeRepo.discover(repo_dir)
     versions = log(repo_dir)
     assert len(versions) == 1
+    # What the ranks stored is counted (`ckpt log` and `show` size figures).
+    assert 0 < versions[0]["stored_bytes"] <= versions[0]["raw_bytes"] + 64 * 1024, versions[0]
     files = sorted(f[0] for f in native.files("HEAD"))
     assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
     assert dict(native.tags())["s1"] == native.resolve("HEAD")
@@ -214,3 +222,120 @@ def test_async_save_in_one_process_then_load(repo_dir):
     out["step"] = 0
     dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
     assert all(torch.equal(out[k], full[k]) for k in full) and out["step"] == 1234
+
+
+# A rank killed mid-save: the others must not wait longer than this on it (process group and
+# collectives), and the test waits for them at most `KILL_JOIN` seconds.
+KILL_PG_TIMEOUT = 20
+KILL_JOIN = 120
+
+
+def kill_worker(rank, world, port, repo, seed, out, kill_rank):
+    mesh = init(rank, world, port, timeout=KILL_PG_TIMEOUT)
+    try:
+        writer = ckpt.dcp.Writer(repo, message=f"seed {seed}")
+        if rank == kill_rank:
+            inner = writer.write_data
+
+            def write_data(plan, planner):
+                inner(plan, planner)  # its objects are in the store; then it dies, no cleanup
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            writer.write_data = write_data
+        dcp.save(sharded(full_state(seed), mesh), storage_writer=writer)
+        report(out, rank, {"ok": True})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)[-2000:]})
+    # No destroy_process_group: its peer is gone, and the process exits anyway.
+
+
+def save_with_a_rank_killed(world, repo, seed, out, kill_rank):
+    """Runs a save whose rank `kill_rank` is SIGKILLed in `write_data` (plain processes, not
+    mp.spawn, which would terminate the other ranks as soon as one dies); returns the exit
+    codes and the reports of the other ranks."""
+    os.makedirs(out, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [
+        ctx.Process(target=kill_worker, args=(r, world, port, repo, seed, out, kill_rank)) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    end = time.time() + KILL_JOIN
+    for p in procs:
+        p.join(max(0.0, end - time.time()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert not hung, f"ranks {hung} still running {KILL_JOIN} s after a rank was killed"
+    reports = {
+        r: json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world) if r != kill_rank
+    }
+    return [p.exitcode for p in procs], reports
+
+
+def test_a_rank_killed_mid_save_leaves_no_version_then_a_save_and_gc_keep_what_it_needs(repo_dir, tmp_path):
+    assert save(4, repo_dir, 1, str(tmp_path / "s1")) == [{"ok": True}] * 4
+    native = NativeRepo.discover(repo_dir)
+    before = native.branch_tip("main")
+    objects = lambda: sum(len(fs) for _, _, fs in os.walk(os.path.join(repo_dir, ".ckpt", "objects")))  # noqa: E731
+
+    # The coordinator killed (the others wait on it to finish), then another rank (the
+    # coordinator waits on it to gather the results).
+    for kill_rank in (0, 2):
+        stored_before = objects()
+        codes, reports = save_with_a_rank_killed(
+            4, repo_dir, 10 + kill_rank, str(tmp_path / f"killed{kill_rank}"), kill_rank
+        )
+        assert codes[kill_rank] == -signal.SIGKILL, codes
+        # Every other rank raised (no rank believes the save succeeded) and exited.
+        assert all(not r["ok"] for r in reports.values()), reports
+        # No version, no ref change; the killed save's objects are in the store, unreferenced.
+        assert native.branch_tip("main") == before
+        assert len(log(repo_dir)) == 1
+        assert objects() > stored_before
+
+    # The next save works and follows the first; a gc then keeps all either version needs.
+    assert save(4, repo_dir, 3, str(tmp_path / "s3")) == [{"ok": True}] * 4
+    assert [v["message"] for v in log(repo_dir)] == ["seed 3", "seed 1"]
+    binary = ckpt_binary()
+    if binary is None:
+        pytest.skip("no ckpt binary for `ckpt gc` (set CKPT_BIN)")
+    for args in (["gc"], ["verify"]):
+        done = subprocess.run([binary, *args], cwd=repo_dir, capture_output=True, text=True)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+    # (verify read every object both versions need; the newest also loads.)
+    loaded = run(load_worker, 2, repo_dir, 3, "HEAD", out=str(tmp_path / "l3"))
+    assert all(r["ok"] for r in loaded), loaded
+
+
+def async_worker(rank, world, port, repo, seed, out):
+    mesh = init(rank, world, port)
+    try:
+        full = full_state(seed)
+        sd = sharded(full, mesh)
+        future = dcp.async_save(sd, storage_writer=ckpt.dcp.Writer(repo, message=f"async {seed}"))
+        # The Writer stages (copies) before async_save returns: training may go on meanwhile.
+        for k in full:
+            sd[k].to_local().add_(1.0)
+        future.result()
+        dist.barrier()
+        loaded = sharded(full, mesh, zero=True)
+        dcp.load(loaded, storage_reader=ckpt.dcp.Reader(repo))
+        same = all(torch.equal(loaded[k].full_tensor(), full[k]) for k in full)
+        report(out, rank, {"ok": same and loaded["step"] == 1234})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)[-2000:]})
+    finally:
+        dist.destroy_process_group()
+
+
+def test_async_save_on_four_ranks_then_load(repo_dir, tmp_path):
+    got = run(async_worker, 4, repo_dir, 5, out=str(tmp_path / "a"))
+    assert got == [{"ok": True}] * 4, got
+    versions = log(repo_dir)
+    assert [v["message"] for v in versions] == ["async 5"]
+    files = sorted(f[0] for f in NativeRepo.discover(repo_dir).files("HEAD"))
+    assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]

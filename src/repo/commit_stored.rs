@@ -5,11 +5,12 @@
 //! lists them all in one version with [`Repo::commit_stored`], which moves the branch only if
 //! it is still where it was when the save began.
 //!
-//! A save that fails before `commit_stored` leaves its objects unreferenced: `gc` deletes them.
-//! `gc` has no grace period for such objects; a `gc` that runs while a save is in flight may
-//! delete what the save stored so far, and `commit_stored` then refuses the version (it checks
-//! that every file's objects are in the store, under the writer lock) instead of writing one
-//! that could not be read.
+//! A save that fails before `commit_stored` leaves its objects unreferenced: `gc` deletes them
+//! once they are older than its grace period (`gc_grace_seconds`, one hour by default, counted
+//! from each object's last write or reuse: [`crate::store::Store::contains_fresh`]). A save that
+//! outlasts it, or a `gc --prune=now` during one, may lose objects; `commit_stored` then refuses
+//! the version (it checks that every file's objects are in the store, under the writer lock)
+//! instead of writing one that could not be read.
 
 use super::commit::hash_file;
 use super::layout::{Input, Rules};
@@ -17,7 +18,7 @@ use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::pairing::ReferenceFiles;
 use super::{now_secs, CommitOptions, DeltaPolicy, Error, RefKind, Repo, RepoPath, Result, VersionId};
 use crate::object_id::ObjectId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 impl Repo {
@@ -68,7 +69,10 @@ impl Repo {
     /// `expected`, the tip `branch` had when they were stored (`None`: no version yet), and
     /// moves `branch` to it, unless the branch has moved since: then nothing is written and
     /// the error says where it is now. Files are listed once each (a path given twice is an
-    /// error); the version holds only them. Every file's objects must be in the store.
+    /// error); the version holds only them. Every file's objects must be in the store. The
+    /// version's `stored_bytes` (`log`, `show`) is what the save stored: the size of its files'
+    /// objects that `expected` does not list, each counted once, as a commit counts what it
+    /// writes.
     pub fn commit_stored(
         &self,
         branch: &str,
@@ -112,20 +116,38 @@ impl Repo {
                 ),
             });
         }
-        // A gc during the save may have deleted what it stored (unreferenced until now).
+        let parent = expected.map(|id| self.version(&id)).transpose()?;
+        // The objects the parent lists (manifests and blobs): what this save did not store.
+        let mut listed_before: HashSet<ObjectId> = HashSet::new();
+        for f in parent.iter().flat_map(|p| &p.files) {
+            if listed_before.insert(f.manifest) {
+                // An unreadable manifest of the parent only makes the figure below larger.
+                if let Ok(m) = self.manifest(&f.manifest) {
+                    listed_before.extend(m.blobs());
+                }
+            }
+        }
+        // A gc during the save may have deleted what it stored (unreferenced until now). The
+        // same pass adds up what the save stored, as `commit` counts what it writes: each
+        // object of the new files that the parent does not list, once. (An object the save
+        // found already in the store, such as a tensor back at an older value, counts too.)
+        let missing = |path: &str, id: ObjectId| Error::File {
+            path: path.to_string(),
+            source: Box::new(Error::Store(crate::store::Error::Missing { id })),
+        };
+        let mut counted: HashSet<ObjectId> = HashSet::new();
+        let mut stored_bytes = 0u64;
         for f in by_path.values() {
-            let missing = |id: &ObjectId| (!self.store.contains(id)).then_some(*id);
-            let absent = missing(&f.manifest).or_else(|| match self.manifest(&f.manifest) {
-                Ok(m) => m.blobs().find_map(|b| missing(&b)),
-                Err(_) => Some(f.manifest),
-            });
-            if let Some(id) = absent {
-                let source = Box::new(Error::Store(crate::store::Error::Missing { id }));
-                return Err(Error::File { path: f.path.clone(), source });
+            let m = self.manifest(&f.manifest).map_err(|_| missing(&f.path, f.manifest))?;
+            for id in std::iter::once(f.manifest).chain(m.blobs()) {
+                if listed_before.contains(&id) || !counted.insert(id) {
+                    continue;
+                }
+                let len = self.store.stored_len(&id).map_err(|_| missing(&f.path, id))?;
+                stored_bytes = stored_bytes.saturating_add(len);
             }
         }
         let base_every = self.config.base_every.clamp(1, super::config::MAX_BASE_EVERY);
-        let parent = expected.map(|id| self.version(&id)).transpose()?;
         let since_base = match &parent {
             Some(p) if p.since_base + 1 < base_every => p.since_base + 1,
             _ => 0,
@@ -138,8 +160,7 @@ impl Repo {
             message: message.to_string(),
             since_base,
             raw_bytes: files.iter().map(|f| f.len).sum(),
-            // The writers' objects are not counted (they are not known here).
-            stored_bytes: 0,
+            stored_bytes,
             files,
         };
         version.check_limits().map_err(|reason| Error::OverLimit { what: "the version".into(), reason })?;

@@ -5,7 +5,7 @@
 //! fixtures were written by real torch (tests/fixtures/dcp/make_fixtures.py).
 
 use crate::support::repo_util::{stderr, TestRepo};
-use ckpt::repo::{Config, DeltaPolicy, FileFormat, FileShow, Repo, Storage};
+use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileFormat, FileShow, Repo, RepoPath, Storage, VersionId};
 use std::path::Path;
 
 /// The files of fixture directory `name` (`.metadata` and the `.distcp` files), sorted.
@@ -333,4 +333,51 @@ fn store_sizes_with(config: &Config) {
             framing(|s| if s.storage == Storage::Duplicate { 0 } else { s.stored_bytes }),
         );
     }
+}
+
+/// Each file of `files` stored with `Repo::store_objects` from a directory outside the working
+/// tree (as the ranks of `ckpt.dcp.Writer` store theirs, the `.metadata` beside them), then
+/// listed in one version by `Repo::commit_stored` on top of `previous`.
+fn save_stored(repo: &Repo, files: &[(String, Vec<u8>)], under: &str, previous: Option<VersionId>) -> VersionId {
+    let spool = tempfile::tempdir().unwrap();
+    for (name, bytes) in files {
+        std::fs::write(spool.path().join(name), bytes).unwrap();
+    }
+    let entries = files
+        .iter()
+        .map(|(name, _)| {
+            let path = RepoPath::parse(&format!("{under}/{name}")).unwrap();
+            repo.store_objects(&spool.path().join(name), &path, previous.as_ref()).unwrap()
+        })
+        .collect();
+    repo.commit_stored("main", previous, entries, under, &CommitOptions::default()).unwrap()
+}
+
+#[test]
+fn a_version_of_stored_files_reports_what_it_stored_as_commit_does() {
+    let (c, s) = (TestRepo::with_config(&delta_config()), TestRepo::with_config(&delta_config()));
+    let (committed, stored) = (c.open(), s.open());
+    let mut previous = None;
+    for fixture in ["mlp_2ranks_epoch1", "mlp_2ranks_epoch2"] {
+        let files = fixture_dir(fixture);
+        commit_under(&c, &committed, &files, "ck");
+        previous = Some(save_stored(&stored, &files, "ck", previous));
+    }
+    let (by_commit, by_save) = (committed.log("HEAD").unwrap(), stored.log("HEAD").unwrap());
+    let figures = |log: &[ckpt::repo::VersionInfo]| log.iter().map(|v| v.stored_bytes).collect::<Vec<_>>();
+    // The same objects stored (the same manifests): the same figures, the second save (deltas
+    // against the first, framing shared) well below the first.
+    assert_eq!(stored.version(&by_save[0].id).unwrap().files, committed.version(&by_commit[0].id).unwrap().files);
+    assert_eq!(figures(&by_save), figures(&by_commit));
+    assert!(
+        by_save[0].stored_bytes > 0 && by_save[0].stored_bytes < by_save[1].stored_bytes,
+        "{:?}",
+        figures(&by_save)
+    );
+    // And they are what the store grew by: the first save's objects, then the second's, plus
+    // each version object itself.
+    let version_len = |id: &VersionId| stored.store().stored_len(id).unwrap();
+    let total: u64 = by_save.iter().map(|v| v.stored_bytes + version_len(&v.id)).sum();
+    assert_eq!(total, store_size(&s));
+    assert_eq!(stored.show("HEAD").unwrap().totals.version_stored_bytes, by_save[0].stored_bytes);
 }
