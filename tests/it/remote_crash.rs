@@ -1,0 +1,239 @@
+//! kill -9 of `ckpt push`, `ckpt fetch` and `ckpt clone` at random moments, against a directory
+//! remote and a real S3-protocol server (`s3s-fs`; skipped with a message when it is not
+//! installed), in the mirror layout (the default) with a history long enough that pushes recode
+//! the remote's older blobs. After every killed push a rerun completes, a reader fetching all
+//! the while never fails (a remote ref always names a version it can read), and at the end a
+//! fresh clone verifies and checks out every version bit-exactly. After every killed fetch or
+//! clone the local store verifies, and a rerun completes with every version bit-exact.
+//! `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
+
+use crate::support::layout::remote_objects;
+use crate::support::remote::{directory, s3, Served};
+use crate::support::repo_util::{ckpt_command, stderr, synthetic_checkpoint, Rng, TRAINING_MODEL};
+use ckpt::repo::{Repo, VersionId};
+use ckpt::Dtype;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+fn model(epoch: u32) -> Vec<u8> {
+    synthetic_checkpoint(31, Dtype::Bf16, TRAINING_MODEL, epoch)
+}
+
+fn trials(default: u32) -> u32 {
+    std::env::var("CKPT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Starts `ckpt args` in `dir` with the remote's environment, kills it with SIGKILL after
+/// `delay`, and returns whether it had finished (successfully) by then.
+fn kill_after(r: &Served, dir: &Path, args: &[&str], delay: Duration) -> bool {
+    let mut c = ckpt_command(dir, args);
+    for (k, v) in &r.env {
+        c.env(k, v);
+    }
+    let mut child = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn ckpt");
+    std::thread::sleep(delay);
+    let _ = child.kill();
+    child.wait().unwrap().success()
+}
+
+fn timed(r: &Served, dir: &Path, args: &[&str]) -> Duration {
+    let start = Instant::now();
+    r.ok(dir, args);
+    start.elapsed()
+}
+
+/// The version the repository at `dir` has at `rev`.
+fn resolve(dir: &Path, rev: &str) -> VersionId {
+    Repo::open(dir).unwrap().resolve(rev).unwrap()
+}
+
+/// Verifies the repository at `dir` and checks out every version of `history` from it,
+/// bit-exactly (through the library: a process per check would make the test slow).
+fn check_history(dir: &Path, history: &[(VersionId, Vec<u8>)], what: &str) {
+    let repo = Repo::open(dir).unwrap_or_else(|e| panic!("{what}: the repository does not open: {e}"));
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "{what}: verify failed: {report:?}");
+    for (id, bytes) in history {
+        let out = tempfile::tempdir().unwrap();
+        repo.checkout(&id.to_hex(), None, Some(out.path()), None)
+            .unwrap_or_else(|e| panic!("{what}: checkout {id}: {e}"));
+        assert!(std::fs::read(out.path().join("model.safetensors")).unwrap() == *bytes, "{what}: {id} differs");
+    }
+}
+
+/// Verifies the repository at `dir` (what a killed fetch or clone left).
+fn check_store(dir: &Path, what: &str) {
+    let repo = Repo::open(dir).unwrap_or_else(|e| panic!("{what}: the repository does not open: {e}"));
+    let report = repo.verify().unwrap();
+    assert!(report.is_ok(), "{what}: verify failed: {report:?}");
+}
+
+fn journals(r: &Served) -> usize {
+    std::fs::read_dir(r.objects.parent().unwrap().join("pending")).map_or(0, |d| d.count())
+}
+
+/// Pushes killed at random points, with a reader fetching throughout.
+fn kill_pushes(r: &Served, seed: u64) {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    r.ok(dir, &["init"]);
+    r.ok(dir, &["remote", "add", "origin", &r.url]);
+    let mut history = Vec::new();
+    let mut epoch = 0;
+    let mut commit = |history: &mut Vec<(VersionId, Vec<u8>)>| {
+        let bytes = model(epoch);
+        std::fs::write(dir.join("model.safetensors"), &bytes).unwrap();
+        r.ok(dir, &["commit", "-m", &format!("epoch {epoch}"), "model.safetensors"]);
+        history.push((resolve(dir, "HEAD"), bytes));
+        epoch += 1;
+    };
+    commit(&mut history);
+    commit(&mut history);
+    let mut push_time = timed(r, dir, &["push"]);
+    commit(&mut history);
+    push_time = push_time.max(timed(r, dir, &["push"]));
+
+    let readers = tempfile::tempdir().unwrap();
+    let reader = readers.path().join("reader");
+    r.ok(readers.path(), &["clone", &r.url, reader.to_str().unwrap()]);
+    let stop = AtomicBool::new(false);
+    let fetches = AtomicU32::new(0);
+    let mut rng = Rng::new(seed);
+    let mut finished = 0;
+    std::thread::scope(|scope| {
+        let reading = scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let o = r.ckpt(&reader, &["fetch", "origin"]);
+                assert!(o.status.success(), "a fetch during the pushes failed: {}", stderr(&o));
+                fetches.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        for trial in 0..trials(5) {
+            commit(&mut history);
+            if trial % 3 == 2 {
+                // Two versions in one push.
+                commit(&mut history);
+            }
+            let delay = push_time.mul_f64(rng.unit() * 1.2);
+            finished += kill_after(r, dir, &["push"], delay) as u32;
+            if trial % 4 == 1 {
+                // Another version on top before the rerun: the killed push's journal is then
+                // one of an older version.
+                commit(&mut history);
+                let delay = push_time.mul_f64(rng.unit() * 1.2);
+                finished += kill_after(r, dir, &["push"], delay) as u32;
+            }
+            r.ok(dir, &["push"]);
+            let remote_tip = std::fs::read_to_string(r.objects.parent().unwrap().join("refs/heads/main")).unwrap();
+            assert_eq!(remote_tip.trim(), history.last().unwrap().0.to_hex(), "trial {trial}: the rerun pushed");
+        }
+        stop.store(true, Ordering::Relaxed);
+        if let Err(panic) = reading.join() {
+            std::panic::resume_unwind(panic);
+        }
+    });
+    // One more push finishes the journals of versions below the tip.
+    r.ok(dir, &["push"]);
+    assert_eq!(journals(r), 0, "no journal is left");
+    let objects = remote_objects(&r.objects);
+    assert!(objects.values().any(|o| o.header.reference.is_some()), "pushes recoded older blobs");
+
+    let out = tempfile::tempdir().unwrap();
+    let clone = out.path().join("clone");
+    r.ok(out.path(), &["clone", &r.url, clone.to_str().unwrap()]);
+    check_history(&clone, &history, "fresh clone");
+    // The reader, which fetched while pushes were killed, holds everything too.
+    r.ok(&reader, &["fetch", "origin"]);
+    check_history(&reader, &history, "reader");
+    eprintln!(
+        "{} versions; {finished} pushes finished before the kill; {} fetches alongside",
+        history.len(),
+        fetches.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn kill_9_during_push_to_a_directory_remote() {
+    let Some(r) = directory() else { return };
+    kill_pushes(&r, 7);
+}
+
+#[test]
+fn kill_9_during_push_to_s3() {
+    let Some(r) = s3() else { return };
+    kill_pushes(&r, 8);
+}
+
+/// Fetches and clones killed at random points, from a remote with a mirror history.
+fn kill_fetches(r: &Served, seed: u64) {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    r.ok(dir, &["init"]);
+    r.ok(dir, &["remote", "add", "origin", &r.url]);
+    let mut history = Vec::new();
+    for epoch in 0..4 {
+        let bytes = model(epoch);
+        std::fs::write(dir.join("model.safetensors"), &bytes).unwrap();
+        r.ok(dir, &["commit", "-m", &format!("epoch {epoch}"), "model.safetensors"]);
+        history.push((resolve(dir, "HEAD"), bytes));
+        r.ok(dir, &["push"]);
+    }
+    assert!(remote_objects(&r.objects).values().any(|o| o.header.reference.is_some()), "recoded");
+    let scratch = tempfile::tempdir().unwrap();
+    let first = scratch.path().join("first");
+    let clone_time = timed(r, scratch.path(), &["clone", &r.url, first.to_str().unwrap()]);
+    std::fs::remove_dir_all(&first).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut finished = 0;
+    for trial in 0..trials(2) {
+        // A fetch into an empty repository, killed, then checked and rerun.
+        let fetcher = scratch.path().join(format!("fetch{trial}"));
+        std::fs::create_dir(&fetcher).unwrap();
+        r.ok(&fetcher, &["init"]);
+        r.ok(&fetcher, &["remote", "add", "origin", &r.url]);
+        for _ in 0..2 {
+            let delay = clone_time.mul_f64(rng.unit() * 1.2);
+            finished += kill_after(r, &fetcher, &["fetch", "origin"], delay) as u32;
+            check_store(&fetcher, &format!("fetch trial {trial}, killed after {delay:?}"));
+        }
+        r.ok(&fetcher, &["fetch", "origin"]);
+        assert_eq!(resolve(&fetcher, "origin/main"), history.last().unwrap().0, "fetch trial {trial}");
+        check_history(&fetcher, &history, &format!("fetch trial {trial}"));
+        std::fs::remove_dir_all(&fetcher).unwrap();
+
+        // A clone, killed: what it left is a valid repository or nothing usable; a fetch
+        // there works, and so does a new clone.
+        let cloned = scratch.path().join(format!("clone{trial}"));
+        let delay = clone_time.mul_f64(rng.unit() * 1.2);
+        finished += kill_after(r, scratch.path(), &["clone", &r.url, cloned.to_str().unwrap()], delay) as u32;
+        let what = format!("clone trial {trial}, killed after {delay:?}");
+        if Repo::open(&cloned).is_ok() {
+            check_store(&cloned, &what);
+            if ckpt::sync::remotes(&Repo::open(&cloned).unwrap()).is_ok_and(|l| !l.is_empty()) {
+                r.ok(&cloned, &["fetch", "origin"]);
+                check_history(&cloned, &history, &what);
+            }
+        }
+        let again = scratch.path().join(format!("again{trial}"));
+        r.ok(scratch.path(), &["clone", &r.url, again.to_str().unwrap()]);
+        check_history(&again, &history, &format!("clone trial {trial}, rerun"));
+        let _ = std::fs::remove_dir_all(&cloned);
+        std::fs::remove_dir_all(&again).unwrap();
+    }
+    eprintln!("{finished} fetches/clones finished before the kill");
+}
+
+#[test]
+fn kill_9_during_fetch_and_clone_from_a_directory_remote() {
+    let Some(r) = directory() else { return };
+    kill_fetches(&r, 11);
+}
+
+#[test]
+fn kill_9_during_fetch_and_clone_from_s3() {
+    let Some(r) = s3() else { return };
+    kill_fetches(&r, 12);
+}
