@@ -5,16 +5,21 @@
 //! the while never fails (a remote ref always names a version it can read), and at the end a
 //! fresh clone verifies and checks out every version bit-exactly. After every killed fetch or
 //! clone the local store verifies, and a rerun completes with every version bit-exact.
-//! `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
+//! Abandoned journals: a later push removes them after the grace period, never one a push in
+//! flight may still finish. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
 
 use crate::support::layout::remote_objects;
 use crate::support::remote::{directory, s3, Served};
 use crate::support::repo_util::{ckpt_command, stderr, synthetic_checkpoint, Rng, TRAINING_MODEL};
-use ckpt::repo::{Repo, VersionId};
+use ckpt::remote::local::DirRemote;
+use ckpt::remote::{self, Expect, Remote, Small, UploadMode, Uploaded};
+use ckpt::repo::{Config, Repo, VersionId};
+use ckpt::sync::PushOptions;
 use ckpt::Dtype;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 fn model(epoch: u32) -> Vec<u8> {
@@ -236,4 +241,187 @@ fn kill_9_during_fetch_and_clone_from_a_directory_remote() {
 fn kill_9_during_fetch_and_clone_from_s3() {
     let Some(r) = s3() else { return };
     kill_fetches(&r, 12);
+}
+
+/// A directory remote that logs the journal and ref writes, can fail ref writes (a push killed
+/// between its uploads and moving its ref), and can be slow at its first object upload.
+struct Scripted {
+    inner: DirRemote,
+    fail_refs: bool,
+    slow_upload: Option<Duration>,
+    log: Mutex<Vec<String>>,
+}
+
+impl Scripted {
+    fn new(url: &str) -> Scripted {
+        Scripted { inner: DirRemote::open(url).unwrap(), fail_refs: false, slow_upload: None, log: Mutex::default() }
+    }
+}
+
+impl Remote for Scripted {
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+    fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn get_small(&self, key: &str) -> remote::Result<Option<Small>> {
+        self.inner.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &Expect) -> remote::Result<()> {
+        self.log.lock().unwrap().push(format!("put {key}"));
+        if self.fail_refs && key.starts_with("refs/") {
+            return Err(remote::Error::NotFound { remote: "killed".into(), key: key.into() });
+        }
+        self.inner.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &Path,
+        len: u64,
+        mode: UploadMode,
+    ) -> remote::Result<Uploaded> {
+        if let Some(pause) = self.slow_upload {
+            if !self.log.lock().unwrap().iter().any(|l| l == "slow") {
+                self.log.lock().unwrap().push("slow".into());
+                std::thread::sleep(pause);
+            }
+        }
+        self.inner.upload(key, file, path, len, mode)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> remote::Result<()> {
+        if key.starts_with("pending/") {
+            self.log.lock().unwrap().push(format!("replace {key}"));
+        }
+        self.inner.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> remote::Result<()> {
+        self.log.lock().unwrap().push(format!("delete {key}"));
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
+        self.inner.download(key, out, limit)
+    }
+    fn requests(&self) -> u64 {
+        self.inner.requests()
+    }
+}
+
+fn commit_epoch(repo: &Repo, dir: &Path, epoch: u32) -> VersionId {
+    std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
+    repo.commit(&["model.safetensors"], &format!("epoch {epoch}"), &Default::default()).unwrap()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// Sets the `written` time of the journal at `path` to `age` seconds ago (as if its push
+/// had died that long ago).
+fn age_journal(path: &Path, age: u64) {
+    let mut j: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    j["written"] = serde_json::json!(unix_now() - age);
+    std::fs::write(path, serde_json::to_vec(&j).unwrap()).unwrap();
+}
+
+/// A push killed before its ref moved leaves its journal; once its version is on no remote
+/// ref and the journal is older than the grace period, a later push (from another clone)
+/// deletes it. Kept meanwhile: a young one, an old one whose version a ref reaches, and
+/// bytes under `pending/` that are not a journal. A journal of an older ckpt (no time) is
+/// stamped first and deleted a grace period later.
+#[test]
+fn a_later_push_removes_abandoned_journals_after_the_grace_period() {
+    let r = directory().unwrap();
+    let pending = r.objects.parent().unwrap().join("pending");
+    let work = tempfile::tempdir().unwrap();
+    let a_dir = work.path().join("a");
+    let a = Repo::init(&a_dir).unwrap();
+    let options = PushOptions { transfers: 2, ..PushOptions::default() };
+    let e0 = commit_epoch(&a, &a_dir, 0);
+    ckpt::sync::push_to(&a, &DirRemote::create(&r.url).unwrap(), &options).unwrap();
+    let e1 = commit_epoch(&a, &a_dir, 1);
+    let killed = Scripted { fail_refs: true, ..Scripted::new(&r.url) };
+    assert!(ckpt::sync::push_to(&a, &killed, &options).is_err(), "the push dies before its ref moves");
+    let abandoned = pending.join(e1.to_hex());
+    assert!(abandoned.is_file(), "the killed push left its journal");
+
+    // Forged: an old journal of e0 for a branch the remote lacks (e0 stays reachable from
+    // main: kept), one of an older ckpt without a time (of a version no ref reaches), and
+    // bytes that are not a journal.
+    let reachable = pending.join(e0.to_hex());
+    let journal = |version: &VersionId, branch: &str| serde_json::json!({"branch": branch, "version": version.to_hex(), "recodes": []});
+    let mut old = journal(&e0, "gone");
+    old["written"] = serde_json::json!(unix_now() - 100_000);
+    std::fs::write(&reachable, serde_json::to_vec(&old).unwrap()).unwrap();
+    let unstamped_version = ckpt::ObjectId::hash(b"a version pushed by an older ckpt, then killed");
+    let unstamped = pending.join(unstamped_version.to_hex());
+    std::fs::write(&unstamped, serde_json::to_vec(&journal(&unstamped_version, "main")).unwrap()).unwrap();
+    let garbage = pending.join("not-a-journal");
+    std::fs::write(&garbage, b"\xff{ not json").unwrap();
+
+    // Another clone moves main elsewhere: e1 is now on no ref, but its journal is young.
+    let b_dir = work.path().join("b");
+    let (b, _) = ckpt::sync::clone_from(&r.url, &b_dir, Default::default(), 2, None).unwrap();
+    commit_epoch(&b, &b_dir, 101);
+    let remote = DirRemote::open(&r.url).unwrap();
+    ckpt::sync::push_to(&b, &remote, &options).unwrap();
+    assert!(abandoned.is_file(), "a journal younger than the grace period is kept");
+    assert!(reachable.is_file() && garbage.is_file());
+    let stamped: serde_json::Value = serde_json::from_slice(&std::fs::read(&unstamped).unwrap()).unwrap();
+    assert!(stamped["written"].as_u64().unwrap() + 60 > unix_now(), "stamped now: {stamped}");
+
+    age_journal(&abandoned, 2 * 3600);
+    commit_epoch(&b, &b_dir, 102);
+    ckpt::sync::push_to(&b, &remote, &options).unwrap();
+    assert!(!abandoned.exists(), "the abandoned journal is gone");
+    assert!(unstamped.is_file(), "the stamped one waits a grace period from its stamp");
+    assert!(reachable.is_file(), "a journal whose version a ref reaches is kept");
+    assert!(garbage.is_file(), "bytes that are not a journal are left alone");
+
+    age_journal(&unstamped, 2 * 3600);
+    ckpt::sync::push_to(&b, &remote, &options).unwrap();
+    assert!(!unstamped.exists(), "gone a grace period after its stamp");
+    // A's rerun is rejected (main moved on), and the remote is intact.
+    assert!(ckpt::sync::push_to(&a, &remote, &options).is_err());
+    let c = tempfile::tempdir().unwrap();
+    let (clone, _) = ckpt::sync::clone_from(&r.url, &c.path().join("c"), Default::default(), 2, None).unwrap();
+    assert!(clone.verify().unwrap().is_ok());
+}
+
+/// A push whose upload outlasts half the grace period writes its journal again just before
+/// it moves its ref, so that no other push takes it as abandoned while it may still move
+/// the ref; a quick push writes it once.
+#[test]
+fn a_slow_push_refreshes_its_journal_before_moving_its_ref() {
+    for (grace, pause, writes) in [(2, Duration::from_millis(1100), 2), (3600, Duration::ZERO, 1)] {
+        let r = directory().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let dir = work.path();
+        Repo::init(dir).unwrap();
+        std::fs::write(
+            dir.join(".ckpt/config"),
+            serde_json::to_vec(&Config { gc_grace_seconds: grace, ..Config::default() }).unwrap(),
+        )
+        .unwrap();
+        let repo = Repo::open(dir).unwrap();
+        let options = PushOptions { transfers: 2, ..PushOptions::default() };
+        commit_epoch(&repo, dir, 0);
+        ckpt::sync::push_to(&repo, &DirRemote::create(&r.url).unwrap(), &options).unwrap();
+        let tip = commit_epoch(&repo, dir, 1);
+        let slow = Scripted { slow_upload: Some(pause), ..Scripted::new(&r.url) };
+        ckpt::sync::push_to(&repo, &slow, &options).unwrap();
+        let log = slow.log.into_inner().unwrap();
+        let journal = format!("pending/{}", tip.to_hex());
+        let replaced: Vec<usize> =
+            log.iter().enumerate().filter(|(_, l)| **l == format!("replace {journal}")).map(|(i, _)| i).collect();
+        let moved = log.iter().position(|l| l == "put refs/heads/main").expect("the ref moved");
+        let deleted = log.iter().position(|l| *l == format!("delete {journal}")).expect("the journal was deleted");
+        assert_eq!(replaced.len(), writes, "grace {grace}: {log:?}");
+        assert!(replaced.iter().all(|i| *i < moved) && moved < deleted, "{log:?}");
+    }
 }
