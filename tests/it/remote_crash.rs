@@ -6,7 +6,8 @@
 //! fresh clone verifies and checks out every version bit-exactly. After every killed fetch or
 //! clone the local store verifies, and a rerun completes with every version bit-exact.
 //! Abandoned journals: a later push removes them after the grace period, never one a push in
-//! flight may still finish. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
+//! flight may still finish. A smudge's download (`fetch_file`) does not block a commit of the
+//! same store. `CKPT_CRASH_TRIALS=N` runs N trials of each kind instead of the default.
 
 use crate::support::layout::remote_objects;
 use crate::support::remote::{directory, s3, Served};
@@ -424,4 +425,108 @@ fn a_slow_push_refreshes_its_journal_before_moving_its_ref() {
         assert_eq!(replaced.len(), writes, "grace {grace}: {log:?}");
         assert!(replaced.iter().all(|i| *i < moved) && moved < deleted, "{log:?}");
     }
+}
+
+/// A directory remote whose first blob download waits until released.
+struct Held {
+    inner: DirRemote,
+    skip: String,
+    waiting: AtomicBool,
+    release: AtomicBool,
+}
+
+impl Remote for Held {
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+    fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn get_small(&self, key: &str) -> remote::Result<Option<Small>> {
+        self.inner.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &Expect) -> remote::Result<()> {
+        self.inner.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &Path,
+        len: u64,
+        mode: UploadMode,
+    ) -> remote::Result<Uploaded> {
+        self.inner.upload(key, file, path, len, mode)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> remote::Result<()> {
+        self.inner.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> remote::Result<()> {
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
+        if key != self.skip && !self.waiting.swap(true, Ordering::SeqCst) {
+            let start = Instant::now();
+            while !self.release.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.inner.download(key, out, limit)
+    }
+    fn requests(&self) -> u64 {
+        self.inner.requests()
+    }
+}
+
+/// The git filter's smudge of a file the store lacks (`fetch_file`) downloads without the
+/// store's writer lock: while a download hangs, a commit (a git clean in another worktree) of
+/// the same store completes in another process; the file arrives whole afterwards.
+#[test]
+fn a_smudge_download_does_not_block_a_clean_of_the_same_store() {
+    let r = directory().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let a_dir = work.path().join("a");
+    let a = Repo::init(&a_dir).unwrap();
+    let tip = commit_epoch(&a, &a_dir, 0);
+    ckpt::sync::push_to(&a, &DirRemote::create(&r.url).unwrap(), &PushOptions::default()).unwrap();
+    let manifest = a.version(&tip).unwrap().files[0].manifest;
+
+    let b_dir = work.path().join("b");
+    let b = Repo::init(&b_dir).unwrap();
+    let held = Held {
+        inner: DirRemote::open(&r.url).unwrap(),
+        skip: ckpt::remote::object_key(&manifest),
+        waiting: AtomicBool::new(false),
+        release: AtomicBool::new(false),
+    };
+    std::thread::scope(|scope| {
+        let fetching = scope.spawn(|| ckpt::sync::fetch_file(&b, &held, &manifest));
+        let start = Instant::now();
+        while !held.waiting.load(Ordering::SeqCst) {
+            assert!(start.elapsed() < Duration::from_secs(30), "the download did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::write(b_dir.join("other.safetensors"), model(7)).unwrap();
+        let mut commit = ckpt_command(&b_dir, &["commit", "-m", "meanwhile", "other.safetensors"]);
+        commit.env("CKPT_LOCK_TIMEOUT", "10");
+        let done = crate::support::repo_util::output_within(commit, Duration::from_secs(30));
+        held.release.store(true, Ordering::SeqCst);
+        let o = done.expect("the commit finished while the download hung");
+        assert!(o.status.success(), "the commit failed while the download hung: {}", stderr(&o));
+        let got = fetching.join().unwrap().unwrap();
+        assert!(got.objects > 1, "{got:?}");
+    });
+    let b = Repo::open(&b_dir).unwrap();
+    let m = b.manifest(&manifest).unwrap();
+    let fetched = work.path().join("fetched.safetensors");
+    b.write_stored_file(&manifest, m.len, &m.hash, &fetched).unwrap();
+    assert!(std::fs::read(&fetched).unwrap() == model(0), "the fetched file is bit-exact");
+    let report = b.verify().unwrap();
+    assert!(report.is_ok(), "{report:?}");
+    let out = tempfile::tempdir().unwrap();
+    b.checkout("HEAD", None, Some(out.path()), None).unwrap();
+    assert_eq!(std::fs::read(out.path().join("other.safetensors")).unwrap(), model(7));
 }
