@@ -154,8 +154,10 @@ fn kill_pushes(r: &Served, seed: u64) {
     // The reader, which fetched while pushes were killed, holds everything too.
     r.ok(&reader, &["fetch", "origin"]);
     check_history(&reader, &history, "reader");
+    // Uploads a kill cut short stay in a directory remote's tmp/ (nothing deletes them yet).
+    let leftovers = std::fs::read_dir(r.objects.parent().unwrap().join("tmp")).map_or(0, |d| d.count());
     eprintln!(
-        "{} versions; {finished} pushes finished before the kill; {} fetches alongside",
+        "{} versions; {finished} pushes finished before the kill; {} fetches alongside; {leftovers} files left in tmp/",
         history.len(),
         fetches.load(Ordering::Relaxed)
     );
