@@ -9,7 +9,7 @@
 //! verified against its id before it enters the local store, bases first.
 
 use super::layout::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Layout};
-use super::transfer::{receive, reopen, upload_wire_delta, with_retries};
+use super::transfer::{receive_into, reopen, upload_wire_delta, with_retries, Staging};
 use super::wire_delta::WireDelta;
 use super::Error;
 use super::Result;
@@ -19,6 +19,17 @@ use crate::repo::{Manifest, Needed, Repo};
 use crate::store::{ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH};
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
+
+/// What [`Repo::fetch_file`] downloaded, before it takes the lock.
+#[derive(Default)]
+struct StagedFile {
+    /// The manifest (checked against its id).
+    manifest: Option<tempfile::NamedTempFile>,
+    /// Blobs (checked when stored) with the reference each names.
+    blobs: HashMap<ObjectId, (tempfile::NamedTempFile, Option<ObjectId>)>,
+    /// Blobs found here, and so not downloaded: they must still be here under the lock.
+    assumed: Vec<ObjectId>,
+}
 
 /// Largest object a download accepts (as `fetch`: a blob is at most a whole tensor plus its
 /// container).
@@ -263,6 +274,12 @@ impl Repo {
     /// those that are deltas, each verified against its id before it is stored, blobs bases
     /// first and the manifest last (so an interrupted download leaves only complete chains and
     /// a rerun fetches what is still missing).
+    ///
+    /// As `fetch` (docs/architecture.md, "What the lock covers"): the download goes to a
+    /// staging directory without the writer lock, so a commit of this store (a git clean in
+    /// another worktree) does not wait for the network; the lock is taken to store what
+    /// arrived. If a blob the download found here is gone by then (a gc ran meanwhile), the
+    /// download is done again under the lock.
     pub(super) fn fetch_file(&self, remote: &dyn Remote, manifest: &ObjectId) -> Result<FileTransfer> {
         let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
         if self.store().contains(manifest) {
@@ -270,48 +287,105 @@ impl Repo {
             return Ok(report);
         }
         self.progress().start("fetch", 0);
-        let mtmp = self.receive_object(remote, manifest, &mut report)?;
+        let stage = Staging::create(self.ckpt_dir())?;
+        let mut staged = StagedFile::default();
+        if let Err(e) = self.stage_remote_file(remote, manifest, &stage, &mut staged, &mut report) {
+            // Keep the blobs that arrived and can be stored (a rerun does not download them
+            // again); briefly locked, and only if the lock is free.
+            if !staged.blobs.is_empty() {
+                if let Some(_lock) = self.try_lock() {
+                    let _ = self.import_remote_blobs(staged.blobs, &mut report);
+                    self.flush_index();
+                }
+            }
+            return Err(e);
+        }
+        let _lock = self.lock()?;
+        if !staged.assumed.iter().all(|id| self.store().contains(id)) {
+            staged = StagedFile::default();
+            self.stage_remote_file(remote, manifest, &stage, &mut staged, &mut report)?;
+        }
+        self.import_remote_file(manifest, staged, &mut report)?;
+        self.progress().finish();
+        self.flush_index();
+        report.requests = remote.requests();
+        Ok(report)
+    }
+
+    /// The network half of [`Repo::fetch_file`]: downloads into `stage` the manifest and every
+    /// blob it needs (with the chain of each delta) that this store lacks.
+    fn stage_remote_file(
+        &self,
+        remote: &dyn Remote,
+        manifest: &ObjectId,
+        stage: &Staging,
+        staged: &mut StagedFile,
+        report: &mut FileTransfer,
+    ) -> Result<()> {
+        let mtmp = self.receive_object(remote, manifest, stage, report)?;
         let m = Manifest::parse(*manifest, &self.store().read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
-        // Blobs: received one by one; each is stored as soon as its reference is here, else it
-        // waits and the reference is fetched.
-        let mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, ObjectId)> = HashMap::new();
+        staged.manifest = Some(mtmp);
         let mut queue: Vec<ObjectId> = m.blobs().collect();
         let mut seen: HashSet<ObjectId> = HashSet::new();
         while let Some(id) = queue.pop() {
-            if self.store().contains(&id) || !seen.insert(id) {
+            if !seen.insert(id) {
                 continue;
             }
-            let tmp = self.receive_object(remote, &id, &mut report)?;
+            if self.store().contains(&id) {
+                staged.assumed.push(id);
+                continue;
+            }
+            let tmp = self.receive_object(remote, &id, stage, report)?;
             let header = self.store().received_header(&id, &tmp)?;
             if header.kind != ObjectKind::Blob {
                 return Err(
                     crate::store::Error::WrongKind { id, expected: ObjectKind::Blob, found: header.kind }.into()
                 );
             }
-            match header.reference {
-                Some(r) if !self.store().contains(&r) => {
-                    // Each listed blob brings at most a chain of references: more is a remote
-                    // naming objects without end.
-                    let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
-                    if seen.len() > limit {
-                        return Err(crate::store::Error::Corrupt {
-                            id,
-                            reason: "its delta chain on the remote does not end".into(),
-                        }
-                        .into());
+            if let Some(r) = header.reference {
+                // Each listed blob brings at most a chain of references: more is a remote
+                // naming objects without end.
+                let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
+                if seen.len() > limit {
+                    return Err(crate::store::Error::Corrupt {
+                        id,
+                        reason: "its delta chain on the remote does not end".into(),
                     }
-                    queue.push(r);
-                    waiting.insert(id, (tmp, r));
+                    .into());
                 }
-                _ => self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?,
+                queue.push(r);
             }
+            staged.blobs.insert(id, (tmp, header.reference));
         }
-        // The deltas that waited, each once its reference is stored.
+        Ok(())
+    }
+
+    /// The local half of [`Repo::fetch_file`] (the caller holds the writer lock): stores the
+    /// staged blobs, each once its reference is here, then the manifest.
+    fn import_remote_file(&self, manifest: &ObjectId, staged: StagedFile, report: &mut FileTransfer) -> Result<()> {
+        self.import_remote_blobs(staged.blobs, report)?;
+        let mtmp = staged
+            .manifest
+            .ok_or_else(|| crate::store::Error::Corrupt { id: *manifest, reason: "not downloaded".into() })?;
+        self.import_received(manifest, ObjectKind::Manifest, mtmp, report)
+    }
+
+    /// Stores downloaded blobs (the caller holds the writer lock), each once its reference is
+    /// here; a delta whose reference is neither here nor among them is an error.
+    fn import_remote_blobs(
+        &self,
+        mut waiting: HashMap<ObjectId, (tempfile::NamedTempFile, Option<ObjectId>)>,
+        report: &mut FileTransfer,
+    ) -> Result<()> {
         while !waiting.is_empty() {
-            let ready: Vec<ObjectId> =
-                waiting.iter().filter(|(_, (_, r))| self.store().contains(r)).map(|(id, _)| *id).collect();
+            let ready: Vec<ObjectId> = waiting
+                .iter()
+                .filter(|(_, (_, r))| r.is_none_or(|r| self.store().contains(&r)))
+                .map(|(id, _)| *id)
+                .collect();
             if ready.is_empty() {
                 let (id, (_, r)) = waiting.iter().next().expect("non-empty");
+                let r = r.map_or_else(String::new, |r| r.to_string());
                 return Err(crate::store::Error::Corrupt {
                     id: *id,
                     reason: format!("its reference {r} is neither here nor fetched (a cycle on the remote)"),
@@ -320,26 +394,23 @@ impl Repo {
             }
             for id in ready {
                 let (tmp, _) = waiting.remove(&id).expect("ready is waiting");
-                self.import_received(&id, ObjectKind::Blob, tmp, &mut report)?;
+                self.import_received(&id, ObjectKind::Blob, tmp, report)?;
             }
         }
-        self.import_received(manifest, ObjectKind::Manifest, mtmp, &mut report)?;
-        self.progress().finish();
-        self.flush_index();
-        report.requests = remote.requests();
-        Ok(report)
+        Ok(())
     }
 
     fn receive_object(
         &self,
         remote: &dyn Remote,
         id: &ObjectId,
+        stage: &Staging,
         report: &mut FileTransfer,
     ) -> Result<tempfile::NamedTempFile> {
-        // The fetch path's download (retries, temp file in the store), counted from this
-        // transfer's bytes so far so that the progress bar keeps growing across objects.
+        // The fetch path's download (retries, a file in the staging directory), counted from
+        // this transfer's bytes so far so that the progress bar keeps growing across objects.
         let received = std::sync::atomic::AtomicU64::new(report.bytes);
-        let tmp = reopen(receive(self, remote, id, &received)?)?;
+        let tmp = reopen(receive_into(self, remote, id, &received, stage.dir())?)?;
         report.bytes = received.into_inner();
         Ok(tmp)
     }

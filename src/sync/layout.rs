@@ -14,7 +14,9 @@
 //! push had Y and lacked X (so Y appeared on the remote before X, forever: keys are never
 //! deleted), is written down in a journal key `pending/<version>` before anything is uploaded,
 //! and is carried out only once X is on the remote and standalone there. A push first finishes
-//! the journals a killed push left.
+//! the journals a killed push left, and deletes those abandoned: of a version no remote ref
+//! reaches, written more than the grace period ago (`gc_grace_seconds`; a push rewrites its
+//! journal before it moves its ref if its upload took half of that).
 
 use super::remotes::{parse_ref, ref_key};
 use super::transfer::{parallel, with_retries};
@@ -96,6 +98,11 @@ pub(super) struct Journal {
     pub version: VersionId,
     /// The recodes, each valid forever (see the module documentation).
     pub recodes: Vec<Recode>,
+    /// When it was written (seconds since the Unix epoch, the writer's clock; set by
+    /// [`write_journal`]): a journal of a version no remote ref reaches is abandoned once it
+    /// is older than the grace period. Absent in journals of older ckpt versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written: Option<u64>,
 }
 
 /// Where journals live on the remote.
@@ -227,12 +234,14 @@ pub(super) fn plan_file_recodes(
 /// The journal of a file transfer's `recodes`, named by their own id.
 pub(super) fn file_journal(recodes: Vec<Recode>) -> Journal {
     let version = ObjectId::hash(&serde_json::to_vec(&recodes).expect("recodes serialize"));
-    Journal { branch: None, version, recodes }
+    Journal { branch: None, version, recodes, written: None }
 }
 
 /// Lists and finishes the journals on the remote (a push in the mirror layout does this
 /// first); journals of versions in `own` are returned instead, to be merged into the caller's.
-/// Returns the recodes done and their bytes, and the journals left to the caller.
+/// A journal that cannot be finished (its branch does not hold its version) is deleted if it
+/// is abandoned ([`abandoned`]). Returns the recodes done and their bytes, and the journals
+/// left to the caller.
 pub(super) fn finish_journals(
     repo: &Repo,
     remote: &dyn Remote,
@@ -245,12 +254,29 @@ pub(super) fn finish_journals(
     if keys.is_empty() {
         return Ok((done, mine));
     }
+    let mut waiting = Vec::new();
     for journal in read_journals(remote, &keys)? {
         if own(&journal) {
             mine.push(journal);
         } else if let Some((objects, bytes)) = finish_journal(repo, remote, &journal, transfers)? {
             done.0 += objects;
             done.1 += bytes;
+        } else {
+            waiting.push(journal);
+        }
+    }
+    if !waiting.is_empty() {
+        let grace = std::time::Duration::from_secs(repo.config().gc_grace_seconds);
+        let now = unix_now();
+        for journal in abandoned(repo, remote, waiting, now, grace)? {
+            match journal.written {
+                // Past the grace period: its push is dead, or its ref can no longer move
+                // there (the journal is refreshed before a ref moves, see `push.rs`).
+                Some(_) => remote.delete(&journal_key(&journal.version))?,
+                // Of an older ckpt, which wrote no time: stamped now, so that a later push
+                // can tell its age. Its pusher, if alive, finds and deletes it as before.
+                None => write_journal(repo, remote, &journal)?,
+            }
         }
     }
     Ok((done, mine))
@@ -276,10 +302,56 @@ pub(super) fn remote_tip_blobs(repo: &Repo, remote: &dyn Remote, moving: &[Strin
     Ok(blobs)
 }
 
-/// Writes `journal` under its key (replacing a journal of the same version, whose recodes the
-/// caller merged into this one).
+/// The current time in seconds since the Unix epoch (0 for a clock before it).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Of the branch `journals` a push could not finish (their branch does not hold their
+/// version), those that are abandoned: no ref on the remote (branch or tag) reaches their
+/// version, and they were written more than `grace` before `now` (or carry no time at all).
+/// Reachability is decided only where this store knows the whole history of every remote ref:
+/// if any ref's version, or any ancestor of one, is not here (another pusher's version, a
+/// partial clone's cut), nothing is abandoned. A journal of no branch (a file transfer's) is
+/// never waiting, so never abandoned.
+pub(super) fn abandoned(
+    repo: &Repo,
+    remote: &dyn Remote,
+    journals: Vec<Journal>,
+    now: u64,
+    grace: std::time::Duration,
+) -> Result<Vec<Journal>> {
+    let old = |j: &Journal| j.written.is_none_or(|t| now.saturating_sub(t) > grace.as_secs());
+    let journals: Vec<Journal> = journals.into_iter().filter(|j| j.branch.is_some() && old(j)).collect();
+    if journals.is_empty() {
+        return Ok(journals);
+    }
+    let mut tips = Vec::new();
+    for prefix in ["refs/heads/", "refs/tags/"] {
+        for key in remote.list(prefix)? {
+            let Some(small) = remote.get_small(&key)? else { continue };
+            // A ref that does not parse names nothing this store could check: unknown.
+            let Ok(id) = parse_ref(remote, &key, &small.bytes) else { return Ok(Vec::new()) };
+            tips.push(id);
+        }
+    }
+    let mut reached: HashSet<VersionId> = HashSet::new();
+    let mut stack = tips;
+    while let Some(v) = stack.pop() {
+        if !reached.insert(v) {
+            continue;
+        }
+        let Ok(version) = repo.version(&v) else { return Ok(Vec::new()) };
+        stack.extend(version.parents);
+    }
+    Ok(journals.into_iter().filter(|j| !reached.contains(&j.version)).collect())
+}
+
+/// Writes `journal` under its key, stamped with the current time (replacing a journal of the
+/// same version, whose recodes the caller merged into this one).
 pub(super) fn write_journal(repo: &Repo, remote: &dyn Remote, journal: &Journal) -> Result<()> {
-    let bytes = serde_json::to_vec(journal).expect("a journal serializes");
+    let stamped = Journal { written: Some(unix_now()), ..journal.clone() };
+    let bytes = serde_json::to_vec(&stamped).expect("a journal serializes");
     let mut tmp = repo.store().receive_file()?;
     std::io::Write::write_all(tmp.as_file_mut(), &bytes).map_err(|e| Error::Io {
         action: "writing",
@@ -313,7 +385,8 @@ pub(super) fn read_journals(remote: &dyn Remote, keys: &[String]) -> Result<Vec<
 /// Finishes `journal` if its branch on the remote holds its version, or a version this store
 /// knows to descend from it (a file transfer's journal: always): does its recodes, then deletes
 /// it. A journal whose push never moved its ref (killed before, or rejected) waits for that
-/// push's rerun. Returns the recodes done and their bytes.
+/// push's rerun, or until it is abandoned ([`abandoned`]). Returns the recodes done and their
+/// bytes.
 pub(super) fn finish_journal(
     repo: &Repo,
     remote: &dyn Remote,
@@ -433,7 +506,7 @@ mod tests {
     #[test]
     fn a_journal_round_trips_and_a_file_journal_is_named_by_its_recodes() {
         let r = Recode { older: ObjectId::hash(b"y"), newer: ObjectId::hash(b"x") };
-        let j = Journal { branch: Some("main".into()), version: ObjectId::hash(b"v"), recodes: vec![r] };
+        let j = Journal { branch: Some("main".into()), version: ObjectId::hash(b"v"), recodes: vec![r], written: None };
         let text = serde_json::to_vec(&j).unwrap();
         assert_eq!(serde_json::from_slice::<Journal>(&text).unwrap(), j);
         let f = file_journal(vec![r]);

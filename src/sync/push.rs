@@ -17,6 +17,7 @@ use crate::repo::{Head, Needed, RefKind, Repo, VersionId};
 use crate::store::ObjectKind;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// What `push` should send.
 #[derive(Clone, Debug, Default)]
@@ -246,7 +247,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
         Layout::Mirror => HashMap::new(),
     };
     // Mirror: the recodes each moved branch will do, written down before anything goes up.
-    let mut recodes: HashMap<VersionId, Vec<Recode>> = HashMap::new();
+    let mut recodes: HashMap<VersionId, (Journal, Instant)> = HashMap::new();
     if layout == Layout::Mirror {
         let mut protected: Option<HashSet<ObjectId>> = None;
         for (kind, _, _, _, id, _) in &moves {
@@ -273,19 +274,30 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
             if !all.is_empty() {
                 let branch = moves.iter().find(|m| m.4 == *id).map(|m| m.1.clone());
-                write_journal(repo, remote, &Journal { branch, version: *id, recodes: all.clone() })?;
-                recodes.insert(*id, all);
+                let journal = Journal { branch, version: *id, recodes: all, written: None };
+                write_journal(repo, remote, &journal)?;
+                recodes.insert(*id, (journal, Instant::now()));
             }
         }
     }
     upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
+    // A journal older than the grace period whose version no remote ref reaches is taken as
+    // abandoned by other pushers (layout.rs, `abandoned`): after a long upload, each is
+    // written again, so that the ref moves less than half the grace period after it was.
+    let refresh = Duration::from_secs(repo.config().gc_grace_seconds) / 2;
+    for (journal, written) in recodes.values_mut() {
+        if !refresh.is_zero() && written.elapsed() >= refresh {
+            write_journal(repo, remote, journal)?;
+            *written = Instant::now();
+        }
+    }
 
     for (kind, name, key, old, id, expect) in moves {
         match put_ref(remote, &key, &id, &expect) {
             Ok(()) => {
                 report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id });
-                if let Some(planned) = recodes.remove(&id) {
-                    let (objects, bytes) = recode(repo, remote, &planned, options.transfers)?;
+                if let Some((journal, _)) = recodes.remove(&id) {
+                    let (objects, bytes) = recode(repo, remote, &journal.recodes, options.transfers)?;
                     report.objects_sent += objects;
                     report.objects_recoded += objects;
                     report.bytes_sent += bytes;

@@ -122,16 +122,6 @@ impl Staging {
 /// Staging directories of all fetches.
 const INCOMING_DIR: &str = "incoming";
 
-/// Downloads one object into a temp file of the store (not stored yet).
-pub(super) fn receive(
-    repo: &Repo,
-    remote: &dyn Remote,
-    id: &ObjectId,
-    received: &AtomicU64,
-) -> Result<tempfile::TempPath> {
-    with_retries(|| receive_once(repo, remote, id, received))
-}
-
 /// Downloads one object into `stage`, reopened for reading.
 pub(super) fn receive_staged(
     repo: &Repo,
@@ -140,10 +130,6 @@ pub(super) fn receive_staged(
     stage: &Staging,
 ) -> Result<tempfile::NamedTempFile> {
     reopen(receive_into(repo, remote, id, &AtomicU64::new(0), stage.dir.path())?)
-}
-
-fn receive_once(repo: &Repo, remote: &dyn Remote, id: &ObjectId, received: &AtomicU64) -> Result<tempfile::TempPath> {
-    download_to(repo, remote, id, received, repo.store().receive_file()?)
 }
 
 /// Downloads one object into `tmp`, adds its size to `received` (and the progress), and

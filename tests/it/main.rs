@@ -13,6 +13,7 @@ mod git_setup_trust;
 mod git_store_trust;
 
 mod remote;
+mod remote_crash;
 mod remote_faults;
 mod remote_layout;
 mod remote_trust;
