@@ -9,6 +9,12 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upload temp files in `tmp/` untouched this long are leftovers of a killed pusher (an upload
+/// writes its temp file continuously and links or renames it within seconds of the last
+/// write), removed when the remote is next opened. Nothing else would ever delete them.
+const STALE_UPLOAD: Duration = Duration::from_secs(24 * 3600);
 
 /// A remote in a directory.
 #[derive(Debug)]
@@ -84,7 +90,21 @@ impl DirRemote {
             let dir = remote.root.join(d);
             std::fs::create_dir_all(&dir).map_err(remote.io("creating", &dir))?;
         }
+        self.remove_stale_uploads();
         Ok(())
+    }
+
+    /// Deletes the upload temp files of killed pushers ([`STALE_UPLOAD`]). Best effort: a file
+    /// that cannot be read or deleted stays.
+    fn remove_stale_uploads(&self) {
+        let Ok(entries) = std::fs::read_dir(self.root.join("tmp")) else { return };
+        for entry in entries.flatten() {
+            let is_upload = entry.file_name().to_string_lossy().starts_with("up-");
+            let age = entry.metadata().ok().filter(|m| m.is_file()).and_then(|m| m.modified().ok());
+            if is_upload && age.and_then(|t| t.elapsed().ok()).is_some_and(|a| a >= STALE_UPLOAD) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     fn io<'a>(&'a self, action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -271,4 +291,28 @@ impl Remote for DirRemote {
 /// A directory remote's tag for a small file: its content in hex (refs are tiny).
 fn hex_tag(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opening_removes_only_stale_upload_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().to_str().unwrap();
+        DirRemote::create(url).unwrap();
+        let tmp = dir.path().join("tmp");
+        for name in ["up-old", "up-young", "other-old"] {
+            std::fs::write(tmp.join(name), b"partial upload").unwrap();
+        }
+        let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 24 * 3600);
+        for name in ["up-old", "other-old"] {
+            File::open(tmp.join(name)).unwrap().set_modified(two_days_ago).unwrap();
+        }
+        DirRemote::open(url).unwrap();
+        assert!(!tmp.join("up-old").exists(), "a killed pusher's upload stays forever");
+        assert!(tmp.join("up-young").exists(), "an upload in progress was deleted");
+        assert!(tmp.join("other-old").exists(), "a file that is not an upload was deleted");
+    }
 }

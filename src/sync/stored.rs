@@ -107,6 +107,8 @@ pub fn fetch_version(cache: &Repo, remote: &dyn Remote, id: &VersionId) -> Resul
     }
     let tmp = reopen(receive(cache, remote, id, &AtomicU64::new(0))?)?;
     let version = Version::parse(*id, &cache.store().read_received(id, ObjectKind::Version, &tmp)?)?;
+    // Imports happen under the writer lock (the download did not need it).
+    let _lock = cache.lock()?;
     cache.import_version(id, &version, tmp)?;
     Ok(version)
 }

@@ -122,6 +122,16 @@ impl Staging {
 /// Staging directories of all fetches.
 const INCOMING_DIR: &str = "incoming";
 
+/// Downloads one object into a temp file of the store (not stored yet).
+pub(super) fn receive(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    received: &AtomicU64,
+) -> Result<tempfile::TempPath> {
+    with_retries(|| download_to(repo, remote, id, received, repo.store().receive_file()?))
+}
+
 /// Downloads one object into `stage`, reopened for reading.
 pub(super) fn receive_staged(
     repo: &Repo,
