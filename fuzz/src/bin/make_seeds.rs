@@ -169,7 +169,7 @@ fn zeros_object(kind: ObjectKind, len: usize) -> Result<Vec<u8>, Error> {
     let options = Options { chunk_size: 4 << 20, ..Options::default() };
     let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, len as u64, options)?;
     w.segment(&zeros, None)?;
-    let header = ObjectHeader { kind, dtype: None, reference: None, depth: 0, raw_len: len as u64 };
+    let header = ObjectHeader { kind, dtype: None, reference: None, conversion: None, depth: 0, raw_len: len as u64 };
     Ok([&header.encode()[..], &w.finish()?.0].concat())
 }
 
