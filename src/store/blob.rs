@@ -1146,15 +1146,11 @@ impl BlobChain {
         let base = self.objects.last().expect("at least the target");
         let corrupt = |e: crate::codec::Error| Error::Corrupt { id: base.id, reason: e.to_string() };
         let mut plain = vec![0u8; source.chunk_range(i).len()];
-        // Not through `decode_chunk`: its thread buffer is the caller's while this runs.
-        if source.objects.len() == 1 && source.derived.is_none() {
-            containers[0]
-                .decode_chunk_into(i, &mut plain)
-                .map_err(|e| Error::Corrupt { id: source.objects[0].id, reason: e.to_string() })?;
-        } else {
-            let mut scratch = vec![0u8; plain.len()];
-            source.decode_chunk_grouped(containers, i, &mut scratch, &mut plain)?;
-        }
+        // Through neither `decode_chunk` nor the container's `decode_chunk_into`, even for a
+        // standalone reference: their thread buffers are the callers' while this runs (the
+        // codec's chunk scratch holds the input of a delta being coded against this chain).
+        let mut scratch = vec![0u8; plain.len()];
+        source.decode_chunk_grouped(containers, i, &mut scratch, &mut plain)?;
         let (Some(from), Some(to)) = (source.dtype(), self.dtype()) else {
             return Err(corrupt(crate::codec::Error::InvalidInput("a derived blob of opaque bytes".into())));
         };
