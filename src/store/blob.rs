@@ -555,6 +555,7 @@ impl Store {
     /// that are not the reference's content decodes to other bytes than `id`'s, so a caller
     /// whose bytes may have changed meanwhile (a file rewritten during a commit) must check
     /// them afterwards and remove the object if they did.
+    #[allow(clippy::too_many_arguments)]
     pub fn code_blob_derived_from_bytes(
         &self,
         id: ObjectId,
