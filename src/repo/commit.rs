@@ -7,13 +7,14 @@ use super::pairing::{precision_key, PrecisionIndex, ReferenceFiles, TensorBlobs}
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
-use crate::store::{self, BlobForm, DeltaOutcome, Feedback, ObjectKind, SourceBytes, Store, Written};
+use crate::store::{self, BlobForm, DeltaOutcome, DerivedBlob, Feedback, ObjectKind, SourceBytes, Store, Written};
 use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Settings of one commit. `Default` takes everything from the repository config.
 #[derive(Clone, Debug, Default)]
@@ -148,8 +149,12 @@ impl Repo {
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
         let deltas = if policy == DeltaPolicy::Reverse { None } else { Some(base_every) };
+        // Derived blobs whose reference this commit writes are coded in the same pass but
+        // stored only once it is durable (below): a crash in between must not leave one whose
+        // reference is missing, which a later commit would deduplicate against.
+        let unsynced = Mutex::new(Vec::new());
         let stored = self.store.with_background_sync(|store| {
-            let blobs = self.store_units(store, &inputs, &hashed, &units, deltas, &derivations)?;
+            let blobs = self.store_units(store, &inputs, &hashed, &units, deltas, &derivations, &unsynced)?;
             // 3. Manifests.
             let mut manifests = Vec::new();
             let mut entries = Vec::new();
@@ -194,6 +199,10 @@ impl Repo {
             return Err(Error::FileChanged { path: inputs[changed].path.to_string() });
         }
         let (mut objects, entries) = stored?;
+        // Every input was unchanged up to here, so these were predicted from their
+        // references' content; their references are durable now.
+        let unsynced = unsynced.into_inner().unwrap_or_else(|p| p.into_inner());
+        self.store.with_background_sync(|store| unsynced.into_iter().try_for_each(|d| store.keep(d).map(drop)))?;
         // Reverse deltas: the parent's blobs become deltas against the new ones, now durable,
         // here or (deferred) in a later `compact`.
         let mut replaced_len = 0;
@@ -348,12 +357,16 @@ impl Repo {
         deltas: Option<u32>,
     ) -> Result<Vec<Written>> {
         let units = Derivations::default().units(jobs, hashed);
-        self.store_units(store, inputs, hashed, &units, deltas, &Derivations::default())
+        self.store_units(store, inputs, hashed, &units, deltas, &Derivations::default(), &Mutex::new(Vec::new()))
     }
 
     /// [`Self::store_blobs`] of every job of `units`, deriving the blobs `derivations` names
     /// from their cross-precision references where that pays: from the reference's bytes in
-    /// the inputs when it is a tensor of this commit, else decoded from the store.
+    /// the inputs when it is a tensor of this commit, else decoded from the store. A derived
+    /// blob whose reference is written in the same unit is coded, not stored: it goes to
+    /// `unsynced` for the caller to store once its reference is durable (its object is among
+    /// those returned).
+    #[allow(clippy::too_many_arguments)]
     fn store_units(
         &self,
         store: &Store,
@@ -362,6 +375,7 @@ impl Repo {
         units: &[Vec<Job>],
         deltas: Option<u32>,
         derivations: &Derivations,
+        unsynced: &Mutex<Vec<DerivedBlob>>,
     ) -> Result<Vec<Written>> {
         let job_len = |j: &Job| hashed[j.file].len_of(j.target);
         let written = self.run_sized(
@@ -378,7 +392,7 @@ impl Repo {
                     let progress = |n: u64| progress(offset + n);
                     let path = || inputs[job.file].path.to_string();
                     let (w, form) = self
-                        .store_job(store, inputs, hashed, job, deltas, derivations, &forms, &progress)
+                        .store_job(store, inputs, hashed, job, deltas, derivations, &forms, unsynced, &progress)
                         .map_err(|e| match e {
                             Error::Store(store::Error::ChangedWhileWriting { .. }) => {
                                 Error::FileChanged { path: path() }
@@ -409,6 +423,7 @@ impl Repo {
         deltas: Option<u32>,
         derivations: &Derivations,
         forms: &HashMap<ObjectId, BlobForm>,
+        unsynced: &Mutex<Vec<DerivedBlob>>,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(Written, BlobForm)> {
         let h = &hashed[job.file];
@@ -441,7 +456,7 @@ impl Repo {
                     };
                     let previous = h.reference_of(s);
                     if let Some(w) =
-                        self.store_derived(store, seg.id, bytes, dtype, source, previous, deltas, &feedback)?
+                        self.store_derived(store, seg.id, bytes, dtype, source, previous, deltas, unsynced, &feedback)?
                     {
                         return Ok(w);
                     }
@@ -558,9 +573,12 @@ impl Repo {
         source: DerivedFrom<'_>,
         previous: Option<ObjectId>,
         deltas: Option<u32>,
+        unsynced: &Mutex<Vec<DerivedBlob>>,
         feedback: &Feedback<'_>,
     ) -> Result<Option<(Written, BlobForm)>> {
         let options = self.config.codec_options();
+        // Its reference written in this commit, not durable yet.
+        let reference_unsynced = matches!(source, DerivedFrom::AtHand { form: Some(_), .. });
         let previous = previous
             .filter(|r| *r != id)
             .and_then(|r| store.open_blob(&r).ok())
@@ -610,6 +628,11 @@ impl Repo {
             }
         }
         let form = candidate.form();
+        if reference_unsynced {
+            let written = candidate.written();
+            unsynced.lock().unwrap_or_else(|p| p.into_inner()).push(candidate);
+            return Ok(Some((written, form)));
+        }
         Ok(Some((store.keep(candidate)?, form)))
     }
 

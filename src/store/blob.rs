@@ -75,6 +75,10 @@ impl DerivedBlob {
     pub fn conversion(&self) -> Option<Conversion> {
         self.header.conversion
     }
+    /// The object [`Store::keep`] will have written.
+    pub fn written(&self) -> Written {
+        Written { id: self.id, header: self.header, stored_len: self.stored_len }
+    }
     /// The form the blob has once kept.
     pub fn form(&self) -> BlobForm {
         BlobForm {
