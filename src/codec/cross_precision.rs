@@ -261,16 +261,21 @@ pub fn widen(narrow_bytes: &[u8], source: Narrow, out: &mut [u8]) -> Result<()> 
 /// tensor is not a plain rounding of this one: it can still be coded against it, just larger).
 pub fn detect_rule(wide: &[u8], narrow_bytes: &[u8], target: Narrow) -> Result<Option<Rounding>> {
     check_lengths(wide, narrow_bytes.len())?;
+    let matches = |rule| is_rounding(wide, narrow_bytes, target, rule).unwrap_or(false);
+    Ok([Rounding::NearestEven, Rounding::Truncate].into_iter().find(|&r| matches(r)))
+}
+
+/// Whether every element of `narrow_bytes` (`target`) is the element of `wide` (f32) rounded
+/// by `rule`: [`detect_rule`] for one rule, on any part of two tensors.
+pub fn is_rounding(wide: &[u8], narrow_bytes: &[u8], target: Narrow, rule: Rounding) -> Result<bool> {
+    check_lengths(wide, narrow_bytes.len())?;
     let convert = match target {
         Narrow::Bf16 => f32_to_bf16,
         Narrow::F16 => f32_to_f16,
     };
-    let matches = |rule| {
-        wide.chunks_exact(4).zip(narrow_bytes.chunks_exact(2)).all(|(w, n)| {
-            convert(u32::from_le_bytes(w.try_into().expect("4 bytes")), rule) == u16::from_le_bytes([n[0], n[1]])
-        })
-    };
-    Ok([Rounding::NearestEven, Rounding::Truncate].into_iter().find(|&r| matches(r)))
+    Ok(wide.chunks_exact(4).zip(narrow_bytes.chunks_exact(2)).all(|(w, n)| {
+        convert(u32::from_le_bytes(w.try_into().expect("4 bytes")), rule) == u16::from_le_bytes([n[0], n[1]])
+    }))
 }
 
 /// `out = actual XOR predicted`, byte by byte (all three the same length): the residual that is

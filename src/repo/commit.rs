@@ -7,13 +7,14 @@ use super::pairing::{precision_key, PrecisionIndex, ReferenceFiles, TensorBlobs}
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
-use crate::store::{self, DeltaOutcome, Feedback, ObjectKind, Store, Written};
+use crate::store::{self, BlobForm, DeltaOutcome, DerivedBlob, Feedback, ObjectKind, SourceBytes, Store, Written};
 use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Settings of one commit. `Default` takes everything from the repository config.
 #[derive(Clone, Debug, Default)]
@@ -140,39 +141,31 @@ impl Repo {
         // 2. Store every blob not stored yet (each id once).
         let jobs = self.jobs_to_store(&hashed);
         let derivations = self.plan_derivations(&inputs, &hashed, &files, parent.as_ref());
-        // A blob derived from another blob of this commit is coded once that one is durable
-        // (readable): in a second pass.
-        let written_now: HashSet<ObjectId> = jobs.iter().map(|j| hashed[j.file].id_of(j.target)).collect();
-        let (second, first): (Vec<Job>, Vec<Job>) =
-            jobs.iter().partition(|j| derivations.source_of(j).is_some_and(|source| written_now.contains(&source)));
+        // A blob derived from a blob this commit writes is coded right after it, in the same
+        // unit of work, from the same input bytes (pages still in the cache): it needs how its
+        // reference was stored (chunk size, depth), not its content from the store.
+        let units = derivations.units(&jobs, &hashed);
         // 2 and 3 write through a view of the store that fsyncs and renames the objects on
         // other threads while the next ones are coded; it returns once all are durable, before
         // the version that points to them is written.
         let deltas = if policy == DeltaPolicy::Reverse { None } else { Some(base_every) };
-        let first_pass = if second.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.store.with_background_sync(|store| {
-                self.store_blobs_deriving(store, &inputs, &hashed, &first, deltas, &derivations)
-            })
-        };
-        let stored = first_pass.and_then(|first_blobs| {
-            self.store.with_background_sync(|store| {
-                let rest = if second.is_empty() { &first } else { &second };
-                let mut blobs = first_blobs;
-                blobs.extend(self.store_blobs_deriving(store, &inputs, &hashed, rest, deltas, &derivations)?);
-                // 3. Manifests.
-                let mut manifests = Vec::new();
-                let mut entries = Vec::new();
-                for (input, h) in inputs.iter().zip(&hashed) {
-                    let (entry, w) = self
-                        .write_manifest(store, input, h)
-                        .map_err(|e| Error::File { path: input.path.to_string(), source: Box::new(e) })?;
-                    manifests.extend(w);
-                    entries.push(entry);
-                }
-                Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
-            })
+        // Derived blobs whose reference this commit writes are coded in the same pass but
+        // stored only once it is durable (below): a crash in between must not leave one whose
+        // reference is missing, which a later commit would deduplicate against.
+        let unsynced = Mutex::new(Vec::new());
+        let stored = self.store.with_background_sync(|store| {
+            let blobs = self.store_units(store, &inputs, &hashed, &units, deltas, &derivations, &unsynced)?;
+            // 3. Manifests.
+            let mut manifests = Vec::new();
+            let mut entries = Vec::new();
+            for (input, h) in inputs.iter().zip(&hashed) {
+                let (entry, w) = self
+                    .write_manifest(store, input, h)
+                    .map_err(|e| Error::File { path: input.path.to_string(), source: Box::new(e) })?;
+                manifests.extend(w);
+                entries.push(entry);
+            }
+            Ok::<_, Error>((blobs.into_iter().chain(manifests).collect::<Vec<_>>(), entries))
         });
         // Every input is read by now. One that changed meanwhile (a training loop rewriting it
         // with O_TRUNC) fails the commit here, before any ref moves: the objects written from it
@@ -192,13 +185,24 @@ impl Repo {
                 removed.insert(id);
             }
             // A blob derived from a removed one would be left without its reference, and a
-            // later commit would deduplicate against it.
-            for job in jobs.iter().filter(|j| derivations.source_of(j).is_some_and(|s| removed.contains(&s))) {
+            // later commit would deduplicate against it. One predicted from the bytes of a file
+            // that changed (its reference may be stored, even from an earlier commit) has a
+            // residual against other bytes than its reference's: it would decode to other bytes
+            // than its id says.
+            let changed_source = |j: &Job| {
+                derivations.at_hand_source(j).is_some_and(|(file, _)| inputs[file].check_unchanged().is_err())
+            };
+            let dangling = |j: &Job| derivations.source_of(j).is_some_and(|s| removed.contains(&s));
+            for job in jobs.iter().filter(|j| dangling(j) || changed_source(j)) {
                 let _ = self.store.remove(&hashed[job.file].id_of(job.target));
             }
             return Err(Error::FileChanged { path: inputs[changed].path.to_string() });
         }
         let (mut objects, entries) = stored?;
+        // Every input was unchanged up to here, so these were predicted from their
+        // references' content; their references are durable now.
+        let unsynced = unsynced.into_inner().unwrap_or_else(|p| p.into_inner());
+        self.store.with_background_sync(|store| unsynced.into_iter().try_for_each(|d| store.keep(d).map(drop)))?;
         // Reverse deltas: the parent's blobs become deltas against the new ones, now durable,
         // here or (deferred) in a later `compact`.
         let mut replaced_len = 0;
@@ -352,56 +356,127 @@ impl Repo {
         jobs: &[Job],
         deltas: Option<u32>,
     ) -> Result<Vec<Written>> {
-        self.store_blobs_deriving(store, inputs, hashed, jobs, deltas, &Derivations::default())
+        let units = Derivations::default().units(jobs, hashed);
+        self.store_units(store, inputs, hashed, &units, deltas, &Derivations::default(), &Mutex::new(Vec::new()))
     }
 
-    /// [`Self::store_blobs`], deriving the blobs `derivations` names from their cross-precision
-    /// references where that pays.
-    fn store_blobs_deriving(
+    /// [`Self::store_blobs`] of every job of `units`, deriving the blobs `derivations` names
+    /// from their cross-precision references where that pays: from the reference's bytes in
+    /// the inputs when it is a tensor of this commit, else decoded from the store. A derived
+    /// blob whose reference is written in the same unit is coded, not stored: it goes to
+    /// `unsynced` for the caller to store once its reference is durable (its object is among
+    /// those returned).
+    #[allow(clippy::too_many_arguments)]
+    fn store_units(
         &self,
         store: &Store,
         inputs: &[Input],
         hashed: &[HashedFile],
-        jobs: &[Job],
+        units: &[Vec<Job>],
         deltas: Option<u32>,
         derivations: &Derivations,
+        unsynced: &Mutex<Vec<DerivedBlob>>,
     ) -> Result<Vec<Written>> {
-        let written = self.run_jobs("commit", inputs, hashed, jobs, |job, progress| {
-            let h = &hashed[job.file];
-            match job.target {
-                Target::Segment(s) => {
-                    let seg = &h.segments[s];
-                    let reference = deltas.and_then(|base_every| Some((h.reference_of(s)?, base_every)));
-                    let bytes = &inputs[job.file].map[seg.range.start as usize..seg.range.end as usize];
-                    let start = seg.range.start as usize;
-                    let release_input = |r: Range<usize>| inputs[job.file].map.release(start + r.start..start + r.end);
-                    let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
-                    if let (Some(source), Some(dtype)) = (derivations.source_of(job), seg.dtype) {
-                        let previous = h.reference_of(s);
-                        let derived =
-                            self.store_derived(store, seg.id, bytes, dtype, source, previous, deltas, &feedback)?;
-                        if let Some(w) = derived {
-                            return Ok(Some(w));
-                        }
+        let job_len = |j: &Job| hashed[j.file].len_of(j.target);
+        let written = self.run_sized(
+            "commit",
+            units,
+            |u| u.iter().map(job_len).sum(),
+            |unit, progress| {
+                // How the unit's blobs were stored, for the blobs derived from them after.
+                let mut forms: HashMap<ObjectId, BlobForm> = HashMap::new();
+                let mut written = Vec::with_capacity(unit.len());
+                let mut done = 0;
+                for job in unit {
+                    let offset = done;
+                    let progress = |n: u64| progress(offset + n);
+                    let path = || inputs[job.file].path.to_string();
+                    let (w, form) = self
+                        .store_job(store, inputs, hashed, job, deltas, derivations, &forms, unsynced, &progress)
+                        .map_err(|e| match e {
+                            Error::Store(store::Error::ChangedWhileWriting { .. }) => {
+                                Error::FileChanged { path: path() }
+                            }
+                            other => Error::File { path: path(), source: Box::new(other) },
+                        })?;
+                    if unit.len() > 1 {
+                        forms.insert(w.id, form);
                     }
-                    self.store_blob(store, seg.id, bytes, seg.dtype, reference, &feedback).map(Some)
+                    written.push(w);
+                    done += job_len(job);
                 }
-                Target::Bundle(b) => {
-                    let bundle = &h.bundles[b];
-                    let reference = deltas.and_then(|base_every| Some((h.reference.bundle(&bundle.key)?, base_every)));
-                    // The members, gathered (at most `BUNDLE_MAX` bytes); the store checks that
-                    // they are the bytes hashed (xxh3), or the file changed meanwhile.
-                    let mut bytes = Vec::with_capacity(bundle.len as usize);
-                    for &m in &bundle.members {
-                        let r = &h.segments[m].range;
-                        bytes.extend_from_slice(&inputs[job.file].map[r.start as usize..r.end as usize]);
-                    }
-                    let feedback = Feedback { progress, release_input: &|_| {}, input_xxh3: Some(bundle.xxh3) };
-                    self.store_blob(store, bundle.id, &bytes, Some(bundle.dtype), reference, &feedback).map(Some)
-                }
-            }
-        })?;
+                Ok(written)
+            },
+        )?;
         Ok(written.into_iter().flatten().collect())
+    }
+
+    /// Stores the blob of `job` (see [`Self::store_units`]); `forms` holds how the blobs stored
+    /// before it in its unit were stored. Returns the object written and the form of its blob.
+    #[allow(clippy::too_many_arguments)]
+    fn store_job(
+        &self,
+        store: &Store,
+        inputs: &[Input],
+        hashed: &[HashedFile],
+        job: &Job,
+        deltas: Option<u32>,
+        derivations: &Derivations,
+        forms: &HashMap<ObjectId, BlobForm>,
+        unsynced: &Mutex<Vec<DerivedBlob>>,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(Written, BlobForm)> {
+        let h = &hashed[job.file];
+        match job.target {
+            Target::Segment(s) => {
+                let seg = &h.segments[s];
+                let reference = deltas.and_then(|base_every| Some((h.reference_of(s)?, base_every)));
+                let bytes = &inputs[job.file].map[seg.range.start as usize..seg.range.end as usize];
+                let start = seg.range.start as usize;
+                let release_input = |r: Range<usize>| inputs[job.file].map.release(start + r.start..start + r.end);
+                let feedback = Feedback { progress, release_input: &release_input, input_xxh3: Some(seg.xxh3) };
+                if let (Some(source), Some(dtype)) = (derivations.source_of(job), seg.dtype) {
+                    let at_hand = derivations.at_hand_source(job).map(|(file, s)| {
+                        let range = &hashed[file].segments[s].range;
+                        (file, range.start as usize..range.end as usize)
+                    });
+                    let release_source = |r: Range<usize>| {
+                        if let Some((file, range)) = &at_hand {
+                            inputs[*file].map.release(range.start + r.start..range.start + r.end);
+                        }
+                    };
+                    let source = match &at_hand {
+                        Some((file, range)) => DerivedFrom::AtHand {
+                            id: source,
+                            bytes: &inputs[*file].map[range.clone()],
+                            form: forms.get(&source),
+                            release: &release_source,
+                        },
+                        None => DerivedFrom::Stored(source),
+                    };
+                    let previous = h.reference_of(s);
+                    if let Some(w) =
+                        self.store_derived(store, seg.id, bytes, dtype, source, previous, deltas, unsynced, &feedback)?
+                    {
+                        return Ok(w);
+                    }
+                }
+                self.store_blob(store, seg.id, bytes, seg.dtype, reference, &feedback)
+            }
+            Target::Bundle(b) => {
+                let bundle = &h.bundles[b];
+                let reference = deltas.and_then(|base_every| Some((h.reference.bundle(&bundle.key)?, base_every)));
+                // The members, gathered (at most `BUNDLE_MAX` bytes); the store checks that
+                // they are the bytes hashed (xxh3), or the file changed meanwhile.
+                let mut bytes = Vec::with_capacity(bundle.len as usize);
+                for &m in &bundle.members {
+                    let r = &h.segments[m].range;
+                    bytes.extend_from_slice(&inputs[job.file].map[r.start as usize..r.end as usize]);
+                }
+                let feedback = Feedback { progress, release_input: &|_| {}, input_xxh3: Some(bundle.xxh3) };
+                self.store_blob(store, bundle.id, &bytes, Some(bundle.dtype), reference, &feedback)
+            }
+        }
     }
 
     /// Reverse deltas: the blobs of the last pinned version before `parent` (its full base, the
@@ -416,29 +491,6 @@ impl Repo {
             }
         }
         Ok(blobs)
-    }
-
-    /// Runs `f` on every job (see [`Self::run_sized`]); errors name the job's file. (The
-    /// store drops each segment's input pages as it codes them: `Feedback::release_input`.)
-    fn run_jobs<T: Send>(
-        &self,
-        label: &str,
-        inputs: &[Input],
-        hashed: &[HashedFile],
-        jobs: &[Job],
-        f: impl Fn(&Job, &(dyn Fn(u64) + Sync)) -> Result<T> + Sync,
-    ) -> Result<Vec<T>> {
-        let len = |j: &Job| match j.target {
-            Target::Segment(s) => hashed[j.file].segments[s].range.end - hashed[j.file].segments[s].range.start,
-            Target::Bundle(b) => hashed[j.file].bundles[b].len,
-        };
-        self.run_sized(label, jobs, len, |job, progress| {
-            let path = || inputs[job.file].path.to_string();
-            f(job, progress).map_err(|e| match e {
-                Error::Store(store::Error::ChangedWhileWriting { .. }) => Error::FileChanged { path: path() },
-                other => Error::File { path: path(), source: Box::new(other) },
-            })
-        })
     }
 
     /// Runs `f` on every item, `len(item)` bytes of work each, showing progress under `label`:
@@ -483,7 +535,7 @@ impl Repo {
         dtype: Option<Dtype>,
         reference: Option<(ObjectId, u32)>,
         feedback: &Feedback<'_>,
-    ) -> Result<Written> {
+    ) -> Result<(Written, BlobForm)> {
         let options = self.config.codec_options();
         if let Some((r, base_every)) = reference.filter(|(r, _)| *r != id) {
             // A damaged or missing reference only means no delta: store standalone.
@@ -491,7 +543,7 @@ impl Repo {
                 if chain.depth() + 1 < base_every && chain.len() == bytes.len() as u64 {
                     let limit = chain.base_stored_len();
                     match store.write_blob_delta(id, bytes, &chain, limit, &options, feedback) {
-                        Ok(DeltaOutcome::Written(w)) => return Ok(w),
+                        Ok(DeltaOutcome::Written(w)) => return Ok((w, BlobForm::delta(&w, &chain))),
                         Ok(DeltaOutcome::NotSmaller { .. }) => {}
                         Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
                         Err(e) => return Err(e.into()),
@@ -499,7 +551,8 @@ impl Repo {
                 }
             }
         }
-        Ok(store.write_blob(id, bytes, dtype, &options, feedback)?)
+        let w = store.write_blob(id, bytes, dtype, &options, feedback)?;
+        Ok((w, BlobForm::standalone(&w, options.chunk_size)))
     }
 
     /// Stores blob `id` (`bytes` of `dtype` elements) derived from its cross-precision reference
@@ -517,13 +570,15 @@ impl Repo {
         id: ObjectId,
         bytes: &[u8],
         dtype: Dtype,
-        source: ObjectId,
+        source: DerivedFrom<'_>,
         previous: Option<ObjectId>,
         deltas: Option<u32>,
+        unsynced: &Mutex<Vec<DerivedBlob>>,
         feedback: &Feedback<'_>,
-    ) -> Result<Option<Written>> {
+    ) -> Result<Option<(Written, BlobForm)>> {
         let options = self.config.codec_options();
-        let Ok(source) = store.open_blob(&source) else { return Ok(None) };
+        // Its reference written in this commit, not durable yet.
+        let reference_unsynced = matches!(source, DerivedFrom::AtHand { form: Some(_), .. });
         let previous = previous
             .filter(|r| *r != id)
             .and_then(|r| store.open_blob(&r).ok())
@@ -534,7 +589,29 @@ impl Repo {
             .filter(|chain| chain.derived_from().is_none())
             .map_or(bytes.len() as u64 + store::HEADER_LEN as u64, |chain| chain.base_stored_len());
         let version_reference = previous.zip(deltas);
-        let candidate = match store.code_blob_derived(id, bytes, dtype, &source, None, standalone, &options, feedback) {
+        let coded = match source {
+            DerivedFrom::Stored(source) => {
+                let Ok(source) = store.open_blob(&source) else { return Ok(None) };
+                store.code_blob_derived(id, bytes, dtype, &source, None, standalone, &options, feedback)
+            }
+            DerivedFrom::AtHand { id: source, bytes: source_bytes, form, release } => {
+                // Stored before this commit: its form is read from the store (nothing decoded).
+                let opened;
+                let form = match form {
+                    Some(form) => form,
+                    None => match store.open_blob(&source) {
+                        Ok(chain) => {
+                            opened = chain.form();
+                            &opened
+                        }
+                        Err(_) => return Ok(None),
+                    },
+                };
+                let source = SourceBytes { bytes: source_bytes, form, release };
+                store.code_blob_derived_from_bytes(id, bytes, dtype, &source, standalone, &options, feedback)
+            }
+        };
+        let candidate = match coded {
             Ok(Some(candidate)) => candidate,
             Ok(None) => return Ok(None),
             Err(store::Error::Corrupt { .. } | store::Error::Missing { .. } | store::Error::Encode { .. }) => {
@@ -544,13 +621,19 @@ impl Repo {
         };
         if let Some((chain, _)) = version_reference.filter(|(chain, base_every)| chain.depth() + 1 < *base_every) {
             match store.write_blob_delta(id, bytes, &chain, candidate.stored_len(), &options, feedback) {
-                Ok(DeltaOutcome::Written(w)) => return Ok(Some(w)),
+                Ok(DeltaOutcome::Written(w)) => return Ok(Some((w, BlobForm::delta(&w, &chain)))),
                 Ok(DeltaOutcome::NotSmaller { .. }) => {}
                 Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(Some(store.keep(candidate)?))
+        let form = candidate.form();
+        if reference_unsynced {
+            let written = candidate.written();
+            unsynced.lock().unwrap_or_else(|p| p.into_inner()).push(candidate);
+            return Ok(Some((written, form)));
+        }
+        Ok(Some((store.keep(candidate)?, form)))
     }
 
     /// The cross-precision references of a commit's tensors (docs/format.md, "Derived blobs"):
@@ -619,7 +702,18 @@ impl Repo {
                 }
             }
         }
-        Derivations { sources }
+        // Their bytes at hand when they are tensors of the inputs: predicted from those, not
+        // decoded from the store.
+        let mut at_hand = HashMap::new();
+        let used: HashSet<ObjectId> = sources.values().copied().collect();
+        for (file, h) in hashed.iter().enumerate() {
+            for (s, seg) in h.segments.iter().enumerate() {
+                if own_blob(seg).is_some() && used.contains(&seg.id) {
+                    at_hand.entry(seg.id).or_insert((file, s));
+                }
+            }
+        }
+        Derivations { sources, at_hand }
     }
 
     /// Writes `input`'s manifest to `store` unless stored already; returns the file's entry and
@@ -678,6 +772,14 @@ impl HashedFile {
         }
     }
 
+    /// The length of what `target` stores.
+    fn len_of(&self, target: Target) -> u64 {
+        match target {
+            Target::Segment(s) => self.segments[s].range.end - self.segments[s].range.start,
+            Target::Bundle(b) => self.bundles[b].len,
+        }
+    }
+
     /// The blob of segment `s`'s tensor in the reference version, if it has one; for an opaque
     /// segment of a `.distcp` file, the same item's framing ([`super::pairing::gap_key`]), else
     /// framing of the same length.
@@ -699,6 +801,9 @@ impl HashedFile {
 #[derive(Default)]
 pub(super) struct Derivations {
     sources: HashMap<(usize, usize), ObjectId>,
+    /// Where each source that is a tensor of this commit's inputs lies: (file, segment), its
+    /// first occurrence.
+    at_hand: HashMap<ObjectId, (usize, usize)>,
 }
 
 impl Derivations {
@@ -709,6 +814,51 @@ impl Derivations {
             Target::Bundle(_) => None,
         }
     }
+
+    /// Where in the inputs (file, segment) the bytes of `job`'s source are, if they are there.
+    fn at_hand_source(&self, job: &Job) -> Option<(usize, usize)> {
+        self.at_hand.get(&self.source_of(job)?).copied()
+    }
+
+    /// `jobs` grouped into units of work: a job whose source another job writes is coded
+    /// right after it, in its unit (a chain of such sources, if any, in order); every other
+    /// job is a unit of its own. Each unit is in job order otherwise.
+    fn units(&self, jobs: &[Job], hashed: &[HashedFile]) -> Vec<Vec<Job>> {
+        let writer: HashMap<ObjectId, usize> =
+            jobs.iter().enumerate().map(|(k, j)| (hashed[j.file].id_of(j.target), k)).collect();
+        let parent = |k: usize| self.source_of(&jobs[k]).and_then(|s| writer.get(&s).copied()).filter(|p| *p != k);
+        // The job at the root of each job's sources, and how far it is from it. Plans have no
+        // cycles (a source is stored before what derives from it); a walk longer than the job
+        // count is one anyway, and the job is then a unit of its own.
+        let mut members: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
+        for k in 0..jobs.len() {
+            let (mut root, mut depth) = (k, 0);
+            while let Some(p) = parent(root) {
+                (root, depth) = (p, depth + 1);
+                if depth > jobs.len() {
+                    (root, depth) = (k, 0);
+                    break;
+                }
+            }
+            members.entry(root).or_default().push((depth, k));
+        }
+        members
+            .into_values()
+            .map(|mut unit| {
+                unit.sort();
+                unit.into_iter().map(|(_, k)| jobs[k]).collect()
+            })
+            .collect()
+    }
+}
+
+/// Where a derived blob's reference comes from.
+enum DerivedFrom<'a> {
+    /// Decoded from the store (a tensor of a kept file or of the parent version).
+    Stored(ObjectId),
+    /// A tensor of this commit's inputs: blob `id`'s content is `bytes`. `form` is how this
+    /// commit stored it, `None` when it was stored before (then read from the store).
+    AtHand { id: ObjectId, bytes: &'a [u8], form: Option<&'a BlobForm>, release: &'a (dyn Fn(Range<usize>) + Sync) },
 }
 
 /// One blob to store, of file `file`.

@@ -29,6 +29,8 @@ use std::sync::Mutex;
 const WINDOW_BYTES: usize = 32 << 20;
 
 thread_local! {
+    /// One chunk of a derived blob's prediction while it is coded ([`Prediction`]).
+    static PREDICTION_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Grouped form of one chunk while a delta chain is decoded (one per worker thread).
     static CHAIN_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     /// One reusable window buffer per thread. A fresh 32 MiB buffer per blob cost a page fault
@@ -59,6 +61,9 @@ pub struct DerivedBlob {
     header: ObjectHeader,
     tmp: tempfile::NamedTempFile,
     stored_len: u64,
+    chunk_size: usize,
+    /// Its own id, then its reference's chain.
+    chain: Vec<ObjectId>,
 }
 
 impl DerivedBlob {
@@ -69,6 +74,188 @@ impl DerivedBlob {
     /// How it is predicted from its reference.
     pub fn conversion(&self) -> Option<Conversion> {
         self.header.conversion
+    }
+    /// The object [`Store::keep`] will have written.
+    pub fn written(&self) -> Written {
+        Written { id: self.id, header: self.header, stored_len: self.stored_len }
+    }
+    /// The form the blob has once kept.
+    pub fn form(&self) -> BlobForm {
+        BlobForm {
+            id: self.id,
+            dtype: self.header.dtype,
+            len: self.header.raw_len,
+            chunk_size: self.chunk_size,
+            depth: self.header.depth,
+            chain: self.chain.clone(),
+        }
+    }
+}
+
+/// What the object of a blob derived from blob `id` takes from that blob's form in the store
+/// (docs/format.md "Derived blobs"): its dtype and length (the pairing), chunk size (the derived
+/// blob's is scaled from it), depth (recorded in the header) and the ids of its chain (none
+/// may be the derived blob: that would be a cycle). Known without decoding anything: from an
+/// opened chain ([`BlobChain::form`]), or from how a blob was just written, before it is
+/// readable ([`BlobForm::standalone`], [`BlobForm::delta`], [`DerivedBlob::form`]).
+#[derive(Clone, Debug)]
+pub struct BlobForm {
+    id: ObjectId,
+    dtype: Option<Dtype>,
+    len: u64,
+    chunk_size: usize,
+    depth: u32,
+    /// `id` first, then what it refers to, down to its standalone base.
+    chain: Vec<ObjectId>,
+}
+
+impl BlobForm {
+    /// The form of `written`, stored standalone in chunks of `chunk_size` (the options' chunk
+    /// size it was written with).
+    pub fn standalone(written: &Written, chunk_size: usize) -> BlobForm {
+        BlobForm {
+            id: written.id,
+            dtype: written.header.dtype,
+            len: written.header.raw_len,
+            chunk_size,
+            depth: 0,
+            chain: vec![written.id],
+        }
+    }
+
+    /// The form of `written`, stored as an XOR delta against `reference` (whose chunk size a
+    /// delta takes).
+    pub fn delta(written: &Written, reference: &BlobChain) -> BlobForm {
+        BlobForm {
+            id: written.id,
+            dtype: written.header.dtype,
+            len: written.header.raw_len,
+            chunk_size: reference.chunk_size,
+            depth: reference.depth() + 1,
+            chain: std::iter::once(written.id).chain(reference.ids()).collect(),
+        }
+    }
+
+    /// The blob's id.
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+}
+
+/// The content of a derived blob's reference at hand ([`Store::code_blob_derived_from_bytes`]).
+pub struct SourceBytes<'a> {
+    /// The reference's content (a tensor of a file being committed).
+    pub bytes: &'a [u8],
+    /// The form of the reference's blob.
+    pub form: &'a BlobForm,
+    /// Called with each range of `bytes` read for the last time (as
+    /// [`Feedback::release_input`] is for the data).
+    pub release: &'a (dyn Fn(Range<usize>) + Sync),
+}
+
+/// Checks that `data` (`dtype` elements, blob `id`) can be derived from the blob `form`
+/// describes; returns the reference's dtype and the derived blob's chunk size.
+fn derivable(id: ObjectId, data: &[u8], dtype: Dtype, form: &BlobForm) -> Result<(Dtype, usize)> {
+    let invalid = |reason: String| Error::Encode { id, source: crate::codec::Error::InvalidInput(reason) };
+    let source_dtype = form.dtype.ok_or_else(|| invalid("an opaque reference".into()))?;
+    let chunk_size = form.chunk_size * dtype.size() / source_dtype.size();
+    if !data.len().is_multiple_of(dtype.size())
+        || (data.len() / dtype.size()) as u64 * source_dtype.size() as u64 != form.len
+    {
+        return Err(invalid(format!("{} bytes against a reference of {}", data.len(), form.len)));
+    }
+    if !chunk_size.is_power_of_two() || !(4096..=4 << 20).contains(&chunk_size) {
+        return Err(invalid(format!("a derived chunk size of {chunk_size} bytes")));
+    }
+    if form.chain.contains(&id) {
+        // Storing it would replace an object of its own reference chain: a cycle.
+        return Err(invalid(format!("{id} is in its reference's chain")));
+    }
+    Ok((source_dtype, chunk_size))
+}
+
+fn cannot_predict(id: ObjectId, source_dtype: Dtype, dtype: Dtype) -> Error {
+    let reason = format!("{dtype:?} cannot be predicted from {source_dtype:?}");
+    Error::Encode { id, source: crate::codec::Error::InvalidInput(reason) }
+}
+
+/// [`cross_precision::choose`] of `data` from `source.bytes`, window by window (releasing the
+/// pages of both once checked, so the resident set stays about a window) and in parallel
+/// within a window: the same choice, the first rule every element follows, else round to
+/// nearest even.
+fn choose_streaming(
+    source: &SourceBytes<'_>,
+    source_dtype: Dtype,
+    data: &[u8],
+    dtype: Dtype,
+    feedback: &Feedback<'_>,
+) -> Option<Conversion> {
+    let narrow = match cross_precision::narrow_of(dtype) {
+        Some(narrow) if source_dtype == Dtype::F32 => narrow,
+        // Widening is exact: nothing to detect (`choose` decides without reading).
+        _ => return cross_precision::choose(&[], source_dtype, &[], dtype),
+    };
+    let elements = data.len() / dtype.size();
+    if source.bytes.len() / source_dtype.size() != elements {
+        return None;
+    }
+    let mut rules = vec![cross_precision::Rounding::NearestEven, cross_precision::Rounding::Truncate];
+    let window = WINDOW_BYTES / source_dtype.size();
+    let piece = 1 << 16;
+    let mut start = 0;
+    while start < elements && !rules.is_empty() {
+        let end = (start + window).min(elements);
+        let wide = &source.bytes[start * 4..end * 4];
+        let narrow_bytes = &data[start * 2..end * 2];
+        rules.retain(|&rule| {
+            wide.par_chunks(piece * 4)
+                .zip(narrow_bytes.par_chunks(piece * 2))
+                .all(|(w, n)| cross_precision::is_rounding(w, n, narrow, rule).unwrap_or(false))
+        });
+        (source.release)(start * 4..end * 4);
+        (feedback.release_input)(start * 2..end * 2);
+        start = end;
+    }
+    Some(Conversion::narrow(rules.first().copied().unwrap_or(cross_precision::Rounding::NearestEven)))
+}
+
+/// The prediction of a derived blob from its reference's bytes, handed to the codec chunk by
+/// chunk in grouped form ([`GroupedReference`]): each chunk converts only the reference
+/// elements it covers, in a per-thread buffer.
+struct Prediction<'a> {
+    conversion: Conversion,
+    source: &'a [u8],
+    source_dtype: Dtype,
+    dtype: Dtype,
+    layout: Layout,
+    release: &'a (dyn Fn(Range<usize>) + Sync),
+}
+
+impl Prediction<'_> {
+    /// The range of the reference's bytes that predicts data bytes `range`.
+    fn source_range(&self, range: Range<usize>) -> Range<usize> {
+        let (w, ws) = (self.dtype.size(), self.source_dtype.size());
+        range.start / w * ws..range.end / w * ws
+    }
+}
+
+impl GroupedReference for Prediction<'_> {
+    fn grouped(&self, offset: usize, grouped: &mut [u8]) -> crate::codec::Result<()> {
+        let w = self.dtype.size();
+        let whole = offset.is_multiple_of(w) && grouped.len().is_multiple_of(w);
+        let wide = whole.then(|| self.source.get(self.source_range(offset..offset + grouped.len()))).flatten();
+        let wide = wide.ok_or_else(|| {
+            crate::codec::Error::InvalidInput(format!(
+                "{} predicted bytes at offset {offset} are not whole elements of the reference",
+                grouped.len()
+            ))
+        })?;
+        PREDICTION_SCRATCH.with(|scratch| {
+            let mut predicted = scratch.borrow_mut();
+            predicted.resize(grouped.len(), 0);
+            cross_precision::predict(self.conversion, wide, self.source_dtype, self.dtype, &mut predicted)?;
+            byte_group::split(&predicted, None, self.layout, grouped)
+        })
     }
 }
 
@@ -319,6 +506,8 @@ impl Store {
     /// size is the reference's scaled by the ratio of element widths (chunk `i` holds the
     /// elements of the reference's chunk `i`); when that is not a valid chunk size, or the
     /// dtypes do not pair, the blob cannot be derived (an [`Error::Encode`]).
+    /// [`Self::code_blob_derived_from_bytes`] codes the same object from the reference's bytes
+    /// at hand, without decoding it.
     #[allow(clippy::too_many_arguments)]
     pub fn code_blob_derived(
         &self,
@@ -331,51 +520,118 @@ impl Store {
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<Option<DerivedBlob>> {
-        let invalid = |reason: String| Error::Encode { id, source: crate::codec::Error::InvalidInput(reason) };
-        let source_dtype = reference.dtype().ok_or_else(|| invalid("an opaque reference".into()))?;
-        let chunk_size = reference.chunk_size * dtype.size() / source_dtype.size();
-        if !data.len().is_multiple_of(dtype.size())
-            || (data.len() / dtype.size()) as u64 * source_dtype.size() as u64 != reference.len()
-        {
-            return Err(invalid(format!("{} bytes against a reference of {}", data.len(), reference.len())));
-        }
-        if !chunk_size.is_power_of_two() || !(4096..=4 << 20).contains(&chunk_size) {
-            return Err(invalid(format!("a derived chunk size of {chunk_size} bytes")));
-        }
-        if reference.ids().contains(&id) {
-            // Storing it would replace an object of its own reference chain: a cycle.
-            return Err(invalid(format!("{id} is in its reference's chain")));
-        }
+        let form = reference.form();
+        let (source_dtype, chunk_size) = derivable(id, data, dtype, &form)?;
         let mut plain = Vec::with_capacity(reference.len() as usize);
         reference.copy_to(&mut plain)?;
         let conversion = match conversion {
             Some(c) => c,
             None => cross_precision::choose(&plain, source_dtype, data, dtype)
-                .ok_or_else(|| invalid(format!("{dtype:?} cannot be predicted from {source_dtype:?}")))?,
+                .ok_or_else(|| cannot_predict(id, source_dtype, dtype))?,
         };
         let mut predicted = vec![0u8; data.len()];
         cross_precision::predict(conversion, &plain, source_dtype, dtype, &mut predicted)
             .map_err(|source| Error::Encode { id, source })?;
         drop(plain);
+        self.code_derived(
+            id,
+            data,
+            dtype,
+            &form,
+            conversion,
+            chunk_size,
+            Against::Bytes(&predicted),
+            limit,
+            options,
+            feedback,
+        )
+    }
+
+    /// [`Self::code_blob_derived`] (conversion chosen by [`cross_precision::choose`]) from the
+    /// reference's content at hand, `source.bytes` (a tensor of the file being committed),
+    /// whose blob has, or is getting in the same commit, the form `source.form`: the
+    /// prediction is made chunk by chunk from those bytes as the residual is coded, so nothing
+    /// is decoded and no whole tensor is copied; the source's pages are released window by
+    /// window as the data's are. The object is byte for byte the one `code_blob_derived` makes
+    /// from the stored reference when `source.bytes` are its content.
+    ///
+    /// The caller vouches for that: the bytes are not hashed here. A residual coded from bytes
+    /// that are not the reference's content decodes to other bytes than `id`'s, so a caller
+    /// whose bytes may have changed meanwhile (a file rewritten during a commit) must check
+    /// them afterwards and remove the object if they did.
+    #[allow(clippy::too_many_arguments)]
+    pub fn code_blob_derived_from_bytes(
+        &self,
+        id: ObjectId,
+        data: &[u8],
+        dtype: Dtype,
+        source: &SourceBytes<'_>,
+        limit: u64,
+        options: &Options,
+        feedback: &Feedback<'_>,
+    ) -> Result<Option<DerivedBlob>> {
+        let form = source.form;
+        let (source_dtype, chunk_size) = derivable(id, data, dtype, form)?;
+        if source.bytes.len() as u64 != form.len {
+            return Err(Error::Encode {
+                id,
+                source: crate::codec::Error::InvalidInput(format!(
+                    "{} reference bytes for a reference of {}",
+                    source.bytes.len(),
+                    form.len
+                )),
+            });
+        }
+        let conversion = choose_streaming(source, source_dtype, data, dtype, feedback)
+            .ok_or_else(|| cannot_predict(id, source_dtype, dtype))?;
+        let prediction = Prediction {
+            conversion,
+            source: source.bytes,
+            source_dtype,
+            dtype,
+            layout: Layout::for_dtype(Some(dtype)),
+            release: source.release,
+        };
+        let against = Against::Predicted(&prediction);
+        self.code_derived(id, data, dtype, form, conversion, chunk_size, against, limit, options, feedback)
+    }
+
+    /// Codes the derived object of `data` against `against`, the prediction of it from the
+    /// blob `form` describes by `conversion`, in chunks of `chunk_size`.
+    #[allow(clippy::too_many_arguments)]
+    fn code_derived(
+        &self,
+        id: ObjectId,
+        data: &[u8],
+        dtype: Dtype,
+        form: &BlobForm,
+        conversion: Conversion,
+        chunk_size: usize,
+        against: Against<'_>,
+        limit: u64,
+        options: &Options,
+        feedback: &Feedback<'_>,
+    ) -> Result<Option<DerivedBlob>> {
         let header = ObjectHeader {
             kind: ObjectKind::Blob,
             dtype: Some(dtype),
-            reference: Some(reference.id()),
-            depth: reference.depth().saturating_add(1).min(MAX_CHAIN_DEPTH),
+            reference: Some(form.id),
+            depth: form.depth.saturating_add(1).min(MAX_CHAIN_DEPTH),
             conversion: Some(conversion),
             raw_len: data.len() as u64,
         };
         let options = Options { chunk_size, ..options.clone() };
         let coded = self.write_temp_object(id, header, Some(limit), |out| {
-            encode_blob(id, out, BlobData::Bytes(data), Against::Bytes(&predicted), header.dtype, &options, feedback)
+            encode_blob(id, out, BlobData::Bytes(data), against, header.dtype, &options, feedback)
         })?;
-        Ok(coded.map(|(tmp, stored_len)| DerivedBlob { id, header, tmp, stored_len }))
+        let chain = std::iter::once(id).chain(form.chain.iter().copied()).collect();
+        Ok(coded.map(|(tmp, stored_len)| DerivedBlob { id, header, tmp, stored_len, chunk_size, chain }))
     }
 
     /// Stores a blob coded by [`Self::code_blob_derived`] (through the background sync of a
     /// [`Store::with_background_sync`] view, as every write).
     pub fn keep(&self, blob: DerivedBlob) -> Result<Written> {
-        let DerivedBlob { id, header, tmp, stored_len } = blob;
+        let DerivedBlob { id, header, tmp, stored_len, .. } = blob;
         match &self.background {
             Some(queue) => {
                 queue.send(super::PendingObject { tmp, id }).expect("the syncing threads outlive every view")
@@ -528,6 +784,8 @@ enum Against<'a> {
     Nothing,
     Chain(&'a BlobChain),
     Bytes(&'a [u8]),
+    /// A derived blob's prediction made chunk by chunk from its reference's bytes.
+    Predicted(&'a Prediction<'a>),
 }
 
 /// What a blob write codes: bytes the caller has (a file being committed), or a blob that is
@@ -626,7 +884,7 @@ fn encode_blob(
     let chain_source = |chain| ChainReference { chain, containers: Vec::new(), error: Mutex::new(None) };
     let mut source = match against {
         Against::Chain(chain) => Some(chain_source(chain)),
-        Against::Nothing | Against::Bytes(_) => None,
+        Against::Nothing | Against::Bytes(_) | Against::Predicted(_) => None,
     };
     let mut stored = match data {
         BlobData::Stored(chain) => Some(chain_source(chain)),
@@ -644,6 +902,7 @@ fn encode_blob(
         dtype,
         reference: match (against, &source) {
             (Against::Bytes(bytes), _) => Some(Reference::Bytes(bytes)),
+            (Against::Predicted(prediction), _) => Some(Reference::Grouped { source: prediction, offset: 0, len }),
             (_, Some(s)) => Some(Reference::Grouped { source: s, offset: 0, len }),
             (_, None) => None,
         },
@@ -657,6 +916,9 @@ fn encode_blob(
         (feedback.progress)(covered as u64);
         if covered - released >= window || covered == len {
             (feedback.release_input)(released..covered);
+            if let Against::Predicted(prediction) = against {
+                (prediction.release)(prediction.source_range(released..covered));
+            }
             for s in source.iter().chain(stored.iter()) {
                 s.chain.release_pages();
             }
@@ -748,6 +1010,18 @@ impl BlobChain {
         }
         if let Some((_, source)) = &self.derived {
             source.release_pages();
+        }
+    }
+
+    /// What a blob derived from this one takes from it ([`BlobForm`]).
+    pub fn form(&self) -> BlobForm {
+        BlobForm {
+            id: self.id(),
+            dtype: self.dtype(),
+            len: self.len(),
+            chunk_size: self.chunk_size,
+            depth: self.depth(),
+            chain: self.ids(),
         }
     }
 
@@ -877,15 +1151,11 @@ impl BlobChain {
         let base = self.objects.last().expect("at least the target");
         let corrupt = |e: crate::codec::Error| Error::Corrupt { id: base.id, reason: e.to_string() };
         let mut plain = vec![0u8; source.chunk_range(i).len()];
-        // Not through `decode_chunk`: its thread buffer is the caller's while this runs.
-        if source.objects.len() == 1 && source.derived.is_none() {
-            containers[0]
-                .decode_chunk_into(i, &mut plain)
-                .map_err(|e| Error::Corrupt { id: source.objects[0].id, reason: e.to_string() })?;
-        } else {
-            let mut scratch = vec![0u8; plain.len()];
-            source.decode_chunk_grouped(containers, i, &mut scratch, &mut plain)?;
-        }
+        // Through neither `decode_chunk` nor the container's `decode_chunk_into`, even for a
+        // standalone reference: their thread buffers are the callers' while this runs (the
+        // codec's chunk scratch holds the input of a delta being coded against this chain).
+        let mut scratch = vec![0u8; plain.len()];
+        source.decode_chunk_grouped(containers, i, &mut scratch, &mut plain)?;
         let (Some(from), Some(to)) = (source.dtype(), self.dtype()) else {
             return Err(corrupt(crate::codec::Error::InvalidInput("a derived blob of opaque bytes".into())));
         };

@@ -426,3 +426,156 @@ fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     );
     assert!(refused.is_err());
 }
+
+/// The bf16 copy of `fp32` (a `model(F32, ..)` file without prefix) by truncation.
+fn truncated_copy(fp32: &[u8]) -> Vec<u8> {
+    let header_len = 8 + u64::from_le_bytes(fp32[..8].try_into().unwrap()) as usize;
+    let spec: Vec<(String, Dtype, Vec<u64>)> =
+        SHAPES.iter().map(|(n, s)| (n.to_string(), Dtype::Bf16, s.to_vec())).collect();
+    let mut truncated = ckpt::safetensors::write_header(&spec, None).unwrap();
+    for w in fp32[header_len..].chunks_exact(4) {
+        truncated.extend_from_slice(&w[2..4]);
+    }
+    truncated
+}
+
+/// Every derived blob of `file` in `HEAD` is byte for byte the object the store codes from its
+/// reference decoded out of the store (`Store::code_blob_derived`, what commits did before
+/// they predicted from the input's bytes): recoded that way over the same id, the object file
+/// is unchanged. Returns the header depths of the blobs compared.
+fn derived_objects_match_decoded_path(repo: &Repo, config: &Config, file: &str) -> Vec<u32> {
+    use ckpt::store::Feedback;
+    let store = repo.store();
+    let mut depths = Vec::new();
+    for (name, blob) in tensor_blobs(repo, "HEAD", file) {
+        let header = store.header(&blob).unwrap();
+        if header.conversion.is_none() {
+            continue;
+        }
+        let mut content = Vec::new();
+        store.open_blob(&blob).unwrap().copy_to(&mut content).unwrap();
+        let path = store.object_path(&blob);
+        let written = std::fs::read(&path).unwrap();
+        let reference = store.open_blob(&header.reference.unwrap()).unwrap();
+        let options = config.codec_options();
+        let dtype = header.dtype.unwrap();
+        let coded =
+            store.code_blob_derived(blob, &content, dtype, &reference, None, u64::MAX, &options, &Feedback::NONE);
+        store.remove(&blob).unwrap();
+        store.keep(coded.unwrap().unwrap()).unwrap();
+        assert!(std::fs::read(&path).unwrap() == written, "{file} {name}: the object differs");
+        depths.push(header.depth);
+    }
+    depths
+}
+
+#[test]
+fn blobs_derived_from_the_input_are_the_objects_decoding_the_reference_gives() {
+    for policy in [DeltaPolicy::Previous, DeltaPolicy::Reverse] {
+        // Previous: the fp32 reference is itself a version delta (the depth the derived
+        // header records counts it); reverse: it is standalone when the bf16 copy is coded.
+        let config = Config { delta_policy: policy, base_every: 20, chunk_size: 64 << 10, ..Config::default() };
+        let t = TestRepo::with_config(&config);
+        let repo = t.open();
+        let mut depths = Vec::new();
+        for epoch in 0..3 {
+            commit_epoch(&t, &repo, epoch);
+            depths.extend(derived_objects_match_decoded_path(&repo, &config, "model_bf16.safetensors"));
+        }
+        // The fp32 file again, unchanged (its blobs stored already, so their form is read from
+        // the store), with a bf16 copy by truncation: derived from the input's fp32 bytes too.
+        let fp32 = model(Dtype::F32, 2, "");
+        t.write("model_fp32.safetensors", &fp32);
+        t.write("model_bf16.safetensors", &truncated_copy(&fp32));
+        repo.commit(&["model_bf16.safetensors", "model_fp32.safetensors"], "truncated", &CommitOptions::default())
+            .unwrap();
+        let stored_before = derived_objects_match_decoded_path(&repo, &config, "model_bf16.safetensors");
+        assert_eq!(stored_before.len(), SHAPES.len(), "{policy:?}: every truncated copy is derived");
+        depths.extend(stored_before);
+        assert!(depths.len() >= 3 * SHAPES.len(), "{policy:?}: {depths:?}");
+        if policy == DeltaPolicy::Previous {
+            assert!(depths.iter().any(|d| *d > 1), "no reference was a delta: {depths:?}");
+        }
+        assert!(repo.verify().unwrap().is_ok());
+    }
+}
+
+/// Rewrites `path` in place (same length, no truncation: a map of it sees the new bytes) with
+/// `bytes` when the commit phase starts, once.
+struct RewriteWhenCommitting {
+    path: std::path::PathBuf,
+    bytes: Vec<u8>,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl ckpt::repo::Progress for RewriteWhenCommitting {
+    fn start(&self, label: &str, _total: u64) {
+        if label == "commit" && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&self.path).unwrap();
+            f.write_all(&self.bytes).unwrap();
+            f.sync_all().unwrap();
+        }
+    }
+}
+
+/// The fp32 file a bf16 copy is predicted from changes after it was hashed, before the copy is
+/// coded: the residual is taken against other bytes than its reference's content. The commit
+/// fails, and no such blob is kept, whether the fp32 blobs are new in this commit (removed
+/// with the file's blobs) or were stored before (the file's blobs are not this commit's to
+/// remove: the derived ones still are). Every blob left in the store decodes to its id.
+#[test]
+fn a_copy_predicted_from_a_file_that_changed_is_never_kept() {
+    for fp32_stored_before in [true, false] {
+        let t = TestRepo::with_config(&config());
+        let mut repo = t.open();
+        let fp32 = model(Dtype::F32, 0, "");
+        let copy = truncated_copy(&fp32);
+        if fp32_stored_before {
+            t.write("model_fp32.safetensors", &fp32);
+            repo.commit(&["model_fp32.safetensors"], "fp32", &CommitOptions::default()).unwrap();
+        }
+        t.write("model_fp32.safetensors", &fp32);
+        t.write("model_bf16.safetensors", &copy);
+        let changed = model(Dtype::F32, 1, "");
+        assert_eq!(changed.len(), fp32.len());
+        repo.set_progress(std::sync::Arc::new(RewriteWhenCommitting {
+            path: t.path("model_fp32.safetensors"),
+            bytes: changed,
+            done: Default::default(),
+        }));
+        let result =
+            repo.commit(&["model_bf16.safetensors", "model_fp32.safetensors"], "racing", &CommitOptions::default());
+        assert!(
+            matches!(result, Err(ckpt::repo::Error::FileChanged { ref path }) if path == "model_fp32.safetensors"),
+            "{result:?}"
+        );
+        let store = repo.store();
+        let header_len = 8 + u64::from_le_bytes(copy[..8].try_into().unwrap()) as usize;
+        let mut offset = header_len;
+        for (name, shape) in SHAPES {
+            let len = shape.iter().product::<u64>() as usize * 2;
+            let id = ObjectId::hash(&copy[offset..offset + len]);
+            assert!(!store.contains(&id), "fp32 stored before: {fp32_stored_before}; {name}'s copy was kept");
+            offset += len;
+        }
+        for id in store.list().unwrap() {
+            if store.header(&id).unwrap().kind == ObjectKind::Blob {
+                store.open_blob(&id).unwrap().copy_to(&mut std::io::sink()).unwrap();
+            }
+        }
+        // The retry, with the file as it is now, commits exactly the files.
+        repo.set_progress(std::sync::Arc::new(RewriteWhenCommitting {
+            path: t.path("unused"),
+            bytes: Vec::new(),
+            done: true.into(),
+        }));
+        let id = repo.commit(&["model_bf16.safetensors", "model_fp32.safetensors"], "retry", &CommitOptions::default());
+        let files = vec![
+            ("model_bf16.safetensors".to_string(), copy.clone()),
+            ("model_fp32.safetensors".to_string(), model(Dtype::F32, 1, "")),
+        ];
+        assert_checks_out(&repo, &id.unwrap(), &files);
+        assert!(repo.verify().unwrap().is_ok());
+    }
+}
