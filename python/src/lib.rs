@@ -670,10 +670,9 @@ impl Repo {
         path: String,
         previous: Option<String>,
     ) -> PyResult<(String, String, String, u64)> {
-        let rp = RepoPath::parse(&path).map_err(|reason| PyValueError::new_err(format!("{path}: {reason}")))?;
-        let previous = previous.map(|p| parse_id(&p)).transpose()?;
+        let (rp, previous) = stored_file_args(&path, previous)?;
         let entry = self.run(py, move |repo| repo.store_objects(&disk, &rp, previous.as_ref()))?;
-        Ok((entry.path, entry.manifest.to_hex(), entry.hash.to_hex(), entry.len))
+        Ok(stored_entry(entry))
     }
 
     /// Writes one version of `files` (`(path, manifest, file hash, length)` as
@@ -691,12 +690,7 @@ impl Repo {
         tags: Vec<String>,
     ) -> PyResult<String> {
         let expected = expected.map(|e| parse_id(&e)).transpose()?;
-        let files = files
-            .into_iter()
-            .map(|(path, manifest, hash, len)| {
-                Ok(repo::FileEntry { path, manifest: parse_id(&manifest)?, hash: parse_id(&hash)?, len })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let files = files.into_iter().map(entry_of_stored).collect::<PyResult<Vec<_>>>()?;
         self.run(py, move |repo| {
             if let Err(reason) = check_tags(repo, &tags)? {
                 return Ok(Err(reason));
@@ -992,13 +986,12 @@ impl RemoteStore {
         path: String,
         previous: Option<String>,
     ) -> PyResult<(String, String, String, u64)> {
-        let rp = RepoPath::parse(&path).map_err(|reason| PyValueError::new_err(format!("{path}: {reason}")))?;
-        let previous = previous.map(|p| parse_id(&p)).transpose()?;
+        let (rp, previous) = stored_file_args(&path, previous)?;
         let (layout, transfers) = (self.layout, self.transfers);
         let (entry, _) = self.run(py, move |remote, cache| {
             sync::store_file_to_remote(cache, remote, &disk, &rp, previous.as_ref(), layout, transfers)
         })?;
-        Ok((entry.path, entry.manifest.to_hex(), entry.hash.to_hex(), entry.len))
+        Ok(stored_entry(entry))
     }
 
     /// Writes one version of `files` on the remote and moves `branch` there by
@@ -1018,12 +1011,7 @@ impl RemoteStore {
     ) -> PyResult<String> {
         let version = expected.map(|e| parse_id(&e)).transpose()?;
         let tip = sync::RemoteTip { version, tag };
-        let files = files
-            .into_iter()
-            .map(|(path, manifest, hash, len)| {
-                Ok(repo::FileEntry { path, manifest: parse_id(&manifest)?, hash: parse_id(&hash)?, len })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let files = files.into_iter().map(entry_of_stored).collect::<PyResult<Vec<_>>>()?;
         let id = self.run(py, move |remote, cache| {
             sync::commit_to_remote(cache, remote, &branch, &tip, files, &message, &tags, &CommitOptions::default())
         })?;
@@ -1043,6 +1031,23 @@ impl RemoteStore {
 }
 
 /// An object or version id given as hex by the Python side.
+/// The arguments of a `store_objects` (local or remote): the file's path in the version, and
+/// the version whose same file it is coded against.
+fn stored_file_args(path: &str, previous: Option<String>) -> PyResult<(RepoPath, Option<VersionId>)> {
+    let rp = RepoPath::parse(path).map_err(|reason| PyValueError::new_err(format!("{path}: {reason}")))?;
+    Ok((rp, previous.map(|p| parse_id(&p)).transpose()?))
+}
+
+/// A stored file as Python gets it: `(path, manifest, file hash, length)`.
+fn stored_entry(entry: repo::FileEntry) -> (String, String, String, u64) {
+    (entry.path, entry.manifest.to_hex(), entry.hash.to_hex(), entry.len)
+}
+
+/// [`stored_entry`] back, as `commit` gets it from the ranks.
+fn entry_of_stored((path, manifest, hash, len): (String, String, String, u64)) -> PyResult<repo::FileEntry> {
+    Ok(repo::FileEntry { path, manifest: parse_id(&manifest)?, hash: parse_id(&hash)?, len })
+}
+
 fn parse_id(hex: &str) -> PyResult<VersionId> {
     hex.parse().map_err(|_| PyValueError::new_err(format!("{hex:?} is not an object id")))
 }
