@@ -1,11 +1,9 @@
 """ckpt.dcp.Writer / Reader under real torch.distributed: gloo on CPU, ranks spawned on loopback,
 DTensor shards. Skipped without torch."""
 
-import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -24,12 +22,7 @@ import ckpt.dcp  # noqa: E402
 from ckpt._native import Repo as NativeRepo  # noqa: E402
 
 from conftest import ckpt_binary  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dcp_ranks import free_port, hold_write_data, init, report, results, sharded, wait_for  # noqa: E402
 
 
 def full_state(seed):
@@ -40,37 +33,6 @@ def full_state(seed):
         "b": torch.randn(40, generator=g).to(torch.bfloat16),
         "m": torch.randn(32, 8, generator=g),
     }
-
-
-def sharded(full, mesh, zero=False):
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    sd = {k: distribute_tensor(torch.zeros_like(v) if zero else v, mesh, [Shard(0)]) for k, v in full.items()}
-    sd["step"] = 0 if zero else 1234
-    return sd
-
-
-def init(rank, world, port, timeout=None):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    kwargs = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
-    dist.init_process_group("gloo", rank=rank, world_size=world, **kwargs)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (world,))
-
-
-def report(out, rank, value):
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(value, f)
-
-
-def wait_for(path, limit=60):
-    end = time.time() + limit
-    while not os.path.exists(path):
-        if time.time() > end:
-            raise TimeoutError(path)
-        time.sleep(0.05)
 
 
 def save_worker(rank, world, port, repo, seed, out, fail_rank, gate):
@@ -86,14 +48,7 @@ def save_worker(rank, world, port, repo, seed, out, fail_rank, gate):
 
             writer.write_data = write_data
         if gate is not None:
-            started, proceed = gate
-
-            def write_data(plan, planner):
-                open(started, "w").close()
-                wait_for(proceed)
-                return inner(plan, planner)
-
-            writer.write_data = write_data
+            hold_write_data(writer, gate)
         dcp.save(sharded(full_state(seed), mesh), storage_writer=writer)
         report(out, rank, {"ok": True})
     except BaseException as e:  # noqa: BLE001 - reported to the test (CheckpointException is one)
@@ -127,10 +82,6 @@ def run_save(world, repo, seed, out, fail_rank=None, gate=None):
     return mp.spawn(
         save_worker, args=(world, free_port(), repo, seed, out, fail_rank, gate), nprocs=world, join=False
     )
-
-
-def results(out, world):
-    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
 
 
 def save(world, repo, seed, out, fail_rank=None):
@@ -209,7 +160,6 @@ def test_two_jobs_saving_to_one_branch_at_once_one_is_refused(repo_dir, tmp_path
     versions = log(repo_dir)
     assert len(versions) == 2 and versions[1]["id"] == before
     assert versions[0]["message"] == "seed 2"
-
 
 
 def test_async_save_in_one_process_then_load(repo_dir):

@@ -25,14 +25,9 @@ import ckpt.dcp  # noqa: E402
 from ckpt._native import RemoteStore  # noqa: E402
 
 from conftest import ckpt_binary  # noqa: E402
+from dcp_ranks import free_port, hold_write_data, init, report, results, sharded, wait_for  # noqa: E402
 
 ACCESS_KEY, SECRET_KEY, BUCKET = "ckpt-test-key", "ckpt-test-secret", "ckpt-dcp"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def full_state(seed):
@@ -56,50 +51,12 @@ def state(seed):
     return full_state(seed) if seed == 1 else drifted(seed)
 
 
-def sharded(full, mesh, zero=False):
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    sd = {k: distribute_tensor(torch.zeros_like(v) if zero else v, mesh, [Shard(0)]) for k, v in full.items()}
-    sd["step"] = 0 if zero else 1234
-    return sd
-
-
-def init(rank, world, port):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (world,))
-
-
-def report(out, rank, value):
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(value, f)
-
-
-def wait_for(path, limit=60):
-    end = time.time() + limit
-    while not os.path.exists(path):
-        if time.time() > end:
-            raise TimeoutError(path)
-        time.sleep(0.05)
-
-
 def save_worker(rank, world, port, url, layout, seed, gate, out):
     mesh = init(rank, world, port)
     try:
         writer = ckpt.dcp.Writer(url, message=f"seed {seed}", tags=[f"s{seed}"], layout=layout)
         if gate is not None:
-            started, proceed = gate
-            inner = writer.write_data
-
-            def write_data(plan, planner):
-                open(started, "w").close()
-                wait_for(proceed)
-                return inner(plan, planner)
-
-            writer.write_data = write_data
+            hold_write_data(writer, gate)
         dcp.save(sharded(state(seed), mesh), storage_writer=writer)
         report(out, rank, {"ok": True})
     except BaseException as e:  # noqa: BLE001 - reported to the test (CheckpointException is one)
@@ -120,10 +77,6 @@ def load_worker(rank, world, port, url, seed, rev, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
-
-
-def results(out, world):
-    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
 
 
 def run(fn, world, *args, out):

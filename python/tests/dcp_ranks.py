@@ -1,0 +1,69 @@
+"""What the torch.distributed tests of `ckpt.dcp` share: ranks spawned on loopback with gloo on
+CPU, DTensor shards, and each rank's outcome reported through a file. Imported by the test
+modules only after they have skipped themselves when torch is missing."""
+
+import datetime
+import json
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sharded(full, mesh, zero=False):
+    """`full`'s tensors sharded on dim 0 over `mesh` (zeros with `zero`), plus a `step`."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    sd = {k: distribute_tensor(torch.zeros_like(v) if zero else v, mesh, [Shard(0)]) for k, v in full.items()}
+    sd["step"] = 0 if zero else 1234
+    return sd
+
+
+def init(rank, world, port, timeout=None):
+    """Joins the process group of `world` ranks on loopback; returns a 1-D CPU device mesh."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    kwargs = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    dist.init_process_group("gloo", rank=rank, world_size=world, **kwargs)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world,))
+
+
+def report(out, rank, value):
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(value, f)
+
+
+def results(out, world):
+    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
+
+
+def wait_for(path, limit=60):
+    end = time.time() + limit
+    while not os.path.exists(path):
+        if time.time() > end:
+            raise TimeoutError(path)
+        time.sleep(0.05)
+
+
+def hold_write_data(writer, gate):
+    """Makes `writer.write_data` announce itself (creates `gate[0]`) and wait for `gate[1]`: a
+    save held in the middle, for races."""
+    started, proceed = gate
+    inner = writer.write_data
+
+    def write_data(plan, planner):
+        open(started, "w").close()
+        wait_for(proceed)
+        return inner(plan, planner)
+
+    writer.write_data = write_data
