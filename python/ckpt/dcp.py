@@ -73,7 +73,26 @@ def _is_remote(target: str) -> bool:
     return "://" in target
 
 
-class _RepoTarget:
+class _Target:
+    """Where a save goes or a load comes from; `native` (a `Repo` or a `RemoteStore`) answers
+    the calls both kinds make the same way."""
+
+    native: Any
+
+    def check_tags(self, tags: List[str]) -> None:
+        self.native.check_tags(tags)
+
+    def store_objects(self, disk: str, path: str, previous: Optional[str]):
+        return self.native.store_objects(disk, path, previous)
+
+    def resolve(self, rev: str) -> str:
+        return self.native.resolve(rev)
+
+    def open_file(self, version: str, path: str):
+        return self.native.open_file(version, path)
+
+
+class _RepoTarget(_Target):
     """A repository every rank opens (a shared file system)."""
 
     def __init__(self, path: str) -> None:
@@ -89,26 +108,14 @@ class _RepoTarget:
             tip = self.native.branch_tip(branch)
         return branch, tip, None
 
-    def check_tags(self, tags: List[str]) -> None:
-        self.native.check_tags(tags)
-
-    def store_objects(self, disk: str, path: str, previous: Optional[str]):
-        return self.native.store_objects(disk, path, previous)
-
     def commit(self, branch, tip, cas, files, message, tags) -> str:
         return self.native.commit_stored(branch, tip, files, message, tags)
-
-    def resolve(self, rev: str) -> str:
-        return self.native.resolve(rev)
-
-    def open_file(self, version: str, path: str):
-        return self.native.open_file(version, path)
 
     def close(self) -> None:
         pass
 
 
-class _RemoteTarget:
+class _RemoteTarget(_Target):
     """A remote every rank reaches through a cache of its own."""
 
     def __init__(self, url: str, cache: Optional[str], layout: str, s3: Dict[str, Any], create: bool) -> None:
@@ -128,20 +135,8 @@ class _RemoteTarget:
         tip, cas = self.native.branch_tip(branch)
         return branch, tip, cas
 
-    def check_tags(self, tags: List[str]) -> None:
-        self.native.check_tags(tags)
-
-    def store_objects(self, disk: str, path: str, previous: Optional[str]):
-        return self.native.store_objects(disk, path, previous)
-
     def commit(self, branch, tip, cas, files, message, tags) -> str:
         return self.native.commit(branch, tip, cas, files, message, tags)
-
-    def resolve(self, rev: str) -> str:
-        return self.native.resolve(rev)
-
-    def open_file(self, version: str, path: str):
-        return self.native.open_file(version, path)
 
     def close(self) -> None:
         self.native = None
