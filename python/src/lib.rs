@@ -21,6 +21,7 @@ use ckpt::repo::{
     self, CheckoutOptions, CommitOptions, CommitSource, Head, MemoryFile, OpenedFile, RepoPath, TensorSpec, VersionId,
 };
 use ckpt::sync;
+use ckpt::torch_zip::dcp;
 use ckpt::Dtype;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTimeoutError, PyTypeError, PyValueError};
@@ -659,19 +660,21 @@ impl Repo {
     }
 
     /// Stores the file at `disk` as the content of `path` (objects only: no version, no ref,
-    /// no writer lock), delta-coded against the same path in version `previous` where the
-    /// repository's delta policy allows. Returns `(path, manifest, file hash, length)` for
-    /// [`Repo::commit_stored`].
-    #[pyo3(signature = (disk, path, previous=None))]
+    /// no writer lock), delta-coded against the same items in version `previous` where the
+    /// repository's delta policy allows. A `.distcp` file is cut into the `items` its writer
+    /// wrote into it ([`WrittenItem`]), named as `.metadata` would name them. Returns
+    /// `(path, manifest, file hash, length)` for [`Repo::commit_stored`].
+    #[pyo3(signature = (disk, path, previous=None, items=None))]
     fn store_objects(
         &self,
         py: Python<'_>,
         disk: PathBuf,
         path: String,
         previous: Option<String>,
+        items: Option<Vec<WrittenItem>>,
     ) -> PyResult<(String, String, String, u64)> {
-        let (rp, previous) = stored_file_args(&path, previous)?;
-        let entry = self.run(py, move |repo| repo.store_objects(&disk, &rp, previous.as_ref()))?;
+        let (rp, previous, items) = stored_file_args(&path, previous, items)?;
+        let entry = self.run(py, move |repo| repo.store_objects(&disk, &rp, previous.as_ref(), items.as_deref()))?;
         Ok(stored_entry(entry))
     }
 
@@ -976,20 +979,31 @@ impl RemoteStore {
     }
 
     /// Stores the file at `disk` as `path` in the cache and uploads it
-    /// ([`sync::store_file_to_remote`]), coded against the same path in version `previous`.
+    /// ([`sync::store_file_to_remote`]), coded against the same items in version `previous`
+    /// (a `.distcp` file cut into its writer's `items`, as [`Repo::store_objects`] cuts it).
     /// Returns `(path, manifest, file hash, length)` for [`RemoteStore::commit`].
-    #[pyo3(signature = (disk, path, previous=None))]
+    #[pyo3(signature = (disk, path, previous=None, items=None))]
     fn store_objects(
         &self,
         py: Python<'_>,
         disk: PathBuf,
         path: String,
         previous: Option<String>,
+        items: Option<Vec<WrittenItem>>,
     ) -> PyResult<(String, String, String, u64)> {
-        let (rp, previous) = stored_file_args(&path, previous)?;
+        let (rp, previous, items) = stored_file_args(&path, previous, items)?;
         let (layout, transfers) = (self.layout, self.transfers);
         let (entry, _) = self.run(py, move |remote, cache| {
-            sync::store_file_to_remote(cache, remote, &disk, &rp, previous.as_ref(), layout, transfers)
+            sync::store_file_to_remote(
+                cache,
+                remote,
+                &disk,
+                &rp,
+                previous.as_ref(),
+                items.as_deref(),
+                layout,
+                transfers,
+            )
         })?;
         Ok(stored_entry(entry))
     }
@@ -1031,11 +1045,45 @@ impl RemoteStore {
 }
 
 /// An object or version id given as hex by the Python side.
-/// The arguments of a `store_objects` (local or remote): the file's path in the version, and
-/// the version whose same file it is coded against.
-fn stored_file_args(path: &str, previous: Option<String>) -> PyResult<(RepoPath, Option<VersionId>)> {
+/// One item a DCP rank wrote into its file, as `ckpt.dcp.Writer` reports it from DCP's write
+/// results: `(offset, length, fqn, chunk, transformed)`, `chunk` being `None` for a bytes item
+/// or `(torch dtype name, tensor size, chunk offsets, chunk sizes)` for a tensor chunk, and
+/// `transformed` whether a storage extension transformed its bytes. Untrusted: a report that
+/// does not fit the file only changes how it is cut (`torch_zip::dcp::cut_by_written_items`).
+type WrittenItem = (u64, u64, String, Option<(String, Vec<u64>, Vec<u64>, Vec<u64>)>, bool);
+
+/// The arguments of a `store_objects` (local or remote): the file's path in the version, the
+/// version whose same items it is coded against, and the items its writer reports.
+#[allow(clippy::type_complexity)]
+fn stored_file_args(
+    path: &str,
+    previous: Option<String>,
+    items: Option<Vec<WrittenItem>>,
+) -> PyResult<(RepoPath, Option<VersionId>, Option<Vec<dcp::Item>>)> {
     let rp = RepoPath::parse(path).map_err(|reason| PyValueError::new_err(format!("{path}: {reason}")))?;
-    Ok((rp, previous.map(|p| parse_id(&p)).transpose()?))
+    let file = path.rsplit('/').next().unwrap_or_default().to_string();
+    let items = items.map(|items| {
+        items
+            .into_iter()
+            .map(|(offset, length, fqn, chunk, transformed)| dcp::Item {
+                kind: match chunk {
+                    None => dcp::ItemKind::Bytes,
+                    Some((torch_dtype, size, offsets, sizes)) => dcp::ItemKind::Tensor {
+                        dtype: dcp::dtype_of_torch(&torch_dtype),
+                        torch_dtype,
+                        size,
+                        offsets,
+                        sizes,
+                    },
+                },
+                fqn,
+                file: file.clone(),
+                range: offset..offset.saturating_add(length),
+                transformed,
+            })
+            .collect()
+    });
+    Ok((rp, previous.map(|p| parse_id(&p)).transpose()?, items))
 }
 
 /// A stored file as Python gets it: `(path, manifest, file hash, length)`.

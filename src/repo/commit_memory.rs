@@ -433,7 +433,7 @@ impl Repo {
         };
         // Bytes from memory have no directory to find a `.distcp` file's `.metadata` in.
         let disk_is_real = !matches!(prepared, Prepared::Memory { .. });
-        let mut input = Input::from_file(&disk, path.clone(), file, metadata, Rules::Commit, disk_is_real)?;
+        let mut input = Input::from_file(&disk, path.clone(), file, metadata, Rules::Commit, disk_is_real, None)?;
         input.in_working_tree = in_working_tree;
         Ok(input)
     }

@@ -25,10 +25,22 @@ impl Repo {
     /// Stores the file at `disk` as the content of `path`: its blobs and manifest, no version,
     /// no ref, without the writer lock. With `previous` (the version the new one will follow),
     /// and a delta policy other than `reverse`, its tensors are delta-coded against the same
-    /// tensors of the file at `path` there. Returns the file's entry for
+    /// tensors of the file at `path` there (for a `.distcp` file, the same items in any
+    /// `.distcp` file there, the same path's first). A `.distcp` file is cut into its items by
+    /// `written`, the items its writer reports having written into it (a rank's file is stored
+    /// before `.metadata` exists), so they are named by fqn and chunk offsets as a commit of
+    /// the checkpoint directory names them; without `written`, or if the report does not fit
+    /// the file, by walking its archives (`archive.<n>`:
+    /// [`crate::torch_zip::dcp::cut_by_written_items`]). Returns the file's entry for
     /// [`Repo::commit_stored`].
-    pub fn store_objects(&self, disk: &Path, path: &RepoPath, previous: Option<&VersionId>) -> Result<FileEntry> {
-        let input = Input::open(disk, path.clone(), Rules::AnyContent)?;
+    pub fn store_objects(
+        &self,
+        disk: &Path,
+        path: &RepoPath,
+        previous: Option<&VersionId>,
+        written: Option<&[crate::torch_zip::dcp::Item]>,
+    ) -> Result<FileEntry> {
+        let input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
         let base_every = self.config.base_every.clamp(1, super::config::MAX_BASE_EVERY);
         // Under `reverse`, the new file is stored whole and the previous version's blobs are
         // rewritten later (the version is left pending for `compact`, see `commit_stored`).
@@ -185,7 +197,7 @@ mod tests {
     fn store(repo: &Repo, dir: &Path, path: &str, bytes: &[u8], previous: Option<&VersionId>) -> FileEntry {
         let disk = dir.join("spool");
         std::fs::write(&disk, bytes).unwrap();
-        repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous).unwrap()
+        repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous, None).unwrap()
     }
 
     #[test]

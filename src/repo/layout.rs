@@ -56,13 +56,26 @@ impl Input {
     /// [`Input::check_unchanged`], not a SIGBUS) and parses it under `rules`, as the content of
     /// `path`. A `.distcp` file is cut by the `.metadata` next to `disk` ([`distcp_layout`]).
     pub(super) fn open(disk: &Path, path: RepoPath, rules: Rules) -> Result<Input> {
+        Input::open_written(disk, path, rules, None)
+    }
+
+    /// [`Input::open`], a `.distcp` file being cut by `written`, the items its writer reports
+    /// having written into it, when given ([`torch_zip::dcp::cut_by_written_items`]): the
+    /// file of a rank of `ckpt.dcp.Writer`, stored before any `.metadata` exists.
+    pub(super) fn open_written(
+        disk: &Path,
+        path: RepoPath,
+        rules: Rules,
+        written: Option<&[torch_zip::dcp::Item]>,
+    ) -> Result<Input> {
         let (file, metadata) = open_regular(disk, rules)?;
-        Input::from_file(disk, path, file, metadata, rules, true)
+        Input::from_file(disk, path, file, metadata, rules, true, written)
     }
 
     /// Maps the open `file` (with its `metadata`, read from `disk`) and parses it under `rules`.
     /// `disk_is_real`: `disk` is where the file lies (not a name given to bytes from memory), so
-    /// the `.metadata` of a `.distcp` file is read next to it.
+    /// the `.metadata` of a `.distcp` file is read next to it. `written`: see
+    /// [`Input::open_written`].
     pub(super) fn from_file(
         disk: &Path,
         path: RepoPath,
@@ -70,6 +83,7 @@ impl Input {
         metadata: Metadata,
         rules: Rules,
         disk_is_real: bool,
+        written: Option<&[torch_zip::dcp::Item]>,
     ) -> Result<Input> {
         let map = mmap::map_input(&file).map_err(|source| Error::Io {
             action: "reading",
@@ -87,7 +101,12 @@ impl Input {
                 Some(name) => {
                     input.distcp = true;
                     let sibling = disk_is_real && disk.file_name().is_some_and(|n| n.to_str() == Some(name.as_str()));
-                    input.torch = distcp_layout(&input.map, sibling.then_some(disk), &name);
+                    input.torch = match written {
+                        Some(items) => {
+                            torch_zip::dcp::cut_by_written_items(&input.map, &name, items).ok().map(|cut| cut.layout())
+                        }
+                        None => distcp_layout(&input.map, sibling.then_some(disk), &name),
+                    };
                 }
                 None => input.torch = torch_layout(&input.map, None),
             }

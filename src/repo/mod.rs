@@ -69,6 +69,7 @@ use crate::store::{self, ObjectKind, Store};
 pub(crate) use error::dirty_message;
 use error::io;
 pub(crate) use lock::WriterLock;
+pub(crate) use pairing::Counterpart;
 pub(crate) use refs::Refs;
 pub(crate) use revision::split_ancestry;
 use std::collections::HashMap;

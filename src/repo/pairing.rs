@@ -34,7 +34,13 @@ const RECENCY_WALK: usize = 32;
 
 impl<'v> ReferenceFiles<'v> {
     pub(super) fn new(version: Option<&'v Version>) -> Self {
-        ReferenceFiles { version, recency: None, manifests: HashMap::new(), distcp: None }
+        ReferenceFiles::with_manifests(version, HashMap::new())
+    }
+
+    /// [`Self::new`], with `manifests` read elsewhere (a rank saving to a remote downloads the
+    /// previous version's manifests it needs without storing them): looked up before the store.
+    pub(super) fn with_manifests(version: Option<&'v Version>, manifests: HashMap<ObjectId, Manifest>) -> Self {
+        ReferenceFiles { version, recency: None, manifests, distcp: None }
     }
 
     /// The blobs `input`'s tensors are delta-coded against: of its reference file
@@ -380,7 +386,33 @@ impl Manifest {
     }
 }
 
+impl Manifest {
+    /// Whether every tensor stored as a blob of its own and every bundle of this manifest has a
+    /// counterpart in `reference` ([`Self::same_tensor_blobs`]): then no other reference file
+    /// can add one.
+    pub(crate) fn pairs_every_tensor_with(&self, reference: &Manifest) -> bool {
+        let older = TensorBlobs::of(reference);
+        self.tensors().all(|(t, s)| s.blob.is_none() || older.tensor(t).is_some())
+            && self.bundle_keys().into_iter().all(|k| k.is_some_and(|k| older.bundle(k).is_some()))
+    }
+}
+
 impl Repo {
+    /// [`Repo::counterparts`] of the `.distcp` file `manifest` at `path`, looking up the
+    /// reference version's manifests in `manifests` before this store: a rank saving to a
+    /// remote pairs its file with the previous version's there, whose manifests it downloaded
+    /// without storing them (a manifest in its cache would claim the file's blobs are there).
+    pub(crate) fn distcp_counterparts_in(
+        &self,
+        path: &str,
+        manifest: &Manifest,
+        reference: &Version,
+        manifests: HashMap<ObjectId, Manifest>,
+    ) -> Vec<Counterpart> {
+        let mut references = ReferenceFiles::with_manifests(Some(reference), manifests);
+        manifest.same_tensor_blobs_in(&references.distcp_blobs(self, path))
+    }
+
     /// Pairs each blob of `files` (path and manifest of each new file, in order) with the blob
     /// of the same tensor in `reference`'s file at the same path or, for a new path, in the file
     /// a commit would code it against ([`ReferenceFiles::for_file`]); a `.distcp` file's blobs,

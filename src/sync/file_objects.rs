@@ -15,7 +15,7 @@ use super::Error;
 use super::Result;
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote, UploadMode, Uploaded};
-use crate::repo::{Manifest, Needed, Repo};
+use crate::repo::{Counterpart, Manifest, Needed, Repo};
 use crate::store::{ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH};
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -114,6 +114,20 @@ impl Repo {
         previous: &HashMap<ObjectId, ObjectId>,
         layout: Layout,
     ) -> Result<FileTransfer> {
+        self.push_files_paired(remote, manifests, previous, &[], layout)
+    }
+
+    /// [`Repo::push_files_against`], where in the deltas layout a blob may also go up as a
+    /// delta against the blob `pairs` names for it (with the same conditions): the same items
+    /// of any `.distcp` file of the previous version, for a rank saving to a remote.
+    pub(super) fn push_files_paired(
+        &self,
+        remote: &dyn Remote,
+        manifests: &[ObjectId],
+        previous: &HashMap<ObjectId, ObjectId>,
+        pairs: &[Counterpart],
+        layout: Layout,
+    ) -> Result<FileTransfer> {
         let transfers = 4;
         let mut report =
             FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
@@ -137,7 +151,7 @@ impl Repo {
         }
         let need: Vec<Needed> = self.file_objects(&wanted)?.into_iter().filter(|n| !present.contains(&n.id)).collect();
         let (wire, journal) = match layout {
-            Layout::Deltas => (self.plan_file_deltas(remote, &wanted, previous, &need, &present)?, None),
+            Layout::Deltas => (self.plan_file_deltas(remote, &wanted, previous, pairs, &need, &present)?, None),
             Layout::Mirror => {
                 let recodes = plan_file_recodes(self, &wanted, previous, &present)?;
                 (HashMap::new(), (!recodes.is_empty()).then(|| file_journal(recodes)))
@@ -184,15 +198,17 @@ impl Repo {
     }
 
     /// Which blobs of `need` go up as deltas (see [`Repo::push_files_against`]): pairs of a
-    /// blob of a `wanted` file and the same tensor's blob in the file `previous` names for it,
-    /// the remote holding that file's manifest and blob (`present`), this store holding both
-    /// blobs, the new one whole and no other object of `need` coded against it (its chain
-    /// here would then not match the remote's).
+    /// blob of a `wanted` file and the same tensor's blob in the file `previous` names for it
+    /// (the remote holding that file's manifest), then `pairs`, each with the remote holding
+    /// the reference blob (`present`), this store holding both blobs, the new one whole and no
+    /// other object of `need` coded against it (its chain here would then not match the
+    /// remote's).
     fn plan_file_deltas(
         &self,
         remote: &dyn Remote,
         wanted: &[ObjectId],
         previous: &HashMap<ObjectId, ObjectId>,
+        pairs: &[Counterpart],
         need: &[Needed],
         present: &HashSet<ObjectId>,
     ) -> Result<HashMap<ObjectId, WireDelta>> {
@@ -203,6 +219,7 @@ impl Repo {
         let max_depth = (self.config().base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
         // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
         let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
+        let mut candidates = Vec::new();
         for m in wanted {
             let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
             // A clone that never smudged the remote's file cannot code against it.
@@ -210,26 +227,27 @@ impl Repo {
                 continue;
             }
             let (new_manifest, old_manifest) = (self.manifest(m)?, self.manifest(old)?);
-            for pair in new_manifest.same_tensor_blobs(&old_manifest) {
-                let (new, reference) = (pair.new, pair.old);
-                if new == reference
-                    || plan.contains_key(&new)
-                    || !needed.contains(&new)
-                    || referenced.contains(&new)
-                    || !present.contains(&reference)
-                    || !self.store().contains(&reference)
-                    || self.store().header(&new)?.reference.is_some()
-                {
-                    continue;
+            candidates.extend(new_manifest.same_tensor_blobs(&old_manifest));
+        }
+        candidates.extend_from_slice(pairs);
+        for pair in candidates {
+            let (new, reference) = (pair.new, pair.old);
+            if new == reference
+                || plan.contains_key(&new)
+                || !needed.contains(&new)
+                || referenced.contains(&new)
+                || !present.contains(&reference)
+                || !self.store().contains(&reference)
+                || self.store().header(&new)?.reference.is_some()
+            {
+                continue;
+            }
+            let depth = *remote_depth.entry(reference).or_insert_with(|| self.remote_blob_depth(remote, &reference));
+            match depth {
+                Some(d) if d < max_depth => {
+                    plan.insert(new, WireDelta { reference, depth: d + 1 });
                 }
-                let depth =
-                    *remote_depth.entry(reference).or_insert_with(|| self.remote_blob_depth(remote, &reference));
-                match depth {
-                    Some(d) if d < max_depth => {
-                        plan.insert(new, WireDelta { reference, depth: d + 1 });
-                    }
-                    _ => {}
-                }
+                _ => {}
             }
         }
         Ok(plan)
@@ -325,7 +343,21 @@ impl Repo {
         let mtmp = self.receive_object(remote, manifest, stage, report)?;
         let m = Manifest::parse(*manifest, &self.store().read_received(manifest, ObjectKind::Manifest, &mtmp)?)?;
         staged.manifest = Some(mtmp);
-        let mut queue: Vec<ObjectId> = m.blobs().collect();
+        self.stage_remote_blobs(remote, m.blobs().collect(), stage, staged, report)
+    }
+
+    /// Downloads into `stage` the blobs `wanted` that this store lacks, with the chain of each
+    /// delta (bounded: at most [`MAX_CHAIN_DEPTH`] references per wanted blob).
+    fn stage_remote_blobs(
+        &self,
+        remote: &dyn Remote,
+        wanted: Vec<ObjectId>,
+        stage: &Staging,
+        staged: &mut StagedFile,
+        report: &mut FileTransfer,
+    ) -> Result<()> {
+        let limit = wanted.len().saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
+        let mut queue = wanted;
         let mut seen: HashSet<ObjectId> = HashSet::new();
         while let Some(id) = queue.pop() {
             if !seen.insert(id) {
@@ -343,9 +375,8 @@ impl Repo {
                 );
             }
             if let Some(r) = header.reference {
-                // Each listed blob brings at most a chain of references: more is a remote
+                // Each wanted blob brings at most a chain of references: more is a remote
                 // naming objects without end.
-                let limit = (m.segments.len() + m.bundles.len()).saturating_mul(MAX_CHAIN_DEPTH as usize + 1);
                 if seen.len() > limit {
                     return Err(crate::store::Error::Corrupt {
                         id,
@@ -358,6 +389,29 @@ impl Repo {
             staged.blobs.insert(id, (tmp, header.reference));
         }
         Ok(())
+    }
+
+    /// Downloads the blobs `wanted` from `remote` into this store, each with its chain, unless
+    /// the store holds them: no manifest, so no file claims to be here whole. Verified and
+    /// stored as [`Repo::fetch_file`] stores a file's blobs (bases first, under the writer lock).
+    pub(super) fn fetch_blobs(&self, remote: &dyn Remote, wanted: Vec<ObjectId>) -> Result<FileTransfer> {
+        let mut report = FileTransfer { remote: remote.url().to_string(), ..Default::default() };
+        let wanted: Vec<ObjectId> = wanted.into_iter().filter(|id| !self.store().contains(id)).collect();
+        if wanted.is_empty() {
+            return Ok(report);
+        }
+        let stage = Staging::create(self.ckpt_dir())?;
+        let mut staged = StagedFile::default();
+        self.stage_remote_blobs(remote, wanted.clone(), &stage, &mut staged, &mut report)?;
+        let _lock = self.lock()?;
+        if !staged.assumed.iter().all(|id| self.store().contains(id)) {
+            staged = StagedFile::default();
+            self.stage_remote_blobs(remote, wanted, &stage, &mut staged, &mut report)?;
+        }
+        self.import_remote_blobs(staged.blobs, &mut report)?;
+        self.flush_index();
+        report.requests = remote.requests();
+        Ok(report)
     }
 
     /// The local half of [`Repo::fetch_file`] (the caller holds the writer lock): stores the

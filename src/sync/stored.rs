@@ -26,7 +26,8 @@ use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Remote, Uploaded};
 use crate::repo::Error as RepoError;
 use crate::repo::{
-    check_name, CommitOptions, FileEntry, Manifest, Needed, RefKind, Repo, RepoPath, Version, VersionId, MODEL_FORMAT,
+    check_name, CommitOptions, Counterpart, FileEntry, Manifest, Needed, RefKind, Repo, RepoPath, Version, VersionId,
+    MODEL_FORMAT,
 };
 use crate::store::ObjectKind;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -126,56 +127,114 @@ pub fn fetch_stored_file(cache: &Repo, remote: &dyn Remote, id: &VersionId, path
     Ok(entry)
 }
 
+/// How `torch.distributed.checkpoint` names each rank's file.
+const DISTCP_SUFFIX: &str = ".distcp";
+
 /// Whether `v` is pinned: its blobs stay whole on a mirror remote (as in `layout.rs`).
 fn pinned(v: &Version) -> bool {
     v.since_base == 0 && !v.parents.is_empty()
 }
 
-/// Stores the file at `disk` as the content of `path` in `cache` (whole) and uploads what the
-/// remote lacks of it (create-if-absent, the manifest last), for [`commit_to_remote`] to list
-/// in a version whose parent is `previous`. The file `path` has in `previous` (if any) is
-/// downloaded into `cache` first (only that file). In `layout`:
+/// Stores the file at `disk` as the content of `path` in `cache` (whole; a `.distcp` file cut
+/// by `written`, the items its writer reports, as [`Repo::store_objects`] cuts it) and uploads
+/// what the remote lacks of it (create-if-absent, the manifest last), for [`commit_to_remote`]
+/// to list in a version whose parent is `previous`. Its blobs are paired with the same tensors
+/// of `previous` as a commit pairs them ([`reference_pairs`]), and only the paired blobs of
+/// `previous` are downloaded into `cache`. In `layout`:
 ///
-/// - deltas: each new blob goes up as a forward XOR delta against the blob of the same tensor
-///   in that previous file, where that pays and the remote's chain stays within bounds (the
-///   git filter's deltas-layout transfer, docs/format.md "Deltas on the wire");
-/// - mirror: the new blobs go up whole; then each blob of the previous file that the remote
-///   held before this upload and whose tensor now has a new blob (which the remote lacked) is
-///   replaced there by an XOR delta against it, under a journal written first, unless the
-///   previous version is pinned (docs/format.md, "A mirror push").
+/// - deltas: each new blob goes up as a forward XOR delta against its pair, where that pays
+///   and the remote's chain stays within bounds (the git filter's deltas-layout transfer,
+///   docs/format.md "Deltas on the wire");
+/// - mirror: the new blobs go up whole; then each paired blob of `previous` that the remote
+///   held before this upload and whose new counterpart the remote lacked is replaced there by
+///   an XOR delta against it, under a journal written first, unless the previous version is
+///   pinned (docs/format.md, "A mirror push").
 ///
 /// Returns the file's entry and what moved.
+#[allow(clippy::too_many_arguments)]
 pub fn store_file_to_remote(
     cache: &Repo,
     remote: &dyn Remote,
     disk: &Path,
     path: &RepoPath,
     previous: Option<&VersionId>,
+    written: Option<&[crate::torch_zip::dcp::Item]>,
     layout: Layout,
     transfers: usize,
 ) -> Result<(FileEntry, FileTransfer)> {
-    // The previous file of this path: (its manifest, whether its version is pinned).
+    let version = previous.map(|p| fetch_version(cache, remote, p)).transpose()?;
+    let distcp = path.as_str().ends_with(DISTCP_SUFFIX);
+    // Another file (`.metadata`): the same path's previous file, downloaded whole (small).
     let mut earlier = None;
-    if let Some(p) = previous {
-        let version = fetch_version(cache, remote, p)?;
-        if let Some(f) = version.file(path.as_str()) {
+    if let (Some(v), false) = (&version, distcp) {
+        if let Some(f) = v.file(path.as_str()) {
             cache.fetch_file(remote, &f.manifest)?;
-            earlier = Some((f.manifest, pinned(&version)));
+            earlier = Some(f.manifest);
         }
     }
     // Whole: the deltas go up coded for the remote, against what it holds.
-    let entry = cache.store_objects(disk, path, None)?;
+    let entry = cache.store_objects(disk, path, None, written)?;
+    let manifest = cache.manifest(&entry.manifest)?;
+    let pairs = match (&version, earlier) {
+        (None, _) => Vec::new(),
+        (Some(_), Some(old)) => manifest.same_tensor_blobs(&cache.manifest(&old)?),
+        (Some(v), None) => {
+            let pairs = reference_pairs(cache, remote, path.as_str(), &manifest, v)?;
+            cache.fetch_blobs(remote, pairs.iter().map(|p| p.old).collect())?;
+            pairs
+        }
+    };
+    let pinned = version.as_ref().is_some_and(pinned);
     let transfer = match layout {
         Layout::Deltas => {
-            let map: HashMap<ObjectId, ObjectId> = earlier.map(|(m, _)| (entry.manifest, m)).into_iter().collect();
-            cache.push_files_against(remote, &[entry.manifest], &map, Layout::Deltas)?
+            cache.push_files_paired(remote, &[entry.manifest], &HashMap::new(), &pairs, Layout::Deltas)?
         }
         Layout::Mirror => {
-            let recode_against = earlier.filter(|(_, pinned)| !pinned).map(|(m, _)| m);
-            push_whole_then_recode(cache, remote, &entry.manifest, recode_against, transfers)?
+            let recode_against = if pinned { &[][..] } else { &pairs[..] };
+            push_whole_then_recode(cache, remote, &entry.manifest, &manifest, recode_against, transfers)?
         }
     };
     Ok((entry, transfer))
+}
+
+/// The new `.distcp` file `manifest` at `path` paired with the same items of `version`'s
+/// `.distcp` files as a commit pairs them ([`Repo::store_objects`]: the same path's first, then
+/// any file holding the item), downloading only the manifests that takes (kept in memory, not
+/// stored: a manifest in the cache would claim its blobs are there): the same path's, and only
+/// if it leaves a tensor unpaired (a change of rank count, an item DCP's de-duplication moved),
+/// the other `.distcp` files'.
+fn reference_pairs(
+    cache: &Repo,
+    remote: &dyn Remote,
+    path: &str,
+    manifest: &Manifest,
+    version: &Version,
+) -> Result<Vec<Counterpart>> {
+    let mut manifests = HashMap::new();
+    if let Some(f) = version.file(path) {
+        let same = fetch_manifest(cache, remote, &f.manifest)?;
+        let complete = manifest.pairs_every_tensor_with(&same);
+        manifests.insert(f.manifest, same);
+        if complete {
+            return Ok(manifest.same_tensor_blobs(&manifests[&f.manifest]));
+        }
+    }
+    for f in version.files.iter().filter(|f| f.path.ends_with(DISTCP_SUFFIX)) {
+        if !manifests.contains_key(&f.manifest) {
+            manifests.insert(f.manifest, fetch_manifest(cache, remote, &f.manifest)?);
+        }
+    }
+    Ok(cache.distcp_counterparts_in(path, manifest, version, manifests))
+}
+
+/// Manifest `id` downloaded from `remote` (from `cache` if it holds it), verified against its
+/// id, not stored.
+fn fetch_manifest(cache: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<Manifest> {
+    if cache.store().contains(id) {
+        return Ok(cache.manifest(id)?);
+    }
+    let tmp = reopen(receive(cache, remote, id, &AtomicU64::new(0))?)?;
+    Ok(Manifest::parse(*id, &cache.store().read_received(id, ObjectKind::Manifest, &tmp)?)?)
 }
 
 /// The mirror layout's upload of one file ([`store_file_to_remote`]): one listing of the
@@ -186,7 +245,8 @@ fn push_whole_then_recode(
     cache: &Repo,
     remote: &dyn Remote,
     manifest: &ObjectId,
-    earlier: Option<ObjectId>,
+    new_m: &Manifest,
+    pairs: &[Counterpart],
     transfers: usize,
 ) -> Result<FileTransfer> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
@@ -199,25 +259,22 @@ fn push_whole_then_recode(
     let need: Vec<Needed> =
         cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present.contains(&n.id)).collect();
     let mut recodes = Vec::new();
-    if let Some(old) = earlier.filter(|o| o != manifest && present.contains(o)) {
-        let (new_m, old_m) = (cache.manifest(manifest)?, cache.manifest(&old)?);
-        // A blob the new file holds stays whole.
-        let keep: HashSet<ObjectId> = new_m.blobs().collect();
-        let mut seen = HashSet::new();
-        for pair in new_m.same_tensor_blobs(&old_m) {
-            let (newer, older) = (pair.new, pair.old);
-            if newer == older
-                || !present.contains(&older)
-                || present.contains(&newer)
-                || keep.contains(&older)
-                || !cache.store().contains(&older)
-                || !cache.store().contains(&newer)
-                || !seen.insert(older)
-            {
-                continue;
-            }
-            recodes.push(Recode { older, newer });
+    // A blob the new file holds stays whole.
+    let keep: HashSet<ObjectId> = new_m.blobs().collect();
+    let mut seen = HashSet::new();
+    for pair in pairs {
+        let (newer, older) = (pair.new, pair.old);
+        if newer == older
+            || !present.contains(&older)
+            || present.contains(&newer)
+            || keep.contains(&older)
+            || !cache.store().contains(&older)
+            || !cache.store().contains(&newer)
+            || !seen.insert(older)
+        {
+            continue;
         }
+        recodes.push(Recode { older, newer });
     }
     let journal = (!recodes.is_empty()).then(|| file_journal(recodes));
     // Written before anything goes up: a later push finishes the recodes after a kill.

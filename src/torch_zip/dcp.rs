@@ -511,6 +511,67 @@ pub fn file_layout(file: &[u8], metadata: &Metadata, relative_path: &str) -> Res
     Ok(FileLayout { len, items: out })
 }
 
+/// Cuts `file`, the `.distcp` file at `relative_path`, by the items its writer reports having
+/// written into it (`ckpt.dcp.Writer`: DCP's write results, before any `.metadata` exists), as
+/// [`file_layout`] cuts it by `.metadata`, so both name the items alike. The report is
+/// untrusted: if its items are not valid items (chunk geometry, names given twice, too many)
+/// or do not tile the file from its first byte to its last (overlap, a gap, out of bounds), or
+/// one of them is not an archive that matches it while the file walks as a run of archives,
+/// the file is cut by [`walk_archives`] instead (items named `archive.<n>`). An error only if
+/// neither reads it.
+pub fn cut_by_written_items(file: &[u8], relative_path: &str, items: &[Item]) -> Result<FileLayout, Error> {
+    let by_items = written_layout(file, relative_path, items);
+    match by_items {
+        Ok(layout) if layout.items.iter().all(|i| i.opaque.is_none()) => Ok(layout),
+        // An archive not understood (or not where the report says) is better found by the walk;
+        // a file the walk cannot read keeps the reported cut, its odd items opaque, as a
+        // `.metadata` cut keeps them.
+        by_items => walk_archives(file).or_else(|walk| by_items.map_err(|_| walk)),
+    }
+}
+
+/// The cut of [`cut_by_written_items`] by the items alone, or why they do not fit the file.
+fn written_layout(file: &[u8], relative_path: &str, items: &[Item]) -> Result<FileLayout, Error> {
+    let fail = |reason: String| Error::Items { file: relative_path.to_string(), reason };
+    if items.len() > MAX_ITEMS {
+        return Err(fail(format!("{} items (at most {MAX_ITEMS})", items.len())));
+    }
+    let mut names = HashSet::with_capacity(items.len());
+    let mut sorted = Vec::with_capacity(items.len());
+    for item in items {
+        if let ItemKind::Tensor { size, offsets, sizes, .. } = &item.kind {
+            let inside = size.len() <= MAX_DIMS
+                && offsets.len() == size.len()
+                && sizes.len() == size.len()
+                && offsets.iter().zip(sizes).zip(size).all(|((o, s), t)| o.checked_add(*s).is_some_and(|e| e <= *t));
+            if !inside {
+                return Err(fail(format!("{}: chunk {offsets:?}+{sizes:?} outside {size:?}", item.fqn)));
+            }
+        }
+        if item.range.start > item.range.end {
+            return Err(fail(format!("{}: a range that ends before it starts", item.fqn)));
+        }
+        let name = item.name();
+        if !names.insert(name.clone()) {
+            return Err(fail(format!("item {name} reported twice")));
+        }
+        sorted.push(Item { file: relative_path.to_string(), ..item.clone() });
+    }
+    sorted.sort_by_key(|i| (i.range.start, i.range.end));
+    // DCP writes a file's items back to back: anything else is not this file's report.
+    let mut at = 0;
+    for item in &sorted {
+        if item.range.start != at {
+            return Err(fail(format!("item {} starts at {}, not at {at}", item.name(), item.range.start)));
+        }
+        at = item.range.end;
+    }
+    if at != file.len() as u64 {
+        return Err(fail(format!("the items end at {at}, the file at {}", file.len())));
+    }
+    file_layout(file, &Metadata { items: sorted }, relative_path)
+}
+
 /// A tensor chunk's archive holds one tensor of the chunk's dtype and element count; its shape
 /// is then the chunk's.
 fn check_chunk(item: &Item, storages: &[Storage]) -> Result<(), String> {

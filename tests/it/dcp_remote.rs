@@ -33,7 +33,8 @@ fn save_rank(
     let cache = Repo::init(cache_dir.path()).unwrap();
     let disk = cache_dir.path().join("spool");
     std::fs::write(&disk, bytes).unwrap();
-    sync::store_file_to_remote(&cache, remote, &disk, &RepoPath::parse(path).unwrap(), previous, layout, 4).unwrap()
+    sync::store_file_to_remote(&cache, remote, &disk, &RepoPath::parse(path).unwrap(), previous, None, layout, 4)
+        .unwrap()
 }
 
 /// A save of `files` on `branch` by one process per rank plus a coordinator, all starting

@@ -347,7 +347,7 @@ fn save_stored(repo: &Repo, files: &[(String, Vec<u8>)], under: &str, previous: 
         .iter()
         .map(|(name, _)| {
             let path = RepoPath::parse(&format!("{under}/{name}")).unwrap();
-            repo.store_objects(&spool.path().join(name), &path, previous.as_ref()).unwrap()
+            repo.store_objects(&spool.path().join(name), &path, previous.as_ref(), None).unwrap()
         })
         .collect();
     repo.commit_stored("main", previous, entries, under, &CommitOptions::default()).unwrap()
