@@ -82,8 +82,8 @@ class _Target:
     def check_tags(self, tags: List[str]) -> None:
         self.native.check_tags(tags)
 
-    def store_objects(self, disk: str, path: str, previous: Optional[str]):
-        return self.native.store_objects(disk, path, previous)
+    def store_objects(self, disk: str, path: str, previous: Optional[str], items=None):
+        return self.native.store_objects(disk, path, previous, items)
 
     def resolve(self, rev: str) -> str:
         return self.native.resolve(rev)
@@ -188,16 +188,35 @@ def _classes():
     class _StoreFS(fs.FileSystem):
         """DCP's `FileSystem`, with files kept in a store instead of a directory.
 
-        Written files go to a memfd, stored when closed; read, only `.metadata` is read whole
-        (each item of a rank file is read on its own, `Reader._slice_file`)."""
+        Written files go to a memfd, stored when closed, or with `defer` kept (`written`) until
+        the writer knows the items DCP wrote into each (`Writer.write_data`); read, only
+        `.metadata` is read whole (each item of a rank file is read on its own,
+        `Reader._slice_file`)."""
 
-        def __init__(self, target, version: Optional[str] = None, previous: Optional[str] = None):
+        def __init__(
+            self, target, version: Optional[str] = None, previous: Optional[str] = None, defer: bool = False
+        ):
             super().__init__()
             self.target = target
             self.version = version
             self.previous = previous
+            self.defer = defer
             self.stored: Dict[str, Tuple[str, str, str, int]] = {}
+            # With `defer`: each written file's name and a descriptor of its memfd.
+            self.written: Dict[str, int] = {}
             self.lock = threading.Lock()
+
+        def store(self, name: str, fd: int, items=None) -> None:
+            """Stores the memfd `fd` as the file `name` (cut into `items` if given)."""
+            stored = self.target.store_objects(f"/proc/self/fd/{fd}", name, self.previous, items)
+            with self.lock:
+                self.stored[name] = stored
+
+        def close_written(self) -> None:
+            with self.lock:
+                fds, self.written = list(self.written.values()), {}
+            for fd in fds:
+                os.close(fd)
 
         def init_path(self, path):
             return os.fspath(path)
@@ -230,11 +249,14 @@ def _classes():
                 try:
                     with os.fdopen(fd, "wb") as f:
                         yield f
-                    stored = self.target.store_objects(f"/proc/self/fd/{kept}", name, self.previous)
+                    if self.defer:
+                        with self.lock:
+                            self.written[name], kept = kept, -1
+                    else:
+                        self.store(name, kept)
                 finally:
-                    os.close(kept)
-                with self.lock:
-                    self.stored[name] = stored
+                    if kept >= 0:
+                        os.close(kept)
             elif name.endswith(_METADATA):
                 f = self.target.open_file(self.version, name)
                 if f.len > _MAX_METADATA:
@@ -243,6 +265,19 @@ def _classes():
                     yield data
             else:
                 yield _Unread()
+
+    def _written_item(result, chunks):
+        """What `store_objects` takes of an item DCP wrote (`WriteResult`): `(offset, length,
+        fqn, chunk, transformed)`, `chunk` `(dtype, tensor size, chunk offsets, chunk sizes)`
+        from the plan's `TensorWriteData`, or `None` for a bytes item."""
+        info, index = result.storage_data, result.index
+        data = chunks.get(index)
+        chunk = None
+        if data is not None and index.offset is not None:
+            dtype = str(data.properties.dtype).removeprefix("torch.")
+            chunk = (dtype, list(data.size), list(data.chunk.offsets), list(data.chunk.sizes))
+        transformed = bool(getattr(info, "transform_descriptors", None))
+        return (info.offset, info.length, index.fqn, chunk, transformed)
 
     def _target_options(cache, layout, endpoint, region, allow_http) -> Dict[str, Any]:
         return {
@@ -323,8 +358,18 @@ def _classes():
 
         def write_data(self, plan, planner):
             try:
-                self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip)
-                results = super().write_data(plan, planner).value()
+                # Each file is stored once DCP has written all of them and said where each item
+                # lies: cut into its items and named by fqn and chunk offsets, as `.metadata`
+                # names them (it does not exist yet).
+                self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip, defer=True)
+                try:
+                    results = super().write_data(plan, planner).value()
+                    chunks = {i.index: i.tensor_data for i in plan.items if i.tensor_data is not None}
+                    for name, fd in sorted(self.fs.written.items()):
+                        items = [_written_item(r, chunks) for r in results if r.storage_data.relative_path == name]
+                        self.fs.store(name, fd, items)
+                finally:
+                    self.fs.close_written()
             finally:
                 # This rank's part is uploaded (or failed): its temporary cache goes.
                 if _is_remote(self.target):

@@ -5,7 +5,10 @@
 //! fixtures were written by real torch (tests/fixtures/dcp/make_fixtures.py).
 
 use crate::support::repo_util::{stderr, TestRepo};
-use ckpt::repo::{CommitOptions, Config, DeltaPolicy, FileFormat, FileShow, Repo, RepoPath, Storage, VersionId};
+use ckpt::repo::{
+    CommitOptions, Config, DeltaPolicy, FileEntry, FileFormat, FileShow, Repo, RepoPath, Storage, VersionId,
+};
+use ckpt::torch_zip::dcp;
 use std::path::Path;
 
 /// The files of fixture directory `name` (`.metadata` and the `.distcp` files), sorted.
@@ -380,4 +383,119 @@ fn a_version_of_stored_files_reports_what_it_stored_as_commit_does() {
     let total: u64 = by_save.iter().map(|v| v.stored_bytes + version_len(&v.id)).sum();
     assert_eq!(total, store_size(&s));
     assert_eq!(stored.show("HEAD").unwrap().totals.version_stored_bytes, by_save[0].stored_bytes);
+}
+
+/// What a `ckpt.dcp.Writer` rank reports having written into `.distcp` file `name` (DCP's
+/// write results: the same fqn, chunk and range `.metadata` lists), from `files`' `.metadata`.
+fn report(files: &[(String, Vec<u8>)], name: &str) -> Vec<dcp::Item> {
+    let metadata = &files.iter().find(|(n, _)| n == ".metadata").unwrap().1;
+    dcp::parse_metadata(metadata).unwrap().items_in(name).cloned().collect()
+}
+
+/// Stores `bytes` as `path` from a spool file with no `.metadata` beside it (as a Writer rank
+/// stores its memfd), cut by `items` if given.
+fn store_spooled(
+    repo: &Repo,
+    path: &str,
+    bytes: &[u8],
+    previous: Option<VersionId>,
+    items: Option<&[dcp::Item]>,
+) -> FileEntry {
+    let spool = tempfile::tempdir().unwrap();
+    let disk = spool.path().join("spool");
+    std::fs::write(&disk, bytes).unwrap();
+    repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous.as_ref(), items).unwrap()
+}
+
+/// `files` (a checkpoint directory) stored as a Writer saves them, each `.distcp` file cut by
+/// `items_of` its name, then listed in one version on top of `previous`.
+fn save_written(
+    repo: &Repo,
+    files: &[(String, Vec<u8>)],
+    previous: Option<VersionId>,
+    items_of: impl Fn(&str) -> Option<Vec<dcp::Item>>,
+) -> VersionId {
+    let entries = files
+        .iter()
+        .map(|(name, bytes)| store_spooled(repo, &format!("ck/{name}"), bytes, previous, items_of(name).as_deref()))
+        .collect();
+    repo.commit_stored("main", previous, entries, "save", &CommitOptions::default()).unwrap()
+}
+
+#[test]
+fn a_writers_items_name_a_stored_file_as_a_commit_of_the_directory_does() {
+    let files = fixture_dir("mlp_2ranks_epoch1");
+    let c = TestRepo::with_config(&delta_config());
+    let committed = c.open();
+    commit_under(&c, &committed, &files, "ck");
+    let s = TestRepo::with_config(&delta_config());
+    let stored = s.open();
+    let v = save_written(&stored, &files, None, |name| name.ends_with(".distcp").then(|| report(&files, name)));
+    // The same items, names and objects: the same manifests, so the two pair with each other.
+    for (name, _) in &files {
+        let path = format!("ck/{name}");
+        let manifest = |repo: &Repo, rev: &str| {
+            let v = repo.version(&repo.resolve(rev).unwrap()).unwrap();
+            v.file(&path).unwrap().manifest
+        };
+        assert_eq!(manifest(&stored, &v.to_hex()), manifest(&committed, "HEAD"), "{name}");
+    }
+    let f = shown(&stored, "HEAD", "ck/__0_0.distcp");
+    let names = tensors(&f);
+    assert!(names.iter().any(|(n, _)| *n == "model.fc1.weight[0:16,0:8]"), "{names:?}");
+    assert!(names.iter().all(|(n, _)| !n.starts_with("archive.")), "{names:?}");
+
+    // A report that does not fit the file (another rank's items): cut by walking its archives,
+    // as without a report; never refused, and it checks out bit-exactly.
+    let (name, bytes) = files.iter().find(|(n, _)| n == "__1_0.distcp").unwrap();
+    let walked = store_spooled(&stored, "ck/__1_0.distcp", bytes, None, None);
+    let foreign = store_spooled(&stored, "ck/__1_0.distcp", bytes, None, Some(&report(&files, "__0_0.distcp")));
+    assert_eq!(foreign.manifest, walked.manifest, "{name}");
+    let v = stored.commit_stored("main", Some(v), vec![foreign], "foreign", &CommitOptions::default()).unwrap();
+    let f = shown(&stored, &v.to_hex(), "ck/__1_0.distcp");
+    let names = tensors(&f);
+    assert!(!names.is_empty() && names.iter().all(|(n, _)| n.starts_with("archive.")), "{names:?}");
+    assert_eq!(stored.read_file_bytes(&v.to_hex(), "ck/__1_0.distcp", 1 << 20).unwrap(), *bytes);
+}
+
+#[test]
+fn named_items_pair_across_another_file_layout() {
+    // Save 1 on 2 ranks; save 2 (the next epoch) on 1 rank: every item of the two files in one,
+    // rank 1's first, at other offsets. Named by the writer's report, each pairs with its
+    // namesake in either file of save 1, as well as save 2 on the same 2 ranks would; walked,
+    // `archive.<n>` meets whatever was n-th in the same path.
+    let (e1, e2) = (fixture_dir("mlp_2ranks_epoch1"), fixture_dir("mlp_2ranks_epoch2"));
+    let get = |n: &str| e2.iter().find(|(p, _)| p == n).unwrap().1.clone();
+    let (rank0, rank1) = (get("__0_0.distcp"), get("__1_0.distcp"));
+    let one_file = [rank1.clone(), rank0.clone()].concat();
+    let mut items = report(&e2, "__1_0.distcp");
+    for mut item in report(&e2, "__0_0.distcp") {
+        item.range = item.range.start + rank1.len() as u64..item.range.end + rank1.len() as u64;
+        items.push(item);
+    }
+    let one_rank = vec![(".metadata".to_string(), get(".metadata")), ("__0_0.distcp".to_string(), one_file.clone())];
+    let mut figures = Vec::new();
+    for (save2, named) in [(&one_rank, true), (&one_rank, false), (&e2, true)] {
+        let t = TestRepo::with_config(&delta_config());
+        let repo = t.open();
+        let v1 = save_written(&repo, &e1, None, |name| name.ends_with(".distcp").then(|| report(&e1, name)));
+        let items_of = |name: &str| match (named, name) {
+            (true, "__0_0.distcp") if save2.len() == 2 => Some(items.clone()),
+            (true, n) if n.ends_with(".distcp") => Some(report(save2, n)),
+            _ => None,
+        };
+        let v2 = save_written(&repo, save2, Some(v1), items_of);
+        let stored = |v: &VersionId| repo.version(v).unwrap().stored_bytes;
+        figures.push((stored(&v1), stored(&v2)));
+        for (name, bytes) in save2.iter() {
+            assert_eq!(repo.read_file_bytes(&v2.to_hex(), &format!("ck/{name}"), 1 << 20).unwrap(), *bytes);
+        }
+        assert!(repo.verify().unwrap().is_ok());
+    }
+    let [(first, named), (_, walked), (_, same_ranks)] = figures[..] else { unreachable!() };
+    println!("save 1: {first} bytes; save 2: on 1 rank {named} named, {walked} walked; on 2 ranks {same_ranks}");
+    assert!(named * 2 < first, "save 2 stored {named} bytes, save 1 {first}");
+    assert!(named * 10 < same_ranks * 11, "on 1 rank {named}, on the same 2 ranks {same_ranks}");
+    // Small tensors: framing (paired by length too) is most of what either stores.
+    assert!(named < walked, "named {named}, walked {walked}");
 }

@@ -328,3 +328,147 @@ fn relative_paths_must_stay_inside_the_directory() {
         assert!(!plain_relative(bad), "{bad}");
     }
 }
+
+/// What a `ckpt.dcp.Writer` rank reports of `file`: `.metadata`'s items in it (the same fqn,
+/// chunk and range as DCP's write results).
+fn reported(metadata: &Metadata, file: &str) -> Vec<Item> {
+    metadata.items_in(file).cloned().collect()
+}
+
+#[test]
+fn a_writers_report_cuts_and_names_a_file_as_its_metadata_does() {
+    for f in [epoch1(), four_ranks(), objects()] {
+        let metadata = parse_metadata(f.metadata).expect("metadata");
+        for (name, bytes) in f.files {
+            let mut items = reported(&metadata, name);
+            // In any order, under any file name (the file is named by the caller).
+            items.reverse();
+            for i in &mut items {
+                i.file = "elsewhere".into();
+            }
+            let cut = cut_by_written_items(bytes, name, &items).expect("cut");
+            assert_eq!(cut, file_layout(bytes, &metadata, name).expect("layout"), "{name}");
+            assert!(cut.items.iter().all(|i| !i.name.starts_with("archive.")), "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_report_that_does_not_fit_the_file_falls_back_to_the_walk() {
+    let f = epoch1();
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let name = "__1_0.distcp";
+    let file = f.file(name);
+    let walked = walk_archives(file).expect("walk");
+    let honest = reported(&metadata, name);
+    let n = honest.len();
+    assert!(n >= 3);
+    let hostile: Vec<(&str, Vec<Item>)> = vec![
+        ("none", vec![]),
+        ("one missing (a gap)", honest[1..].to_vec()),
+        ("the last missing", honest[..n - 1].to_vec()),
+        ("overlapping", {
+            let mut v = honest.clone();
+            v[1].range.start -= 1;
+            v
+        }),
+        ("past the end", {
+            let mut v = honest.clone();
+            v[n - 1].range.end += 1;
+            v
+        }),
+        ("ending at u64::MAX", {
+            let mut v = honest.clone();
+            v[n - 1].range.end = u64::MAX;
+            v
+        }),
+        ("backwards", {
+            let mut v = honest.clone();
+            v[0].range = v[0].range.end..v[0].range.start;
+            v
+        }),
+        ("not at archive starts", {
+            let mut v = honest.clone();
+            v[0].range.end += 8;
+            v[1].range.start += 8;
+            v
+        }),
+        ("two of one name", {
+            let mut v = honest.clone();
+            v[1].fqn = v[0].fqn.clone();
+            v[1].kind = v[0].kind.clone();
+            v
+        }),
+        ("a chunk outside its tensor", {
+            let mut v = honest.clone();
+            if let ItemKind::Tensor { offsets, .. } = &mut v[0].kind {
+                offsets[0] = u64::MAX;
+            }
+            v
+        }),
+        ("dimensions that disagree", {
+            let mut v = honest.clone();
+            if let ItemKind::Tensor { sizes, .. } = &mut v[0].kind {
+                sizes.push(1);
+            }
+            v
+        }),
+        ("another dtype", {
+            let mut v = honest.clone();
+            if let ItemKind::Tensor { dtype, torch_dtype, .. } = &mut v[0].kind {
+                (*dtype, *torch_dtype) = (Some(Dtype::Bf16), "bfloat16".into());
+            }
+            v
+        }),
+        ("transformed", {
+            let mut v = honest.clone();
+            v[0].transformed = true;
+            v
+        }),
+    ];
+    for (what, items) in hostile {
+        let cut = cut_by_written_items(file, name, &items).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(cut, walked, "{what}");
+    }
+    // A file the walk cannot read either keeps an honest report's cut, its odd item opaque,
+    // as `.metadata` would cut it; a report that does not fit it is an error (opaque bytes).
+    let mut damaged = file.to_vec();
+    damaged[honest[0].range.start as usize] ^= 0xff;
+    assert!(walk_archives(&damaged).is_err());
+    let cut = cut_by_written_items(&damaged, name, &honest).expect("cut");
+    assert_eq!(cut, file_layout(&damaged, &metadata, name).expect("layout"));
+    assert!(cut.items[0].opaque.is_some() && cut.items[1..].iter().all(|i| i.opaque.is_none()));
+    assert!(cut_by_written_items(&damaged, name, &honest[1..]).is_err());
+}
+
+#[test]
+fn random_reports_never_panic() {
+    let f = epoch1();
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let name = "__0_0.distcp";
+    let file = f.file(name);
+    let walked = walk_archives(file).expect("walk");
+    let honest = reported(&metadata, name);
+    let len = file.len() as u64;
+    // A small xorshift: reproducible, no dependency.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound.max(1)
+    };
+    for _ in 0..300 {
+        let mut items = honest.clone();
+        for item in &mut items {
+            if next(4) == 0 {
+                let (a, b) = (next(len + 2), next(len + 2));
+                item.range = a.min(b)..a.max(b);
+            }
+        }
+        let cut = cut_by_written_items(file, name, &items).expect("the walk reads the file");
+        if cut != walked {
+            assert_eq!(cut, file_layout(file, &metadata, name).expect("layout"));
+        }
+    }
+}
