@@ -220,8 +220,8 @@ fn reference_pairs(
         }
     }
     for f in version.files.iter().filter(|f| f.path.ends_with(DISTCP_SUFFIX)) {
-        if !manifests.contains_key(&f.manifest) {
-            manifests.insert(f.manifest, fetch_manifest(cache, remote, &f.manifest)?);
+        if let std::collections::hash_map::Entry::Vacant(e) = manifests.entry(f.manifest) {
+            e.insert(fetch_manifest(cache, remote, &f.manifest)?);
         }
     }
     Ok(cache.distcp_counterparts_in(path, manifest, version, manifests))
