@@ -67,3 +67,37 @@ def hold_write_data(writer, gate):
         return inner(plan, planner)
 
     writer.write_data = write_data
+
+
+def replicated_state(seed, mesh, zero=False):
+    """A state dict of plain (replicated) tensors, which DCP's de-duplication hands to one rank
+    each, so a save on another number of ranks moves them to other files; plus one small
+    DTensor sharded on dim 0 and a `step`. Seed 1 is random; another seed is seed 1 with one
+    element in 97 moved a little (a training step's worth of change, which deltas pay on)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    g = torch.Generator().manual_seed(1)
+    full = {f"layer{i}.weight": torch.randn(128, 96, generator=g) for i in range(6)}
+    full["sharded"] = torch.randn(32, 8, generator=g)
+    if seed != 1:
+        g = torch.Generator().manual_seed(seed)
+        for t in full.values():
+            flat = t.view(-1)
+            flat[::97] += 1e-3 * torch.randn(flat[::97].shape, generator=g)
+    if zero:
+        full = {k: torch.zeros_like(v) for k, v in full.items()}
+    sd = {k: v for k, v in full.items() if k != "sharded"}
+    sd["sharded"] = distribute_tensor(full["sharded"], mesh, [Shard(0)])
+    sd["step"] = 0 if zero else seed
+    return sd
+
+
+def same_state(loaded, seed, mesh):
+    """Whether `loaded` (a `replicated_state` loaded in place) is bit-exactly save `seed`."""
+    want = replicated_state(seed, mesh)
+    tensors = all(
+        torch.equal(loaded[k].full_tensor() if k == "sharded" else loaded[k], want[k].full_tensor() if k == "sharded" else want[k])
+        for k in want
+        if k != "step"
+    )
+    return tensors and loaded["step"] == want["step"]
