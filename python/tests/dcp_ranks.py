@@ -95,9 +95,9 @@ def replicated_state(seed, mesh, zero=False):
 def same_state(loaded, seed, mesh):
     """Whether `loaded` (a `replicated_state` loaded in place) is bit-exactly save `seed`."""
     want = replicated_state(seed, mesh)
-    tensors = all(
-        torch.equal(loaded[k].full_tensor() if k == "sharded" else loaded[k], want[k].full_tensor() if k == "sharded" else want[k])
-        for k in want
-        if k != "step"
-    )
+
+    def full(t):
+        return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+    tensors = all(torch.equal(full(loaded[k]), full(want[k])) for k in want if k != "step")
     return tensors and loaded["step"] == want["step"]

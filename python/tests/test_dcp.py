@@ -335,7 +335,8 @@ def test_a_save_on_four_ranks_then_on_two_pairs_items_across_files_by_fqn(tmp_pa
 
     binary = ckpt_binary()
     if binary is not None:
-        shown = json.loads(subprocess.run([binary, "show", "--json"], cwd=repo_dir, capture_output=True, check=True).stdout)
+        done = subprocess.run([binary, "show", "--json"], cwd=repo_dir, capture_output=True, check=True)
+        shown = json.loads(done.stdout)
         segments = [s for f in shown["files"] if f["path"].endswith(".distcp") for s in f["segments"] if s["is_tensor"]]
         names = {s["name"] for s in segments}
         assert {f"layer{i}.weight[0:128,0:96]" for i in range(6)} <= names, names

@@ -212,3 +212,62 @@ def test_two_jobs_saving_to_one_remote_branch_at_once_one_is_refused(dir_url, tm
     assert after == a and store.resolve("s2") == a
     loaded = run(load_worker, 2, dir_url, 2, "HEAD", out=str(tmp_path / "l"))
     assert all(r["ok"] for r in loaded), loaded
+
+
+def replicated_save_worker(rank, world, port, url, seed, out):
+    from dcp_ranks import replicated_state
+
+    mesh = init(rank, world, port)
+    try:
+        dcp.save(replicated_state(seed, mesh), storage_writer=ckpt.dcp.Writer(url, message=f"seed {seed}"))
+        report(out, rank, {"ok": True})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def replicated_load_worker(rank, world, port, url, seed, out):
+    from dcp_ranks import replicated_state, same_state
+
+    mesh = init(rank, world, port)
+    try:
+        sd = replicated_state(seed, mesh, zero=True)
+        dcp.load(sd, storage_reader=ckpt.dcp.Reader(url))
+        report(out, rank, {"ok": same_state(sd, seed, mesh)})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def tree_size(root):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
+def test_a_save_on_four_ranks_then_on_two_to_a_remote_pairs_items_across_files(tmp_path):
+    remote = tmp_path / "remote"
+    url = f"file://{remote}"
+    assert run(replicated_save_worker, 4, url, 1, out=str(tmp_path / "s4")) == [{"ok": True}] * 4
+    first = tree_size(remote)
+    # On 2 ranks DCP hands the replicated tensors to other rank files: each rank finds them in
+    # any file of the first save, and (the mirror layout) the first save's copies are recoded
+    # on the remote as deltas against the new ones.
+    assert run(replicated_save_worker, 2, url, 2, out=str(tmp_path / "s2")) == [{"ok": True}] * 2
+    grown = tree_size(remote) - first
+    print(f"remote: {first} bytes after 4 ranks, then {grown} bytes more after 2 ranks")
+    assert 0 < grown * 4 < first, (first, grown)
+
+    loaded = run(replicated_load_worker, 2, url, 2, out=str(tmp_path / "l2"))
+    assert loaded == [{"ok": True}] * 2, loaded
+
+    # A clone shows the items by fqn and chunk, and checks out both saves.
+    binary = cli()
+    clone = tmp_path / "clone"
+    subprocess.run([binary, "clone", url, str(clone)], check=True, capture_output=True)
+    shown = json.loads(subprocess.run([binary, "show", "--json"], cwd=clone, check=True, capture_output=True).stdout)
+    segments = [s for f in shown["files"] if f["path"].endswith(".distcp") for s in f["segments"]]
+    names = {s["name"] for s in segments if s["is_tensor"]}
+    assert {f"layer{i}.weight[0:128,0:96]" for i in range(6)} | {"sharded[0:16,0:8]"} <= names, names
+    assert not any(n.startswith("archive.") for n in names), names
+    assert subprocess.run([binary, "verify"], cwd=clone, capture_output=True).returncode == 0
