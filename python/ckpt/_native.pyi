@@ -8,6 +8,11 @@ from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 _Path = Union[str, os.PathLike[str]]
 
+# One item a DCP rank wrote into its file (from DCP's `WriteResult` and the plan's
+# `TensorWriteData`): `(offset, length, fqn, chunk, transformed)`, `chunk` being `None` for a
+# bytes item or `(torch dtype name, tensor size, chunk offsets, chunk sizes)`.
+WrittenItem = Tuple[int, int, str, Optional[Tuple[str, Sequence[int], Sequence[int], Sequence[int]]], bool]
+
 class CkptError(Exception):
     """An error of a ckpt operation; its message is the CLI's."""
 
@@ -119,10 +124,19 @@ class Repo:
         `HEAD` is an error."""
     def branch_tip(self, name: str) -> Optional[str]:
         """The version branch `name` points at (`None`: no such branch or no version yet)."""
-    def store_objects(self, disk: str, path: str, previous: Optional[str] = None) -> Tuple[str, str, str, int]:
+    def store_objects(
+        self,
+        disk: str,
+        path: str,
+        previous: Optional[str] = None,
+        items: Optional[Sequence[WrittenItem]] = None,
+    ) -> Tuple[str, str, str, int]:
         """Stores the file at `disk` as the content of `path`: objects only (no version, no
-        ref, no writer lock), delta-coded against `path` in version `previous` where the delta
-        policy allows. Returns `(path, manifest, file hash, length)` for `commit_stored`."""
+        ref, no writer lock), delta-coded against the same items in version `previous` where
+        the delta policy allows. A `.distcp` file is cut into `items`, the items its writer
+        wrote into it, named by fqn and chunk offsets as `.metadata` names them (a report
+        that does not fit the file: cut by walking its archives, `archive.<n>`). Returns
+        `(path, manifest, file hash, length)` for `commit_stored`."""
     def commit_stored(
         self,
         branch: str,
@@ -203,10 +217,18 @@ class RemoteStore:
         """Raises if a tag is invalid, given twice or exists on the remote."""
     def resolve(self, rev: str) -> str:
         """The full id of the version `rev` (``HEAD``, a branch, a tag, an id) names there."""
-    def store_objects(self, disk: str, path: str, previous: Optional[str] = None) -> Tuple[str, str, str, int]:
-        """Stores the file at `disk` as `path` in the cache and uploads what the remote lacks
-        (coded against `path` in version `previous`). Returns `(path, manifest, file hash,
-        length)` for `commit`."""
+    def store_objects(
+        self,
+        disk: str,
+        path: str,
+        previous: Optional[str] = None,
+        items: Optional[Sequence[WrittenItem]] = None,
+    ) -> Tuple[str, str, str, int]:
+        """Stores the file at `disk` as `path` in the cache (a `.distcp` file cut into
+        `items`, as `Repo.store_objects`) and uploads what the remote lacks, coded against the
+        same items in version `previous` (for a `.distcp` file, in any `.distcp` file there;
+        only the manifests and blobs that pairing needs are downloaded). Returns `(path,
+        manifest, file hash, length)` for `commit`."""
     def commit(
         self,
         branch: str,
