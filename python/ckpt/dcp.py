@@ -12,7 +12,11 @@
 `Writer` plans and serializes exactly as DCP's `FileSystemWriter` (the same `__R_I.distcp`
 files, byte for byte, and the same `.metadata`), but each rank writes its files into memory
 (a memfd) and stores them itself, in parallel with the other ranks, without a version and
-without a lock (objects are named by their content and written create-if-absent). `finish()`
+without a lock (objects are named by their content and written create-if-absent). A rank
+stores its files once DCP has written them and reported where each item lies: each file is cut
+into its items, each tensor chunk named by fqn and chunk offsets (`fc1.weight[0:16,0:8]`) as
+`ckpt commit` of the same DCP directory names it from `.metadata` (which does not exist yet),
+so `ckpt show` lists these names and the two kinds of versions pair with each other. `finish()`
 on the coordinator stores `.metadata` and writes one version listing every rank's files, then
 moves the branch by compare-and-swap against the tip it saw when the save began: if another
 save moved the branch meanwhile, the save raises on every rank and nothing is overwritten.
@@ -20,16 +24,19 @@ save moved the branch meanwhile, the save raises on every rank and nothing is ov
 `target` is either
 
 - a repository path (a shared file system every rank sees). Under a delta policy other than
-  `reverse`, each rank's file is delta-coded against the same file of the branch's previous
-  version; under `reverse` (the default) the files are stored whole and the version is left
-  pending for `ckpt compact`, which rewrites the previous version's tensors as deltas; or
+  `reverse`, each item of a rank's file is delta-coded against the same item in any rank file
+  of the branch's previous version (its own first: DCP's de-duplication, or a save on another
+  number of ranks, moves items between files); under `reverse` (the default) the files are
+  stored whole and the version is left pending for `ckpt compact`, which rewrites the previous
+  version's tensors as deltas against the same items; or
 - a remote URL, as `ckpt remote add` takes them: `s3://bucket/prefix` (S3-compatible storage;
   credentials, region and endpoint from the `AWS_*` environment variables as for ckpt's S3
   remotes, or the `endpoint`, `region` and `allow_http` arguments) or `file:///dir` (a
   directory remote; the writer creates it if missing). The ranks need no repository: each
   keeps a cache of objects (`cache`, default a temporary directory deleted when the rank is
-  done), downloads only its own file of the branch's previous version, and uploads its file
-  in the remote's `layout` (`"mirror"`, the default of `ckpt remote add`: new tensors whole,
+  done), pairs its items with the same items in any rank file of the branch's previous
+  version, downloading only the manifests that takes and the objects of the items it pairs,
+  and uploads its file in the remote's `layout` (`"mirror"`, the default of `ckpt remote add`: new tensors whole,
   then the previous version's changed tensors recoded on the remote as deltas against them;
   or `"deltas"`: new tensors as forward deltas against the previous version's), as `ckpt push`
   and the git filter's transfers do (docs/format.md, "Distributed saves to a remote"). The

@@ -6,11 +6,13 @@
 //! A save follows the rules of the push machinery (docs/format.md, "Remotes" and "Distributed
 //! saves to a remote"): each rank stores its file in its cache, whole, and uploads the objects
 //! the remote lacks, create-if-absent, a manifest after its blobs ([`store_file_to_remote`]).
-//! In the deltas layout its new blobs go up as forward deltas against the same tensors of the
-//! previous version's file at the same path, as the git filter's file transfers send them; in
-//! the mirror layout they go up whole and the previous file's blobs are then recoded on the
-//! remote as deltas against them, under a journal, as a mirror file transfer does. A rank
-//! downloads only its own file of the previous version. One writer then lists every rank's
+//! Its blobs are paired with the same tensors of the previous version as a commit pairs them
+//! (for a `.distcp` file, the same items in any `.distcp` file of it, the same path's first). In
+//! the deltas layout its new blobs go up as forward deltas against their pairs, as the git
+//! filter's file transfers send them; in the mirror layout they go up whole and the paired
+//! blobs of the previous version are then recoded on the remote as deltas against them, under
+//! a journal, as a mirror file transfer does. A rank downloads only the manifests pairing needs
+//! and the paired blobs, not whole files of other ranks. One writer then lists every rank's
 //! file in one version, uploads it and moves the remote branch by compare-and-swap against the
 //! tip read when the save began ([`commit_to_remote`]): a concurrent save of another job that
 //! moved the branch first makes it fail, and nothing is overwritten.
