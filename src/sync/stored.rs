@@ -177,24 +177,23 @@ pub fn store_file_to_remote(
     // Whole: the deltas go up coded for the remote, against what it holds.
     let entry = cache.store_objects(disk, path, None, written)?;
     let manifest = cache.manifest(&entry.manifest)?;
-    let pairs = match (&version, earlier) {
+    // A pinned previous version keeps its blobs whole on a mirror remote: nothing to pair.
+    let reference = version.as_ref().filter(|v| layout == Layout::Deltas || !pinned(v));
+    let pairs = match (reference, earlier) {
         (None, _) => Vec::new(),
         (Some(_), Some(old)) => manifest.same_tensor_blobs(&cache.manifest(&old)?),
         (Some(v), None) => {
             let pairs = reference_pairs(cache, remote, path.as_str(), &manifest, v)?;
-            cache.fetch_blobs(remote, pairs.iter().map(|p| p.old).collect())?;
+            // Only the blobs a delta may be coded against (not the unchanged ones).
+            cache.fetch_blobs(remote, pairs.iter().filter(|p| p.new != p.old).map(|p| p.old).collect())?;
             pairs
         }
     };
-    let pinned = version.as_ref().is_some_and(pinned);
     let transfer = match layout {
         Layout::Deltas => {
             cache.push_files_paired(remote, &[entry.manifest], &HashMap::new(), &pairs, Layout::Deltas)?
         }
-        Layout::Mirror => {
-            let recode_against = if pinned { &[][..] } else { &pairs[..] };
-            push_whole_then_recode(cache, remote, &entry.manifest, &manifest, recode_against, transfers)?
-        }
+        Layout::Mirror => push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, transfers)?,
     };
     Ok((entry, transfer))
 }
