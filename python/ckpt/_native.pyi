@@ -223,12 +223,14 @@ class RemoteStore:
         path: str,
         previous: Optional[str] = None,
         items: Optional[Sequence[WrittenItem]] = None,
-    ) -> Tuple[str, str, str, int]:
+    ) -> Tuple[str, str, str, int, int]:
         """Stores the file at `disk` as `path` in the cache (a `.distcp` file cut into
         `items`, as `Repo.store_objects`) and uploads what the remote lacks, coded against the
         same items in version `previous` (for a `.distcp` file, in any `.distcp` file there;
         only the manifests and blobs that pairing needs are downloaded). Returns `(path,
-        manifest, file hash, length)` for `commit`."""
+        manifest, file hash, length, stored bytes)`: the first four for `commit`, the last
+        what the upload created on the remote (its new objects; not the mirror layout's
+        recodes of the previous version's)."""
     def commit(
         self,
         branch: str,
@@ -237,10 +239,13 @@ class RemoteStore:
         files: Sequence[Tuple[str, str, str, int]],
         message: str,
         tags: Sequence[str] = (),
+        stored_bytes: int = 0,
     ) -> str:
         """Writes one version of `files` to the remote and moves `branch` there by
         compare-and-swap against ``(expected, tag)`` from `branch_tip`; then creates `tags`.
-        Returns the version id; raises, moving nothing, if the branch moved meanwhile."""
+        `stored_bytes` is the version's figure (``ckpt log``): what the files' uploads created,
+        added up. Returns the version id; raises, moving nothing, if the branch moved
+        meanwhile."""
     def open_file(self, version: str, path: str) -> StoredFile:
         """A reader of byte ranges of `path` in `version` (a full id), after downloading that
         file's objects (only that file's) into the cache."""

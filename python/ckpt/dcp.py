@@ -143,7 +143,9 @@ class _RemoteTarget(_Target):
         return branch, tip, cas
 
     def commit(self, branch, tip, cas, files, message, tags) -> str:
-        return self.native.commit(branch, tip, cas, files, message, tags)
+        # Each file as stored: `(path, manifest, hash, length, bytes its upload created)`.
+        stored_bytes = sum(f[4] for f in files)
+        return self.native.commit(branch, tip, cas, [f[:4] for f in files], message, tags, stored_bytes)
 
     def close(self) -> None:
         self.native = None
@@ -188,9 +190,10 @@ def _classes():
 
     @dataclasses.dataclass(frozen=True)
     class _StoredResult(WriteResult):
-        """A `WriteResult` that also carries its file as stored: (path, manifest, hash, len)."""
+        """A `WriteResult` that also carries its file as stored: (path, manifest, hash, len),
+        and for a remote target the bytes its upload created."""
 
-        stored: Optional[Tuple[str, str, str, int]] = None
+        stored: Optional[Tuple[Any, ...]] = None
 
     class _StoreFS(fs.FileSystem):
         """DCP's `FileSystem`, with files kept in a store instead of a directory.
@@ -208,7 +211,7 @@ def _classes():
             self.version = version
             self.previous = previous
             self.defer = defer
-            self.stored: Dict[str, Tuple[str, str, str, int]] = {}
+            self.stored: Dict[str, Tuple[Any, ...]] = {}
             # With `defer`: each written file's name and a descriptor of its memfd.
             self.written: Dict[str, int] = {}
             self.lock = threading.Lock()
@@ -391,7 +394,7 @@ def _classes():
             return fut
 
         def finish(self, metadata, results) -> None:
-            files: Dict[str, Tuple[str, str, str, int]] = {}
+            files: Dict[str, Tuple[Any, ...]] = {}
             plain = []
             for rank_results in results:
                 for r in rank_results:

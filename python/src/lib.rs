@@ -981,7 +981,8 @@ impl RemoteStore {
     /// Stores the file at `disk` as `path` in the cache and uploads it
     /// ([`sync::store_file_to_remote`]), coded against the same items in version `previous`
     /// (a `.distcp` file cut into its writer's `items`, as [`Repo::store_objects`] cuts it).
-    /// Returns `(path, manifest, file hash, length)` for [`RemoteStore::commit`].
+    /// Returns `(path, manifest, file hash, length, stored bytes)` for [`RemoteStore::commit`],
+    /// the last being what the upload created on the remote.
     #[pyo3(signature = (disk, path, previous=None, items=None))]
     fn store_objects(
         &self,
@@ -990,10 +991,10 @@ impl RemoteStore {
         path: String,
         previous: Option<String>,
         items: Option<Vec<WrittenItem>>,
-    ) -> PyResult<(String, String, String, u64)> {
+    ) -> PyResult<(String, String, String, u64, u64)> {
         let (rp, previous, items) = stored_file_args(&path, previous, items)?;
         let (layout, transfers) = (self.layout, self.transfers);
-        let (entry, _) = self.run(py, move |remote, cache| {
+        let stored = self.run(py, move |remote, cache| {
             sync::store_file_to_remote(
                 cache,
                 remote,
@@ -1005,13 +1006,15 @@ impl RemoteStore {
                 transfers,
             )
         })?;
-        Ok(stored_entry(entry))
+        let (path, manifest, hash, len) = stored_entry(stored.entry);
+        Ok((path, manifest, hash, len, stored.stored_bytes))
     }
 
     /// Writes one version of `files` on the remote and moves `branch` there by
     /// compare-and-swap against `(expected, tag)` as [`RemoteStore::branch_tip`] returned
-    /// them, then creates `tags` ([`sync::commit_to_remote`]). Returns the version id.
-    #[pyo3(signature = (branch, expected, tag, files, message, tags=Vec::new()))]
+    /// them, then creates `tags` ([`sync::commit_to_remote`]). `stored_bytes`: what the
+    /// uploads of `files` created, the version's figure. Returns the version id.
+    #[pyo3(signature = (branch, expected, tag, files, message, tags=Vec::new(), stored_bytes=0))]
     #[allow(clippy::too_many_arguments)]
     fn commit(
         &self,
@@ -1022,12 +1025,14 @@ impl RemoteStore {
         files: Vec<(String, String, String, u64)>,
         message: String,
         tags: Vec<String>,
+        stored_bytes: u64,
     ) -> PyResult<String> {
         let version = expected.map(|e| parse_id(&e)).transpose()?;
         let tip = sync::RemoteTip { version, tag };
         let files = files.into_iter().map(entry_of_stored).collect::<PyResult<Vec<_>>>()?;
         let id = self.run(py, move |remote, cache| {
-            sync::commit_to_remote(cache, remote, &branch, &tip, files, &message, &tags, &CommitOptions::default())
+            let options = CommitOptions::default();
+            sync::commit_to_remote(cache, remote, &branch, &tip, files, stored_bytes, &message, &tags, &options)
         })?;
         Ok(id.to_hex())
     }

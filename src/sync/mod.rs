@@ -52,7 +52,7 @@ pub use remotes::{
 };
 pub use stored::{
     commit_to_remote, fetch_stored_file, fetch_version, remote_branch_tip, resolve_remote, store_file_to_remote,
-    RemoteTip, StoredFileReader,
+    RemoteFile, RemoteTip, StoredFileReader,
 };
 
 use crate::object_id::ObjectId;

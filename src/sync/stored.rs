@@ -152,7 +152,7 @@ fn pinned(v: &Version) -> bool {
 ///   an XOR delta against it, under a journal written first, unless the previous version is
 ///   pinned (docs/format.md, "A mirror push").
 ///
-/// Returns the file's entry and what moved.
+/// Returns the file's entry, what moved, and what the remote stores anew for it.
 #[allow(clippy::too_many_arguments)]
 pub fn store_file_to_remote(
     cache: &Repo,
@@ -163,7 +163,7 @@ pub fn store_file_to_remote(
     written: Option<&[crate::torch_zip::dcp::Item]>,
     layout: Layout,
     transfers: usize,
-) -> Result<(FileEntry, FileTransfer)> {
+) -> Result<RemoteFile> {
     let version = previous.map(|p| fetch_version(cache, remote, p)).transpose()?;
     let distcp = path.as_str().ends_with(DISTCP_SUFFIX);
     // Another file (`.metadata`): the same path's previous file, downloaded whole (small).
@@ -189,13 +189,28 @@ pub fn store_file_to_remote(
             pairs
         }
     };
-    let transfer = match layout {
+    let (transfer, stored_bytes) = match layout {
         Layout::Deltas => {
-            cache.push_files_paired(remote, &[entry.manifest], &HashMap::new(), &pairs, Layout::Deltas)?
+            let t = cache.push_files_paired(remote, &[entry.manifest], &HashMap::new(), &pairs, Layout::Deltas)?;
+            let stored = t.bytes;
+            (t, stored)
         }
         Layout::Mirror => push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, transfers)?,
     };
-    Ok((entry, transfer))
+    Ok(RemoteFile { entry, transfer, stored_bytes })
+}
+
+/// A file stored to a remote by [`store_file_to_remote`].
+#[derive(Clone, Debug)]
+pub struct RemoteFile {
+    /// Its entry, for [`commit_to_remote`].
+    pub entry: FileEntry,
+    /// What moved.
+    pub transfer: FileTransfer,
+    /// The size of the objects of the file that this upload created on the remote (its new
+    /// blobs, as deltas or whole, and its manifest; not the mirror layout's recodes of the
+    /// previous version's blobs): what the version's `stored_bytes` adds up.
+    pub stored_bytes: u64,
 }
 
 /// The new `.distcp` file `manifest` at `path` paired with the same items of `version`'s
@@ -241,7 +256,8 @@ fn fetch_manifest(cache: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<Ma
 /// The mirror layout's upload of one file ([`store_file_to_remote`]): one listing of the
 /// remote's objects; the recodes planned from it (an older blob of `earlier` present, its new
 /// counterpart absent) and written down in a journal; the upload; then the recodes, each only
-/// if the new blob is standalone on the remote at that moment ([`recode`]).
+/// if the new blob is standalone on the remote at that moment ([`recode`]). Returns what moved
+/// and the bytes of the objects the upload created (recodes aside).
 fn push_whole_then_recode(
     cache: &Repo,
     remote: &dyn Remote,
@@ -249,13 +265,13 @@ fn push_whole_then_recode(
     new_m: &Manifest,
     pairs: &[Counterpart],
     transfers: usize,
-) -> Result<FileTransfer> {
+) -> Result<(FileTransfer, u64)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
     let present: HashSet<ObjectId> = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
     if present.contains(manifest) {
         report.files_present = 1;
         report.requests = remote.requests();
-        return Ok(report);
+        return Ok((report, 0));
     }
     let need: Vec<Needed> =
         cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present.contains(&n.id)).collect();
@@ -303,7 +319,8 @@ fn push_whole_then_recode(
         count(cache.upload_object(remote, &n.id)?);
     }
     report.objects += objects.into_inner();
-    report.bytes += bytes.into_inner();
+    let created = bytes.into_inner();
+    report.bytes += created;
     if let Some(journal) = journal {
         let (objects, bytes) = recode(cache, remote, &journal.recodes, transfers)?;
         report.objects += objects;
@@ -312,7 +329,7 @@ fn push_whole_then_recode(
         remote.delete(&journal_key(&journal.version))?;
     }
     report.requests = remote.requests();
-    Ok(report)
+    Ok((report, created))
 }
 
 /// Writes one version listing `files` (uploaded by [`store_file_to_remote`]) on top of
@@ -321,7 +338,9 @@ fn push_whole_then_recode(
 /// branch moved meanwhile (another save), nothing is moved and the error says so; a tag that
 /// exists is refused before the branch moves. Every file's manifest must be on the remote (a
 /// rank uploads its manifest after its blobs, so a present manifest is a complete file).
-/// `cache` holds the version object before it goes up (and the parent's, downloaded).
+/// `cache` holds the version object before it goes up (and the parent's, downloaded). The
+/// version's `stored_bytes` is `stored_bytes`, what the ranks' uploads created
+/// ([`RemoteFile::stored_bytes`], added up).
 #[allow(clippy::too_many_arguments)]
 pub fn commit_to_remote(
     cache: &Repo,
@@ -329,6 +348,7 @@ pub fn commit_to_remote(
     branch: &str,
     tip: &RemoteTip,
     files: Vec<FileEntry>,
+    stored_bytes: u64,
     message: &str,
     tags: &[String],
     options: &CommitOptions,
@@ -388,8 +408,7 @@ pub fn commit_to_remote(
         message: message.to_string(),
         since_base,
         raw_bytes: files.iter().map(|f| f.len).sum(),
-        // The ranks' objects are not counted (as `Repo::commit_stored`).
-        stored_bytes: 0,
+        stored_bytes,
         files,
     };
     version.check_limits().map_err(|reason| RepoError::OverLimit { what: "the version".into(), reason })?;

@@ -8,7 +8,7 @@
 use crate::support::repo_util::{read_tree, synthetic_checkpoint, Files};
 use ckpt::remote::{local::DirRemote, Remote, S3Options};
 use ckpt::repo::{CommitOptions, FileEntry, Repo, RepoPath, VersionId};
-use ckpt::sync::{self, Layout, RemoteTip};
+use ckpt::sync::{self, Layout, RemoteFile, RemoteTip};
 use ckpt::torch_zip::dcp;
 use ckpt::Dtype;
 use std::path::Path;
@@ -34,8 +34,10 @@ fn save_rank(
     let cache = Repo::init(cache_dir.path()).unwrap();
     let disk = cache_dir.path().join("spool");
     std::fs::write(&disk, bytes).unwrap();
-    sync::store_file_to_remote(&cache, remote, &disk, &RepoPath::parse(path).unwrap(), previous, None, layout, 4)
-        .unwrap()
+    let stored =
+        sync::store_file_to_remote(&cache, remote, &disk, &RepoPath::parse(path).unwrap(), previous, None, layout, 4)
+            .unwrap();
+    (stored.entry, stored.transfer)
 }
 
 /// A save of `files` on `branch` by one process per rank plus a coordinator, all starting
@@ -56,7 +58,7 @@ fn save(
     }
     let coordinator = tempfile::tempdir_in(work).unwrap();
     let cache = Repo::init(coordinator.path()).unwrap();
-    let id = sync::commit_to_remote(&cache, remote, "main", tip, entries, "save", &[], &CommitOptions::default());
+    let id = sync::commit_to_remote(&cache, remote, "main", tip, entries, 0, "save", &[], &CommitOptions::default());
     (id, transfers)
 }
 
@@ -153,16 +155,17 @@ fn a_version_lists_only_complete_files_and_new_tags() {
     missing.path = "__1_0.distcp".into();
     missing.manifest = ckpt::ObjectId::hash(b"not uploaded");
     let refused =
-        sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone(), missing], "m", &[], &options);
+        sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone(), missing], 0, "m", &[], &options);
     assert!(refused.is_err());
     assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap(), none);
 
     let tags = vec!["step-1".to_string()];
-    let v1 = sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone()], "m", &tags, &options).unwrap();
+    let v1 =
+        sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone()], 0, "m", &tags, &options).unwrap();
     assert_eq!(sync::resolve_remote(&remote, "step-1").unwrap(), v1);
     // A tag that exists: refused before the branch moves.
     let tip = sync::remote_branch_tip(&remote, "main").unwrap();
-    let again = sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], "m", &tags, &options);
+    let again = sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], 0, "m", &tags, &options);
     assert!(matches!(again, Err(sync::Error::Rejected { .. })), "{again:?}");
     assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap(), tip);
 }
@@ -276,18 +279,31 @@ fn ranks_pair_items_with_any_file_of_the_previous_save_downloading_only_what_pai
             let items = name.ends_with(".distcp").then(|| report(&e1, name));
             entries.push(save_reported(work.path(), &remote, name, bytes, None, items, layout).0);
         }
+        let stored: u64 = entries.iter().map(|f| f.stored_bytes).sum();
+        let entries: Vec<FileEntry> = entries.into_iter().map(|f| f.entry).collect();
         let none = RemoteTip { version: None, tag: None };
         let cache = Repo::init(&work.path().join("coordinator")).unwrap();
-        let v1 =
-            sync::commit_to_remote(&cache, &remote, "main", &none, entries, "1", &[], &Default::default()).unwrap();
+        let v1 = sync::commit_to_remote(&cache, &remote, "main", &none, entries, stored, "1", &[], &Default::default())
+            .unwrap();
         let old = sync::fetch_version(&cache, &remote, &v1).unwrap();
+        // What the ranks' uploads created: every object of the first save but the version.
+        let objects = |dir: &Path| -> u64 {
+            std::fs::read_dir(dir.join("objects"))
+                .unwrap()
+                .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+                .map(|f| f.unwrap().metadata().unwrap().len())
+                .sum()
+        };
+        let version_len = cache.store().stored_len(&v1).unwrap();
+        assert_eq!(old.stored_bytes, stored);
+        assert_eq!(stored + version_len, objects(Path::new(&url)), "{layout}");
         let manifest_key = |path: &str| ckpt::remote::object_key(&old.file(path).unwrap().manifest);
 
         // Save 2, rank 0 only: its file holds rank 1's items when `swapped` (DCP's
         // de-duplication or a new sharding moved them), else its own.
         let source = if swapped { "__1_0.distcp" } else { "__0_0.distcp" };
         remote.downloads.lock().unwrap().clear();
-        let (entry, transfer, rank) = save_reported(
+        let (RemoteFile { entry, transfer, .. }, rank) = save_reported(
             work.path(),
             &remote,
             "__0_0.distcp",
@@ -325,8 +341,9 @@ fn ranks_pair_items_with_any_file_of_the_previous_save_downloading_only_what_pai
         if swapped && layout == Layout::Deltas {
             // Both saves read back bit-exactly from the remote alone (chains across files).
             let tip = sync::remote_branch_tip(&remote, "main").unwrap();
-            let v2 = sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], "2", &[], &Default::default())
-                .unwrap();
+            let v2 =
+                sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], 0, "2", &[], &Default::default())
+                    .unwrap();
             let reader = Repo::init(&work.path().join("reader")).unwrap();
             for (v, path, bytes) in
                 [(v1, "__1_0.distcp", get(&e1, "__1_0.distcp")), (v2, "__0_0.distcp", get(&e2, source))]
@@ -349,12 +366,12 @@ fn save_reported(
     previous: Option<&VersionId>,
     items: Option<Vec<dcp::Item>>,
     layout: Layout,
-) -> (FileEntry, sync::FileTransfer, Repo) {
+) -> (RemoteFile, Repo) {
     let cache_dir = tempfile::tempdir_in(work).unwrap().keep();
     let cache = Repo::init(&cache_dir).unwrap();
     let disk = cache_dir.join("spool");
     std::fs::write(&disk, bytes).unwrap();
-    let (entry, transfer) = sync::store_file_to_remote(
+    let stored = sync::store_file_to_remote(
         &cache,
         remote,
         &disk,
@@ -365,5 +382,5 @@ fn save_reported(
         4,
     )
     .unwrap();
-    (entry, transfer, cache)
+    (stored, cache)
 }
