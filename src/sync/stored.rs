@@ -141,8 +141,9 @@ fn pinned(v: &Version) -> bool {
 /// by `written`, the items its writer reports, as [`Repo::store_objects`] cuts it) and uploads
 /// what the remote lacks of it (create-if-absent, the manifest last), for [`commit_to_remote`]
 /// to list in a version whose parent is `previous`. Its blobs are paired with the same tensors
-/// of `previous` as a commit pairs them ([`reference_pairs`]), and only the paired blobs of
-/// `previous` are downloaded into `cache`. In `layout`:
+/// of `previous` as a commit pairs them (for a `.distcp` file, the same items in any `.distcp`
+/// file of it, the same path's first), downloading only the manifests that takes and only the
+/// paired blobs of `previous` into `cache`. In `layout`:
 ///
 /// - deltas: each new blob goes up as a forward XOR delta against its pair, where that pays
 ///   and the remote's chain stays within bounds (the git filter's deltas-layout transfer,
