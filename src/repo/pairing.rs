@@ -384,9 +384,7 @@ impl Manifest {
         }
         out
     }
-}
 
-impl Manifest {
     /// Whether every tensor stored as a blob of its own and every bundle of this manifest has a
     /// counterpart in `reference` ([`Self::same_tensor_blobs`]): then no other reference file
     /// can add one.
