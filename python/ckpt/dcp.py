@@ -276,6 +276,18 @@ def _classes():
             else:
                 yield _Unread()
 
+    def _allow_open_files(files: int) -> None:
+        """Raises this process's soft limit of open files (up to the hard limit) so that `files`
+        memfds fit beside what is already open; beyond the hard limit DCP's own error stands."""
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = files + 256
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            if raised > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+
     def _written_item(result, chunks):
         """What `store_objects` takes of an item DCP wrote (`WriteResult`): `(offset, length,
         fqn, chunk, transformed)`, `chunk` `(dtype, tensor size, chunk offsets, chunk sizes)`
@@ -373,11 +385,16 @@ def _classes():
                 # names them (it does not exist yet).
                 self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip, defer=True)
                 try:
+                    # One memfd per file stays open until every file is written: with
+                    # `single_file_per_rank=False` that is one per item, past the usual 1024.
+                    _allow_open_files(len(plan.items))
                     results = super().write_data(plan, planner).value()
                     chunks = {i.index: i.tensor_data for i in plan.items if i.tensor_data is not None}
+                    by_file: Dict[str, List[Any]] = {}
+                    for r in results:
+                        by_file.setdefault(r.storage_data.relative_path, []).append(_written_item(r, chunks))
                     for name, fd in sorted(self.fs.written.items()):
-                        items = [_written_item(r, chunks) for r in results if r.storage_data.relative_path == name]
-                        self.fs.store(name, fd, items)
+                        self.fs.store(name, fd, by_file.get(name, []))
                 finally:
                     self.fs.close_written()
             finally:

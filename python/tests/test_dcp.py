@@ -174,6 +174,25 @@ def test_async_save_in_one_process_then_load(repo_dir):
     assert all(torch.equal(out[k], full[k]) for k in full) and out["step"] == 1234
 
 
+def test_a_file_per_item_save_past_the_open_file_limit(repo_dir):
+    """`single_file_per_rank=False` writes a file per item, each kept in a memfd until DCP says
+    where its items lie: more items than the soft limit of open files still save and load."""
+    import resource
+
+    g = torch.Generator().manual_seed(5)
+    sd = {f"t{i}": torch.randn(8, generator=g) for i in range(300)}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        writer = ckpt.dcp.Writer(repo_dir, message="per item", single_file_per_rank=False)
+        dcp.save(sd, storage_writer=writer)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    out = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert all(torch.equal(out[k], sd[k]) for k in sd)
+
+
 # A rank killed mid-save: the others must not wait longer than this on it (process group and
 # collectives), and the test waits for them at most `KILL_JOIN` seconds.
 KILL_PG_TIMEOUT = 20
