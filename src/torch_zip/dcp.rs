@@ -593,7 +593,7 @@ fn check_chunk(item: &Item, storages: &[Storage]) -> Result<(), String> {
 fn archive_end(file: &[u8], start: usize, from: usize) -> Option<(usize, usize)> {
     const EOCD: &[u8] = b"PK\x05\x06";
     let mut p = from;
-    while let Some(found) = file.get(p..)?.windows(4).position(|w| w == EOCD) {
+    while let Some(found) = memchr::memmem::find(file.get(p..)?, EOCD) {
         let eocd = p + found;
         p = eocd + 1;
         let u16_at = |at: usize| file.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
