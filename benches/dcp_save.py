@@ -7,15 +7,16 @@ checked against the saved values).
     python benches/dcp_save.py [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
     python benches/dcp_save.py --profile OUT   # also cProfile rank 0's last Writer save and
                                                # Reader load: OUT.save.prof, OUT.load.prof
-    python benches/dcp_save.py --s3 [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
+    python benches/dcp_save.py --s3 [--layout mirror|deltas] [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
 
 `--s3`: the same against an S3 server on loopback (`s3s-fs`, from PATH or `S3S_FS`, with its
 root under DIR): DCP's fsspec writer (`FsspecWriter`, `s3fs`) to `s3://bench/plainR`, against
-`ckpt.dcp.Writer("s3://bench/ckptR", endpoint=..., allow_http=True)` (default `mirror`
-layout, a temporary cache per rank). Each round, interleaved: a training step; an fsspec save;
+`ckpt.dcp.Writer("s3://bench/ckptR", endpoint=..., allow_http=True, layout=LAYOUT)` (default
+`mirror`, as `ckpt remote add`; a temporary cache per rank). Each round, interleaved: a training step; an fsspec save;
 the Writer's first save into a new prefix (everything new); a step; an fsspec save; the Writer's
-second save into the same prefix (its rank file of the first save downloaded, the new tensors
-uploaded whole and the first save's recoded on the remote as deltas against them); then
+second save into the same prefix (its rank file of the first save downloaded; `mirror`: the new
+tensors uploaded whole and the first save's recoded on the remote as deltas against them;
+`deltas`: the new tensors uploaded as deltas against the first save's); then
 `FsspecReader` and `ckpt.dcp.Reader` loads of the second save, checked. fsspec saves write
 whole files every time, so both Writer saves are compared with the same round's fsspec saves.
 """
@@ -42,8 +43,12 @@ def s3fs_options(endpoint):
     return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": endpoint, "client_kwargs": {"region_name": "us-east-1"}}
 
 
-def s3_worker(rank, world, port, mib, repeat, root, endpoint, queue):
+def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, queue):
     """The `--s3` rounds (see the module docstring); `root` is the server's root directory."""
+    import warnings
+
+    # DCP warns on every save into a prefix that holds one (the fsspec saves overwrite theirs).
+    warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
@@ -61,6 +66,7 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, queue):
     names = ("fsspec save", "Writer save 1", "fsspec save 2", "Writer save 2", "FsspecReader", "ckpt.dcp.Reader")
     times = {name: [] for name in names}
     s3 = {"endpoint": endpoint, "allow_http": True, "region": "us-east-1"}
+    writer_options = dict(s3, layout=layout)
     for r in range(repeat):
         plain, ours = f"s3://{BUCKET}/plain{r}", f"s3://{BUCKET}/ckpt{r}"
         for name in names:
@@ -75,7 +81,7 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, queue):
             if name.startswith("fsspec save"):
                 dcp.save(sd, storage_writer=FsspecWriter(plain, sync_files=False, **s3fs_options(endpoint)))
             elif name.startswith("Writer save"):
-                dcp.save(sd, storage_writer=ckpt.dcp.Writer(ours, message=f"{name} {r}", **s3))
+                dcp.save(sd, storage_writer=ckpt.dcp.Writer(ours, message=f"{name} {r}", **writer_options))
             elif name == "FsspecReader":
                 dcp.load(zeroed, storage_reader=FsspecReader(plain, **s3fs_options(endpoint)))
             else:
@@ -189,6 +195,7 @@ def main():
     p.add_argument("--dir", default=None)
     p.add_argument("--profile", default=None, help="cProfile rank 0's last Writer save and Reader load")
     p.add_argument("--s3", action="store_true", help="against DCP's fsspec writer (s3fs) on an s3s-fs server")
+    p.add_argument("--layout", default="mirror", choices=("mirror", "deltas"), help="the Writer's remote layout (--s3)")
     a = p.parse_args()
     if a.s3:
         return main_s3(a)
@@ -219,12 +226,12 @@ def main_s3(a):
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             queue = mp.get_context("spawn").SimpleQueue()
-            mp.spawn(s3_worker, args=(a.ranks, port, a.mib, a.repeat, os.path.join(root, "s3"), endpoint, queue), nprocs=a.ranks)
+            mp.spawn(s3_worker, args=(a.ranks, port, a.mib, a.repeat, os.path.join(root, "s3"), endpoint, a.layout, queue), nprocs=a.ranks)
             times = queue.get()
         finally:
             server.kill()
             server.wait()
-    print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, s3s-fs on loopback, median of {a.repeat}:")
+    print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, s3s-fs on loopback, layout {a.layout}, median of {a.repeat}:")
     for name, t in times.items():
         print(f"  {name:18} {statistics.median(t):7.2f} s  ({', '.join(f'{x:.2f}' for x in t)})")
     med = {k: statistics.median(v) for k, v in times.items()}
