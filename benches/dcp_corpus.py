@@ -146,6 +146,7 @@ def worker(rank, world, port, corpus, epochs, verify, root, queue):
     repo = {w: os.path.join(root, w) for w in WAYS}
     plain = os.path.join(repo["a"], "ck")
     rows = []
+    optim_tracked = False  # whether repository c's HEAD lists optim.safetensors
     for epoch in epochs:
         sd = distribute(full_state(corpus, epoch), mesh, world)
         row = {"epoch": epoch, "optim": "optim" in sd}
@@ -184,8 +185,9 @@ def worker(rank, world, port, corpus, epochs, verify, root, queue):
                     os.symlink(src, link)
             if optim:
                 named.append("optim.safetensors")
-            elif os.path.exists(os.path.join(repo["c"], ".ckpt")) and epoch != epochs[0]:
-                cli(repo["c"], "rm", "optim.safetensors", check=False)
+            elif optim_tracked:
+                cli(repo["c"], "rm", "optim.safetensors")
+            optim_tracked = bool(optim)
             row["c_commit_s"] = timed(lambda: cli(repo["c"], "commit", "-m", tag, *named))
             cli(repo["c"], "tag", tag)
             raw = os.path.getsize(model) + (os.path.getsize(optim) if optim else 0)
@@ -295,7 +297,7 @@ def main():
             f"| {r['epoch']:02d} | {'yes' if r['optim'] else '-'} | {raw / 1e6:.1f} | {r['a_store'] / 1e6:.2f} | "
             f"{r['b_store'] / 1e6:.2f} | {r['c_store'] / 1e6:.2f} | {r['a_store'] / r['c_store']:.4f} | {r['b_store'] / r['c_store']:.4f} |"
         )
-    print(f"stored_now_bytes summed over `ckpt log --json`: " + ", ".join(f"{w} {result['stored_now'][w] / 1e6:.2f} MB" for w in WAYS))
+    print("stored_now_bytes summed over `ckpt log --json`: " + ", ".join(f"{w} {result['stored_now'][w] / 1e6:.2f} MB" for w in WAYS))
     for k in ("a_save_s", "a_commit_s", "b_save_s", "b_compact_s", "c_commit_s"):
         xs = [r[k] for r in rows]
         print(f"  {k:12} median {statistics.median(xs):6.2f} s (min {min(xs):.2f}, max {max(xs):.2f})")

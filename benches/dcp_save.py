@@ -7,7 +7,7 @@ checked against the saved values).
     python benches/dcp_save.py [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
     python benches/dcp_save.py --profile OUT   # also cProfile rank 0's last Writer save and
                                                # Reader load: OUT.save.prof, OUT.load.prof
-    python benches/dcp_save.py --s3 [--layout mirror|deltas] [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
+    python benches/dcp_save.py --s3 [--layout mirror|deltas] [--cache] [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
 
 `--s3`: the same against an S3 server on loopback (`s3s-fs`, from PATH or `S3S_FS`, with its
 root under DIR): DCP's fsspec writer (`FsspecWriter`, `s3fs`) to `s3://bench/plainR`, against
@@ -19,6 +19,8 @@ tensors uploaded whole and the first save's recoded on the remote as deltas agai
 `deltas`: the new tensors uploaded as deltas against the first save's); then
 `FsspecReader` and `ckpt.dcp.Reader` loads of the second save, checked. fsspec saves write
 whole files every time, so both Writer saves are compared with the same round's fsspec saves.
+`--cache`: each rank passes the Writer and Reader a cache directory of its own (`cache=`) kept
+from the first save to the second and the load, instead of the default temporary one.
 """
 
 import argparse
@@ -43,7 +45,7 @@ def s3fs_options(endpoint):
     return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": endpoint, "client_kwargs": {"region_name": "us-east-1"}}
 
 
-def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, queue):
+def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, queue):
     """The `--s3` rounds (see the module docstring); `root` is the server's root directory."""
     import warnings
 
@@ -69,6 +71,9 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, queue):
     writer_options = dict(s3, layout=layout)
     for r in range(repeat):
         plain, ours = f"s3://{BUCKET}/plain{r}", f"s3://{BUCKET}/ckpt{r}"
+        if cache:
+            # One cache per rank and prefix, kept from the first save to the second and the load.
+            writer_options["cache"] = os.path.join(cache, f"rank{rank}", f"ckpt{r}")
         for name in names:
             if name in ("fsspec save", "fsspec save 2"):
                 # A training step before each pair of saves: every value changes a little.
@@ -85,7 +90,8 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, queue):
             elif name == "FsspecReader":
                 dcp.load(zeroed, storage_reader=FsspecReader(plain, **s3fs_options(endpoint)))
             else:
-                dcp.load(zeroed, storage_reader=ckpt.dcp.Reader(ours, **s3))
+                reader_options = dict(s3, cache=writer_options["cache"]) if cache else s3
+                dcp.load(zeroed, storage_reader=ckpt.dcp.Reader(ours, **reader_options))
             dist.barrier()
             times[name].append(time.perf_counter() - start)
             if "Reader" in name:
@@ -95,6 +101,8 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, queue):
             # The server keeps objects as files under its root: this round's go (disk).
             for prefix in (f"plain{r}", f"ckpt{r}"):
                 shutil.rmtree(os.path.join(root, BUCKET, prefix), ignore_errors=True)
+            if cache:
+                shutil.rmtree(cache, ignore_errors=True)
         dist.barrier()
     if rank == 0:
         queue.put(times)
@@ -196,6 +204,7 @@ def main():
     p.add_argument("--profile", default=None, help="cProfile rank 0's last Writer save and Reader load")
     p.add_argument("--s3", action="store_true", help="against DCP's fsspec writer (s3fs) on an s3s-fs server")
     p.add_argument("--layout", default="mirror", choices=("mirror", "deltas"), help="the Writer's remote layout (--s3)")
+    p.add_argument("--cache", action="store_true", help="--s3: a cache per rank kept from save to save (`cache=`)")
     a = p.parse_args()
     if a.s3:
         return main_s3(a)
@@ -226,12 +235,12 @@ def main_s3(a):
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             queue = mp.get_context("spawn").SimpleQueue()
-            mp.spawn(s3_worker, args=(a.ranks, port, a.mib, a.repeat, os.path.join(root, "s3"), endpoint, a.layout, queue), nprocs=a.ranks)
+            mp.spawn(s3_worker, args=(a.ranks, port, a.mib, a.repeat, os.path.join(root, "s3"), endpoint, a.layout, os.path.join(root, "cache") if a.cache else None, queue), nprocs=a.ranks)
             times = queue.get()
         finally:
             server.kill()
             server.wait()
-    print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, s3s-fs on loopback, layout {a.layout}, median of {a.repeat}:")
+    print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, s3s-fs on loopback, layout {a.layout}{', kept caches' if a.cache else ''}, median of {a.repeat}:")
     for name, t in times.items():
         print(f"  {name:18} {statistics.median(t):7.2f} s  ({', '.join(f'{x:.2f}' for x in t)})")
     med = {k: statistics.median(v) for k, v in times.items()}
