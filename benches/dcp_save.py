@@ -7,6 +7,20 @@ checked against the saved values).
     python benches/dcp_save.py [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
     python benches/dcp_save.py --profile OUT   # also cProfile rank 0's last Writer save and
                                                # Reader load: OUT.save.prof, OUT.load.prof
+    python benches/dcp_save.py --s3 [--layout mirror|deltas] [--cache] [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
+
+`--s3`: the same against an S3 server on loopback (`s3s-fs`, from PATH or `S3S_FS`, with its
+root under DIR): DCP's fsspec writer (`FsspecWriter`, `s3fs`) to `s3://bench/plainR`, against
+`ckpt.dcp.Writer("s3://bench/ckptR", endpoint=..., allow_http=True, layout=LAYOUT)` (default
+`mirror`, as `ckpt remote add`; a temporary cache per rank). Each round, interleaved: a training step; an fsspec save;
+the Writer's first save into a new prefix (everything new); a step; an fsspec save; the Writer's
+second save into the same prefix (its rank file of the first save downloaded; `mirror`: the new
+tensors uploaded whole and the first save's recoded on the remote as deltas against them;
+`deltas`: the new tensors uploaded as deltas against the first save's); then
+`FsspecReader` and `ckpt.dcp.Reader` loads of the second save, checked. fsspec saves write
+whole files every time, so both Writer saves are compared with the same round's fsspec saves.
+`--cache`: each rank passes the Writer and Reader a cache directory of its own (`cache=`) kept
+from the first save to the second and the load, instead of the default temporary one.
 """
 
 import argparse
@@ -21,6 +35,106 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+
+
+BUCKET = "bench"
+ACCESS_KEY, SECRET_KEY = "ckptbench", "ckptbench-secret"
+
+
+def s3fs_options(endpoint):
+    return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": endpoint, "client_kwargs": {"region_name": "us-east-1"}}
+
+
+def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, queue):
+    """The `--s3` rounds (see the module docstring); `root` is the server's root directory."""
+    import warnings
+
+    # DCP warns on every save into a prefix that holds one (the fsspec saves overwrite theirs).
+    warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import ckpt.dcp
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    n = 16
+    rows = (mib << 20) // 4 // n // 1024
+    sd = {f"layer{i}.w": distribute_tensor(torch.randn(rows, 1024, generator=g), mesh, [Shard(0)]) for i in range(n)}
+    zeroed = {k: distribute_tensor(torch.zeros(t.shape), mesh, [Shard(0)]) for k, t in sd.items()}
+    names = ("fsspec save", "Writer save 1", "fsspec save 2", "Writer save 2", "FsspecReader", "ckpt.dcp.Reader")
+    times = {name: [] for name in names}
+    s3 = {"endpoint": endpoint, "allow_http": True, "region": "us-east-1"}
+    writer_options = dict(s3, layout=layout)
+    for r in range(repeat):
+        plain, ours = f"s3://{BUCKET}/plain{r}", f"s3://{BUCKET}/ckpt{r}"
+        if cache:
+            # One cache per rank and prefix, kept from the first save to the second and the load.
+            writer_options["cache"] = os.path.join(cache, f"rank{rank}", f"ckpt{r}")
+        for name in names:
+            if name in ("fsspec save", "fsspec save 2"):
+                # A training step before each pair of saves: every value changes a little.
+                for t in sd.values():
+                    t.to_local().add_(1e-3)
+            for t in zeroed.values():
+                t.to_local().zero_()
+            dist.barrier()
+            start = time.perf_counter()
+            if name.startswith("fsspec save"):
+                dcp.save(sd, storage_writer=FsspecWriter(plain, sync_files=False, **s3fs_options(endpoint)))
+            elif name.startswith("Writer save"):
+                dcp.save(sd, storage_writer=ckpt.dcp.Writer(ours, message=f"{name} {r}", **writer_options))
+            elif name == "FsspecReader":
+                dcp.load(zeroed, storage_reader=FsspecReader(plain, **s3fs_options(endpoint)))
+            else:
+                reader_options = dict(s3, cache=writer_options["cache"]) if cache else s3
+                dcp.load(zeroed, storage_reader=ckpt.dcp.Reader(ours, **reader_options))
+            dist.barrier()
+            times[name].append(time.perf_counter() - start)
+            if "Reader" in name:
+                assert all(torch.equal(zeroed[k].to_local(), sd[k].to_local()) for k in sd), name
+        dist.barrier()
+        if rank == 0:
+            # The server keeps objects as files under its root: this round's go (disk).
+            for prefix in (f"plain{r}", f"ckpt{r}"):
+                shutil.rmtree(os.path.join(root, BUCKET, prefix), ignore_errors=True)
+            if cache:
+                shutil.rmtree(cache, ignore_errors=True)
+        dist.barrier()
+    if rank == 0:
+        queue.put(times)
+    dist.destroy_process_group()
+
+
+def start_s3s(root):
+    """`s3s-fs` on a free loopback port serving `root` (bucket `bench` made); returns (process,
+    endpoint)."""
+    import subprocess
+
+    server = os.environ.get("S3S_FS") or shutil.which("s3s-fs") or "/root/.cargo/bin/s3s-fs"
+    os.makedirs(os.path.join(root, BUCKET), exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [server, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, root],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    end = time.time() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > end or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("s3s-fs did not start")
+            time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def worker(rank, world, port, mib, repeat, root, profile, queue):
@@ -88,7 +202,12 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dir", default=None)
     p.add_argument("--profile", default=None, help="cProfile rank 0's last Writer save and Reader load")
+    p.add_argument("--s3", action="store_true", help="against DCP's fsspec writer (s3fs) on an s3s-fs server")
+    p.add_argument("--layout", default="mirror", choices=("mirror", "deltas"), help="the Writer's remote layout (--s3)")
+    p.add_argument("--cache", action="store_true", help="--s3: a cache per rank kept from save to save (`cache=`)")
     a = p.parse_args()
+    if a.s3:
+        return main_s3(a)
     import ckpt
 
     with tempfile.TemporaryDirectory(dir=a.dir) as root:
@@ -104,6 +223,34 @@ def main():
         print(f"  {name:18} {statistics.median(t):7.2f} s  ({', '.join(f'{x:.2f}' for x in t)})")
     for ours, stock in (("ckpt.dcp.Writer", "FileSystemWriter"), ("ckpt.dcp.Reader", "FileSystemReader")):
         print(f"  {ours} / {stock}: {statistics.median(times[ours]) / statistics.median(times[stock]):.2f}x")
+
+
+def main_s3(a):
+    with tempfile.TemporaryDirectory(dir=a.dir) as root:
+        server, endpoint = start_s3s(os.path.join(root, "s3"))
+        # The Writer and Reader take credentials from the environment, which the ranks inherit.
+        os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION="us-east-1")
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            queue = mp.get_context("spawn").SimpleQueue()
+            mp.spawn(s3_worker, args=(a.ranks, port, a.mib, a.repeat, os.path.join(root, "s3"), endpoint, a.layout, os.path.join(root, "cache") if a.cache else None, queue), nprocs=a.ranks)
+            times = queue.get()
+        finally:
+            server.kill()
+            server.wait()
+    print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, s3s-fs on loopback, layout {a.layout}{', kept caches' if a.cache else ''}, median of {a.repeat}:")
+    for name, t in times.items():
+        print(f"  {name:18} {statistics.median(t):7.2f} s  ({', '.join(f'{x:.2f}' for x in t)})")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"  Writer save 1 / fsspec save:   {med['Writer save 1'] / med['fsspec save']:.2f}x")
+    print(f"  Writer save 2 / fsspec save 2: {med['Writer save 2'] / med['fsspec save 2']:.2f}x")
+    print(f"  ckpt.dcp.Reader / FsspecReader: {med['ckpt.dcp.Reader'] / med['FsspecReader']:.2f}x")
+    # Per round (same conditions within a round), for the spread.
+    for ours, stock in (("Writer save 1", "fsspec save"), ("Writer save 2", "fsspec save 2"), ("ckpt.dcp.Reader", "FsspecReader")):
+        per = [o / s for o, s in zip(times[ours], times[stock])]
+        print(f"  {ours} / {stock} per round: {', '.join(f'{x:.2f}' for x in per)}")
 
 
 if __name__ == "__main__":
