@@ -415,8 +415,10 @@ fn encode_groups(
 
 /// The context sources the max level tries for group `g` of a chunk of `width`-byte elements:
 /// the same element's exponent (the top group) and the group just above (both decode before
-/// `g`: groups decode from the top down), and for a delta the reference's byte in this group
-/// and in the top group. Empty at the default level (no reference kept) for width 1.
+/// `g`: groups decode from the top down), and for a delta the reference's byte in every group
+/// (on the corpus fp32 series, the XOR of the lowest mantissa byte is best predicted by the top
+/// bits of the reference's top mantissa byte, that of the top mantissa byte by the reference's
+/// exponent: benches/context_entropy.py).
 fn context_candidates<'a>(
     grouped: &'a [u8],
     reference_groups: Option<&'a [u8]>,
@@ -433,10 +435,8 @@ fn context_candidates<'a>(
         }
     }
     if let Some(r) = reference_groups {
-        for j in [g, top] {
-            if !candidates.iter().any(|&(s, _)| s == rans::Source::Reference(j as u8)) {
-                candidates.push((rans::Source::Reference(j as u8), group(r, j)));
-            }
+        for j in 0..width {
+            candidates.push((rans::Source::Reference(j as u8), group(r, j)));
         }
     }
     candidates
@@ -1039,6 +1039,106 @@ mod tests {
         assert_eq!(default_methods[1], Method::Huffman);
         assert_eq!(max_methods[1], Method::Rans);
         assert!((max_size as f64) < 0.95 * default_size as f64, "{max_size} vs {default_size}");
+    }
+
+    /// Bell-shaped floats of `width` bytes (bf16 or f32) and their next version, every weight
+    /// moved a little (a training step from scratch).
+    fn float_versions(seed: u64, n: usize, width: usize) -> (Vec<u8>, Vec<u8>) {
+        let mut s = crate::test_data::xorshift(seed);
+        let mut uniform = move || (s.next().expect("endless") >> 40) as f32 / (1u64 << 24) as f32;
+        let bytes = |v: f32| -> Vec<u8> {
+            if width == 2 {
+                ((v.to_bits() >> 16) as u16).to_le_bytes().to_vec()
+            } else {
+                v.to_le_bytes().to_vec()
+            }
+        };
+        let (mut base, mut next) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let v = (uniform() + uniform() + uniform() + uniform() - 2.0) * 0.05;
+            // A few ulps of the format: bf16 keeps 7 mantissa bits, f32 23.
+            let relative = if width == 2 { 3e-2 } else { 2e-5 };
+            let step = (uniform() - 0.5) * relative * v.abs().max(1e-3);
+            base.extend(bytes(v));
+            next.extend(bytes(v + step));
+        }
+        (base, next)
+    }
+
+    /// The context source of each rANS group of a coded chunk.
+    fn sources_of(payload: &[u8], header: &ChunkHeader) -> Vec<rans::Source> {
+        let stored = stored_groups(payload, header);
+        header
+            .groups()
+            .iter()
+            .zip(stored)
+            .filter(|(e, _)| e.method == Method::Rans)
+            .filter_map(|(_, s)| rans::payload_source(s))
+            .collect()
+    }
+
+    /// At the max level, a float chunk's mantissa groups take the exponent as context and a
+    /// delta's groups the reference's bytes; both decode plainly (`decode_chunk`) and in a chain
+    /// (`decode_chunk_groups`, the reference in grouped form), and the grouped reference codes
+    /// to the same bytes.
+    #[test]
+    fn max_level_context_sources_round_trip_plain_and_chained() {
+        for width in [2usize, 4] {
+            let layout = Layout { width, extract_exponent: true };
+            let (base, next) = float_versions(40 + width as u64, (256 << 10) / width, width);
+            let code = |input: &[u8], reference: Option<Reference<'_>>, level| {
+                let options = Options { level, ..Options::default() };
+                let mut payload = Vec::new();
+                let header = encode_chunk(
+                    Data::Bytes(input),
+                    reference,
+                    layout,
+                    &options,
+                    &mut SkipState::default(),
+                    &mut payload,
+                )
+                .unwrap();
+                (header, payload)
+            };
+            let (base_header, base_payload) = code(&base, None, Level::Max);
+            let (next_header, next_payload) = code(&next, Some(Reference::Bytes(&base)), Level::Max);
+            let own = sources_of(&base_payload, &base_header);
+            assert!(own.iter().any(|s| matches!(s, rans::Source::Group(_))), "width {width}: {own:?}");
+            let by_reference = sources_of(&next_payload, &next_header);
+            assert!(
+                by_reference.iter().any(|s| matches!(s, rans::Source::Reference(_))),
+                "width {width}: {by_reference:?}"
+            );
+            // Smaller than the default level, which keeps format 4's coding.
+            let (_, default_base) = code(&base, None, Level::Default);
+            let (_, default_next) = code(&next, Some(Reference::Bytes(&base)), Level::Default);
+            assert!(base_payload.len() < default_base.len(), "{} vs {}", base_payload.len(), default_base.len());
+            assert!(next_payload.len() < default_next.len(), "{} vs {}", next_payload.len(), default_next.len());
+            // Plain decoding.
+            let mut out = vec![0; base.len()];
+            decode_chunk(&base_payload, &base_header, layout, None, &mut out).unwrap();
+            assert!(out == base);
+            decode_chunk(&next_payload, &next_header, layout, Some(&base), &mut out).unwrap();
+            assert!(out == next);
+            // Chained: the base's groups, then the delta's XORed in.
+            let mut grouped = vec![0xEE; base.len()];
+            decode_chunk_groups(&base_payload, &base_header, layout, &mut grouped, false).unwrap();
+            decode_chunk_groups(&next_payload, &next_header, layout, &mut grouped, true).unwrap();
+            let n = base.len() / width;
+            let groups: Vec<&[u8]> = grouped.chunks(n).collect();
+            byte_group::regroup(&groups, None, layout, &mut out).unwrap();
+            assert!(out == next);
+            // The reference handed over grouped gives the same bytes.
+            let source = SplitOnRequest { bytes: &base, layout };
+            let (header, payload) =
+                code(&next, Some(Reference::Grouped { source: &source, offset: 0, len: base.len() }), Level::Max);
+            assert_eq!(header, next_header);
+            assert!(payload == next_payload);
+            // Without its reference, a delta whose contexts come from it is refused, not misread.
+            let mut lone = vec![0; base.len()];
+            let err = decode_chunk_groups(&next_payload, &next_header, layout, &mut lone, false).unwrap_err();
+            assert!(err.to_string().contains("not available"), "{err}");
+        }
     }
 
     /// Text (a safetensors JSON header) is zstd-coded: order-0 Huffman cannot see its repeats.

@@ -644,6 +644,22 @@ impl<'a> Container<'a> {
             .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
     }
 
+    /// Each byte group's entry and stored bytes of chunk `i` (checksum verified), for tests that
+    /// look inside payloads.
+    #[cfg(test)]
+    pub(crate) fn chunk_groups(&self, i: usize) -> Result<Vec<(GroupEntry, &'a [u8])>> {
+        let (mut rest, _, _, header) = self.checked_payload(i)?;
+        Ok(header
+            .groups()
+            .iter()
+            .map(|e| {
+                let (stored, tail) = rest.split_at(e.stored_len as usize);
+                rest = tail;
+                (*e, stored)
+            })
+            .collect())
+    }
+
     /// The payload of chunk `i` after its checksum matched, with its segment, range and header.
     fn checked_payload(&self, i: usize) -> Result<(&'a [u8], &Segment, Range<u64>, ChunkHeader)> {
         let slot = self.chunks.get(i).ok_or_else(|| Error::InvalidInput(format!("no chunk {i}")))?;

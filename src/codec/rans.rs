@@ -1,22 +1,33 @@
-//! [`Method::Rans`](super::Method::Rans): a static-model rANS coder with an optional order-1
-//! context (the previous byte of the group), for the two things Huffman cannot do
-//! (docs/format.md, "rANS payload"):
+//! [`Method::Rans`](super::Method::Rans): a static-model rANS coder with an optional context,
+//! for the two things Huffman cannot do (docs/format.md, "rANS payload"):
 //! - code a byte in less than one bit: the mostly-zero groups of late-training XOR deltas cost
 //!   their order-0 entropy (a zero at 99% costs 0.015 bits, not Huffman's 1 bit);
-//! - use context: in an exponent group, the previous weight's exponent predicts this one's
-//!   (rows and channels share a scale), so coding with one frequency table per previous value
-//!   gets below the order-0 entropy that bounds Huffman.
+//! - use context: a byte is coded with the frequency table of its context, which gets below the
+//!   order-0 entropy that bounds Huffman.
+//!
+//! The context comes from one **source** per group, recorded in the payload ([`Source`]): the
+//! previous byte of the group (format 4's only source: the previous weight's exponent predicts
+//! this one's), the same element's byte in a group decoded before this one (format 5: the sign
+//! and top mantissa bits of a float are skewed given its exponent, a Gaussian's density falling
+//! across each binade), or, in a delta, the reference element's byte (format 5: how many
+//! mantissa bits an update flips depends on the weight's magnitude). benches/context_entropy.py
+//! measures each on the corpus.
 //!
 //! Model: the group's alphabet (the byte values present) and `K + 1` frequency tables over it,
 //! each quantized to a total of 4096 (12 bits). Context 0 is the default; contexts 1..=K belong
-//! to K byte values chosen by the encoder (the most frequent previous bytes): a symbol is coded
-//! with the table of the context of the byte before it. `K = 0` is plain order-0 coding. Tables
-//! cost bytes, and for a 128 KiB exponent group a full 256-context model would eat its gain, so
-//! the encoder picks `K` (0, 1, 3, 7 or 15) from the measured counts, table costs included.
+//! to K source byte values chosen by the encoder (the most frequent), or (format 5) the context
+//! is the source byte's top four bits (16 contexts). `K = 0` is plain order-0 coding. Tables
+//! cost bytes, and for a 128 KiB group a full 256-context model would eat its gain, so the
+//! encoder picks `K` from the measured counts, table costs included; and (format 5) a table may
+//! be binned: one frequency per run of 16 byte values, each value of the run coded at that
+//! frequency. A sign-and-mantissa byte given its exponent is the case: its 256 values are all
+//! present, nearly flat within a run of 16, so a full table per context costs more than the
+//! context gains, and a binned one (16 entries) keeps most of the gain.
 //!
-//! The group is coded as four lanes (quarters of the group, each starting in context 0) with
-//! their own rANS state, decoded in lockstep: one lane's next symbol depends on its previous
-//! one (context and state), so interleaving four independent lanes lets the CPU overlap them.
+//! The group is coded as four lanes (quarters of the group; with the previous byte as the
+//! source, each starts in the context of 0) with their own rANS state, decoded in lockstep: one
+//! lane's next symbol depends on its previous one (state, and context with the previous byte as
+//! the source), so interleaving four independent lanes lets the CPU overlap them.
 //!
 //! Why not a crate: `constriction` 0.5 (checked with `cargo info`) has rANS stack coders over
 //! categorical models, but neither a compact table serialization nor a context switch per
@@ -37,8 +48,8 @@ const L: u32 = 1 << 16;
 pub const LANES: usize = 4;
 /// Most dedicated contexts a payload may have (so at most 16 tables).
 pub const MAX_CONTEXTS: usize = 15;
-/// Context counts the encoder tries.
-const CONTEXT_CHOICES: [usize; 5] = [0, 1, 3, 7, 15];
+/// Context counts the encoder tries (the default level only 0; the max level all of them).
+const CONTEXT_CHOICES: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 15];
 /// Flag of the payload's first byte (whose low 4 bits are `k`): a context source byte follows
 /// (without it, the context is the previous byte, as in format 4).
 const FLAG_SOURCE: u8 = 0x10;
