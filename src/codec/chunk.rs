@@ -179,7 +179,8 @@ thread_local! {
 /// After `group` was coded with `chosen` into `out[start..]`, tries rANS where it may win and
 /// keeps it (replacing `out[start..]`) when it is smaller; returns whether it did.
 ///
-/// At [`Level::Max`] every group that is not all zero is tried, with up to 15 contexts. At the
+/// At [`Level::Max`] every group that is not all zero is tried, with up to 16 contexts from the
+/// previous byte or from one of `candidates` ([`context_candidates`]). At the
 /// default level, rANS is only tried order-0 (cheap to build and fast to decode) and only where
 /// the histogram predicts a clear win over what the group already costs: a group whose order-0
 /// entropy plus table is under [`Options::rans_gain`] of the stored size. That is where Huffman's

@@ -416,6 +416,37 @@ fn main() -> Result<(), Error> {
     if rans_groups == 0 {
         return Err("no byte group rANS-coded".into());
     }
+    // rANS streams whose contexts come from a source (format 5): the max level's candidates,
+    // the same element's higher groups and, for XOR groups, the reference's groups.
+    let mut sourced = 0;
+    for (tname, a, b, layout) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
+        for (kind, reference) in [("plain", None), ("xor", Some(&a[..]))] {
+            let own = groups(b, reference, layout)?;
+            let reference_groups = match reference {
+                Some(r) => groups(r, None, layout)?,
+                None => Vec::new(),
+            };
+            for (g, group) in own.iter().enumerate() {
+                let mut candidates: Vec<(rans::Source, &[u8])> =
+                    (g + 1..own.len()).map(|j| (rans::Source::Group(j as u8), &own[j][..])).collect();
+                candidates.extend(reference_groups.iter().enumerate().map(|(j, r)| (rans::Source::Reference(j as u8), &r[..])));
+                let mut coded = Vec::new();
+                if rans::encode_with_sources(group, rans::MAX_CONTEXTS, &candidates, &mut coded)?
+                    && rans::payload_source(&coded).is_some()
+                {
+                    corpus.put(
+                        "rans_decode",
+                        &format!("{tname}-{kind}-group{g}-sourced.rans"),
+                        &length_prefixed(group.len(), &coded),
+                    )?;
+                    sourced += 1;
+                }
+            }
+        }
+    }
+    if sourced == 0 {
+        return Err("no byte group rANS-coded with a context source".into());
+    }
 
     // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 8), then
     // the input and the reference, each half of the rest.
