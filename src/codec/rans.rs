@@ -57,6 +57,15 @@ const FLAG_SOURCE: u8 = 0x10;
 const FLAG_BINNED: u8 = 0x20;
 /// Flag: the context is the source byte's top four bits (16 contexts, `k` = 15, no context bytes).
 const FLAG_NIBBLE: u8 = 0x40;
+/// Flag: alphabet and tables are bit-packed: the alphabet as its first and last entries and a
+/// bit per entry between them, each table as its Exp-Golomb order (4 bits) and its frequencies
+/// in that code. Exponent alphabets span a few dozen values and most frequencies are small, so
+/// this takes about half the bytes of a bitmap and one varint per frequency.
+const FLAG_PACKED: u8 = 0x80;
+/// Largest Exp-Golomb order of a packed table (a frequency is at most 4096 = 2^12).
+const MAX_EG_ORDER: u32 = 12;
+/// Most zero bits before an Exp-Golomb code's first 1 (order 0, value 4096: 12).
+const MAX_EG_ZEROS: u32 = 13;
 /// Byte values per bin of a binned table.
 const BIN: usize = 16;
 /// What a binned table's frequencies add up to: each of a bin's 16 symbols has the bin's
@@ -145,6 +154,8 @@ struct Model {
     context_of: [u8; 256],
     /// Whether tables have one frequency per bin of 16 byte values.
     binned: bool,
+    /// Whether alphabet and tables are bit-packed ([`FLAG_PACKED`]).
+    packed: bool,
     /// The alphabet: byte values present in the group, or bins (`value / 16`) when binned.
     alphabet: Vec<u8>,
     /// `tables[c][a]`: quantized frequency of alphabet entry `a` in context `c` (0 if it never
@@ -173,6 +184,9 @@ impl Model {
         }
         if self.map == ContextMap::Nibble {
             head |= FLAG_NIBBLE;
+        }
+        if self.packed {
+            head |= FLAG_PACKED;
         }
         head
     }
@@ -275,6 +289,100 @@ fn table_bytes(freqs: &[u16; 256], alphabet: &[u8]) -> usize {
     alphabet.iter().map(|&s| if freqs[s as usize] < 128 { 1 } else { 2 }).sum()
 }
 
+/// Bits of `v` in the Exp-Golomb code of order `k` as written here: `n - k` zero bits, a one,
+/// then the `n` low bits of `w = v + 2^k` (`n` = the position of `w`'s top bit).
+fn eg_bits(v: u32, k: u32) -> u32 {
+    let n = 31 - (v + (1 << k)).leading_zeros();
+    2 * n - k + 1
+}
+
+/// The Exp-Golomb order that codes `table`'s alphabet entries in the fewest bits, and the bits.
+fn best_eg_order(table: &[u16; 256], alphabet: &[u8]) -> (u32, u32) {
+    (0..=MAX_EG_ORDER)
+        .map(|k| (k, alphabet.iter().map(|&a| eg_bits(u32::from(table[a as usize]), k)).sum::<u32>()))
+        .min_by_key(|&(_, bits)| bits)
+        .expect("orders to try")
+}
+
+/// Bytes of the alphabet and tables bit-packed ([`FLAG_PACKED`]).
+fn packed_bytes(tables: &[[u16; 256]], alphabet: &[u8]) -> usize {
+    let span = u32::from(alphabet[alphabet.len() - 1] - alphabet[0]) + 1;
+    let bits: u32 = span + tables.iter().map(|t| 4 + best_eg_order(t, alphabet).1).sum::<u32>();
+    2 + bits.div_ceil(8) as usize
+}
+
+/// Appends bits least significant first.
+struct BitWriter<'a> {
+    out: &'a mut Vec<u8>,
+    acc: u64,
+    len: u32,
+}
+
+impl BitWriter<'_> {
+    fn put(&mut self, value: u32, bits: u32) {
+        self.acc |= u64::from(value) << self.len;
+        self.len += bits;
+        while self.len >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.len -= 8;
+        }
+    }
+
+    fn put_eg(&mut self, v: u32, k: u32) {
+        let w = v + (1 << k);
+        let n = 31 - w.leading_zeros();
+        self.put(1 << (n - k), n - k + 1);
+        self.put(w & ((1 << n) - 1), n);
+    }
+
+    fn finish(self) {
+        if self.len > 0 {
+            self.out.push(self.acc as u8);
+        }
+    }
+}
+
+/// Reads bits least significant first; every read is bounds-checked.
+struct BitReader<'a> {
+    bytes: &'a [u8],
+    bit: usize,
+}
+
+impl BitReader<'_> {
+    fn get(&mut self, bits: u32) -> Result<u32> {
+        let mut v = 0u32;
+        for i in 0..bits {
+            let byte = *self.bytes.get(self.bit / 8).ok_or_else(|| corrupt("cut short in its tables"))?;
+            v |= u32::from((byte >> (self.bit % 8)) & 1) << i;
+            self.bit += 1;
+        }
+        Ok(v)
+    }
+
+    fn get_eg(&mut self, k: u32, max: u32) -> Result<u32> {
+        let mut zeros = 0;
+        while self.get(1)? == 0 {
+            zeros += 1;
+            if zeros > MAX_EG_ZEROS {
+                return Err(corrupt("Exp-Golomb code too long"));
+            }
+        }
+        let n = zeros + k;
+        let w = (1u32 << n) | self.get(n)?;
+        let v = w - (1 << k);
+        if v > max {
+            return Err(corrupt("value out of range"));
+        }
+        Ok(v)
+    }
+
+    /// Bytes read, counting a partly read byte.
+    fn bytes_used(&self) -> usize {
+        self.bit.div_ceil(8)
+    }
+}
+
 /// Per-context counts of one context map over the pair counts.
 fn map_counts(map: &ContextMap, pairs: &[u32], order0: &[u32; 256]) -> (Vec<[u32; 256]>, [u8; 256]) {
     let mut context_of = [0u8; 256];
@@ -337,6 +445,7 @@ fn build_model(group: &[u8], source: Source, bytes: Option<&[u8]>, max_contexts:
                 map: ContextMap::Values(vec![]),
                 context_of: [0; 256],
                 binned: false,
+                packed: false,
                 alphabet,
                 tables: vec![[0; 256]],
             };
@@ -400,14 +509,20 @@ fn build_model(group: &[u8], source: Source, bytes: Option<&[u8]>, max_contexts:
                     let size: usize = tables.iter().map(|f| table_bytes(f, &alphabet)).sum();
                     (tables, bits, size, 32)
                 };
-                let size = fixed + map_bytes + bitmap + table_size + (bits / 8.0).ceil() as usize;
+                let entries = if binned { &bin_alphabet } else { &alphabet };
+                let plain_bytes = bitmap + table_size;
+                // The default level (no contexts) keeps format 4's bytes.
+                let packed_size = if max_contexts > 0 { packed_bytes(&tables, entries) } else { usize::MAX };
+                let packed = packed_size < plain_bytes;
+                let size = fixed + map_bytes + plain_bytes.min(packed_size) + (bits / 8.0).ceil() as usize;
                 if best.as_ref().is_none_or(|(_, s)| size < *s) {
                     let model = Model {
                         source,
                         map: map.clone(),
                         context_of,
                         binned,
-                        alphabet: if binned { bin_alphabet.clone() } else { alphabet.clone() },
+                        packed,
+                        alphabet: entries.clone(),
                         tables,
                     };
                     best = Some((model, size));
@@ -518,22 +633,32 @@ pub fn encode_with_sources(
     if let ContextMap::Values(values) = &model.map {
         out.extend_from_slice(values);
     }
-    if model.binned {
-        let mut bitmap = [0u8; 256 / BIN / 8];
-        for &b in &model.alphabet {
-            bitmap[b as usize / 8] |= 1 << (b % 8);
+    if model.packed {
+        let (first, last) = (model.alphabet[0], model.alphabet[model.alphabet.len() - 1]);
+        out.extend_from_slice(&[first, last]);
+        let mut bits = BitWriter { out: &mut *out, acc: 0, len: 0 };
+        for a in first..=last {
+            bits.put(u32::from(model.alphabet.contains(&a)), 1);
         }
-        out.extend_from_slice(&bitmap);
+        for table in &model.tables {
+            let (order, _) = best_eg_order(table, &model.alphabet);
+            bits.put(order, 4);
+            for &a in &model.alphabet {
+                bits.put_eg(u32::from(table[a as usize]), order);
+            }
+        }
+        bits.finish();
     } else {
         let mut bitmap = [0u8; 32];
-        for &s in &model.alphabet {
-            bitmap[s as usize / 8] |= 1 << (s % 8);
-        }
-        out.extend_from_slice(&bitmap);
-    }
-    for table in &model.tables {
         for &a in &model.alphabet {
-            put_varint(u64::from(table[a as usize]), out);
+            bitmap[a as usize / 8] |= 1 << (a % 8);
+        }
+        let entries = if model.binned { 256 / BIN } else { 256 };
+        out.extend_from_slice(&bitmap[..entries / 8]);
+        for table in &model.tables {
+            for &a in &model.alphabet {
+                put_varint(u64::from(table[a as usize]), out);
+            }
         }
     }
     // Frequencies and cumulative frequencies per context, per byte value.
@@ -668,9 +793,6 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
 pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>) -> Result<()> {
     let head = *stored.first().ok_or_else(|| corrupt("empty payload"))?;
     let mut at = 1usize;
-    if head & 0x80 != 0 {
-        return Err(corrupt("unknown flags"));
-    }
     let k = (head & 0x0F) as usize;
     let source_bytes = if head & FLAG_SOURCE != 0 {
         let tag = *stored.get(at).ok_or_else(|| corrupt("cut short in its source"))?;
@@ -703,9 +825,44 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
     }
     let binned = head & FLAG_BINNED != 0;
     let (entries, per_entry, entry_max) = if binned { (256 / BIN, BIN, BIN_TOTAL) } else { (256, 1, TOTAL) };
-    let bitmap = stored.get(at..at + entries / 8).ok_or_else(|| corrupt("cut short in its alphabet"))?;
-    at += entries / 8;
-    let alphabet: Vec<usize> = (0..entries).filter(|&a| bitmap[a / 8] & (1 << (a % 8)) != 0).collect();
+    let alphabet: Vec<usize>;
+    // Every table's frequency per alphabet entry, context 0 first.
+    let mut values: Vec<u32> = Vec::new();
+    if head & FLAG_PACKED != 0 {
+        let [first, last] = *stored.get(at..at + 2).and_then(|b| b.first_chunk::<2>()).ok_or_else(|| corrupt("cut short in its alphabet"))?;
+        at += 2;
+        let (first, last) = (first as usize, last as usize);
+        if first > last || last >= entries {
+            return Err(corrupt("bad alphabet span"));
+        }
+        let mut bits = BitReader { bytes: &stored[at..], bit: 0 };
+        let mut present = Vec::new();
+        for a in first..=last {
+            if bits.get(1)? == 1 {
+                present.push(a);
+            }
+        }
+        alphabet = present;
+        for _ in 0..=k {
+            let order = bits.get(4)?;
+            if order > MAX_EG_ORDER {
+                return Err(corrupt("Exp-Golomb order out of range"));
+            }
+            for _ in &alphabet {
+                values.push(bits.get_eg(order, entry_max)?);
+            }
+        }
+        at += bits.bytes_used();
+    } else {
+        let bitmap = stored.get(at..at + entries / 8).ok_or_else(|| corrupt("cut short in its alphabet"))?;
+        at += entries / 8;
+        alphabet = (0..entries).filter(|&a| bitmap[a / 8] & (1 << (a % 8)) != 0).collect();
+        for _ in 0..=k {
+            for _ in &alphabet {
+                values.push(get_varint(stored, &mut at, u64::from(entry_max))? as u32);
+            }
+        }
+    }
     if alphabet.is_empty() {
         return Err(corrupt("empty alphabet"));
     }
@@ -713,11 +870,10 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
         let mut slots = cell.borrow_mut();
         slots.clear();
         slots.resize((k + 1) << SCALE_BITS, 0);
-        for c in 0..=k {
+        for (c, table_values) in values.chunks_exact(alphabet.len()).enumerate() {
             let table = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
             let mut cum = 0u32;
-            for &a in &alphabet {
-                let f = get_varint(stored, &mut at, u64::from(entry_max))? as u32;
+            for (&a, &f) in alphabet.iter().zip(table_values) {
                 for s in a * per_entry..(a + 1) * per_entry {
                     if cum + f > TOTAL {
                         return Err(corrupt("frequencies over the total"));
@@ -1032,6 +1188,51 @@ mod tests {
         let _ = round_trip_sourced(&distinct, Source::Group(1), &distinct);
     }
 
+    /// Packed tables: chosen at the max level where they are smaller, and their Exp-Golomb
+    /// codes round-trip at every order, up to the largest frequency.
+    #[test]
+    fn packed_tables_round_trip() {
+        for k in 0..=MAX_EG_ORDER {
+            let values: Vec<u32> = (0..=TOTAL).step_by(7).chain([0, 1, TOTAL]).collect();
+            let mut out = Vec::new();
+            let mut w = BitWriter { out: &mut out, acc: 0, len: 0 };
+            for &v in &values {
+                w.put_eg(v, k);
+            }
+            w.finish();
+            let bits: u32 = values.iter().map(|&v| eg_bits(v, k)).sum();
+            assert_eq!(out.len(), bits.div_ceil(8) as usize);
+            let mut r = BitReader { bytes: &out, bit: 0 };
+            for &v in &values {
+                assert_eq!(r.get_eg(k, TOTAL).unwrap(), v);
+            }
+            assert!(BitReader { bytes: &out, bit: 0 }.get_eg(k, 0).is_err() || values[0] == 0);
+        }
+        // An exponent-like group with contexts: packed, smaller than the same model unpacked.
+        let mut prev = 120u8;
+        let group: Vec<u8> = crate::test_data::xorshift(12)
+            .take(131_072)
+            .map(|s| {
+                prev = match s % 16 {
+                    0 => prev.saturating_sub(1).max(100),
+                    1 => (prev + 1).min(130),
+                    _ => prev,
+                };
+                prev
+            })
+            .collect();
+        let mut out = Vec::new();
+        assert!(encode(&group, MAX_CONTEXTS, &mut out).unwrap());
+        assert!(out[0] & FLAG_PACKED != 0, "head {:#x}", out[0]);
+        let mut back = vec![0; group.len()];
+        decode(&out, &mut back).unwrap();
+        assert!(back == group);
+        // The default level's order-0 payloads are never packed (format 4's bytes).
+        out.clear();
+        assert!(encode(&group, 0, &mut out).unwrap());
+        assert_eq!(out[0], 0);
+    }
+
     #[test]
     fn bad_flags_and_sources_are_rejected() {
         let mut back = [0u8; 100];
@@ -1049,13 +1250,14 @@ mod tests {
         let payload = round_trip_sourced(&group, Source::Group(3), &exponents).unwrap();
         let hex: String = payload[..40].iter().map(|b| format!("{b:02x}")).collect();
         let summary = (hex.as_str(), payload.len(), xxhash_rust::xxh3::xxh3_64(&payload));
-        assert_eq!(summary, (GOLDEN_SOURCED, 2015, GOLDEN_SOURCED_XXH3));
+        assert_eq!(summary, (GOLDEN_SOURCED, 1700, GOLDEN_SOURCED_XXH3));
     }
 
-    /// The payload's first 40 bytes: head 0x13 (a source byte follows, 3 dedicated contexts),
-    /// source 0x13 (group 3), the 3 context values, then the 32-byte alphabet bitmap.
-    const GOLDEN_SOURCED: &str = "1313000403ffff000000ff000000000f00000000ff00000000ff0000000000000000000000000000";
-    const GOLDEN_SOURCED_XXH3: u64 = 7335103127470182488;
+    /// The payload's first 40 bytes: head 0x94 (packed tables, a source byte follows, 4
+    /// dedicated contexts), source 0x13 (group 3), the 4 context values, the alphabet's span
+    /// (0x00 ..= 0xa7) and its bits, then the tables' orders and codes.
+    const GOLDEN_SOURCED: &str = "94130004030200a7ffff000000ff000000000f00000000ff00000000fff0ff0ff01fe03fc07f0009";
+    const GOLDEN_SOURCED_XXH3: u64 = 14109669590494710870;
 
     fn sources_of(len: usize, seed: u64, kind: u8) -> Vec<u8> {
         match kind % 4 {
