@@ -31,7 +31,7 @@ pub const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
 /// The container format version this code writes.
 pub const FORMAT_VERSION: u16 = 5;
 /// The oldest container format version this code reads. Format 3 only added the `Sparse`
-/// method tag, format 4 the `Rans` tag and format 5 rANS context sources and binned tables
+/// method tag, format 4 the `Rans` tag and format 5 rANS context sources, binned and packed tables
 /// (flags in a rANS payload's first byte, which format 4 kept zero), so every container of an
 /// older format is a valid format-5 container (checked by decoding the checked-in containers
 /// of `tests/fixtures/containers`).

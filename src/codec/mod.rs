@@ -123,7 +123,7 @@ pub enum Method {
     /// rANS with 12-bit frequency tables, order-0 or with a context ([`rans`]): below one bit
     /// per byte for mostly-zero groups, below the order-0 entropy for exponents whose
     /// neighbours agree. Added in container format 4; format 5 added context sources other than
-    /// the previous byte (the same element's exponent, a delta's reference) and binned tables.
+    /// the previous byte (the same element's exponent, a delta's reference), binned and bit-packed tables.
     Rans = 5,
 }
 

@@ -22,7 +22,9 @@
 //! be binned: one frequency per run of 16 byte values, each value of the run coded at that
 //! frequency. A sign-and-mantissa byte given its exponent is the case: its 256 values are all
 //! present, nearly flat within a run of 16, so a full table per context costs more than the
-//! context gains, and a binned one (16 entries) keeps most of the gain.
+//! context gains, and a binned one (16 entries) keeps most of the gain. The max level also
+//! bit-packs alphabet and tables (Exp-Golomb codes) where that is smaller than format 4's
+//! bitmap and varints.
 //!
 //! The group is coded as four lanes (quarters of the group; with the previous byte as the
 //! source, each starts in the context of 0) with their own rANS state, decoded in lockstep: one
