@@ -415,11 +415,12 @@ fn encode_groups(
 }
 
 /// The context sources the max level tries for group `g` of a chunk of `width`-byte elements:
-/// the same element's exponent (the top group) and the group just above (both decode before
-/// `g`: groups decode from the top down), and for a delta the reference's byte in every group
-/// (on the corpus fp32 series, the XOR of the lowest mantissa byte is best predicted by the top
-/// bits of the reference's top mantissa byte, that of the top mantissa byte by the reference's
-/// exponent: benches/context_entropy.py).
+/// the same element's bytes in every group above `g` (they decode before it: groups decode from
+/// the top down), and for a delta the reference's byte in every group. On the corpus
+/// (benches/context_entropy.py) the sign-and-top-mantissa byte is best predicted by the
+/// exponent, an f32's lowest mantissa byte by the top bits of its top mantissa byte, and in an
+/// fp32 delta the XOR of the lowest mantissa byte by the top bits of the reference's top
+/// mantissa byte, that of the top mantissa byte by the reference's exponent.
 fn context_candidates<'a>(
     grouped: &'a [u8],
     reference_groups: Option<&'a [u8]>,
@@ -428,13 +429,8 @@ fn context_candidates<'a>(
 ) -> Vec<(rans::Source, &'a [u8])> {
     let n = grouped.len() / width;
     let group = |bytes: &'a [u8], j: usize| &bytes[j * n..(j + 1) * n];
-    let top = width - 1;
-    let mut candidates = Vec::new();
-    for j in [top, g + 1] {
-        if j > g && j <= top && !candidates.iter().any(|&(s, _)| s == rans::Source::Group(j as u8)) {
-            candidates.push((rans::Source::Group(j as u8), group(grouped, j)));
-        }
-    }
+    let mut candidates: Vec<(rans::Source, &[u8])> =
+        (g + 1..width).map(|j| (rans::Source::Group(j as u8), group(grouped, j))).collect();
     if let Some(r) = reference_groups {
         for j in 0..width {
             candidates.push((rans::Source::Reference(j as u8), group(r, j)));

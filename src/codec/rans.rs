@@ -44,6 +44,9 @@ use std::cell::RefCell;
 /// Bits of the frequency total: tables sum to 4096.
 pub const SCALE_BITS: u32 = 12;
 const TOTAL: u32 = 1 << SCALE_BITS;
+/// Decoding slots of the largest model (16 tables of 4096): the decoder keeps them this size,
+/// so a slot index masked to it needs no bounds check in the decoding loop.
+const SLOT_COUNT: usize = (MAX_CONTEXTS + 1) << SCALE_BITS;
 /// Lower bound of the normalized state interval `[L, L << 16)`.
 const L: u32 = 1 << 16;
 /// Lanes per group.
@@ -749,6 +752,7 @@ fn corrupt(what: &str) -> Error {
 }
 
 /// One lane being decoded.
+#[derive(Clone, Copy)]
 struct Lane<'a> {
     x: u32,
     words: &'a [u8],
@@ -760,8 +764,9 @@ struct Lane<'a> {
 impl Lane<'_> {
     /// Decodes one symbol with the table at offset `table`.
     #[inline(always)]
-    fn step_in(&mut self, slots: &[u32], table: usize) -> Result<u8> {
-        let e = slots[table + (self.x & (TOTAL - 1)) as usize];
+    fn step_in(&mut self, slots: &[u32; SLOT_COUNT], table: usize) -> Result<u8> {
+        // `table` is a multiple of 4096 below SLOT_COUNT: the mask only drops the bounds check.
+        let e = slots[(table | (self.x & (TOTAL - 1)) as usize) & (SLOT_COUNT - 1)];
         let s = (e >> 24) as u8;
         self.x = ((e & 0xFFF) + 1) * (self.x >> SCALE_BITS) + ((e >> 12) & 0xFFF);
         if self.x < L {
@@ -774,7 +779,7 @@ impl Lane<'_> {
 
     /// Decodes one symbol in the context of the lane's previous one.
     #[inline(always)]
-    fn step(&mut self, slots: &[u32], context_of: &[u32; 256]) -> Result<u8> {
+    fn step(&mut self, slots: &[u32; SLOT_COUNT], context_of: &[u32; 256]) -> Result<u8> {
         let s = self.step_in(slots, self.table)?;
         self.table = context_of[s as usize] as usize;
         Ok(s)
@@ -831,7 +836,10 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
     // Every table's frequency per alphabet entry, context 0 first.
     let mut values: Vec<u32> = Vec::new();
     if head & FLAG_PACKED != 0 {
-        let [first, last] = *stored.get(at..at + 2).and_then(|b| b.first_chunk::<2>()).ok_or_else(|| corrupt("cut short in its alphabet"))?;
+        let [first, last] = *stored
+            .get(at..at + 2)
+            .and_then(|b| b.first_chunk::<2>())
+            .ok_or_else(|| corrupt("cut short in its alphabet"))?;
         at += 2;
         let (first, last) = (first as usize, last as usize);
         if first > last || last >= entries {
@@ -870,8 +878,9 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
     }
     SLOTS.with(|cell| {
         let mut slots = cell.borrow_mut();
-        slots.clear();
-        slots.resize((k + 1) << SCALE_BITS, 0);
+        // Sized once per thread: each table used is written whole below (its frequencies add
+        // up to 4096), so what other groups left in the rest is never read.
+        slots.resize(SLOT_COUNT, 0);
         for (c, table_values) in values.chunks_exact(alphabet.len()).enumerate() {
             let table = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
             let mut cum = 0u32;
@@ -915,22 +924,25 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
         let (o1, rest_out) = rest_out.split_at_mut(ranges[1].len());
         let (o2, o3) = rest_out.split_at_mut(ranges[2].len());
         let shortest = o3.len();
-        let [l0, l1, l2, l3] = &mut lanes_state[..] else { unreachable!("four lanes") };
-        let slots = &slots[..];
+        // The lanes as locals, so their states can live in registers through the loops.
+        let [mut l0, mut l1, mut l2, mut l3] = [lanes_state[0], lanes_state[1], lanes_state[2], lanes_state[3]];
+        let slots: &[u32; SLOT_COUNT] = slots[..].try_into().expect("slots are SLOT_COUNT long");
+        // All four lanes in lockstep while the last (shortest) has symbols, then the rest. The
+        // lockstep slices are cut to one length first, which takes the bounds checks out of it.
+        let (s0, s1, s2, s3) = (&mut o0[..shortest], &mut o1[..shortest], &mut o2[..shortest], &mut o3[..]);
         match source_bytes {
             None => {
                 let start = context_of[0] as usize;
-                for lane in [&mut *l0, &mut *l1, &mut *l2, &mut *l3] {
+                for lane in [&mut l0, &mut l1, &mut l2, &mut l3] {
                     lane.table = start;
                 }
-                // All four lanes in lockstep while the last (shortest) has symbols, then the rest.
                 for i in 0..shortest {
-                    o0[i] = l0.step(slots, &context_of)?;
-                    o1[i] = l1.step(slots, &context_of)?;
-                    o2[i] = l2.step(slots, &context_of)?;
-                    o3[i] = l3.step(slots, &context_of)?;
+                    s0[i] = l0.step(slots, &context_of)?;
+                    s1[i] = l1.step(slots, &context_of)?;
+                    s2[i] = l2.step(slots, &context_of)?;
+                    s3[i] = l3.step(slots, &context_of)?;
                 }
-                for (lane, o) in [(&mut *l0, o0), (&mut *l1, o1), (&mut *l2, o2)] {
+                for (lane, o) in [(&mut l0, o0), (&mut l1, o1), (&mut l2, o2)] {
                     for b in o[shortest..].iter_mut() {
                         *b = lane.step(slots, &context_of)?;
                     }
@@ -939,20 +951,21 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
             Some(src) => {
                 // Contexts are known ahead: no lane waits for its previous symbol's context.
                 let [c0, c1, c2, c3] = ranges.map(|r| &src[r]);
+                let (t0, t1, t2, t3) = (&c0[..shortest], &c1[..shortest], &c2[..shortest], &c3[..shortest]);
                 for i in 0..shortest {
-                    o0[i] = l0.step_in(slots, context_of[c0[i] as usize] as usize)?;
-                    o1[i] = l1.step_in(slots, context_of[c1[i] as usize] as usize)?;
-                    o2[i] = l2.step_in(slots, context_of[c2[i] as usize] as usize)?;
-                    o3[i] = l3.step_in(slots, context_of[c3[i] as usize] as usize)?;
+                    s0[i] = l0.step_in(slots, context_of[t0[i] as usize] as usize)?;
+                    s1[i] = l1.step_in(slots, context_of[t1[i] as usize] as usize)?;
+                    s2[i] = l2.step_in(slots, context_of[t2[i] as usize] as usize)?;
+                    s3[i] = l3.step_in(slots, context_of[t3[i] as usize] as usize)?;
                 }
-                for (lane, o, c) in [(&mut *l0, o0, c0), (&mut *l1, o1, c1), (&mut *l2, o2, c2)] {
+                for (lane, o, c) in [(&mut l0, o0, c0), (&mut l1, o1, c1), (&mut l2, o2, c2)] {
                     for (b, &cb) in o[shortest..].iter_mut().zip(&c[shortest..]) {
                         *b = lane.step_in(slots, context_of[cb as usize] as usize)?;
                     }
                 }
             }
         }
-        for lane in [&*l0, &*l1, &*l2, &*l3] {
+        for lane in [&l0, &l1, &l2, &l3] {
             if lane.x != L || lane.at != lane.words.len() {
                 return Err(corrupt("lane does not end in the initial state"));
             }
