@@ -475,13 +475,17 @@ fn main() -> Result<(), Error> {
         return Err("too few byte groups rANS-coded with a context source".into());
     }
 
-    // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 8), then
+    // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 3, max level bit 4), then
     // the input and the reference, each half of the rest.
     let pair = |selector: u8, a: &[u8], b: &[u8]| [&[selector][..], b, a].concat();
     corpus.put("codec_round_trip", "bf16-delta.bin", &pair(1 | 4 | 8, e1, e2))?;
     corpus.put("codec_round_trip", "f32-delta.bin", &pair(2 | 4 | 8, &m1[2].bytes, &m2[2].bytes))?;
     corpus.put("codec_round_trip", "f32-plain.bin", &pair(2 | 4, &m1[2].bytes, &m1[2].bytes))?;
     corpus.put("codec_round_trip", "bytes.bin", &[&[0u8][..], &text].concat())?;
+    // The same at the max level (selector bit 4): rANS contexts from other groups and the reference.
+    corpus.put("codec_round_trip", "bf16-delta-max.bin", &pair(1 | 4 | 8 | 16, e1, e2))?;
+    corpus.put("codec_round_trip", "f32-delta-max.bin", &pair(2 | 4 | 8 | 16, &m1[2].bytes, &m2[2].bytes))?;
+    corpus.put("codec_round_trip", "f32-plain-max.bin", &pair(2 | 4 | 16, &m1[2].bytes, &m1[2].bytes))?;
 
     // git pointers and filter-protocol sessions.
     git_seeds(&mut corpus, Path::new(ckpt), &[("model.safetensors", &st1), ("model.pt", &model1.1)])?;
