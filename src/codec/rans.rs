@@ -399,9 +399,9 @@ fn map_counts(map: &ContextMap, pairs: &[u32], order0: &[u32; 256]) -> (Vec<[u32
             let mut counts = vec![*order0; values.len() + 1];
             for (i, &b) in values.iter().enumerate() {
                 let row = &pairs[b as usize * 256..b as usize * 256 + 256];
-                for s in 0..256 {
-                    counts[i + 1][s] = row[s];
-                    counts[0][s] -= row[s];
+                counts[i + 1].copy_from_slice(row);
+                for (rest, &n) in counts[0].iter_mut().zip(row) {
+                    *rest -= n;
                 }
             }
             (counts, context_of)
