@@ -18,7 +18,7 @@ compaction does while training goes on. "stored" is what the store grew by after
 `--compact inline` times the two together in the commit instead.
 
 usage: $CKPT_CORPUS/venv/bin/python benches/series.py [--ckpt target/release/ckpt] [--json OUT]
-       [--only bf16/reverse,...] [--compact manual|inline] [--ballast MB]
+       [--only bf16/reverse,...] [--compact manual|inline] [--ballast MB] [--level default|max]
 """
 import argparse
 import hashlib
@@ -97,13 +97,13 @@ def cp_time(src, tmp):
     return statistics.median(times)
 
 
-def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes, compact):
+def run_series(ckpt, files, policy, base_every, scratch, zipnn_sizes, compact, level="default"):
     repo = tempfile.mkdtemp(prefix="series-", dir=scratch)
     try:
         subprocess.run([ckpt, "-q", "init", repo], check=True, capture_output=True)
         cfg_path = os.path.join(repo, ".ckpt", "config")
         cfg = json.load(open(cfg_path))
-        cfg.update(delta_policy=policy, base_every=base_every)
+        cfg.update(delta_policy=policy, base_every=base_every, compression_level=level)
         json.dump(cfg, open(cfg_path, "w"), indent=2)
         rows, before = [], store_bytes(repo)
         for i, f in enumerate(files):
@@ -140,6 +140,8 @@ def main():
     ap.add_argument("--ckpt", default="target/release/ckpt")
     ap.add_argument("--base-every", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--level", default="default", choices=["default", "max"],
+                    help="the repository's compression_level")
     ap.add_argument("--only", help="comma-separated series/policy pairs, e.g. bf16/previous")
     ap.add_argument("--compact", default="manual", choices=["manual", "inline"],
                     help="reverse deltas: timed apart after each commit (manual), or inside it")
@@ -168,7 +170,7 @@ def main():
         for policy in ("previous", "base", "skip", "reverse"):
             if args.only and f"{name}/{policy}" not in args.only.split(","):
                 continue
-            rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes, args.compact)
+            rows, total = run_series(ckpt, files, policy, args.base_every, scratch, zipnn_sizes, args.compact, args.level)
             raw = sum(r["raw"] for r in rows)
             zsum = sum(r["zipnn"] for r in rows)
             ok = ok and all(r["bit_exact"] for r in rows)

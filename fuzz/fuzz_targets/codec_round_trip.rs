@@ -1,7 +1,12 @@
-//! encode -> decode must give back the input, for every layout and with or without a reference.
+//! encode -> decode must give back the input, for every layout, with or without a reference, at
+//! the default and the max level (rANS contexts from other groups and from the reference; a
+//! delta is also decoded as a chain member, into its reference's groups).
+//!
+//! Input: a selector byte (width bits 0-1, exponent bit 2, delta bit 3, max level bit 4), then
+//! the input and the reference, each half of the rest.
 #![no_main]
-use ckpt::codec::chunk::{Data, Reference, SkipState};
-use ckpt::codec::{decode_chunk, encode_chunk, Layout, Options};
+use ckpt::codec::chunk::{decode_chunk_groups, Data, Reference, SkipState};
+use ckpt::codec::{byte_group, decode_chunk, encode_chunk, Layout, Level, Options};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else { return };
@@ -11,7 +16,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let half = (rest.len() / 2).min(1 << 20) / width * width;
     let (input, reference) = (&rest[..half], &rest[half..2 * half]);
     let reference = delta.then_some(reference);
-    let options = Options::default();
+    let level = if selector & 16 != 0 { Level::Max } else { Level::Default };
+    let options = Options { level, ..Options::default() };
     let mut payload = Vec::new();
     let header = encode_chunk(
         Data::Bytes(input),
@@ -25,4 +31,13 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let mut out = vec![0u8; input.len()];
     decode_chunk(&payload, &header, layout, reference, &mut out).expect("own output decodes");
     assert_eq!(out, input);
+    if let Some(reference) = reference {
+        let mut grouped = vec![0u8; input.len()];
+        byte_group::split(reference, None, layout, &mut grouped).expect("whole elements");
+        decode_chunk_groups(&payload, &header, layout, &mut grouped, true).expect("own output decodes in a chain");
+        let n = input.len() / width;
+        let groups: Vec<&[u8]> = (0..width).map(|g| &grouped[g * n..(g + 1) * n]).collect();
+        byte_group::regroup(&groups, None, layout, &mut out).expect("whole elements");
+        assert_eq!(out, input);
+    }
 });

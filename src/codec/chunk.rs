@@ -179,7 +179,8 @@ thread_local! {
 /// After `group` was coded with `chosen` into `out[start..]`, tries rANS where it may win and
 /// keeps it (replacing `out[start..]`) when it is smaller; returns whether it did.
 ///
-/// At [`Level::Max`] every group that is not all zero is tried, with up to 15 contexts. At the
+/// At [`Level::Max`] every group that is not all zero is tried, with up to 16 contexts from the
+/// previous byte or from one of `candidates` ([`context_candidates`]). At the
 /// default level, rANS is only tried order-0 (cheap to build and fast to decode) and only where
 /// the histogram predicts a clear win over what the group already costs: a group whose order-0
 /// entropy plus table is under [`Options::rans_gain`] of the stored size. That is where Huffman's
@@ -189,6 +190,7 @@ fn rans_trial(
     group: &[u8],
     chosen: Method,
     stats: Option<&super::select::GroupStats>,
+    candidates: &[(rans::Source, &[u8])],
     options: &Options,
     start: usize,
     out: &mut Vec<u8>,
@@ -216,7 +218,7 @@ fn rans_trial(
     TRIAL.with(|cell| {
         let mut trial = cell.borrow_mut();
         trial.clear();
-        if rans::encode(group, max_contexts, &mut trial)? && trial.len() < stored {
+        if rans::encode_with_sources(group, max_contexts, candidates, &mut trial)? && trial.len() < stored {
             out.truncate(start);
             out.extend_from_slice(&trial);
             return Ok(true);
@@ -316,9 +318,12 @@ pub fn encode_chunk(
     }
     let width = layout.width;
     let plain = reference.is_none();
+    // At the max level a delta keeps its reference in grouped form beside the XOR: the
+    // reference's bytes are rANS context sources.
+    let keep_reference = options.level == Level::Max && reference.is_some();
     with_scratch(len, |grouped| {
         let grouped_reference = match (input, reference) {
-            (Data::Bytes(bytes), Some(Reference::Bytes(r))) => {
+            (Data::Bytes(bytes), Some(Reference::Bytes(r))) if !keep_reference => {
                 byte_group::split(bytes, Some(r), layout, grouped)?;
                 None
             }
@@ -339,50 +344,99 @@ pub fn encode_chunk(
                 r
             }
         };
-        if let Some(Reference::Grouped { source, offset, .. }) = grouped_reference {
-            super::with_thread_buffer(&REFERENCE_SCRATCH, len, |buf| -> Result<()> {
-                source.grouped(offset, buf)?;
-                xor_in_place(grouped, buf);
-                Ok(())
-            })?;
-        }
-        let n = len / width;
-        let mut entries = [GroupEntry { method: Method::Zero, stored_len: 0 }; 8];
-        for g in 0..width {
-            let group = &grouped[g * n..(g + 1) * n];
-            let start = out.len();
-            let method = match options.selection {
-                Selection::Exhaustive => code_group_exhaustive(group, options, out)?,
-                Selection::Only(m) => code_group(group, m, options, out)?,
-                Selection::Auto if skip.0[g] > 0 => {
-                    skip.0[g] -= 1;
-                    code_group(group, Method::Raw, options, out)?
-                }
-                Selection::Auto => {
-                    let (predicted, stats) = predict_with_stats(group, options);
-                    let histogram = stats.as_ref().map(|s| &s.histogram);
-                    let text_like = width == 1 && plain && predicted == Method::Huffman;
-                    let chosen = match stats.as_ref().filter(|s| text_like && is_text(s, group.len())) {
-                        Some(stats) if zstd_beats_huffman(group, stats.huffman_estimate(), options, out)? => {
-                            Method::Zstd
-                        }
-                        _ => code_group_counted(group, predicted, histogram, options, out)?,
-                    };
-                    let chosen = match rans_trial(group, chosen, stats.as_ref(), options, start, out)? {
-                        true => Method::Rans,
-                        false => chosen,
-                    };
-                    if chosen == Method::Raw {
-                        skip.0[g] = options.skip_after_raw;
-                    }
-                    chosen
-                }
-            };
-            let stored_len = u32::try_from(out.len() - start).expect("chunk groups are below 4 GiB");
-            entries[g] = GroupEntry { method, stored_len };
-        }
-        ChunkHeader::new(&entries[..width])
+        let reference_len = if grouped_reference.is_some() { len } else { 0 };
+        super::with_thread_buffer(&REFERENCE_SCRATCH, reference_len, |reference_groups| {
+            match grouped_reference {
+                Some(Reference::Grouped { source, offset, .. }) => source.grouped(offset, reference_groups)?,
+                Some(Reference::Bytes(r)) => byte_group::split(r, None, layout, reference_groups)?,
+                None => {}
+            }
+            if grouped_reference.is_some() {
+                xor_in_place(grouped, reference_groups);
+            }
+            let reference_groups = keep_reference.then_some(&*reference_groups);
+            encode_groups(grouped, reference_groups, plain, layout, options, skip, out)
+        })
     })
+}
+
+/// Codes the byte groups of one chunk (`grouped`, already XORed with the reference for a delta;
+/// `reference_groups`: the reference's groups, kept at the max level as context sources).
+fn encode_groups(
+    grouped: &[u8],
+    reference_groups: Option<&[u8]>,
+    plain: bool,
+    layout: Layout,
+    options: &Options,
+    skip: &mut SkipState,
+    out: &mut Vec<u8>,
+) -> Result<ChunkHeader> {
+    let width = layout.width;
+    let n = grouped.len() / width;
+    let mut entries = [GroupEntry { method: Method::Zero, stored_len: 0 }; 8];
+    for g in 0..width {
+        let group = &grouped[g * n..(g + 1) * n];
+        let start = out.len();
+        let method = match options.selection {
+            Selection::Exhaustive => code_group_exhaustive(group, options, out)?,
+            Selection::Only(m) => code_group(group, m, options, out)?,
+            // The max level looks at every group: one that rANS cannot shrink in this chunk may
+            // shrink in the next with its context.
+            Selection::Auto if skip.0[g] > 0 && options.level == Level::Default => {
+                skip.0[g] -= 1;
+                code_group(group, Method::Raw, options, out)?
+            }
+            Selection::Auto => {
+                let (predicted, stats) = predict_with_stats(group, options);
+                let histogram = stats.as_ref().map(|s| &s.histogram);
+                let text_like = width == 1 && plain && predicted == Method::Huffman;
+                let chosen = match stats.as_ref().filter(|s| text_like && is_text(s, group.len())) {
+                    Some(stats) if zstd_beats_huffman(group, stats.huffman_estimate(), options, out)? => Method::Zstd,
+                    _ => code_group_counted(group, predicted, histogram, options, out)?,
+                };
+                let candidates = match options.level {
+                    Level::Max => context_candidates(grouped, reference_groups, width, g),
+                    Level::Default => Vec::new(),
+                };
+                let chosen = match rans_trial(group, chosen, stats.as_ref(), &candidates, options, start, out)? {
+                    true => Method::Rans,
+                    false => chosen,
+                };
+                if chosen == Method::Raw {
+                    skip.0[g] = options.skip_after_raw;
+                }
+                chosen
+            }
+        };
+        let stored_len = u32::try_from(out.len() - start).expect("chunk groups are below 4 GiB");
+        entries[g] = GroupEntry { method, stored_len };
+    }
+    ChunkHeader::new(&entries[..width])
+}
+
+/// The context sources the max level tries for group `g` of a chunk of `width`-byte elements:
+/// the same element's bytes in every group above `g` (they decode before it: groups decode from
+/// the top down), and for a delta the reference's byte in every group. On the corpus
+/// (benches/context_entropy.py) the sign-and-top-mantissa byte is best predicted by the
+/// exponent, an f32's lowest mantissa byte by the top bits of its top mantissa byte, and in an
+/// fp32 delta the XOR of the lowest mantissa byte by the top bits of the reference's top
+/// mantissa byte, that of the top mantissa byte by the reference's exponent.
+fn context_candidates<'a>(
+    grouped: &'a [u8],
+    reference_groups: Option<&'a [u8]>,
+    width: usize,
+    g: usize,
+) -> Vec<(rans::Source, &'a [u8])> {
+    let n = grouped.len() / width;
+    let group = |bytes: &'a [u8], j: usize| &bytes[j * n..(j + 1) * n];
+    let mut candidates: Vec<(rans::Source, &[u8])> =
+        (g + 1..width).map(|j| (rans::Source::Group(j as u8), group(grouped, j))).collect();
+    if let Some(r) = reference_groups {
+        for j in 0..width {
+            candidates.push((rans::Source::Reference(j as u8), group(r, j)));
+        }
+    }
+    candidates
 }
 
 /// Checks an untrusted header against the element layout, the chunk's original length and the
@@ -417,30 +471,98 @@ pub fn decode_chunk(
 ) -> Result<()> {
     check_chunk(payload, header, layout, out.len())?;
     let n = out.len() / layout.width;
-    with_scratch(out.len(), |scratch| {
-        let mut slots: Vec<&[u8]> = Vec::with_capacity(layout.width);
-        let mut rest_payload = payload;
-        let mut rest_scratch: &mut [u8] = scratch;
-        for e in header.groups() {
-            let (stored, tail) = rest_payload.split_at(e.stored_len as usize);
-            rest_payload = tail;
-            let (buf, scratch_tail) = std::mem::take(&mut rest_scratch).split_at_mut(n);
-            rest_scratch = scratch_tail;
-            match e.method {
-                Method::Raw => {
-                    slots.push(stored);
+    if n == 0 {
+        return Ok(());
+    }
+    let stored = stored_groups(payload, header);
+    // A group whose rANS contexts are the reference's bytes needs the reference grouped.
+    let reference_sourced = stored
+        .iter()
+        .zip(header.groups())
+        .any(|(s, e)| e.method == Method::Rans && matches!(rans::payload_source(s), Some(rans::Source::Reference(_))));
+    let reference_len = if reference_sourced && reference.is_some() { out.len() } else { 0 };
+    super::with_thread_buffer(&DECODE_REFERENCE, reference_len, |reference_groups| {
+        let reference_groups = match reference {
+            Some(r) if reference_sourced => {
+                byte_group::split(r, None, layout, reference_groups)?;
+                Some(&*reference_groups)
+            }
+            _ => None,
+        };
+        with_scratch(out.len(), |scratch| {
+            let mut free: Vec<&mut [u8]> = scratch.chunks_exact_mut(n).collect();
+            let mut views: [&[u8]; 8] = [&[]; 8];
+            // From the top group down: a group's context source is a group above it.
+            for (g, e) in header.groups().iter().enumerate().rev() {
+                let buf = free.pop().expect("one buffer per group");
+                if e.method == Method::Raw {
+                    views[g] = stored[g];
                     continue;
                 }
-                Method::Zero => buf.fill(0),
-                Method::Huffman => huffman::decode(stored, buf)?,
-                Method::Zstd => zstd_block::decode(stored, buf)?,
-                Method::Sparse => sparse::decode(stored, buf, false)?,
-                Method::Rans => rans::decode(stored, buf)?,
+                let sources = context_sources(&views, reference_groups, n, g);
+                decode_group_with(e.method, stored[g], buf, &sources)?;
+                views[g] = buf;
             }
-            slots.push(buf);
-        }
-        byte_group::regroup(&slots, reference, layout, out)
+            byte_group::regroup(&views[..layout.width], reference, layout, out)
+        })
     })
+}
+
+/// The stored bytes of each group of a checked chunk.
+fn stored_groups<'a>(payload: &'a [u8], header: &ChunkHeader) -> [&'a [u8]; 8] {
+    let mut stored: [&[u8]; 8] = [&[]; 8];
+    let mut rest = payload;
+    for (slot, e) in stored.iter_mut().zip(header.groups()) {
+        let (s, tail) = rest.split_at(e.stored_len as usize);
+        *slot = s;
+        rest = tail;
+    }
+    stored
+}
+
+/// What a group `g`'s rANS contexts may come from: the groups above it (decoded, in `views`)
+/// and the reference's groups.
+fn context_sources<'a>(
+    views: &[&'a [u8]; 8],
+    reference_groups: Option<&'a [u8]>,
+    n: usize,
+    g: usize,
+) -> rans::Sources<'a> {
+    let mut sources = rans::Sources::default();
+    for (j, v) in views.iter().enumerate().skip(g + 1) {
+        if v.len() == n {
+            sources.groups[j] = Some(v);
+        }
+    }
+    if let Some(r) = reference_groups {
+        for (j, slot) in sources.reference.iter_mut().enumerate().take(r.len() / n) {
+            *slot = Some(&r[j * n..(j + 1) * n]);
+        }
+    }
+    sources
+}
+
+/// Decodes one group that is not raw into `out`.
+fn decode_group_with(method: Method, stored: &[u8], out: &mut [u8], sources: &rans::Sources<'_>) -> Result<()> {
+    match method {
+        Method::Raw => {
+            out.copy_from_slice(stored);
+            Ok(())
+        }
+        Method::Zero => {
+            out.fill(0);
+            Ok(())
+        }
+        Method::Huffman => huffman::decode(stored, out),
+        Method::Zstd => zstd_block::decode(stored, out),
+        Method::Sparse => sparse::decode(stored, out, false),
+        Method::Rans => rans::decode_with_sources(stored, out, sources),
+    }
+}
+
+thread_local! {
+    /// The reference of a chunk being decoded, grouped, when a group's contexts come from it.
+    static DECODE_REFERENCE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Decodes one chunk's byte groups (not yet regrouped) into `grouped`: `width` groups of
@@ -460,10 +582,16 @@ pub fn decode_chunk_groups(
 ) -> Result<()> {
     check_chunk(payload, header, layout, grouped.len())?;
     let n = grouped.len() / layout.width;
-    let mut rest = payload;
-    for (e, group) in header.groups().iter().zip(grouped.chunks_exact_mut(n.max(1))) {
-        let (stored, tail) = rest.split_at(e.stored_len as usize);
-        rest = tail;
+    if n == 0 {
+        return Ok(());
+    }
+    let stored = stored_groups(payload, header);
+    let sourced =
+        stored.iter().zip(header.groups()).any(|(s, e)| e.method == Method::Rans && rans::payload_source(s).is_some());
+    if sourced {
+        return decode_sourced_groups(&stored, header, grouped, xor_into);
+    }
+    for ((e, stored), group) in header.groups().iter().zip(stored).zip(grouped.chunks_exact_mut(n)) {
         match (e.method, xor_into) {
             (Method::Zero, true) => {}
             (Method::Zero, false) => group.fill(0),
@@ -480,6 +608,43 @@ pub fn decode_chunk_groups(
         }
     }
     Ok(())
+}
+
+/// [`decode_chunk_groups`] for a chunk with rANS groups whose contexts come from other groups or
+/// from the reference: groups decode from the top down, each with the groups above it and (with
+/// `xor_into`, a delta) the reference, which `grouped` holds until every group is decoded.
+fn decode_sourced_groups(stored: &[&[u8]; 8], header: &ChunkHeader, grouped: &mut [u8], xor_into: bool) -> Result<()> {
+    let width = header.groups().len();
+    let n = grouped.len() / width;
+    if !xor_into {
+        let mut free: Vec<&mut [u8]> = grouped.chunks_exact_mut(n).collect();
+        let mut views: [&[u8]; 8] = [&[]; 8];
+        for (g, e) in header.groups().iter().enumerate().rev() {
+            let buf = free.pop().expect("one buffer per group");
+            decode_group_with(e.method, stored[g], buf, &context_sources(&views, None, n, g))?;
+            views[g] = buf;
+        }
+        return Ok(());
+    }
+    with_group_scratch(grouped.len(), |tmp| {
+        let mut free: Vec<&mut [u8]> = tmp.chunks_exact_mut(n).collect();
+        let mut views: [&[u8]; 8] = [&[]; 8];
+        for (g, e) in header.groups().iter().enumerate().rev() {
+            let buf = free.pop().expect("one buffer per group");
+            if e.method == Method::Raw {
+                views[g] = stored[g];
+                continue;
+            }
+            decode_group_with(e.method, stored[g], buf, &context_sources(&views, Some(&*grouped), n, g))?;
+            views[g] = buf;
+        }
+        for ((e, view), group) in header.groups().iter().zip(views).zip(grouped.chunks_exact_mut(n)) {
+            if e.method != Method::Zero {
+                xor_in_place(group, view);
+            }
+        }
+        Ok(())
+    })
 }
 
 fn decode_group(method: Method, stored: &[u8], out: &mut [u8]) -> Result<()> {
@@ -871,6 +1036,106 @@ mod tests {
         assert_eq!(default_methods[1], Method::Huffman);
         assert_eq!(max_methods[1], Method::Rans);
         assert!((max_size as f64) < 0.95 * default_size as f64, "{max_size} vs {default_size}");
+    }
+
+    /// Bell-shaped floats of `width` bytes (bf16 or f32) and their next version, every weight
+    /// moved a little (a training step from scratch).
+    fn float_versions(seed: u64, n: usize, width: usize) -> (Vec<u8>, Vec<u8>) {
+        let mut s = crate::test_data::xorshift(seed);
+        let mut uniform = move || (s.next().expect("endless") >> 40) as f32 / (1u64 << 24) as f32;
+        let bytes = |v: f32| -> Vec<u8> {
+            if width == 2 {
+                ((v.to_bits() >> 16) as u16).to_le_bytes().to_vec()
+            } else {
+                v.to_le_bytes().to_vec()
+            }
+        };
+        let (mut base, mut next) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let v = (uniform() + uniform() + uniform() + uniform() - 2.0) * 0.05;
+            // A few ulps of the format: bf16 keeps 7 mantissa bits, f32 23.
+            let relative = if width == 2 { 3e-2 } else { 2e-5 };
+            let step = (uniform() - 0.5) * relative * v.abs().max(1e-3);
+            base.extend(bytes(v));
+            next.extend(bytes(v + step));
+        }
+        (base, next)
+    }
+
+    /// The context source of each rANS group of a coded chunk.
+    fn sources_of(payload: &[u8], header: &ChunkHeader) -> Vec<rans::Source> {
+        let stored = stored_groups(payload, header);
+        header
+            .groups()
+            .iter()
+            .zip(stored)
+            .filter(|(e, _)| e.method == Method::Rans)
+            .filter_map(|(_, s)| rans::payload_source(s))
+            .collect()
+    }
+
+    /// At the max level, a float chunk's mantissa groups take the exponent as context and a
+    /// delta's groups the reference's bytes; both decode plainly (`decode_chunk`) and in a chain
+    /// (`decode_chunk_groups`, the reference in grouped form), and the grouped reference codes
+    /// to the same bytes.
+    #[test]
+    fn max_level_context_sources_round_trip_plain_and_chained() {
+        for width in [2usize, 4] {
+            let layout = Layout { width, extract_exponent: true };
+            let (base, next) = float_versions(40 + width as u64, (256 << 10) / width, width);
+            let code = |input: &[u8], reference: Option<Reference<'_>>, level| {
+                let options = Options { level, ..Options::default() };
+                let mut payload = Vec::new();
+                let header = encode_chunk(
+                    Data::Bytes(input),
+                    reference,
+                    layout,
+                    &options,
+                    &mut SkipState::default(),
+                    &mut payload,
+                )
+                .unwrap();
+                (header, payload)
+            };
+            let (base_header, base_payload) = code(&base, None, Level::Max);
+            let (next_header, next_payload) = code(&next, Some(Reference::Bytes(&base)), Level::Max);
+            let own = sources_of(&base_payload, &base_header);
+            assert!(own.iter().any(|s| matches!(s, rans::Source::Group(_))), "width {width}: {own:?}");
+            let by_reference = sources_of(&next_payload, &next_header);
+            assert!(
+                by_reference.iter().any(|s| matches!(s, rans::Source::Reference(_))),
+                "width {width}: {by_reference:?}"
+            );
+            // Smaller than the default level, which keeps format 4's coding.
+            let (_, default_base) = code(&base, None, Level::Default);
+            let (_, default_next) = code(&next, Some(Reference::Bytes(&base)), Level::Default);
+            assert!(base_payload.len() < default_base.len(), "{} vs {}", base_payload.len(), default_base.len());
+            assert!(next_payload.len() < default_next.len(), "{} vs {}", next_payload.len(), default_next.len());
+            // Plain decoding.
+            let mut out = vec![0; base.len()];
+            decode_chunk(&base_payload, &base_header, layout, None, &mut out).unwrap();
+            assert!(out == base);
+            decode_chunk(&next_payload, &next_header, layout, Some(&base), &mut out).unwrap();
+            assert!(out == next);
+            // Chained: the base's groups, then the delta's XORed in.
+            let mut grouped = vec![0xEE; base.len()];
+            decode_chunk_groups(&base_payload, &base_header, layout, &mut grouped, false).unwrap();
+            decode_chunk_groups(&next_payload, &next_header, layout, &mut grouped, true).unwrap();
+            let n = base.len() / width;
+            let groups: Vec<&[u8]> = grouped.chunks(n).collect();
+            byte_group::regroup(&groups, None, layout, &mut out).unwrap();
+            assert!(out == next);
+            // The reference handed over grouped gives the same bytes.
+            let source = SplitOnRequest { bytes: &base, layout };
+            let (header, payload) =
+                code(&next, Some(Reference::Grouped { source: &source, offset: 0, len: base.len() }), Level::Max);
+            assert_eq!(header, next_header);
+            assert!(payload == next_payload);
+            // Without its reference, a delta whose contexts come from it is refused, not misread.
+            let mut lone = vec![0; base.len()];
+            let err = decode_chunk_groups(&next_payload, &next_header, layout, &mut lone, false).unwrap_err();
+            assert!(err.to_string().contains("not available"), "{err}");
+        }
     }
 
     /// Text (a safetensors JSON header) is zstd-coded: order-0 Huffman cannot see its repeats.

@@ -29,11 +29,12 @@ pub const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
 /// Last bytes of every container.
 pub const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
 /// The container format version this code writes.
-pub const FORMAT_VERSION: u16 = 4;
+pub const FORMAT_VERSION: u16 = 5;
 /// The oldest container format version this code reads. Format 3 only added the `Sparse`
-/// method tag and format 4 the `Rans` tag, so every format-2 or -3 container is a valid
-/// format-4 container (checked by decoding the checked-in containers of
-/// `tests/fixtures/containers`).
+/// method tag, format 4 the `Rans` tag and format 5 rANS context sources, binned and packed tables
+/// (flags in a rANS payload's first byte, which format 4 kept zero), so every container of an
+/// older format is a valid format-5 container (checked by decoding the checked-in containers
+/// of `tests/fixtures/containers`).
 pub const MIN_READ_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
@@ -643,6 +644,22 @@ impl<'a> Container<'a> {
             .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
     }
 
+    /// Each byte group's entry and stored bytes of chunk `i` (checksum verified), for tests that
+    /// look inside payloads.
+    #[cfg(test)]
+    pub(crate) fn chunk_groups(&self, i: usize) -> Result<Vec<(GroupEntry, &'a [u8])>> {
+        let (mut rest, _, _, header) = self.checked_payload(i)?;
+        Ok(header
+            .groups()
+            .iter()
+            .map(|e| {
+                let (stored, tail) = rest.split_at(e.stored_len as usize);
+                rest = tail;
+                (*e, stored)
+            })
+            .collect())
+    }
+
     /// The payload of chunk `i` after its checksum matched, with its segment, range and header.
     fn checked_payload(&self, i: usize) -> Result<(&'a [u8], &Segment, Range<u64>, ChunkHeader)> {
         let slot = self.chunks.get(i).ok_or_else(|| Error::InvalidInput(format!("no chunk {i}")))?;
@@ -1000,14 +1017,15 @@ mod tests {
         let bytes = w.finish().unwrap().0;
         assert_eq!(
             &bytes[..32],
-            b"\x89CKZ\r\n\x1a\n\x04\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
+            b"\x89CKZ\r\n\x1a\n\x05\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
         );
         assert_eq!(bytes.len(), GOLDEN_LEN, "container length");
         assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_HASH);
     }
 
     const GOLDEN_LEN: usize = 3184;
-    const GOLDEN_HASH: &str = "69a79d6325c11bc3f7bc68ec010e4df5ef9f0c8a04216001bf5711ad5d2345a4";
+    /// Changed for format 5 only by the version byte (and so the header checksum).
+    const GOLDEN_HASH: &str = "2393e07eb4804ca838526a33710662127143d43228760cc85c25a823ac8634bf";
 
     #[test]
     fn segments_in_parallel_match_one_by_one() {
@@ -1151,11 +1169,11 @@ mod tests {
         let mut old = bytes.clone();
         old[8..10].copy_from_slice(&1u16.to_le_bytes());
         let err = Container::open(&old).err().expect("format 1 refused").to_string();
-        assert!(err.contains("container format version 1, this ckpt reads 2 to 4"), "{err}");
+        assert!(err.contains("container format version 1, this ckpt reads 2 to 5"), "{err}");
         let mut newer = bytes.clone();
-        newer[8..10].copy_from_slice(&5u16.to_le_bytes());
-        let err = Container::open(&newer).err().expect("format 5 refused").to_string();
-        assert!(err.contains("container format version 5, this ckpt reads 2 to 4"), "{err}");
+        newer[8..10].copy_from_slice(&6u16.to_le_bytes());
+        let err = Container::open(&newer).err().expect("format 6 refused").to_string();
+        assert!(err.contains("container format version 6, this ckpt reads 2 to 5"), "{err}");
         // A format-2 container (format 3 only added a method tag) still opens and decodes.
         let mut format2 = bytes.clone();
         format2[8..10].copy_from_slice(&2u16.to_le_bytes());

@@ -8,7 +8,7 @@
 //! of a new format version into a new directory: the files of an older version never change).
 
 use super::container::{Container, ContainerWriter, FileKind};
-use super::select::{Options, Selection};
+use super::select::{Level, Options, Selection};
 use super::Method;
 use crate::dtype::Dtype;
 use crate::test_data::xorshift;
@@ -93,8 +93,10 @@ fn mixed_segments(seed: u64) -> Vec<(Vec<u8>, Option<Dtype>)> {
     ]
 }
 
-/// The fixtures of a format: `methods` are the methods it has (one fixture forcing each).
-fn goldens(methods: &[Method]) -> Vec<Golden> {
+/// The fixtures of format `version`: one fixture forcing each of its methods, automatic choice,
+/// a delta, and from format 5 the max level (rANS context sources), standalone and as a delta.
+fn goldens(version: u16) -> Vec<Golden> {
+    let methods = methods_of(version);
     let options = |selection| Options { chunk_size: 4096, selection, ..Options::default() };
     let mut all = vec![Golden {
         name: "auto_mixed.ckz",
@@ -122,9 +124,31 @@ fn goldens(methods: &[Method]) -> Vec<Golden> {
     all.push(Golden {
         name: "delta_auto.ckz",
         segments: vec![(f32_bytes(&next), Some(Dtype::F32)), (bf16_bytes(&bf16_next), Some(Dtype::Bf16))],
-        reference: Some(reference),
+        reference: Some(reference.clone()),
         options: options(Selection::Auto),
     });
+    if version >= 5 {
+        // Chunks large enough for context models to pay for their tables.
+        let max = Options { chunk_size: 64 << 10, level: Level::Max, ..Options::default() };
+        let floats = gaussian_f32(30, 40_000, 0.04);
+        all.push(Golden {
+            name: "max_floats.ckz",
+            segments: vec![(bf16_bytes(&floats), Some(Dtype::Bf16)), (f32_bytes(&floats), Some(Dtype::F32))],
+            reference: None,
+            options: max.clone(),
+        });
+        let moved: Vec<f32> = floats
+            .iter()
+            .zip(xorshift(31))
+            .map(|(v, s)| v + ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2e-3)
+            .collect();
+        all.push(Golden {
+            name: "max_delta.ckz",
+            segments: vec![(bf16_bytes(&moved), Some(Dtype::Bf16)), (f32_bytes(&moved), Some(Dtype::F32))],
+            reference: Some([bf16_bytes(&floats), f32_bytes(&floats)].concat()),
+            options: max,
+        });
+    }
     all
 }
 
@@ -172,7 +196,7 @@ fn write_golden_containers() {
     }
     let dir = fixture_dir(super::container::FORMAT_VERSION);
     std::fs::create_dir_all(&dir).unwrap();
-    for golden in goldens(methods_of(super::container::FORMAT_VERSION)) {
+    for golden in goldens(super::container::FORMAT_VERSION) {
         let path = dir.join(golden.name);
         assert!(!path.exists(), "{} exists: fixtures of a released format never change", path.display());
         std::fs::write(&path, write(&golden)).unwrap();
@@ -184,7 +208,7 @@ fn write_golden_containers() {
 fn check_fixtures(version: u16) -> std::collections::BTreeSet<Method> {
     let dir = fixture_dir(version);
     let mut methods = std::collections::BTreeSet::new();
-    for golden in goldens(methods_of(version)) {
+    for golden in goldens(version) {
         let path = dir.join(golden.name);
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), version, "{}", golden.name);
@@ -212,4 +236,27 @@ fn format_3_containers_still_decode() {
 fn format_4_containers_still_decode() {
     let methods = check_fixtures(4);
     assert!(FORMAT_4_METHODS.iter().all(|m| methods.contains(m)), "fixtures cover {methods:?}");
+}
+
+/// Format 5 containers (rANS with context sources and binned tables, written at the max level,
+/// standalone and as a delta) decode bit-exactly, and the max-level fixtures do use every kind
+/// of source: a higher group of the same element, and the reference's bytes.
+#[test]
+fn format_5_containers_still_decode() {
+    let methods = check_fixtures(5);
+    assert!(FORMAT_4_METHODS.iter().all(|m| methods.contains(m)), "fixtures cover {methods:?}");
+    let mut sources = std::collections::BTreeSet::new();
+    for name in ["max_floats.ckz", "max_delta.ckz"] {
+        let bytes = std::fs::read(fixture_dir(5).join(name)).unwrap();
+        let container = Container::open(&bytes).unwrap();
+        for i in 0..container.chunk_count() {
+            for (entry, stored) in container.chunk_groups(i).unwrap() {
+                if entry.method == Method::Rans {
+                    sources.extend(super::rans::payload_source(stored).map(|s| format!("{s:?}")));
+                }
+            }
+        }
+    }
+    assert!(sources.iter().any(|s| s.starts_with("Group")), "{sources:?}");
+    assert!(sources.iter().any(|s| s.starts_with("Reference")), "{sources:?}");
 }

@@ -5,7 +5,7 @@
 //! 2. exponent extraction for floats and byte grouping ([`byte_group`]),
 //! 3. per byte group, a [`Method`] picked from cheap statistics ([`select`]) and applied:
 //!    [`huffman`] (zstd's huff0, entropy coding only), [`zstd_block`], zero-run tokens then zstd
-//!    ([`sparse`]), rANS with an order-1 context ([`rans`]), all-zero truncation or raw,
+//!    ([`sparse`]), rANS with a context ([`rans`]), all-zero truncation or raw,
 //! 4. framing: [`container`] writes chunk tables and a whole-file container with a chunk index.
 //!
 //! This layer is pure: bytes in, bytes out. It never opens files and never panics on untrusted
@@ -120,9 +120,10 @@ pub enum Method {
     /// The zero-run tokens of the group ([`sparse`]) as a zstd frame, after their length
     /// (u32 LE): for groups that are mostly zero, such as XOR deltas late in training.
     Sparse = 4,
-    /// rANS with 12-bit frequency tables, order-0 or with the previous byte as context
-    /// ([`rans`]): below one bit per byte for mostly-zero groups, below the order-0 entropy for
-    /// exponents whose neighbours agree. Added in container format 4.
+    /// rANS with 12-bit frequency tables, order-0 or with a context ([`rans`]): below one bit
+    /// per byte for mostly-zero groups, below the order-0 entropy for exponents whose
+    /// neighbours agree. Added in container format 4; format 5 added context sources other than
+    /// the previous byte (the same element's exponent, a delta's reference), binned and bit-packed tables.
     Rans = 5,
 }
 

@@ -1,22 +1,35 @@
-//! [`Method::Rans`](super::Method::Rans): a static-model rANS coder with an optional order-1
-//! context (the previous byte of the group), for the two things Huffman cannot do
-//! (docs/format.md, "rANS payload"):
+//! [`Method::Rans`](super::Method::Rans): a static-model rANS coder with an optional context,
+//! for the two things Huffman cannot do (docs/format.md, "rANS payload"):
 //! - code a byte in less than one bit: the mostly-zero groups of late-training XOR deltas cost
 //!   their order-0 entropy (a zero at 99% costs 0.015 bits, not Huffman's 1 bit);
-//! - use context: in an exponent group, the previous weight's exponent predicts this one's
-//!   (rows and channels share a scale), so coding with one frequency table per previous value
-//!   gets below the order-0 entropy that bounds Huffman.
+//! - use context: a byte is coded with the frequency table of its context, which gets below the
+//!   order-0 entropy that bounds Huffman.
+//!
+//! The context comes from one **source** per group, recorded in the payload ([`Source`]): the
+//! previous byte of the group (format 4's only source: the previous weight's exponent predicts
+//! this one's), the same element's byte in a group decoded before this one (format 5: the sign
+//! and top mantissa bits of a float are skewed given its exponent, a Gaussian's density falling
+//! across each binade), or, in a delta, the reference element's byte (format 5: how many
+//! mantissa bits an update flips depends on the weight's magnitude). benches/context_entropy.py
+//! measures each on the corpus.
 //!
 //! Model: the group's alphabet (the byte values present) and `K + 1` frequency tables over it,
 //! each quantized to a total of 4096 (12 bits). Context 0 is the default; contexts 1..=K belong
-//! to K byte values chosen by the encoder (the most frequent previous bytes): a symbol is coded
-//! with the table of the context of the byte before it. `K = 0` is plain order-0 coding. Tables
-//! cost bytes, and for a 128 KiB exponent group a full 256-context model would eat its gain, so
-//! the encoder picks `K` (0, 1, 3, 7 or 15) from the measured counts, table costs included.
+//! to K source byte values chosen by the encoder (the most frequent), or (format 5) the context
+//! is the source byte's top four bits (16 contexts). `K = 0` is plain order-0 coding. Tables
+//! cost bytes, and for a 128 KiB group a full 256-context model would eat its gain, so the
+//! encoder picks `K` from the measured counts, table costs included; and (format 5) a table may
+//! be binned: one frequency per run of 16 byte values, each value of the run coded at that
+//! frequency. A sign-and-mantissa byte given its exponent is the case: its 256 values are all
+//! present, nearly flat within a run of 16, so a full table per context costs more than the
+//! context gains, and a binned one (16 entries) keeps most of the gain. The max level also
+//! bit-packs alphabet and tables (Exp-Golomb codes) where that is smaller than format 4's
+//! bitmap and varints.
 //!
-//! The group is coded as four lanes (quarters of the group, each starting in context 0) with
-//! their own rANS state, decoded in lockstep: one lane's next symbol depends on its previous
-//! one (context and state), so interleaving four independent lanes lets the CPU overlap them.
+//! The group is coded as four lanes (quarters of the group; with the previous byte as the
+//! source, each starts in the context of 0) with their own rANS state, decoded in lockstep: one
+//! lane's next symbol depends on its previous one (state, and context with the previous byte as
+//! the source), so interleaving four independent lanes lets the CPU overlap them.
 //!
 //! Why not a crate: `constriction` 0.5 (checked with `cargo info`) has rANS stack coders over
 //! categorical models, but neither a compact table serialization nor a context switch per
@@ -31,29 +44,161 @@ use std::cell::RefCell;
 /// Bits of the frequency total: tables sum to 4096.
 pub const SCALE_BITS: u32 = 12;
 const TOTAL: u32 = 1 << SCALE_BITS;
+/// Decoding slots of the largest model (16 tables of 4096): the decoder keeps them this size,
+/// so a slot index masked to it needs no bounds check in the decoding loop.
+const SLOT_COUNT: usize = (MAX_CONTEXTS + 1) << SCALE_BITS;
 /// Lower bound of the normalized state interval `[L, L << 16)`.
 const L: u32 = 1 << 16;
 /// Lanes per group.
 pub const LANES: usize = 4;
 /// Most dedicated contexts a payload may have (so at most 16 tables).
 pub const MAX_CONTEXTS: usize = 15;
-/// Context counts the encoder tries.
-const CONTEXT_CHOICES: [usize; 5] = [0, 1, 3, 7, 15];
+/// Context counts the encoder tries (the default level only 0; the max level all of them).
+const CONTEXT_CHOICES: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 15];
+/// Flag of the payload's first byte (whose low 4 bits are `k`): a context source byte follows
+/// (without it, the context is the previous byte, as in format 4).
+const FLAG_SOURCE: u8 = 0x10;
+/// Flag: tables are binned (one frequency per run of [`BIN`] byte values).
+const FLAG_BINNED: u8 = 0x20;
+/// Flag: the context is the source byte's top four bits (16 contexts, `k` = 15, no context bytes).
+const FLAG_NIBBLE: u8 = 0x40;
+/// Flag: alphabet and tables are bit-packed: the alphabet as its first and last entries and a
+/// bit per entry between them, each table as its Exp-Golomb order (4 bits) and its frequencies
+/// in that code. Exponent alphabets span a few dozen values and most frequencies are small, so
+/// this takes about half the bytes of a bitmap and one varint per frequency.
+const FLAG_PACKED: u8 = 0x80;
+/// Largest Exp-Golomb order of a packed table (a frequency is at most 4096 = 2^12).
+const MAX_EG_ORDER: u32 = 12;
+/// Most zero bits before an Exp-Golomb code's first 1 (order 0, value 4096: 12).
+const MAX_EG_ZEROS: u32 = 13;
+/// Byte values per bin of a binned table.
+const BIN: usize = 16;
+/// What a binned table's frequencies add up to: each of a bin's 16 symbols has the bin's
+/// frequency, so the symbols' frequencies add up to [`TOTAL`].
+const BIN_TOTAL: u32 = TOTAL / BIN as u32;
+/// Fixed bytes of a payload besides its flags, source, contexts, alphabet and tables: lane
+/// lengths (at most 5 bytes each) and lane states.
+const LANE_BYTES: usize = 5 * LANES + 4 * LANES;
 
-/// A quantized model: which contexts exist and a frequency table per context.
+/// Where the context of a group's byte comes from (docs/format.md, "rANS payload").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The byte before it in its lane (a lane's first byte: 0). The only source of format 4.
+    Previous,
+    /// The same element's byte in byte group `j` of the same chunk. Groups decode from the top
+    /// (most significant) down, so `j` is above the group coded (the exponent for the mantissa).
+    Group(u8),
+    /// The reference element's byte in byte group `j`: for a delta chunk, the byte of the
+    /// version it is XORed with (grouped like the chunk), which the decoder has before the delta.
+    Reference(u8),
+}
+
+impl Source {
+    /// The payload's source byte.
+    fn tag(self) -> u8 {
+        match self {
+            Source::Previous => 0,
+            Source::Group(j) => 0x10 | j,
+            Source::Reference(j) => 0x20 | j,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Result<Source> {
+        match (tag >> 4, tag & 0x0F) {
+            (1, j) if j < 8 => Ok(Source::Group(j)),
+            (2, j) if j < 8 => Ok(Source::Reference(j)),
+            _ => Err(corrupt(&format!("unknown context source {tag:#04x}"))),
+        }
+    }
+}
+
+/// The bytes a group's context sources point at, each as long as the group: the groups of the
+/// chunk decoded before it and the reference's groups (a delta chunk). What is absent cannot be
+/// a payload's source.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sources<'a> {
+    /// The chunk's byte groups decoded so far (those above the group), by group index.
+    pub groups: [Option<&'a [u8]>; 8],
+    /// The reference's byte groups, by group index (a delta chunk only).
+    pub reference: [Option<&'a [u8]>; 8],
+}
+
+impl<'a> Sources<'a> {
+    fn get(&self, source: Source) -> Option<&'a [u8]> {
+        match source {
+            Source::Previous => None,
+            Source::Group(j) => self.groups.get(j as usize).copied().flatten(),
+            Source::Reference(j) => self.reference.get(j as usize).copied().flatten(),
+        }
+    }
+}
+
+/// The source a payload's contexts come from, when it is not the previous byte: read from its
+/// first two bytes without decoding it (a malformed payload gives `None`; decoding rejects it).
+pub fn payload_source(stored: &[u8]) -> Option<Source> {
+    match stored {
+        [head, tag, ..] if head & FLAG_SOURCE != 0 => Source::from_tag(*tag).ok(),
+        _ => None,
+    }
+}
+
+/// How source byte values map to contexts.
+#[derive(Clone, Debug, PartialEq)]
+enum ContextMap {
+    /// These values have contexts `1..=len` of their own; every other value context 0.
+    Values(Vec<u8>),
+    /// Context = value >> 4 (16 contexts).
+    Nibble,
+}
+
+/// A quantized model: the context source, which contexts exist and a frequency table per context.
 struct Model {
-    /// Byte values that have their own context (context `1 + index`).
-    context_bytes: Vec<u8>,
-    /// Context index for each previous byte value.
+    source: Source,
+    map: ContextMap,
+    /// Context index for each source byte value.
     context_of: [u8; 256],
-    /// The alphabet: byte values present in the group.
+    /// Whether tables have one frequency per bin of 16 byte values.
+    binned: bool,
+    /// Whether alphabet and tables are bit-packed ([`FLAG_PACKED`]).
+    packed: bool,
+    /// The alphabet: byte values present in the group, or bins (`value / 16`) when binned.
     alphabet: Vec<u8>,
-    /// `freqs[c][s]`: quantized frequency of symbol `s` in context `c` (0 if it never occurs).
-    freqs: Vec<[u16; 256]>,
+    /// `tables[c][a]`: quantized frequency of alphabet entry `a` in context `c` (0 if it never
+    /// occurs there); for a binned table, the frequency of each symbol of bin `a`.
+    tables: Vec<[u16; 256]>,
+}
+
+impl Model {
+    /// Frequency of each byte value in context `c`.
+    fn symbol_freqs(&self, c: usize) -> [u16; 256] {
+        if self.binned {
+            std::array::from_fn(|s| self.tables[c][s / BIN])
+        } else {
+            self.tables[c]
+        }
+    }
+
+    /// The payload's first byte.
+    fn head(&self) -> u8 {
+        let mut head = (self.tables.len() - 1) as u8;
+        if self.source != Source::Previous {
+            head |= FLAG_SOURCE;
+        }
+        if self.binned {
+            head |= FLAG_BINNED;
+        }
+        if self.map == ContextMap::Nibble {
+            head |= FLAG_NIBBLE;
+        }
+        if self.packed {
+            head |= FLAG_PACKED;
+        }
+        head
+    }
 }
 
 thread_local! {
-    /// Pair counts `[previous][symbol]` of the group being coded.
+    /// Pair counts `[context byte][symbol]` of the group being coded.
     static PAIRS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     /// Decoding tables of the group being decoded: 4096 entries per context.
     static SLOTS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
@@ -61,15 +206,25 @@ thread_local! {
     static WORDS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Counts of each symbol after each previous byte (the first byte of each lane follows 0).
-fn pair_counts(group: &[u8], pairs: &mut Vec<u32>) {
+/// Counts of each symbol after each context byte: the previous byte of its lane (the first byte
+/// of each lane follows 0), or the source's byte at the same position.
+fn pair_counts(group: &[u8], source: Option<&[u8]>, pairs: &mut Vec<u32>) {
     pairs.clear();
     pairs.resize(256 * 256, 0);
-    for lane in lanes(group.len()) {
-        let mut prev = 0usize;
-        for &b in &group[lane] {
-            pairs[prev * 256 + b as usize] += 1;
-            prev = b as usize;
+    match source {
+        None => {
+            for lane in lanes(group.len()) {
+                let mut prev = 0usize;
+                for &b in &group[lane] {
+                    pairs[prev * 256 + b as usize] += 1;
+                    prev = b as usize;
+                }
+            }
+        }
+        Some(src) => {
+            for (&c, &b) in src.iter().zip(group) {
+                pairs[c as usize * 256 + b as usize] += 1;
+            }
         }
     }
 }
@@ -80,41 +235,42 @@ fn lanes(n: usize) -> [std::ops::Range<usize>; LANES] {
     std::array::from_fn(|i| (i * q).min(n)..((i + 1) * q).min(n))
 }
 
-/// Quantizes `counts` (over the alphabet) to frequencies summing to 4096, every counted symbol
-/// at least 1. A context with no counts gets all its weight on the first alphabet symbol (the
-/// format wants every table to sum to 4096; such a table is never used).
-fn quantize(counts: &[u32; 256], alphabet: &[u8]) -> [u16; 256] {
+/// Quantizes `counts` (over the alphabet) to frequencies summing to `total`, every counted
+/// entry at least 1. A context with no counts gets all its weight on the first alphabet entry
+/// (the format wants every table to sum to its total; such a table is never used).
+fn quantize(counts: &[u32; 256], alphabet: &[u8], total: u32) -> [u16; 256] {
     let mut f = [0u16; 256];
-    let total: u64 = alphabet.iter().map(|&s| u64::from(counts[s as usize])).sum();
-    if total == 0 {
-        f[alphabet[0] as usize] = TOTAL as u16;
+    let sum_counts: u64 = alphabet.iter().map(|&s| u64::from(counts[s as usize])).sum();
+    if sum_counts == 0 {
+        f[alphabet[0] as usize] = total as u16;
         return f;
     }
+    let target = i64::from(total);
     let mut sum: i64 = 0;
     for &s in alphabet {
         let c = u64::from(counts[s as usize]);
         if c > 0 {
-            let q = ((c * u64::from(TOTAL) + total / 2) / total).max(1);
+            let q = ((c * u64::from(total) + sum_counts / 2) / sum_counts).max(1);
             f[s as usize] = q as u16;
             sum += q as i64;
         }
     }
     // Fix the total on the largest frequencies (each stays at least 1; there are at most 256
-    // symbols, so the total 4096 is always reachable).
-    while sum != i64::from(TOTAL) {
+    // entries, at most 16 of them for the total 256 of binned tables, so the total is reachable).
+    while sum != target {
         let (idx, _) = alphabet
             .iter()
             .map(|&s| s as usize)
-            .filter(|&s| f[s] > 1 || (sum < i64::from(TOTAL) && f[s] > 0))
+            .filter(|&s| f[s] > 1 || (sum < target && f[s] > 0))
             .map(|s| (s, f[s]))
             .max_by_key(|&(_, v)| v)
             .expect("a counted symbol exists");
-        if sum > i64::from(TOTAL) {
-            let cut = (sum - i64::from(TOTAL)).min(i64::from(f[idx]) - 1);
+        if sum > target {
+            let cut = (sum - target).min(i64::from(f[idx]) - 1);
             f[idx] -= cut as u16;
             sum -= cut;
         } else {
-            let add = i64::from(TOTAL) - sum;
+            let add = target - sum;
             f[idx] += add as u16;
             sum += add;
         }
@@ -122,7 +278,8 @@ fn quantize(counts: &[u32; 256], alphabet: &[u8]) -> [u16; 256] {
     f
 }
 
-/// Bits to code `counts` with the quantized table `freqs`.
+/// Bits to code `counts` with the quantized table `freqs` (of a 4096 total; for bins, the
+/// frequency of each of the bin's symbols, so the bin's counts cost the same per symbol).
 fn coded_bits(counts: &[u32; 256], freqs: &[u16; 256], alphabet: &[u8]) -> f64 {
     alphabet
         .iter()
@@ -132,14 +289,143 @@ fn coded_bits(counts: &[u32; 256], freqs: &[u16; 256], alphabet: &[u8]) -> f64 {
         .sum()
 }
 
-/// Bytes of a table as written: one LEB128 varint per alphabet symbol.
+/// Bytes of a table as written: one LEB128 varint per alphabet entry.
 fn table_bytes(freqs: &[u16; 256], alphabet: &[u8]) -> usize {
     alphabet.iter().map(|&s| if freqs[s as usize] < 128 { 1 } else { 2 }).sum()
 }
 
-/// Builds the model for `group` with at most `max_contexts` dedicated contexts, choosing the
-/// count that gives the smallest estimated payload. Returns it with the estimated payload size.
-fn build_model(group: &[u8], max_contexts: usize) -> (Model, usize) {
+/// Bits of `v` in the Exp-Golomb code of order `k` as written here: `n - k` zero bits, a one,
+/// then the `n` low bits of `w = v + 2^k` (`n` = the position of `w`'s top bit).
+fn eg_bits(v: u32, k: u32) -> u32 {
+    let n = 31 - (v + (1 << k)).leading_zeros();
+    2 * n - k + 1
+}
+
+/// The Exp-Golomb order that codes `table`'s alphabet entries in the fewest bits, and the bits.
+fn best_eg_order(table: &[u16; 256], alphabet: &[u8]) -> (u32, u32) {
+    (0..=MAX_EG_ORDER)
+        .map(|k| (k, alphabet.iter().map(|&a| eg_bits(u32::from(table[a as usize]), k)).sum::<u32>()))
+        .min_by_key(|&(_, bits)| bits)
+        .expect("orders to try")
+}
+
+/// Bytes of the alphabet and tables bit-packed ([`FLAG_PACKED`]).
+fn packed_bytes(tables: &[[u16; 256]], alphabet: &[u8]) -> usize {
+    let span = u32::from(alphabet[alphabet.len() - 1] - alphabet[0]) + 1;
+    let bits: u32 = span + tables.iter().map(|t| 4 + best_eg_order(t, alphabet).1).sum::<u32>();
+    2 + bits.div_ceil(8) as usize
+}
+
+/// Appends bits least significant first.
+struct BitWriter<'a> {
+    out: &'a mut Vec<u8>,
+    acc: u64,
+    len: u32,
+}
+
+impl BitWriter<'_> {
+    fn put(&mut self, value: u32, bits: u32) {
+        self.acc |= u64::from(value) << self.len;
+        self.len += bits;
+        while self.len >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.len -= 8;
+        }
+    }
+
+    fn put_eg(&mut self, v: u32, k: u32) {
+        let w = v + (1 << k);
+        let n = 31 - w.leading_zeros();
+        self.put(1 << (n - k), n - k + 1);
+        self.put(w & ((1 << n) - 1), n);
+    }
+
+    fn finish(self) {
+        if self.len > 0 {
+            self.out.push(self.acc as u8);
+        }
+    }
+}
+
+/// Reads bits least significant first; every read is bounds-checked.
+struct BitReader<'a> {
+    bytes: &'a [u8],
+    bit: usize,
+}
+
+impl BitReader<'_> {
+    fn get(&mut self, bits: u32) -> Result<u32> {
+        let mut v = 0u32;
+        for i in 0..bits {
+            let byte = *self.bytes.get(self.bit / 8).ok_or_else(|| corrupt("cut short in its tables"))?;
+            v |= u32::from((byte >> (self.bit % 8)) & 1) << i;
+            self.bit += 1;
+        }
+        Ok(v)
+    }
+
+    fn get_eg(&mut self, k: u32, max: u32) -> Result<u32> {
+        let mut zeros = 0;
+        while self.get(1)? == 0 {
+            zeros += 1;
+            if zeros > MAX_EG_ZEROS {
+                return Err(corrupt("Exp-Golomb code too long"));
+            }
+        }
+        let n = zeros + k;
+        let w = (1u32 << n) | self.get(n)?;
+        let v = w - (1 << k);
+        if v > max {
+            return Err(corrupt("value out of range"));
+        }
+        Ok(v)
+    }
+
+    /// Bytes read, counting a partly read byte.
+    fn bytes_used(&self) -> usize {
+        self.bit.div_ceil(8)
+    }
+}
+
+/// Per-context counts of one context map over the pair counts.
+fn map_counts(map: &ContextMap, pairs: &[u32], order0: &[u32; 256]) -> (Vec<[u32; 256]>, [u8; 256]) {
+    let mut context_of = [0u8; 256];
+    match map {
+        ContextMap::Values(values) => {
+            for (i, &b) in values.iter().enumerate() {
+                context_of[b as usize] = (i + 1) as u8;
+            }
+            let mut counts = vec![*order0; values.len() + 1];
+            for (i, &b) in values.iter().enumerate() {
+                let row = &pairs[b as usize * 256..b as usize * 256 + 256];
+                counts[i + 1].copy_from_slice(row);
+                for (rest, &n) in counts[0].iter_mut().zip(row) {
+                    *rest -= n;
+                }
+            }
+            (counts, context_of)
+        }
+        ContextMap::Nibble => {
+            let mut counts = vec![[0u32; 256]; 16];
+            for (b, slot) in context_of.iter_mut().enumerate() {
+                *slot = (b >> 4) as u8;
+                let row = &pairs[b * 256..b * 256 + 256];
+                for s in 0..256 {
+                    counts[b >> 4][s] += row[s];
+                }
+            }
+            (counts, context_of)
+        }
+    }
+}
+
+/// Builds the best model for `group` with contexts from `source` (`bytes`: its bytes, `None`
+/// for the previous byte) and at most `max_contexts` dedicated contexts: the context count, the
+/// map (values or nibble) and full or binned tables that give the smallest estimated payload.
+/// With `max_contexts` 0 the model is order-0 with full tables (the default level's, whose
+/// bytes are pinned). Returns it with the estimated payload size.
+fn build_model(group: &[u8], source: Source, bytes: Option<&[u8]>, max_contexts: usize) -> (Model, usize) {
     PAIRS.with(|cell| {
         let mut pairs = cell.borrow_mut();
         let mut order0 = [0u32; 256];
@@ -148,64 +434,120 @@ fn build_model(group: &[u8], max_contexts: usize) -> (Model, usize) {
                 order0[b as usize] += 1;
             }
         } else {
-            pair_counts(group, &mut pairs);
-            for prev in 0..256 {
-                for s in 0..256 {
-                    order0[s] += pairs[prev * 256 + s];
+            pair_counts(group, bytes, &mut pairs);
+            for row in pairs.chunks_exact(256) {
+                for (o, &c) in order0.iter_mut().zip(row) {
+                    *o += c;
                 }
             }
         }
         let alphabet: Vec<u8> = (0..=255u8).filter(|&s| order0[s as usize] > 0).collect();
-        let fixed = 1 + 32 + 5 * LANES + 4 * LANES; // context count, alphabet, lane lengths, states
+        let source_bytes = usize::from(source != Source::Previous);
+        let fixed = 1 + source_bytes + LANE_BYTES;
         if alphabet.is_empty() {
-            let model = Model { context_bytes: vec![], context_of: [0; 256], alphabet, freqs: vec![[0; 256]] };
-            return (model, fixed);
+            let model = Model {
+                source: Source::Previous,
+                map: ContextMap::Values(vec![]),
+                context_of: [0; 256],
+                binned: false,
+                packed: false,
+                alphabet,
+                tables: vec![[0; 256]],
+            };
+            return (model, fixed + 32);
         }
-        // Previous byte values by how often they precede a symbol (a lane's start counts as 0).
+        let mut bins = [0u32; 256];
+        for (s, &c) in order0.iter().enumerate() {
+            bins[s / BIN] += c;
+        }
+        let bin_alphabet: Vec<u8> = (0..(256 / BIN) as u8).filter(|&b| bins[b as usize] > 0).collect();
+        // Context byte values by how often they come before (or with) a symbol.
         let mut by_use: Vec<(u32, u8)> = Vec::new();
         if max_contexts > 0 {
-            for prev in 0..256 {
-                let used: u32 = pairs[prev * 256..prev * 256 + 256].iter().sum();
+            for (prev, row) in pairs.chunks_exact(256).enumerate() {
+                let used: u32 = row.iter().sum();
                 if used > 0 {
                     by_use.push((used, prev as u8));
                 }
             }
             by_use.sort_by(|a, b| b.cmp(a));
         }
+        let mut maps: Vec<ContextMap> = CONTEXT_CHOICES
+            .iter()
+            .filter(|&&k| k <= max_contexts && k <= by_use.len())
+            .map(|&k| ContextMap::Values(by_use[..k].iter().map(|&(_, b)| b).collect()))
+            .collect();
+        if max_contexts >= MAX_CONTEXTS && by_use.len() > 16 {
+            maps.push(ContextMap::Nibble);
+        }
         let mut best: Option<(Model, usize)> = None;
-        for &k in CONTEXT_CHOICES.iter().filter(|&&k| k <= max_contexts && k <= by_use.len()) {
-            let context_bytes: Vec<u8> = by_use[..k].iter().map(|&(_, b)| b).collect();
-            let mut context_of = [0u8; 256];
-            for (i, &b) in context_bytes.iter().enumerate() {
-                context_of[b as usize] = (i + 1) as u8;
-            }
-            let mut counts = vec![[0u32; 256]; k + 1];
-            if k == 0 {
-                counts[0] = order0;
-            } else {
-                for prev in 0..256 {
-                    let c = &mut counts[context_of[prev] as usize];
-                    for s in 0..256 {
-                        c[s] += pairs[prev * 256 + s];
-                    }
+        for map in maps {
+            let (counts, context_of) = map_counts(&map, &pairs, &order0);
+            let map_bytes = match &map {
+                ContextMap::Values(v) => v.len(),
+                ContextMap::Nibble => 0,
+            };
+            for binned in [false, true] {
+                if binned && max_contexts == 0 {
+                    break;
+                }
+                let (tables, bits, table_size, bitmap) = if binned {
+                    let binned_counts: Vec<[u32; 256]> = counts
+                        .iter()
+                        .map(|c| {
+                            let mut b = [0u32; 256];
+                            for (s, &n) in c.iter().enumerate() {
+                                b[s / BIN] += n;
+                            }
+                            b
+                        })
+                        .collect();
+                    let tables: Vec<[u16; 256]> =
+                        binned_counts.iter().map(|c| quantize(c, &bin_alphabet, BIN_TOTAL)).collect();
+                    let bits: f64 =
+                        binned_counts.iter().zip(&tables).map(|(c, f)| coded_bits(c, f, &bin_alphabet)).sum();
+                    let size: usize = tables.iter().map(|f| table_bytes(f, &bin_alphabet)).sum();
+                    (tables, bits, size, 256 / BIN / 8)
+                } else {
+                    let tables: Vec<[u16; 256]> = counts.iter().map(|c| quantize(c, &alphabet, TOTAL)).collect();
+                    let bits: f64 = counts.iter().zip(&tables).map(|(c, f)| coded_bits(c, f, &alphabet)).sum();
+                    let size: usize = tables.iter().map(|f| table_bytes(f, &alphabet)).sum();
+                    (tables, bits, size, 32)
+                };
+                let entries = if binned { &bin_alphabet } else { &alphabet };
+                let plain_bytes = bitmap + table_size;
+                // The default level (no contexts) keeps format 4's bytes.
+                let packed_size = if max_contexts > 0 { packed_bytes(&tables, entries) } else { usize::MAX };
+                let packed = packed_size < plain_bytes;
+                let size = fixed + map_bytes + plain_bytes.min(packed_size) + (bits / 8.0).ceil() as usize;
+                if best.as_ref().is_none_or(|(_, s)| size < *s) {
+                    let model = Model {
+                        source,
+                        map: map.clone(),
+                        context_of,
+                        binned,
+                        packed,
+                        alphabet: entries.clone(),
+                        tables,
+                    };
+                    best = Some((model, size));
                 }
             }
-            let freqs: Vec<[u16; 256]> = counts.iter().map(|c| quantize(c, &alphabet)).collect();
-            let bits: f64 = counts.iter().zip(&freqs).map(|(c, f)| coded_bits(c, f, &alphabet)).sum();
-            let tables: usize = freqs.iter().map(|f| table_bytes(f, &alphabet)).sum();
-            let size = fixed + k + tables + (bits / 8.0).ceil() as usize;
-            if best.as_ref().is_none_or(|(_, s)| size < *s) {
-                best = Some((Model { context_bytes, context_of, alphabet: alphabet.clone(), freqs }, size));
-            }
         }
-        best.expect("k = 0 is always tried")
+        let (mut model, mut size) = best.expect("k = 0 is always tried");
+        if model.tables.len() == 1 && model.source != Source::Previous {
+            // One context: the source is not needed (and not written).
+            model.source = Source::Previous;
+            size -= 1;
+        }
+        (model, size)
     })
 }
 
-/// Estimated payload size for `group` with at most `max_contexts` dedicated contexts (the
-/// model is built, nothing is coded).
+/// Estimated payload size for `group` with at most `max_contexts` dedicated contexts from the
+/// previous byte (the model is built, nothing is coded).
 pub fn estimate(group: &[u8], max_contexts: usize) -> usize {
-    build_model(group, max_contexts.min(MAX_CONTEXTS)).1
+    build_model(group, Source::Previous, None, max_contexts.min(MAX_CONTEXTS)).1
 }
 
 /// Order-1 entropy of `group` in bits: the information of each byte given the byte before it
@@ -236,7 +578,7 @@ pub fn order1_entropy_bits(group: &[u8]) -> f64 {
 /// (about 1.5 bytes per symbol present) and the fixed fields. Cheap: no model is built.
 pub fn order0_estimate(stats: &super::select::GroupStats) -> f64 {
     let distinct = stats.histogram.iter().filter(|&&c| c > 0).count();
-    stats.entropy_bits() / 8.0 + 1.5 * distinct as f64 + (1 + 32 + 5 * LANES + 4 * LANES) as f64
+    stats.entropy_bits() / 8.0 + 1.5 * distinct as f64 + (1 + 32 + LANE_BYTES) as f64
 }
 
 fn put_varint(mut v: u64, out: &mut Vec<u8>) {
@@ -248,38 +590,92 @@ fn put_varint(mut v: u64, out: &mut Vec<u8>) {
 }
 
 /// Appends the rANS payload of `group` to `out` with at most `max_contexts` (≤ 15) dedicated
-/// contexts. Returns `false` (with `out` as it was) when it would not be smaller than the group.
+/// contexts from the previous byte. Returns `false` (with `out` as it was) when it would not be
+/// smaller than the group.
 pub fn encode(group: &[u8], max_contexts: usize, out: &mut Vec<u8>) -> Result<bool> {
+    encode_with_sources(group, max_contexts, &[], out)
+}
+
+/// [`encode`] that also tries each of `candidates` (a source and its bytes, as long as the
+/// group) as the context, and keeps the model with the smallest estimated payload. The previous
+/// byte is always tried; with `max_contexts` 0 nothing else is (order-0).
+pub fn encode_with_sources(
+    group: &[u8],
+    max_contexts: usize,
+    candidates: &[(Source, &[u8])],
+    out: &mut Vec<u8>,
+) -> Result<bool> {
     if u32::try_from(group.len()).is_err() || group.is_empty() {
         return Ok(false);
     }
-    let (model, estimate) = build_model(group, max_contexts.min(MAX_CONTEXTS));
+    let max_contexts = max_contexts.min(MAX_CONTEXTS);
+    let (mut model, mut estimate) = build_model(group, Source::Previous, None, max_contexts);
+    let mut source_bytes: Option<&[u8]> = None;
+    if max_contexts > 0 {
+        for &(source, bytes) in candidates {
+            if bytes.len() != group.len() || source == Source::Previous {
+                return Err(Error::InvalidInput(format!(
+                    "context source {source:?} of {} bytes for a group of {}",
+                    bytes.len(),
+                    group.len()
+                )));
+            }
+            let (m, e) = build_model(group, source, Some(bytes), max_contexts);
+            if e < estimate {
+                source_bytes = (m.source != Source::Previous).then_some(bytes);
+                (model, estimate) = (m, e);
+            }
+        }
+    }
     if estimate >= group.len() {
         return Ok(false);
     }
     let start = out.len();
-    out.push(model.context_bytes.len() as u8);
-    out.extend_from_slice(&model.context_bytes);
-    let mut bitmap = [0u8; 32];
-    for &s in &model.alphabet {
-        bitmap[s as usize / 8] |= 1 << (s % 8);
+    out.push(model.head());
+    if model.source != Source::Previous {
+        out.push(model.source.tag());
     }
-    out.extend_from_slice(&bitmap);
-    for f in &model.freqs {
-        for &s in &model.alphabet {
-            put_varint(u64::from(f[s as usize]), out);
+    if let ContextMap::Values(values) = &model.map {
+        out.extend_from_slice(values);
+    }
+    if model.packed {
+        let (first, last) = (model.alphabet[0], model.alphabet[model.alphabet.len() - 1]);
+        out.extend_from_slice(&[first, last]);
+        let mut bits = BitWriter { out: &mut *out, acc: 0, len: 0 };
+        for a in first..=last {
+            bits.put(u32::from(model.alphabet.contains(&a)), 1);
+        }
+        for table in &model.tables {
+            let (order, _) = best_eg_order(table, &model.alphabet);
+            bits.put(order, 4);
+            for &a in &model.alphabet {
+                bits.put_eg(u32::from(table[a as usize]), order);
+            }
+        }
+        bits.finish();
+    } else {
+        let mut bitmap = [0u8; 32];
+        for &a in &model.alphabet {
+            bitmap[a as usize / 8] |= 1 << (a % 8);
+        }
+        let entries = if model.binned { 256 / BIN } else { 256 };
+        out.extend_from_slice(&bitmap[..entries / 8]);
+        for table in &model.tables {
+            for &a in &model.alphabet {
+                put_varint(u64::from(table[a as usize]), out);
+            }
         }
     }
-    // Cumulative frequencies per context.
-    let cums: Vec<[u16; 256]> = model
-        .freqs
+    // Frequencies and cumulative frequencies per context, per byte value.
+    let freqs: Vec<[u16; 256]> = (0..model.tables.len()).map(|c| model.symbol_freqs(c)).collect();
+    let cums: Vec<[u16; 256]> = freqs
         .iter()
         .map(|f| {
             let mut c = [0u16; 256];
             let mut acc = 0u16;
-            for &s in &model.alphabet {
-                c[s as usize] = acc;
-                acc += f[s as usize];
+            for s in 0..256 {
+                c[s] = acc;
+                acc = acc.wrapping_add(f[s]);
             }
             c
         })
@@ -289,15 +685,21 @@ pub fn encode(group: &[u8], max_contexts: usize, out: &mut Vec<u8>) -> Result<bo
         let mut words = cell.borrow_mut();
         for lane in lanes(group.len()) {
             words.clear();
-            let bytes = &group[lane];
+            let first = lane.start;
+            let bytes = &group[lane.clone()];
+            let context_bytes = source_bytes.map(|s| &s[lane]);
             let mut x = L;
             for i in (0..bytes.len()).rev() {
-                let prev = if i == 0 { 0 } else { bytes[i - 1] };
-                let ctx = model.context_of[prev as usize] as usize;
+                let context_byte = match context_bytes {
+                    Some(c) => c[i],
+                    None if i == 0 => 0,
+                    None => bytes[i - 1],
+                };
+                let ctx = model.context_of[context_byte as usize] as usize;
                 let s = bytes[i] as usize;
-                let freq = u32::from(model.freqs[ctx][s]);
+                let freq = u32::from(freqs[ctx][s]);
                 let cum = u32::from(cums[ctx][s]);
-                debug_assert!(freq > 0, "every symbol of the group has a frequency in its context");
+                debug_assert!(freq > 0, "symbol {s} at {} has no frequency in its context", first + i);
                 if u64::from(x) >= u64::from(freq) << (32 - SCALE_BITS) {
                     words.push(x as u16);
                     x >>= 16;
@@ -350,18 +752,21 @@ fn corrupt(what: &str) -> Error {
 }
 
 /// One lane being decoded.
+#[derive(Clone, Copy)]
 struct Lane<'a> {
     x: u32,
     words: &'a [u8],
     at: usize,
-    /// Offset of the current context's table in the slot tables.
+    /// Offset of the current context's table in the slot tables (previous-byte contexts).
     table: usize,
 }
 
 impl Lane<'_> {
+    /// Decodes one symbol with the table at offset `table`.
     #[inline(always)]
-    fn step(&mut self, slots: &[u32], context_of: &[u32; 256]) -> Result<u8> {
-        let e = slots[self.table + (self.x & (TOTAL - 1)) as usize];
+    fn step_in(&mut self, slots: &[u32; SLOT_COUNT], table: usize) -> Result<u8> {
+        // `table` is a multiple of 4096 below SLOT_COUNT: the mask only drops the bounds check.
+        let e = slots[(table | (self.x & (TOTAL - 1)) as usize) & (SLOT_COUNT - 1)];
         let s = (e >> 24) as u8;
         self.x = ((e & 0xFFF) + 1) * (self.x >> SCALE_BITS) + ((e >> 12) & 0xFFF);
         if self.x < L {
@@ -369,50 +774,126 @@ impl Lane<'_> {
             self.x = (self.x << 16) | u32::from(u16::from_le_bytes([w[0], w[1]]));
             self.at += 2;
         }
+        Ok(s)
+    }
+
+    /// Decodes one symbol in the context of the lane's previous one.
+    #[inline(always)]
+    fn step(&mut self, slots: &[u32; SLOT_COUNT], context_of: &[u32; 256]) -> Result<u8> {
+        let s = self.step_in(slots, self.table)?;
         self.table = context_of[s as usize] as usize;
         Ok(s)
     }
 }
 
-/// Decodes a rANS payload into `out` (the group; its length is the caller's). Every count and
-/// length read from `stored` is checked before use; tables are bounded (16 × 4096 entries), and
-/// a payload that does not end exactly where its final states say is corrupt.
+/// Decodes a rANS payload whose contexts are the previous byte (any format-4 payload) into
+/// `out`; see [`decode_with_sources`].
 pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
-    let mut at = 0usize;
-    let k = *stored.first().ok_or_else(|| corrupt("empty payload"))? as usize;
-    at += 1;
-    if k > MAX_CONTEXTS {
-        return Err(corrupt("too many contexts"));
+    decode_with_sources(stored, out, &Sources::default())
+}
+
+/// Decodes a rANS payload into `out` (the group; its length is the caller's), taking a context
+/// source's bytes from `sources`. Every count and length read from `stored` is checked before
+/// use; tables are bounded (16 × 4096 entries); a source that `sources` lacks, or of another
+/// length than the group, is an error; and a payload that does not end exactly where its final
+/// states say is corrupt.
+pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>) -> Result<()> {
+    let head = *stored.first().ok_or_else(|| corrupt("empty payload"))?;
+    let mut at = 1usize;
+    let k = (head & 0x0F) as usize;
+    let source_bytes = if head & FLAG_SOURCE != 0 {
+        let tag = *stored.get(at).ok_or_else(|| corrupt("cut short in its source"))?;
+        at += 1;
+        let source = Source::from_tag(tag)?;
+        let bytes =
+            sources.get(source).ok_or_else(|| corrupt(&format!("context source {source:?} is not available")))?;
+        if bytes.len() != out.len() {
+            return Err(corrupt("context source and group lengths differ"));
+        }
+        Some(bytes)
+    } else {
+        None
+    };
+    // context_of maps a context byte to its table's offset in `slots`.
+    let mut context_of = [0u32; 256];
+    if head & FLAG_NIBBLE != 0 {
+        if k != MAX_CONTEXTS {
+            return Err(corrupt("nibble contexts need 16 tables"));
+        }
+        for (b, slot) in context_of.iter_mut().enumerate() {
+            *slot = ((b >> 4) as u32) << SCALE_BITS;
+        }
+    } else {
+        let context_bytes = stored.get(at..at + k).ok_or_else(|| corrupt("cut short in its contexts"))?;
+        at += k;
+        for (i, &b) in context_bytes.iter().enumerate() {
+            context_of[b as usize] = ((i + 1) as u32) << SCALE_BITS;
+        }
     }
-    let context_bytes = stored.get(at..at + k).ok_or_else(|| corrupt("cut short in its contexts"))?;
-    at += k;
-    let bitmap = stored.get(at..at + 32).ok_or_else(|| corrupt("cut short in its alphabet"))?;
-    at += 32;
-    let alphabet: Vec<u8> = (0..=255u8).filter(|&s| bitmap[s as usize / 8] & (1 << (s % 8)) != 0).collect();
+    let binned = head & FLAG_BINNED != 0;
+    let (entries, per_entry, entry_max) = if binned { (256 / BIN, BIN, BIN_TOTAL) } else { (256, 1, TOTAL) };
+    let alphabet: Vec<usize>;
+    // Every table's frequency per alphabet entry, context 0 first.
+    let mut values: Vec<u32> = Vec::new();
+    if head & FLAG_PACKED != 0 {
+        let [first, last] = *stored
+            .get(at..at + 2)
+            .and_then(|b| b.first_chunk::<2>())
+            .ok_or_else(|| corrupt("cut short in its alphabet"))?;
+        at += 2;
+        let (first, last) = (first as usize, last as usize);
+        if first > last || last >= entries {
+            return Err(corrupt("bad alphabet span"));
+        }
+        let mut bits = BitReader { bytes: &stored[at..], bit: 0 };
+        let mut present = Vec::new();
+        for a in first..=last {
+            if bits.get(1)? == 1 {
+                present.push(a);
+            }
+        }
+        alphabet = present;
+        for _ in 0..=k {
+            let order = bits.get(4)?;
+            if order > MAX_EG_ORDER {
+                return Err(corrupt("Exp-Golomb order out of range"));
+            }
+            for _ in &alphabet {
+                values.push(bits.get_eg(order, entry_max)?);
+            }
+        }
+        at += bits.bytes_used();
+    } else {
+        let bitmap = stored.get(at..at + entries / 8).ok_or_else(|| corrupt("cut short in its alphabet"))?;
+        at += entries / 8;
+        alphabet = (0..entries).filter(|&a| bitmap[a / 8] & (1 << (a % 8)) != 0).collect();
+        for _ in 0..=k {
+            for _ in &alphabet {
+                values.push(get_varint(stored, &mut at, u64::from(entry_max))? as u32);
+            }
+        }
+    }
     if alphabet.is_empty() {
         return Err(corrupt("empty alphabet"));
     }
-    // context_of maps a previous byte to its table's offset in `slots`.
-    let mut context_of = [0u32; 256];
-    for (i, &b) in context_bytes.iter().enumerate() {
-        context_of[b as usize] = ((i + 1) as u32) << SCALE_BITS;
-    }
     SLOTS.with(|cell| {
         let mut slots = cell.borrow_mut();
-        slots.clear();
-        slots.resize((k + 1) << SCALE_BITS, 0);
-        for c in 0..=k {
+        // Sized once per thread: each table used is written whole below (its frequencies add
+        // up to 4096), so what other groups left in the rest is never read.
+        slots.resize(SLOT_COUNT, 0);
+        for (c, table_values) in values.chunks_exact(alphabet.len()).enumerate() {
             let table = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
             let mut cum = 0u32;
-            for &s in &alphabet {
-                let f = get_varint(stored, &mut at, u64::from(TOTAL))? as u32;
-                if cum + f > TOTAL {
-                    return Err(corrupt("frequencies over the total"));
+            for (&a, &f) in alphabet.iter().zip(table_values) {
+                for s in a * per_entry..(a + 1) * per_entry {
+                    if cum + f > TOTAL {
+                        return Err(corrupt("frequencies over the total"));
+                    }
+                    for (bias, slot) in table[cum as usize..(cum + f) as usize].iter_mut().enumerate() {
+                        *slot = ((s as u32) << 24) | ((bias as u32) << 12) | (f.max(1) - 1);
+                    }
+                    cum += f;
                 }
-                for (bias, slot) in table[cum as usize..(cum + f) as usize].iter_mut().enumerate() {
-                    *slot = (u32::from(s) << 24) | ((bias as u32) << 12) | (f - 1);
-                }
-                cum += f;
             }
             if cum != TOTAL {
                 return Err(corrupt("frequencies do not add up to the total"));
@@ -443,25 +924,48 @@ pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
         let (o1, rest_out) = rest_out.split_at_mut(ranges[1].len());
         let (o2, o3) = rest_out.split_at_mut(ranges[2].len());
         let shortest = o3.len();
-        let [l0, l1, l2, l3] = &mut lanes_state[..] else { unreachable!("four lanes") };
-        let start = context_of[0] as usize;
-        for lane in [&mut *l0, &mut *l1, &mut *l2, &mut *l3] {
-            lane.table = start;
-        }
-        let slots = &slots[..];
-        // All four lanes in lockstep while the last (shortest) has symbols, then the rest.
-        for i in 0..shortest {
-            o0[i] = l0.step(slots, &context_of)?;
-            o1[i] = l1.step(slots, &context_of)?;
-            o2[i] = l2.step(slots, &context_of)?;
-            o3[i] = l3.step(slots, &context_of)?;
-        }
-        for (lane, o) in [(&mut *l0, o0), (&mut *l1, o1), (&mut *l2, o2)] {
-            for b in o[shortest..].iter_mut() {
-                *b = lane.step(slots, &context_of)?;
+        // The lanes as locals, so their states can live in registers through the loops.
+        let [mut l0, mut l1, mut l2, mut l3] = [lanes_state[0], lanes_state[1], lanes_state[2], lanes_state[3]];
+        let slots: &[u32; SLOT_COUNT] = slots[..].try_into().expect("slots are SLOT_COUNT long");
+        // All four lanes in lockstep while the last (shortest) has symbols, then the rest. The
+        // lockstep slices are cut to one length first, which takes the bounds checks out of it.
+        let (s0, s1, s2, s3) = (&mut o0[..shortest], &mut o1[..shortest], &mut o2[..shortest], &mut o3[..]);
+        match source_bytes {
+            None => {
+                let start = context_of[0] as usize;
+                for lane in [&mut l0, &mut l1, &mut l2, &mut l3] {
+                    lane.table = start;
+                }
+                for i in 0..shortest {
+                    s0[i] = l0.step(slots, &context_of)?;
+                    s1[i] = l1.step(slots, &context_of)?;
+                    s2[i] = l2.step(slots, &context_of)?;
+                    s3[i] = l3.step(slots, &context_of)?;
+                }
+                for (lane, o) in [(&mut l0, o0), (&mut l1, o1), (&mut l2, o2)] {
+                    for b in o[shortest..].iter_mut() {
+                        *b = lane.step(slots, &context_of)?;
+                    }
+                }
+            }
+            Some(src) => {
+                // Contexts are known ahead: no lane waits for its previous symbol's context.
+                let [c0, c1, c2, c3] = ranges.map(|r| &src[r]);
+                let (t0, t1, t2, t3) = (&c0[..shortest], &c1[..shortest], &c2[..shortest], &c3[..shortest]);
+                for i in 0..shortest {
+                    s0[i] = l0.step_in(slots, context_of[t0[i] as usize] as usize)?;
+                    s1[i] = l1.step_in(slots, context_of[t1[i] as usize] as usize)?;
+                    s2[i] = l2.step_in(slots, context_of[t2[i] as usize] as usize)?;
+                    s3[i] = l3.step_in(slots, context_of[t3[i] as usize] as usize)?;
+                }
+                for (lane, o, c) in [(&mut l0, o0, c0), (&mut l1, o1, c1), (&mut l2, o2, c2)] {
+                    for (b, &cb) in o[shortest..].iter_mut().zip(&c[shortest..]) {
+                        *b = lane.step_in(slots, context_of[cb as usize] as usize)?;
+                    }
+                }
             }
         }
-        for lane in [&*l0, &*l1, &*l2, &*l3] {
+        for lane in [&l0, &l1, &l2, &l3] {
             if lane.x != L || lane.at != lane.words.len() {
                 return Err(corrupt("lane does not end in the initial state"));
             }
@@ -557,13 +1061,13 @@ mod tests {
         counts[9] = 1_000_000;
         counts[200] = 2;
         let alphabet = [3u8, 9, 200];
-        let f = quantize(&counts, &alphabet);
+        let f = quantize(&counts, &alphabet, TOTAL);
         assert_eq!(f.iter().map(|&v| u32::from(v)).sum::<u32>(), TOTAL);
         assert!(f[3] >= 1 && f[200] >= 1);
         let all: Vec<u8> = (0..=255).collect();
         let mut flat = [1u32; 256];
         flat[0] = 1 << 30;
-        let f = quantize(&flat, &all);
+        let f = quantize(&flat, &all, TOTAL);
         assert_eq!(f.iter().map(|&v| u32::from(v)).sum::<u32>(), TOTAL);
         assert!(f.iter().all(|&v| v >= 1));
     }
@@ -604,6 +1108,181 @@ mod tests {
         assert!(flips > 0);
     }
 
+    /// Codes `group` with `source` offered as context bytes in slot `source`, decodes it with
+    /// only that source available, and returns the payload.
+    fn round_trip_sourced(group: &[u8], source: Source, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        if !encode_with_sources(group, MAX_CONTEXTS, &[(source, bytes)], &mut out).unwrap() {
+            assert!(out.is_empty());
+            return None;
+        }
+        assert!(out.len() < group.len());
+        let mut sources = Sources::default();
+        match source {
+            Source::Group(j) => sources.groups[j as usize] = Some(bytes),
+            Source::Reference(j) => sources.reference[j as usize] = Some(bytes),
+            Source::Previous => unreachable!("not a candidate"),
+        }
+        let mut back = vec![0x5A; group.len()];
+        decode_with_sources(&out, &mut back, &sources).unwrap();
+        assert!(back == group, "round trip with {source:?}");
+        Some(out)
+    }
+
+    /// Exponent-like context bytes and a mantissa-like group whose spread depends on them: the
+    /// same element's byte as context wins, is recorded in the payload, and is needed to decode.
+    #[test]
+    fn a_context_source_wins_where_it_predicts_the_group() {
+        let mut rng = crate::test_data::xorshift(17);
+        let exponents: Vec<u8> = (0..131_072).map(|_| 120 + (rng.next().unwrap() % 8) as u8).collect();
+        let group: Vec<u8> = exponents
+            .iter()
+            .zip(crate::test_data::xorshift(18))
+            .map(|(&e, s)| if e % 2 == 0 { (s % 16) as u8 } else { s as u8 })
+            .collect();
+        let plain = round_trip(&group, MAX_CONTEXTS).unwrap();
+        let sourced = round_trip_sourced(&group, Source::Group(1), &exponents).unwrap();
+        assert_eq!(payload_source(&sourced), Some(Source::Group(1)));
+        // Order-0 costs about 7 bits a byte here, the exponent as context 6.
+        assert!(sourced.len() * 10 < plain * 9, "{} vs {plain} bytes", sourced.len());
+        let mut back = vec![0; group.len()];
+        let err = decode(&sourced, &mut back).unwrap_err().to_string();
+        assert!(err.contains("not available"), "{err}");
+        let short = &exponents[1..];
+        let sources = Sources { groups: [None, Some(short), None, None, None, None, None, None], ..Sources::default() };
+        assert!(decode_with_sources(&sourced, &mut back, &sources).is_err(), "source of another length");
+        let sources =
+            Sources { reference: [None, Some(&exponents), None, None, None, None, None, None], ..Sources::default() };
+        assert!(decode_with_sources(&sourced, &mut back, &sources).is_err(), "the reference is not the group");
+        // The same bytes offered as a reference's work the same way, with their own tag.
+        let by_reference = round_trip_sourced(&group, Source::Reference(3), &exponents).unwrap();
+        assert_eq!(payload_source(&by_reference), Some(Source::Reference(3)));
+        assert_eq!(by_reference.len(), sourced.len());
+    }
+
+    /// A skewed but wide group (a Gaussian's sign and mantissa bits: more small mantissas) codes
+    /// smaller with binned tables than with a full table per context, and round-trips.
+    #[test]
+    fn binned_tables_pay_on_wide_skewed_groups() {
+        let exponents: Vec<u8> = crate::test_data::xorshift(31).take(131_072).map(|s| 100 + (s % 12) as u8).collect();
+        let group: Vec<u8> = exponents
+            .iter()
+            .zip(crate::test_data::xorshift(32))
+            .map(|(&e, s)| {
+                // Bin `b` of 16 is drawn with weight 16 - b, more so for odd exponents.
+                let r = (s % 136) as u32;
+                let mut bin = 0u32;
+                let mut acc = 16;
+                while r >= acc && bin < 15 {
+                    bin += 1;
+                    acc += 16 - bin;
+                }
+                let bin = if e % 2 == 1 { bin / 2 } else { bin };
+                (bin * 16) as u8 | ((s >> 20) as u8 & 15)
+            })
+            .collect();
+        let payload = round_trip_sourced(&group, Source::Group(1), &exponents).unwrap();
+        assert!(payload[0] & FLAG_BINNED != 0, "binned tables: head {:#x}", payload[0]);
+        assert_eq!(payload_source(&payload), Some(Source::Group(1)));
+    }
+
+    /// Sources that carry no information (one value; every value in turn) still round-trip, and
+    /// the coder falls back to the previous byte or order-0 when they do not pay.
+    #[test]
+    fn uninformative_sources_round_trip() {
+        let group: Vec<u8> = crate::test_data::xorshift(5).take(50_000).map(|s| (s % 7) as u8).collect();
+        let one = vec![9u8; group.len()];
+        let distinct: Vec<u8> = (0..group.len()).map(|i| i as u8).collect();
+        for bytes in [&one, &distinct] {
+            let payload = round_trip_sourced(&group, Source::Group(2), bytes).unwrap();
+            assert_eq!(payload_source(&payload), None, "no gain, no source");
+        }
+        // The source is all one value and the group all distinct, or both constant.
+        let _ = round_trip_sourced(&distinct, Source::Reference(0), &one);
+        let _ = round_trip_sourced(&one, Source::Reference(0), &one);
+        let _ = round_trip_sourced(&distinct, Source::Group(1), &distinct);
+    }
+
+    /// Packed tables: chosen at the max level where they are smaller, and their Exp-Golomb
+    /// codes round-trip at every order, up to the largest frequency.
+    #[test]
+    fn packed_tables_round_trip() {
+        for k in 0..=MAX_EG_ORDER {
+            let values: Vec<u32> = (0..=TOTAL).step_by(7).chain([0, 1, TOTAL]).collect();
+            let mut out = Vec::new();
+            let mut w = BitWriter { out: &mut out, acc: 0, len: 0 };
+            for &v in &values {
+                w.put_eg(v, k);
+            }
+            w.finish();
+            let bits: u32 = values.iter().map(|&v| eg_bits(v, k)).sum();
+            assert_eq!(out.len(), bits.div_ceil(8) as usize);
+            let mut r = BitReader { bytes: &out, bit: 0 };
+            for &v in &values {
+                assert_eq!(r.get_eg(k, TOTAL).unwrap(), v);
+            }
+            assert!(BitReader { bytes: &out, bit: 0 }.get_eg(k, 0).is_err() || values[0] == 0);
+        }
+        // An exponent-like group with contexts: packed, smaller than the same model unpacked.
+        let mut prev = 120u8;
+        let group: Vec<u8> = crate::test_data::xorshift(12)
+            .take(131_072)
+            .map(|s| {
+                prev = match s % 16 {
+                    0 => prev.saturating_sub(1).max(100),
+                    1 => (prev + 1).min(130),
+                    _ => prev,
+                };
+                prev
+            })
+            .collect();
+        let mut out = Vec::new();
+        assert!(encode(&group, MAX_CONTEXTS, &mut out).unwrap());
+        assert!(out[0] & FLAG_PACKED != 0, "head {:#x}", out[0]);
+        let mut back = vec![0; group.len()];
+        decode(&out, &mut back).unwrap();
+        assert!(back == group);
+        // The default level's order-0 payloads are never packed (format 4's bytes).
+        out.clear();
+        assert!(encode(&group, 0, &mut out).unwrap());
+        assert_eq!(out[0], 0);
+    }
+
+    #[test]
+    fn bad_flags_and_sources_are_rejected() {
+        let mut back = [0u8; 100];
+        for payload in [&[0x80u8, 0][..], &[0x10], &[0x10, 0x00], &[0x10, 0x38], &[0x10, 0x48], &[0x43]] {
+            assert!(decode(payload, &mut back).is_err(), "{payload:?}");
+        }
+    }
+
+    /// Pins the format of a sourced, binned payload.
+    #[test]
+    fn golden_vector_with_a_source() {
+        let exponents: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 5) as u8).collect();
+        let group: Vec<u8> =
+            exponents.iter().enumerate().map(|(i, &e)| (e * 40) | ((i * 13 % 16) as u8 >> (e % 3))).collect();
+        let payload = round_trip_sourced(&group, Source::Group(3), &exponents).unwrap();
+        let hex: String = payload[..40].iter().map(|b| format!("{b:02x}")).collect();
+        let summary = (hex.as_str(), payload.len(), xxhash_rust::xxh3::xxh3_64(&payload));
+        assert_eq!(summary, (GOLDEN_SOURCED, 1700, GOLDEN_SOURCED_XXH3));
+    }
+
+    /// The payload's first 40 bytes: head 0x94 (packed tables, a source byte follows, 4
+    /// dedicated contexts), source 0x13 (group 3), the 4 context values, the alphabet's span
+    /// (0x00 ..= 0xa7) and its bits, then the tables' orders and codes.
+    const GOLDEN_SOURCED: &str = "94130004030200a7ffff000000ff000000000f00000000ff00000000fff0ff0ff01fe03fc07f0009";
+    const GOLDEN_SOURCED_XXH3: u64 = 14109669590494710870;
+
+    fn sources_of(len: usize, seed: u64, kind: u8) -> Vec<u8> {
+        match kind % 4 {
+            0 => vec![(seed % 256) as u8; len],
+            1 => (0..len).map(|i| i as u8).collect(),
+            2 => crate::test_data::xorshift(seed).take(len).map(|s| (s % 6) as u8).collect(),
+            _ => crate::test_data::xorshift(seed).take(len).map(|s| s as u8).collect(),
+        }
+    }
+
     fn distributions() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
             proptest::collection::vec(any::<u8>(), 0..3000),
@@ -633,6 +1312,34 @@ mod tests {
         #[test]
         fn round_trips(group in distributions(), contexts in 0usize..=16) {
             round_trip(&group, contexts);
+        }
+
+        /// Every context source round-trips arbitrary and adversarial groups, whatever the source
+        /// bytes are (one value, all distinct, few values, noise) or how they relate to the group.
+        #[test]
+        fn round_trips_with_sources(group in distributions(), seed in any::<u64>(), kind in any::<u8>(),
+                                    reference in any::<bool>(), j in 0u8..8, derived in any::<bool>()) {
+            let bytes = if derived {
+                group.iter().map(|&b| b >> 3).collect()
+            } else {
+                sources_of(group.len(), seed, kind)
+            };
+            let source = if reference { Source::Reference(j) } else { Source::Group(j) };
+            round_trip_sourced(&group, source, &bytes);
+        }
+
+        /// Arbitrary payloads with arbitrary sources available never panic.
+        #[test]
+        fn arbitrary_sourced_payloads_do_not_panic(mut payload in proptest::collection::vec(any::<u8>(), 0..400),
+                                                    n in 0usize..300, head in any::<u8>(), tag in any::<u8>(), seed in any::<u64>()) {
+            if payload.len() >= 2 {
+                payload[0] = head;
+                payload[1] = tag;
+            }
+            let bytes = sources_of(n, seed, head);
+            let sources = Sources { groups: [Some(&bytes[..]); 8], reference: [Some(&bytes[..]); 8] };
+            let mut out = vec![0; n];
+            let _ = decode_with_sources(&payload, &mut out, &sources);
         }
 
         /// Arbitrary payloads never panic and never write outside the group.

@@ -42,8 +42,9 @@ pub enum Level {
     /// Today's speed targets: rANS only where statistics predict a clear win, order-0.
     #[default]
     Default,
-    /// Every group that is not all zero is also tried with rANS with up to 15 order-1
-    /// contexts, and the smaller coding kept: slower to compress, decodes at rANS speed.
+    /// Every group that is not all zero is also tried with rANS with up to 16 contexts from
+    /// the previous byte, the same element's higher byte groups or (deltas) the reference's
+    /// bytes, and the smaller coding kept: slower to compress, decodes at rANS speed.
     Max,
 }
 

@@ -416,14 +416,76 @@ fn main() -> Result<(), Error> {
     if rans_groups == 0 {
         return Err("no byte group rANS-coded".into());
     }
+    // rANS streams whose contexts come from a source (format 5): the max level's candidates,
+    // the same element's higher groups and, for XOR groups, the reference's groups.
+    let mut sourced = 0;
+    for (tname, a, b, layout) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
+        for (kind, reference) in [("plain", None), ("xor", Some(&a[..]))] {
+            let own = groups(b, reference, layout)?;
+            let reference_groups = match reference {
+                Some(r) => groups(r, None, layout)?,
+                None => Vec::new(),
+            };
+            for (g, group) in own.iter().enumerate() {
+                let mut candidates: Vec<(rans::Source, &[u8])> =
+                    (g + 1..own.len()).map(|j| (rans::Source::Group(j as u8), &own[j][..])).collect();
+                candidates.extend(reference_groups.iter().enumerate().map(|(j, r)| (rans::Source::Reference(j as u8), &r[..])));
+                let mut coded = Vec::new();
+                if rans::encode_with_sources(group, rans::MAX_CONTEXTS, &candidates, &mut coded)?
+                    && rans::payload_source(&coded).is_some()
+                {
+                    corpus.put(
+                        "rans_decode",
+                        &format!("{tname}-{kind}-group{g}-sourced.rans"),
+                        &length_prefixed(group.len(), &coded),
+                    )?;
+                    sourced += 1;
+                }
+            }
+        }
+    }
+    // The corpus tensors are too small for a source's tables to pay: synthetic groups whose
+    // spread depends on a context byte (exponent-like), coded with it as the same element's
+    // group and as the reference's, and one wide enough for binned tables and nibble contexts.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let context: Vec<u8> = (0..12_000).map(|_| 120 + (next() % 6) as u8).collect();
+    let narrow: Vec<u8> = context.iter().map(|&c| if c % 2 == 0 { (next() % 8) as u8 } else { next() as u8 }).collect();
+    let wide_context: Vec<u8> = (0..40_000).map(|_| next() as u8).collect();
+    let wide: Vec<u8> = wide_context.iter().map(|&c| (c & 0xF0) | (next() % 16) as u8 >> (c >> 6)).collect();
+    for (name, group, source, bytes) in [
+        ("synthetic-group", &narrow, rans::Source::Group(1), &context),
+        ("synthetic-reference", &narrow, rans::Source::Reference(3), &context),
+        ("synthetic-nibble", &wide, rans::Source::Group(2), &wide_context),
+    ] {
+        let mut coded = Vec::new();
+        if rans::encode_with_sources(group, rans::MAX_CONTEXTS, &[(source, &bytes[..])], &mut coded)?
+            && rans::payload_source(&coded) == Some(source)
+        {
+            corpus.put("rans_decode", &format!("{name}-sourced.rans"), &length_prefixed(group.len(), &coded))?;
+            sourced += 1;
+        }
+    }
+    if sourced < 3 {
+        return Err("too few byte groups rANS-coded with a context source".into());
+    }
 
-    // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 8), then
+    // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 3, max level bit 4), then
     // the input and the reference, each half of the rest.
     let pair = |selector: u8, a: &[u8], b: &[u8]| [&[selector][..], b, a].concat();
     corpus.put("codec_round_trip", "bf16-delta.bin", &pair(1 | 4 | 8, e1, e2))?;
     corpus.put("codec_round_trip", "f32-delta.bin", &pair(2 | 4 | 8, &m1[2].bytes, &m2[2].bytes))?;
     corpus.put("codec_round_trip", "f32-plain.bin", &pair(2 | 4, &m1[2].bytes, &m1[2].bytes))?;
     corpus.put("codec_round_trip", "bytes.bin", &[&[0u8][..], &text].concat())?;
+    // The same at the max level (selector bit 4): rANS contexts from other groups and the reference.
+    corpus.put("codec_round_trip", "bf16-delta-max.bin", &pair(1 | 4 | 8 | 16, e1, e2))?;
+    corpus.put("codec_round_trip", "f32-delta-max.bin", &pair(2 | 4 | 8 | 16, &m1[2].bytes, &m2[2].bytes))?;
+    corpus.put("codec_round_trip", "f32-plain-max.bin", &pair(2 | 4 | 16, &m1[2].bytes, &m1[2].bytes))?;
 
     // git pointers and filter-protocol sessions.
     git_seeds(&mut corpus, Path::new(ckpt), &[("model.safetensors", &st1), ("model.pt", &model1.1)])?;
