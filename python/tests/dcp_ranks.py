@@ -101,3 +101,38 @@ def same_state(loaded, seed, mesh):
 
     tensors = all(torch.equal(full(loaded[k]), full(want[k])) for k in want if k != "step")
     return tensors and loaded["step"] == want["step"]
+
+
+def replicated_save_worker(rank, world, port, target, seed, out):
+    """A rank of a save of `replicated_state(seed)` through `ckpt.dcp.Writer(target)` (a
+    repository or a remote URL)."""
+    import torch.distributed.checkpoint as dcp
+
+    import ckpt.dcp
+
+    mesh = init(rank, world, port)
+    try:
+        dcp.save(replicated_state(seed, mesh), storage_writer=ckpt.dcp.Writer(target, message=f"seed {seed}"))
+        report(out, rank, {"ok": True})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def replicated_load_worker(rank, world, port, target, seed, out):
+    """A rank of a load through `ckpt.dcp.Reader(target)`, reporting whether it is bit-exactly
+    `replicated_state(seed)`."""
+    import torch.distributed.checkpoint as dcp
+
+    import ckpt.dcp
+
+    mesh = init(rank, world, port)
+    try:
+        sd = replicated_state(seed, mesh, zero=True)
+        dcp.load(sd, storage_reader=ckpt.dcp.Reader(target))
+        report(out, rank, {"ok": same_state(sd, seed, mesh)})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()

@@ -22,7 +22,17 @@ import ckpt.dcp  # noqa: E402
 from ckpt._native import Repo as NativeRepo  # noqa: E402
 
 from conftest import ckpt_binary  # noqa: E402
-from dcp_ranks import free_port, hold_write_data, init, report, results, sharded, wait_for  # noqa: E402
+from dcp_ranks import (  # noqa: E402
+    free_port,
+    hold_write_data,
+    init,
+    replicated_load_worker,
+    replicated_save_worker,
+    report,
+    results,
+    sharded,
+    wait_for,
+)
 
 
 def full_state(seed):
@@ -308,33 +318,6 @@ def test_async_save_on_four_ranks_then_load(repo_dir, tmp_path):
     assert [v["message"] for v in versions] == ["async 5"]
     files = sorted(f[0] for f in NativeRepo.discover(repo_dir).files("HEAD"))
     assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
-
-
-def replicated_save_worker(rank, world, port, target, seed, out):
-    from dcp_ranks import replicated_state
-
-    mesh = init(rank, world, port)
-    try:
-        dcp.save(replicated_state(seed, mesh), storage_writer=ckpt.dcp.Writer(target, message=f"seed {seed}"))
-        report(out, rank, {"ok": True})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
-
-
-def replicated_load_worker(rank, world, port, target, seed, out):
-    from dcp_ranks import replicated_state, same_state
-
-    mesh = init(rank, world, port)
-    try:
-        sd = replicated_state(seed, mesh, zero=True)
-        dcp.load(sd, storage_reader=ckpt.dcp.Reader(target))
-        report(out, rank, {"ok": same_state(sd, seed, mesh)})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_save_on_four_ranks_then_on_two_pairs_items_across_files_by_fqn(tmp_path):

@@ -25,7 +25,17 @@ import ckpt.dcp  # noqa: E402
 from ckpt._native import RemoteStore  # noqa: E402
 
 from conftest import ckpt_binary  # noqa: E402
-from dcp_ranks import free_port, hold_write_data, init, report, results, sharded, wait_for  # noqa: E402
+from dcp_ranks import (  # noqa: E402
+    free_port,
+    hold_write_data,
+    init,
+    replicated_load_worker,
+    replicated_save_worker,
+    report,
+    results,
+    sharded,
+    wait_for,
+)
 
 ACCESS_KEY, SECRET_KEY, BUCKET = "ckpt-test-key", "ckpt-test-secret", "ckpt-dcp"
 
@@ -212,33 +222,6 @@ def test_two_jobs_saving_to_one_remote_branch_at_once_one_is_refused(dir_url, tm
     assert after == a and store.resolve("s2") == a
     loaded = run(load_worker, 2, dir_url, 2, "HEAD", out=str(tmp_path / "l"))
     assert all(r["ok"] for r in loaded), loaded
-
-
-def replicated_save_worker(rank, world, port, url, seed, out):
-    from dcp_ranks import replicated_state
-
-    mesh = init(rank, world, port)
-    try:
-        dcp.save(replicated_state(seed, mesh), storage_writer=ckpt.dcp.Writer(url, message=f"seed {seed}"))
-        report(out, rank, {"ok": True})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
-
-
-def replicated_load_worker(rank, world, port, url, seed, out):
-    from dcp_ranks import replicated_state, same_state
-
-    mesh = init(rank, world, port)
-    try:
-        sd = replicated_state(seed, mesh, zero=True)
-        dcp.load(sd, storage_reader=ckpt.dcp.Reader(url))
-        report(out, rank, {"ok": same_state(sd, seed, mesh)})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
 
 
 def tree_size(root):
