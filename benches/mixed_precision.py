@@ -15,7 +15,7 @@ counts for fp32), against the sum of ZipNN standalone sizes of the same files (c
 same run), and checks every version out again byte for byte.
 
 usage: $CKPT_CORPUS/venv/bin/python benches/mixed_precision.py [--ckpt target/release/ckpt]
-       [--epochs 11] [--json OUT]
+       [--epochs 11] [--json OUT] [--level default|max]
 """
 import argparse
 import hashlib
@@ -94,11 +94,15 @@ def attribute(ckpt, repo, ids):
     return per_file
 
 
-def loop(ckpt, epochs, scratch, cross_precision):
+def loop(ckpt, epochs, scratch, cross_precision, level="default"):
     repo = tempfile.mkdtemp(prefix="mixed-", dir=scratch)
     env = dict(os.environ, CKPT_COMPACT="inline", CKPT_CROSS_PRECISION="on" if cross_precision else "off")
     try:
         run([ckpt, "-q", "init", repo], scratch)
+        cfg_path = os.path.join(repo, ".ckpt", "config")
+        cfg = json.load(open(cfg_path))
+        cfg.update(compression_level=level)
+        json.dump(cfg, open(cfg_path, "w"), indent=2)
         commit_s, ids = [], []
         for e in range(epochs):
             files = epoch_files(e)
@@ -127,6 +131,9 @@ def main():
     ap.add_argument("--ckpt", default="target/release/ckpt")
     ap.add_argument("--epochs", type=int, default=11)
     ap.add_argument("--json")
+    ap.add_argument("--level", default="default", choices=["default", "max"],
+                    help="compression_level of the run with references (the run without them, today's "
+                         "build as the issue's baseline, stays at the default level)")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     with warnings.catch_warnings():
@@ -142,9 +149,9 @@ def main():
     for e in range(args.epochs):
         for name, src in epoch_files(e).items():
             raw[name] = raw.get(name, 0) + os.path.getsize(src)
-    on = loop(ckpt, args.epochs, scratch, True)
+    on = loop(ckpt, args.epochs, scratch, True, args.level)
     off = loop(ckpt, args.epochs, scratch, False)
-    print(f"# ckpt {ckpt}, {args.epochs} epochs, load {os.getloadavg()}")
+    print(f"# ckpt {ckpt}, {args.epochs} epochs, level {args.level} (with references), load {os.getloadavg()}")
     print(f"\nstore with cross-precision references {on['store']:,} B, without {off['store']:,} B: "
           f"{on['store'] / off['store']:.3f}x; raw {sum(raw.values()):,} B; "
           f"bit-exact {'yes' if on['bit_exact'] and off['bit_exact'] else 'NO'}\n")
