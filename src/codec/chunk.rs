@@ -490,19 +490,7 @@ pub fn decode_chunk(
             _ => None,
         };
         with_scratch(out.len(), |scratch| {
-            let mut free: Vec<&mut [u8]> = scratch.chunks_exact_mut(n).collect();
-            let mut views: [&[u8]; 8] = [&[]; 8];
-            // From the top group down: a group's context source is a group above it.
-            for (g, e) in header.groups().iter().enumerate().rev() {
-                let buf = free.pop().expect("one buffer per group");
-                if e.method == Method::Raw {
-                    views[g] = stored[g];
-                    continue;
-                }
-                let sources = context_sources(&views, reference_groups, n, g);
-                decode_group_with(e.method, stored[g], buf, &sources)?;
-                views[g] = buf;
-            }
+            let views = decode_top_down(&stored, header, scratch, reference_groups, false)?;
             byte_group::regroup(&views[..layout.width], reference, layout, out)
         })
     })
@@ -518,6 +506,32 @@ fn stored_groups<'a>(payload: &'a [u8], header: &ChunkHeader) -> [&'a [u8]; 8] {
         rest = tail;
     }
     stored
+}
+
+/// Decodes a chunk's groups from the top group down (a group's context source is a group above
+/// it, or the reference's `reference_groups`), each into its slice of `bufs`, and returns each
+/// group's bytes: a raw group's are its stored bytes, not copied, unless `copy_raw` (the caller
+/// needs every group in `bufs`).
+fn decode_top_down<'v>(
+    stored: &[&'v [u8]; 8],
+    header: &ChunkHeader,
+    bufs: &'v mut [u8],
+    reference_groups: Option<&[u8]>,
+    copy_raw: bool,
+) -> Result<[&'v [u8]; 8]> {
+    let n = bufs.len() / header.groups().len();
+    let mut free: Vec<&mut [u8]> = bufs.chunks_exact_mut(n).collect();
+    let mut views: [&[u8]; 8] = [&[]; 8];
+    for (g, e) in header.groups().iter().enumerate().rev() {
+        let buf = free.pop().expect("one buffer per group");
+        if e.method == Method::Raw && !copy_raw {
+            views[g] = stored[g];
+            continue;
+        }
+        decode_group_with(e.method, stored[g], buf, &context_sources(&views, reference_groups, n, g))?;
+        views[g] = buf;
+    }
+    Ok(views)
 }
 
 /// What a group `g`'s rANS contexts may come from: the groups above it (decoded, in `views`)
@@ -614,30 +628,13 @@ pub fn decode_chunk_groups(
 /// from the reference: groups decode from the top down, each with the groups above it and (with
 /// `xor_into`, a delta) the reference, which `grouped` holds until every group is decoded.
 fn decode_sourced_groups(stored: &[&[u8]; 8], header: &ChunkHeader, grouped: &mut [u8], xor_into: bool) -> Result<()> {
-    let width = header.groups().len();
-    let n = grouped.len() / width;
+    let n = grouped.len() / header.groups().len();
     if !xor_into {
-        let mut free: Vec<&mut [u8]> = grouped.chunks_exact_mut(n).collect();
-        let mut views: [&[u8]; 8] = [&[]; 8];
-        for (g, e) in header.groups().iter().enumerate().rev() {
-            let buf = free.pop().expect("one buffer per group");
-            decode_group_with(e.method, stored[g], buf, &context_sources(&views, None, n, g))?;
-            views[g] = buf;
-        }
+        decode_top_down(stored, header, grouped, None, true)?;
         return Ok(());
     }
     with_group_scratch(grouped.len(), |tmp| {
-        let mut free: Vec<&mut [u8]> = tmp.chunks_exact_mut(n).collect();
-        let mut views: [&[u8]; 8] = [&[]; 8];
-        for (g, e) in header.groups().iter().enumerate().rev() {
-            let buf = free.pop().expect("one buffer per group");
-            if e.method == Method::Raw {
-                views[g] = stored[g];
-                continue;
-            }
-            decode_group_with(e.method, stored[g], buf, &context_sources(&views, Some(&*grouped), n, g))?;
-            views[g] = buf;
-        }
+        let views = decode_top_down(stored, header, tmp, Some(&*grouped), false)?;
         for ((e, view), group) in header.groups().iter().zip(views).zip(grouped.chunks_exact_mut(n)) {
             if e.method != Method::Zero {
                 xor_in_place(group, view);
