@@ -351,8 +351,7 @@ fn distcp_name(disk_name: Option<&std::ffi::OsStr>, path: &RepoPath) -> Option<S
     disk_name.or(path_name).map(str::to_string)
 }
 
-/// How `torch.distributed.checkpoint`'s `FileSystemWriter` names each rank's file.
-pub(super) const DISTCP_SUFFIX: &str = ".distcp";
+pub(super) use crate::torch_zip::dcp::DISTCP_SUFFIX;
 
 /// The checkpoint directory's metadata file, next to its `.distcp` files.
 const DCP_METADATA: &str = ".metadata";

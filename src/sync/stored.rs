@@ -129,8 +129,7 @@ pub fn fetch_stored_file(cache: &Repo, remote: &dyn Remote, id: &VersionId, path
     Ok(entry)
 }
 
-/// How `torch.distributed.checkpoint` names each rank's file.
-const DISTCP_SUFFIX: &str = ".distcp";
+use crate::torch_zip::dcp::DISTCP_SUFFIX;
 
 /// Whether `v` is pinned: its blobs stay whole on a mirror remote (as in `layout.rs`).
 fn pinned(v: &Version) -> bool {

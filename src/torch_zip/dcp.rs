@@ -21,6 +21,9 @@ use std::ops::Range;
 /// some 100,000 items and bounds what a hostile file can make the reader do.
 pub const MAX_METADATA_LEN: usize = 64 << 20;
 
+/// How `torch.distributed.checkpoint`'s `FileSystemWriter` names each rank's file.
+pub const DISTCP_SUFFIX: &str = ".distcp";
+
 /// Most items accepted in one `.metadata`.
 pub const MAX_ITEMS: usize = 1 << 20;
 
