@@ -136,7 +136,47 @@ pub struct GroupReport {
     /// Order-1 entropy of the group (each byte given the one before it, one table per previous
     /// value, table costs not counted), computed per chunk and summed, in bytes: the bound for
     /// rANS with the previous byte as context (`--level max` gets near it on exponent groups).
+    /// Not a size any coder reaches where contexts are sparse: on noise (a mantissa byte, 256
+    /// contexts × 256 values in a chunk's 64 Ki bytes) it reads well under 8 bits per byte.
     pub order1_entropy_bytes: f64,
+    /// What an adaptive order-1 coder spends on the group ([`adaptive_order1_bits`]), per chunk
+    /// and summed, in bytes: a size a real coder reaches without sending tables, so the one
+    /// `--level max` is held to.
+    pub order1_adaptive_bytes: f64,
+}
+
+/// Code length in bits of `group` under an adaptive order-1 model over the group's alphabet:
+/// the alphabet first (a bit per byte value, 256 bits), then each byte coded with the
+/// probability the Krichevsky–Trofimov estimator gives it from the counts seen so far after
+/// the same previous byte (the first byte after a 0), `(count + 1/2) / (seen + m/2)` for an
+/// alphabet of `m` values. This is what "order-1 adaptive arithmetic coding" reaches
+/// (shared/design/BACKGROUND.md): the model's cost is paid in the first bytes of each context
+/// instead of in a table. The sequential product depends only on each context's final
+/// counts, so it is summed from them: for a context seen `n` times with counts `c_v`,
+/// `Σ_{i<n} log2(i + m/2) − Σ_v Σ_{i<c_v} log2(i + 1/2)`.
+pub fn adaptive_order1_bits(group: &[u8]) -> f64 {
+    if group.is_empty() {
+        return 0.0;
+    }
+    let mut pairs = vec![0u32; 256 * 256];
+    let mut present = [false; 256];
+    let mut prev = 0usize;
+    for &b in group {
+        pairs[prev * 256 + b as usize] += 1;
+        present[b as usize] = true;
+        prev = b as usize;
+    }
+    let half_alphabet = present.iter().filter(|&&p| p).count() as f64 / 2.0;
+    // log2 of the rising factorial `offset · (offset + 1) ⋯ (offset + n − 1)`.
+    let rising = |offset: f64, n: u32| -> f64 { (0..n).map(|i| (f64::from(i) + offset).log2()).sum() };
+    let coded: f64 = pairs
+        .chunks_exact(256)
+        .map(|row| {
+            let seen: u32 = row.iter().sum();
+            rising(half_alphabet, seen) - row.iter().filter(|&&c| c > 0).map(|&c| rising(0.5, c)).sum::<f64>()
+        })
+        .sum();
+    256.0 + coded
 }
 
 /// Totals for a container.
@@ -186,6 +226,7 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
                         entropy_bytes: GroupStats::of(&grouped[g * n..(g + 1) * n]).entropy_bits() / 8.0,
                         order1_entropy_bytes: crate::codec::rans::order1_entropy_bits(&grouped[g * n..(g + 1) * n])
                             / 8.0,
+                        order1_adaptive_bytes: adaptive_order1_bits(&grouped[g * n..(g + 1) * n]) / 8.0,
                     };
                     ((code, g), report)
                 })
@@ -203,6 +244,7 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         t.stored_bytes += r.stored_bytes;
         t.entropy_bytes += r.entropy_bytes;
         t.order1_entropy_bytes += r.order1_entropy_bytes;
+        t.order1_adaptive_bytes += r.order1_adaptive_bytes;
         for (a, b) in t.methods.iter_mut().zip(r.methods) {
             *a += b;
         }
@@ -214,4 +256,42 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         overhead_bytes: container.stored_len() - payload,
         groups: totals.into_values().collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adaptive_order1_bits;
+    use crate::codec::rans::order1_entropy_bits;
+    use proptest::prelude::*;
+
+    #[test]
+    fn an_adaptive_coder_pays_for_noise_what_a_static_table_hides() {
+        // 64 Ki bytes of noise: the static order-1 figure reads far under 8 bits per byte (each
+        // of 256 contexts saw about 256 bytes), the adaptive one cannot.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..1 << 16)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect();
+        let per_byte = |bits: f64| bits / noise.len() as f64;
+        assert!(per_byte(order1_entropy_bits(&noise)) < 7.5, "{}", per_byte(order1_entropy_bits(&noise)));
+        assert!(per_byte(adaptive_order1_bits(&noise)) > 8.0, "{}", per_byte(adaptive_order1_bits(&noise)));
+        // A byte that always follows from the one before: the alphabet, then about (m − 1)/2 ·
+        // log2(n) bits per context to learn it (4 contexts of 16 Ki bytes).
+        let cycle: Vec<u8> = (0..1 << 16).map(|i| (i % 4) as u8 * 60).collect();
+        assert!(adaptive_order1_bits(&cycle) < 256.0 + 4.0 * 32.0, "{}", adaptive_order1_bits(&cycle));
+        assert_eq!(adaptive_order1_bits(&[]), 0.0);
+    }
+
+    proptest! {
+        /// No sequential coder beats the empirical conditional entropy of the data it coded.
+        #[test]
+        fn adaptive_is_never_under_the_static_order1_entropy(group in proptest::collection::vec(0u8..8, 0..2000)) {
+            prop_assert!(adaptive_order1_bits(&group) + 1e-6 >= order1_entropy_bits(&group));
+        }
+    }
 }

@@ -66,6 +66,12 @@ fn stats_accounts_for_every_byte() {
     );
     let bf16_exponent = groups.iter().find(|g| g["dtype"] == "BF16" && g["group"] == 1).expect("bf16 exponent group");
     assert!(bf16_exponent["methods"][2].as_u64().unwrap() > 0, "exponent stream is Huffman coded");
+    // Every group carries the three figures, and an adaptive coder never does better than the
+    // static order-1 entropy of what it coded.
+    for g in groups {
+        let figure = |key: &str| g[key].as_f64().unwrap_or_else(|| panic!("{key} in {g}"));
+        assert!(figure("order1_adaptive_bytes") + 1e-6 >= figure("order1_entropy_bytes"), "{g}");
+    }
     // The table form of the same file, and of the uncompressed input.
     let o = ckpt(dir.path(), &["stats", "m.safetensors"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -62,8 +62,8 @@ fn pct(part: f64, whole: f64) -> f64 {
 fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     write!(
         out,
-        "{:<8} {:>5} {:>14} {:>14} {:>8} {:>9} {:>9}",
-        "dtype", "group", "raw bytes", "stored bytes", "stored%", "entropy%", "order1%"
+        "{:<8} {:>5} {:>14} {:>14} {:>8} {:>9} {:>9} {:>9}",
+        "dtype", "group", "raw bytes", "stored bytes", "stored%", "entropy%", "order1%", "adapt1%"
     )?;
     for m in Method::ALL {
         write!(out, " {:>7}", m.name())?;
@@ -72,7 +72,7 @@ fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     for g in &r.groups {
         write!(
             out,
-            "{:<8} {:>5} {:>14} {:>14} {:>7.2}% {:>8.2}% {:>8.2}%",
+            "{:<8} {:>5} {:>14} {:>14} {:>7.2}% {:>8.2}% {:>8.2}% {:>8.2}%",
             g.dtype,
             g.group,
             g.raw_bytes,
@@ -80,6 +80,7 @@ fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             pct(g.stored_bytes as f64, g.raw_bytes as f64),
             pct(g.entropy_bytes, g.raw_bytes as f64),
             pct(g.order1_entropy_bytes, g.raw_bytes as f64),
+            pct(g.order1_adaptive_bytes, g.raw_bytes as f64),
         )?;
         // `methods` is indexed by method tag, which is `Method::ALL`'s order.
         for count in g.methods {
