@@ -54,7 +54,10 @@ rank file, decoded from the store (a repository's, or the reader's cache, into w
 reader downloads the objects of the rank files it reads from, and no others), with DCP's own
 planning: a save on 4 ranks loads on 2. Nothing is checked out. A version written by `Writer`
 also checks out (`ckpt checkout`, after `ckpt clone` for a remote) as a DCP directory that
-stock `dcp.load` reads.
+stock `dcp.load` reads. `.metadata` is unpickled allowing only the classes DCP's metadata names
+(DCP's own reader runs `pickle.load` on it, which calls whatever the bytes name; a store's bytes
+may come from a remote or a clone of one): anything else is refused with the file named, unless
+the Reader is made with `trust_metadata=True`.
 
 torch is imported when a `Writer` or `Reader` is made, not when this module is.
 """
@@ -65,6 +68,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import pickle
 import shutil
 import tempfile
 import threading
@@ -169,6 +173,78 @@ class _Unread(io.RawIOBase):
 
     def readable(self) -> bool:
         return False
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    """A `.metadata` names a global DCP's metadata does not."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a `.metadata` naming only what DCP's own metadata names (its dataclasses and
+    enum, `torch.Size`, the dtypes, the layout helper, the path class of `checkpoint_id`; the
+    same list as the Rust reader's `torch_zip::dcp::METADATA_CLASSES`): the store's bytes may
+    come from a remote or a clone of one, and a plain `pickle.load`, which DCP's own reader
+    does, runs whatever callable the bytes name. Anything else is refused before it is called."""
+
+    _ALLOWED = {
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    } | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"),
+    }
+
+    def __init__(self, file, where: str) -> None:
+        super().__init__(file)
+        self.where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch":
+            import torch
+
+            value = getattr(torch, name, None)
+            if isinstance(value, torch.dtype):
+                return value
+        raise _RefusedGlobal(
+            f"{self.where}: names {module}.{name}, which DCP's metadata does not: refused, nothing "
+            "was called (a Reader made with trust_metadata=True unpickles it as DCP would)"
+        )
+
+
+def _metadata_name(rank: Optional[int]) -> str:
+    """The name of the metadata file DCP reads: `.metadata`, or a rank's own."""
+    return ".metadata" if rank is None else f"__{rank}.metadata"
+
+
+def _load_metadata(file, where: str) -> Any:
+    """The `Metadata` pickled in `file` (read with [`_MetadataUnpickler`]); `where` names it in
+    errors."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = _MetadataUnpickler(file, where).load()
+    except _RefusedGlobal:
+        raise
+    except Exception as e:  # a damaged pickle: any of the many errors unpickling raises
+        raise pickle.UnpicklingError(f"{where}: not a DCP metadata pickle ({type(e).__name__}: {e})") from e
+    if not isinstance(metadata, Metadata):
+        raise pickle.UnpicklingError(f"{where}: a pickled {type(metadata).__name__}, not DCP's Metadata")
+    return metadata
 
 
 def _classes():
@@ -448,7 +524,9 @@ def _classes():
     class Reader(fs.FileSystemReader):
         """A DCP `StorageReader` of version `rev` of the ckpt repository or remote at `target`,
         read item by item from the store (nothing checked out). For a remote: `cache` (this
-        rank's objects; default a temporary directory) and the S3 settings."""
+        rank's objects; default a temporary directory) and the S3 settings. `.metadata` is
+        unpickled allowing only the classes DCP's metadata names (`trust_metadata=True`: any, as
+        DCP's own reader does; only for a store whose every writer you trust)."""
 
         def __init__(
             self,
@@ -458,10 +536,12 @@ def _classes():
             endpoint: Optional[str] = None,
             region: Optional[str] = None,
             allow_http: bool = False,
+            trust_metadata: bool = False,
         ) -> None:
             super().__init__(path=os.fspath(target))
             self.target = os.fspath(target)
             self.rev = rev
+            self.trust_metadata = trust_metadata
             self.options = _target_options(cache, "mirror", endpoint, region, allow_http)
             self._opened = None
             self._version: Optional[str] = None
@@ -490,7 +570,18 @@ def _classes():
 
         def read_metadata(self, *args: Any, **kwargs: Any):
             self.fs = self._store_fs()
-            return super().read_metadata(*args, **kwargs)
+            if self.trust_metadata:
+                return super().read_metadata(*args, **kwargs)
+            # As DCP's reader does, but through the restricted unpickler.
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            path = self.fs.concat_path(self.path, _metadata_name(kwargs.get("rank")))
+            with self.fs.create_stream(path, "rb") as file:
+                metadata = _load_metadata(file, f"{self.target} at {self._version}: {os.path.basename(path)}")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
 
         def _slice_file(self, file, sinfo):
             # Only this item's bytes, decoded from the store: memory is about the item.
@@ -561,5 +652,6 @@ def Writer(
 
 def Reader(target: Any, rev: str = "HEAD", **kwargs: Any):
     """A DCP `StorageReader` of version `rev` of the ckpt repository or remote at `target`
-    (for a remote also `cache`, `endpoint`, `region`, `allow_http`)."""
+    (for a remote also `cache`, `endpoint`, `region`, `allow_http`; `trust_metadata`: unpickle
+    `.metadata` as DCP does, any class it names)."""
     return _classes()["Reader"](target, rev=rev, **kwargs)

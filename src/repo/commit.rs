@@ -12,7 +12,7 @@ use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -35,15 +35,72 @@ pub struct CommitOptions {
 impl Repo {
     /// Commits `paths` (absolute, or relative to the repository root) as a new version on top
     /// of `HEAD`, with every file of the parent version that is not named again and not
-    /// `rm`-ed. Returns the new version's id.
+    /// `rm`-ed. A directory stands for every file under it, as it is now: files the parent
+    /// version tracked under it that are gone are dropped (`git add DIR` does the same), so a
+    /// DCP checkpoint saved again on fewer ranks leaves no stale rank file
+    /// ([`Self::expand_directories`]). Returns the new version's id.
     ///
     /// Files named `*.safetensors` must be valid safetensors; other files are stored tensor by
     /// tensor if they parse as safetensors, storage by storage if they are `torch.save` archives
     /// ([`crate::torch_zip`]), and as opaque bytes otherwise.
     pub fn commit<P: AsRef<Path>>(&self, paths: &[P], message: &str, options: &CommitOptions) -> Result<VersionId> {
         let _lock = self.lock()?;
-        let inputs = self.read_inputs(paths)?;
-        self.commit_inputs(inputs, message, options)
+        let (files, dropped) = self.expand_directories(paths)?;
+        let inputs = self.read_inputs(&files)?;
+        self.commit_inputs_on(inputs, &dropped, message, options, None)
+    }
+
+    /// `paths` with each directory replaced by the files under it (sorted; `.ckpt` and `.git`
+    /// directories skipped; a symbolic link to a file is the file, as when named, and one to a
+    /// directory is refused rather than followed, which could loop or leave the tree), and the
+    /// paths `HEAD` tracks under those directories that are no longer there. A directory with
+    /// no file under it and none tracked is an error: there is nothing to commit from it.
+    fn expand_directories<P: AsRef<Path>>(&self, paths: &[P]) -> Result<(Vec<PathBuf>, Vec<String>)> {
+        let mut files = Vec::new();
+        let mut dropped = Vec::new();
+        let mut head = None;
+        for p in paths {
+            let p = p.as_ref();
+            let absolute = if p.is_absolute() { p.to_path_buf() } else { self.root.join(p) };
+            if !std::fs::metadata(&absolute).is_ok_and(|m| m.is_dir()) {
+                // Files, and what is not there: `read_input` names the problem.
+                files.push(absolute);
+                continue;
+            }
+            let prefix = if std::fs::canonicalize(&absolute).is_ok_and(|c| c == self.root) {
+                String::new()
+            } else {
+                self.repo_path(&absolute)?.to_string()
+            };
+            let found = files_under(&absolute)?;
+            let mut present = HashSet::new();
+            for f in &found {
+                present.insert(self.repo_path(f)?.to_string());
+            }
+            if head.is_none() {
+                head = Some(self.refs.head_version()?.map(|id| self.version(&id)).transpose()?);
+            }
+            let tracked_gone: Vec<String> = head
+                .iter()
+                .flatten()
+                .flat_map(|v| v.files.iter())
+                .map(|f| f.path.as_str())
+                .filter(|f| {
+                    prefix.is_empty() || f.strip_prefix(prefix.as_str()).is_some_and(|rest| rest.starts_with('/'))
+                })
+                .filter(|f| !present.contains(*f))
+                .map(str::to_string)
+                .collect();
+            if found.is_empty() && tracked_gone.is_empty() {
+                return Err(Error::InvalidPath {
+                    path: p.to_path_buf(),
+                    reason: "a directory with no file under it: nothing to commit".into(),
+                });
+            }
+            files.extend(found);
+            dropped.extend(tracked_gone);
+        }
+        Ok((files, dropped))
     }
 
     /// [`Self::commit`] of inputs already mapped and parsed, under the writer lock the caller
@@ -54,16 +111,17 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<VersionId> {
-        self.commit_inputs_on(inputs, message, options, None)
+        self.commit_inputs_on(inputs, &[], message, options, None)
     }
 
-    /// [`Self::commit_inputs`]; with `on` (the git filter's store, docs/format.md "The git
+    /// [`Self::commit_inputs`], also dropping the parent's files at the paths `dropped`; with `on` (the git filter's store, docs/format.md "The git
     /// filter's store versions"), the new version lists only the inputs, its first parent (what
     /// its deltas and `since_base` follow) is `on`'s version, and `HEAD`'s version, when
     /// another, is its last parent, so that every version stays reachable from the branch.
     pub(super) fn commit_inputs_on(
         &self,
         inputs: Vec<Input>,
+        dropped: &[String],
         message: &str,
         options: &CommitOptions,
         on: Option<Option<VersionId>>,
@@ -78,7 +136,8 @@ impl Repo {
             None => head_version,
         };
         let parent = parent_id.map(|id| self.version(&id)).transpose()?;
-        let removals = self.pending_removals()?;
+        let mut removals = self.pending_removals()?;
+        removals.extend(dropped.iter().cloned());
         let mut parents: Vec<VersionId> = parent_id.into_iter().collect();
         if on.is_some() {
             parents.extend(head_version.filter(|h| Some(*h) != parent_id));
@@ -909,6 +968,33 @@ impl Repo {
 pub(super) fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
     let (HashedSegments { segments, bundles }, hash) = input.hash();
     HashedFile { segments, bundles, hash, reference, distcp: input.distcp && input.torch.is_some() }
+}
+
+/// The files under directory `dir`, sorted ([`Repo::expand_directories`]).
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(super::error::io("reading the directory", &d))? {
+            let entry = entry.map_err(super::error::io("reading the directory", &d))?;
+            let path = entry.path();
+            let kind = entry.file_type().map_err(super::error::io("reading", &path))?;
+            if kind.is_dir() {
+                if entry.file_name() != ".ckpt" && entry.file_name() != ".git" {
+                    stack.push(path);
+                }
+            } else if kind.is_symlink() && std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+                return Err(Error::InvalidPath {
+                    path,
+                    reason: "a symbolic link to a directory: not followed (name its target to commit it)".into(),
+                });
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 #[cfg(test)]

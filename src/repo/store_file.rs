@@ -54,7 +54,7 @@ impl Repo {
         }
         let _lock = self.lock()?;
         let on = self.stored_before(path)?;
-        let version_id = self.commit_inputs_on(vec![input], message, options, Some(on))?;
+        let version_id = self.commit_inputs_on(vec![input], &[], message, options, Some(on))?;
         self.write_path_records(path.as_str(), &version_id);
         let version = self.version(&version_id)?;
         let entry =

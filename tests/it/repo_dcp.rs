@@ -499,3 +499,40 @@ fn named_items_pair_across_another_file_layout() {
     // Small tensors: framing (paired by length too) is most of what either stores.
     assert!(named < walked, "named {named}, walked {walked}");
 }
+
+/// `ckpt commit DIR` of a DCP checkpoint directory: every file under it (the same names as
+/// naming each file), and a save on fewer ranks into the same directory leaves no stale rank
+/// file in the version, so checkout gives exactly what `dcp.save` left.
+#[test]
+fn committing_a_dcp_directory_takes_it_as_it_is_now() {
+    use crate::support::repo_util::ok;
+    let t = TestRepo::init();
+    let four = fixture_dir("mlp_4ranks_epoch2");
+    for (name, bytes) in &four {
+        t.write(&format!("ck/{name}"), bytes);
+    }
+    ok(&t, &["commit", "-q", "-m", "4 ranks", "ck"]);
+    let paths = |repo: &Repo, rev: &str| -> Vec<String> {
+        repo.version(&repo.resolve(rev).unwrap()).unwrap().files.iter().map(|f| f.path.clone()).collect()
+    };
+    let repo = t.open();
+    let want: Vec<String> = four.iter().map(|(n, _)| format!("ck/{n}")).collect();
+    assert_eq!(paths(&repo, "HEAD"), want);
+    assert!(shown(&repo, "HEAD", "ck/__0_0.distcp").segments.iter().any(|s| s.name.starts_with("model.")));
+    drop(repo);
+
+    // The same directory saved again by 2 ranks: __2_0 and __3_0 are gone from it.
+    std::fs::remove_dir_all(t.path("ck")).unwrap();
+    let two = fixture_dir("mlp_2ranks_epoch2");
+    for (name, bytes) in &two {
+        t.write(&format!("ck/{name}"), bytes);
+    }
+    ok(&t, &["commit", "-q", "-m", "2 ranks", "ck"]);
+    let repo = t.open();
+    let want: Vec<String> = two.iter().map(|(n, _)| format!("ck/{n}")).collect();
+    assert_eq!(paths(&repo, "HEAD"), want);
+    let four_files: Vec<(String, Vec<u8>)> = four.iter().map(|(n, b)| (format!("ck/{n}"), b.clone())).collect();
+    assert!(t.checkout_all(&repo, "HEAD~1") == four_files, "the 4-rank version checks out as it was committed");
+    let two_files: Vec<(String, Vec<u8>)> = two.iter().map(|(n, b)| (format!("ck/{n}"), b.clone())).collect();
+    assert!(t.checkout_all(&repo, "HEAD") == two_files, "the 2-rank version holds only the 2 ranks' files");
+}

@@ -743,3 +743,73 @@ fn tensors_around_unit_boundaries_check_out() {
         assert_eq!(t.checkout_all(&repo, &id.to_hex()), vec![("m.safetensors".to_string(), model)]);
     }
 }
+
+/// A directory named to `commit` stands for every file under it: nested files, a symbolic link
+/// to a file (its content, as when named), not `.git`; files tracked under it that are gone
+/// leave the version, files elsewhere stay. A link to a directory and an empty directory are
+/// refused, naming the path, with nothing committed.
+#[test]
+fn a_directory_commits_the_files_under_it_as_they_are_now() {
+    use crate::support::repo_util::{ok, refused};
+    let t = TestRepo::init();
+    let file = synthetic_checkpoint(1, Dtype::F32, SMALL_MODEL, 0);
+    t.write("run/checkpoint-500/model.safetensors", &file);
+    t.write("run/checkpoint-500/trainer_state.json", b"{\"step\": 500}");
+    t.write("run/checkpoint-500/extra/notes.txt", b"notes");
+    t.write("run/.git/HEAD", b"ref: refs/heads/main\n");
+    t.write("elsewhere.txt", b"kept");
+    std::os::unix::fs::symlink(t.path("elsewhere.txt"), t.path("run/link.txt")).unwrap();
+    ok(&t, &["commit", "-q", "-m", "outside", "elsewhere.txt"]);
+    ok(&t, &["commit", "-q", "-m", "run", "run"]);
+    let files = |t: &TestRepo| -> Vec<String> {
+        let repo = t.open();
+        repo.version(&repo.resolve("HEAD").unwrap()).unwrap().files.iter().map(|f| f.path.clone()).collect()
+    };
+    assert_eq!(
+        files(&t),
+        [
+            "elsewhere.txt",
+            "run/checkpoint-500/extra/notes.txt",
+            "run/checkpoint-500/model.safetensors",
+            "run/checkpoint-500/trainer_state.json",
+            "run/link.txt"
+        ]
+    );
+
+    // Files gone from the directory leave the version; the one outside it stays.
+    std::fs::remove_dir_all(t.path("run/checkpoint-500/extra")).unwrap();
+    std::fs::remove_file(t.path("run/link.txt")).unwrap();
+    ok(&t, &["commit", "-q", "-m", "again", "run/checkpoint-500"]);
+    assert_eq!(
+        files(&t),
+        [
+            "elsewhere.txt",
+            "run/checkpoint-500/model.safetensors",
+            "run/checkpoint-500/trainer_state.json",
+            "run/link.txt"
+        ],
+        "link.txt is outside the directory named: it stays"
+    );
+    // The whole tree: `.` at the root (the link is gone from it, so it leaves too).
+    ok(&t, &["commit", "-q", "-m", "root", "."]);
+    assert_eq!(
+        files(&t),
+        ["elsewhere.txt", "run/checkpoint-500/model.safetensors", "run/checkpoint-500/trainer_state.json"]
+    );
+    let repo = t.open();
+    let out = t.checkout_all(&repo, "HEAD");
+    assert!(out.iter().any(|(p, b)| p == "run/checkpoint-500/model.safetensors" && *b == file));
+    drop(repo);
+
+    // Refused, nothing committed: a link to a directory, an empty directory.
+    let before = files(&t);
+    std::os::unix::fs::symlink(t.path("run/checkpoint-500"), t.path("run/latest")).unwrap();
+    let err = refused(&t, &["commit", "-q", "-m", "loop", "run"]);
+    assert!(err.contains("run/latest") && err.contains("symbolic link to a directory"), "{err}");
+    std::fs::remove_file(t.path("run/latest")).unwrap();
+    std::fs::create_dir_all(t.path("empty")).unwrap();
+    let err = refused(&t, &["commit", "-q", "-m", "empty", "empty"]);
+    assert!(err.contains("empty") && err.contains("no file under it"), "{err}");
+    assert_eq!(files(&t), before);
+    assert_eq!(t.open().log("HEAD").unwrap().len(), 4);
+}

@@ -11,7 +11,8 @@ pub struct CommitArgs {
     /// Commit message.
     #[arg(short, long)]
     message: String,
-    /// Files to store (files committed before and not named stay in the version).
+    /// Files to store; a directory stands for every file under it, and files tracked under it
+    /// that are gone leave the version (files committed before and not named stay in it).
     files: Vec<PathBuf>,
 }
 

@@ -1,0 +1,101 @@
+"""`ckpt.dcp.Reader` unpickles `.metadata` allowing only the classes DCP's metadata names: a
+store's bytes may come from a remote or a clone of one, and DCP's own reader runs `pickle.load`
+on them. The refusal needs no torch; the loads do (skipped without it)."""
+
+import io
+import os
+import pickle
+import subprocess
+
+import pytest
+
+import ckpt
+import ckpt.dcp
+from ckpt.dcp import _MetadataUnpickler
+
+from conftest import ckpt_binary
+
+
+class _Runs:
+    """Pickles as a call of `os.system`: what a hostile `.metadata` would hold."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_a_metadata_naming_any_other_callable_is_refused_before_the_call(tmp_path):
+    marker = tmp_path / "ran"
+    payload = pickle.dumps({"storage_data": _Runs(f"touch {marker}")})
+    with pytest.raises(pickle.UnpicklingError) as e:
+        _MetadataUnpickler(io.BytesIO(payload), "run1 at abc: .metadata").load()
+    assert "run1 at abc: .metadata" in str(e.value)
+    assert "system" in str(e.value) and "trust_metadata" in str(e.value)
+    assert not marker.exists()
+    # Names of builtins and of modules next to DCP's are refused the same way.
+    for module, name in [("builtins", "eval"), ("torch.distributed.checkpoint.filesystem", "FileSystemReader")]:
+        hostile = b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c" + bytes([len(module)]) + module.encode()
+        hostile += b"\x8c" + bytes([len(name)]) + name.encode() + b"\x93."
+        with pytest.raises(pickle.UnpicklingError, match=name):
+            _MetadataUnpickler(io.BytesIO(hostile), "m").load()
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _stock_save(directory):
+    """A one-process DCP save (no process group) of a small state dict into `directory`."""
+    torch = _torch()
+    import torch.distributed.checkpoint as dcp
+
+    g = torch.Generator().manual_seed(3)
+    state = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g), "step": 7}
+    dcp.save(state, checkpoint_id=str(directory))
+    return state
+
+
+def _commit(repo_dir, directory, message):
+    subprocess.run([ckpt_binary(), "commit", "-q", "-m", message, str(directory)], cwd=repo_dir, check=True)
+
+
+def test_a_reader_loads_stock_metadata_and_refuses_a_hostile_one(tmp_path):
+    torch = _torch()
+    import torch.distributed.checkpoint as dcp
+
+    repo_dir = tmp_path / "repo"
+    ckpt.Repo.init(str(repo_dir))
+    # The DCP directory is the repository's root, where the Reader reads it.
+    saved = _stock_save(repo_dir)
+    _commit(repo_dir, repo_dir, "stock")
+
+    # The metadata of a stock save names only allowed classes: loads bit-exact.
+    target = {"w": torch.zeros(64, 32), "b": torch.zeros(32), "step": 0}
+    dcp.load(target, storage_reader=ckpt.dcp.Reader(str(repo_dir)))
+    assert torch.equal(target["w"], saved["w"]) and torch.equal(target["b"], saved["b"])
+    assert target["step"] == 7
+
+    # The same files with a `.metadata` that calls `os.system` when unpickled.
+    marker = tmp_path / "ran"
+    with open(repo_dir / ".metadata", "wb") as f:
+        pickle.dump(_Runs(f"touch {marker}"), f)
+    _commit(repo_dir, repo_dir, "hostile")
+    with pytest.raises(BaseException) as e:  # DCP raises CheckpointException, a BaseException
+        dcp.load({"w": torch.zeros(64, 32)}, storage_reader=ckpt.dcp.Reader(str(repo_dir)))
+    assert "system" in str(e.value) and ".metadata" in str(e.value), str(e.value)
+    assert not marker.exists()
+
+    # A damaged pickle is refused with the file named, not a bare unpickling error.
+    with open(repo_dir / ".metadata", "wb") as f:
+        f.write(b"\x80\x04not a pickle")
+    _commit(repo_dir, repo_dir, "damaged")
+    with pytest.raises(BaseException) as e:  # DCP raises CheckpointException, a BaseException
+        dcp.load({"w": torch.zeros(64, 32)}, storage_reader=ckpt.dcp.Reader(str(repo_dir)))
+    assert ".metadata" in str(e.value) and "not a DCP metadata pickle" in str(e.value), str(e.value)
+
+    # trust_metadata=True reads as DCP does: the stock version still loads through it.
+    target = {"w": torch.zeros(64, 32), "b": torch.zeros(32), "step": 0}
+    dcp.load(target, storage_reader=ckpt.dcp.Reader(str(repo_dir), rev="HEAD~2", trust_metadata=True))
+    assert torch.equal(target["w"], saved["w"])
