@@ -23,7 +23,10 @@ save moved the branch meanwhile, the save raises on every rank and nothing is ov
 
 `target` is either
 
-- a repository path (a shared file system every rank sees). Under a delta policy other than
+- a repository path (a shared file system every rank sees): for a `Writer`, the repository's
+  root (a directory inside it is refused: the save would go to the root); a `Reader` of a
+  directory inside it reads the DCP files the version holds under that directory (a save
+  committed with `ckpt commit step_1000`). Under a delta policy other than
   `reverse`, each item of a rank's file is delta-coded against the same item in any rank file
   of the branch's previous version (its own first: DCP's de-duplication, or a save on another
   number of ranks, moves items between files); under `reverse` (the default) the files are
@@ -89,6 +92,9 @@ class _Target:
     the calls both kinds make the same way."""
 
     native: Any
+    # Where the DCP files lie in a version: a subdirectory for a Reader of a directory that
+    # `ckpt commit` stored under one; "" (the version's root) for everything the Writer saves.
+    prefix: str = ""
 
     def check_tags(self, tags: List[str]) -> None:
         self.native.check_tags(tags)
@@ -100,7 +106,7 @@ class _Target:
         return self.native.resolve(rev)
 
     def open_file(self, version: str, path: str):
-        return self.native.open_file(version, path)
+        return self.native.open_file(version, f"{self.prefix}/{path}" if self.prefix else path)
 
 
 class _RepoTarget(_Target):
@@ -110,6 +116,8 @@ class _RepoTarget(_Target):
         from ckpt._native import Repo as _NativeRepo
 
         self.native = _NativeRepo.discover(path)
+        inside = os.path.relpath(os.path.realpath(path), os.path.realpath(self.native.root))
+        self.prefix = "" if inside == "." else inside.replace(os.sep, "/")
 
     def tip(self, branch: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
         """(branch, its version, the tag its compare-and-swap expects)."""
@@ -424,7 +432,17 @@ def _classes():
         def _target(self):
             # Opened in the rank's own process (a Writer may be made before a fork or spawn).
             if self._opened is None:
-                self._opened = _open_target(self.target, create=True, **self.options)
+                opened = _open_target(self.target, create=True, **self.options)
+                if opened.prefix:
+                    opened.close()
+                    # Saved at the root regardless, its load from this path would read whatever
+                    # the root holds: refused instead.
+                    raise ValueError(
+                        f"{self.target}: a directory inside the repository at {opened.native.root}; the "
+                        "Writer saves each checkpoint as one version of the repository's root: pass the "
+                        "root, and find a save again by its version, tag or message"
+                    )
+                self._opened = opened
             return self._opened
 
         def _close(self) -> None:

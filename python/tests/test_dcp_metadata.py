@@ -1,6 +1,8 @@
-"""`ckpt.dcp.Reader` unpickles `.metadata` allowing only the classes DCP's metadata names: a
-store's bytes may come from a remote or a clone of one, and DCP's own reader runs `pickle.load`
-on them. The refusal needs no torch; the loads do (skipped without it)."""
+"""`ckpt.dcp.Reader` and `Writer` on a repository, in one process: `.metadata` is unpickled
+allowing only the classes DCP's metadata names (a store's bytes may come from a remote or a
+clone of one, and DCP's own reader runs `pickle.load` on them); a Reader of a directory committed
+under the root reads that directory. The refusal needs no torch; the loads do (skipped without
+it)."""
 
 import io
 import os
@@ -99,3 +101,33 @@ def test_a_reader_loads_stock_metadata_and_refuses_a_hostile_one(tmp_path):
     target = {"w": torch.zeros(64, 32), "b": torch.zeros(32), "step": 0}
     dcp.load(target, storage_reader=ckpt.dcp.Reader(str(repo_dir), rev="HEAD~2", trust_metadata=True))
     assert torch.equal(target["w"], saved["w"])
+
+
+def test_a_reader_of_a_directory_committed_under_the_root_reads_that_directory(tmp_path):
+    """Two DCP saves committed as directories (`ckpt commit step_100`): a Reader of each path
+    loads that save, not whatever the root holds; a Writer of a directory inside the repository
+    is refused (it saves at the root, where a Reader of that path would not find it)."""
+    torch = _torch()
+    import torch.distributed.checkpoint as dcp
+
+    repo_dir = tmp_path / "repo"
+    ckpt.Repo.init(str(repo_dir))
+    saved = {}
+    for step, seed in ((100, 1), (200, 2)):
+        g = torch.Generator().manual_seed(seed)
+        saved[step] = {"w": torch.randn(48, 16, generator=g)}
+        dcp.save(saved[step], checkpoint_id=str(repo_dir / f"step_{step}"))
+        _commit(repo_dir, repo_dir / f"step_{step}", f"step {step}")
+    for step in (100, 200):
+        target = {"w": torch.zeros(48, 16)}
+        dcp.load(target, storage_reader=ckpt.dcp.Reader(str(repo_dir / f"step_{step}")))
+        assert torch.equal(target["w"], saved[step]["w"]), step
+    # The version before step 200's commit has no step_200: a clear error, not another save.
+    with pytest.raises(BaseException, match="step_200/.metadata"):
+        dcp.load({"w": torch.zeros(48, 16)}, storage_reader=ckpt.dcp.Reader(str(repo_dir / "step_200"), rev="HEAD~1"))
+
+    versions = len(ckpt.Repo(str(repo_dir)).log())
+    (repo_dir / "step_300").mkdir()
+    with pytest.raises(BaseException, match="a directory inside the repository"):
+        dcp.save({"w": torch.ones(4)}, storage_writer=ckpt.dcp.Writer(str(repo_dir / "step_300")))
+    assert len(ckpt.Repo(str(repo_dir)).log()) == versions
