@@ -334,13 +334,25 @@ impl Repo {
         let version = self.version(id)?;
         let selected: Vec<&FileEntry> = match target.files {
             None => version.files.iter().collect(),
-            Some(paths) => paths
-                .iter()
-                .map(|p| {
+            Some(paths) => {
+                // A path the version holds no file at may be a directory: every file under it
+                // (as `ckpt commit DIR` took them).
+                let mut selected = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                for p in paths {
                     let rp = self.repo_path(p)?;
-                    version.file(rp.as_str()).ok_or(Error::NotInVersion { path: rp.to_string(), version: *id })
-                })
-                .collect::<Result<_>>()?,
+                    let under = format!("{rp}/");
+                    let files: Vec<&FileEntry> = match version.file(rp.as_str()) {
+                        Some(f) => vec![f],
+                        None => version.files.iter().filter(|f| f.path.starts_with(&under)).collect(),
+                    };
+                    if files.is_empty() {
+                        return Err(Error::NotInVersion { path: rp.to_string(), version: *id });
+                    }
+                    selected.extend(files.into_iter().filter(|f| seen.insert(f.path.as_str())));
+                }
+                selected
+            }
         };
         let (out_dir, in_tree) = match target.output_dir {
             None => (self.root.clone(), true),

@@ -813,3 +813,28 @@ fn a_directory_commits_the_files_under_it_as_they_are_now() {
     assert_eq!(files(&t), before);
     assert_eq!(t.open().log("HEAD").unwrap().len(), 4);
 }
+
+/// `checkout REV DIR` writes every file the version holds under DIR (a file named with its
+/// directory once); a path holding neither a file nor one under it is an error, writing nothing.
+#[test]
+fn checkout_of_a_directory_writes_the_files_under_it() {
+    use crate::support::repo_util::{ok, refused};
+    let t = TestRepo::init();
+    t.write("ck/a.txt", b"a1");
+    t.write("ck/sub/b.txt", b"b1");
+    t.write("other.txt", b"o1");
+    ok(&t, &["commit", "-q", "-m", "one", "ck", "other.txt"]);
+    t.write("ck/a.txt", b"a2");
+    t.write("ck/sub/b.txt", b"b2");
+    t.write("other.txt", b"o2");
+    ok(&t, &["commit", "-q", "-m", "two", "ck", "other.txt"]);
+    let out = t.path("out");
+    ok(&t, &["checkout", "-q", "HEAD~1", "ck", "ck/sub/b.txt", "--output", out.to_str().unwrap()]);
+    let written = read_tree(&out);
+    assert_eq!(written, [("ck/a.txt".to_string(), b"a1".to_vec()), ("ck/sub/b.txt".to_string(), b"b1".to_vec())]);
+    ok(&t, &["checkout", "-q", "HEAD~1", "ck/sub"]);
+    assert_eq!(std::fs::read(t.path("ck/sub/b.txt")).unwrap(), b"b1");
+    assert_eq!(std::fs::read(t.path("ck/a.txt")).unwrap(), b"a2", "outside ck/sub: untouched");
+    let err = refused(&t, &["checkout", "-q", "HEAD~1", "c"]);
+    assert!(err.contains("c: not in version"), "{err}");
+}

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 pub struct CheckoutArgs {
     /// Version: id (full or unique prefix), tag, branch, HEAD, each optionally with ~N.
     rev: String,
-    /// Only these files (default: every file of the version).
+    /// Only these files, or the files under these directories (default: every file of the version).
     files: Vec<PathBuf>,
     /// Write under this directory instead of the working tree.
     #[arg(short, long)]
