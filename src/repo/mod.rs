@@ -521,8 +521,9 @@ impl Repo {
         std::fs::rename(&tmp, &path).map_err(io("renaming to", &path))
     }
 
-    /// Stops tracking `paths` (absolute or relative to the root) from the next version on. The
-    /// working files are not touched. Each must be tracked by the current version.
+    /// Stops tracking `paths` (absolute or relative to the root; a directory: every file tracked
+    /// under it) from the next version on. The working files are not touched. Each must be
+    /// tracked by the current version.
     pub fn rm(&self, paths: &[PathBuf]) -> Result<Vec<RepoPath>> {
         let _lock = self.lock()?;
         let head = self.refs.head_version()?.map(|id| self.version(&id)).transpose()?;
@@ -530,13 +531,24 @@ impl Repo {
         let mut removed = Vec::new();
         for p in paths {
             let rp = self.repo_path(p)?;
-            if head.as_ref().and_then(|v| v.file(rp.as_str())).is_none() {
+            // A directory: every file tracked under it.
+            let under = format!("{rp}/");
+            let tracked: Vec<&str> = match head.as_ref() {
+                Some(v) if v.file(rp.as_str()).is_some() => vec![rp.as_str()],
+                Some(v) => v.files.iter().map(|f| f.path.as_str()).filter(|f| f.starts_with(&under)).collect(),
+                None => Vec::new(),
+            };
+            if tracked.is_empty() {
                 return Err(Error::NotTracked { path: rp.to_string() });
             }
-            if !pending.iter().any(|x| x == rp.as_str()) {
-                pending.push(rp.to_string());
+            for path in tracked {
+                if !pending.iter().any(|x| x == path) {
+                    pending.push(path.to_string());
+                }
+                let parsed = RepoPath::parse(path)
+                    .map_err(|reason| Error::InvalidPath { path: PathBuf::from(path), reason: reason.to_string() })?;
+                removed.push(parsed);
             }
-            removed.push(rp);
         }
         pending.sort();
         self.write_removals(&pending)?;

@@ -817,7 +817,7 @@ fn a_directory_commits_the_files_under_it_as_they_are_now() {
 /// `checkout REV DIR` writes every file the version holds under DIR (a file named with its
 /// directory once); a path holding neither a file nor one under it is an error, writing nothing.
 #[test]
-fn checkout_of_a_directory_writes_the_files_under_it() {
+fn checkout_and_rm_of_a_directory_take_the_files_under_it() {
     use crate::support::repo_util::{ok, refused};
     let t = TestRepo::init();
     t.write("ck/a.txt", b"a1");
@@ -837,4 +837,15 @@ fn checkout_of_a_directory_writes_the_files_under_it() {
     assert_eq!(std::fs::read(t.path("ck/a.txt")).unwrap(), b"a2", "outside ck/sub: untouched");
     let err = refused(&t, &["checkout", "-q", "HEAD~1", "c"]);
     assert!(err.contains("c: not in version"), "{err}");
+
+    // `rm` of a directory: every file tracked under it leaves the next version.
+    ok(&t, &["rm", "ck"]);
+    ok(&t, &["commit", "-q", "-m", "three", "other.txt"]);
+    let repo = t.open();
+    let files: Vec<String> =
+        repo.version(&repo.resolve("HEAD").unwrap()).unwrap().files.into_iter().map(|f| f.path).collect();
+    assert_eq!(files, ["other.txt"]);
+    drop(repo);
+    let err = refused(&t, &["rm", "ck"]);
+    assert!(err.contains("ck"), "{err}");
 }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 /// Arguments of `ckpt rm`.
 #[derive(clap::Args, Debug)]
 pub struct RmArgs {
-    /// Files to stop tracking from the next version on (the files themselves are kept).
+    /// Files, or directories (every file tracked under them), to stop tracking from the next
+    /// version on (the files themselves are kept).
     #[arg(required = true)]
     files: Vec<PathBuf>,
 }
