@@ -553,11 +553,30 @@ impl Repo {
             dtype: t.dtype.clone(),
             shape: t.shape.clone(),
         };
+        // The items of `.distcp` files are compared by name across all the rank files of their
+        // directory: DCP's de-duplication, or a save on another number of ranks, moves an item
+        // to another file. Per directory, side (0: `a`, 1: `b`): manifests, and each item's
+        // (manifest index, path, tensor, segment) by name.
+        type Items = (Vec<Manifest>, BTreeMap<String, (usize, String, TensorRef, Segment)>);
+        let mut distcp: BTreeMap<String, [Items; 2]> = BTreeMap::new();
+        let mut pool = |side: usize, path: &str, (m, tensors): (Manifest, Tensors)| {
+            let dir = path.rsplit_once('/').map_or("", |(d, _)| d).to_string();
+            let (manifests, items) = &mut distcp.entry(dir).or_default()[side];
+            for (name, (t, seg)) in tensors {
+                items.entry(name).or_insert((manifests.len(), path.to_string(), t, seg));
+            }
+            manifests.push(m);
+        };
         for fa in &va.files {
             let Some(fb) = vb.file(&fa.path) else {
                 report.files_removed.push(fa.path.clone());
-                for (t, _) in tensors_of(&fa.path, &fa.manifest)?.1.values() {
-                    report.removed.push(name_of(&fa.path, t));
+                let (ma, ta) = tensors_of(&fa.path, &fa.manifest)?;
+                if ma.kind == FileFormat::Distcp {
+                    pool(0, &fa.path, (ma, ta));
+                } else {
+                    for (t, _) in ta.values() {
+                        report.removed.push(name_of(&fa.path, t));
+                    }
                 }
                 continue;
             };
@@ -567,26 +586,17 @@ impl Repo {
             let (ma, ta) = tensors_of(&fa.path, &fa.manifest)?;
             let (mb, tb) =
                 if fb.manifest == fa.manifest { (ma.clone(), ta.clone()) } else { tensors_of(&fb.path, &fb.manifest)? };
+            if ma.kind == FileFormat::Distcp && mb.kind == FileFormat::Distcp {
+                pool(0, &fa.path, (ma, ta));
+                pool(1, &fb.path, (mb, tb));
+                continue;
+            }
             for (name, (t1, s1)) in &ta {
                 let Some((t2, s2)) = tb.get(name) else {
                     report.removed.push(name_of(&fa.path, t1));
                     continue;
                 };
-                if t1.dtype != t2.dtype || t1.shape != t2.shape {
-                    report.reshaped.push(Reshaped {
-                        file: fa.path.clone(),
-                        name: name.clone(),
-                        from_dtype: t1.dtype.clone(),
-                        from_shape: t1.shape.clone(),
-                        to_dtype: t2.dtype.clone(),
-                        to_shape: t2.shape.clone(),
-                    });
-                    continue;
-                }
-                let d = self
-                    .diff_tensor(&fa.path, t1, (&ma, s1), (&mb, s2), &mut bundles)
-                    .map_err(|e| super::Error::File { path: format!("{} [{name}]", fa.path), source: Box::new(e) })?;
-                report.tensors.push(d);
+                self.compare_tensor(&mut report, &fa.path, name, (t1, &ma, s1), (t2, &mb, s2), &mut bundles)?;
             }
             for (name, (t2, _)) in &tb {
                 if !ta.contains_key(name) {
@@ -597,12 +607,62 @@ impl Repo {
         for fb in &vb.files {
             if va.file(&fb.path).is_none() {
                 report.files_added.push(fb.path.clone());
-                for (t, _) in tensors_of(&fb.path, &fb.manifest)?.1.values() {
-                    report.added.push(name_of(&fb.path, t));
+                let (mb, tb) = tensors_of(&fb.path, &fb.manifest)?;
+                if mb.kind == FileFormat::Distcp {
+                    pool(1, &fb.path, (mb, tb));
+                } else {
+                    for (t, _) in tb.values() {
+                        report.added.push(name_of(&fb.path, t));
+                    }
+                }
+            }
+        }
+        for [(manifests_a, items_a), (manifests_b, items_b)] in distcp.into_values() {
+            for (name, (i1, path_a, t1, s1)) in &items_a {
+                let Some((i2, path_b, t2, s2)) = items_b.get(name) else {
+                    report.removed.push(name_of(path_a, t1));
+                    continue;
+                };
+                // Reported under the file the item is in now.
+                let (ma, mb) = (&manifests_a[*i1], &manifests_b[*i2]);
+                self.compare_tensor(&mut report, path_b, name, (t1, ma, s1), (t2, mb, s2), &mut bundles)?;
+            }
+            for (name, (_, path_b, t2, _)) in &items_b {
+                if !items_a.contains_key(name) {
+                    report.added.push(name_of(path_b, t2));
                 }
             }
         }
         Ok(report)
+    }
+
+    /// Adds the comparison of tensor `name` of `file` (`t1` as segment `s1` of `ma`, then `t2`
+    /// as `s2` of `mb`) to `report`: reshaped, or compared element by element.
+    fn compare_tensor(
+        &self,
+        report: &mut DiffReport,
+        file: &str,
+        name: &str,
+        (t1, ma, s1): (&TensorRef, &Manifest, &Segment),
+        (t2, mb, s2): (&TensorRef, &Manifest, &Segment),
+        bundles: &mut super::bundle::BundleCache,
+    ) -> Result<()> {
+        if t1.dtype != t2.dtype || t1.shape != t2.shape {
+            report.reshaped.push(Reshaped {
+                file: file.to_string(),
+                name: name.to_string(),
+                from_dtype: t1.dtype.clone(),
+                from_shape: t1.shape.clone(),
+                to_dtype: t2.dtype.clone(),
+                to_shape: t2.shape.clone(),
+            });
+            return Ok(());
+        }
+        let d = self
+            .diff_tensor(file, t1, (ma, s1), (mb, s2), bundles)
+            .map_err(|e| super::Error::File { path: format!("{file} [{name}]"), source: Box::new(e) })?;
+        report.tensors.push(d);
+        Ok(())
     }
 
     /// Compares tensor `t` as segment `a.1` of manifest `a.0` and `b.1` of `b.0`.

@@ -536,3 +536,45 @@ fn committing_a_dcp_directory_takes_it_as_it_is_now() {
     let two_files: Vec<(String, Vec<u8>)> = two.iter().map(|(n, b)| (format!("ck/{n}"), b.clone())).collect();
     assert!(t.checkout_all(&repo, "HEAD") == two_files, "the 2-rank version holds only the 2 ranks' files");
 }
+
+/// `diff` compares a DCP item with the same item in any rank file of the other version's
+/// directory (a save on 4 ranks after one on 2 moves replicated items to other files); items
+/// only one side has (resharded chunks are named by their new offsets) are added or removed.
+#[test]
+fn diff_pairs_items_across_the_rank_files_of_a_directory() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    commit_under(&t, &repo, &fixture_dir("mlp_2ranks_epoch1"), "ck");
+    for f in std::fs::read_dir(t.path("ck")).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    commit_under(&t, &repo, &fixture_dir("mlp_4ranks_epoch2"), "ck");
+    let report = repo.diff("HEAD~1", "HEAD").unwrap();
+    let names = |v: &[(String, String)]| v.iter().map(|(_, n)| n.clone()).collect::<std::collections::BTreeSet<_>>();
+    let items = |rev: &str| -> Vec<(String, String)> {
+        let v = repo.version(&repo.resolve(rev).unwrap()).unwrap();
+        let mut out = Vec::new();
+        for f in v.files.iter().filter(|f| f.path.ends_with(dcp::DISTCP_SUFFIX)) {
+            for (t, _) in repo.manifest(&f.manifest).unwrap().tensors() {
+                out.push((f.path.clone(), t.name.clone()));
+            }
+        }
+        out
+    };
+    let (before, after) = (items("HEAD~1"), items("HEAD"));
+    let both: Vec<String> = names(&before).intersection(&names(&after)).cloned().collect();
+    let moved = both
+        .iter()
+        .filter(|n| {
+            let file_of = |v: &[(String, String)]| v.iter().find(|(_, m)| m == *n).map(|(f, _)| f.clone());
+            file_of(&before) != file_of(&after)
+        })
+        .count();
+    assert!(moved > 0, "the fixtures move some item to another rank file");
+    let compared: std::collections::BTreeSet<String> = report.tensors.iter().map(|d| d.name.clone()).collect();
+    for n in &both {
+        assert!(compared.contains(n), "{n} is in both versions: compared, wherever it lies");
+    }
+    assert!(report.removed.iter().chain(&report.added).all(|r| !both.contains(&r.name)));
+    assert!(!report.added.is_empty() && !report.removed.is_empty(), "resharded chunks have new names");
+}
