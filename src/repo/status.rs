@@ -54,6 +54,11 @@ pub struct Status {
     /// those branches refuses to overwrite them (unless they hold the branch's content).
     /// Found by a stat per path of the branches' tips, without reading any file.
     pub in_the_way: Vec<InTheWay>,
+    /// Untracked files directly in a directory (not the root) that holds a tracked file: what
+    /// `ckpt commit DIR` would add (a DCP save on more ranks, a new file in a checkpoint
+    /// folder). One directory listing per such directory, not recursive, sorted; the files of
+    /// `in_the_way` are not repeated.
+    pub untracked: Vec<String>,
 }
 
 /// An untracked working file at a path other branches track.
@@ -77,7 +82,16 @@ impl Repo {
         let compaction_log = self.compaction_log();
         let Some(head_id) = head else {
             let in_the_way = self.untracked_in_the_way(None)?;
-            return Ok(Status { branch, head, files: Vec::new(), pending_deltas, compaction_log, in_the_way });
+            let untracked = Vec::new();
+            return Ok(Status {
+                branch,
+                head,
+                files: Vec::new(),
+                pending_deltas,
+                compaction_log,
+                in_the_way,
+                untracked,
+            });
         };
         let version = self.version(&head_id)?;
         let in_the_way = self.untracked_in_the_way(Some((head_id, &version)))?;
@@ -96,7 +110,32 @@ impl Repo {
             files.push(FileStatus { path: entry.path.clone(), state });
         }
         self.flush_index();
-        Ok(Status { branch, head, files, pending_deltas, compaction_log, in_the_way })
+        let untracked = self.untracked_beside(&version, &in_the_way);
+        Ok(Status { branch, head, files, pending_deltas, compaction_log, in_the_way, untracked })
+    }
+
+    /// [`Status::untracked`]: regular files in the directories (not the root) of `version`'s
+    /// files that it does not track. A directory that cannot be listed is skipped.
+    fn untracked_beside(&self, version: &super::Version, in_the_way: &[InTheWay]) -> Vec<String> {
+        let tracked: std::collections::HashSet<&str> = version.files.iter().map(|f| f.path.as_str()).collect();
+        let reported: std::collections::HashSet<&str> = in_the_way.iter().map(|w| w.path.as_str()).collect();
+        let dirs: std::collections::BTreeSet<&str> =
+            version.files.iter().filter_map(|f| f.path.rsplit_once('/').map(|(d, _)| d)).collect();
+        let mut out = Vec::new();
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(self.root.join(dir)) else { continue };
+            for entry in entries.flatten() {
+                let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+                let path = format!("{dir}/{name}");
+                // Not followed: a link is listed as the file it is at that path.
+                let is_file = entry.file_type().is_ok_and(|t| t.is_file() || t.is_symlink());
+                if is_file && !tracked.contains(path.as_str()) && !reported.contains(path.as_str()) {
+                    out.push(path);
+                }
+            }
+        }
+        out.sort();
+        out
     }
 
     /// Working files at paths the branches' tips track and the current version (`head`) does

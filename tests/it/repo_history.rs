@@ -849,3 +849,23 @@ fn checkout_and_rm_of_a_directory_take_the_files_under_it() {
     let err = refused(&t, &["rm", "ck"]);
     assert!(err.contains("ck"), "{err}");
 }
+
+/// `status` lists the untracked files beside tracked ones (what `ckpt commit DIR` would add):
+/// one listing per directory of a tracked file, not the root, not recursive.
+#[test]
+fn status_lists_untracked_files_beside_tracked_ones() {
+    use crate::support::repo_util::ok;
+    let t = TestRepo::init();
+    t.write("ck/a.txt", b"a");
+    t.write("top.txt", b"t");
+    ok(&t, &["commit", "-q", "-m", "one", "ck", "top.txt"]);
+    t.write("ck/__2_0.distcp", b"new rank file");
+    t.write("ck/deeper/x.txt", b"not listed: not recursive");
+    t.write("train.py", b"not listed: the root");
+    let status = t.open().status().unwrap();
+    assert_eq!(status.untracked, ["ck/__2_0.distcp"]);
+    let text = ok(&t, &["status"]);
+    assert!(text.contains("untracked ck/__2_0.distcp"), "{text}");
+    ok(&t, &["commit", "-q", "-m", "two", "ck"]);
+    assert_eq!(t.open().status().unwrap().untracked, Vec::<String>::new());
+}

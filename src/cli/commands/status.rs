@@ -53,6 +53,13 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
             w.branches.join(", ")
         )?;
     }
+    for path in &status.untracked {
+        writeln!(
+            out,
+            "  untracked {} (beside tracked files: `ckpt commit` of its directory adds it)",
+            printable(path)
+        )?;
+    }
     if status.pending_deltas > 0 {
         let n = status.pending_deltas;
         let s = if n == 1 { "" } else { "s" };
