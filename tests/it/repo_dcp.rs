@@ -578,3 +578,25 @@ fn diff_pairs_items_across_the_rank_files_of_a_directory() {
     assert!(report.removed.iter().chain(&report.added).all(|r| !both.contains(&r.name)));
     assert!(!report.added.is_empty() && !report.removed.is_empty(), "resharded chunks have new names");
 }
+
+/// `show` lists a rank file's items and folds the framing of its archives into one line (the
+/// JSON keeps every segment).
+#[test]
+fn show_folds_the_framing_of_a_rank_file_into_one_line() {
+    use crate::support::repo_util::ok;
+    let t = TestRepo::init();
+    for (name, bytes) in fixture_dir("mlp_2ranks_epoch1") {
+        t.write(&format!("ck/{name}"), &bytes);
+    }
+    ok(&t, &["commit", "-q", "-m", "e1", "ck"]);
+    let text = ok(&t, &["show"]);
+    let repo = t.open();
+    let file = shown(&repo, "HEAD", "ck/__0_0.distcp");
+    let framing = file.segments.iter().filter(|s| !s.is_tensor).count();
+    assert!(framing > 1, "an archive per item");
+    assert!(!text.contains("(archive)"), "{text}");
+    assert!(text.contains(&format!("(framing of {framing} archives)")), "{text}");
+    for s in file.segments.iter().filter(|s| s.is_tensor) {
+        assert!(text.contains(&s.name), "{} listed", s.name);
+    }
+}

@@ -2,7 +2,7 @@
 
 use crate::cli::ui::{bytes, open_repo, printable, printable_text, Ui};
 use anyhow::Result;
-use ckpt::repo::{MethodCounts, SegmentShow, Storage};
+use ckpt::repo::{FileFormat, MethodCounts, SegmentShow, Storage};
 use std::io::Write;
 use std::path::Path;
 
@@ -78,7 +78,27 @@ pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
             bytes(f.stored_bytes),
             bytes(f.added_bytes)
         )?;
+        // A DCP rank file has a `torch.save` archive's framing before every item: listed as one
+        // line after the items (`--json` has each).
+        let fold_framing = f.kind == FileFormat::Distcp;
+        let mut framing = (0u64, 0u64, 0u64, 0u64, MethodCounts::default());
         for s in &f.segments {
+            if fold_framing && !s.is_tensor {
+                framing.0 += 1;
+                framing.1 += s.raw_bytes;
+                framing.2 += s.stored_bytes;
+                framing.3 += u64::from(s.reference.is_some() || s.derived_from.is_some());
+                let (m, n) = (&mut framing.4, &s.methods);
+                (m.raw, m.zero, m.huffman, m.zstd, m.sparse, m.rans) = (
+                    m.raw + n.raw,
+                    m.zero + n.zero,
+                    m.huffman + n.huffman,
+                    m.zstd + n.zstd,
+                    m.sparse + n.sparse,
+                    m.rans + n.rans,
+                );
+                continue;
+            }
             let kind = match (&s.dtype, &s.shape) {
                 (Some(d), Some(shape)) => format!("{d} {shape:?}"),
                 _ => String::new(),
@@ -92,6 +112,19 @@ pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
                 bytes(s.stored_bytes),
                 how(s),
                 mix(&s.methods)
+            )?;
+        }
+        let (count, raw, stored, deltas, methods) = framing;
+        if count > 0 {
+            writeln!(
+                out,
+                "  {:<32} {:<18} {:>10} -> {:>10}  {:<28} {}",
+                format!("(framing of {count} archives)"),
+                "",
+                bytes(raw),
+                bytes(stored),
+                format!("{deltas} as deltas"),
+                mix(&methods)
             )?;
         }
     }
