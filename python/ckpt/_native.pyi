@@ -148,6 +148,14 @@ class Repo:
         """Writes one version of `files` (as `store_objects` returned them) on top of
         `expected` and moves `branch` to it unless the branch has moved since (an error,
         nothing written); tags it with `tags`. Returns the version id."""
+    def compaction_mode(self) -> str:
+        """When versions left pending by `commit_stored` become deltas: ``"background"``,
+        ``"inline"`` or ``"manual"`` (``CKPT_COMPACT``, else the config's ``compact``)."""
+    def has_pending_deltas(self) -> bool:
+        """Whether versions wait for their parent's blobs to become deltas."""
+    def compact(self, yield_to_writers: bool = False) -> Tuple[int, int, int, int, int]:
+        """Rewrites the parents of pending versions as deltas (``ckpt compact``); returns
+        ``(versions, blobs rewritten, bytes before, bytes after, versions still pending)``."""
     def resolve(self, rev: str) -> str:
         """The full id of the version `rev` names."""
     def log_json(self, rev: str = "HEAD") -> str:

@@ -30,8 +30,10 @@ save moved the branch meanwhile, the save raises on every rank and nothing is ov
   `reverse`, each item of a rank's file is delta-coded against the same item in any rank file
   of the branch's previous version (its own first: DCP's de-duplication, or a save on another
   number of ranks, moves items between files); under `reverse` (the default) the files are
-  stored whole and the version is left pending for `ckpt compact`, which rewrites the previous
-  version's tensors as deltas against the same items; or
+  stored whole, and the previous version's tensors are rewritten as deltas against the same
+  items by a compaction the coordinator starts after the save, as `ckpt commit` does (the
+  config's `compact` or `CKPT_COMPACT`: a niced background process by default, `inline`, or
+  `manual` for `ckpt compact`); or
 - a remote URL, as `ckpt remote add` takes them: `s3://bucket/prefix` (S3-compatible storage;
   credentials, region and endpoint from the `AWS_*` environment variables as for ckpt's S3
   remotes, or the `endpoint`, `region` and `allow_http` arguments) or `file:///dir` (a
@@ -73,6 +75,8 @@ import io
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -128,7 +132,9 @@ class _RepoTarget(_Target):
         return branch, tip, None
 
     def commit(self, branch, tip, cas, files, message, tags) -> str:
-        return self.native.commit_stored(branch, tip, files, message, tags)
+        version = self.native.commit_stored(branch, tip, files, message, tags)
+        _compact_after_save(self.native)
+        return version
 
     def close(self) -> None:
         pass
@@ -164,6 +170,38 @@ class _RemoteTarget(_Target):
         if self.temp is not None:
             shutil.rmtree(self.temp, ignore_errors=True)
             self.temp = None
+
+
+def _compact_after_save(native) -> None:
+    """Under the `reverse` delta policy a save leaves its version pending: the previous
+    version's tensors become deltas against it only in a compaction. As after `ckpt commit`
+    (the config's `compact`, or `CKPT_COMPACT`): in a background process at low priority that
+    outlives this one and yields to the next save (the default), before returning (`inline`),
+    or not at all (`manual`: `ckpt compact`). Without it every save would stay whole."""
+    if not native.has_pending_deltas():
+        return
+    mode = native.compaction_mode()
+    if mode == "inline" or (mode == "background" and not sys.executable):
+        native.compact()
+    elif mode == "background":
+        root = os.fspath(native.root)
+        log_path = os.path.join(root, ".ckpt", "compact.log")
+        # What the CLI's background compaction does (`ckpt compact --background`): niced, in a
+        # session of its own, errors appended to the log `ckpt status` shows.
+        script = (
+            "import os, sys\n"
+            "os.setpriority(os.PRIO_PROCESS, 0, 10)\n"
+            "from ckpt._native import Repo\n"
+            "Repo.discover(sys.argv[1]).compact(yield_to_writers=True)\n"
+        )
+        with open(log_path, "ab") as log:
+            subprocess.Popen(
+                [sys.executable, "-c", script, root],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
 
 
 def _open_target(target: str, cache: Optional[str], layout: str, s3: Dict[str, Any], create: bool):

@@ -713,6 +713,36 @@ impl Repo {
         .map_err(err)
     }
 
+    /// When versions left pending by `commit_stored` become deltas: `"background"`,
+    /// `"inline"` or `"manual"` (the `CKPT_COMPACT` environment variable, else the config's
+    /// `compact`, as for `ckpt commit`).
+    fn compaction_mode(&self) -> PyResult<String> {
+        let repo = self.repo()?;
+        let mode = repo::Compaction::from_env_or(repo.config().compact).map_err(err)?;
+        Ok(match mode {
+            repo::Compaction::Background => "background",
+            repo::Compaction::Inline => "inline",
+            repo::Compaction::Manual => "manual",
+        }
+        .to_string())
+    }
+
+    /// Whether versions wait for their parent's blobs to become deltas (`ckpt compact`).
+    fn has_pending_deltas(&self) -> PyResult<bool> {
+        Ok(self.repo()?.has_pending_deltas())
+    }
+
+    /// Rewrites the parents of pending versions as deltas (`ckpt compact`); with
+    /// `yield_to_writers`, stops between two rewrites when a commit waits for the writer lock
+    /// (what a background compaction does). Returns `(versions, blobs rewritten, bytes
+    /// before, bytes after, versions still pending)`.
+    #[pyo3(signature = (yield_to_writers=false))]
+    fn compact(&self, py: Python<'_>, yield_to_writers: bool) -> PyResult<(usize, usize, u64, u64, usize)> {
+        let options = repo::CompactOptions { yield_to_writers };
+        let r = self.run(py, move |repo| repo.compact(&options))?;
+        Ok((r.versions, r.rewritten, r.bytes_before, r.bytes_after, r.pending))
+    }
+
     /// The full id of the version `rev` names.
     fn resolve(&self, py: Python<'_>, rev: &str) -> PyResult<String> {
         let rev = rev.to_string();

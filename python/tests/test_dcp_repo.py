@@ -5,6 +5,7 @@ under the root reads that directory. The refusal needs no torch; the loads do (s
 it)."""
 
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -131,3 +132,58 @@ def test_a_reader_of_a_directory_committed_under_the_root_reads_that_directory(t
     with pytest.raises(BaseException, match="a directory inside the repository"):
         dcp.save({"w": torch.ones(4)}, storage_writer=ckpt.dcp.Writer(str(repo_dir / "step_300")))
     assert len(ckpt.Repo(str(repo_dir)).log()) == versions
+
+
+def _two_saves(tmp_path, mode, monkeypatch):
+    """Two versions written as a Writer writes them (`store_objects`, then `commit_stored`
+    through the coordinator's `_RepoTarget.commit`), under the default `reverse` policy with
+    `CKPT_COMPACT=mode`; returns the native repository."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from ckpt.dcp import _RepoTarget
+
+    monkeypatch.setenv("CKPT_COMPACT", mode)
+    repo_dir = tmp_path / "repo"
+    ckpt.Repo.init(str(repo_dir))
+    target = _RepoTarget(str(repo_dir))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    tip = None
+    for step in range(2):
+        w.ravel()[:: 97] += np.float32(0.01)  # a training step's change
+        spool = tmp_path / f"spool{step}.safetensors"
+        save_file({"w": w}, str(spool))
+        stored = target.store_objects(str(spool), "model.safetensors", tip)
+        tip = target.commit("main", tip, None, [stored], f"step {step}", [])
+    return target.native
+
+
+def _wait_compacted(native, limit=60.0):
+    import time
+
+    end = time.monotonic() + limit
+    while native.has_pending_deltas():
+        assert time.monotonic() < end, "the background compaction did not finish"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["background", "inline"])
+def test_a_save_under_reverse_leaves_the_previous_version_as_deltas(tmp_path, monkeypatch, mode):
+    """A Writer's save leaves its version pending (the previous version's tensors become
+    deltas against it in a compaction): the save compacts as `ckpt commit` does, in a niced
+    background process or before returning. Without it every save would stay whole."""
+    native = _two_saves(tmp_path, mode, monkeypatch)
+    if mode == "inline":
+        assert not native.has_pending_deltas()
+    _wait_compacted(native)
+    log = json.loads(native.log_json("HEAD"))
+    # The older version now costs a delta, a fraction of the newer's whole tensor.
+    assert log[1]["stored_now_bytes"] < log[0]["stored_now_bytes"] / 4, log
+
+
+def test_a_save_with_manual_compaction_leaves_it_pending(tmp_path, monkeypatch):
+    native = _two_saves(tmp_path, "manual", monkeypatch)
+    assert native.has_pending_deltas()
+    assert native.compact()[0] == 1
+    assert not native.has_pending_deltas()
