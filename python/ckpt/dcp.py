@@ -478,7 +478,8 @@ def _classes():
                     raise ValueError(
                         f"{self.target}: a directory inside the repository at {opened.native.root}; the "
                         "Writer saves each checkpoint as one version of the repository's root: pass the "
-                        "root, and find a save again by its version, tag or message"
+                        "root (a run of its own: `branch=`), and find a save again by its version, tag "
+                        "or message"
                     )
                 self._opened = opened
             return self._opened
