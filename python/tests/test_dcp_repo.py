@@ -187,3 +187,18 @@ def test_a_save_with_manual_compaction_leaves_it_pending(tmp_path, monkeypatch):
     assert native.has_pending_deltas()
     assert native.compact()[0] == 1
     assert not native.has_pending_deltas()
+
+
+def test_a_compaction_that_cannot_start_leaves_the_save_committed(tmp_path, monkeypatch, caplog):
+    """Starting the compaction fails (here made to raise, as a failed fork would): the
+    save's version stands, pending, and a warning says so; the save does not raise."""
+    import ckpt.dcp as ckpt_dcp
+
+    def fails(native):
+        raise OSError("cannot fork")
+
+    monkeypatch.setattr(ckpt_dcp, "_compact_after_save", fails)
+    native = _two_saves(tmp_path, "background", monkeypatch)
+    assert len(json.loads(native.log_json("HEAD"))) == 2
+    assert native.has_pending_deltas()
+    assert "is committed, but its compaction did not start (cannot fork)" in caplog.text
