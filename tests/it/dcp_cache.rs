@@ -25,6 +25,8 @@ const PATH: &str = "__0_0.distcp";
 struct Recording {
     inner: DirRemote,
     downloads: Mutex<Vec<(String, u64)>>,
+    /// While set, replacing an object fails (a save stopped in its mirror recodes).
+    fail_recodes: std::sync::atomic::AtomicBool,
 }
 
 impl Recording {
@@ -71,6 +73,10 @@ impl Remote for Recording {
         self.inner.upload(key, file, path, len, mode)
     }
     fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> remote::Result<()> {
+        if key.starts_with("objects/") && self.fail_recodes.load(std::sync::atomic::Ordering::Relaxed) {
+            let source = std::io::Error::other("the save was killed");
+            return Err(remote::Error::Io { remote: self.url().into(), action: "replacing", path: key.into(), source });
+        }
         self.inner.replace(key, file, path, len)
     }
     fn delete(&self, key: &str) -> remote::Result<()> {
@@ -100,7 +106,11 @@ impl Setup {
     fn new() -> Setup {
         let work = tempfile::tempdir().unwrap();
         let url = work.path().join("remote").to_str().unwrap().to_string();
-        let remote = Recording { inner: DirRemote::create(&url).unwrap(), downloads: Default::default() };
+        let remote = Recording {
+            inner: DirRemote::create(&url).unwrap(),
+            downloads: Default::default(),
+            fail_recodes: Default::default(),
+        };
         Setup { work, url, remote }
     }
 
@@ -117,20 +127,7 @@ impl Setup {
     /// own; the rank's kept cache is pruned after it, as the Writer does.
     fn save(&self, cache: &RankCache, epoch: u32, layout: Layout) -> VersionId {
         let tip = sync::remote_branch_tip(&self.remote, "main").unwrap();
-        let repo = cache.repo();
-        let disk = self.work.path().join("spool");
-        std::fs::write(&disk, rank_file(0, epoch)).unwrap();
-        let stored = sync::store_file_to_remote(
-            &repo,
-            &self.remote,
-            &disk,
-            &RepoPath::parse(PATH).unwrap(),
-            tip.version.as_ref(),
-            None,
-            layout,
-            4,
-        )
-        .unwrap();
+        let stored = self.store(cache, epoch, layout, &tip).unwrap();
         cache.note_file(PATH, stored.entry.manifest);
         let coordinator = RankCache::temporary().unwrap();
         let options = CommitOptions::default();
@@ -140,6 +137,20 @@ impl Setup {
                 .unwrap();
         cache.prune().unwrap();
         id
+    }
+
+    /// Rank 0's upload of its file of `epoch` through `cache`, on top of `tip`.
+    fn store(
+        &self,
+        cache: &RankCache,
+        epoch: u32,
+        layout: Layout,
+        tip: &sync::RemoteTip,
+    ) -> sync::Result<sync::RemoteFile> {
+        let disk = self.work.path().join("spool");
+        std::fs::write(&disk, rank_file(0, epoch)).unwrap();
+        let path = RepoPath::parse(PATH).unwrap();
+        sync::store_file_to_remote(&cache.repo(), &self.remote, &disk, &path, tip.version.as_ref(), None, layout, 4)
     }
 
     /// Every version of `saves` checks out of a clone as rank 0's file of its epoch.
@@ -339,4 +350,24 @@ fn a_damaged_cache_or_one_of_another_remote_still_gives_correct_saves() {
         s.assert_clone_reads(&[(v1, 1), (v2, 2)]);
         other.assert_clone_reads(&[(w1, 4), (w2, 5)]);
     }
+}
+
+#[test]
+fn a_save_deletes_the_journal_its_rank_left_in_a_save_that_stopped_mid_way() {
+    let s = Setup::new();
+    let v1 = s.save(&s.kept(), 1, Layout::Mirror);
+    let tip = sync::remote_branch_tip(&s.remote, "main").unwrap();
+    // A mirror save stopped in its recodes (as if killed): its journal stays on the remote.
+    s.remote.fail_recodes.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cache = s.kept();
+    assert!(s.store(&cache, 2, Layout::Mirror, &tip).is_err());
+    drop(cache);
+    s.remote.fail_recodes.store(false, std::sync::atomic::Ordering::Relaxed);
+    let left = s.remote.list("pending/").unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    // That save left no version; the rank's next save deletes its journal (a later push must
+    // not recode the first save's blobs against blobs no version names).
+    let v2 = s.save(&s.kept(), 3, Layout::Mirror);
+    assert!(s.remote.list("pending/").unwrap().is_empty());
+    s.assert_clone_reads(&[(v1, 1), (v2, 3)]);
 }
