@@ -158,8 +158,8 @@ class _RemoteTarget(_Target):
         self.native = RemoteStore.open(url, layout=layout, create=create, **where, **s3)
         if self.native.cache_fallback is not None:
             _log.debug("rank %d: a temporary cache for %s: %s", where["rank"], url, self.native.cache_fallback)
-        # What the caches of the closed stores downloaded: (objects, bytes).
-        self.downloaded = (0, 0)
+        # What moved, once closed (`RemoteStore.traffic`).
+        self.traffic: Dict[str, int] = {}
 
     def tip(self, branch: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
         branch = branch if branch is not None else "main"
@@ -176,7 +176,7 @@ class _RemoteTarget(_Target):
         only what the next one needs)."""
         if self.native is not None:
             native, self.native = self.native, None
-            self.downloaded = native.downloaded()
+            self.traffic = native.traffic()
             native.close(prune=prune)
 
 
@@ -352,7 +352,8 @@ def _classes():
         per save; or a directory used as it is; see the module docstring) and the S3 settings
         `endpoint`, `region`, `allow_http` (else from `AWS_*`). With the kept cache a save on top
         of the previous one downloads nothing of the rank's own previous file. After a save,
-        `downloaded` is what this rank downloaded for it: `(objects, bytes)`. Other keyword
+        `traffic` says what this rank moved for it (`RemoteStore.traffic`: downloads, uploads,
+        recodes, requests, and their bytes). Other keyword
         arguments go to `FileSystemWriter` (`thread_count`, `single_file_per_rank`, ...)."""
 
         def __init__(
@@ -377,7 +378,7 @@ def _classes():
             self.options = _target_options(cache, layout, endpoint, region, allow_http)
             self._opened = None
             self.fs = _StoreFS(None)
-            self.downloaded = (0, 0)
+            self.traffic: Dict[str, int] = {}
 
         def _target(self):
             # Opened in the rank's own process (a Writer may be made before a fork or spawn).
@@ -388,15 +389,15 @@ def _classes():
         def _close(self, saved: bool = False) -> None:
             if self._opened is not None:
                 self._opened.close(prune=saved)
-                done = getattr(self._opened, "downloaded", (0, 0))
-                self.downloaded = (self.downloaded[0] + done[0], self.downloaded[1] + done[1])
+                for key, n in getattr(self._opened, "traffic", {}).items():
+                    self.traffic[key] = self.traffic.get(key, 0) + n
                 self._opened = None
 
         def reset(self, checkpoint_id=None) -> None:
             if checkpoint_id:
                 self.target = os.fspath(checkpoint_id)
                 self._close()
-            self.downloaded = (0, 0)
+            self.traffic = {}
             super().reset(None)
 
         def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -510,6 +511,8 @@ def _classes():
             self._opened = None
             self._version: Optional[str] = None
             self._files: Dict[str, Any] = {}
+            # What this rank moved for its last load from a remote (`RemoteStore.traffic`).
+            self.traffic: Dict[str, int] = {}
 
         def _store_fs(self):
             if self._opened is None:
@@ -524,6 +527,7 @@ def _classes():
             if self._opened is not None:
                 # A kept cache keeps what this load read (and what the rank's saves stored).
                 self._opened.close(prune=True)
+                self.traffic = getattr(self._opened, "traffic", {})
                 self._opened = None
 
         def reset(self, checkpoint_id=None) -> None:

@@ -911,23 +911,14 @@ impl RemoteStore {
     }
 
     /// [`RemoteStore::run`], once more on a rebuilt cache if a kept cache's objects turned out
-    /// damaged (the store or the file system failed, not the remote or a refusal): a damaged
-    /// cache costs a download, never a failed save.
+    /// damaged ([`sync::RankCache::with_rebuild`]).
     fn run_retrying<T: Send>(
         &self,
         py: Python<'_>,
         f: impl Fn(&dyn Remote, &repo::Repo) -> sync::Result<T> + Send + Sync,
     ) -> PyResult<T> {
         let (remote, cache) = (self.remote.clone(), self.cache()?);
-        py.detach(move || {
-            let done = f(remote.as_ref(), &cache.repo());
-            let damage = matches!(done, Err(sync::Error::Store(_) | sync::Error::Repo(_) | sync::Error::Io { .. }));
-            if damage && cache.rebuild()? {
-                return f(remote.as_ref(), &cache.repo());
-            }
-            done
-        })
-        .map_err(sync_err)
+        py.detach(move || cache.with_rebuild(|repo| f(remote.as_ref(), repo))).map_err(sync_err)
     }
 }
 
@@ -983,12 +974,16 @@ impl RemoteStore {
                 let cache = match (cache, rank, sync::default_cache_root()) {
                     (Some(dir), _, _) => sync::RankCache::at(&dir),
                     (None, Some(rank), Some(root)) => sync::RankCache::kept(&root, &identity, rank),
-                    (None, _, _) => sync::RankCache::temporary(),
+                    (None, Some(_), None) => {
+                        let why = format!("no cache directory (set {})", sync::CACHE_DIR_VAR);
+                        sync::RankCache::temporary_because(Some(why))
+                    }
+                    (None, None, _) => sync::RankCache::temporary(),
                 };
                 Ok::<_, String>((remote, cache.map_err(|e| error_text(&e))?))
             })
             .map_err(err)?;
-        let remote = Arc::new(Counted { inner: remote, downloads: Default::default(), bytes: Default::default() });
+        let remote = Arc::new(Counted { inner: remote, counts: Default::default() });
         Ok(RemoteStore { remote, cache: Mutex::new(Some(Arc::new(cache))), layout, transfers: 8 })
     }
 
@@ -1016,10 +1011,22 @@ impl RemoteStore {
         self.cache().ok().and_then(|c| c.fallback().map(str::to_string))
     }
 
-    /// What this store downloaded from the remote so far: `(objects, bytes)` (an object whose
-    /// download stopped after its header counts, with the bytes that came).
-    fn downloaded(&self) -> (u64, u64) {
-        (self.remote.downloads.load(Ordering::Relaxed), self.remote.bytes.load(Ordering::Relaxed))
+    /// What this store moved so far: `downloads` and `downloaded_bytes` (a download stopped
+    /// after an object's header counts, with the bytes that came), `uploads` and
+    /// `uploaded_bytes` (new objects), `replaces` and `replaced_bytes` (a mirror layout's
+    /// recodes), and `requests` (all kinds).
+    fn traffic(&self) -> BTreeMap<&'static str, u64> {
+        let c = &self.remote.counts;
+        let get = |i: usize| c[i].load(Ordering::Relaxed);
+        BTreeMap::from([
+            ("downloads", get(0)),
+            ("downloaded_bytes", get(1)),
+            ("uploads", get(2)),
+            ("uploaded_bytes", get(3)),
+            ("replaces", get(4)),
+            ("replaced_bytes", get(5)),
+            ("requests", self.remote.requests()),
+        ])
     }
 
     /// Where branch `name` is on the remote: `(version or None, tag or None)`, the tag being
@@ -1151,11 +1158,18 @@ impl RemoteStore {
     }
 }
 
-/// A remote that counts what is downloaded from it ([`RemoteStore::downloaded`]).
+/// A remote that counts what moves ([`RemoteStore::traffic`]): downloads and their bytes,
+/// uploads and their bytes, replacements and their bytes.
 struct Counted {
     inner: Box<dyn Remote>,
-    downloads: std::sync::atomic::AtomicU64,
-    bytes: std::sync::atomic::AtomicU64,
+    counts: [std::sync::atomic::AtomicU64; 6],
+}
+
+impl Counted {
+    fn count(&self, what: usize, bytes: u64) {
+        self.counts[what].fetch_add(1, Ordering::Relaxed);
+        self.counts[what + 1].fetch_add(bytes, Ordering::Relaxed);
+    }
 }
 
 /// A `Write` that counts the bytes through it.
@@ -1200,10 +1214,16 @@ impl Remote for Counted {
         len: u64,
         mode: remote::UploadMode,
     ) -> remote::Result<remote::Uploaded> {
-        self.inner.upload(key, file, path, len, mode)
+        let uploaded = self.inner.upload(key, file, path, len, mode)?;
+        if uploaded == remote::Uploaded::Created {
+            self.count(2, len);
+        }
+        Ok(uploaded)
     }
     fn replace(&self, key: &str, file: &std::fs::File, path: &std::path::Path, len: u64) -> remote::Result<()> {
-        self.inner.replace(key, file, path, len)
+        self.inner.replace(key, file, path, len)?;
+        self.count(4, len);
+        Ok(())
     }
     fn delete(&self, key: &str) -> remote::Result<()> {
         self.inner.delete(key)
@@ -1212,8 +1232,8 @@ impl Remote for Counted {
         self.inner.read_head(key, len)
     }
     fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
-        self.downloads.fetch_add(1, Ordering::Relaxed);
-        self.inner.download(key, &mut CountingWrite { out, bytes: &self.bytes }, limit)
+        self.counts[0].fetch_add(1, Ordering::Relaxed);
+        self.inner.download(key, &mut CountingWrite { out, bytes: &self.counts[1] }, limit)
     }
     fn requests(&self) -> u64 {
         self.inner.requests()

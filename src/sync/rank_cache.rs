@@ -110,7 +110,8 @@ impl RankCache {
         RankCache::temporary_because(None)
     }
 
-    fn temporary_because(fallback: Option<String>) -> Result<RankCache> {
+    /// A temporary cache, `fallback` saying why a kept one is not used.
+    pub fn temporary_because(fallback: Option<String>) -> Result<RankCache> {
         let dir = tempfile::Builder::new()
             .prefix("ckpt-dcp-cache-")
             .tempdir()
@@ -130,7 +131,9 @@ impl RankCache {
     /// read back, is emptied first.
     pub fn kept(root: &Path, identity: &str, rank: u32) -> Result<RankCache> {
         let dir = rank_cache_dir(root, identity, rank);
-        std::fs::create_dir_all(&dir).map_err(io("creating the cache", &dir))?;
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return RankCache::temporary_because(Some(format!("{}: {e}", dir.display())));
+        }
         let lock_path = dir.join(LOCK);
         let file = match File::options().create(true).truncate(false).write(true).open(&lock_path) {
             Ok(f) => f,
@@ -148,8 +151,11 @@ impl RankCache {
             }
         }
         let lock = Locked(file);
-        let repo = open_kept_store(&dir, identity)?;
-        Ok(RankCache::new(repo, Place::Kept { dir, _lock: lock }))
+        match open_kept_store(&dir, identity) {
+            Ok(repo) => Ok(RankCache::new(repo, Place::Kept { dir, _lock: lock })),
+            // (A full disk, a read-only directory.)
+            Err(e) => RankCache::temporary_because(Some(format!("{}: {e}", dir.display()))),
+        }
     }
 
     /// The cache's repository (a new one after [`RankCache::rebuild`]).
@@ -192,6 +198,18 @@ impl RankCache {
         Ok(true)
     }
 
+    /// Runs `work` on the cache's repository; if it fails in the store (an object of the cache
+    /// that does not verify, or is missing while a manifest names it) and this is a kept
+    /// cache, runs it once more on the cache rebuilt empty: a damaged cache costs downloads,
+    /// never a failed save. (A store error that comes from the remote's objects fails again.)
+    pub fn with_rebuild<T>(&self, work: impl Fn(&Repo) -> Result<T>) -> Result<T> {
+        let done = work(&self.repo());
+        match done {
+            Err(e) if is_store_damage(&e) && self.rebuild()? => work(&self.repo()),
+            done => done,
+        }
+    }
+
     /// After a successful save or load: deletes every object of a kept cache but those of the
     /// files it keeps, which are the newest file of each path: those noted since the cache was
     /// opened, then, for other paths, those kept before. `None` for a cache that is not kept.
@@ -208,6 +226,23 @@ impl RankCache {
         // Interrupted writes of earlier users (this one holds the lock: none is in flight).
         let _ = repo.store().clean_tmp(std::time::Duration::ZERO);
         Ok(Some(report))
+    }
+}
+
+/// Whether `e` is the store's: an object that does not verify or is missing, where the cache
+/// is the likely cause (not the remote, not a refusal, not the caller's arguments).
+fn is_store_damage(e: &Error) -> bool {
+    fn repo_store(e: &crate::repo::Error) -> bool {
+        match e {
+            crate::repo::Error::Store(_) => true,
+            crate::repo::Error::File { source, .. } => repo_store(source),
+            _ => false,
+        }
+    }
+    match e {
+        Error::Store(_) => true,
+        Error::Repo(e) => repo_store(e),
+        _ => false,
     }
 }
 

@@ -302,22 +302,15 @@ fn a_damaged_cache_or_one_of_another_remote_still_gives_correct_saves() {
         let tip = sync::remote_branch_tip(&s.remote, "main").unwrap();
         let disk = s.work.path().join("spool2");
         std::fs::write(&disk, rank_file(0, 2)).unwrap();
-        let store = |repo: &Repo| {
-            sync::store_file_to_remote(
-                repo,
-                &s.remote,
-                &disk,
-                &RepoPath::parse(PATH).unwrap(),
-                tip.version.as_ref(),
-                None,
-                layout,
-                4,
-            )
-        };
-        let failed = store(&cache.repo());
-        assert!(failed.is_err(), "{layout}: the damage went unnoticed");
-        assert!(cache.rebuild().unwrap());
-        let stored = store(&cache.repo()).unwrap();
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let stored = cache
+            .with_rebuild(|repo: &Repo| {
+                attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let path = RepoPath::parse(PATH).unwrap();
+                sync::store_file_to_remote(repo, &s.remote, &disk, &path, tip.version.as_ref(), None, layout, 4)
+            })
+            .unwrap();
+        assert_eq!(attempts.into_inner(), 2, "{layout}: the damage went unnoticed");
         let coordinator = RankCache::temporary().unwrap();
         let v2 = sync::commit_to_remote(
             &coordinator.repo(),
