@@ -19,6 +19,11 @@
 //!
 //! Reads ([`StoredFileReader`]) decode only the segments a byte range covers, each verified
 //! against its id, so a reader holds about what it asked for, not a whole file.
+//!
+//! The cache is by default kept by the rank from save to save ([`super::RankCache`]), so a save
+//! on top of the previous one finds the rank's previous file there; a mirror save notes its
+//! journal in the cache, and the rank's next save deletes a journal an earlier save through the
+//! same cache left unfinished ([`store_file_to_remote`]).
 
 use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
 use super::remotes::{parse_ref, put_ref, ref_key};
@@ -150,7 +155,10 @@ fn pinned(v: &Version) -> bool {
 /// - mirror: the new blobs go up whole; then each paired blob of `previous` that the remote
 ///   held before this upload and whose new counterpart the remote lacked is replaced there by
 ///   an XOR delta against it, under a journal written first, unless the previous version is
-///   pinned (docs/format.md, "A mirror push").
+///   pinned (docs/format.md, "A mirror push"). The journal's key is noted in `cache` first; a
+///   journal an earlier save through `cache` noted and left (killed or failed mid-way, so it
+///   left no version) is deleted, not finished: its recodes would be against blobs no version
+///   names.
 ///
 /// Returns the file's entry, what moved, and what the remote stores anew for it.
 #[allow(clippy::too_many_arguments)]
