@@ -911,14 +911,16 @@ impl RemoteStore {
     }
 
     /// [`RemoteStore::run`], once more on a rebuilt cache if a kept cache's objects turned out
-    /// damaged ([`sync::RankCache::with_rebuild`]).
+    /// damaged ([`sync::RankCache::with_rebuild`]); the work that codes and verifies, so it
+    /// runs in a forked child's own rayon pool there ([`child_pool`]).
     fn run_retrying<T: Send>(
         &self,
         py: Python<'_>,
         f: impl Fn(&dyn Remote, &repo::Repo) -> sync::Result<T> + Send + Sync,
     ) -> PyResult<T> {
-        let (remote, cache) = (self.remote.clone(), self.cache()?);
-        py.detach(move || cache.with_rebuild(|repo| f(remote.as_ref(), repo))).map_err(sync_err)
+        let (remote, cache, pool) = (self.remote.clone(), self.cache()?, child_pool()?);
+        py.detach(move || in_pool(pool.as_deref(), || cache.with_rebuild(|repo| f(remote.as_ref(), repo))))
+            .map_err(sync_err)
     }
 }
 
