@@ -7,20 +7,24 @@ checked against the saved values).
     python benches/dcp_save.py [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
     python benches/dcp_save.py --profile OUT   # also cProfile rank 0's last Writer save and
                                                # Reader load: OUT.save.prof, OUT.load.prof
-    python benches/dcp_save.py --s3 [--layout mirror|deltas] [--cache] [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
+    python benches/dcp_save.py --s3 [--layout mirror|deltas] [--cache kept|temporary|dir] [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
 
 `--s3`: the same against an S3 server on loopback (`s3s-fs`, from PATH or `S3S_FS`, with its
 root under DIR): DCP's fsspec writer (`FsspecWriter`, `s3fs`) to `s3://bench/plainR`, against
 `ckpt.dcp.Writer("s3://bench/ckptR", endpoint=..., allow_http=True, layout=LAYOUT)` (default
-`mirror`, as `ckpt remote add`; a temporary cache per rank). Each round, interleaved: a training step; an fsspec save;
+`mirror`, as `ckpt remote add`). Each round, interleaved: a training step; an fsspec save;
 the Writer's first save into a new prefix (everything new); a step; an fsspec save; the Writer's
-second save into the same prefix (its rank file of the first save downloaded; `mirror`: the new
-tensors uploaded whole and the first save's recoded on the remote as deltas against them;
+second save into the same prefix (each rank pairs with its file of the first save; `mirror`: the
+new tensors uploaded whole and the first save's recoded on the remote as deltas against them;
 `deltas`: the new tensors uploaded as deltas against the first save's); then
 `FsspecReader` and `ckpt.dcp.Reader` loads of the second save, checked. fsspec saves write
 whole files every time, so both Writer saves are compared with the same round's fsspec saves.
-`--cache`: each rank passes the Writer and Reader a cache directory of its own (`cache=`) kept
-from the first save to the second and the load, instead of the default temporary one.
+`--cache`: the ranks' caches: `kept` (default options: each rank's kept cache, with
+`CKPT_CACHE_DIR` pointed under DIR; the second save finds the first's objects there, and the
+Reader its own rank's file), `temporary` (`cache=False`: a temporary cache per save and load,
+which downloads what it pairs), `dir` (`cache=` a directory per rank and round, kept from the
+first save to the second and the load, never pruned). Each Writer save's traffic (rank 0:
+downloads, uploads, recodes, requests; `Writer.traffic`) is printed after the times.
 """
 
 import argparse
@@ -46,6 +50,7 @@ def s3fs_options(endpoint):
 
 
 def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, queue):
+    """`cache`: `"kept"`, `"temporary"` or a directory (`--cache dir`)."""
     """The `--s3` rounds (see the module docstring); `root` is the server's root directory."""
     import warnings
 
@@ -67,13 +72,17 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, que
     zeroed = {k: distribute_tensor(torch.zeros(t.shape), mesh, [Shard(0)]) for k, t in sd.items()}
     names = ("fsspec save", "Writer save 1", "fsspec save 2", "Writer save 2", "FsspecReader", "ckpt.dcp.Reader")
     times = {name: [] for name in names}
+    traffic = {name: [] for name in names if name.startswith("Writer")}
     s3 = {"endpoint": endpoint, "allow_http": True, "region": "us-east-1"}
     writer_options = dict(s3, layout=layout)
+    reader_options = dict(s3)
+    if cache == "temporary":
+        writer_options["cache"] = reader_options["cache"] = False
     for r in range(repeat):
         plain, ours = f"s3://{BUCKET}/plain{r}", f"s3://{BUCKET}/ckpt{r}"
-        if cache:
+        if cache not in ("kept", "temporary"):
             # One cache per rank and prefix, kept from the first save to the second and the load.
-            writer_options["cache"] = os.path.join(cache, f"rank{rank}", f"ckpt{r}")
+            writer_options["cache"] = reader_options["cache"] = os.path.join(cache, f"rank{rank}", f"ckpt{r}")
         for name in names:
             if name in ("fsspec save", "fsspec save 2"):
                 # A training step before each pair of saves: every value changes a little.
@@ -86,14 +95,16 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, que
             if name.startswith("fsspec save"):
                 dcp.save(sd, storage_writer=FsspecWriter(plain, sync_files=False, **s3fs_options(endpoint)))
             elif name.startswith("Writer save"):
-                dcp.save(sd, storage_writer=ckpt.dcp.Writer(ours, message=f"{name} {r}", **writer_options))
+                writer = ckpt.dcp.Writer(ours, message=f"{name} {r}", **writer_options)
+                dcp.save(sd, storage_writer=writer)
             elif name == "FsspecReader":
                 dcp.load(zeroed, storage_reader=FsspecReader(plain, **s3fs_options(endpoint)))
             else:
-                reader_options = dict(s3, cache=writer_options["cache"]) if cache else s3
                 dcp.load(zeroed, storage_reader=ckpt.dcp.Reader(ours, **reader_options))
             dist.barrier()
             times[name].append(time.perf_counter() - start)
+            if name in traffic:
+                traffic[name].append(dict(writer.traffic))
             if "Reader" in name:
                 assert all(torch.equal(zeroed[k].to_local(), sd[k].to_local()) for k in sd), name
         dist.barrier()
@@ -101,11 +112,11 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, que
             # The server keeps objects as files under its root: this round's go (disk).
             for prefix in (f"plain{r}", f"ckpt{r}"):
                 shutil.rmtree(os.path.join(root, BUCKET, prefix), ignore_errors=True)
-            if cache:
-                shutil.rmtree(cache, ignore_errors=True)
+        if cache not in ("kept", "temporary"):
+            shutil.rmtree(os.path.join(cache, f"rank{rank}"), ignore_errors=True)
         dist.barrier()
     if rank == 0:
-        queue.put(times)
+        queue.put((times, traffic))
     dist.destroy_process_group()
 
 
@@ -204,7 +215,12 @@ def main():
     p.add_argument("--profile", default=None, help="cProfile rank 0's last Writer save and Reader load")
     p.add_argument("--s3", action="store_true", help="against DCP's fsspec writer (s3fs) on an s3s-fs server")
     p.add_argument("--layout", default="mirror", choices=("mirror", "deltas"), help="the Writer's remote layout (--s3)")
-    p.add_argument("--cache", action="store_true", help="--s3: a cache per rank kept from save to save (`cache=`)")
+    p.add_argument(
+        "--cache",
+        default="kept",
+        choices=("kept", "temporary", "dir"),
+        help="--s3: the ranks' caches: kept (the default options), temporary (cache=False), dir (cache=DIR)",
+    )
     a = p.parse_args()
     if a.s3:
         return main_s3(a)
@@ -228,19 +244,22 @@ def main():
 def main_s3(a):
     with tempfile.TemporaryDirectory(dir=a.dir) as root:
         server, endpoint = start_s3s(os.path.join(root, "s3"))
-        # The Writer and Reader take credentials from the environment, which the ranks inherit.
+        # The Writer and Reader take credentials from the environment, which the ranks inherit;
+        # the kept caches go under the bench's directory, not ~/.cache.
         os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION="us-east-1")
+        os.environ["CKPT_CACHE_DIR"] = os.path.join(root, "kept")
+        cache = os.path.join(root, "cache") if a.cache == "dir" else a.cache
         try:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             queue = mp.get_context("spawn").SimpleQueue()
-            mp.spawn(s3_worker, args=(a.ranks, port, a.mib, a.repeat, os.path.join(root, "s3"), endpoint, a.layout, os.path.join(root, "cache") if a.cache else None, queue), nprocs=a.ranks)
-            times = queue.get()
+            mp.spawn(s3_worker, args=(a.ranks, port, a.mib, a.repeat, os.path.join(root, "s3"), endpoint, a.layout, cache, queue), nprocs=a.ranks)
+            times, traffic = queue.get()
         finally:
             server.kill()
             server.wait()
-    print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, s3s-fs on loopback, layout {a.layout}{', kept caches' if a.cache else ''}, median of {a.repeat}:")
+    print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, s3s-fs on loopback, layout {a.layout}, {a.cache} caches, median of {a.repeat}:")
     for name, t in times.items():
         print(f"  {name:18} {statistics.median(t):7.2f} s  ({', '.join(f'{x:.2f}' for x in t)})")
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -251,6 +270,14 @@ def main_s3(a):
     for ours, stock in (("Writer save 1", "fsspec save"), ("Writer save 2", "fsspec save 2"), ("ckpt.dcp.Reader", "FsspecReader")):
         per = [o / s for o, s in zip(times[ours], times[stock])]
         print(f"  {ours} / {stock} per round: {', '.join(f'{x:.2f}' for x in per)}")
+    mib = 1 << 20
+    for name, rounds in traffic.items():
+        for r, t in enumerate(rounds):
+            print(
+                f"  rank 0, {name}, round {r}: downloaded {t.get('downloads', 0)} objects {t.get('downloaded_bytes', 0) / mib:.2f} MiB, "
+                f"uploaded {t.get('uploads', 0)} objects {t.get('uploaded_bytes', 0) / mib:.2f} MiB, "
+                f"recoded {t.get('replaces', 0)} objects {t.get('replaced_bytes', 0) / mib:.2f} MiB, {t.get('requests', 0)} requests"
+            )
 
 
 if __name__ == "__main__":

@@ -38,15 +38,35 @@ save moved the branch meanwhile, the save raises on every rank and nothing is ov
   credentials, region and endpoint from the `AWS_*` environment variables as for ckpt's S3
   remotes, or the `endpoint`, `region` and `allow_http` arguments) or `file:///dir` (a
   directory remote; the writer creates it if missing). The ranks need no repository: each
-  keeps a cache of objects (`cache`, default a temporary directory deleted when the rank is
-  done), pairs its items with the same items in any rank file of the branch's previous
-  version, downloading only the manifests that takes and the objects of the items it pairs,
-  and uploads its file in the remote's `layout` (`"mirror"`, the default of `ckpt remote add`: new tensors whole,
+  keeps a cache of objects (`cache`, see below), pairs its items with the same items in any
+  rank file of the branch's previous version, downloading only the manifests that takes and
+  the objects of the items it pairs that its cache lacks, and uploads its file in the remote's
+  `layout` (`"mirror"`, the default of `ckpt remote add`: new tensors whole,
   then the previous version's changed tensors recoded on the remote as deltas against them;
   or `"deltas"`: new tensors as forward deltas against the previous version's), as `ckpt push`
   and the git filter's transfers do (docs/format.md, "Distributed saves to a remote"). The
   version and the remote branch are what `ckpt clone`/`fetch` of that remote read; `branch`
   defaults to `main`.
+
+A rank's cache for a remote target (`cache=` of `Writer` and `Reader`):
+
+- default (`cache=None`): a cache kept on the rank's machine from save to save, one per remote
+  and rank, under `$CKPT_CACHE_DIR`, else `$XDG_CACHE_HOME/ckpt`, else `~/.cache/ckpt`, in
+  `dcp/<hash of the remote>/rank-<r>/` (its file `remote` names the remote). A save on top of
+  the previous one then finds that save's objects of its rank there instead of downloading
+  them, and a load after a save on the same rank downloads only what it lacks. After each
+  successful save or load the cache keeps only the newest file of each path it stored or read
+  (about one save of the rank) and deletes the rest. A rank holds a lock on its cache while it
+  saves or loads: a second process on the same cache (another job, or an overlapping save)
+  uses a temporary cache instead (correct, only slower; logged at debug level on the
+  `ckpt.dcp` logger), and a killed process holds nothing (the kernel releases its lock). A
+  cache of another remote, or one that does not read back, is emptied and rebuilt; every
+  object is checked against its id as it is read, and a save that finds one damaged is done
+  again on a rebuilt cache.
+- `cache=False`: a temporary directory per save or load, deleted when the rank is done (each
+  save downloads what it pairs).
+- `cache=DIR`: that directory, used as it is (give each rank its own; never pruned: it grows
+  with every save).
 
 A rank that raises leaves no version and no ref change (DCP raises on every rank); what it
 stored is unreferenced. In a repository `ckpt gc` deletes it once it is older than the grace
@@ -75,16 +95,16 @@ import io
 import logging
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 __all__ = ["Writer", "Reader"]
 
 _METADATA = ".metadata"
+
+_log = logging.getLogger(__name__)
 
 
 def _is_remote(target: str) -> bool:
@@ -139,7 +159,7 @@ class _RepoTarget(_Target):
         except Exception as e:  # noqa: BLE001 (the save stands: a compaction is only owed)
             # As `ckpt commit` warns: the version is committed and stays pending for the next
             # compaction; failing the save here would report a committed save as lost.
-            logging.getLogger("ckpt").warning(
+            _log.warning(
                 "ckpt: version %s is committed, but its compaction did not start (%s); `ckpt compact` "
                 "rewrites it",
                 version,
@@ -147,24 +167,27 @@ class _RepoTarget(_Target):
             )
         return version
 
-    def close(self) -> None:
+    def close(self, prune: bool = False) -> None:
         pass
 
 
 class _RemoteTarget(_Target):
-    """A remote every rank reaches through a cache of its own."""
+    """A remote every rank reaches through a cache of its own: `cache` a directory, `False`
+    (a temporary one) or `None` (this rank's kept cache; see the module docstring)."""
 
-    def __init__(self, url: str, cache: Optional[str], layout: str, s3: Dict[str, Any], create: bool) -> None:
+    def __init__(self, url: str, cache: Any, layout: str, s3: Dict[str, Any], create: bool) -> None:
         from ckpt._native import RemoteStore
 
-        self.temp: Optional[str] = None
-        if cache is None:
-            self.temp = cache = tempfile.mkdtemp(prefix="ckpt-dcp-cache-")
-        try:
-            self.native = RemoteStore.open(url, os.fspath(cache), layout=layout, create=create, **s3)
-        except BaseException:
-            self.close()
-            raise
+        where: Dict[str, Any] = {}
+        if cache is None or cache is True:
+            where["rank"] = _rank()
+        elif cache is not False:
+            where["cache"] = os.fspath(cache)
+        self.native = RemoteStore.open(url, layout=layout, create=create, **where, **s3)
+        if self.native.cache_fallback is not None:
+            _log.debug("rank %d: a temporary cache for %s: %s", where["rank"], url, self.native.cache_fallback)
+        # What moved, once closed (`RemoteStore.traffic`).
+        self.traffic: Dict[str, int] = {}
 
     def tip(self, branch: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
         branch = branch if branch is not None else "main"
@@ -176,11 +199,13 @@ class _RemoteTarget(_Target):
         stored_bytes = sum(f[4] for f in files)
         return self.native.commit(branch, tip, cas, [f[:4] for f in files], message, tags, stored_bytes)
 
-    def close(self) -> None:
-        self.native = None
-        if self.temp is not None:
-            shutil.rmtree(self.temp, ignore_errors=True)
-            self.temp = None
+    def close(self, prune: bool = False) -> None:
+        """Releases the cache (`prune`, after a successful save or load: a kept cache keeps
+        only what the next one needs)."""
+        if self.native is not None:
+            native, self.native = self.native, None
+            self.traffic = native.traffic()
+            native.close(prune=prune)
 
 
 def _compact_after_save(native) -> None:
@@ -215,7 +240,14 @@ def _compact_after_save(native) -> None:
             )
 
 
-def _open_target(target: str, cache: Optional[str], layout: str, s3: Dict[str, Any], create: bool):
+def _rank() -> int:
+    """This process's rank (0 outside a process group): which kept cache it uses."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _open_target(target: str, cache: Any, layout: str, s3: Dict[str, Any], create: bool):
     if _is_remote(target):
         return _RemoteTarget(target, cache, layout, s3, create)
     return _RepoTarget(target)
@@ -435,8 +467,10 @@ def _classes():
         return (info.offset, info.length, index.fqn, chunk, transformed)
 
     def _target_options(cache, layout, endpoint, region, allow_http) -> Dict[str, Any]:
+        if cache is not None and not isinstance(cache, bool) and not isinstance(cache, (str, os.PathLike)):
+            raise TypeError(f"cache: None, False or a directory, not {type(cache).__name__}")
         return {
-            "cache": None if cache is None else os.fspath(cache),
+            "cache": cache if cache is None or isinstance(cache, bool) else os.fspath(cache),
             "layout": layout,
             "s3": {"endpoint": endpoint, "region": region, "allow_http": allow_http},
         }
@@ -445,15 +479,14 @@ def _classes():
         """A DCP `StorageWriter` that saves into the ckpt repository or remote at `target` as
         one version on `branch` (default: the repository's current branch; `main` on a remote),
         with `message` and `tags`. For a remote: `layout` (`"mirror"` or `"deltas"`), `cache`
-        (a directory for this rank's objects; default a temporary one, deleted when the rank is
-        done) and the S3 settings `endpoint`, `region`, `allow_http` (else from `AWS_*`). For
-        repeated saves pass each rank a `cache` of its own (not shared with another rank) that
-        outlives the save: the next save finds the previous one's objects there instead of
-        downloading them (docs/BENCHMARKS.md: a second save to S3 took 0.96x DCP's fsspec writer
-        with a kept cache and `layout="deltas"`, 2.1-2.8x with the temporary default). A kept
-        cache holds every save's objects of that rank until it is deleted. Other
-        keyword arguments go to `FileSystemWriter` (`thread_count`, `single_file_per_rank`,
-        ...)."""
+        (default `None`: a cache per remote and rank kept on this machine from save to save,
+        locked while in use and pruned to about one save after each; `False`: a temporary one
+        per save; or a directory used as it is; see the module docstring) and the S3 settings
+        `endpoint`, `region`, `allow_http` (else from `AWS_*`). With the kept cache a save on top
+        of the previous one downloads nothing of the rank's own previous file. After a save,
+        `traffic` says what this rank moved for it (`RemoteStore.traffic`: downloads, uploads,
+        recodes, requests, and their bytes). Other keyword
+        arguments go to `FileSystemWriter` (`thread_count`, `single_file_per_rank`, ...)."""
 
         def __init__(
             self,
@@ -477,6 +510,7 @@ def _classes():
             self.options = _target_options(cache, layout, endpoint, region, allow_http)
             self._opened = None
             self.fs = _StoreFS(None)
+            self.traffic: Dict[str, int] = {}
 
         def _target(self):
             # Opened in the rank's own process (a Writer may be made before a fork or spawn).
@@ -495,15 +529,18 @@ def _classes():
                 self._opened = opened
             return self._opened
 
-        def _close(self) -> None:
+        def _close(self, saved: bool = False) -> None:
             if self._opened is not None:
-                self._opened.close()
+                self._opened.close(prune=saved)
+                for key, n in getattr(self._opened, "traffic", {}).items():
+                    self.traffic[key] = self.traffic.get(key, 0) + n
                 self._opened = None
 
         def reset(self, checkpoint_id=None) -> None:
             if checkpoint_id:
                 self.target = os.fspath(checkpoint_id)
                 self._close()
+            self.traffic = {}
             super().reset(None)
 
         def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -528,6 +565,7 @@ def _classes():
             ]
 
         def write_data(self, plan, planner):
+            saved = False
             try:
                 # Each file is stored once DCP has written all of them and said where each item
                 # lies: cut into its items and named by fqn and chunk offsets, as `.metadata`
@@ -544,12 +582,14 @@ def _classes():
                         by_file.setdefault(r.storage_data.relative_path, []).append(_written_item(r, chunks))
                     for name, fd in sorted(self.fs.written.items()):
                         self.fs.store(name, fd, by_file.get(name, []))
+                    saved = True
                 finally:
                     self.fs.close_written()
             finally:
-                # This rank's part is uploaded (or failed): its temporary cache goes.
+                # This rank's part is uploaded (or failed): its cache is released (pruned if
+                # kept and the upload succeeded; deleted if temporary).
                 if _is_remote(self.target):
-                    self._close()
+                    self._close(saved=saved)
             stored = self.fs.stored
             out = [
                 _StoredResult(r.index, r.size_in_bytes, r.storage_data, stored[r.storage_data.relative_path])
@@ -566,6 +606,7 @@ def _classes():
                 for r in rank_results:
                     files[r.stored[0]] = r.stored
                 plain.append([WriteResult(r.index, r.size_in_bytes, r.storage_data) for r in rank_results])
+            saved = False
             try:
                 target = self._target()
                 self.fs = _StoreFS(target, previous=self._tip)
@@ -574,9 +615,10 @@ def _classes():
                 self.version = target.commit(
                     self._branch, self._tip, self._cas, list(files.values()), self.message, self.tags
                 )
+                saved = True
             finally:
                 if _is_remote(self.target):
-                    self._close()
+                    self._close(saved=saved)
 
         def storage_meta(self):
             return StorageMeta(checkpoint_id=self.target, save_id=self.save_id)
@@ -591,10 +633,12 @@ def _classes():
 
     class Reader(fs.FileSystemReader):
         """A DCP `StorageReader` of version `rev` of the ckpt repository or remote at `target`,
-        read item by item from the store (nothing checked out). For a remote: `cache` (this
-        rank's objects; default a temporary directory) and the S3 settings. `.metadata` is
-        unpickled allowing only the classes DCP's metadata names (`trust_metadata=True`: any, as
-        DCP's own reader does; only for a store whose every writer you trust)."""
+        read item by item from the store (nothing checked out). For a remote: `cache` (default
+        `None`: this rank's kept cache, the one its saves use, so a load after a save on the same
+        rank downloads nothing of the rank's own file; `False`: a temporary one; or a
+        directory) and the S3 settings. `.metadata` is unpickled allowing only the classes DCP's
+        metadata names (`trust_metadata=True`: any, as DCP's own reader does; only for a store
+        whose every writer you trust)."""
 
         def __init__(
             self,
@@ -614,6 +658,8 @@ def _classes():
             self._opened = None
             self._version: Optional[str] = None
             self._files: Dict[str, Any] = {}
+            # What this rank moved for its last load from a remote (`RemoteStore.traffic`).
+            self.traffic: Dict[str, int] = {}
 
         def _store_fs(self):
             if self._opened is None:
@@ -626,7 +672,9 @@ def _classes():
         def _close(self) -> None:
             self._files = {}
             if self._opened is not None:
-                self._opened.close()
+                # A kept cache keeps what this load read (and what the rank's saves stored).
+                self._opened.close(prune=True)
+                self.traffic = getattr(self._opened, "traffic", {})
                 self._opened = None
 
         def reset(self, checkpoint_id=None) -> None:

@@ -914,66 +914,151 @@ impl StoredFile {
 
 /// A remote (`s3://…`, `file://…`) that the ranks of a distributed save write to and read from
 /// without a repository, each through a cache of its own (a repository used as an object
-/// store only): [`sync::store_file_to_remote`], [`sync::commit_to_remote`].
+/// store only, [`sync::RankCache`]): [`sync::store_file_to_remote`], [`sync::commit_to_remote`].
 #[pyclass(frozen, module = "ckpt._native")]
 struct RemoteStore {
-    remote: Arc<dyn Remote>,
-    cache: Arc<repo::Repo>,
+    remote: Arc<Counted>,
+    /// `None` once closed.
+    cache: Mutex<Option<Arc<sync::RankCache>>>,
     layout: sync::Layout,
     /// Transfers in flight at once.
     transfers: usize,
 }
 
 impl RemoteStore {
+    fn cache(&self) -> PyResult<Arc<sync::RankCache>> {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        cache.ok_or_else(|| err(format!("{}: this RemoteStore is closed", self.remote.url())))
+    }
+
     fn run<T: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&dyn Remote, &repo::Repo) -> sync::Result<T> + Send,
     ) -> PyResult<T> {
-        let (remote, cache) = (self.remote.clone(), self.cache.clone());
+        let (remote, cache) = (self.remote.clone(), self.cache()?.repo());
         py.detach(move || f(remote.as_ref(), &cache)).map_err(sync_err)
+    }
+
+    /// [`RemoteStore::run`], once more on a rebuilt cache if a kept cache's objects turned out
+    /// damaged ([`sync::RankCache::with_rebuild`]); the work that codes and verifies, so it
+    /// runs in a forked child's own rayon pool there ([`child_pool`]).
+    fn run_retrying<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl Fn(&dyn Remote, &repo::Repo) -> sync::Result<T> + Send + Sync,
+    ) -> PyResult<T> {
+        let (remote, cache, pool) = (self.remote.clone(), self.cache()?, child_pool()?);
+        py.detach(move || in_pool(pool.as_deref(), || cache.with_rebuild(|repo| f(remote.as_ref(), repo))))
+            .map_err(sync_err)
+    }
+}
+
+/// The text that tells one remote from another for its kept caches: its URL (without
+/// credentials) and, for S3, the endpoint (two servers may serve the same bucket name).
+fn remote_identity(url: &str, endpoint: Option<&str>) -> String {
+    let endpoint = endpoint
+        .map(str::to_string)
+        .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+        .or_else(|| std::env::var("AWS_ENDPOINT").ok())
+        .filter(|e| !e.is_empty());
+    match endpoint {
+        Some(endpoint) if url.starts_with("s3://") => format!("{url} {endpoint}"),
+        _ => url.to_string(),
     }
 }
 
 #[pymethods]
 impl RemoteStore {
     /// Opens the remote at `url` (`s3://bucket/prefix`, with the `AWS_*` environment and these
-    /// settings; `file:///dir`, created if missing, for a writer) with its cache in `cache`
-    /// (created if missing), uploading in `layout` (`"mirror"` or `"deltas"`).
+    /// settings; `file:///dir`, created if missing, for a writer), uploading in `layout`
+    /// (`"mirror"` or `"deltas"`), with its cache in `cache` (a directory, created if missing,
+    /// used as it is); else, given `rank`, the kept cache of that rank for this remote under
+    /// `$CKPT_CACHE_DIR` (else `$XDG_CACHE_HOME/ckpt` or `~/.cache/ckpt`), or a temporary one
+    /// if another process uses it ([`RemoteStore::cache_fallback`] says why); else a temporary
+    /// one. A temporary cache is deleted by [`RemoteStore::close`].
     #[staticmethod]
-    #[pyo3(signature = (url, cache, layout="mirror", endpoint=None, region=None, allow_http=false, create=false))]
+    #[pyo3(signature = (url, cache=None, layout="mirror", endpoint=None, region=None, allow_http=false, create=false, rank=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
         url: String,
-        cache: PathBuf,
+        cache: Option<PathBuf>,
         layout: &str,
         endpoint: Option<String>,
         region: Option<String>,
         allow_http: bool,
         create: bool,
+        rank: Option<u32>,
     ) -> PyResult<RemoteStore> {
         let layout: sync::Layout = layout.parse().map_err(PyValueError::new_err)?;
         let (remote, cache) = py
             .detach(move || {
+                let identity = remote_identity(&url, endpoint.as_deref());
                 let s3 = remote::S3Options { endpoint, region, allow_http };
                 let remote: Box<dyn Remote> = if create && !url.starts_with("s3://") && url != "memory://" {
                     Box::new(remote::local::DirRemote::create(&url).map_err(|e| error_text(&e))?)
                 } else {
                     remote::open(&url, &s3).map_err(|e| error_text(&e))?
                 };
-                let cache =
-                    if cache.join(".ckpt").is_dir() { repo::Repo::open(&cache) } else { repo::Repo::init(&cache) };
+                // The identity names the remote as opened (without credentials).
+                let identity = identity.replacen(&url, remote.url(), 1);
+                let cache = match (cache, rank, sync::default_cache_root()) {
+                    (Some(dir), _, _) => sync::RankCache::at(&dir),
+                    (None, Some(rank), Some(root)) => sync::RankCache::kept(&root, &identity, rank),
+                    (None, Some(_), None) => {
+                        let why = format!("no cache directory (set {})", sync::CACHE_DIR_VAR);
+                        sync::RankCache::temporary_because(Some(why))
+                    }
+                    (None, None, _) => sync::RankCache::temporary(),
+                };
                 Ok::<_, String>((remote, cache.map_err(|e| error_text(&e))?))
             })
             .map_err(err)?;
-        Ok(RemoteStore { remote: Arc::from(remote), cache: Arc::new(cache), layout, transfers: 8 })
+        let remote = Arc::new(Counted { inner: remote, counts: Default::default() });
+        Ok(RemoteStore { remote, cache: Mutex::new(Some(Arc::new(cache))), layout, transfers: 8 })
     }
 
     /// The remote's URL (without credentials).
     #[getter]
     fn url(&self) -> String {
         self.remote.url().to_string()
+    }
+
+    /// The cache's repository directory (`None` once closed).
+    #[getter]
+    fn cache_dir(&self) -> Option<PathBuf> {
+        self.cache().ok().map(|c| c.dir())
+    }
+
+    /// Whether the cache is a kept one (locked by this process, pruned on close).
+    #[getter]
+    fn cache_kept(&self) -> bool {
+        self.cache().is_ok_and(|c| c.is_kept())
+    }
+
+    /// Why a kept cache was asked for but a temporary one is used (`None` if it was not).
+    #[getter]
+    fn cache_fallback(&self) -> Option<String> {
+        self.cache().ok().and_then(|c| c.fallback().map(str::to_string))
+    }
+
+    /// What this store moved so far: `downloads` and `downloaded_bytes` (a download stopped
+    /// after an object's header counts, with the bytes that came), `uploads` and
+    /// `uploaded_bytes` (new objects), `replaces` and `replaced_bytes` (a mirror layout's
+    /// recodes), and `requests` (all kinds).
+    fn traffic(&self) -> BTreeMap<&'static str, u64> {
+        let c = &self.remote.counts;
+        let get = |i: usize| c[i].load(Ordering::Relaxed);
+        BTreeMap::from([
+            ("downloads", get(0)),
+            ("downloaded_bytes", get(1)),
+            ("uploads", get(2)),
+            ("uploaded_bytes", get(3)),
+            ("replaces", get(4)),
+            ("replaced_bytes", get(5)),
+            ("requests", self.remote.requests()),
+        ])
     }
 
     /// Where branch `name` is on the remote: `(version or None, tag or None)`, the tag being
@@ -1024,7 +1109,7 @@ impl RemoteStore {
     ) -> PyResult<(String, String, String, u64, u64)> {
         let (rp, previous, items) = stored_file_args(&path, previous, items)?;
         let (layout, transfers) = (self.layout, self.transfers);
-        let stored = self.run(py, move |remote, cache| {
+        let stored = self.run_retrying(py, move |remote, cache| {
             sync::store_file_to_remote(
                 cache,
                 remote,
@@ -1036,6 +1121,7 @@ impl RemoteStore {
                 transfers,
             )
         })?;
+        self.cache()?.note_file(&stored.entry.path, stored.entry.manifest);
         let (path, manifest, hash, len) = stored_entry(stored.entry);
         Ok((path, manifest, hash, len, stored.stored_bytes))
     }
@@ -1068,14 +1154,121 @@ impl RemoteStore {
     }
 
     /// A reader of byte ranges of `path` in `version` (a full id), after downloading that
-    /// file's objects into the cache (only that file's).
+    /// file's objects into the cache (only that file's). A file a kept cache held already is
+    /// first verified (each blob decoded and checked against its id): if it does not verify,
+    /// the cache is rebuilt and the file downloaded.
     fn open_file(&self, py: Python<'_>, version: &str, path: &str) -> PyResult<StoredFile> {
         let (id, path) = (parse_id(version)?, path.to_string());
-        let reader = self.run(py, move |remote, cache| {
+        let cache = self.cache()?;
+        let kept = cache.is_kept();
+        let noted = path.clone();
+        let (manifest, reader) = self.run_retrying(py, move |remote, cache| {
+            let held = kept
+                && sync::fetch_version(cache, remote, &id)?
+                    .file(&path)
+                    .is_some_and(|f| cache.store().contains(&f.manifest));
             let entry = sync::fetch_stored_file(cache, remote, &id, &path)?;
-            sync::StoredFileReader::open(cache, &entry.manifest)
+            if held {
+                use rayon::prelude::*;
+                let blobs: Vec<ckpt::ObjectId> = cache.manifest(&entry.manifest)?.blobs().collect();
+                blobs.par_iter().try_for_each(|b| cache.store().verify(b).map(|_| ()))?;
+            }
+            Ok((entry.manifest, sync::StoredFileReader::open(cache, &entry.manifest)?))
         })?;
-        Ok(StoredFile { repo: self.cache.clone(), reader: Mutex::new(reader) })
+        cache.note_file(&noted, manifest);
+        Ok(StoredFile { repo: cache.repo(), reader: Mutex::new(reader) })
+    }
+
+    /// After a successful save or load: a kept cache deletes everything but the newest file of
+    /// each path it stored or read ([`sync::RankCache::prune`]); then, with or without `prune`,
+    /// the cache is released (a kept one unlocked, a temporary one deleted). Later calls fail.
+    #[pyo3(signature = (prune=false))]
+    fn close(&self, py: Python<'_>, prune: bool) -> PyResult<()> {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(cache) = cache else { return Ok(()) };
+        py.detach(move || if prune { cache.prune().map(|_| ()) } else { Ok(()) }).map_err(sync_err)
+    }
+}
+
+/// A remote that counts what moves ([`RemoteStore::traffic`]): downloads and their bytes,
+/// uploads and their bytes, replacements and their bytes.
+struct Counted {
+    inner: Box<dyn Remote>,
+    counts: [std::sync::atomic::AtomicU64; 6],
+}
+
+impl Counted {
+    fn count(&self, what: usize, bytes: u64) {
+        self.counts[what].fetch_add(1, Ordering::Relaxed);
+        self.counts[what + 1].fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A `Write` that counts the bytes through it.
+struct CountingWrite<'a> {
+    out: &'a mut dyn std::io::Write,
+    bytes: &'a std::sync::atomic::AtomicU64,
+}
+
+impl std::io::Write for CountingWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+impl Remote for Counted {
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+    fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn exists(&self, key: &str) -> remote::Result<bool> {
+        self.inner.exists(key)
+    }
+    fn get_small(&self, key: &str) -> remote::Result<Option<remote::Small>> {
+        self.inner.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &remote::Expect) -> remote::Result<()> {
+        self.inner.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &std::path::Path,
+        len: u64,
+        mode: remote::UploadMode,
+    ) -> remote::Result<remote::Uploaded> {
+        let uploaded = self.inner.upload(key, file, path, len, mode)?;
+        if uploaded == remote::Uploaded::Created {
+            self.count(2, len);
+        }
+        Ok(uploaded)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &std::path::Path, len: u64) -> remote::Result<()> {
+        self.inner.replace(key, file, path, len)?;
+        self.count(4, len);
+        Ok(())
+    }
+    fn delete(&self, key: &str) -> remote::Result<()> {
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
+        self.counts[0].fetch_add(1, Ordering::Relaxed);
+        self.inner.download(key, &mut CountingWrite { out, bytes: &self.counts[1] }, limit)
+    }
+    fn requests(&self) -> u64 {
+        self.inner.requests()
     }
 }
 

@@ -40,6 +40,15 @@ from dcp_ranks import (  # noqa: E402
 ACCESS_KEY, SECRET_KEY, BUCKET = "ckpt-test-key", "ckpt-test-secret", "ckpt-dcp"
 
 
+@pytest.fixture(autouse=True)
+def cache_root(tmp_path, monkeypatch):
+    """The ranks' kept caches (the Writer's and Reader's default) under the test's directory,
+    not the user's `~/.cache` (the spawned ranks inherit the environment)."""
+    root = tmp_path / "caches"
+    monkeypatch.setenv("CKPT_CACHE_DIR", str(root))
+    return root
+
+
 def full_state(seed):
     """The whole tensors every rank shards (the same on all ranks)."""
     g = torch.Generator().manual_seed(seed)
@@ -258,3 +267,146 @@ def test_a_save_on_four_ranks_then_on_two_to_a_remote_pairs_items_across_files(t
     assert {f"layer{i}.weight[0:128,0:96]" for i in range(6)} | {"sharded[0:16,0:8]"} <= names, names
     assert not any(n.startswith("archive.") for n in names), names
     assert subprocess.run([binary, "verify"], cwd=clone, capture_output=True).returncode == 0
+
+
+def cache_save_worker(rank, world, port, url, seed, branch, cache, gate, out):
+    """A save that reports what the rank downloaded and whether it fell back to a temporary
+    cache (the `ckpt.dcp` logger's debug message)."""
+    import logging
+
+    messages = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("ckpt.dcp")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(Keep())
+    mesh = init(rank, world, port)
+    try:
+        options = {} if cache is None else {"cache": cache}
+        writer = ckpt.dcp.Writer(url, message=f"seed {seed}", branch=branch, layout="mirror", **options)
+        if gate is not None:
+            hold_write_data(writer, gate)
+        dcp.save(sharded(state(seed), mesh), storage_writer=writer)
+        fell_back = any("temporary cache" in m for m in messages)
+        report(out, rank, {"ok": True, "downloaded": writer.traffic.get("downloaded_bytes"), "fell_back": fell_back})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def cache_load_worker(rank, world, port, url, seed, out):
+    mesh = init(rank, world, port)
+    try:
+        sd = sharded(state(seed), mesh, zero=True)
+        reader = ckpt.dcp.Reader(url)
+        dcp.load(sd, storage_reader=reader)
+        full = state(seed)
+        same = all(torch.equal(sd[k].full_tensor(), full[k]) for k in full)
+        report(out, rank, {"ok": same, "downloaded": reader.traffic.get("downloaded_bytes")})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def cache_save(world, url, seed, out, branch=None, cache=None, gate=None):
+    return run(cache_save_worker, world, url, seed, branch, cache, gate, out=out)
+
+
+def rank_caches(root):
+    """{rank: bytes of its kept cache's objects} under the cache root."""
+    sizes = {}
+    for d in (root / "dcp").glob("*/rank-*"):
+        sizes[int(d.name.split("-")[1])] = tree_size(d / "store" / ".ckpt" / "objects")
+    return sizes
+
+
+@pytest.mark.parametrize("target", ["s3", "dir"])
+def test_saves_with_the_default_cache_download_nothing_they_have_and_stay_bounded(target, request, tmp_path, cache_root):
+    url = request.getfixturevalue("s3_url" if target == "s3" else "dir_url")
+    first = cache_save(2, url, 1, str(tmp_path / "s1"))
+    assert [r["ok"] for r in first] == [True, True], first
+    sizes = []
+    for seed in (2, 3, 4):
+        saved = cache_save(2, url, seed, str(tmp_path / f"s{seed}"))
+        assert [r["ok"] for r in saved] == [True, True], saved
+        # Each rank's previous file is in its kept cache: only the previous version object (a
+        # few hundred bytes) comes down.
+        assert all(r["downloaded"] < 4096 and not r["fell_back"] for r in saved), saved
+        sizes.append(rank_caches(cache_root))
+    # Pruned after each save to about one save of the rank: no growth from save to save.
+    assert sorted(sizes[0]) == [0, 1], sizes
+    for r in (0, 1):
+        assert sizes[-1][r] <= sizes[0][r] * 1.2, sizes
+
+    # What the default replaces: a temporary cache downloads the rank's previous file's blobs.
+    temporary = cache_save(2, url, 5, str(tmp_path / "s5"), cache=False)
+    assert all(r["ok"] and r["downloaded"] > 16 << 10 for r in temporary), temporary
+    # A load of the newest save (made with a temporary cache) fills the kept caches, and the
+    # next load of it downloads nothing but the version.
+    for name in ("l1", "l2"):
+        loaded = run(cache_load_worker, 2, url, 5, out=str(tmp_path / name))
+        assert all(r["ok"] for r in loaded), loaded
+    assert all(r["downloaded"] < 4096 for r in loaded), loaded
+
+
+def test_two_jobs_on_one_machine_share_the_caches_safely(dir_url, tmp_path):
+    assert [r["ok"] for r in cache_save(2, dir_url, 1, str(tmp_path / "first"))] == [True, True]
+    started, proceed = str(tmp_path / "b_started"), str(tmp_path / "a_done")
+    os.makedirs(tmp_path / "b", exist_ok=True)
+    # Job B holds its ranks' caches (a save in progress) while job A saves to another branch
+    # of the same remote: A's ranks use temporary caches, and both saves succeed.
+    ctx = mp.spawn(
+        cache_save_worker,
+        args=(2, free_port(), dir_url, 2, "main", None, (started, proceed), str(tmp_path / "b")),
+        nprocs=2,
+        join=False,
+    )
+    wait_for(started)
+    a = cache_save(2, dir_url, 3, str(tmp_path / "a"), branch="other")
+    open(proceed, "w").close()
+    while not ctx.join():
+        pass
+    b = results(str(tmp_path / "b"), 2)
+    assert all(r["ok"] for r in a + b), (a, b)
+    assert all(r["fell_back"] for r in a) and not any(r["fell_back"] for r in b), (a, b)
+    store = RemoteStore.open(dir_url, str(tmp_path / "c"))
+    assert store.resolve("main") != store.resolve("other")
+    loaded = run(load_worker_of_rev, 2, dir_url, 3, "other", out=str(tmp_path / "l"))
+    assert all(r["ok"] for r in loaded), loaded
+
+
+def load_worker_of_rev(rank, world, port, url, seed, rev, out):
+    mesh = init(rank, world, port)
+    try:
+        sd = sharded(state(seed), mesh, zero=True)
+        dcp.load(sd, storage_reader=ckpt.dcp.Reader(url, rev=rev))
+        full = state(seed)
+        report(out, rank, {"ok": all(torch.equal(sd[k].full_tensor(), full[k]) for k in full)})
+    except BaseException as e:  # noqa: BLE001
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_save_over_a_damaged_cache_is_correct(dir_url, tmp_path, cache_root):
+    assert [r["ok"] for r in cache_save(2, dir_url, 1, str(tmp_path / "s1"))] == [True, True]
+    # Every large object of every rank's cache damaged in its payload, as a bad disk would.
+    damaged = 0
+    for path in (cache_root / "dcp").glob("*/rank-*/store/.ckpt/objects/*/*"):
+        data = bytearray(path.read_bytes())
+        if len(data) > 4096:
+            data[-100] ^= 0x40
+            path.write_bytes(bytes(data))
+            damaged += 1
+    assert damaged >= 2
+    saved = cache_save(2, dir_url, 2, str(tmp_path / "s2"))
+    assert [r["ok"] for r in saved] == [True, True], saved
+    loaded = run(cache_load_worker, 2, dir_url, 2, out=str(tmp_path / "l"))
+    assert all(r["ok"] for r in loaded), loaded
+    store = RemoteStore.open(dir_url, str(tmp_path / "c"))
+    assert store.resolve("HEAD")

@@ -25,7 +25,8 @@
 //! `layout` (mirror or deltas: a mirror push's recodes and their journal), `wire_delta`
 //! (which blobs go up as deltas in the deltas layout), `file_objects` (the git filter's transfers by
 //! file), `stored` (versions written straight to a remote by the ranks of a distributed save, and
-//! byte ranges of stored files read back).
+//! byte ranges of stored files read back), `rank_cache` (the cache a rank keeps between such
+//! saves).
 
 mod clone;
 mod error;
@@ -34,6 +35,7 @@ mod file_objects;
 mod layout;
 mod partial;
 mod push;
+mod rank_cache;
 mod remotes;
 mod stored;
 mod transfer;
@@ -46,6 +48,7 @@ pub use file_objects::FileTransfer;
 pub use layout::Layout;
 pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
+pub use rank_cache::{default_cache_root, rank_cache_dir, RankCache, CACHE_DIR_VAR};
 pub use remotes::{
     absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,
     RemoteConfig,

@@ -19,8 +19,13 @@
 //!
 //! Reads ([`StoredFileReader`]) decode only the segments a byte range covers, each verified
 //! against its id, so a reader holds about what it asked for, not a whole file.
+//!
+//! The cache is by default kept by the rank from save to save ([`super::RankCache`]), so a save
+//! on top of the previous one finds the rank's previous file there; a mirror save notes its
+//! journal in the cache, and the rank's next save deletes a journal an earlier save through the
+//! same cache left unfinished ([`store_file_to_remote`]).
 
-use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode};
+use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
 use super::remotes::{parse_ref, put_ref, ref_key};
 use super::transfer::{parallel, receive, reopen};
 use super::{Error, FileTransfer, Result};
@@ -150,7 +155,10 @@ fn pinned(v: &Version) -> bool {
 /// - mirror: the new blobs go up whole; then each paired blob of `previous` that the remote
 ///   held before this upload and whose new counterpart the remote lacked is replaced there by
 ///   an XOR delta against it, under a journal written first, unless the previous version is
-///   pinned (docs/format.md, "A mirror push").
+///   pinned (docs/format.md, "A mirror push"). The journal's key is noted in `cache` first; a
+///   journal an earlier save through `cache` noted and left (killed or failed mid-way, so it
+///   left no version) is deleted, not finished: its recodes would be against blobs no version
+///   names.
 ///
 /// Returns the file's entry, what moved, and what the remote stores anew for it.
 #[allow(clippy::too_many_arguments)]
@@ -267,6 +275,7 @@ fn push_whole_then_recode(
     transfers: usize,
 ) -> Result<(FileTransfer, u64)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
+    forget_journals_of_failed_saves(cache, remote)?;
     let present: HashSet<ObjectId> = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
     if present.contains(manifest) {
         report.files_present = 1;
@@ -294,8 +303,11 @@ fn push_whole_then_recode(
         recodes.push(Recode { older, newer });
     }
     let journal = (!recodes.is_empty()).then(|| file_journal(recodes));
-    // Written before anything goes up: a later push finishes the recodes after a kill.
+    // Written before anything goes up: a later push finishes the recodes after a kill. Noted
+    // in the cache first, so that this rank's next save through it deletes a journal this save
+    // leaves (killed, or failed).
     if let Some(journal) = &journal {
+        note_journal(cache, &journal_key(&journal.version))?;
         write_journal(cache, remote, journal)?;
     }
     // Objects that reference nothing being uploaded go first, in parallel; then the rest in
@@ -327,9 +339,55 @@ fn push_whole_then_recode(
         report.objects_recoded += objects;
         report.bytes += bytes;
         remote.delete(&journal_key(&journal.version))?;
+        remove_journals_note(cache)?;
     }
     report.requests = remote.requests();
     Ok((report, created))
+}
+
+/// The file in a rank cache's directory (beside its `.ckpt`) listing the keys of the journals
+/// its saves wrote on the remote and have not deleted yet.
+const JOURNALS_NOTE: &str = "dcp-journals";
+
+/// Notes `key`, a journal about to be written, in `cache`'s list ([`JOURNALS_NOTE`]).
+fn note_journal(cache: &Repo, key: &str) -> Result<()> {
+    use std::io::Write;
+    let path = cache.root().join(JOURNALS_NOTE);
+    let io = |source| Error::Io { action: "writing", path: path.clone(), source };
+    let mut file = std::fs::File::options().create(true).append(true).open(&path).map_err(io)?;
+    file.write_all(format!("{key}\n").as_bytes()).map_err(io)
+}
+
+/// Deletes from `remote` the journals `cache`'s list names, then the list: journals of earlier
+/// saves through this cache that did not finish (killed or failed mid-way). Such a save left no
+/// version (a rank's upload ends before its save can be committed), so its recodes are moot:
+/// finishing them would make the previous version's blobs deltas against blobs no version
+/// names. Those done before it stopped stay (each a valid delta against an object the remote
+/// keeps); the others are left whole, for the next save to pair and recode against its own
+/// blobs. A journal the rank deleted itself is no longer there, which is no error.
+fn forget_journals_of_failed_saves(cache: &Repo, remote: &dyn Remote) -> Result<()> {
+    let path = cache.root().join(JOURNALS_NOTE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(Error::Io { action: "reading", path, source }),
+    };
+    // Only keys of journals: the list is in a local directory, but not trusted.
+    let ids = text.lines().filter_map(|k| k.strip_prefix(JOURNAL_PREFIX)?.parse::<ObjectId>().ok());
+    for id in ids {
+        remote.delete(&journal_key(&id))?;
+    }
+    remove_journals_note(cache)
+}
+
+/// Deletes `cache`'s list of journals ([`JOURNALS_NOTE`]), if any.
+fn remove_journals_note(cache: &Repo) -> Result<()> {
+    let path = cache.root().join(JOURNALS_NOTE);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::Io { action: "deleting", path, source }),
+    }
 }
 
 /// Writes one version listing `files` (uploaded by [`store_file_to_remote`]) on top of
