@@ -203,7 +203,9 @@ pub fn store_file_to_remote(
             let stored = t.bytes;
             (t, stored)
         }
-        Layout::Mirror => push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, transfers)?,
+        Layout::Mirror => {
+            push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, previous, transfers)?
+        }
     };
     Ok(RemoteFile { entry, transfer, stored_bytes })
 }
@@ -261,6 +263,27 @@ fn fetch_manifest(cache: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<Ma
     Ok(Manifest::parse(*id, &cache.store().read_received(id, ObjectKind::Manifest, &tmp)?)?)
 }
 
+/// The blobs of the remote's branch tips other than `previous` (the version this save follows:
+/// its own branch's tip): a recode leaves them whole, as a push's recodes leave the tips of the
+/// branches it does not move ([`super::layout::remote_tip_blobs`]), so that a clone of another
+/// branch still finds its newest version whole. Each other tip's version and manifests are
+/// downloaded (verified; the manifests in memory); a ref that does not parse names nothing.
+/// An error: some other tip could not be read.
+fn other_tips_blobs(cache: &Repo, remote: &dyn Remote, previous: Option<&VersionId>) -> Result<HashSet<ObjectId>> {
+    let mut blobs = HashSet::new();
+    for key in remote.list("refs/heads/")? {
+        let Some(small) = remote.get_small(&key)? else { continue };
+        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
+        if Some(&id) == previous {
+            continue;
+        }
+        for f in &fetch_version(cache, remote, &id)?.files {
+            blobs.extend(fetch_manifest(cache, remote, &f.manifest)?.blobs());
+        }
+    }
+    Ok(blobs)
+}
+
 /// The mirror layout's upload of one file ([`store_file_to_remote`]): one listing of the
 /// remote's objects; the recodes planned from it (an older blob of `earlier` present, its new
 /// counterpart absent) and written down in a journal; the upload; then the recodes, each only
@@ -272,6 +295,7 @@ fn push_whole_then_recode(
     manifest: &ObjectId,
     new_m: &Manifest,
     pairs: &[Counterpart],
+    previous: Option<&VersionId>,
     transfers: usize,
 ) -> Result<(FileTransfer, u64)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
@@ -301,6 +325,14 @@ fn push_whole_then_recode(
             continue;
         }
         recodes.push(Recode { older, newer });
+    }
+    if !recodes.is_empty() {
+        match other_tips_blobs(cache, remote, previous) {
+            Ok(protected) => recodes.retain(|r| !protected.contains(&r.older)),
+            // Another tip that cannot be read (a damaged or partial remote): no recode could
+            // be shown to spare it, so none is done; the save itself does not need them.
+            Err(_) => recodes.clear(),
+        }
     }
     let journal = (!recodes.is_empty()).then(|| file_journal(recodes));
     // Written before anything goes up: a later push finishes the recodes after a kill. Noted

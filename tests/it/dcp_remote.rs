@@ -384,3 +384,40 @@ fn save_reported(
     .unwrap();
     (stored, cache)
 }
+
+/// A mirror save recodes the previous version's blobs on the remote as deltas against its new
+/// ones, but not those another branch's tip holds (as `ckpt push` spares them): a clone of that
+/// branch still finds its newest version whole. Without the other branch the same save recodes.
+#[test]
+fn a_mirror_save_leaves_the_blobs_of_another_branchs_tip_whole() {
+    for other_branch in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let url = work.path().join("remote").to_str().unwrap().to_string();
+        let remote = DirRemote::create(&url).unwrap();
+        let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+        let (v1, _) = save(work.path(), &remote, &tip, &rank_files(1), Layout::Mirror);
+        let v1 = v1.unwrap();
+        if other_branch {
+            // `exp` holds the same content as v1 in a version of its own.
+            let exp_tip = sync::remote_branch_tip(&remote, "exp").unwrap();
+            let coordinator = tempfile::tempdir_in(work.path()).unwrap();
+            let cache = Repo::init(coordinator.path()).unwrap();
+            let entries: Vec<FileEntry> = rank_files(1)
+                .iter()
+                .map(|(path, bytes)| save_rank(work.path(), &remote, path, bytes, None, Layout::Mirror).0)
+                .collect();
+            sync::commit_to_remote(&cache, &remote, "exp", &exp_tip, entries, 0, "exp", &[], &CommitOptions::default())
+                .unwrap();
+        }
+        let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+        assert_eq!(tip.version, Some(v1));
+        let (v2, transfers) = save(work.path(), &remote, &tip, &rank_files(2), Layout::Mirror);
+        v2.unwrap();
+        let recoded: u64 = transfers.iter().map(|t| t.objects_recoded).sum();
+        if other_branch {
+            assert_eq!(recoded, 0, "exp's tip holds every blob of v1: {transfers:?}");
+        } else {
+            assert!(recoded >= 2, "{transfers:?}");
+        }
+    }
+}
