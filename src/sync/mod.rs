@@ -34,6 +34,7 @@ mod file_objects;
 mod layout;
 mod partial;
 mod push;
+mod read_ahead;
 mod remotes;
 mod stored;
 mod transfer;
@@ -46,6 +47,7 @@ pub use file_objects::FileTransfer;
 pub use layout::Layout;
 pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
+pub use read_ahead::{ReadAhead, ReadAheadLimits};
 pub use remotes::{
     absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,
     RemoteConfig,
