@@ -540,7 +540,7 @@ def _classes():
                 sinfo = self.storage_data[item.storage_index]
                 per_file.setdefault(sinfo.relative_path, []).append(sinfo)
             order = [sinfo for infos in per_file.values() for sinfo in infos]
-            if len(order) < 2:
+            if len(order) < 2 or READ_AHEAD_ITEMS <= 0 or READ_AHEAD_BYTES <= 0:
                 return
             items = []
             for i, sinfo in enumerate(order):

@@ -2,6 +2,7 @@
 
 mod cli_trust;
 mod codec_cli;
+mod dcp_read;
 mod dcp_remote;
 mod format_pin;
 mod gc_grace;
