@@ -79,7 +79,7 @@ _METADATA = ".metadata"
 # a rank holds at most this much more than stock DCP does (issue 27: memory per rank <= its
 # shard + 300 MiB).
 READ_AHEAD_ITEMS = 8
-READ_AHEAD_BYTES = 128 << 20
+READ_AHEAD_BYTES = 64 << 20
 
 
 def _is_remote(target: str) -> bool:
