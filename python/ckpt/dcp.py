@@ -82,11 +82,11 @@ READ_AHEAD_ITEMS = 8
 READ_AHEAD_BYTES = 64 << 20
 
 
-def _cpu_per_rank() -> bool:
-    """Whether this machine has a CPU for each of its ranks: only then does a rank's read-ahead
-    run beside DCP's own work instead of taking CPU from it (docs/BENCHMARKS.md: 4 ranks on 2
-    CPUs loaded slower with it). The ranks here: `LOCAL_WORLD_SIZE` (torchrun), else the whole
-    process group."""
+def _spare_cpu() -> bool:
+    """Whether this machine has more CPUs than ranks: only then does a rank's read-ahead run
+    beside DCP's own work instead of taking CPU from it (docs/BENCHMARKS.md, "ckpt.dcp.Reader:
+    items read ahead": 1 rank on 2 CPUs loaded faster with it, 2 and 4 ranks slower). The ranks
+    here: `LOCAL_WORLD_SIZE` (torchrun), else the whole process group."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -98,7 +98,7 @@ def _cpu_per_rank() -> bool:
         import torch.distributed as dist
 
         ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return cpus >= ranks
+    return cpus > ranks
 
 
 def _is_remote(target: str) -> bool:
@@ -559,7 +559,7 @@ def _classes():
                 sinfo = self.storage_data[item.storage_index]
                 per_file.setdefault(sinfo.relative_path, []).append(sinfo)
             order = [sinfo for infos in per_file.values() for sinfo in infos]
-            if len(order) < 2 or READ_AHEAD_ITEMS <= 0 or READ_AHEAD_BYTES <= 0 or not _cpu_per_rank():
+            if len(order) < 2 or READ_AHEAD_ITEMS <= 0 or READ_AHEAD_BYTES <= 0 or not _spare_cpu():
                 return
             items = []
             for i, sinfo in enumerate(order):
