@@ -875,8 +875,8 @@ impl StoredFile {
     /// The `length` bytes at `offset`, decoded and verified (only the segments they cover),
     /// straight into the `bytes` returned.
     fn read<'py>(&self, py: Python<'py>, offset: u64, length: u64) -> PyResult<Bound<'py, PyBytes>> {
-        let len = usize::try_from(length).map_err(|_| PyValueError::new_err(format!("{length} bytes")))?;
-        self.check_range(offset, length)?;
+        // Detached: another thread may hold the reader, decoding.
+        let len = py.detach(|| self.checked_len(offset, length))?;
         // Nothing else can see the new `bytes` before it is returned: it is filled detached.
         PyBytes::new_with(py, len, |buf| py.detach(|| self.read_into(offset, buf)).map_err(sync_err))
     }
@@ -887,11 +887,14 @@ impl StoredFile {
         self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A range past the end as Python's error, before anything is allocated for it.
-    fn check_range(&self, offset: u64, length: u64) -> PyResult<()> {
+    /// `length` as a buffer length if the range lies in the file; else Python's error, before
+    /// anything is allocated for it (the range comes from `.metadata`: untrusted).
+    fn checked_len(&self, offset: u64, length: u64) -> PyResult<usize> {
         let len = self.reader().len();
         match offset.checked_add(length) {
-            Some(end) if end <= len => Ok(()),
+            Some(end) if end <= len => {
+                usize::try_from(length).map_err(|_| PyValueError::new_err(format!("{length} bytes")))
+            }
             _ => Err(CkptError::new_err(format!("bytes {offset}+{length}: past the end of a file of {len} bytes"))),
         }
     }
@@ -937,9 +940,8 @@ impl ReadAhead {
         let inner = sync::ReadAhead::start(lens, limits, move |i| {
             let (file, offset, length) = items.get(i).ok_or_else(|| CkptError::new_err(format!("no item {i}")))?;
             let (file, offset, length) = (file.get(), *offset, *length);
-            let len = usize::try_from(length).map_err(|_| PyValueError::new_err(format!("{length} bytes")))?;
+            let len = file.checked_len(offset, length)?;
             Python::attach(|py| {
-                file.check_range(offset, length)?;
                 // Nothing else can see the new `bytes` before it is returned: filled detached.
                 let bytes =
                     PyBytes::new_with(py, len, |buf| py.detach(|| file.read_into(offset, buf)).map_err(sync_err))?;

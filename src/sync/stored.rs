@@ -467,6 +467,8 @@ struct RangeSink<'a> {
     want: std::ops::Range<u64>,
     at: u64,
     out: &'a mut [u8],
+    /// Bytes of `want` copied so far.
+    kept: usize,
 }
 
 impl std::io::Write for RangeSink<'_> {
@@ -481,6 +483,7 @@ impl std::io::Write for RangeSink<'_> {
                 .get_mut(dst..dst + src.len())
                 .ok_or_else(|| std::io::Error::other("more bytes than the range asked for"))?
                 .copy_from_slice(src);
+            self.kept += src.len();
         }
         self.at = end;
         Ok(buf.len())
@@ -564,7 +567,16 @@ impl StoredFileReader {
                     if want.start == 0 && want.end == chain.len() {
                         decode_whole(&chain, dst)?;
                     } else {
-                        chain.copy_to(&mut RangeSink { want, at: 0, out: dst })?;
+                        let wanted = dst.len();
+                        let mut sink = RangeSink { want, at: 0, out: dst, kept: 0 };
+                        chain.copy_to(&mut sink)?;
+                        if sink.kept != wanted {
+                            return Err(crate::store::Error::Corrupt {
+                                id: blob,
+                                reason: format!("{} bytes, shorter than its manifest says", chain.len()),
+                            }
+                            .into());
+                        }
                     }
                 }
                 filled += dst.len();
