@@ -4,7 +4,7 @@ same ranks (gloo on CPU, spawned on loopback), same DTensor state dict, interlea
 N saves and N loads each (each load reads the save just made, into zeroed DTensors, and is
 checked against the saved values).
 
-    python benches/dcp_save.py [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
+    python benches/dcp_save.py [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR] [--no-read-ahead-too]
     python benches/dcp_save.py --profile OUT   # also cProfile rank 0's last Writer save and
                                                # Reader load: OUT.save.prof, OUT.load.prof
     python benches/dcp_save.py --s3 [--layout mirror|deltas] [--cache kept|temporary|dir] [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR]
@@ -25,6 +25,9 @@ Reader its own rank's file), `temporary` (`cache=False`: a temporary cache per s
 which downloads what it pairs), `dir` (`cache=` a directory per rank and round, kept from the
 first save to the second and the load, never pruned). Each Writer save's traffic (rank 0:
 downloads, uploads, recodes, requests; `Writer.traffic`) is printed after the times.
+
+`--no-read-ahead-too`: also load through the Reader with its read-ahead off
+(`ckpt.dcp.READ_AHEAD_ITEMS = 0`: each item decoded when DCP asks for it), in the same rounds.
 """
 
 import argparse
@@ -148,7 +151,7 @@ def start_s3s(root):
     return proc, f"http://127.0.0.1:{port}"
 
 
-def worker(rank, world, port, mib, repeat, root, profile, queue):
+def worker(rank, world, port, mib, repeat, root, profile, queue, no_read_ahead_too=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
@@ -161,14 +164,17 @@ def worker(rank, world, port, mib, repeat, root, profile, queue):
     n = 16  # tensors; rows divisible by every rank count used
     rows = (mib << 20) // 4 // n // 1024
     sd = {f"layer{i}.w": distribute_tensor(torch.randn(rows, 1024, generator=g), mesh, [Shard(0)]) for i in range(n)}
-    times = {"FileSystemWriter": [], "ckpt.dcp.Writer": [], "FileSystemReader": [], "ckpt.dcp.Reader": []}
+    names = ["FileSystemWriter", "ckpt.dcp.Writer", "FileSystemReader", "ckpt.dcp.Reader"]
+    if no_read_ahead_too:
+        names.append("Reader, no read-ahead")
+    times = {name: [] for name in names}
     zeroed = {k: distribute_tensor(torch.zeros(t.shape), mesh, [Shard(0)]) for k, t in sd.items()}
     repo = os.path.join(root, "repo")
     for r in range(repeat):
         # A training step between saves: every value changes a little.
         for t in sd.values():
             t.to_local().add_(1e-3)
-        for name in ("FileSystemWriter", "ckpt.dcp.Writer", "FileSystemReader", "ckpt.dcp.Reader"):
+        for name in names:
             profiler = None
             if profile and rank == 0 and r == repeat - 1 and name.startswith("ckpt"):
                 import cProfile
@@ -186,8 +192,14 @@ def worker(rank, world, port, mib, repeat, root, profile, queue):
                 dcp.save(sd, storage_writer=ckpt.dcp.Writer(repo, message=f"save {r}"))
             elif name == "FileSystemReader":
                 dcp.load(zeroed, checkpoint_id=os.path.join(root, f"plain{r}"))
-            else:
+            elif name == "ckpt.dcp.Reader":
                 dcp.load(zeroed, storage_reader=ckpt.dcp.Reader(repo))
+            else:
+                ahead, ckpt.dcp.READ_AHEAD_ITEMS = ckpt.dcp.READ_AHEAD_ITEMS, 0
+                try:
+                    dcp.load(zeroed, storage_reader=ckpt.dcp.Reader(repo))
+                finally:
+                    ckpt.dcp.READ_AHEAD_ITEMS = ahead
             if profiler:
                 profiler.disable()
             dist.barrier()
@@ -213,6 +225,7 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dir", default=None)
     p.add_argument("--profile", default=None, help="cProfile rank 0's last Writer save and Reader load")
+    p.add_argument("--no-read-ahead-too", action="store_true", help="also load with the Reader's read-ahead off")
     p.add_argument("--s3", action="store_true", help="against DCP's fsspec writer (s3fs) on an s3s-fs server")
     p.add_argument("--layout", default="mirror", choices=("mirror", "deltas"), help="the Writer's remote layout (--s3)")
     p.add_argument(
@@ -232,12 +245,16 @@ def main():
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         queue = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(worker, args=(a.ranks, port, a.mib, a.repeat, root, a.profile, queue), nprocs=a.ranks)
+        args = (a.ranks, port, a.mib, a.repeat, root, a.profile, queue, a.no_read_ahead_too)
+        mp.spawn(worker, args=args, nprocs=a.ranks)
         times = queue.get()
     print(f"{a.ranks} ranks, {a.mib} MiB of float32 DTensor shards, median of {a.repeat}:")
     for name, t in times.items():
         print(f"  {name:18} {statistics.median(t):7.2f} s  ({', '.join(f'{x:.2f}' for x in t)})")
-    for ours, stock in (("ckpt.dcp.Writer", "FileSystemWriter"), ("ckpt.dcp.Reader", "FileSystemReader")):
+    pairs = [("ckpt.dcp.Writer", "FileSystemWriter"), ("ckpt.dcp.Reader", "FileSystemReader")]
+    if a.no_read_ahead_too:
+        pairs.append(("Reader, no read-ahead", "FileSystemReader"))
+    for ours, stock in pairs:
         print(f"  {ours} / {stock}: {statistics.median(times[ours]) / statistics.median(times[stock]):.2f}x")
 
 

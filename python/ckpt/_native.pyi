@@ -196,7 +196,22 @@ class StoredFile:
     def len(self) -> int:
         """The file's length."""
     def read(self, offset: int, length: int) -> bytes:
-        """The `length` bytes at `offset` (only the segments they cover are decoded)."""
+        """The `length` bytes at `offset` (only the segments they cover are decoded), decoded
+        straight into the returned ``bytes``."""
+
+class ReadAhead:
+    """Items of stored files decoded ahead of their consumer on a thread of the extension
+    (``ckpt.dcp.Reader``): at most `max_items` items and `max_bytes` bytes held ahead; larger
+    items are read when taken."""
+
+    def __init__(self, items: List[Tuple[StoredFile, int, int]], max_items: int, max_bytes: int) -> None:
+        """Starts reading `items` (stored file, offset, length), in the order they will be
+        asked for."""
+    def take(self, index: int) -> Optional[bytes]:
+        """Item `index`, waiting while it is being read; ``None`` when it was not read ahead
+        (the caller reads it). An item whose read failed raises ``CkptError``."""
+    def close(self) -> None:
+        """Stops the worker after the item it is reading and drops what it holds."""
 
 class RemoteStore:
     """A remote (``s3://…``, ``file://…``) the ranks of a distributed save write to and read

@@ -106,6 +106,32 @@ _METADATA = ".metadata"
 
 _log = logging.getLogger(__name__)
 
+# How far a Reader's rank decodes ahead of DCP's loads: at most this many items and bytes held
+# decoded and not yet loaded (an item larger than the bytes is decoded when DCP asks for it), so
+# a rank holds at most this much more than stock DCP does (issue 27: memory per rank <= its
+# shard + 300 MiB).
+READ_AHEAD_ITEMS = 8
+READ_AHEAD_BYTES = 64 << 20
+
+
+def _spare_cpu() -> bool:
+    """Whether this machine has more CPUs than ranks: only then does a rank's read-ahead run
+    beside DCP's own work instead of taking CPU from it (docs/BENCHMARKS.md, "ckpt.dcp.Reader:
+    items read ahead": 1 rank on 2 CPUs loaded faster with it, 2 and 4 ranks slower). The ranks
+    here: `LOCAL_WORLD_SIZE` (torchrun), else the whole process group."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit():
+        ranks = int(local)
+    else:
+        import torch.distributed as dist
+
+        ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return cpus > ranks
+
 
 def _is_remote(target: str) -> bool:
     """Whether `target` is a remote URL (`s3://`, `file://`) rather than a repository path."""
@@ -345,6 +371,8 @@ def _classes():
     from torch.distributed.checkpoint.metadata import StorageMeta
     from torch.distributed.checkpoint.storage import WriteResult
     from torch.futures import Future
+
+    from ckpt._native import CkptError, ReadAhead
 
     @dataclasses.dataclass
     class _Prefix(fs._StoragePrefix):
@@ -660,6 +688,9 @@ def _classes():
             self._files: Dict[str, Any] = {}
             # What this rank moved for its last load from a remote (`RemoteStore.traffic`).
             self.traffic: Dict[str, int] = {}
+            self._ahead = None
+            # (file, offset, length) of each item read ahead -> its indices in the read-ahead.
+            self._ahead_index: Dict[Any, List[int]] = {}
 
         def _store_fs(self):
             if self._opened is None:
@@ -670,6 +701,10 @@ def _classes():
             return _StoreFS(self._opened, version=self._version)
 
         def _close(self) -> None:
+            if self._ahead is not None:
+                self._ahead.close()
+                self._ahead = None
+            self._ahead_index = {}
             self._files = {}
             if self._opened is not None:
                 # A kept cache keeps what this load read (and what the rank's saves stored).
@@ -699,13 +734,45 @@ def _classes():
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-        def _slice_file(self, file, sinfo):
-            # Only this item's bytes, decoded from the store: memory is about the item.
-            stored = self._files.get(sinfo.relative_path)
+        def _stored(self, path: str):
+            stored = self._files.get(path)
             if stored is None:
-                stored = self._opened.open_file(self._version, sinfo.relative_path)
-                self._files[sinfo.relative_path] = stored
-            return io.BytesIO(stored.read(sinfo.offset, sinfo.length))
+                stored = self._opened.open_file(self._version, path)
+                self._files[path] = stored
+            return stored
+
+        def _slice_file(self, file, sinfo):
+            # Only this item's bytes, decoded from the store into the `bytes` that BytesIO
+            # shares: memory is about the item (and what is read ahead).
+            key = (sinfo.relative_path, sinfo.offset, sinfo.length)
+            try:
+                data = None
+                ahead = self._ahead_index.get(key)
+                if ahead and self._ahead is not None:
+                    data = self._ahead.take(ahead.pop(0))
+                if data is None:
+                    data = self._stored(sinfo.relative_path).read(sinfo.offset, sinfo.length)
+            except CkptError as e:
+                raise CkptError(f"{sinfo.relative_path}: bytes {sinfo.offset}+{sinfo.length}: {e}") from e
+            return io.BytesIO(data)
+
+        def _read_ahead(self, plan) -> None:
+            """Starts decoding the plan's items on a thread of the extension, in the order
+            FileSystemReader.read_data asks for them (file by file, in the order each file
+            first appears; items in plan order), while DCP loads the ones before. An item
+            asked for in another order is read then instead; none is read twice."""
+            per_file: Dict[str, List[Any]] = {}
+            for item in plan.items:
+                sinfo = self.storage_data[item.storage_index]
+                per_file.setdefault(sinfo.relative_path, []).append(sinfo)
+            order = [sinfo for infos in per_file.values() for sinfo in infos]
+            if len(order) < 2 or READ_AHEAD_ITEMS <= 0 or READ_AHEAD_BYTES <= 0 or not _spare_cpu():
+                return
+            items = []
+            for i, sinfo in enumerate(order):
+                items.append((self._stored(sinfo.relative_path), sinfo.offset, sinfo.length))
+                self._ahead_index.setdefault((sinfo.relative_path, sinfo.offset, sinfo.length), []).append(i)
+            self._ahead = ReadAhead(items, READ_AHEAD_ITEMS, READ_AHEAD_BYTES)
 
         def prepare_global_plan(self, plans):
             # Every rank reads the version the coordinator resolved (each resolved `rev` itself
@@ -721,9 +788,10 @@ def _classes():
                     f"{self._version} here): load a version id or a tag"
                 )
             try:
+                self._read_ahead(plan)
                 return super().read_data(plan, planner)
             finally:
-                # The last step of a load: a temporary cache goes.
+                # The last step of a load: what is read ahead and a temporary cache go.
                 self._close()
 
         @property

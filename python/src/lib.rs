@@ -899,16 +899,103 @@ impl StoredFile {
     /// The file's length.
     #[getter]
     fn len(&self) -> u64 {
-        self.reader.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.reader().len()
     }
 
-    /// The `length` bytes at `offset`, decoded and verified (only the segments they cover).
+    /// The `length` bytes at `offset`, decoded and verified (only the segments they cover),
+    /// straight into the `bytes` returned.
     fn read<'py>(&self, py: Python<'py>, offset: u64, length: u64) -> PyResult<Bound<'py, PyBytes>> {
-        let repo = self.repo.clone();
-        let bytes = py
-            .detach(|| self.reader.lock().unwrap_or_else(|p| p.into_inner()).read(&repo, offset, length))
-            .map_err(sync_err)?;
-        Ok(PyBytes::new(py, &bytes))
+        // Detached: another thread may hold the reader, decoding.
+        let len = py.detach(|| self.checked_len(offset, length))?;
+        // Nothing else can see the new `bytes` before it is returned: it is filled detached.
+        PyBytes::new_with(py, len, |buf| py.detach(|| self.read_into(offset, buf)).map_err(sync_err))
+    }
+}
+
+impl StoredFile {
+    fn reader(&self) -> std::sync::MutexGuard<'_, sync::StoredFileReader> {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `length` as a buffer length if the range lies in the file; else Python's error, before
+    /// anything is allocated for it (the range comes from `.metadata`: untrusted).
+    fn checked_len(&self, offset: u64, length: u64) -> PyResult<usize> {
+        let len = self.reader().len();
+        match offset.checked_add(length) {
+            Some(end) if end <= len => {
+                usize::try_from(length).map_err(|_| PyValueError::new_err(format!("{length} bytes")))
+            }
+            _ => Err(CkptError::new_err(format!("bytes {offset}+{length}: past the end of a file of {len} bytes"))),
+        }
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> sync::Result<()> {
+        self.reader().read_into(&self.repo, offset, out)
+    }
+}
+
+/// Items of stored files read ahead of their consumer ([`sync::ReadAhead`]) on a thread of its
+/// own, each decoded straight into the `bytes` it is taken as: `ckpt.dcp.Reader` decodes the
+/// next items of its load plan while DCP loads the current one. At most `max_items` items and
+/// `max_bytes` bytes are held ahead; larger items are read when taken.
+#[pyclass(frozen, module = "ckpt._native")]
+struct ReadAhead {
+    inner: Mutex<Option<sync::ReadAhead<Py<PyBytes>, PyErr>>>,
+}
+
+impl ReadAhead {
+    fn stop(py: Python<'_>, inner: Option<sync::ReadAhead<Py<PyBytes>, PyErr>>) {
+        // Detached: the worker may be waiting to attach (to allocate an item's `bytes`) while
+        // this waits for it to end.
+        py.detach(move || drop(inner));
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if inner.is_some() {
+            Python::attach(|py| ReadAhead::stop(py, inner));
+        }
+    }
+}
+
+#[pymethods]
+impl ReadAhead {
+    /// Reads `items` (`(stored file, offset, length)`, in the order they will be asked for).
+    #[new]
+    fn new(items: Vec<(Py<StoredFile>, u64, u64)>, max_items: usize, max_bytes: u64) -> PyResult<Self> {
+        let lens = items.iter().map(|(_, _, len)| *len).collect();
+        let limits = sync::ReadAheadLimits { max_items, max_bytes };
+        let inner = sync::ReadAhead::start(lens, limits, move |i| {
+            let (file, offset, length) = items.get(i).ok_or_else(|| CkptError::new_err(format!("no item {i}")))?;
+            let (file, offset, length) = (file.get(), *offset, *length);
+            let len = file.checked_len(offset, length)?;
+            Python::attach(|py| {
+                // Nothing else can see the new `bytes` before it is returned: filled detached.
+                let bytes =
+                    PyBytes::new_with(py, len, |buf| py.detach(|| file.read_into(offset, buf)).map_err(sync_err))?;
+                Ok(bytes.unbind())
+            })
+        })
+        .map_err(|e| CkptError::new_err(format!("cannot start reading ahead: {e}")))?;
+        Ok(ReadAhead { inner: Mutex::new(Some(inner)) })
+    }
+
+    /// Item `index`, waiting for it while it is being read; `None` when it was not read ahead
+    /// (the caller reads it). An item whose read failed raises its error.
+    fn take(&self, py: Python<'_>, index: usize) -> PyResult<Option<Py<PyBytes>>> {
+        let taken = py.detach(|| {
+            let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            inner.as_ref().and_then(|r| r.take(index))
+        });
+        taken.transpose()
+    }
+
+    /// Stops the worker (after the item it is reading) and drops what it holds.
+    fn close(&self, py: Python<'_>) {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        ReadAhead::stop(py, inner);
     }
 }
 
@@ -1385,6 +1472,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CommitHandle>()?;
     m.add_class::<MemoryImage>()?;
     m.add_class::<StoredFile>()?;
+    m.add_class::<ReadAhead>()?;
     m.add_class::<RemoteStore>()?;
     Ok(())
 }

@@ -203,6 +203,82 @@ def test_a_file_per_item_save_past_the_open_file_limit(repo_dir):
     assert all(torch.equal(out[k], sd[k]) for k in sd)
 
 
+
+def one_process_save(repo_dir, seed=7):
+    """Tensors of several sizes (the largest alone at 1 MiB) saved through the Writer in one
+    process (no process group): one rank file, `__0_0.distcp`."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {f"t{i}": torch.randn(64 * (i + 1), 256, generator=g) for i in range(6)}
+    sd["big"] = torch.randn(1024, 256, generator=g)
+    sd["half"] = torch.randn(300, 7, generator=g).to(torch.bfloat16)
+    dcp.save(sd, storage_writer=ckpt.dcp.Writer(repo_dir, message="sizes"))
+    return sd
+
+
+def test_a_load_in_another_order_than_the_file_and_than_read_ahead_expected(repo_dir, monkeypatch):
+    """The Reader decodes the plan's items ahead of DCP. A plan in another order than the file's
+    (a state dict built in reverse) loads; so does one whose items DCP asks for in another order
+    than the read-ahead expected (here: the reverse): items it had not started are read when
+    asked, the rest are taken from it, every value bit-exact."""
+    monkeypatch.setattr(ckpt.dcp, "_spare_cpu", lambda: True)  # read ahead whatever the CPUs
+    sd = one_process_save(repo_dir)
+    out = {k: torch.zeros_like(sd[k]) for k in reversed(list(sd))}
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert all(torch.equal(out[k], sd[k]) for k in sd)
+
+    import dataclasses
+
+    base = ckpt.dcp._classes()["Reader"]
+    served = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def take(self, index):
+            got = self.inner.take(index)
+            served.append(got is not None)
+            return got
+
+        def close(self):
+            self.inner.close()
+
+    class Mispredicting(base):
+        def _read_ahead(self, plan):
+            super()._read_ahead(dataclasses.replace(plan, items=list(reversed(plan.items))))
+            self._ahead = Counting(self._ahead)
+
+    out = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(out, storage_reader=Mispredicting(repo_dir))
+    assert all(torch.equal(out[k], sd[k]) for k in sd)
+    assert len(served) == len(sd)
+    # The last item asked for is the first the read-ahead started.
+    assert served[-1], served
+
+
+def test_an_item_that_fails_to_decode_raises_naming_its_file(repo_dir, monkeypatch):
+    """A damaged object under one item: the load raises naming the rank file, whether the item
+    was read ahead or read when asked; it never loads other values."""
+    monkeypatch.setattr(ckpt.dcp, "_spare_cpu", lambda: True)
+    sd = one_process_save(repo_dir)
+    objects = os.path.join(repo_dir, ".ckpt", "objects")
+    paths = [os.path.join(d, f) for d, _, files in os.walk(objects) for f in files]
+    biggest = max(paths, key=os.path.getsize)  # the 1 MiB tensor's blob
+    data = bytearray(open(biggest, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    os.chmod(biggest, 0o644)
+    with open(biggest, "wb") as f:
+        f.write(data)
+    for ahead in (ckpt.dcp.READ_AHEAD_ITEMS, 0):
+        monkeypatch.setattr(ckpt.dcp, "READ_AHEAD_ITEMS", ahead)
+        out = {k: torch.zeros_like(v) for k, v in sd.items()}
+        # DCP raises a CheckpointException (a BaseException) holding the rank's traceback.
+        with pytest.raises(BaseException, match=r"__0_0\.distcp: bytes \d+\+\d+: ") as raised:
+            dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+        assert "corrupt" in str(raised.value).lower(), raised.value
+        assert not torch.equal(out["big"], sd["big"])
+
+
 # A rank killed mid-save: the others must not wait longer than this on it (process group and
 # collectives), and the test waits for them at most `KILL_JOIN` seconds.
 KILL_PG_TIMEOUT = 20

@@ -36,6 +36,7 @@ mod layout;
 mod partial;
 mod push;
 mod rank_cache;
+mod read_ahead;
 mod remotes;
 mod stored;
 mod transfer;
@@ -49,6 +50,7 @@ pub use layout::Layout;
 pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
 pub use rank_cache::{default_cache_root, rank_cache_dir, RankCache, CACHE_DIR_VAR};
+pub use read_ahead::{ReadAhead, ReadAheadLimits};
 pub use remotes::{
     absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,
     RemoteConfig,

@@ -551,11 +551,14 @@ pub struct StoredFileReader {
     bundle: Option<(ObjectId, Vec<u8>)>,
 }
 
-/// A `Write` that keeps the bytes of `want` (positions in what is written) and drops the rest.
+/// A `Write` that copies the bytes of `want` (positions in what is written) into `out`, from its
+/// start, and drops the rest.
 struct RangeSink<'a> {
     want: std::ops::Range<u64>,
     at: u64,
-    out: &'a mut Vec<u8>,
+    out: &'a mut [u8],
+    /// Bytes of `want` copied so far.
+    kept: usize,
 }
 
 impl std::io::Write for RangeSink<'_> {
@@ -564,8 +567,13 @@ impl std::io::Write for RangeSink<'_> {
         let from = self.want.start.max(self.at);
         let to = self.want.end.min(end);
         if from < to {
-            let slice = buf.get((from - self.at) as usize..(to - self.at) as usize).unwrap_or_default();
-            self.out.extend_from_slice(slice);
+            let src = buf.get((from - self.at) as usize..(to - self.at) as usize).unwrap_or_default();
+            let dst = (from - self.want.start) as usize;
+            self.out
+                .get_mut(dst..dst + src.len())
+                .ok_or_else(|| std::io::Error::other("more bytes than the range asked for"))?
+                .copy_from_slice(src);
+            self.kept += src.len();
         }
         self.at = end;
         Ok(buf.len())
@@ -601,15 +609,24 @@ impl StoredFileReader {
 
     /// The `len` bytes at `offset` (a range past the file's end is an error).
     pub fn read(&mut self, repo: &Repo, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let end =
-            offset.checked_add(len).filter(|e| *e <= self.manifest.len).ok_or_else(|| RepoError::InvalidPath {
-                path: format!("bytes {offset}+{len}").into(),
-                reason: format!("past the end of a file of {} bytes", self.manifest.len),
-            })?;
-        let mut out = Vec::with_capacity(len as usize);
+        self.check_range(offset, len)?;
+        let mut out = vec![0u8; len as usize];
+        self.read_into(repo, offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// The `out.len()` bytes at `offset`, decoded straight into `out` (a range past the file's
+    /// end is an error; on any error `out` holds garbage). A segment the range covers whole is
+    /// decoded chunk by chunk in parallel into its place and then hashed; a segment covered in
+    /// part is decoded window by window and only its covered bytes kept. Either way every blob
+    /// touched is verified against its id before this returns.
+    pub fn read_into(&mut self, repo: &Repo, offset: u64, out: &mut [u8]) -> Result<()> {
+        let len = out.len() as u64;
+        let end = self.check_range(offset, len)?;
+        let mut filled = 0usize;
         // The first segment ending after `offset`.
         let mut i = self.starts.partition_point(|&s| s <= offset).saturating_sub(1);
-        while out.len() as u64 != len {
+        while filled as u64 != len {
             let (Some(&start), Some(segment)) = (self.starts.get(i), self.manifest.segments.get(i)) else {
                 break;
             };
@@ -617,6 +634,11 @@ impl StoredFileReader {
             if seg_end > offset && start < end {
                 let (blob, range) = self.manifest.location(segment);
                 let want = range.start + (offset.max(start) - start)..range.start + (end.min(seg_end) - start);
+                let short = || RepoError::InvalidPath {
+                    path: format!("bytes {offset}+{len}").into(),
+                    reason: "a segment is longer than the file".into(),
+                };
+                let dst = out.get_mut(filled..filled + (want.end - want.start) as usize).ok_or_else(short)?;
                 if segment.blob.is_none() {
                     // A bundled tensor: the bundle, decoded once for its members.
                     if self.bundle.as_ref().is_none_or(|(id, _)| *id != blob) {
@@ -629,21 +651,64 @@ impl StoredFileReader {
                     let slice = bytes.get(want.start as usize..want.end as usize).ok_or_else(|| {
                         crate::store::Error::Corrupt { id: blob, reason: "shorter than its manifest says".into() }
                     })?;
-                    out.extend_from_slice(slice);
+                    dst.copy_from_slice(slice);
                 } else {
                     let chain = repo.store().open_blob(&blob)?;
-                    chain.copy_to(&mut RangeSink { want, at: 0, out: &mut out })?;
+                    if want.start == 0 && want.end == chain.len() {
+                        decode_whole(&chain, dst)?;
+                    } else {
+                        let wanted = dst.len();
+                        let mut sink = RangeSink { want, at: 0, out: dst, kept: 0 };
+                        chain.copy_to(&mut sink)?;
+                        if sink.kept != wanted {
+                            return Err(crate::store::Error::Corrupt {
+                                id: blob,
+                                reason: format!("{} bytes, shorter than its manifest says", chain.len()),
+                            }
+                            .into());
+                        }
+                    }
                 }
+                filled += dst.len();
             }
             i += 1;
         }
-        if out.len() as u64 != len {
+        if filled as u64 != len {
             return Err(RepoError::InvalidPath {
                 path: format!("bytes {offset}+{len}").into(),
-                reason: format!("its segments hold {} of them", out.len()),
+                reason: format!("its segments hold {filled} of them"),
             }
             .into());
         }
-        Ok(out)
+        Ok(())
     }
+
+    /// The end of the range `offset`+`len`, if it lies in the file.
+    fn check_range(&self, offset: u64, len: u64) -> Result<u64> {
+        Ok(offset.checked_add(len).filter(|e| *e <= self.manifest.len).ok_or_else(|| RepoError::InvalidPath {
+            path: format!("bytes {offset}+{len}").into(),
+            reason: format!("past the end of a file of {} bytes", self.manifest.len),
+        })?)
+    }
+}
+
+/// Decodes the whole content of `chain` into `out` (exactly its length): its chunks in parallel,
+/// each straight into its place, then the blake3 of `out` checked against the blob's id.
+fn decode_whole(chain: &crate::store::BlobChain, out: &mut [u8]) -> Result<()> {
+    use rayon::prelude::*;
+    let decoder = chain.decoder()?;
+    {
+        let mut rest = &mut *out;
+        let mut work = Vec::with_capacity(decoder.chunk_count());
+        for c in 0..decoder.chunk_count() {
+            let at = decoder.byte_range(c..c + 1).len().min(rest.len());
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(at);
+            work.push((c, head));
+            rest = tail;
+        }
+        work.into_par_iter().try_for_each(|(c, dst)| decoder.decode_into(c..c + 1, dst))?;
+    }
+    let mut hasher = blake3::Hasher::new();
+    crate::object_id::hash_update(&mut hasher, out);
+    Ok(chain.check_hash(ObjectId(*hasher.finalize().as_bytes()))?)
 }

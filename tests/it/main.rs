@@ -3,6 +3,7 @@
 mod cli_trust;
 mod codec_cli;
 mod dcp_cache;
+mod dcp_read;
 mod dcp_remote;
 mod format_pin;
 mod gc_grace;
