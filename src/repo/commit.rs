@@ -38,7 +38,7 @@ impl Repo {
     /// `rm`-ed. A directory stands for every file under it, as it is now: files the parent
     /// version tracked under it that are gone are dropped (`git add DIR` does the same), so a
     /// DCP checkpoint saved again on fewer ranks leaves no stale rank file
-    /// ([`Self::expand_directories`]). Returns the new version's id.
+    /// (`.ckpt` and `.git` skipped; a link to a directory refused). Returns the new version's id.
     ///
     /// Files named `*.safetensors` must be valid safetensors; other files are stored tensor by
     /// tensor if they parse as safetensors, storage by storage if they are `torch.save` archives
