@@ -37,7 +37,8 @@ impl MethodCounts {
             Method::Rans => self.rans += 1,
         }
     }
-    fn add(&mut self, o: &MethodCounts) {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &MethodCounts) {
         self.raw += o.raw;
         self.zero += o.zero;
         self.huffman += o.huffman;

@@ -88,15 +88,7 @@ pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
                 framing.1 += s.raw_bytes;
                 framing.2 += s.stored_bytes;
                 framing.3 += u64::from(s.reference.is_some() || s.derived_from.is_some());
-                let (m, n) = (&mut framing.4, &s.methods);
-                (m.raw, m.zero, m.huffman, m.zstd, m.sparse, m.rans) = (
-                    m.raw + n.raw,
-                    m.zero + n.zero,
-                    m.huffman + n.huffman,
-                    m.zstd + n.zstd,
-                    m.sparse + n.sparse,
-                    m.rans + n.rans,
-                );
+                framing.4.add(&s.methods);
                 continue;
             }
             let kind = match (&s.dtype, &s.shape) {
