@@ -341,11 +341,7 @@ impl Repo {
                 let mut seen = std::collections::HashSet::new();
                 for p in paths {
                     let rp = self.repo_path(p)?;
-                    let under = format!("{rp}/");
-                    let files: Vec<&FileEntry> = match version.file(rp.as_str()) {
-                        Some(f) => vec![f],
-                        None => version.files.iter().filter(|f| f.path.starts_with(&under)).collect(),
-                    };
+                    let files = version.files_at(rp.as_str());
                     if files.is_empty() {
                         return Err(Error::NotInVersion { path: rp.to_string(), version: *id });
                     }

@@ -83,13 +83,9 @@ impl Repo {
             let tracked_gone: Vec<String> = head
                 .iter()
                 .flatten()
-                .flat_map(|v| v.files.iter())
-                .map(|f| f.path.as_str())
-                .filter(|f| {
-                    prefix.is_empty() || f.strip_prefix(prefix.as_str()).is_some_and(|rest| rest.starts_with('/'))
-                })
-                .filter(|f| !present.contains(*f))
-                .map(str::to_string)
+                .flat_map(|v| v.files_under(&prefix))
+                .filter(|f| !present.contains(&f.path))
+                .map(|f| f.path.clone())
                 .collect();
             if found.is_empty() && tracked_gone.is_empty() {
                 return Err(Error::InvalidPath {

@@ -532,12 +532,8 @@ impl Repo {
         for p in paths {
             let rp = self.repo_path(p)?;
             // A directory: every file tracked under it.
-            let under = format!("{rp}/");
-            let tracked: Vec<&str> = match head.as_ref() {
-                Some(v) if v.file(rp.as_str()).is_some() => vec![rp.as_str()],
-                Some(v) => v.files.iter().map(|f| f.path.as_str()).filter(|f| f.starts_with(&under)).collect(),
-                None => Vec::new(),
-            };
+            let tracked: Vec<&str> =
+                head.iter().flat_map(|v| v.files_at(rp.as_str())).map(|f| f.path.as_str()).collect();
             if tracked.is_empty() {
                 return Err(Error::NotTracked { path: rp.to_string() });
             }

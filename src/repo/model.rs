@@ -564,6 +564,25 @@ impl Version {
     pub fn file(&self, path: &str) -> Option<&FileEntry> {
         self.files.binary_search_by(|f| f.path.as_str().cmp(path)).ok().map(|i| &self.files[i])
     }
+
+    /// The entries of the files under directory `dir` (`""`: every file).
+    pub fn files_under<'a>(&'a self, dir: &'a str) -> impl Iterator<Item = &'a FileEntry> + 'a {
+        self.files.iter().filter(move |f| is_under(&f.path, dir))
+    }
+
+    /// The entry for `path`, or if the version has no file there, the entries under the
+    /// directory `path` (what `commit`, `checkout` and `rm` of a directory take).
+    pub fn files_at(&self, path: &str) -> Vec<&FileEntry> {
+        match self.file(path) {
+            Some(f) => vec![f],
+            None => self.files.iter().filter(|f| is_under(&f.path, path)).collect(),
+        }
+    }
+}
+
+/// Whether the stored path `path` lies under the directory `dir` (`""`: the root).
+fn is_under(path: &str, dir: &str) -> bool {
+    dir.is_empty() || path.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/'))
 }
 
 #[cfg(test)]
