@@ -16,6 +16,10 @@ WrittenItem = Tuple[int, int, str, Optional[Tuple[str, Sequence[int], Sequence[i
 class CkptError(Exception):
     """An error of a ckpt operation; its message is the CLI's."""
 
+def dcp_metadata_classes() -> List[str]:
+    """The globals a DCP `.metadata` pickle may name (``module.name``): the Rust reader's
+    allow-list."""
+
 def exit_with_failure() -> bool:
     """Makes the process exit with status 1 once the interpreter is finalized (a background
     commit failed and nobody was told). Returns whether that is in place; if not, the caller

@@ -100,6 +100,8 @@ import sys
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from ckpt._native import dcp_metadata_classes
+
 __all__ = ["Writer", "Reader"]
 
 _METADATA = ".metadata"
@@ -296,31 +298,12 @@ class _RefusedGlobal(pickle.UnpicklingError):
 
 class _MetadataUnpickler(pickle.Unpickler):
     """Unpickles a `.metadata` naming only what DCP's own metadata names (its dataclasses and
-    enum, `torch.Size`, the dtypes, the layout helper, the path class of `checkpoint_id`; the
-    same list as the Rust reader's `torch_zip::dcp::METADATA_CLASSES`): the store's bytes may
+    enum, `torch.Size`, the dtypes, the layout helper, the path class of `checkpoint_id`: the
+    Rust reader's list, `torch_zip::dcp::METADATA_CLASSES`): the store's bytes may
     come from a remote or a clone of one, and a plain `pickle.load`, which DCP's own reader
     does, runs whatever callable the bytes name. Anything else is refused before it is called."""
 
-    _ALLOWED = {
-        ("torch.distributed.checkpoint.metadata", name)
-        for name in (
-            "Metadata",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "ChunkStorageMetadata",
-            "TensorProperties",
-            "MetadataIndex",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        )
-    } | {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch", "Size"),
-        ("torch.serialization", "_get_layout"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "WindowsPath"),
-        ("pathlib", "PurePosixPath"),
-    }
+    _ALLOWED = frozenset(tuple(name.rsplit(".", 1)) for name in dcp_metadata_classes())
 
     def __init__(self, file, where: str) -> None:
         super().__init__(file)
@@ -329,12 +312,6 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._ALLOWED:
             return super().find_class(module, name)
-        if module == "torch":
-            import torch
-
-            value = getattr(torch, name, None)
-            if isinstance(value, torch.dtype):
-                return value
         raise _RefusedGlobal(
             f"{self.where}: names {module}.{name}, which DCP's metadata does not: refused, nothing "
             "was called (a Reader made with trust_metadata=True unpickles it as DCP would)"

@@ -123,6 +123,13 @@ extern "C" fn exit_status_hook() {
     }
 }
 
+/// The globals a DCP `.metadata` pickle may name (`module.name`): the allow-list the Rust reader
+/// of `.metadata` uses, which `ckpt.dcp.Reader` unpickles with.
+#[pyfunction]
+fn dcp_metadata_classes() -> Vec<&'static str> {
+    dcp::METADATA_CLASSES.to_vec()
+}
+
 /// Makes the process exit with status 1 once the interpreter is finalized (a background commit
 /// failed and nobody was told). Returns whether that is in place; if not, the caller exits
 /// itself.
@@ -1467,6 +1474,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         registered == 0
     });
     m.add_function(wrap_pyfunction!(exit_with_failure, m)?)?;
+    m.add_function(wrap_pyfunction!(dcp_metadata_classes, m)?)?;
     m.add("CkptError", m.py().get_type::<CkptError>())?;
     m.add_class::<Repo>()?;
     m.add_class::<CommitHandle>()?;
