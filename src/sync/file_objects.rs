@@ -9,7 +9,7 @@
 //! verified against its id before it enters the local store, bases first.
 
 use super::layout::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Layout};
-use super::transfer::{receive_into, reopen, upload_wire_delta, with_retries, Staging};
+use super::transfer::{parallel, receive_into, reopen, upload_wire_delta, with_retries, Staging};
 use super::wire_delta::WireDelta;
 use super::Error;
 use super::Result;
@@ -34,6 +34,28 @@ struct StagedFile {
 /// Largest object a download accepts (as `fetch`: a blob is at most a whole tensor plus its
 /// container).
 const MAX_OBJECT_LEN: u64 = 1 << 40;
+
+/// What an upload of files takes the remote to hold before it starts.
+pub(super) enum OnRemote {
+    /// What one listing of `objects/` says: a listing costs a request per thousand objects
+    /// of the whole remote, so it is for transfers a person starts (`ckpt push`, the git
+    /// filter's transfers), not for a rank saving every few minutes.
+    Listed,
+    /// These objects (the blobs of the version a save follows: a version is uploaded after
+    /// everything it needs), and no listing: any other object is uploaded create-if-absent,
+    /// one of at least [`LOOK_FIRST`] bytes after one request that finds it absent (a save
+    /// retried after a failure finds its blobs there). What a save sends so stays within
+    /// the save's own objects, however long the remote's history.
+    Known(HashSet<ObjectId>),
+}
+
+/// Objects at least this large are looked for on the remote before an upload that does not
+/// list it ([`OnRemote::Known`]): one request against a megabyte or more, smaller ones go up
+/// create-if-absent directly.
+pub(super) const LOOK_FIRST: u64 = 1 << 20;
+
+/// Requests a file transfer keeps in flight.
+const TRANSFERS: usize = 4;
 
 /// What [`push_files`](super::push_files) or [`fetch_file`](super::fetch_file) moved.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -114,12 +136,13 @@ impl Repo {
         previous: &HashMap<ObjectId, ObjectId>,
         layout: Layout,
     ) -> Result<FileTransfer> {
-        self.push_files_paired(remote, manifests, previous, &[], layout)
+        self.push_files_paired(remote, manifests, previous, &[], layout, OnRemote::Listed)
     }
 
     /// [`Repo::push_files_against`], where in the deltas layout a blob may also go up as a
     /// delta against the blob `pairs` names for it (with the same conditions): the same items
-    /// of any `.distcp` file of the previous version, for a rank saving to a remote.
+    /// of any `.distcp` file of the previous version, for a rank saving to a remote, which
+    /// passes what it knows the remote holds (`on_remote`) instead of listing it.
     pub(super) fn push_files_paired(
         &self,
         remote: &dyn Remote,
@@ -127,8 +150,9 @@ impl Repo {
         previous: &HashMap<ObjectId, ObjectId>,
         pairs: &[Counterpart],
         layout: Layout,
+        on_remote: OnRemote,
     ) -> Result<FileTransfer> {
-        let transfers = 4;
+        let transfers = TRANSFERS;
         let mut report =
             FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
         if layout == Layout::Mirror {
@@ -137,11 +161,15 @@ impl Repo {
             report.objects_recoded += objects;
             report.bytes += bytes;
         }
-        let present: HashSet<ObjectId> =
-            remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+        let (present, look_first): (HashSet<ObjectId>, bool) = match on_remote {
+            OnRemote::Listed => {
+                (remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect(), false)
+            }
+            OnRemote::Known(known) => (known, true),
+        };
         let mut wanted = Vec::new();
         for m in manifests {
-            if present.contains(m) {
+            if present.contains(m) || (look_first && remote.exists(&remote::object_key(m))?) {
                 report.files_present += 1;
             } else if self.store().contains(m) {
                 wanted.push(*m);
@@ -165,6 +193,11 @@ impl Repo {
         self.progress().start("push", total);
         let mut done = 0;
         for n in &need {
+            if look_first && self.found_on(remote, &n.id)? {
+                done += self.store().stored_len(&n.id).unwrap_or(0);
+                self.progress().set(done);
+                continue;
+            }
             if let Some(plan) = wire.get(&n.id) {
                 if let Some((len, uploaded)) = upload_wire_delta(self, remote, &n.id, plan)? {
                     if uploaded == Uploaded::Created {
@@ -217,8 +250,6 @@ impl Repo {
         let referenced: HashSet<ObjectId> = need.iter().filter_map(|n| n.reference).collect();
         // Deepest chain a delta may make on the remote, as the local store bounds its own.
         let max_depth = (self.config().base_every.saturating_sub(1)).clamp(1, MAX_CHAIN_DEPTH);
-        // Remote depth of each reference read so far (`None`: unreadable, no delta on it).
-        let mut remote_depth: HashMap<ObjectId, Option<u32>> = HashMap::new();
         let mut candidates = Vec::new();
         for m in wanted {
             let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
@@ -230,10 +261,10 @@ impl Repo {
             candidates.extend(new_manifest.same_tensor_blobs(&old_manifest));
         }
         candidates.extend_from_slice(pairs);
+        let mut chosen: Vec<Counterpart> = Vec::new();
         for pair in candidates {
             let (new, reference) = (pair.new, pair.old);
             if new == reference
-                || plan.contains_key(&new)
                 || !needed.contains(&new)
                 || referenced.contains(&new)
                 || !present.contains(&reference)
@@ -242,15 +273,41 @@ impl Repo {
             {
                 continue;
             }
-            let depth = *remote_depth.entry(reference).or_insert_with(|| self.remote_blob_depth(remote, &reference));
-            match depth {
-                Some(d) if d < max_depth => {
-                    plan.insert(new, WireDelta { reference, depth: d + 1 });
+            chosen.push(pair);
+        }
+        // The remote depth of each reference (`None`: unreadable, no delta on it): one short
+        // download each, in parallel (a rank file's items are thousands of references).
+        let mut references: Vec<ObjectId> = chosen.iter().map(|p| p.old).collect();
+        references.sort_unstable();
+        references.dedup();
+        let remote_depth = std::sync::Mutex::new(HashMap::new());
+        parallel(&references, TRANSFERS, |reference| {
+            let depth = self.remote_blob_depth(remote, reference);
+            remote_depth.lock().unwrap_or_else(|e| e.into_inner()).insert(*reference, depth);
+            Ok(())
+        })?;
+        let remote_depth = remote_depth.into_inner().unwrap_or_else(|e| e.into_inner());
+        // The first pair of each blob whose reference's chain leaves room.
+        for pair in chosen {
+            if plan.contains_key(&pair.new) {
+                continue;
+            }
+            if let Some(Some(d)) = remote_depth.get(&pair.old) {
+                if *d < max_depth {
+                    plan.insert(pair.new, WireDelta { reference: pair.old, depth: d + 1 });
                 }
-                _ => {}
             }
         }
         Ok(plan)
+    }
+
+    /// Whether object `id`, at least [`LOOK_FIRST`] bytes here, is on `remote` already (one
+    /// request); smaller objects are not looked for (false), their upload is create-if-absent.
+    pub(super) fn found_on(&self, remote: &dyn Remote, id: &ObjectId) -> Result<bool> {
+        if self.store().stored_len(id).unwrap_or(0) < LOOK_FIRST {
+            return Ok(false);
+        }
+        Ok(remote.exists(&remote::object_key(id))?)
     }
 
     /// The chain depth of blob `id` on `remote`, from its header: the download stops once

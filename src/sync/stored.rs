@@ -25,6 +25,7 @@
 //! journal in the cache, and the rank's next save deletes a journal an earlier save through the
 //! same cache left unfinished ([`store_file_to_remote`]).
 
+use super::file_objects::OnRemote;
 use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
 use super::remotes::{parse_ref, put_ref, ref_key};
 use super::transfer::{parallel, receive, reopen};
@@ -185,26 +186,43 @@ pub fn store_file_to_remote(
     // Whole: the deltas go up coded for the remote, against what it holds.
     let entry = cache.store_objects(disk, path, None, written)?;
     let manifest = cache.manifest(&entry.manifest)?;
-    // A pinned previous version keeps its blobs whole on a mirror remote: nothing to pair.
-    let reference = version.as_ref().filter(|v| layout == Layout::Deltas || !pinned(v));
-    let pairs = match (reference, earlier) {
+    let mut pairs = match (&version, earlier) {
         (None, _) => Vec::new(),
         (Some(_), Some(old)) => manifest.same_tensor_blobs(&cache.manifest(&old)?),
-        (Some(v), None) => {
-            let pairs = reference_pairs(cache, remote, path.as_str(), &manifest, v)?;
-            // Only the blobs a delta may be coded against (not the unchanged ones).
-            cache.fetch_blobs(remote, pairs.iter().filter(|p| p.new != p.old).map(|p| p.old).collect())?;
-            pairs
-        }
+        (Some(v), None) => reference_pairs(cache, remote, path.as_str(), &manifest, v)?,
     };
+    // A pinned previous version keeps its blobs whole on a mirror remote: only its unchanged
+    // blobs are paired (as known to be there), none is recoded.
+    if layout == Layout::Mirror && version.as_ref().is_some_and(pinned) {
+        pairs.retain(|p| p.new == p.old);
+    }
+    if distcp {
+        // Only the blobs a delta may be coded against (not the unchanged ones).
+        cache.fetch_blobs(remote, pairs.iter().filter(|p| p.new != p.old).map(|p| p.old).collect())?;
+    }
+    // What the remote holds of the previous version, without listing the remote (whose
+    // history a long job makes millions of objects): its files' manifests and the blobs
+    // paired with this file's (a version goes up after everything it needs).
+    let mut known: HashSet<ObjectId> = pairs.iter().map(|p| p.old).collect();
+    if let Some(v) = &version {
+        known.extend(v.files.iter().map(|f| f.manifest));
+    }
     let (transfer, stored_bytes) = match layout {
         Layout::Deltas => {
-            let t = cache.push_files_paired(remote, &[entry.manifest], &HashMap::new(), &pairs, Layout::Deltas)?;
+            let on_remote = OnRemote::Known(known);
+            let t = cache.push_files_paired(
+                remote,
+                &[entry.manifest],
+                &HashMap::new(),
+                &pairs,
+                Layout::Deltas,
+                on_remote,
+            )?;
             let stored = t.bytes;
             (t, stored)
         }
         Layout::Mirror => {
-            push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, previous, transfers)?
+            push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, &known, previous, transfers)?
         }
     };
     Ok(RemoteFile { entry, transfer, stored_bytes })
@@ -284,30 +302,51 @@ fn other_tips_blobs(cache: &Repo, remote: &dyn Remote, previous: Option<&Version
     Ok(blobs)
 }
 
-/// The mirror layout's upload of one file ([`store_file_to_remote`]): one listing of the
-/// remote's objects; the recodes planned from it (an older blob of `earlier` present, its new
-/// counterpart absent) and written down in a journal; the upload; then the recodes, each only
-/// if the new blob is standalone on the remote at that moment ([`recode`]). Returns what moved
-/// and the bytes of the objects the upload created (recodes aside).
+/// The mirror layout's upload of one file ([`store_file_to_remote`]), with `present` what the
+/// remote is known to hold (the previous version's manifests and the blobs paired with this
+/// file's; the remote is not listed): the recodes planned (an older blob paired with a new one
+/// the previous version does not hold) and written down in a journal; the upload of what is
+/// not known there, create-if-absent ([`Repo::found_on`] for large objects); then the recodes,
+/// each only if the new blob is standalone on the remote at that moment ([`recode`]). Returns
+/// what moved and the bytes of the objects the upload created (recodes aside).
+#[allow(clippy::too_many_arguments)]
 fn push_whole_then_recode(
     cache: &Repo,
     remote: &dyn Remote,
     manifest: &ObjectId,
     new_m: &Manifest,
     pairs: &[Counterpart],
+    present: &HashSet<ObjectId>,
     previous: Option<&VersionId>,
     transfers: usize,
 ) -> Result<(FileTransfer, u64)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
     forget_journals_of_failed_saves(cache, remote)?;
-    let present: HashSet<ObjectId> = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
-    if present.contains(manifest) {
+    if present.contains(manifest) || remote.exists(&remote::object_key(manifest))? {
         report.files_present = 1;
         report.requests = remote.requests();
         return Ok((report, 0));
     }
-    let need: Vec<Needed> =
-        cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present.contains(&n.id)).collect();
+    // The new counterparts of the pairs to recode, looked for on the remote (in parallel):
+    // one there already is not recoded against, nor uploaded. As a listing before the upload
+    // did, this keeps every recode's X absent before this rank's upload, and every Y is in
+    // the previous version, so two ranks never recode two blobs against each other.
+    let looked_for: HashSet<ObjectId> = pairs
+        .iter()
+        .filter(|p| p.new != p.old && !present.contains(&p.new) && cache.store().contains(&p.new))
+        .map(|p| p.new)
+        .collect();
+    let candidates: Vec<ObjectId> = looked_for.iter().copied().collect();
+    let found = std::sync::Mutex::new(HashSet::new());
+    parallel(&candidates, transfers * LOOKUPS_PER_TRANSFER, |id| {
+        if remote.exists(&remote::object_key(id))? {
+            found.lock().unwrap_or_else(|e| e.into_inner()).insert(*id);
+        }
+        Ok(())
+    })?;
+    let found = found.into_inner().unwrap_or_else(|e| e.into_inner());
+    let present = |id: &ObjectId| present.contains(id) || found.contains(id);
+    let need: Vec<Needed> = cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present(&n.id)).collect();
     let mut recodes = Vec::new();
     // A blob the new file holds stays whole.
     let keep: HashSet<ObjectId> = new_m.blobs().collect();
@@ -315,8 +354,8 @@ fn push_whole_then_recode(
     for pair in pairs {
         let (newer, older) = (pair.new, pair.old);
         if newer == older
-            || !present.contains(&older)
-            || present.contains(&newer)
+            || !present(&older)
+            || present(&newer)
             || keep.contains(&older)
             || !cache.store().contains(&older)
             || !cache.store().contains(&newer)
@@ -355,12 +394,17 @@ fn push_whole_then_recode(
             bytes.fetch_add(len, Ordering::Relaxed);
         }
     };
-    parallel(&first, transfers, |id| {
-        count(cache.upload_object(remote, id)?);
+    // A large object a retried save left there is found with one request, not sent again
+    // (the recodes' counterparts were looked for above).
+    let upload = |id: &ObjectId| -> Result<()> {
+        if looked_for.contains(id) || !cache.found_on(remote, id)? {
+            count(cache.upload_object(remote, id)?);
+        }
         Ok(())
-    })?;
+    };
+    parallel(&first, transfers, upload)?;
     for n in rest {
-        count(cache.upload_object(remote, &n.id)?);
+        upload(&n.id)?;
     }
     report.objects += objects.into_inner();
     let created = bytes.into_inner();
@@ -376,6 +420,10 @@ fn push_whole_then_recode(
     report.requests = remote.requests();
     Ok((report, created))
 }
+
+/// Existence checks (one small request each) a mirror save keeps in flight per upload it
+/// would keep in flight.
+const LOOKUPS_PER_TRANSFER: usize = 4;
 
 /// The file in a rank cache's directory (beside its `.ckpt`) listing the keys of the journals
 /// its saves wrote on the remote and have not deleted yet.

@@ -198,10 +198,20 @@ fn byte_ranges_of_a_stored_file_are_its_bytes() {
     assert!(reader.read(&cache, u64::MAX, 2).is_err());
 }
 
-/// A remote that records the keys downloaded from it.
+/// A remote that records the keys downloaded from it, the keys uploaded to it and the
+/// prefixes listed.
 struct Recording {
     inner: DirRemote,
     downloads: std::sync::Mutex<Vec<String>>,
+    uploads: std::sync::Mutex<Vec<String>>,
+    lists: std::sync::Mutex<Vec<String>>,
+}
+
+impl Recording {
+    fn create(url: &str) -> Recording {
+        let inner = DirRemote::create(url).unwrap();
+        Recording { inner, downloads: Default::default(), uploads: Default::default(), lists: Default::default() }
+    }
 }
 
 impl Remote for Recording {
@@ -209,6 +219,7 @@ impl Remote for Recording {
         self.inner.url()
     }
     fn list(&self, prefix: &str) -> ckpt::remote::Result<Vec<String>> {
+        self.lists.lock().unwrap().push(prefix.to_string());
         self.inner.list(prefix)
     }
     fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
@@ -225,6 +236,7 @@ impl Remote for Recording {
         len: u64,
         mode: ckpt::remote::UploadMode,
     ) -> ckpt::remote::Result<ckpt::remote::Uploaded> {
+        self.uploads.lock().unwrap().push(key.to_string());
         self.inner.upload(key, file, path, len, mode)
     }
     fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> ckpt::remote::Result<()> {
@@ -272,7 +284,7 @@ fn ranks_pair_items_with_any_file_of_the_previous_save_downloading_only_what_pai
     for (layout, swapped) in [(Layout::Deltas, false), (Layout::Deltas, true), (Layout::Mirror, true)] {
         let work = tempfile::tempdir().unwrap();
         let url = work.path().join("remote").to_str().unwrap().to_string();
-        let remote = Recording { inner: DirRemote::create(&url).unwrap(), downloads: Default::default() };
+        let remote = Recording::create(&url);
         // Save 1, each rank's file cut by its report.
         let mut entries = Vec::new();
         for (name, bytes) in &e1 {
@@ -420,4 +432,95 @@ fn a_mirror_save_leaves_the_blobs_of_another_branchs_tip_whole() {
             assert!(recoded >= 2, "{transfers:?}");
         }
     }
+}
+
+/// A rank's save costs requests for its own objects only, however long the remote's history:
+/// it never lists the remote's objects (a listing is a request per thousand objects of every
+/// earlier save, and refused past millions), in either layout, and still codes against the
+/// previous save (recodes or deltas on the wire). A save retried after a failed one (its
+/// objects uploaded, no version) finds its large blob with one request and does not send it
+/// again. Every version reads back bit-exact from a clone.
+#[test]
+fn a_rank_save_never_lists_the_remotes_objects() {
+    // Safetensors files (tensors without DCP's items; paired by path): one tensor large
+    // enough (2 MiB) to be looked for before its upload.
+    let shapes: &[(&str, &[u64])] = &[("w.a", &[128, 256]), ("w.big", &[1024, 512]), ("bias", &[64])];
+    let files = |epoch: u32| -> Files {
+        let mut files: Files = (0..2)
+            .map(|rank| (format!("rank{rank}.safetensors"), synthetic_checkpoint(30 + rank, Dtype::F32, shapes, epoch)))
+            .collect();
+        files.sort();
+        files
+    };
+    for layout in [Layout::Mirror, Layout::Deltas] {
+        let work = tempfile::tempdir().unwrap();
+        let url = work.path().join("remote").to_str().unwrap().to_string();
+        let remote = Recording::create(&url);
+        let mut expected = Vec::new();
+        for epoch in 1..=3 {
+            let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+            let (v, transfers) = save(work.path(), &remote, &tip, &files(epoch), layout);
+            if epoch > 1 {
+                let coded: u64 = transfers.iter().map(|t| t.objects_recoded + t.objects_as_deltas).sum();
+                assert!(coded >= 2, "{layout}, epoch {epoch}: {transfers:?}");
+            }
+            expected.push((v.unwrap(), files(epoch)));
+        }
+        // Save 4 fails after rank 0 uploaded its file (no version), then is retried with the
+        // same tensors in a file whose header differs (another manifest).
+        let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+        let (path, bytes) = files(4).swap_remove(0);
+        save_rank(work.path(), &remote, &path, &bytes, tip.version.as_ref(), layout);
+        let mut retried = files(4);
+        let at = bytes.windows(11).position(|w| w == br#""epoch":"4""#).unwrap() + 9;
+        retried[0].1[at] = b'5';
+        remote.uploads.lock().unwrap().clear();
+        let (v4, _) = save(work.path(), &remote, &tip, &retried, layout);
+        expected.push((v4.unwrap(), retried));
+        let cache = Repo::init(&work.path().join("reader")).unwrap();
+        let entry = sync::fetch_stored_file(&cache, &remote.inner, &expected[3].0, &path).unwrap();
+        let manifest = cache.manifest(&entry.manifest).unwrap();
+        let (_, segment) = manifest.tensors().max_by_key(|(_, s)| s.len).unwrap();
+        let big = segment.blob.unwrap();
+        let uploads = remote.uploads.lock().unwrap().clone();
+        assert!(uploads.contains(&ckpt::remote::object_key(&entry.manifest)), "{layout}: {uploads:?}");
+        assert!(!uploads.contains(&ckpt::remote::object_key(&big)), "{layout}: {uploads:?}");
+
+        let lists = remote.lists.lock().unwrap().clone();
+        assert!(!lists.iter().any(|p| p.starts_with("objects")), "{layout}: {lists:?}");
+        assert_clone_reads(work.path(), &url, &expected);
+    }
+}
+
+/// Two ranks whose tensors trade contents between saves: each rank's new blob is the other
+/// rank's blob of the previous save, already on the remote, so neither recodes against it (run
+/// at once, the two recodes would make each blob a delta against the other: a cycle no read
+/// could resolve). Both versions read back bit-exact.
+#[test]
+fn a_mirror_save_does_not_recode_against_a_blob_the_remote_already_holds() {
+    let shapes: &[(&str, &[u64])] = &[("w", &[256, 256])];
+    // One tensor's values at two epochs: close enough that a delta between them pays.
+    let content = |epoch: u32| synthetic_checkpoint(7, Dtype::F32, shapes, epoch);
+    let (c1, c2) = (content(1), content(2));
+    let work = tempfile::tempdir().unwrap();
+    let url = work.path().join("remote").to_str().unwrap().to_string();
+    let remote = Recording::create(&url);
+    let mut expected = Vec::new();
+    for files in [[c1.clone(), c2.clone()], [c2, c1]] {
+        // Each rank's header names the rank (in its metadata), so the files differ.
+        let files: Files = files
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut b)| {
+                let at = b.windows(9).position(|w| w == br#""epoch":""#).unwrap() + 9;
+                b[at] = b'a' + r as u8;
+                (format!("rank{r}.safetensors"), b)
+            })
+            .collect();
+        let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+        let (v, transfers) = save(work.path(), &remote, &tip, &files, Layout::Mirror);
+        assert_eq!(transfers.iter().map(|t| t.objects_recoded).sum::<u64>(), 0, "{transfers:?}");
+        expected.push((v.unwrap(), files));
+    }
+    assert_clone_reads(work.path(), &url, &expected);
 }
