@@ -15,8 +15,10 @@ root under DIR): DCP's fsspec writer (`FsspecWriter`, `s3fs`) to `s3://bench/pla
 `mirror`, as `ckpt remote add`). Each round, interleaved: a training step; an fsspec save;
 the Writer's first save into a new prefix (everything new); a step; an fsspec save; the Writer's
 second save into the same prefix (each rank pairs with its file of the first save; `mirror`: the
-new tensors uploaded whole and the first save's recoded on the remote as deltas against them;
-`deltas`: the new tensors uploaded as deltas against the first save's); then
+new tensors uploaded whole and the first save's recoded on the remote as deltas against them,
+after `dcp.save` returns, on a thread of each rank: the bench waits for them, untimed, and
+prints the time until they are done as `Writer save N + recodes`; `deltas`: the new tensors
+uploaded as deltas against the first save's); then
 `FsspecReader` and `ckpt.dcp.Reader` loads of the second save, checked. fsspec saves write
 whole files every time, so both Writer saves are compared with the same round's fsspec saves.
 `--cache`: the ranks' caches: `kept` (default options: each rank's kept cache, with
@@ -75,6 +77,8 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, que
     zeroed = {k: distribute_tensor(torch.zeros(t.shape), mesh, [Shard(0)]) for k, t in sd.items()}
     names = ("fsspec save", "Writer save 1", "fsspec save 2", "Writer save 2", "FsspecReader", "ckpt.dcp.Reader")
     times = {name: [] for name in names}
+    # From a Writer save's start until the recodes it leaves running (mirror) are done on every rank.
+    times.update({f"{name} + recodes": [] for name in names if name.startswith("Writer")})
     traffic = {name: [] for name in names if name.startswith("Writer")}
     s3 = {"endpoint": endpoint, "allow_http": True, "region": "us-east-1"}
     writer_options = dict(s3, layout=layout)
@@ -107,6 +111,11 @@ def s3_worker(rank, world, port, mib, repeat, root, endpoint, layout, cache, que
             dist.barrier()
             times[name].append(time.perf_counter() - start)
             if name in traffic:
+                # The mirror layout's recodes go on after `dcp.save` returns: waited for here,
+                # outside the save's time, so that they never overlap the next measured step.
+                ckpt.dcp._wait_for_recodes()
+                dist.barrier()
+                times[f"{name} + recodes"].append(time.perf_counter() - start)
                 traffic[name].append(dict(writer.traffic))
             if "Reader" in name:
                 assert all(torch.equal(zeroed[k].to_local(), sd[k].to_local()) for k in sd), name
@@ -282,6 +291,7 @@ def main_s3(a):
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"  Writer save 1 / fsspec save:   {med['Writer save 1'] / med['fsspec save']:.2f}x")
     print(f"  Writer save 2 / fsspec save 2: {med['Writer save 2'] / med['fsspec save 2']:.2f}x")
+    print(f"  (Writer save 2 + its recodes) / fsspec save 2: {med['Writer save 2 + recodes'] / med['fsspec save 2']:.2f}x")
     print(f"  ckpt.dcp.Reader / FsspecReader: {med['ckpt.dcp.Reader'] / med['FsspecReader']:.2f}x")
     # Per round (same conditions within a round), for the spread.
     for ours, stock in (("Writer save 1", "fsspec save"), ("Writer save 2", "fsspec save 2"), ("ckpt.dcp.Reader", "FsspecReader")):

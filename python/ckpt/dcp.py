@@ -42,7 +42,10 @@ save moved the branch meanwhile, the save raises on every rank and nothing is ov
   rank file of the branch's previous version, downloading only the manifests that takes and
   the objects of the items it pairs that its cache lacks, and uploads its file in the remote's
   `layout` (`"mirror"`, the default of `ckpt remote add`: new tensors whole,
-  then the previous version's changed tensors recoded on the remote as deltas against them;
+  then the previous version's changed tensors recoded on the remote as deltas against them,
+  which only saves space and so runs after `dcp.save` returns, on a thread of each rank while
+  training goes on: the next save or load in the process waits for it, and so does the
+  interpreter at exit; a process killed first leaves the previous version's tensors whole;
   or `"deltas"`: new tensors as forward deltas against the previous version's), as `ckpt push`
   and the git filter's transfers do (docs/format.md, "Distributed saves to a remote"). The
   version and the remote branch are what `ckpt clone`/`fetch` of that remote read; `branch`
@@ -199,6 +202,23 @@ class _RepoTarget(_Target):
         pass
 
 
+# Mirror recodes of remote saves still running, one thread each (`_RemoteTarget.close_after_recodes`).
+# The next save or load in this process waits for them when it begins (they hold the rank's kept
+# cache, and the next save's recodes follow theirs). The interpreter waits for them at exit
+# (they are not daemon threads).
+_RECODES: List[threading.Thread] = []
+_RECODES_LOCK = threading.Lock()
+
+
+def _wait_for_recodes() -> None:
+    """Waits until the recodes of this process's earlier saves are done."""
+    with _RECODES_LOCK:
+        threads = list(_RECODES)
+        _RECODES.clear()
+    for thread in threads:
+        thread.join()
+
+
 class _RemoteTarget(_Target):
     """A remote every rank reaches through a cache of its own: `cache` a directory, `False`
     (a temporary one) or `None` (this rank's kept cache; see the module docstring)."""
@@ -227,13 +247,51 @@ class _RemoteTarget(_Target):
         stored_bytes = sum(f[4] for f in files)
         return self.native.commit(branch, tip, cas, [f[:4] for f in files], message, tags, stored_bytes)
 
+    def store_objects(self, disk: str, path: str, previous: Optional[str], items=None):
+        # The mirror layout's recodes of the previous version's blobs (only space on the
+        # remote, never needed by this save) are left for `close_after_recodes`.
+        return self.native.store_objects(disk, path, previous, items, defer_recodes=True)
+
     def close(self, prune: bool = False) -> None:
         """Releases the cache (`prune`, after a successful save or load: a kept cache keeps
-        only what the next one needs)."""
+        only what the next one needs). Recodes a save left undone are dropped: their journals
+        stay noted in the cache, and its next save deletes them (the previous version's blobs
+        stay whole)."""
         if self.native is not None:
             native, self.native = self.native, None
             self.traffic = native.traffic()
             native.close(prune=prune)
+
+    def close_after_recodes(self, done) -> None:
+        """After a successful save: `done(traffic)` with what the save moved; then the recodes
+        its uploads left (the mirror layout replacing the previous version's blobs on the remote
+        by deltas against the new ones) run on a thread of their own while training goes on,
+        after which the cache is pruned and released and `done` is called again with what the
+        recodes moved. Without recodes the cache is released now. A recode that fails is
+        logged; the save stands (its journal stays noted in the cache, which the next save
+        deletes)."""
+        if self.native is None:
+            return
+        if not self.native.pending_recodes():
+            self.close(prune=True)
+            done(self.traffic)
+            return
+        saved = self.native.traffic()
+        done(saved)
+
+        def recode() -> None:
+            try:
+                self.native.finish_recodes()
+            except Exception as e:  # noqa: BLE001 (the save is committed: only space is owed)
+                _log.warning("ckpt: the recodes after a save to %s failed: %s", self.native.url, e)
+            finally:
+                self.close(prune=True)
+                done({key: n - saved.get(key, 0) for key, n in self.traffic.items()})
+
+        thread = threading.Thread(target=recode, name="ckpt-dcp-recodes")
+        with _RECODES_LOCK:
+            _RECODES.append(thread)
+        thread.start()
 
 
 def _compact_after_save(native) -> None:
@@ -518,8 +576,11 @@ def _classes():
             self.traffic: Dict[str, int] = {}
 
         def _target(self):
-            # Opened in the rank's own process (a Writer may be made before a fork or spawn).
+            # Opened in the rank's own process (a Writer may be made before a fork or spawn),
+            # after the recodes of this process's earlier saves.
             if self._opened is None:
+                if _is_remote(self.target):
+                    _wait_for_recodes()
                 opened = _open_target(self.target, create=True, **self.options)
                 if opened.prefix:
                     opened.close()
@@ -535,11 +596,23 @@ def _classes():
             return self._opened
 
         def _close(self, saved: bool = False) -> None:
-            if self._opened is not None:
-                self._opened.close(prune=saved)
-                for key, n in getattr(self._opened, "traffic", {}).items():
+            """Releases the target; after a successful save to a remote the recodes its uploads
+            left run first, in the background (`_RemoteTarget.close_after_recodes`): `traffic`
+            says what the save moved at once, and adds the recodes once they are done
+            (`ckpt.dcp._wait_for_recodes()` waits for them)."""
+            if self._opened is None:
+                return
+            opened, self._opened = self._opened, None
+
+            def count(traffic: Dict[str, int]) -> None:
+                for key, n in traffic.items():
                     self.traffic[key] = self.traffic.get(key, 0) + n
-                self._opened = None
+
+            if saved and isinstance(opened, _RemoteTarget):
+                opened.close_after_recodes(count)
+            else:
+                opened.close(prune=saved)
+                count(getattr(opened, "traffic", {}))
 
         def reset(self, checkpoint_id=None) -> None:
             if checkpoint_id:
@@ -550,6 +623,7 @@ def _classes():
 
         def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
             super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+            self._is_coordinator = is_coordinator
             self.fs = _StoreFS(self._target())
             if is_coordinator and self.tags:
                 self._target().check_tags(self.tags)
@@ -592,8 +666,10 @@ def _classes():
                     self.fs.close_written()
             finally:
                 # This rank's part is uploaded (or failed): its cache is released (pruned if
-                # kept and the upload succeeded; deleted if temporary).
-                if _is_remote(self.target):
+                # kept and the upload succeeded; deleted if temporary), after the recodes the
+                # upload left, which run on in the background. The coordinator keeps it for
+                # `finish` (which stores `.metadata` through it) and releases it there.
+                if _is_remote(self.target) and not (saved and getattr(self, "_is_coordinator", False)):
                     self._close(saved=saved)
             stored = self.fs.stored
             out = [
@@ -671,6 +747,8 @@ def _classes():
 
         def _store_fs(self):
             if self._opened is None:
+                if _is_remote(self.target):
+                    _wait_for_recodes()
                 self._opened = _open_target(self.target, create=False, **self.options)
             if self._version is None:
                 # One version for every read of this load, whatever moves meanwhile.

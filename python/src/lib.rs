@@ -1017,6 +1017,8 @@ struct RemoteStore {
     layout: sync::Layout,
     /// Transfers in flight at once.
     transfers: usize,
+    /// Mirror recodes of files stored with `defer_recodes`, for [`RemoteStore::finish_recodes`].
+    pending: Mutex<Vec<sync::PendingRecodes>>,
 }
 
 impl RemoteStore {
@@ -1110,7 +1112,8 @@ impl RemoteStore {
             })
             .map_err(err)?;
         let remote = Arc::new(Counted { inner: remote, counts: Default::default() });
-        Ok(RemoteStore { remote, cache: Mutex::new(Some(Arc::new(cache))), layout, transfers: 8 })
+        let pending = Mutex::new(Vec::new());
+        Ok(RemoteStore { remote, cache: Mutex::new(Some(Arc::new(cache))), layout, transfers: 8, pending })
     }
 
     /// The remote's URL (without credentials).
@@ -1191,8 +1194,12 @@ impl RemoteStore {
     /// ([`sync::store_file_to_remote`]), coded against the same items in version `previous`
     /// (a `.distcp` file cut into its writer's `items`, as [`Repo::store_objects`] cuts it).
     /// Returns `(path, manifest, file hash, length, stored bytes)` for [`RemoteStore::commit`],
-    /// the last being what the upload created on the remote.
-    #[pyo3(signature = (disk, path, previous=None, items=None))]
+    /// the last being what the upload created on the remote. With `defer_recodes` the mirror
+    /// layout's recodes of the previous version's blobs are left for
+    /// [`RemoteStore::finish_recodes`] ([`sync::upload_file_to_remote`]): the file is complete
+    /// on the remote either way.
+    #[pyo3(signature = (disk, path, previous=None, items=None, defer_recodes=false))]
+    #[allow(clippy::too_many_arguments)]
     fn store_objects(
         &self,
         py: Python<'_>,
@@ -1200,21 +1207,17 @@ impl RemoteStore {
         path: String,
         previous: Option<String>,
         items: Option<Vec<WrittenItem>>,
+        defer_recodes: bool,
     ) -> PyResult<(String, String, String, u64, u64)> {
         let (rp, previous, items) = stored_file_args(&path, previous, items)?;
         let (layout, transfers) = (self.layout, self.transfers);
-        let stored = self.run_retrying(py, move |remote, cache| {
-            sync::store_file_to_remote(
-                cache,
-                remote,
-                &disk,
-                &rp,
-                previous.as_ref(),
-                items.as_deref(),
-                layout,
-                transfers,
-            )
+        let mut stored = self.run_retrying(py, move |remote, cache| {
+            let store = if defer_recodes { sync::upload_file_to_remote } else { sync::store_file_to_remote };
+            store(cache, remote, &disk, &rp, previous.as_ref(), items.as_deref(), layout, transfers)
         })?;
+        if let Some(recodes) = stored.recodes.take() {
+            self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(recodes);
+        }
         self.cache()?.note_file(&stored.entry.path, stored.entry.manifest);
         let (path, manifest, hash, len) = stored_entry(stored.entry);
         Ok((path, manifest, hash, len, stored.stored_bytes))
@@ -1271,6 +1274,26 @@ impl RemoteStore {
         })?;
         cache.note_file(&noted, manifest);
         Ok(StoredFile { repo: cache.repo(), reader: Mutex::new(reader) })
+    }
+
+    /// Blobs that recodes left by `store_objects(..., defer_recodes=True)` will recode.
+    fn pending_recodes(&self) -> usize {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|p| p.len()).sum()
+    }
+
+    /// Does the recodes `store_objects(..., defer_recodes=True)` left ([`sync::finish_recodes`]),
+    /// without the GIL: the previous version's blobs become XOR deltas against the new ones on
+    /// the remote. Returns the objects replaced. Raises if one fails (the rest stay undone,
+    /// their journals noted in the cache: the next save through it deletes them).
+    fn finish_recodes(&self, py: Python<'_>) -> PyResult<u64> {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if pending.is_empty() {
+            return Ok(0);
+        }
+        let transfers = self.transfers;
+        let (objects, _) =
+            self.run(py, move |remote, cache| sync::finish_recodes(cache, remote, pending, transfers))?;
+        Ok(objects)
     }
 
     /// After a successful save or load: a kept cache deletes everything but the newest file of

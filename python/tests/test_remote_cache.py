@@ -74,3 +74,65 @@ def test_a_kept_cache_is_held_by_one_store_reused_and_pruned(url, tmp_path):
     for version, data in zip(versions, files):
         assert bytes(temporary.open_file(version, "model.bin").read(0, len(data))) == data
     temporary.close()
+
+
+def safetensors_f32(values):
+    """A safetensors file of one float32 tensor `w`."""
+    import array
+    import json
+    import struct
+
+    data = array.array("f", values).tobytes()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [len(values)], "data_offsets": [0, len(data)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def test_a_mirror_save_can_leave_its_recodes_to_run_after_the_commit(url, tmp_path):
+    """`store_objects(..., defer_recodes=True)`: the file is complete on the remote and the
+    version commits before the previous version's blobs are recoded; `finish_recodes` then
+    recodes them. `ckpt.dcp`'s remote target runs that on a thread after the save, which the
+    next save waits for."""
+    import random
+
+    from ckpt import dcp
+
+    rng = random.Random(5)
+    first = [rng.gauss(0, 1) for _ in range(1 << 17)]
+    second = [x + 1e-3 for x in first]
+    third = [x + 2e-3 for x in first]
+    store = RemoteStore.open(url, cache=str(tmp_path / "cache"), create=True)
+    v1 = save(store, tmp_path, safetensors_f32(first))
+
+    disk = tmp_path / "spool"
+    disk.write_bytes(safetensors_f32(second))
+    tip, tag = store.branch_tip("main")
+    entry = store.store_objects(str(disk), "model.bin", tip, defer_recodes=True)
+    assert store.pending_recodes() >= 1
+    v2 = store.commit("main", tip, tag, [entry[:4]], "save", [], entry[4])
+    # (The journal of the recodes went up with one replace.)
+    before = store.traffic()["replaces"]
+    recoded = store.finish_recodes()
+    assert recoded >= 1
+    assert store.pending_recodes() == 0 and store.finish_recodes() == 0
+    assert store.traffic()["replaces"] == before + recoded, store.traffic()
+    store.close(prune=True)
+
+    # Through ckpt.dcp's remote target: the recodes on a thread, the cache released after them.
+    target = dcp._RemoteTarget(url, str(tmp_path / "cache"), "mirror", {}, create=False)
+    disk.write_bytes(safetensors_f32(third))
+    branch, tip, tag = target.tip("main")
+    entry = target.store_objects(str(disk), "model.bin", tip)
+    v3 = target.commit(branch, tip, tag, [entry], "save", [])
+    done = []
+    target.close_after_recodes(done.append)
+    dcp._wait_for_recodes()
+    # What the save moved at once (its journal's one replace), then what the recodes moved.
+    assert len(done) == 2 and done[0]["replaces"] == 1 and done[1]["replaces"] >= 1, done
+    assert target.native is None
+
+    reader = RemoteStore.open(url)
+    for version, values in [(v1, first), (v2, second), (v3, third)]:
+        data = safetensors_f32(values)
+        assert bytes(reader.open_file(version, "model.bin").read(0, len(data))) == data
+    reader.close()

@@ -56,8 +56,8 @@ pub use remotes::{
     RemoteConfig,
 };
 pub use stored::{
-    commit_to_remote, fetch_stored_file, fetch_version, remote_branch_tip, resolve_remote, store_file_to_remote,
-    RemoteFile, RemoteTip, StoredFileReader,
+    commit_to_remote, fetch_stored_file, fetch_version, finish_recodes, remote_branch_tip, resolve_remote,
+    store_file_to_remote, upload_file_to_remote, PendingRecodes, RemoteFile, RemoteTip, StoredFileReader,
 };
 
 use crate::object_id::ObjectId;

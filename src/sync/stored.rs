@@ -173,6 +173,35 @@ pub fn store_file_to_remote(
     layout: Layout,
     transfers: usize,
 ) -> Result<RemoteFile> {
+    let mut file = upload_file_to_remote(cache, remote, disk, path, previous, written, layout, transfers)?;
+    if let Some(recodes) = file.recodes.take() {
+        let (objects, bytes) = finish_recodes(cache, remote, vec![recodes], transfers)?;
+        file.transfer.objects += objects;
+        file.transfer.objects_recoded += objects;
+        file.transfer.bytes += bytes;
+        file.transfer.requests = remote.requests();
+    }
+    Ok(file)
+}
+
+/// [`store_file_to_remote`] up to the mirror layout's recodes, which it leaves to
+/// [`finish_recodes`] ([`RemoteFile::recodes`]): the file is on the remote, complete, once this
+/// returns, and a version may list it at once. The recodes only make the previous version's
+/// blobs smaller on the remote, so they may run after the version is committed, while the
+/// training job goes on. Left undone (the process ended first), their journal stays on the
+/// remote, noted in `cache`, and the rank's next save through `cache` deletes it: the previous
+/// version's blobs then stay whole, which costs space, never data.
+#[allow(clippy::too_many_arguments)]
+pub fn upload_file_to_remote(
+    cache: &Repo,
+    remote: &dyn Remote,
+    disk: &Path,
+    path: &RepoPath,
+    previous: Option<&VersionId>,
+    written: Option<&[crate::torch_zip::dcp::Item]>,
+    layout: Layout,
+    transfers: usize,
+) -> Result<RemoteFile> {
     let version = previous.map(|p| fetch_version(cache, remote, p)).transpose()?;
     let distcp = path.as_str().ends_with(DISTCP_SUFFIX);
     // Another file (`.metadata`): the same path's previous file, downloaded whole (small).
@@ -207,7 +236,7 @@ pub fn store_file_to_remote(
     if let Some(v) = &version {
         known.extend(v.files.iter().map(|f| f.manifest));
     }
-    let (transfer, stored_bytes) = match layout {
+    let (transfer, stored_bytes, recodes) = match layout {
         Layout::Deltas => {
             let on_remote = OnRemote::Known(known);
             let t = cache.push_files_paired(
@@ -219,17 +248,57 @@ pub fn store_file_to_remote(
                 on_remote,
             )?;
             let stored = t.bytes;
-            (t, stored)
+            (t, stored, None)
         }
         Layout::Mirror => {
             push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, &known, previous, transfers)?
         }
     };
-    Ok(RemoteFile { entry, transfer, stored_bytes })
+    Ok(RemoteFile { entry, transfer, stored_bytes, recodes })
 }
 
-/// A file stored to a remote by [`store_file_to_remote`].
-#[derive(Clone, Debug)]
+/// Recodes a mirror upload left to do ([`upload_file_to_remote`]): the previous version's
+/// blobs replaced on the remote by XOR deltas against the new ones, each only if the new blob
+/// is standalone there at that moment ([`recode`]); then each journal is deleted, and once all
+/// are, `cache`'s note of them. Returns the objects replaced and the bytes uploaded.
+pub fn finish_recodes(
+    cache: &Repo,
+    remote: &dyn Remote,
+    pending: Vec<PendingRecodes>,
+    transfers: usize,
+) -> Result<(u64, u64)> {
+    let (mut objects, mut bytes) = (0, 0);
+    for PendingRecodes { journal } in pending {
+        let (o, b) = recode(cache, remote, &journal.recodes, transfers)?;
+        objects += o;
+        bytes += b;
+        remote.delete(&journal_key(&journal.version))?;
+    }
+    remove_journals_note(cache)?;
+    Ok((objects, bytes))
+}
+
+/// The recodes of one mirror upload, not done yet ([`finish_recodes`]); their journal is on
+/// the remote and noted in the rank's cache.
+#[derive(Debug)]
+pub struct PendingRecodes {
+    journal: super::layout::Journal,
+}
+
+impl PendingRecodes {
+    /// Blobs planned for recoding.
+    pub fn len(&self) -> usize {
+        self.journal.recodes.len()
+    }
+
+    /// Whether nothing is planned (never the case for a value an upload returns).
+    pub fn is_empty(&self) -> bool {
+        self.journal.recodes.is_empty()
+    }
+}
+
+/// A file stored to a remote by [`store_file_to_remote`] or [`upload_file_to_remote`].
+#[derive(Debug)]
 pub struct RemoteFile {
     /// Its entry, for [`commit_to_remote`].
     pub entry: FileEntry,
@@ -239,6 +308,9 @@ pub struct RemoteFile {
     /// blobs, as deltas or whole, and its manifest; not the mirror layout's recodes of the
     /// previous version's blobs): what the version's `stored_bytes` adds up.
     pub stored_bytes: u64,
+    /// The mirror layout's recodes left to do ([`upload_file_to_remote`]; none after
+    /// [`store_file_to_remote`]).
+    pub recodes: Option<PendingRecodes>,
 }
 
 /// The new `.distcp` file `manifest` at `path` paired with the same items of `version`'s
@@ -302,13 +374,12 @@ fn other_tips_blobs(cache: &Repo, remote: &dyn Remote, previous: Option<&Version
     Ok(blobs)
 }
 
-/// The mirror layout's upload of one file ([`store_file_to_remote`]), with `present` what the
+/// The mirror layout's upload of one file ([`upload_file_to_remote`]), with `present` what the
 /// remote is known to hold (the previous version's manifests and the blobs paired with this
 /// file's; the remote is not listed): the recodes planned (an older blob paired with a new one
-/// the previous version does not hold) and written down in a journal; the upload of what is
-/// not known there, create-if-absent ([`Repo::found_on`] for large objects); then the recodes,
-/// each only if the new blob is standalone on the remote at that moment ([`recode`]). Returns
-/// what moved and the bytes of the objects the upload created (recodes aside).
+/// the remote lacks) and written down in a journal; then the upload of what is not known
+/// there, create-if-absent ([`Repo::found_on`] for large objects). Returns what moved, the
+/// bytes of the objects the upload created, and the recodes left to do ([`finish_recodes`]).
 #[allow(clippy::too_many_arguments)]
 fn push_whole_then_recode(
     cache: &Repo,
@@ -319,13 +390,13 @@ fn push_whole_then_recode(
     present: &HashSet<ObjectId>,
     previous: Option<&VersionId>,
     transfers: usize,
-) -> Result<(FileTransfer, u64)> {
+) -> Result<(FileTransfer, u64, Option<PendingRecodes>)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
     forget_journals_of_failed_saves(cache, remote)?;
     if present.contains(manifest) || remote.exists(&remote::object_key(manifest))? {
         report.files_present = 1;
         report.requests = remote.requests();
-        return Ok((report, 0));
+        return Ok((report, 0, None));
     }
     // The new counterparts of the pairs to recode, looked for on the remote (in parallel):
     // one there already is not recoded against, nor uploaded. As a listing before the upload
@@ -409,16 +480,8 @@ fn push_whole_then_recode(
     report.objects += objects.into_inner();
     let created = bytes.into_inner();
     report.bytes += created;
-    if let Some(journal) = journal {
-        let (objects, bytes) = recode(cache, remote, &journal.recodes, transfers)?;
-        report.objects += objects;
-        report.objects_recoded += objects;
-        report.bytes += bytes;
-        remote.delete(&journal_key(&journal.version))?;
-        remove_journals_note(cache)?;
-    }
     report.requests = remote.requests();
-    Ok((report, created))
+    Ok((report, created, journal.map(|journal| PendingRecodes { journal })))
 }
 
 /// Existence checks (one small request each) a mirror save keeps in flight per upload it
