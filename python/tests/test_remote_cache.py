@@ -136,3 +136,58 @@ def test_a_mirror_save_can_leave_its_recodes_to_run_after_the_commit(url, tmp_pa
         data = safetensors_f32(values)
         assert bytes(reader.open_file(version, "model.bin").read(0, len(data))) == data
     reader.close()
+
+
+def test_recodes_left_running_finish_before_the_interpreter_exits_or_are_dropped_safely(url, tmp_path):
+    """A training script that ends right after its last save: the recodes still running on
+    their thread finish before the interpreter exits (no journal left on the remote). A process
+    that stops without finishing them (killed) leaves its journal noted in the cache; the next
+    save through that cache deletes it, and every version still reads back."""
+    import subprocess
+    import sys
+
+    rng_values = [float(i % 97) / 7.0 for i in range(1 << 21)]
+    versions = []
+    store = RemoteStore.open(url, cache=str(tmp_path / "cache"), create=True)
+    versions.append((save(store, tmp_path, safetensors_f32(rng_values)), rng_values))
+    store.close(prune=True)
+
+    # A script whose save leaves recodes running, then ends.
+    second = [x + 1e-3 for x in rng_values]
+    (tmp_path / "second").write_bytes(safetensors_f32(second))
+    script = f"""
+from ckpt import dcp
+target = dcp._RemoteTarget({url!r}, {str(tmp_path / "cache")!r}, "mirror", {{}}, create=False)
+branch, tip, tag = target.tip("main")
+entry = target.store_objects({str(tmp_path / "second")!r}, "model.bin", tip)
+print(target.commit(branch, tip, tag, [entry], "save", []))
+assert target.native.pending_recodes() >= 1
+target.close_after_recodes(lambda traffic: None)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    versions.append((done.stdout.strip(), second))
+    remote = url.removeprefix("file://")
+    assert not os.listdir(os.path.join(remote, "pending")), "a journal was left: the recodes did not finish"
+
+    # A save whose recodes never run (the process stopped first).
+    third = [x + 2e-3 for x in rng_values]
+    store = RemoteStore.open(url, cache=str(tmp_path / "cache"))
+    disk = tmp_path / "spool"
+    disk.write_bytes(safetensors_f32(third))
+    tip, tag = store.branch_tip("main")
+    entry = store.store_objects(str(disk), "model.bin", tip, defer_recodes=True)
+    versions.append((store.commit("main", tip, tag, [entry[:4]], "save", [], entry[4]), third))
+    assert store.pending_recodes() >= 1 and os.listdir(os.path.join(remote, "pending"))
+    store.close()
+    # The next save deletes that journal (and does its own recodes).
+    store = RemoteStore.open(url, cache=str(tmp_path / "cache"))
+    fourth = [x + 3e-3 for x in rng_values]
+    versions.append((save(store, tmp_path, safetensors_f32(fourth)), fourth))
+    store.close(prune=True)
+    assert not os.listdir(os.path.join(remote, "pending"))
+    reader = RemoteStore.open(url)
+    for version, values in versions:
+        data = safetensors_f32(values)
+        assert bytes(reader.open_file(version, "model.bin").read(0, len(data))) == data
+    reader.close()
