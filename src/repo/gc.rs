@@ -13,6 +13,7 @@
 //! object renews its mtime ([`crate::store::Store::contains_fresh`]), so the period counts from
 //! the last use. Temp files of interrupted writes are kept as long.
 
+use super::partial::HistoryCuts;
 use super::{Error, RefKind, Repo, Result, Version, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
@@ -110,7 +111,12 @@ impl Repo {
     /// The set of objects reachable from the roots, the number of versions among them, and the
     /// file hashes those versions hold.
     fn mark(&self) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
-        let needed = self.reachable(&self.ref_roots()?, &|_| false)?;
+        self.mark_from(&self.ref_roots()?, &self.cut_versions()?)
+    }
+
+    /// [`Self::mark`] from `roots`, with history ending at `cut`.
+    fn mark_from(&self, roots: &[VersionId], cut: &HistoryCuts) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
+        let needed = self.reachable_with_cuts(roots, cut)?;
         let mut versions = 0;
         let mut held = HashSet::new();
         for n in needed.iter().filter(|n| n.kind == ObjectKind::Version) {
@@ -149,23 +155,61 @@ impl Repo {
     /// Deletes unreachable objects and leftover temp files older than `options.grace`.
     pub fn gc_with(&self, options: &GcOptions) -> Result<GcReport> {
         let _lock = self.lock()?;
+        self.gc_locked(options, &HashSet::new())
+    }
+
+    /// [`Self::gc_with`] with the writer lock held. Unreferenced objects in `whatever_age`
+    /// go even when younger than the grace period (the versions a prune dropped: no save in
+    /// flight can be writing those).
+    pub(super) fn gc_locked(&self, options: &GcOptions, whatever_age: &HashSet<ObjectId>) -> Result<GcReport> {
         let (reachable, versions, held) = self.mark()?;
-        let all = self.store.list()?;
-        let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
-        let (doomed, recent) = self.past_grace(unreferenced, options.grace);
-        let mut report = GcReport {
-            versions,
-            kept: all.len() - doomed.len(),
-            recent,
-            grace_seconds: options.grace.as_secs(),
-            ..GcReport::default()
-        };
+        let (doomed, mut report) = self.doomed(&reachable, versions, options, whatever_age)?;
         self.forget_stats_of_deleted_content(&held)?;
         report.bytes_freed = self.sweep(&doomed)?;
         report.deleted = doomed.len();
         report.temp_files = self.store.clean_tmp(options.grace)? + self.clean_stale_checkout_staging();
         self.flush_index();
         Ok(report)
+    }
+
+    /// What gc would delete when the objects `reachable` (`versions` versions) are kept, and
+    /// the report of it (nothing deleted yet, no temp file counted).
+    fn doomed(
+        &self,
+        reachable: &HashSet<ObjectId>,
+        versions: usize,
+        options: &GcOptions,
+        whatever_age: &HashSet<ObjectId>,
+    ) -> Result<(Vec<ObjectId>, GcReport)> {
+        let all = self.store.list()?;
+        let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
+        let (young, mut doomed): (Vec<ObjectId>, Vec<ObjectId>) =
+            unreferenced.into_iter().partition(|id| !whatever_age.contains(id));
+        let (old, recent) = self.past_grace(young, options.grace);
+        doomed.extend(old);
+        let report = GcReport {
+            versions,
+            kept: all.len() - doomed.len(),
+            recent,
+            grace_seconds: options.grace.as_secs(),
+            bytes_freed: doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum(),
+            deleted: doomed.len(),
+            ..GcReport::default()
+        };
+        Ok((doomed, report))
+    }
+
+    /// What [`Self::gc_locked`] would delete if `roots` were the roots and history ended at
+    /// `cut`: nothing is deleted (a dry run of a prune).
+    pub(super) fn gc_preview(
+        &self,
+        roots: &[VersionId],
+        cut: &HistoryCuts,
+        options: &GcOptions,
+        whatever_age: &HashSet<ObjectId>,
+    ) -> Result<GcReport> {
+        let (reachable, versions, _) = self.mark_from(roots, cut)?;
+        Ok(self.doomed(&reachable, versions, options, whatever_age)?.1)
     }
 
     /// Splits unreferenced objects into those older than `grace` (returned, to delete) and
