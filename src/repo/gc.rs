@@ -111,12 +111,18 @@ impl Repo {
     /// The set of objects reachable from the roots, the number of versions among them, and the
     /// file hashes those versions hold.
     fn mark(&self) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
-        self.mark_from(&self.ref_roots()?, &self.cut_versions()?)
+        self.mark_from(&self.ref_roots()?, &self.cut_versions()?, &HashSet::new())
     }
 
-    /// [`Self::mark`] from `roots`, with history ending at `cut`.
-    fn mark_from(&self, roots: &[VersionId], cut: &HistoryCuts) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
-        let needed = self.reachable_with_cuts(roots, cut)?;
+    /// [`Self::mark`] from `roots`, with history ending at `cut` and the blobs `whole` taken
+    /// as standalone.
+    fn mark_from(
+        &self,
+        roots: &[VersionId],
+        cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
+    ) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
+        let needed = self.reachable_with_cuts(roots, cut, whole)?;
         let mut versions = 0;
         let mut held = HashSet::new();
         for n in needed.iter().filter(|n| n.kind == ObjectKind::Version) {
@@ -199,16 +205,17 @@ impl Repo {
         Ok((doomed, report))
     }
 
-    /// What [`Self::gc_locked`] would delete if `roots` were the roots and history ended at
-    /// `cut`: nothing is deleted (a dry run of a prune).
+    /// What [`Self::gc_locked`] would delete if `roots` were the roots, history ended at
+    /// `cut` and the blobs `whole` were standalone: nothing is deleted (a dry run of a prune).
     pub(super) fn gc_preview(
         &self,
         roots: &[VersionId],
         cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
         options: &GcOptions,
         whatever_age: &HashSet<ObjectId>,
     ) -> Result<GcReport> {
-        let (reachable, versions, _) = self.mark_from(roots, cut)?;
+        let (reachable, versions, _) = self.mark_from(roots, cut, whole)?;
         Ok(self.doomed(&reachable, versions, options, whatever_age)?.1)
     }
 

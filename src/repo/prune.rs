@@ -205,18 +205,19 @@ impl Repo {
             self.recode_candidates(&self.blobs_of(plan.kept.iter())?, &needed_blobs)?
         };
         if options.dry_run {
-            // What would be recoded is counted, not simulated: the bytes below still include
-            // the bases the recode would free.
+            // The recodes are not done, but their bases are counted as freed (the objects
+            // recoded grow, which the preview does not know: `recoded_bytes_after` stays 0).
+            let whole: HashSet<ObjectId> = recode.iter().copied().collect();
             report.recoded = recode.len();
             report.recoded_bytes_before = recode.iter().map(|b| self.store.stored_len(b).unwrap_or(0)).sum();
-            report.base_bytes_kept = self.base_bytes_kept(&plan, &needed_blobs, &dropped_blobs)?;
-            report.gc = self.gc_preview(&plan.roots, &plan.cuts, &gc_options, &dropped)?;
+            report.base_bytes_kept = self.base_bytes_kept(&plan, &whole, &needed_blobs, &dropped_blobs)?;
+            report.gc = self.gc_preview(&plan.roots, &plan.cuts, &whole, &gc_options, &dropped)?;
             return Ok(report);
         }
 
         // 1. Same content, new coding: safe at any point, and before the bases go.
         self.recode_whole(&recode, &mut report)?;
-        report.base_bytes_kept = self.base_bytes_kept(&plan, &needed_blobs, &dropped_blobs)?;
+        report.base_bytes_kept = self.base_bytes_kept(&plan, &HashSet::new(), &needed_blobs, &dropped_blobs)?;
         // 2. The record, before anything is deleted: from here on, walks stop at the cuts.
         if !plan.dropped.is_empty() {
             let before = self.pruned_history()?;
@@ -315,17 +316,11 @@ impl Repo {
             }
         }
         // What the branches hold beyond that: dropped unless another root needs it.
-        let mut history = HashMap::new();
         let tips: Vec<VersionId> = branches.iter().map(|(_, tip)| *tip).collect();
-        self.mark_history(&tips, &cuts, "", &mut history)?;
-        let mut older: Vec<(i64, VersionId)> = Vec::new();
-        for id in history.keys().filter(|id| !kept.contains(id)) {
-            older.push((self.version_info(id)?.time, *id));
-        }
-        older.sort_by(|a, b| b.cmp(a));
+        let history = self.mark_history(&tips, &cuts, "", &mut HashMap::new())?;
         let mut dropped = Vec::new();
         let mut kept_by = Vec::new();
-        for (_, id) in older {
+        for id in history.into_iter().filter(|id| !kept.contains(id)) {
             match needed.get(&id) {
                 Some(root) => kept_by.push((id, root.clone())),
                 None => dropped.push(id),
@@ -369,25 +364,29 @@ impl Repo {
     }
 
     /// Adds every version of the history of `starts` (stopping at `cuts`) to `into`, named
-    /// `root`, down to versions already there.
+    /// `root`, down to versions already there; returns those added, in the order found (along
+    /// first parents, newest first).
     fn mark_history(
         &self,
         starts: &[VersionId],
         cuts: &HistoryCuts,
         root: &str,
         into: &mut HashMap<VersionId, String>,
-    ) -> Result<()> {
-        let mut stack = starts.to_vec();
+    ) -> Result<Vec<VersionId>> {
+        let mut added = Vec::new();
+        let mut stack: Vec<VersionId> = starts.iter().rev().copied().collect();
         while let Some(id) = stack.pop() {
             // A version already marked has its history marked too (same cuts).
             if into.contains_key(&id) {
                 continue;
             }
             into.insert(id, root.to_string());
+            added.push(id);
             let parents = self.version_info(&id)?.parents;
-            stack.extend(self.parents_here(cuts, &id, &parents));
+            // First parent popped first: a linear history comes out newest first.
+            stack.extend(self.parents_here(cuts, &id, &parents).into_iter().rev());
         }
-        Ok(())
+        Ok(added)
     }
 
     /// The first of `new_cuts` along first parents from `tip`.
@@ -462,14 +461,15 @@ impl Repo {
     }
 
     /// Bytes of blobs that only dropped versions list and that stay after the prune, because
-    /// a kept blob's delta chain goes through them.
+    /// a kept blob's delta chain goes through them (the blobs `whole` taken as standalone).
     fn base_bytes_kept(
         &self,
         plan: &Plan,
+        whole: &HashSet<ObjectId>,
         needed_blobs: &HashSet<ObjectId>,
         dropped_blobs: &HashSet<ObjectId>,
     ) -> Result<u64> {
-        let reachable = self.reachable_with_cuts(&plan.roots, &plan.cuts)?;
+        let reachable = self.reachable_with_cuts(&plan.roots, &plan.cuts, whole)?;
         Ok(reachable
             .iter()
             .filter(|n| n.kind == ObjectKind::Blob && dropped_blobs.contains(&n.id) && !needed_blobs.contains(&n.id))

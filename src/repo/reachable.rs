@@ -81,13 +81,19 @@ impl Repo {
     /// Every version and manifest reached is read and every blob's header: an unreadable one
     /// is an error (gc must not delete what it cannot see the needs of).
     pub fn reachable(&self, roots: &[VersionId], skip: &dyn Fn(&ObjectId) -> bool) -> Result<Vec<Needed>> {
-        self.walk(roots, skip, true, &self.cut_versions()?)
+        self.walk(roots, skip, true, &self.cut_versions()?, &HashSet::new())
     }
 
     /// [`Repo::reachable`] (nothing skipped) with history ending at `cut` instead of the
-    /// recorded cuts: what a prune would keep, before it records anything.
-    pub(super) fn reachable_with_cuts(&self, roots: &[VersionId], cut: &HistoryCuts) -> Result<Vec<Needed>> {
-        self.walk(roots, &|_| false, true, cut)
+    /// recorded cuts, and the blobs `whole` taken as standalone (their references not
+    /// followed): what a prune would keep, before it records or recodes anything.
+    pub(super) fn reachable_with_cuts(
+        &self,
+        roots: &[VersionId],
+        cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
+    ) -> Result<Vec<Needed>> {
+        self.walk(roots, &|_| false, true, cut, whole)
     }
 
     /// The objects the versions `roots` name: [`Repo::reachable`] without the blobs that are
@@ -95,17 +101,19 @@ impl Repo {
     /// each with a chain of that store's own: the references here are how this store encodes
     /// them (a compaction may have made an old blob a delta against a newer one).
     pub fn named(&self, roots: &[VersionId]) -> Result<Vec<Needed>> {
-        self.walk(roots, &|_| false, false, &self.cut_versions()?)
+        self.walk(roots, &|_| false, false, &self.cut_versions()?, &HashSet::new())
     }
 
     /// The walk of [`Repo::reachable`] and [`Repo::named`]: history ends at `cut` (a partial
-    /// clone's cut versions, pruned history: partial.rs).
+    /// clone's cut versions, pruned history: partial.rs); the references of blobs in `whole`
+    /// are not followed.
     fn walk(
         &self,
         roots: &[VersionId],
         skip: &dyn Fn(&ObjectId) -> bool,
         chains: bool,
         cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
     ) -> Result<Vec<Needed>> {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
@@ -139,7 +147,7 @@ impl Repo {
                             .into());
                         }
                         out.push(Needed { id: blob, kind: ObjectKind::Blob, reference: header.reference });
-                        next = header.reference.filter(|_| chains);
+                        next = header.reference.filter(|_| chains && !whole.contains(&blob));
                     }
                 }
             }
