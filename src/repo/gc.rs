@@ -236,8 +236,14 @@ impl Repo {
     /// the bytes of the deleted object files. The sweep of `gc` and `gc_keeping`.
     fn sweep(&self, doomed: &[ObjectId]) -> Result<u64> {
         let mut freed = 0;
+        // Deltas before the blobs they are coded against (deepest chain first, measured along
+        // the chain: header depths are a record): a sweep cut short leaves no delta whose
+        // reference is gone, which `verify` would report as damage. Unreadable ones first.
+        let mut order: Vec<(u32, ObjectId)> =
+            doomed.iter().map(|id| (self.store.chain_depth(id).unwrap_or(u32::MAX), *id)).collect();
+        order.sort_by(|a, b| b.cmp(a));
         self.progress.start("gc", doomed.len() as u64);
-        for (n, id) in doomed.iter().enumerate() {
+        for (n, id) in order.iter().map(|(_, id)| id).enumerate() {
             let len = self.store.stored_len(id).unwrap_or(0);
             if let Some(ix) = self.index() {
                 let _ = ix.remove_object(id);

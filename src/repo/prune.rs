@@ -309,18 +309,25 @@ impl Repo {
             plans.push(BranchPruned { name: name.clone(), kept: chain.len(), cut: None });
             kept_chains.push((root, chain.into_iter().map(|(id, _)| id).collect::<Vec<_>>()));
         }
-        for (root, chain) in kept_chains {
+        for (root, chain) in &kept_chains {
             for id in chain {
-                kept.insert(id);
-                needed.entry(id).or_insert_with(|| root.clone());
+                kept.insert(*id);
+                needed.entry(*id).or_insert_with(|| root.clone());
             }
         }
         // What the branches hold beyond that: dropped unless another root needs it.
+        // (Per branch: one branch's older version may be among another's newest.)
         let tips: Vec<VersionId> = branches.iter().map(|(_, tip)| *tip).collect();
-        let history = self.mark_history(&tips, &cuts, "", &mut HashMap::new())?;
+        let mut older = Vec::new();
+        let mut listed = HashSet::new();
+        for (_, chain) in &kept_chains {
+            let own: HashSet<&VersionId> = chain.iter().collect();
+            let history = self.mark_history(&chain[..1], &cuts, "", &mut HashMap::new())?;
+            older.extend(history.into_iter().filter(|id| !own.contains(id) && listed.insert(*id)));
+        }
         let mut dropped = Vec::new();
         let mut kept_by = Vec::new();
-        for id in history.into_iter().filter(|id| !kept.contains(id)) {
+        for id in older {
             match needed.get(&id) {
                 Some(root) => kept_by.push((id, root.clone())),
                 None => dropped.push(id),
