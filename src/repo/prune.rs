@@ -279,12 +279,14 @@ impl Repo {
         // rewrites are no reason to keep a version: those of dropped versions are forgotten.
         let mut needed: HashMap<VersionId, String> = HashMap::new();
         let mut other_roots = Vec::new();
+        let mut other_roots_named = Vec::new();
         for root in self.roots() {
             let root = root?;
             if pruned_refs.contains(&root.name) || root.name == ".ckpt/pending-deltas" {
                 continue;
             }
             other_roots.push(root.id);
+            other_roots_named.push(root.clone());
             self.mark_history(&[root.id], &cuts, &root.name, &mut needed)?;
         }
         // Each branch keeps its newest versions along first parents, and whatever they merged.
@@ -325,6 +327,7 @@ impl Repo {
             let history = self.mark_history(&chain[..1], &cuts, "", &mut HashMap::new())?;
             older.extend(history.into_iter().filter(|id| !own.contains(id) && listed.insert(*id)));
         }
+        self.mark_unpushed(&older, &other_roots_named, &cuts, &mut needed)?;
         let mut dropped = Vec::new();
         let mut kept_by = Vec::new();
         for id in older {
@@ -394,6 +397,45 @@ impl Repo {
             stack.extend(self.parents_here(cuts, &id, &parents).into_iter().rev());
         }
         Ok(added)
+    }
+
+    /// Marks as needed the versions of `older` (what the pruned branches hold beyond the
+    /// versions kept) that descend from a remote-tracking ref's version: not pushed to that
+    /// remote yet. Dropping them would leave the branch unpushable there (the remote's tip
+    /// would no longer be an ancestor of it) and the remote without them for good.
+    fn mark_unpushed(
+        &self,
+        older: &[VersionId],
+        roots: &[super::Root],
+        cuts: &HistoryCuts,
+        needed: &mut HashMap<VersionId, String>,
+    ) -> Result<()> {
+        let tracking: Vec<&super::Root> = roots.iter().filter(|r| r.name.starts_with("refs/remotes/")).collect();
+        if tracking.is_empty() {
+            return Ok(());
+        }
+        let older_set: HashSet<VersionId> = older.iter().copied().collect();
+        let mut children: HashMap<VersionId, Vec<VersionId>> = HashMap::new();
+        for id in older {
+            for p in self.parents_here(cuts, id, &self.version_info(id)?.parents) {
+                children.entry(p).or_default().push(*id);
+            }
+        }
+        for root in tracking {
+            let reason = format!("{} (not pushed there yet)", root.name);
+            let mut stack = vec![root.id];
+            let mut seen = HashSet::new();
+            while let Some(id) = stack.pop() {
+                if !seen.insert(id) {
+                    continue;
+                }
+                if older_set.contains(&id) && id != root.id {
+                    needed.entry(id).or_insert_with(|| reason.clone());
+                }
+                stack.extend(children.get(&id).into_iter().flatten().copied());
+            }
+        }
+        Ok(())
     }
 
     /// The first of `new_cuts` along first parents from `tip`.

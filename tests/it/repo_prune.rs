@@ -101,20 +101,20 @@ fn keep_last_keeps_the_newest_bit_exact_and_frees_the_rest() {
 }
 
 #[test]
-fn tags_other_branches_and_remote_tracking_refs_keep_old_versions_with_their_history() {
+fn tags_other_branches_and_a_detached_head_keep_old_versions_with_their_history() {
     let t = TestRepo::init();
     let repo = t.open();
     let v = epochs(&t, &repo, 8, &CommitOptions::default());
     repo.tag("best", Some(&v[4].0.to_hex())).unwrap();
-    repo.create_branch("side", Some(&v[0].0.to_hex())).unwrap();
-    // A remote-tracking ref, as a fetch writes it.
-    let tracking = t.path(".ckpt/refs/remotes/origin/main");
-    std::fs::create_dir_all(tracking.parent().unwrap()).unwrap();
-    std::fs::write(&tracking, format!("{}\n", v[2].0)).unwrap();
+    repo.create_branch("side", Some(&v[2].0.to_hex())).unwrap();
+    // A detached HEAD, as `ckpt checkout` of a version leaves it.
+    std::fs::write(t.path(".ckpt/HEAD"), format!("{}\n", v[0].0)).unwrap();
+    let err = refused(&t, &["prune", "--keep-last", "2"]);
+    assert!(err.contains("HEAD is detached"), "{err}");
 
-    let dry = ok(&t, &["prune", "--keep-last", "2", "--dry-run"]);
+    let dry = ok(&t, &["prune", "--keep-last", "2", "--branch", "main", "--dry-run"]);
     assert!(dry.contains(&format!("kept {} ", v[4].0.short(12))) && dry.contains("(needed by refs/tags/best)"), "{dry}");
-    assert!(dry.contains("(needed by refs/remotes/origin/main)"), "{dry}");
+    assert!(dry.contains("(needed by HEAD)"), "{dry}");
     let r = repo.prune(2, &now(&["main"])).unwrap();
     assert_eq!(dropped_ids(&r), vec![v[5].0]);
     let kept: Vec<(VersionId, &str)> = r.kept_by.iter().map(|k| (k.id, k.root.as_str())).collect();
@@ -123,9 +123,9 @@ fn tags_other_branches_and_remote_tracking_refs_keep_old_versions_with_their_his
         vec![
             (v[4].0, "refs/tags/best"),
             (v[3].0, "refs/tags/best"),
-            (v[2].0, "refs/remotes/origin/main"),
-            (v[1].0, "refs/remotes/origin/main"),
-            (v[0].0, "refs/heads/side"),
+            (v[2].0, "refs/heads/side"),
+            (v[1].0, "refs/heads/side"),
+            (v[0].0, "HEAD"),
         ]
     );
     for (id, bytes) in v.iter().take(5).chain(&v[6..]) {
@@ -134,8 +134,8 @@ fn tags_other_branches_and_remote_tracking_refs_keep_old_versions_with_their_his
     assert_dropped(&repo, &v[5].0);
     // Their own histories are whole; main's ends at its oldest kept version.
     assert_eq!(repo.log("best").unwrap().len(), 5);
-    assert_eq!(repo.log("side").unwrap().len(), 1);
-    assert_eq!(repo.log("origin/main").unwrap().len(), 3);
+    assert_eq!(repo.log("side").unwrap().len(), 3);
+    assert_eq!(repo.log("HEAD").unwrap().len(), 1);
     assert_eq!(repo.log("main").unwrap().len(), 2);
     assert!(repo.verify().unwrap().is_ok());
 }
@@ -385,4 +385,62 @@ fn a_prune_interrupted_at_any_point_leaves_a_consistent_store() {
         assert_eq!(repo.log("HEAD").unwrap().len(), 2);
         assert!(repo.verify().unwrap().is_ok());
     }
+}
+
+/// What a remote-tracking ref's version lacks on the remote (versions committed since the
+/// last push) stays: dropped, the branch could no longer be pushed there.
+#[test]
+fn versions_not_pushed_yet_are_kept_and_the_push_still_works() {
+    let r = crate::support::remote::directory().unwrap();
+    let t = TestRepo::init();
+    let repo = t.open();
+    let v = epochs(&t, &repo, 3, &CommitOptions::default());
+    ok(&t, &["remote", "add", "origin", &r.url]);
+    ok(&t, &["push", "origin"]);
+    let more = epochs_from(&t, &repo, 3, 6);
+    let pr = repo.prune(1, &now(&[])).unwrap();
+    assert!(pr.dropped.is_empty(), "{pr:?}");
+    let unpushed: Vec<&str> = pr.kept_by.iter().map(|k| k.root.as_str()).collect();
+    assert_eq!(unpushed[..2], ["refs/remotes/origin/main (not pushed there yet)"; 2]);
+    assert_eq!(pr.kept_by.len(), 5);
+    ok(&t, &["push", "origin"]);
+    assert_eq!(v.len() + more.len(), repo.log("HEAD").unwrap().len());
+}
+
+/// A remote that holds the history a prune dropped keeps it; the pruned branch still pushes
+/// there, as long as the remote's tip is among the versions kept.
+#[test]
+fn a_pruned_branch_pushes_to_a_remote_that_keeps_the_older_history() {
+    let r = crate::support::remote::directory().unwrap();
+    let t = TestRepo::init();
+    let repo = t.open();
+    epochs(&t, &repo, 5, &CommitOptions::default());
+    ok(&t, &["remote", "add", "origin", &r.url]);
+    ok(&t, &["push", "origin"]);
+    // No remote-tracking ref keeps the pushed versions here (a `remote remove`, a fresh
+    // clone's pruned copy): the remote alone holds them.
+    std::fs::remove_file(t.path(".ckpt/refs/remotes/origin/main")).unwrap();
+    let more = epochs_from(&t, &repo, 5, 7);
+    let pr = repo.prune(3, &now(&[])).unwrap();
+    assert_eq!(pr.dropped.len(), 4);
+    ok(&t, &["push", "origin"]);
+    // A clone of the remote has the whole history, the new versions on top.
+    let parent = tempfile::tempdir().unwrap();
+    r.ok(parent.path(), &["clone", &r.url, "b"]);
+    let clone = Repo::open(&parent.path().join("b")).unwrap();
+    let log = clone.log("HEAD").unwrap();
+    assert_eq!(log.len(), 7);
+    assert_eq!(log[0].id, more[1].0);
+    assert!(clone.verify().unwrap().is_ok());
+}
+
+/// Commits epochs `from..to` on top of what is there.
+fn epochs_from(t: &TestRepo, repo: &Repo, from: u32, to: u32) -> Vec<(VersionId, Vec<u8>)> {
+    (from..to)
+        .map(|e| {
+            let bytes = synthetic_checkpoint(7, Dtype::F32, SMALL_MODEL, e);
+            let id = t.commit_files(repo, &[(FILE, &bytes)], &format!("epoch {e}"));
+            (id, bytes)
+        })
+        .collect()
 }
