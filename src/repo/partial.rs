@@ -68,7 +68,12 @@ impl Repo {
 
     /// The first parent of version `id` that a walk along first parents follows
     /// ([`Self::parents_here`]).
-    pub(super) fn first_parent_here(&self, cut: &HistoryCuts, id: &VersionId, parents: &[VersionId]) -> Option<VersionId> {
+    pub(super) fn first_parent_here(
+        &self,
+        cut: &HistoryCuts,
+        id: &VersionId,
+        parents: &[VersionId],
+    ) -> Option<VersionId> {
         let first = parents.first()?;
         let followed = !cut.pruned.contains(id) && (!cut.partial.contains(id) || self.store.contains(first));
         followed.then_some(*first)

@@ -439,7 +439,12 @@ impl Repo {
     }
 
     /// The first of `new_cuts` along first parents from `tip`.
-    fn first_cut_along(&self, tip: &VersionId, new_cuts: &[VersionId], cuts: &HistoryCuts) -> Result<Option<VersionId>> {
+    fn first_cut_along(
+        &self,
+        tip: &VersionId,
+        new_cuts: &[VersionId],
+        cuts: &HistoryCuts,
+    ) -> Result<Option<VersionId>> {
         let mut next = Some(*tip);
         let mut steps = 0usize;
         while let Some(id) = next {

@@ -3,9 +3,7 @@
 //! a remote-tracking ref) still needs; walks over history stop where it was pruned.
 
 use crate::support::repo_util::{ok, refused, synthetic_checkpoint, TestRepo, SMALL_MODEL};
-use ckpt::repo::{
-    CommitOptions, Config, DeltaPolicy, Error, GcOptions, PruneOptions, PruneReport, Repo, VersionId,
-};
+use ckpt::repo::{CommitOptions, Config, DeltaPolicy, Error, GcOptions, PruneOptions, PruneReport, Repo, VersionId};
 use ckpt::Dtype;
 use std::path::PathBuf;
 
@@ -113,7 +111,10 @@ fn tags_other_branches_and_a_detached_head_keep_old_versions_with_their_history(
     assert!(err.contains("HEAD is detached"), "{err}");
 
     let dry = ok(&t, &["prune", "--keep-last", "2", "--branch", "main", "--dry-run"]);
-    assert!(dry.contains(&format!("kept {} ", v[4].0.short(12))) && dry.contains("(needed by refs/tags/best)"), "{dry}");
+    assert!(
+        dry.contains(&format!("kept {} ", v[4].0.short(12))) && dry.contains("(needed by refs/tags/best)"),
+        "{dry}"
+    );
     assert!(dry.contains("(needed by HEAD)"), "{dry}");
     let r = repo.prune(2, &now(&["main"])).unwrap();
     assert_eq!(dropped_ids(&r), vec![v[5].0]);
@@ -366,11 +367,12 @@ fn a_prune_interrupted_at_any_point_leaves_a_consistent_store() {
         let repo = t.open();
         let v = epochs(&t, &repo, 5, &CommitOptions::default());
         drop(repo);
-        let mut child = crate::support::repo_util::ckpt_command(t.root(), &["prune", "--keep-last", "2", "--prune=now"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child =
+            crate::support::repo_util::ckpt_command(t.root(), &["prune", "--keep-last", "2", "--prune=now"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         let _ = child.kill();
         child.wait().unwrap();

@@ -59,7 +59,9 @@ fn print_details(r: &PruneReport) -> Result<()> {
     }
     for b in &r.branches {
         match b.cut {
-            Some(cut) => outln!("branch {}: kept its newest {}; history now ends at {}", b.name, b.kept, cut.short(12))?,
+            Some(cut) => {
+                outln!("branch {}: kept its newest {}; history now ends at {}", b.name, b.kept, cut.short(12))?
+            }
             None if r.dropped.is_empty() => outln!("branch {}: {} versions kept, nothing to drop", b.name, b.kept)?,
             None => {}
         }
@@ -74,13 +76,14 @@ fn print_details(r: &PruneReport) -> Result<()> {
         )?;
     }
     if r.base_bytes_kept > 0 {
-        outln!(
-            "{} of dropped versions' blobs stay: kept versions are coded against them",
-            bytes(r.base_bytes_kept)
-        )?;
+        outln!("{} of dropped versions' blobs stay: kept versions are coded against them", bytes(r.base_bytes_kept))?;
     }
     if r.pending_forgotten > 0 {
-        outln!("forgot {} pending delta rewrite{} of dropped versions", r.pending_forgotten, plural(r.pending_forgotten))?;
+        outln!(
+            "forgot {} pending delta rewrite{} of dropped versions",
+            r.pending_forgotten,
+            plural(r.pending_forgotten)
+        )?;
     }
     if r.gc.recent > 0 {
         outln!(
@@ -98,11 +101,8 @@ fn summary(r: &PruneReport) -> String {
     let n = r.dropped.len();
     let verb = if r.dry_run { "would drop" } else { "dropped" };
     let freed = if r.dry_run { "would free" } else { "freed" };
-    let kept = if r.kept_by.is_empty() {
-        String::new()
-    } else {
-        format!(", {} older kept by other refs", r.kept_by.len())
-    };
+    let kept =
+        if r.kept_by.is_empty() { String::new() } else { format!(", {} older kept by other refs", r.kept_by.len()) };
     format!("{verb} {n} version{}{kept}; {freed} {} ({} objects)", plural(n), bytes(r.gc.bytes_freed), r.gc.deleted)
 }
 
