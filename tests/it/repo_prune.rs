@@ -446,3 +446,34 @@ fn epochs_from(t: &TestRepo, repo: &Repo, from: u32, to: u32) -> Vec<(VersionId,
         })
         .collect()
 }
+
+/// In a partial clone, `ckpt checkout` of a dropped version downloads it again from the
+/// remote that still holds it, as it does for any version outside the clone's depth.
+#[test]
+fn a_partial_clone_fetches_a_dropped_version_back_on_checkout() {
+    let r = crate::support::remote::directory().unwrap();
+    let a = TestRepo::init();
+    let repo = a.open();
+    epochs(&a, &repo, 3, &CommitOptions::default());
+    ok(&a, &["remote", "add", "origin", &r.url]);
+    ok(&a, &["push", "origin"]);
+    let parent = tempfile::tempdir().unwrap();
+    r.ok(parent.path(), &["clone", "--depth", "2", &r.url, "b"]);
+    let b = TestRepo { dir: tempfile::tempdir().unwrap() };
+    std::fs::remove_dir(b.root()).unwrap();
+    std::fs::rename(parent.path().join("b"), b.root()).unwrap();
+    let clone = b.open();
+    let mine = epochs_from(&b, &clone, 3, 6);
+    ok(&b, &["push", "origin"]);
+    // The remote holds everything; here only a tracking ref would keep it.
+    std::fs::remove_file(b.path(".ckpt/refs/remotes/origin/main")).unwrap();
+    let pr = clone.prune(2, &now(&[])).unwrap();
+    assert_eq!(dropped_ids(&pr), vec![mine[0].0, pr.dropped[1].id]);
+    assert_eq!(pr.kept_by.len(), 1, "{pr:?}");
+    assert_eq!(pr.kept_by[0].root, ".ckpt/partial");
+    assert!(!clone.store().contains(&mine[0].0));
+    drop(clone);
+    ok(&b, &["checkout", &mine[0].0.to_hex(), "--output", "out"]);
+    assert_eq!(b.read(&format!("out/{FILE}")), mine[0].1);
+    ok(&b, &["verify"]);
+}
