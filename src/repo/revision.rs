@@ -13,12 +13,12 @@ impl Repo {
             Error::UnknownRevision { reason, .. } => unknown(reason),
             other => other,
         })?;
+        let cut = if steps > 0 { self.cut_versions()? } else { Default::default() };
         for n in 0..steps {
             let info = self.version_info(&id)?;
             let parent = *info.parents.first().ok_or_else(|| {
                 unknown(format!("{base} has only {n} version{} before it", if n == 1 { "" } else { "s" }))
             })?;
-            let cut = self.cut_versions()?;
             if cut.is_pruned(&id) {
                 return Err(unknown(format!(
                     "past the history `ckpt prune` kept ({} is the oldest version kept there)",
