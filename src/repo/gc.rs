@@ -11,7 +11,9 @@
 //! writers store objects before any version names them (the ranks of a distributed save, which
 //! take no lock; a `git add` before git writes its index). A writer that reuses an existing
 //! object renews its mtime ([`crate::store::Store::contains_fresh`]), so the period counts from
-//! the last use. Temp files of interrupted writes are kept as long.
+//! the last use. Temp files of interrupted writes are kept as long. An object kept for its age
+//! keeps what it is coded against, and the sweep deletes deltas before their references, so no
+//! delta is ever left without its reference (which `verify` would report as damage).
 
 use super::partial::HistoryCuts;
 use super::{Error, RefKind, Repo, Result, Version, VersionId};
@@ -189,10 +191,12 @@ impl Repo {
     ) -> Result<(Vec<ObjectId>, GcReport)> {
         let all = self.store.list()?;
         let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
-        let (young, mut doomed): (Vec<ObjectId>, Vec<ObjectId>) =
+        let unreferenced_ids = unreferenced.clone();
+        let (aged, mut doomed): (Vec<ObjectId>, Vec<ObjectId>) =
             unreferenced.into_iter().partition(|id| !whatever_age.contains(id));
-        let (old, recent) = self.past_grace(young, options.grace);
+        let (old, mut recent) = self.past_grace(aged, options.grace);
         doomed.extend(old);
+        recent += self.keep_references_of_young(&unreferenced_ids, &mut doomed);
         let report = GcReport {
             versions,
             kept: all.len() - doomed.len(),
@@ -203,6 +207,26 @@ impl Repo {
             ..GcReport::default()
         };
         Ok((doomed, report))
+    }
+
+    /// Takes out of `doomed` every object that an unreferenced object kept for its age (one of
+    /// `unreferenced` not in `doomed`) is coded against, transitively: a delta rewritten after
+    /// its reference was written is younger than it, and no sweep may leave a delta without
+    /// its reference. Returns how many were taken out.
+    fn keep_references_of_young(&self, unreferenced: &[ObjectId], doomed: &mut Vec<ObjectId>) -> usize {
+        if unreferenced.len() == doomed.len() {
+            return 0;
+        }
+        let doomed_set: HashSet<ObjectId> = doomed.iter().copied().collect();
+        let mut chained = HashSet::new();
+        for id in unreferenced.iter().filter(|id| !doomed_set.contains(id)) {
+            let mut next = self.store.header(id).ok().and_then(|h| h.reference);
+            while let Some(r) = next.filter(|r| doomed_set.contains(r) && chained.insert(*r)) {
+                next = self.store.header(&r).ok().and_then(|h| h.reference);
+            }
+        }
+        doomed.retain(|id| !chained.contains(id));
+        chained.len()
     }
 
     /// What [`Self::gc_locked`] would delete if `roots` were the roots, history ended at
@@ -347,7 +371,8 @@ impl Repo {
         marked.insert(root_id);
         let all = self.store.list().map_err(Error::from)?;
         let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
-        let (doomed, recent) = self.past_grace(unreferenced, options.grace);
+        let (mut doomed, mut recent) = self.past_grace(unreferenced.clone(), options.grace);
+        recent += self.keep_references_of_young(&unreferenced, &mut doomed);
         report.recent = recent;
         report.kept = all.len() - doomed.len();
         report.deleted = doomed.len();

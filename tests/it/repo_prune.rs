@@ -477,3 +477,31 @@ fn a_partial_clone_fetches_a_dropped_version_back_on_checkout() {
     assert_eq!(b.read(&format!("out/{FILE}")), mine[0].1);
     ok(&b, &["verify"]);
 }
+
+/// Under the grace period, a young delta of a dropped version stays, and so does the older
+/// blob it is coded against: no sweep leaves a delta without its reference.
+#[test]
+fn objects_kept_for_their_age_keep_their_delta_references() {
+    let config = Config { delta_policy: DeltaPolicy::Previous, ..Config::default() };
+    let t = TestRepo::with_config(&config);
+    let repo = t.open();
+    epochs(&t, &repo, 2, &CommitOptions::default());
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    for f in t.object_files() {
+        std::fs::File::options().append(true).open(&f).unwrap().set_modified(two_hours_ago).unwrap();
+    }
+    let v = epochs_from(&t, &repo, 2, 5);
+    let pr = repo
+        .prune(2, &PruneOptions { gc: Some(GcOptions { grace: std::time::Duration::from_secs(3600) }), ..now(&[]) })
+        .unwrap();
+    assert_eq!(pr.dropped.len(), 3);
+    assert!(pr.gc.recent > 0, "{pr:?}");
+    let verify = repo.verify().unwrap();
+    assert!(verify.is_ok(), "{verify:?}");
+    for (id, bytes) in &v[1..] {
+        checks_out(&t, &repo, id, bytes);
+    }
+    let gc = repo.gc_with(&GcOptions::now()).unwrap();
+    assert!(gc.deleted > 0);
+    assert!(repo.verify().unwrap().is_ok());
+}
