@@ -251,6 +251,16 @@ pub enum Error {
         /// The version.
         version: VersionId,
     },
+    /// An operation a git filter's store refuses: its objects are kept for the git
+    /// repositories that use it (their pointers), not by its own branch.
+    #[error(
+        "{operation}: this is a git filter's store, whose objects the git repositories using it \
+         need whatever its own history says; `ckpt git gc` frees what none of them reaches"
+    )]
+    GitFilterStore {
+        /// The operation.
+        operation: &'static str,
+    },
     /// `prune --keep-last 0`: it would drop every version of a branch.
     #[error("prune --keep-last 0 would drop every version of the branch; keep at least 1 (delete the branch to drop it all)")]
     KeepLastZero,

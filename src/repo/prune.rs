@@ -167,12 +167,18 @@ impl Repo {
     /// that are deltas against blobs only dropped versions list are recoded whole first (same
     /// ids, bit-exact), so that those go too.
     ///
+    /// A git filter's store is refused ([`Error::GitFilterStore`]): git's pointers, not its
+    /// branch, say what it must keep.
+    ///
     /// Crash safety: recodes replace an object atomically with the same content; then the
     /// record (`.ckpt/pruned`) is written, fsynced, before anything is deleted. A prune killed
     /// at any point leaves every kept version whole; the next gc or prune finishes it.
     pub fn prune(&self, keep_last: usize, options: &PruneOptions) -> Result<PruneReport> {
         if keep_last == 0 {
             return Err(Error::KeepLastZero);
+        }
+        if self.dir.join(super::store_file::PATH_RECORDS).exists() {
+            return Err(Error::GitFilterStore { operation: "prune" });
         }
         let _lock = self.lock()?;
         let branches = self.branches_to_prune(&options.branches)?;

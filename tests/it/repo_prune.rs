@@ -271,6 +271,10 @@ fn keep_last_beyond_the_history_is_a_no_op_and_zero_is_refused() {
     let err = refused(&t, &["prune", "--keep-last", "0"]);
     assert!(err.contains("--keep-last 0"), "{err}");
     assert!(matches!(repo.prune(1, &now(&["nope"])), Err(Error::NoSuchBranch { .. })));
+    // A git filter's store keeps objects for git's pointers, not for its branch.
+    std::fs::create_dir(t.path(".ckpt/git-paths")).unwrap();
+    assert!(matches!(repo.prune(1, &now(&[])), Err(Error::GitFilterStore { .. })));
+    std::fs::remove_dir(t.path(".ckpt/git-paths")).unwrap();
     assert_eq!(t.object_files(), objects);
     assert_eq!(repo.log("HEAD").unwrap()[2].id, v[0].0);
 }
