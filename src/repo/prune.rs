@@ -14,7 +14,7 @@ use super::gc::{GcOptions, GcReport};
 use super::partial::HistoryCuts;
 use super::{Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
-use crate::store::{Feedback, ObjectKind};
+use crate::store::{DeltaOutcome, Feedback, ObjectKind};
 use std::collections::{HashMap, HashSet};
 
 /// `.ckpt/pruned`: JSON, [`PrunedHistory`].
@@ -111,8 +111,8 @@ pub struct PruneReport {
 /// What a prune drops and keeps, decided before anything changes.
 struct Plan {
     branches: Vec<BranchPruned>,
-    /// Versions the prune keeps as the branches' newest.
-    kept: HashSet<VersionId>,
+    /// Versions the prune keeps as the branches' newest, oldest first.
+    kept_oldest_first: Vec<VersionId>,
     /// Every version some root still needs, with the first root found needing it.
     needed: HashMap<VersionId, String>,
     /// Newest first.
@@ -164,8 +164,8 @@ impl Repo {
     /// A version another root reaches (a tag, another branch, a remote-tracking ref, a
     /// detached `HEAD`, a partial clone's cut) stays with its history; the report names the
     /// root. Pending delta rewrites of dropped versions are forgotten. Blobs of kept versions
-    /// that are deltas against blobs only dropped versions list are recoded whole first (same
-    /// ids, bit-exact), so that those go too.
+    /// that are deltas against blobs only dropped versions list are recoded first (same ids,
+    /// bit-exact: whole, or against the oldest kept version's blob), so that those go too.
     ///
     /// A git filter's store is refused ([`Error::GitFilterStore`]): git's pointers, not its
     /// branch, say what it must keep.
@@ -208,21 +208,21 @@ impl Repo {
         let recode = if plan.dropped.is_empty() {
             Vec::new()
         } else {
-            self.recode_candidates(&self.blobs_of(plan.kept.iter())?, &needed_blobs)?
+            self.recode_candidates(&plan.kept_oldest_first, &needed_blobs)?
         };
         if options.dry_run {
             // The recodes are not done, but their bases are counted as freed (the objects
             // recoded grow, which the preview does not know: `recoded_bytes_after` stays 0).
-            let whole: HashSet<ObjectId> = recode.iter().copied().collect();
+            let whole: HashSet<ObjectId> = recode.iter().map(|(blob, _)| *blob).collect();
             report.recoded = recode.len();
-            report.recoded_bytes_before = recode.iter().map(|b| self.store.stored_len(b).unwrap_or(0)).sum();
+            report.recoded_bytes_before = recode.iter().map(|(b, _)| self.store.stored_len(b).unwrap_or(0)).sum();
             report.base_bytes_kept = self.base_bytes_kept(&plan, &whole, &needed_blobs, &dropped_blobs)?;
             report.gc = self.gc_preview(&plan.roots, &plan.cuts, &whole, &gc_options, &dropped)?;
             return Ok(report);
         }
 
         // 1. Same content, new coding: safe at any point, and before the bases go.
-        self.recode_whole(&recode, &mut report)?;
+        self.recode(&recode, &mut report)?;
         report.base_bytes_kept = self.base_bytes_kept(&plan, &HashSet::new(), &needed_blobs, &dropped_blobs)?;
         // 2. The record, before anything is deleted: from here on, walks stop at the cuts.
         if !plan.dropped.is_empty() {
@@ -317,9 +317,12 @@ impl Repo {
             plans.push(BranchPruned { name: name.clone(), kept: chain.len(), cut: None });
             kept_chains.push((root, chain.into_iter().map(|(id, _)| id).collect::<Vec<_>>()));
         }
+        let mut kept_oldest_first = Vec::new();
         for (root, chain) in &kept_chains {
             for id in chain {
-                kept.insert(*id);
+                if kept.insert(*id) {
+                    kept_oldest_first.push(*id);
+                }
                 needed.entry(*id).or_insert_with(|| root.clone());
             }
         }
@@ -365,9 +368,10 @@ impl Repo {
         roots.extend(pending.iter().copied().filter(|v| self.store.contains(v)));
         let mut after = cuts.clone();
         after.pruned.extend(new_cuts.iter().copied());
+        kept_oldest_first.reverse();
         Ok(Plan {
             branches: plans,
-            kept,
+            kept_oldest_first,
             needed,
             dropped,
             kept_by,
@@ -480,36 +484,66 @@ impl Repo {
         Ok(blobs)
     }
 
-    /// The blobs of `kept` whose delta reference no needed version lists (`needed`): under
-    /// `previous` (and `base`, `skip`) the oldest kept version is coded against the version
-    /// before it, which would otherwise stay as a base.
-    fn recode_candidates(&self, kept: &HashSet<ObjectId>, needed: &HashSet<ObjectId>) -> Result<Vec<ObjectId>> {
-        let mut todo: Vec<ObjectId> = Vec::new();
-        for blob in kept {
-            let header = self.store.header(blob)?;
-            if header.kind == ObjectKind::Blob && header.reference.is_some_and(|r| !needed.contains(&r)) {
-                todo.push(*blob);
+    /// The blobs of the versions `kept` (oldest first) whose delta reference no needed version
+    /// lists (`needed`), each with that reference, oldest version's first: under `previous`
+    /// (and `base`, `skip`) the oldest kept version is coded against the version before it
+    /// (or an older full base), which would otherwise stay as a base.
+    fn recode_candidates(&self, kept: &[VersionId], needed: &HashSet<ObjectId>) -> Result<Vec<(ObjectId, ObjectId)>> {
+        let mut todo = Vec::new();
+        let mut seen = HashSet::new();
+        for id in kept {
+            for f in self.version(id)?.files {
+                for blob in self.manifest(&f.manifest)?.blobs() {
+                    if !seen.insert(blob) {
+                        continue;
+                    }
+                    let header = self.store.header(&blob)?;
+                    match header.reference {
+                        Some(r) if header.kind == ObjectKind::Blob && !needed.contains(&r) => todo.push((blob, r)),
+                        _ => {}
+                    }
+                }
             }
         }
-        todo.sort();
         Ok(todo)
     }
 
-    /// Recodes the blobs `todo` whole: the same content under the same id, written like any
-    /// object (temp file, fsync, rename over the old one), checked against its id as it is
-    /// coded. One tensor is held in memory at a time.
-    fn recode_whole(&self, todo: &[ObjectId], report: &mut PruneReport) -> Result<()> {
+    /// Recodes the blobs `todo` (each with the reference it loses): the first of each old
+    /// reference whole, the others (the same tensor in newer versions, coded against one old
+    /// full base under `base` and `skip`) as deltas against that one where smaller. The same
+    /// content under the same id, written like any object (temp file, fsync, rename over the
+    /// old one) and checked against its id as it is coded; the new reference is durable and
+    /// whole before a delta names it. One tensor is held in memory at a time.
+    fn recode(&self, todo: &[(ObjectId, ObjectId)], report: &mut PruneReport) -> Result<()> {
         let options = self.config.codec_options();
         let feedback = Feedback { progress: &|_| {}, release_input: &|_| {}, input_xxh3: None };
+        let mut rebased: HashMap<ObjectId, (ObjectId, u64)> = HashMap::new();
         self.progress.start("recode", todo.len() as u64);
-        for (n, blob) in todo.iter().enumerate() {
+        for (n, (blob, old_reference)) in todo.iter().enumerate() {
             let (data, dtype, before) = {
                 let chain = self.store.open_blob(blob)?;
                 let mut data = Vec::new();
                 chain.copy_to(&mut data)?;
                 (data, chain.dtype(), chain.stored_len())
             };
-            let written = self.store.write_blob(*blob, &data, dtype, &options, &feedback)?;
+            let mut written = None;
+            if let Some((first, whole_len)) = rebased.get(old_reference) {
+                let reference = self.store.open_blob(first)?;
+                // Another length or dtype (not the same tensor after all) cannot pair: whole.
+                if let Ok(DeltaOutcome::Written(w)) =
+                    self.store.write_blob_delta(*blob, &data, &reference, *whole_len, &options, &feedback)
+                {
+                    written = Some(w);
+                }
+            }
+            let written = match written {
+                Some(w) => w,
+                None => {
+                    let w = self.store.write_blob(*blob, &data, dtype, &options, &feedback)?;
+                    rebased.entry(*old_reference).or_insert((*blob, w.stored_len));
+                    w
+                }
+            };
             self.index_object(&written);
             report.recoded += 1;
             report.recoded_bytes_before += before;

@@ -204,6 +204,41 @@ fn previous_policy_recodes_the_oldest_kept_version_whole_so_the_dropped_bases_go
     assert!(verify.is_ok(), "{verify:?}");
 }
 
+/// Under `base`, every kept version is coded against one old full base: the oldest kept
+/// version's blobs are recoded whole, the newer ones as deltas against those.
+#[test]
+fn base_policy_rebases_the_kept_versions_on_the_oldest_kept_one() {
+    let config = Config { delta_policy: DeltaPolicy::Base, ..Config::default() };
+    let t = TestRepo::with_config(&config);
+    let repo = t.open();
+    let v = epochs(&t, &repo, 6, &CommitOptions::default());
+    let before = store_bytes(&t);
+    let r = repo.prune(3, &now(&[])).unwrap();
+    assert_eq!(r.dropped.len(), 3);
+    assert_eq!(r.base_bytes_kept, 0);
+    assert!(store_bytes(&t) < before);
+    let oldest_kept: std::collections::HashSet<_> = repo
+        .version(&v[3].0)
+        .unwrap()
+        .files
+        .iter()
+        .flat_map(|f| repo.manifest(&f.manifest).unwrap().blobs().collect::<Vec<_>>())
+        .collect();
+    let newest = repo.version(&v[5].0).unwrap();
+    let rebased = newest
+        .files
+        .iter()
+        .flat_map(|f| repo.manifest(&f.manifest).unwrap().blobs().collect::<Vec<_>>())
+        .filter(|b| repo.store().header(b).unwrap().reference.is_some_and(|r| oldest_kept.contains(&r)))
+        .count();
+    assert!(rebased > 0, "the newest version is coded against the oldest kept one");
+    assert!(r.recoded > rebased);
+    for (id, bytes) in &v[3..] {
+        checks_out(&t, &repo, id, bytes);
+    }
+    assert!(repo.verify().unwrap().is_ok());
+}
+
 #[test]
 fn verify_log_and_checkout_after_a_prune_through_the_cli() {
     let t = TestRepo::init();

@@ -69,7 +69,7 @@ fn print_details(r: &PruneReport) -> Result<()> {
     if r.recoded > 0 {
         let after = if r.dry_run { String::new() } else { format!(" -> {}", bytes(r.recoded_bytes_after)) };
         outln!(
-            "{recode} {} blob{} of kept versions whole ({}{after}): they were deltas against blobs of dropped versions",
+            "{recode} {} blob{} of kept versions ({}{after}): they were deltas against blobs of dropped versions",
             r.recoded,
             if r.recoded == 1 { "" } else { "s" },
             bytes(r.recoded_bytes_before)
