@@ -94,7 +94,7 @@ pub struct PruneReport {
     pub kept_by: Vec<KeptVersion>,
     /// Pending delta rewrites of dropped versions forgotten (`.ckpt/pending-deltas`).
     pub pending_forgotten: usize,
-    /// Blobs of kept versions recoded whole because they were deltas against blobs only
+    /// Blobs of kept versions recoded because they were deltas against blobs only
     /// dropped versions list (`delta_policy` `previous`, `base`, `skip`).
     pub recoded: usize,
     /// Bytes of those objects before.
