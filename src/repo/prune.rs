@@ -529,11 +529,13 @@ impl Repo {
             let mut written = None;
             if let Some((first, whole_len)) = rebased.get(old_reference) {
                 let reference = self.store.open_blob(first)?;
-                // Another length or dtype (not the same tensor after all) cannot pair: whole.
-                if let Ok(DeltaOutcome::Written(w)) =
-                    self.store.write_blob_delta(*blob, &data, &reference, *whole_len, &options, &feedback)
-                {
-                    written = Some(w);
+                // Another length or dtype (not the same tensor after all) does not pair: whole.
+                if reference.dtype() == dtype && reference.len() == data.len() as u64 {
+                    if let Ok(DeltaOutcome::Written(w)) =
+                        self.store.write_blob_delta(*blob, &data, &reference, *whole_len, &options, &feedback)
+                    {
+                        written = Some(w);
+                    }
                 }
             }
             let written = match written {
