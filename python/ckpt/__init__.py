@@ -507,6 +507,22 @@ class Repo:
         _settle(self._key)
         return json.loads(self._native.log_json(rev))
 
+    def prune(
+        self,
+        keep_last: int,
+        branches: Iterable[str] = (),
+        dry_run: bool = False,
+        grace_seconds: Optional[float] = None,
+    ) -> Dict[str, Any]:
+        """Keeps the newest `keep_last` versions of each branch in `branches` (default: the
+        current one) and drops the rest of their history, then frees the space as ``ckpt gc``
+        does (objects younger than `grace_seconds`, default the config's, stay until a later
+        gc). What a tag, another branch or a remote-tracking ref needs stays. Returns the
+        report as ``ckpt prune --json`` prints it ("dropped", "kept_by", "gc", ...)."""
+        names = _str_list(branches, "branches") if branches else []
+        _settle(self._key)
+        return json.loads(self._native.prune_json(keep_last, names, dry_run, grace_seconds))
+
     def resolve(self, rev: str = "HEAD") -> str:
         """The full id of the version `rev` names (HEAD, a branch, a tag, an id prefix, ~N)."""
         _settle(self._key)

@@ -160,6 +160,15 @@ class Repo:
     def compact(self, yield_to_writers: bool = False) -> Tuple[int, int, int, int, int]:
         """Rewrites the parents of pending versions as deltas (``ckpt compact``); returns
         ``(versions, blobs rewritten, bytes before, bytes after, versions still pending)``."""
+    def prune_json(
+        self,
+        keep_last: int,
+        branches: List[str] = ...,
+        dry_run: bool = False,
+        grace_seconds: Optional[float] = None,
+    ) -> str:
+        """Keeps the newest `keep_last` versions of `branches` (default: the current one), drops
+        the rest of their history and frees the space (``ckpt prune --json``, a JSON string)."""
     def resolve(self, rev: str) -> str:
         """The full id of the version `rev` names."""
     def log_json(self, rev: str = "HEAD") -> str:

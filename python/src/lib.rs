@@ -750,6 +750,31 @@ impl Repo {
         Ok((r.versions, r.rewritten, r.bytes_before, r.bytes_after, r.pending))
     }
 
+    /// Keeps the newest `keep_last` versions of `branches` (default: the current one) and
+    /// drops the rest of their history, then frees the space (`ckpt prune`); `grace_seconds`
+    /// as `ckpt gc --prune` (default: the config's). Returns the report as `ckpt prune
+    /// --json` prints it (a JSON string).
+    #[pyo3(signature = (keep_last, branches=Vec::new(), dry_run=false, grace_seconds=None))]
+    fn prune_json(
+        &self,
+        py: Python<'_>,
+        keep_last: usize,
+        branches: Vec<String>,
+        dry_run: bool,
+        grace_seconds: Option<f64>,
+    ) -> PyResult<String> {
+        let grace = match grace_seconds {
+            Some(s) => Some(
+                std::time::Duration::try_from_secs_f64(s)
+                    .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("grace_seconds {s}: {e}")))?,
+            ),
+            None => None,
+        };
+        let options = repo::PruneOptions { branches, dry_run, gc: grace.map(|grace| repo::GcOptions { grace }) };
+        let report = self.run(py, move |repo| repo.prune(keep_last, &options))?;
+        Ok(serde_json::to_string(&report).expect("plain data serializes"))
+    }
+
     /// The full id of the version `rev` names.
     fn resolve(&self, py: Python<'_>, rev: &str) -> PyResult<String> {
         let rev = rev.to_string();

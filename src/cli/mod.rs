@@ -66,6 +66,8 @@ enum Command {
     Rm(commands::rm::RmArgs),
     /// Delete objects no branch, tag or HEAD reaches.
     Gc(commands::gc::GcArgs),
+    /// Keep the newest N versions of a branch, drop the rest of its history, free the space.
+    Prune(commands::prune::PruneArgs),
     /// Rewrite the blobs of earlier versions as deltas against newer ones (commit starts this
     /// in the background).
     Compact(commands::compact::CompactArgs),
@@ -126,6 +128,7 @@ pub fn main() -> ExitCode {
                 Command::Switch(args) => commands::switch::run(&ui, base, args),
                 Command::Rm(args) => commands::rm::run(&ui, base, args),
                 Command::Gc(args) => commands::gc::run(&ui, base, args),
+                Command::Prune(args) => commands::prune::run(&ui, base, args, cli.quiet),
                 Command::Compact(args) => commands::compact::run(&ui, base, args),
                 Command::Verify(args) => commands::verify::run(&ui, base, args),
                 Command::Index(args) => commands::index::run(&ui, base, args),

@@ -242,6 +242,34 @@ pub enum Error {
         /// Which cap and by how much.
         reason: String,
     },
+    /// A version `ckpt prune` dropped (`.ckpt/pruned`): it is no longer in this store.
+    #[error(
+        "version {version} was dropped by `ckpt prune` (history before the versions it kept is gone from \
+         this store); a remote it was pushed to may still hold it"
+    )]
+    VersionPruned {
+        /// The version.
+        version: VersionId,
+    },
+    /// An operation a git filter's store refuses: its objects are kept for the git
+    /// repositories that use it (their pointers), not by its own branch.
+    #[error(
+        "{operation}: this is a git filter's store, whose objects the git repositories using it \
+         need whatever its own history says; `ckpt git gc` frees what none of them reaches"
+    )]
+    GitFilterStore {
+        /// The operation.
+        operation: &'static str,
+    },
+    /// `prune --keep-last 0`: it would drop every version of a branch.
+    #[error("prune --keep-last 0 would drop every version of the branch; keep at least 1 (delete the branch to drop it all)")]
+    KeepLastZero,
+    /// An operation on the current branch while `HEAD` is detached.
+    #[error("{operation}: HEAD is detached (not on a branch); name the branch")]
+    NoCurrentBranch {
+        /// The operation.
+        operation: &'static str,
+    },
 }
 
 /// The message of [`Error::DirtyWorkingTree`].

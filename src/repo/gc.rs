@@ -11,8 +11,11 @@
 //! writers store objects before any version names them (the ranks of a distributed save, which
 //! take no lock; a `git add` before git writes its index). A writer that reuses an existing
 //! object renews its mtime ([`crate::store::Store::contains_fresh`]), so the period counts from
-//! the last use. Temp files of interrupted writes are kept as long.
+//! the last use. Temp files of interrupted writes are kept as long. An object kept for its age
+//! keeps what it is coded against, and the sweep deletes deltas before their references, so no
+//! delta is ever left without its reference (which `verify` would report as damage).
 
+use super::partial::HistoryCuts;
 use super::{Error, RefKind, Repo, Result, Version, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
@@ -110,7 +113,18 @@ impl Repo {
     /// The set of objects reachable from the roots, the number of versions among them, and the
     /// file hashes those versions hold.
     fn mark(&self) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
-        let needed = self.reachable(&self.ref_roots()?, &|_| false)?;
+        self.mark_from(&self.ref_roots()?, &self.cut_versions()?, &HashSet::new())
+    }
+
+    /// [`Self::mark`] from `roots`, with history ending at `cut` and the blobs `whole` taken
+    /// as standalone.
+    fn mark_from(
+        &self,
+        roots: &[VersionId],
+        cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
+    ) -> Result<(HashSet<ObjectId>, usize, HashSet<ObjectId>)> {
+        let needed = self.reachable_with_cuts(roots, cut, whole)?;
         let mut versions = 0;
         let mut held = HashSet::new();
         for n in needed.iter().filter(|n| n.kind == ObjectKind::Version) {
@@ -149,23 +163,84 @@ impl Repo {
     /// Deletes unreachable objects and leftover temp files older than `options.grace`.
     pub fn gc_with(&self, options: &GcOptions) -> Result<GcReport> {
         let _lock = self.lock()?;
+        self.gc_locked(options, &HashSet::new())
+    }
+
+    /// [`Self::gc_with`] with the writer lock held. Unreferenced objects in `whatever_age`
+    /// go even when younger than the grace period (the versions a prune dropped: no save in
+    /// flight can be writing those).
+    pub(super) fn gc_locked(&self, options: &GcOptions, whatever_age: &HashSet<ObjectId>) -> Result<GcReport> {
         let (reachable, versions, held) = self.mark()?;
-        let all = self.store.list()?;
-        let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
-        let (doomed, recent) = self.past_grace(unreferenced, options.grace);
-        let mut report = GcReport {
-            versions,
-            kept: all.len() - doomed.len(),
-            recent,
-            grace_seconds: options.grace.as_secs(),
-            ..GcReport::default()
-        };
+        let (doomed, mut report) = self.doomed(&reachable, versions, options, whatever_age)?;
         self.forget_stats_of_deleted_content(&held)?;
         report.bytes_freed = self.sweep(&doomed)?;
         report.deleted = doomed.len();
         report.temp_files = self.store.clean_tmp(options.grace)? + self.clean_stale_checkout_staging();
         self.flush_index();
         Ok(report)
+    }
+
+    /// What gc would delete when the objects `reachable` (`versions` versions) are kept, and
+    /// the report of it (nothing deleted yet, no temp file counted).
+    fn doomed(
+        &self,
+        reachable: &HashSet<ObjectId>,
+        versions: usize,
+        options: &GcOptions,
+        whatever_age: &HashSet<ObjectId>,
+    ) -> Result<(Vec<ObjectId>, GcReport)> {
+        let all = self.store.list()?;
+        let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !reachable.contains(id)).copied().collect();
+        let unreferenced_ids = unreferenced.clone();
+        let (aged, mut doomed): (Vec<ObjectId>, Vec<ObjectId>) =
+            unreferenced.into_iter().partition(|id| !whatever_age.contains(id));
+        let (old, mut recent) = self.past_grace(aged, options.grace);
+        doomed.extend(old);
+        recent += self.keep_references_of_young(&unreferenced_ids, &mut doomed);
+        let report = GcReport {
+            versions,
+            kept: all.len() - doomed.len(),
+            recent,
+            grace_seconds: options.grace.as_secs(),
+            bytes_freed: doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum(),
+            deleted: doomed.len(),
+            ..GcReport::default()
+        };
+        Ok((doomed, report))
+    }
+
+    /// Takes out of `doomed` every object that an unreferenced object kept for its age (one of
+    /// `unreferenced` not in `doomed`) is coded against, transitively: a delta rewritten after
+    /// its reference was written is younger than it, and no sweep may leave a delta without
+    /// its reference. Returns how many were taken out.
+    fn keep_references_of_young(&self, unreferenced: &[ObjectId], doomed: &mut Vec<ObjectId>) -> usize {
+        if unreferenced.len() == doomed.len() {
+            return 0;
+        }
+        let doomed_set: HashSet<ObjectId> = doomed.iter().copied().collect();
+        let mut chained = HashSet::new();
+        for id in unreferenced.iter().filter(|id| !doomed_set.contains(id)) {
+            let mut next = self.store.header(id).ok().and_then(|h| h.reference);
+            while let Some(r) = next.filter(|r| doomed_set.contains(r) && chained.insert(*r)) {
+                next = self.store.header(&r).ok().and_then(|h| h.reference);
+            }
+        }
+        doomed.retain(|id| !chained.contains(id));
+        chained.len()
+    }
+
+    /// What [`Self::gc_locked`] would delete if `roots` were the roots, history ended at
+    /// `cut` and the blobs `whole` were standalone: nothing is deleted (a dry run of a prune).
+    pub(super) fn gc_preview(
+        &self,
+        roots: &[VersionId],
+        cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
+        options: &GcOptions,
+        whatever_age: &HashSet<ObjectId>,
+    ) -> Result<GcReport> {
+        let (reachable, versions, _) = self.mark_from(roots, cut, whole)?;
+        Ok(self.doomed(&reachable, versions, options, whatever_age)?.1)
     }
 
     /// Splits unreferenced objects into those older than `grace` (returned, to delete) and
@@ -185,8 +260,14 @@ impl Repo {
     /// the bytes of the deleted object files. The sweep of `gc` and `gc_keeping`.
     fn sweep(&self, doomed: &[ObjectId]) -> Result<u64> {
         let mut freed = 0;
+        // Deltas before the blobs they are coded against (deepest chain first, measured along
+        // the chain: header depths are a record): a sweep cut short leaves no delta whose
+        // reference is gone, which `verify` would report as damage. Unreadable ones first.
+        let mut order: Vec<(u32, ObjectId)> =
+            doomed.iter().map(|id| (self.store.chain_depth(id).unwrap_or(u32::MAX), *id)).collect();
+        order.sort_by(|a, b| b.cmp(a));
         self.progress.start("gc", doomed.len() as u64);
-        for (n, id) in doomed.iter().enumerate() {
+        for (n, id) in order.iter().map(|(_, id)| id).enumerate() {
             let len = self.store.stored_len(id).unwrap_or(0);
             if let Some(ix) = self.index() {
                 let _ = ix.remove_object(id);
@@ -290,7 +371,8 @@ impl Repo {
         marked.insert(root_id);
         let all = self.store.list().map_err(Error::from)?;
         let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
-        let (doomed, recent) = self.past_grace(unreferenced, options.grace);
+        let (mut doomed, mut recent) = self.past_grace(unreferenced.clone(), options.grace);
+        recent += self.keep_references_of_young(&unreferenced, &mut doomed);
         report.recent = recent;
         report.kept = all.len() - doomed.len();
         report.deleted = doomed.len();

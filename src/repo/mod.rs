@@ -29,6 +29,7 @@ mod model;
 mod pairing;
 mod partial;
 mod path;
+mod prune;
 mod reachable;
 mod refs;
 mod revision;
@@ -57,6 +58,7 @@ pub use model::{
 };
 pub use partial::PartialClone;
 pub use path::RepoPath;
+pub use prune::{BranchPruned, KeptVersion, PruneOptions, PruneReport, PrunedHistory, PrunedVersion};
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};
 pub use status::{hash_file, FileState, FileStatus, InTheWay, Status};
@@ -417,8 +419,8 @@ impl Repo {
         let cut = self.cut_versions()?;
         while let Some(current) = id {
             let info = self.version_info(&current)?;
-            // A partial clone's history ends at a cut version (partial.rs).
-            id = info.parents.first().copied().filter(|p| !cut.contains(&current) || self.store.contains(p));
+            // History ends at a partial clone's cut version and where it was pruned (partial.rs).
+            id = self.first_parent_here(&cut, &current, &info.parents);
             out.push(info);
             if out.len() > 10_000_000 {
                 return Err(Error::CorruptMetadata { id: current, reason: "history does not end".into() });

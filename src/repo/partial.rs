@@ -5,6 +5,8 @@
 //! on its missing parent, and `ckpt checkout` of a version outside the depth downloads that
 //! version from the remote ([`crate::sync::fetch_revision`]), which becomes one more cut version.
 //! The repository core keeps the record; [`crate::sync`] writes it when a fetch cuts history.
+//! `ckpt prune` cuts history too, for good ([`super::prune`], `.ckpt/pruned`): [`HistoryCuts`]
+//! holds both kinds, so that every walk stops at either.
 
 use super::{Error, Repo, Result, VersionId};
 use std::collections::HashSet;
@@ -35,29 +37,46 @@ impl Repo {
         }
     }
 
-    /// The cut versions (empty for a full repository).
-    pub(crate) fn cut_versions(&self) -> Result<HashSet<VersionId>> {
-        Ok(self.partial_clone()?.map(|p| p.cut.into_iter().collect()).unwrap_or_default())
+    /// Where history ends in this repository: a partial clone's cut versions and the versions
+    /// `ckpt prune` dropped the history of (both empty for a repository holding its whole
+    /// history).
+    pub(crate) fn cut_versions(&self) -> Result<HistoryCuts> {
+        let partial = self.partial_clone()?.map(|p| p.cut.into_iter().collect()).unwrap_or_default();
+        let pruned = self.pruned_history()?.cut.into_iter().collect();
+        Ok(HistoryCuts { partial, pruned })
     }
 
     /// Whether version `id` is a cut version whose parents are not all here: where history
-    /// as this repository holds it ends.
+    /// as this partial clone holds it ends.
     pub fn history_cut_at(&self, id: &VersionId) -> Result<bool> {
-        if !self.cut_versions()?.contains(id) {
+        if !self.cut_versions()?.partial.contains(id) {
             return Ok(false);
         }
         Ok(self.version(id)?.parents.iter().any(|p| !self.store.contains(p)))
     }
 
     /// The parents of version `id` (with `parents` read from it) that a walk over history
-    /// follows: all of them, except a cut version's parents that are not here.
-    pub(super) fn parents_here(
+    /// follows: all of them, except a partial clone's cut version's parents that are not here
+    /// and every parent of a version whose history was pruned (even while some are still on
+    /// disk: they are garbage, or kept by a root of their own).
+    pub(super) fn parents_here(&self, cut: &HistoryCuts, id: &VersionId, parents: &[VersionId]) -> Vec<VersionId> {
+        if cut.pruned.contains(id) {
+            return Vec::new();
+        }
+        parents.iter().copied().filter(|p| !cut.partial.contains(id) || self.store.contains(p)).collect()
+    }
+
+    /// The first parent of version `id` that a walk along first parents follows
+    /// ([`Self::parents_here`]).
+    pub(super) fn first_parent_here(
         &self,
-        cut: &HashSet<VersionId>,
+        cut: &HistoryCuts,
         id: &VersionId,
         parents: &[VersionId],
-    ) -> Vec<VersionId> {
-        parents.iter().copied().filter(|p| !cut.contains(id) || self.store.contains(p)).collect()
+    ) -> Option<VersionId> {
+        let first = parents.first()?;
+        let followed = !cut.pruned.contains(id) && (!cut.partial.contains(id) || self.store.contains(first));
+        followed.then_some(*first)
     }
 
     /// Records `ids` as cut versions of a partial clone of remote `remote`. Written before the
@@ -74,7 +93,10 @@ impl Repo {
         self.refs.write(&self.dir.join(PARTIAL_FILE), &text)
     }
 
-    /// Whether `ancestor` is `id` or one of its ancestors (all parents), read locally.
+    /// Whether `ancestor` is `id` or one of its ancestors (all parents), read locally. Where
+    /// history is cut (partial clone or prune), the parents still here are followed: ancestry
+    /// is a fact the versions record (a push asks it of a remote's tip that this store holds
+    /// again), not what keeps them.
     pub fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
         let cut = self.cut_versions()?;
         let mut seen = HashSet::new();
@@ -85,9 +107,36 @@ impl Repo {
             }
             if seen.insert(v) {
                 let parents = self.version(&v)?.parents;
-                stack.extend(self.parents_here(&cut, &v, &parents));
+                stack.extend(parents.into_iter().filter(|p| !cut.contains(&v) || self.store.contains(p)));
             }
         }
         Ok(false)
+    }
+}
+
+/// Where walks over history end ([`Repo::cut_versions`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HistoryCuts {
+    /// A partial clone's cut versions (`.ckpt/partial`): their parents are followed when here.
+    pub(super) partial: HashSet<VersionId>,
+    /// Versions whose history `ckpt prune` dropped (`.ckpt/pruned`): their parents are never
+    /// followed.
+    pub(super) pruned: HashSet<VersionId>,
+}
+
+impl HistoryCuts {
+    /// Whether history may end at `id`.
+    pub(crate) fn contains(&self, id: &VersionId) -> bool {
+        self.partial.contains(id) || self.pruned.contains(id)
+    }
+
+    /// Whether history ends nowhere (a repository holding all of it).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.partial.is_empty() && self.pruned.is_empty()
+    }
+
+    /// Whether `ckpt prune` dropped the history of `id`.
+    pub(crate) fn is_pruned(&self, id: &VersionId) -> bool {
+        self.pruned.contains(id)
     }
 }

@@ -6,6 +6,7 @@
 //! roots; `push` sends the part of it the remote lacks; `fetch` walks the same relation on the
 //! remote's side.
 
+use super::partial::HistoryCuts;
 use super::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::{ObjectKind, MAX_CHAIN_DEPTH};
@@ -80,7 +81,19 @@ impl Repo {
     /// Every version and manifest reached is read and every blob's header: an unreadable one
     /// is an error (gc must not delete what it cannot see the needs of).
     pub fn reachable(&self, roots: &[VersionId], skip: &dyn Fn(&ObjectId) -> bool) -> Result<Vec<Needed>> {
-        self.walk(roots, skip, true)
+        self.walk(roots, skip, true, &self.cut_versions()?, &HashSet::new())
+    }
+
+    /// [`Repo::reachable`] (nothing skipped) with history ending at `cut` instead of the
+    /// recorded cuts, and the blobs `whole` taken as standalone (their references not
+    /// followed): what a prune would keep, before it records or recodes anything.
+    pub(super) fn reachable_with_cuts(
+        &self,
+        roots: &[VersionId],
+        cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
+    ) -> Result<Vec<Needed>> {
+        self.walk(roots, &|_| false, true, cut, whole)
     }
 
     /// The objects the versions `roots` name: [`Repo::reachable`] without the blobs that are
@@ -88,22 +101,30 @@ impl Repo {
     /// each with a chain of that store's own: the references here are how this store encodes
     /// them (a compaction may have made an old blob a delta against a newer one).
     pub fn named(&self, roots: &[VersionId]) -> Result<Vec<Needed>> {
-        self.walk(roots, &|_| false, false)
+        self.walk(roots, &|_| false, false, &self.cut_versions()?, &HashSet::new())
     }
 
-    fn walk(&self, roots: &[VersionId], skip: &dyn Fn(&ObjectId) -> bool, chains: bool) -> Result<Vec<Needed>> {
+    /// The walk of [`Repo::reachable`] and [`Repo::named`]: history ends at `cut` (a partial
+    /// clone's cut versions, pruned history: partial.rs); the references of blobs in `whole`
+    /// are not followed.
+    fn walk(
+        &self,
+        roots: &[VersionId],
+        skip: &dyn Fn(&ObjectId) -> bool,
+        chains: bool,
+        cut: &HistoryCuts,
+        whole: &HashSet<ObjectId>,
+    ) -> Result<Vec<Needed>> {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         let mut stack: Vec<VersionId> = roots.to_vec();
-        // A partial clone's history ends at its cut versions (partial.rs).
-        let cut = self.cut_versions()?;
         while let Some(id) = stack.pop() {
             if skip(&id) || !seen.insert(id) {
                 continue;
             }
             let version = self.version(&id)?;
             out.push(Needed { id, kind: ObjectKind::Version, reference: None });
-            stack.extend(self.parents_here(&cut, &id, &version.parents));
+            stack.extend(self.parents_here(cut, &id, &version.parents));
             for file in &version.files {
                 if skip(&file.manifest) || !seen.insert(file.manifest) {
                     continue;
@@ -126,7 +147,7 @@ impl Repo {
                             .into());
                         }
                         out.push(Needed { id: blob, kind: ObjectKind::Blob, reference: header.reference });
-                        next = header.reference.filter(|_| chains);
+                        next = header.reference.filter(|_| chains && !whole.contains(&blob));
                     }
                 }
             }

@@ -13,12 +13,19 @@ impl Repo {
             Error::UnknownRevision { reason, .. } => unknown(reason),
             other => other,
         })?;
+        let cut = if steps > 0 { self.cut_versions()? } else { Default::default() };
         for n in 0..steps {
             let info = self.version_info(&id)?;
             let parent = *info.parents.first().ok_or_else(|| {
                 unknown(format!("{base} has only {n} version{} before it", if n == 1 { "" } else { "s" }))
             })?;
-            if !self.store.contains(&parent) && self.cut_versions()?.contains(&id) {
+            if cut.is_pruned(&id) {
+                return Err(unknown(format!(
+                    "past the history `ckpt prune` kept ({} is the oldest version kept there)",
+                    id.short(12)
+                )));
+            }
+            if !self.store.contains(&parent) && cut.contains(&id) {
                 return Err(unknown(format!(
                     "past the history this partial clone holds ({} is where it is cut; `ckpt checkout` fetches it)",
                     id.short(12)
@@ -71,7 +78,10 @@ impl Repo {
         let candidates = self.versions_with_prefix(&prefix)?;
         match candidates.as_slice() {
             [id] => Ok(*id),
-            [] => Err(unknown("no version has this id".into())),
+            [] => match self.pruned_with_prefix(&prefix)? {
+                Some(version) => Err(Error::VersionPruned { version }),
+                None => Err(unknown("no version has this id".into())),
+            },
             many => Err(unknown(format!(
                 "ambiguous: {} versions start with it ({})",
                 many.len(),

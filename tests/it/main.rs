@@ -27,6 +27,7 @@ mod repo_faults;
 mod repo_history;
 mod repo_inspect;
 mod repo_model;
+mod repo_prune;
 mod repo_small;
 mod repo_xprec;
 

@@ -124,9 +124,11 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
         }
         writeln!(out)?;
     }
-    // A partial clone (`clone --depth`): say where the history it holds ends.
+    // A partial clone (`clone --depth`) or a prune: say where the history held here ends.
     if let Some(last) = versions.last().filter(|_| args.max_count.is_none_or(|n| versions.len() < n)) {
-        if repo.history_cut_at(&last.id)? {
+        if repo.history_pruned_at(&last.id)? {
+            writeln!(out, "(history pruned here: `ckpt prune` dropped the versions before {})", last.id.short(12))?;
+        } else if repo.history_cut_at(&last.id)? {
             let remote = repo.partial_clone()?.map(|p| p.remote).unwrap_or_default();
             writeln!(
                 out,

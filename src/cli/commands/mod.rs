@@ -14,6 +14,7 @@ pub mod git;
 pub mod index;
 pub mod init;
 pub mod log;
+pub mod prune;
 pub mod pull;
 pub mod push;
 pub mod remote;
