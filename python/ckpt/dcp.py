@@ -95,6 +95,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import logging
 import os
 import pickle
@@ -183,8 +184,10 @@ class _RepoTarget(_Target):
             tip = self.native.branch_tip(branch)
         return branch, tip, None
 
-    def commit(self, branch, tip, cas, files, message, tags) -> str:
+    def commit(self, branch, tip, cas, files, message, tags, keep_last: Optional[int] = None) -> str:
         version = self.native.commit_stored(branch, tip, files, message, tags)
+        if keep_last is not None:
+            _prune_after_save(self.native, branch, keep_last, version)
         try:
             _compact_after_save(self.native)
         except Exception as e:  # noqa: BLE001 (the save stands: a compaction is only owed)
@@ -242,7 +245,7 @@ class _RemoteTarget(_Target):
         tip, cas = self.native.branch_tip(branch)
         return branch, tip, cas
 
-    def commit(self, branch, tip, cas, files, message, tags) -> str:
+    def commit(self, branch, tip, cas, files, message, tags, keep_last: Optional[int] = None) -> str:
         # Each file as stored: `(path, manifest, hash, length, bytes its upload created)`.
         stored_bytes = sum(f[4] for f in files)
         return self.native.commit(branch, tip, cas, [f[:4] for f in files], message, tags, stored_bytes)
@@ -292,6 +295,20 @@ class _RemoteTarget(_Target):
         with _RECODES_LOCK:
             _RECODES.append(thread)
         thread.start()
+
+
+def _prune_after_save(native, branch: str, keep_last: int, version: str) -> None:
+    """`Writer(keep_last=N)`: the branch keeps its newest `keep_last` versions (`ckpt prune
+    --keep-last N --branch BRANCH`; what a tag, another branch or a remote-tracking ref needs
+    stays), before the compaction starts, so it never rewrites a version about to go. A prune
+    that fails is a warning: the save stands."""
+    try:
+        report = json.loads(native.prune_json(keep_last, [branch]))
+    except Exception as e:  # noqa: BLE001 (the save is committed; the next save prunes again)
+        _log.warning("ckpt: version %s is saved, but keeping the last %d of %s failed: %s", version, keep_last, branch, e)
+        return
+    if report.get("dropped"):
+        _log.info("ckpt: dropped %d old versions of %s (keep_last=%d)", len(report["dropped"]), branch, keep_last)
 
 
 def _compact_after_save(native) -> None:
@@ -548,7 +565,10 @@ def _classes():
         `endpoint`, `region`, `allow_http` (else from `AWS_*`). With the kept cache a save on top
         of the previous one downloads nothing of the rank's own previous file. After a save,
         `traffic` says what this rank moved for it (`RemoteStore.traffic`: downloads, uploads,
-        recodes, requests, and their bytes). Other keyword
+        recodes, requests, and their bytes). `keep_last=N` (a repository target only): after
+        each save the branch keeps its newest N versions and the older ones are dropped and
+        their space freed, as `ckpt prune --keep-last N` does (torchtitan's `keep_latest_k`);
+        what a tag, another branch or a remote-tracking ref needs stays. Other keyword
         arguments go to `FileSystemWriter` (`thread_count`, `single_file_per_rank`, ...)."""
 
         def __init__(
@@ -562,11 +582,21 @@ def _classes():
             endpoint: Optional[str] = None,
             region: Optional[str] = None,
             allow_http: bool = False,
+            keep_last: Optional[int] = None,
             **kwargs: Any,
         ) -> None:
+            if keep_last is not None:
+                if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+                    raise ValueError(f"keep_last: a number of versions of at least 1, not {keep_last!r}")
+                if _is_remote(os.fspath(target)):
+                    raise ValueError(
+                        f"{os.fspath(target)}: keep_last is for a repository target; a remote keeps every "
+                        "save (prune a clone, or the repository that pushes to it)"
+                    )
             kwargs.setdefault("sync_files", False)  # the store syncs what it writes
             super().__init__(path=os.fspath(target), **kwargs)
             self.target = os.fspath(target)
+            self.keep_last = keep_last
             self.message = message if message is not None else "dcp save"
             self.tags = list(tags)
             self.branch = branch
@@ -694,7 +724,7 @@ def _classes():
                 super().finish(metadata, plain)
                 files.update(self.fs.stored)
                 self.version = target.commit(
-                    self._branch, self._tip, self._cas, list(files.values()), self.message, self.tags
+                    self._branch, self._tip, self._cas, list(files.values()), self.message, self.tags, self.keep_last
                 )
                 saved = True
             finally:

@@ -202,3 +202,58 @@ def test_a_compaction_that_cannot_start_leaves_the_save_committed(tmp_path, monk
     assert len(json.loads(native.log_json("HEAD"))) == 2
     assert native.has_pending_deltas()
     assert "is committed, but its compaction did not start (cannot fork)" in caplog.text
+
+
+def test_keep_last_leaves_the_newest_saves_and_frees_the_rest(tmp_path, monkeypatch):
+    """`Writer(keep_last=N)` as the coordinator runs it (`_RepoTarget.commit(..., keep_last)`):
+    after five saves the branch holds the newest two, each reading back bit-exact, the store
+    holds less than without it, and what a tag names stays."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from ckpt.dcp import _RepoTarget
+
+    monkeypatch.setenv("CKPT_COMPACT", "inline")
+    sizes = {}
+    for keep_last in (None, 2):
+        repo_dir = tmp_path / f"repo{keep_last}"
+        ckpt.Repo.init(str(repo_dir))
+        # No grace period: the dropped saves' blobs go at once (by default they stay an hour,
+        # as `ckpt gc` keeps young objects that another job's save in flight may be writing).
+        config = repo_dir / ".ckpt" / "config"
+        config.write_text(json.dumps(dict(json.loads(config.read_text()), gc_grace_seconds=0)))
+        target = _RepoTarget(str(repo_dir))
+        rng = np.random.default_rng(0)
+        w = rng.standard_normal((256, 256)).astype(np.float32)
+        tip, saved = None, []
+        for step in range(5):
+            w = w + rng.standard_normal(w.shape).astype(np.float32) * np.float32(0.1)  # every weight moves
+            spool = tmp_path / f"spool{step}.safetensors"
+            save_file({"w": w}, str(spool))
+            stored = target.store_objects(str(spool), "model.safetensors", tip)
+            tip = target.commit("main", tip, None, [stored], f"step {step}", ["first"] if step == 0 else [], keep_last)
+            saved.append((tip, spool.read_bytes()))
+        log = json.loads(target.native.log_json("HEAD"))
+        if keep_last:
+            assert [v["id"] for v in log] == [v for v, _ in reversed(saved[-2:])], log
+        else:
+            assert len(log) == 5
+        # The newest saves, and the tagged first one, read back as saved.
+        for version, data in saved[-2:] + saved[:1]:
+            f = target.native.open_file(version, "model.safetensors")
+            assert bytes(f.read(0, len(data))) == data
+        assert subprocess.run([ckpt_binary(), "verify"], cwd=repo_dir, capture_output=True).returncode == 0
+        sizes[keep_last] = sum(
+            os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(repo_dir / ".ckpt" / "objects") for f in fs
+        )
+    assert sizes[2] < sizes[None] * 0.8, sizes
+
+
+def test_keep_last_is_a_positive_count_for_a_repository_target(tmp_path):
+    _torch()
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="keep_last"):
+            ckpt.dcp.Writer(str(tmp_path), keep_last=bad)
+    with pytest.raises(ValueError, match="keep_last is for a repository"):
+        ckpt.dcp.Writer("s3://bucket/run", keep_last=3)
+    assert ckpt.dcp.Writer(str(tmp_path), keep_last=3).keep_last == 3

@@ -208,7 +208,15 @@ impl Repo {
         let recode = if plan.dropped.is_empty() {
             Vec::new()
         } else {
-            self.recode_candidates(&plan.kept_oldest_first, &needed_blobs)?
+            // Every version still needed, not only the branches' newest: under `reverse` an
+            // older version a tag keeps is a delta against the next one, which is dropped.
+            let mut order: Vec<VersionId> = plan.kept_by.iter().map(|(id, _)| *id).collect();
+            order.extend(plan.kept_oldest_first.iter().copied());
+            let listed: HashSet<VersionId> = order.iter().copied().collect();
+            let mut others: Vec<VersionId> = plan.needed.keys().filter(|id| !listed.contains(id)).copied().collect();
+            others.sort_unstable();
+            order.extend(others);
+            self.recode_candidates(&order, &needed_blobs)?
         };
         if options.dry_run {
             // The recodes are not done, but their bases are counted as freed (the objects
@@ -484,10 +492,12 @@ impl Repo {
         Ok(blobs)
     }
 
-    /// The blobs of the versions `kept` (oldest first) whose delta reference no needed version
-    /// lists (`needed`), each with that reference, oldest version's first: under `previous`
-    /// (and `base`, `skip`) the oldest kept version is coded against the version before it
-    /// (or an older full base), which would otherwise stay as a base.
+    /// The blobs of the versions `kept` (older versions other roots keep, then the branches'
+    /// kept versions oldest first, then any other needed version) whose delta reference no
+    /// needed version lists (`needed`), each with that reference: under `previous` (and
+    /// `base`, `skip`) the oldest kept version is coded against the version before it (or an
+    /// older full base), and under `reverse` an older version a tag keeps against the version
+    /// after it; either would otherwise keep the dropped blobs as bases.
     fn recode_candidates(&self, kept: &[VersionId], needed: &HashSet<ObjectId>) -> Result<Vec<(ObjectId, ObjectId)>> {
         let mut todo = Vec::new();
         let mut seen = HashSet::new();

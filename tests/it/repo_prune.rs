@@ -544,3 +544,38 @@ fn objects_kept_for_their_age_keep_their_delta_references() {
     assert!(gc.deleted > 0);
     assert!(repo.verify().unwrap().is_ok());
 }
+
+/// Under `reverse` (the default) an older version is a delta against the next one: a tag on
+/// an old version kept that chain through every dropped version, and the prune freed almost
+/// nothing. The tagged version's blobs are recoded (whole) so the dropped ones go.
+#[test]
+fn a_tag_on_an_old_version_does_not_keep_the_dropped_versions_as_its_bases() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    let v = epochs(&t, &repo, 6, &CommitOptions::default());
+    repo.compact(&Default::default()).unwrap();
+    repo.tag("first", Some(&v[0].0.to_hex())).unwrap();
+    let blobs = |ids: &[&VersionId]| -> std::collections::HashSet<ckpt::ObjectId> {
+        let mut out = std::collections::HashSet::new();
+        for id in ids {
+            for f in repo.version(id).unwrap().files {
+                out.extend(repo.manifest(&f.manifest).unwrap().blobs());
+            }
+        }
+        out
+    };
+    let kept = blobs(&[&v[0].0, &v[4].0, &v[5].0]);
+    let only_dropped: Vec<ckpt::ObjectId> =
+        blobs(&[&v[1].0, &v[2].0, &v[3].0]).into_iter().filter(|b| !kept.contains(b)).collect();
+    assert!(!only_dropped.is_empty());
+    let r = repo.prune(2, &now(&["main"])).unwrap();
+    assert_eq!(dropped_ids(&r), vec![v[3].0, v[2].0, v[1].0]);
+    assert!(r.recoded > 0 && r.base_bytes_kept == 0, "{r:?}");
+    // Every blob only the dropped versions listed is gone: none stays as a base.
+    let left: Vec<_> = only_dropped.iter().filter(|b| repo.store().contains(b)).collect();
+    assert!(left.is_empty(), "{} of {} still stored", left.len(), only_dropped.len());
+    for (id, bytes) in [&v[0], &v[4], &v[5]] {
+        checks_out(&t, &repo, id, bytes);
+    }
+    assert!(repo.verify().unwrap().is_ok());
+}
