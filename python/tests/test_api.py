@@ -121,15 +121,16 @@ def test_deltas_apply_between_dict_commits(repo):
     assert_same_tensors(repo.load(), nudged)
 
 
-def test_prune_keeps_the_newest_versions_and_what_a_tag_needs(repo):
+def test_prune_keeps_the_newest_versions_and_a_tagged_one(repo):
     ids = [repo.commit({"model.safetensors": sample(i)}, f"epoch {i}") for i in range(5)]
     repo.tag("best", ids[1])
     dry = repo.prune(2, dry_run=True, grace_seconds=0)
-    assert [v["id"] for v in dry["dropped"]] == [ids[2]]
+    assert [v["id"] for v in dry["dropped"]] == [ids[2], ids[0]]
     assert [v["id"] for v in repo.log()] == ids[::-1]
     report = repo.prune(2, branches="main", grace_seconds=0)
-    assert [v["id"] for v in report["dropped"]] == [ids[2]]
-    assert [(k["id"], k["root"]) for k in report["kept_by"]] == [(ids[1], "refs/tags/best"), (ids[0], "refs/tags/best")]
+    # The tag keeps its version, not the history before it.
+    assert [v["id"] for v in report["dropped"]] == [ids[2], ids[0]]
+    assert [(k["id"], k["root"]) for k in report["kept_by"]] == [(ids[1], "refs/tags/best")]
     assert report["gc"]["bytes_freed"] > 0
     assert [v["id"] for v in repo.log()] == [ids[4], ids[3]]
     assert_same_tensors(repo.load(ids[3]), sample(3))

@@ -2,10 +2,10 @@
 //! the rest of their history, then runs gc so the space is freed. The oldest version kept
 //! becomes a version whose history is dropped, recorded in `.ckpt/pruned` before anything is
 //! deleted (docs/format.md, "Pruned history"); every walk over history stops there
-//! ([`super::partial::HistoryCuts`]). A version that any other root reaches (a tag, another
-//! branch, a remote-tracking ref, a detached `HEAD`, a partial clone's cut) is kept with its
-//! history, and the report names the root; pending delta rewrites of dropped versions are
-//! forgotten, not kept alive.
+//! ([`super::partial::HistoryCuts`]). A version that another branch, a detached `HEAD` or a
+//! partial clone's cut reaches is kept with its history; a tag or a remote-tracking ref keeps
+//! its own version (and a remote-tracking ref what its remote lacks); the report names the
+//! root. Pending delta rewrites of dropped versions are forgotten, not kept alive.
 //!
 //! It must not rewrite a version (ids stay; tags, remotes and clones keep meaning the same
 //! thing) nor delete anything a root it was not asked to prune still needs.
@@ -289,8 +289,13 @@ impl Repo {
     fn plan_prune(&self, keep_last: usize, branches: &[(String, VersionId)]) -> Result<Plan> {
         let cuts = self.cut_versions()?;
         let pruned_refs: HashSet<String> = branches.iter().map(|(b, _)| format!("refs/heads/{b}")).collect();
-        // Every other root keeps its whole history (as far as it is held here). Pending delta
-        // rewrites are no reason to keep a version: those of dropped versions are forgotten.
+        // Every other branch, a detached HEAD and a partial clone's cut keep their whole
+        // history (as far as it is held here): each is a line of work of its own. A tag and a
+        // remote-tracking ref keep their own version, not its history: a tag marks one
+        // checkpoint (tagging each save, or the best one, must not make `keep_last` keep
+        // everything), and a remote-tracking ref's history is on its remote (what was not
+        // pushed there yet stays: `mark_unpushed`). Pending delta rewrites are no reason to
+        // keep a version: those of dropped versions are forgotten.
         let mut needed: HashMap<VersionId, String> = HashMap::new();
         let mut other_roots = Vec::new();
         let mut other_roots_named = Vec::new();
@@ -301,7 +306,11 @@ impl Repo {
             }
             other_roots.push(root.id);
             other_roots_named.push(root.clone());
-            self.mark_history(&[root.id], &cuts, &root.name, &mut needed)?;
+            if root.name.starts_with("refs/tags/") || root.name.starts_with("refs/remotes/") {
+                needed.entry(root.id).or_insert_with(|| root.name.clone());
+            } else {
+                self.mark_history(&[root.id], &cuts, &root.name, &mut needed)?;
+            }
         }
         // Each branch keeps its newest versions along first parents, and whatever they merged.
         let mut kept = HashSet::new();
@@ -355,7 +364,8 @@ impl Repo {
         }
         let dropped_set: HashSet<VersionId> = dropped.iter().copied().collect();
         // History now ends at each kept version with a dropped parent (only versions the
-        // branches hold can have one: any other root's history is needed whole).
+        // branches hold can have one: a version a tag or remote-tracking ref keeps alone, or
+        // one of the branches' newest).
         let mut new_cuts = Vec::new();
         for id in kept.iter().chain(kept_by.iter().map(|(id, _)| id)) {
             let parents = self.version_info(id)?.parents;

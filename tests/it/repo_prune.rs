@@ -98,8 +98,10 @@ fn keep_last_keeps_the_newest_bit_exact_and_frees_the_rest() {
     assert!(repo.gc_with(&GcOptions::now()).unwrap().deleted == 0, "gc after prune finds nothing more");
 }
 
+/// Another branch and a detached HEAD keep their history; a tag keeps its own version (it
+/// marks one checkpoint: tagging saves must not make a prune keep everything).
 #[test]
-fn tags_other_branches_and_a_detached_head_keep_old_versions_with_their_history() {
+fn tags_keep_their_version_other_branches_and_a_detached_head_their_history() {
     let t = TestRepo::init();
     let repo = t.open();
     let v = epochs(&t, &repo, 8, &CommitOptions::default());
@@ -117,46 +119,48 @@ fn tags_other_branches_and_a_detached_head_keep_old_versions_with_their_history(
     );
     assert!(dry.contains("(needed by HEAD)"), "{dry}");
     let r = repo.prune(2, &now(&["main"])).unwrap();
-    assert_eq!(dropped_ids(&r), vec![v[5].0]);
+    assert_eq!(dropped_ids(&r), vec![v[5].0, v[3].0]);
     let kept: Vec<(VersionId, &str)> = r.kept_by.iter().map(|k| (k.id, k.root.as_str())).collect();
     assert_eq!(
         kept,
-        vec![
-            (v[4].0, "refs/tags/best"),
-            (v[3].0, "refs/tags/best"),
-            (v[2].0, "refs/heads/side"),
-            (v[1].0, "refs/heads/side"),
-            (v[0].0, "HEAD"),
-        ]
+        vec![(v[4].0, "refs/tags/best"), (v[2].0, "refs/heads/side"), (v[1].0, "refs/heads/side"), (v[0].0, "HEAD"),]
     );
-    for (id, bytes) in v.iter().take(5).chain(&v[6..]) {
+    for (id, bytes) in [&v[0], &v[1], &v[2], &v[4], &v[6], &v[7]] {
         checks_out(&t, &repo, id, bytes);
     }
     assert_dropped(&repo, &v[5].0);
-    // Their own histories are whole; main's ends at its oldest kept version.
-    assert_eq!(repo.log("best").unwrap().len(), 5);
+    assert_dropped(&repo, &v[3].0);
+    // The branches' histories are whole; main's ends at its oldest kept version, the tag's at
+    // its version.
+    assert_eq!(repo.log("best").unwrap().len(), 1);
     assert_eq!(repo.log("side").unwrap().len(), 3);
     assert_eq!(repo.log("HEAD").unwrap().len(), 1);
     assert_eq!(repo.log("main").unwrap().len(), 2);
     assert!(repo.verify().unwrap().is_ok());
 }
 
+/// A remote-tracking ref names a version its remote holds with its history: it keeps that
+/// version here, not the history (a branch that was pushed prunes like one that was not).
 #[test]
-fn a_remote_tracking_ref_at_the_tip_keeps_everything() {
+fn a_remote_tracking_ref_keeps_its_version_and_leaves_the_history_to_its_remote() {
     let t = TestRepo::init();
     let repo = t.open();
     let v = epochs(&t, &repo, 4, &CommitOptions::default());
     let tracking = t.path(".ckpt/refs/remotes/origin/main");
     std::fs::create_dir_all(tracking.parent().unwrap()).unwrap();
-    std::fs::write(&tracking, format!("{}\n", v[3].0)).unwrap();
-    let objects = t.object_files();
+    std::fs::write(&tracking, format!("{}\n", v[2].0)).unwrap();
+    let before = store_bytes(&t);
     let r = repo.prune(1, &now(&[])).unwrap();
-    assert!(r.dropped.is_empty());
-    assert_eq!(r.kept_by.len(), 3);
-    assert!(r.kept_by.iter().all(|k| k.root == "refs/remotes/origin/main"));
-    assert_eq!(t.object_files(), objects);
-    assert!(!t.path(".ckpt/pruned").exists());
-    assert_eq!(repo.log("HEAD").unwrap().len(), 4);
+    assert_eq!(dropped_ids(&r), vec![v[1].0, v[0].0]);
+    let kept: Vec<(VersionId, &str)> = r.kept_by.iter().map(|k| (k.id, k.root.as_str())).collect();
+    assert_eq!(kept, vec![(v[2].0, "refs/remotes/origin/main")]);
+    assert!(store_bytes(&t) < before);
+    // main's history now ends at the version the remote-tracking ref keeps.
+    assert_eq!(repo.log("HEAD").unwrap().len(), 2);
+    assert_eq!(repo.log("origin/main").unwrap().len(), 1);
+    checks_out(&t, &repo, &v[2].0, &v[2].1);
+    checks_out(&t, &repo, &v[3].0, &v[3].1);
+    assert!(repo.verify().unwrap().is_ok());
 }
 
 #[test]
@@ -440,12 +444,19 @@ fn versions_not_pushed_yet_are_kept_and_the_push_still_works() {
     ok(&t, &["push", "origin"]);
     let more = epochs_from(&t, &repo, 3, 6);
     let pr = repo.prune(1, &now(&[])).unwrap();
-    assert!(pr.dropped.is_empty(), "{pr:?}");
+    // What the remote holds goes here, but for the version its ref names.
+    assert_eq!(dropped_ids(&pr), vec![v[1].0, v[0].0], "{pr:?}");
     let unpushed: Vec<&str> = pr.kept_by.iter().map(|k| k.root.as_str()).collect();
     assert_eq!(unpushed[..2], ["refs/remotes/origin/main (not pushed there yet)"; 2]);
-    assert_eq!(pr.kept_by.len(), 5);
+    assert_eq!(unpushed[2..], ["refs/remotes/origin/main"]);
     ok(&t, &["push", "origin"]);
-    assert_eq!(v.len() + more.len(), repo.log("HEAD").unwrap().len());
+    assert_eq!(more.len() + 1, repo.log("HEAD").unwrap().len());
+    // The remote still has every version.
+    let parent = tempfile::tempdir().unwrap();
+    r.ok(parent.path(), &["clone", &r.url, "b"]);
+    let clone = Repo::open(&parent.path().join("b")).unwrap();
+    assert_eq!(clone.log("HEAD").unwrap().len(), v.len() + more.len());
+    assert!(clone.verify().unwrap().is_ok());
 }
 
 /// A remote that holds the history a prune dropped keeps it; the pruned branch still pushes
