@@ -259,14 +259,22 @@ class RemoteStore:
         path: str,
         previous: Optional[str] = None,
         items: Optional[Sequence[WrittenItem]] = None,
+        defer_recodes: bool = False,
     ) -> Tuple[str, str, str, int, int]:
         """Stores the file at `disk` as `path` in the cache (a `.distcp` file cut into
         `items`, as `Repo.store_objects`) and uploads what the remote lacks, coded against the
         same items in version `previous` (for a `.distcp` file, in any `.distcp` file there;
-        only the manifests and blobs that pairing needs are downloaded). Returns `(path,
-        manifest, file hash, length, stored bytes)`: the first four for `commit`, the last
-        what the upload created on the remote (its new objects; not the mirror layout's
-        recodes of the previous version's)."""
+        only the manifests and blobs that pairing needs are downloaded; the remote is not
+        listed). Returns `(path, manifest, file hash, length, stored bytes)`: the first four
+        for `commit`, the last what the upload created on the remote (its new objects; not the
+        mirror layout's recodes of the previous version's). With `defer_recodes` those
+        recodes are left for `finish_recodes`."""
+    def pending_recodes(self) -> int:
+        """Blobs the recodes left by ``store_objects(..., defer_recodes=True)`` will recode."""
+    def finish_recodes(self) -> int:
+        """Does the recodes ``store_objects(..., defer_recodes=True)`` left (the previous
+        version's blobs become XOR deltas against the new ones on the remote), without the
+        GIL; returns the objects replaced."""
     def commit(
         self,
         branch: str,
