@@ -259,8 +259,9 @@ pub fn upload_file_to_remote(
 
 /// Recodes a mirror upload left to do ([`upload_file_to_remote`]): the previous version's
 /// blobs replaced on the remote by XOR deltas against the new ones, each only if the new blob
-/// is standalone there at that moment (as a mirror push recodes); then each journal is deleted, and once all
-/// are, `cache`'s note of them. Returns the objects replaced and the bytes uploaded.
+/// is standalone there at that moment (as a mirror push recodes); then each journal is
+/// deleted, and once all are, `cache`'s note of them. Returns the objects replaced and the
+/// bytes uploaded.
 pub fn finish_recodes(
     cache: &Repo,
     remote: &dyn Remote,
