@@ -121,7 +121,7 @@ def state_dict(world, rank, items, shard_mib, mesh, seed):
     return sd, rows * cols * 4 * items
 
 
-def worker(rank, world, port, counts, shard_mib, root, queue):
+def worker(rank, world, port, counts, shard_mib, root, queue, keep_last=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.checkpoint import filesystem as fs
@@ -185,7 +185,7 @@ def worker(rank, world, port, counts, shard_mib, root, queue):
             if name == "FileSystemWriter":
                 writer = instrument(fs.FileSystemWriter(os.path.join(root, f"plain{items}")))
             else:
-                writer = instrument(ckpt.dcp.Writer(repo, message=f"save {step}"))
+                writer = instrument(ckpt.dcp.Writer(repo, message=f"save {step}", keep_last=keep_last))
             with MemorySampler() as sampler:
                 dcp.save(sd, storage_writer=writer)
             total = time.perf_counter() - start
@@ -263,6 +263,12 @@ def main():
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None, help="also write the raw rows here")
     p.add_argument("--commit-stored", action="store_true", help="time Repo::commit_stored alone")
+    p.add_argument(
+        "--keep-last",
+        type=int,
+        default=None,
+        help="Writer(keep_last=N): the coordinator prunes the branch in finish (the second save drops the first with 1)",
+    )
     a = p.parse_args()
     counts = [int(x) for x in a.items.split(",")]
     if a.commit_stored:
@@ -275,7 +281,7 @@ def main():
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         queue = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(worker, args=(a.ranks, port, counts, a.shard_mib, root, queue), nprocs=a.ranks)
+        mp.spawn(worker, args=(a.ranks, port, counts, a.shard_mib, root, queue, a.keep_last), nprocs=a.ranks)
         rows = queue.get()
     if a.json:
         with open(a.json, "w") as f:
