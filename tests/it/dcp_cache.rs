@@ -4,14 +4,13 @@
 //! one, a killed holder blocks nobody); a damaged cache or one of another remote still gives a
 //! correct save; pruning keeps one save's objects.
 
+use crate::support::remote::Recording;
 use crate::support::repo_util::{read_tree, synthetic_checkpoint};
-use ckpt::remote::{self, local::DirRemote, Remote, S3Options};
+use ckpt::remote::{self, Remote, S3Options};
 use ckpt::repo::{CommitOptions, FileEntry, Repo, RepoPath, VersionId};
 use ckpt::sync::{self, Layout, RankCache};
 use ckpt::Dtype;
 use std::collections::HashSet;
-use std::path::Path;
-use std::sync::Mutex;
 
 /// Rank `rank`'s file of save `epoch`: tensors large enough that deltas and recodes pay.
 fn rank_file(rank: u64, epoch: u32) -> Vec<u8> {
@@ -20,81 +19,6 @@ fn rank_file(rank: u64, epoch: u32) -> Vec<u8> {
 }
 
 const PATH: &str = "__0_0.distcp";
-
-/// A directory remote that records the keys downloaded from it and the bytes each delivered.
-struct Recording {
-    inner: DirRemote,
-    downloads: Mutex<Vec<(String, u64)>>,
-    /// While set, replacing an object fails (a save stopped in its mirror recodes).
-    fail_recodes: std::sync::atomic::AtomicBool,
-}
-
-impl Recording {
-    fn take(&self) -> Vec<(String, u64)> {
-        std::mem::take(&mut *self.downloads.lock().unwrap())
-    }
-}
-
-/// A `Write` that counts what it accepts.
-struct Counting<'a>(&'a mut dyn std::io::Write, u64);
-
-impl std::io::Write for Counting<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.0.write(buf)?;
-        self.1 += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
-    }
-}
-
-impl Remote for Recording {
-    fn url(&self) -> &str {
-        self.inner.url()
-    }
-    fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
-        self.inner.list(prefix)
-    }
-    fn get_small(&self, key: &str) -> remote::Result<Option<remote::Small>> {
-        self.inner.get_small(key)
-    }
-    fn put_small(&self, key: &str, bytes: &[u8], expect: &remote::Expect) -> remote::Result<()> {
-        self.inner.put_small(key, bytes, expect)
-    }
-    fn upload(
-        &self,
-        key: &str,
-        file: &std::fs::File,
-        path: &Path,
-        len: u64,
-        mode: remote::UploadMode,
-    ) -> remote::Result<remote::Uploaded> {
-        self.inner.upload(key, file, path, len, mode)
-    }
-    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> remote::Result<()> {
-        if key.starts_with("objects/") && self.fail_recodes.load(std::sync::atomic::Ordering::Relaxed) {
-            let source = std::io::Error::other("the save was killed");
-            return Err(remote::Error::Io { remote: self.url().into(), action: "replacing", path: key.into(), source });
-        }
-        self.inner.replace(key, file, path, len)
-    }
-    fn delete(&self, key: &str) -> remote::Result<()> {
-        self.inner.delete(key)
-    }
-    fn read_head(&self, key: &str, len: u64) -> remote::Result<(Vec<u8>, u64)> {
-        self.inner.read_head(key, len)
-    }
-    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
-        let mut counted = Counting(out, 0);
-        let done = self.inner.download(key, &mut counted, limit);
-        self.downloads.lock().unwrap().push((key.to_string(), counted.1));
-        done
-    }
-    fn requests(&self) -> u64 {
-        self.inner.requests()
-    }
-}
 
 struct Setup {
     work: tempfile::TempDir,
@@ -106,11 +30,7 @@ impl Setup {
     fn new() -> Setup {
         let work = tempfile::tempdir().unwrap();
         let url = work.path().join("remote").to_str().unwrap().to_string();
-        let remote = Recording {
-            inner: DirRemote::create(&url).unwrap(),
-            downloads: Default::default(),
-            fail_recodes: Default::default(),
-        };
+        let remote = Recording::create(&url);
         Setup { work, url, remote }
     }
 
@@ -187,18 +107,18 @@ fn a_save_on_top_of_the_previous_one_downloads_nothing_of_its_file_from_a_kept_c
         let s = Setup::new();
         let v1 = s.save(&s.kept(), 1, layout);
         let first = s.file_keys(&v1);
-        s.remote.take();
+        s.remote.take_downloads();
 
         // Kept: nothing of the previous file (the version object itself is small; the deltas
         // layout reads the header of each reference on the remote, for its chain depth there).
         let v2 = s.save(&s.kept(), 2, layout);
-        let downloads = s.remote.take();
+        let downloads = s.remote.take_downloads();
         let refetched: Vec<_> = downloads.iter().filter(|(k, bytes)| first.contains(k) && *bytes > 72).collect();
         assert!(refetched.is_empty(), "{layout}: {refetched:?} of {downloads:?}");
         // What it replaces: a temporary cache downloads the previous file's manifest and blobs.
         let v3 = s.save(&RankCache::temporary().unwrap(), 3, layout);
         let second = s.file_keys(&v2);
-        let downloads = s.remote.take();
+        let downloads = s.remote.take_downloads();
         let refetched = downloads.iter().filter(|(k, bytes)| second.contains(k) && *bytes > 72).count();
         assert!(refetched >= 2, "{layout}: {downloads:?}");
 

@@ -5,6 +5,7 @@
 //! bit for bit, in either layout; a second save that began on the same tip is refused; byte
 //! ranges read back through `sync::StoredFileReader` are the file's bytes.
 
+use crate::support::remote::Recording;
 use crate::support::repo_util::{read_tree, synthetic_checkpoint, Files};
 use ckpt::remote::{local::DirRemote, Remote, S3Options};
 use ckpt::repo::{CommitOptions, FileEntry, Repo, RepoPath, VersionId};
@@ -198,65 +199,6 @@ fn byte_ranges_of_a_stored_file_are_its_bytes() {
     assert!(reader.read(&cache, u64::MAX, 2).is_err());
 }
 
-/// A remote that records the keys downloaded from it, the keys uploaded to it and the
-/// prefixes listed.
-struct Recording {
-    inner: DirRemote,
-    downloads: std::sync::Mutex<Vec<String>>,
-    uploads: std::sync::Mutex<Vec<String>>,
-    lists: std::sync::Mutex<Vec<String>>,
-}
-
-impl Recording {
-    fn create(url: &str) -> Recording {
-        let inner = DirRemote::create(url).unwrap();
-        Recording { inner, downloads: Default::default(), uploads: Default::default(), lists: Default::default() }
-    }
-}
-
-impl Remote for Recording {
-    fn url(&self) -> &str {
-        self.inner.url()
-    }
-    fn list(&self, prefix: &str) -> ckpt::remote::Result<Vec<String>> {
-        self.lists.lock().unwrap().push(prefix.to_string());
-        self.inner.list(prefix)
-    }
-    fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
-        self.inner.get_small(key)
-    }
-    fn put_small(&self, key: &str, bytes: &[u8], expect: &ckpt::remote::Expect) -> ckpt::remote::Result<()> {
-        self.inner.put_small(key, bytes, expect)
-    }
-    fn upload(
-        &self,
-        key: &str,
-        file: &std::fs::File,
-        path: &Path,
-        len: u64,
-        mode: ckpt::remote::UploadMode,
-    ) -> ckpt::remote::Result<ckpt::remote::Uploaded> {
-        self.uploads.lock().unwrap().push(key.to_string());
-        self.inner.upload(key, file, path, len, mode)
-    }
-    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> ckpt::remote::Result<()> {
-        self.inner.replace(key, file, path, len)
-    }
-    fn delete(&self, key: &str) -> ckpt::remote::Result<()> {
-        self.inner.delete(key)
-    }
-    fn read_head(&self, key: &str, len: u64) -> ckpt::remote::Result<(Vec<u8>, u64)> {
-        self.inner.read_head(key, len)
-    }
-    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> ckpt::remote::Result<u64> {
-        self.downloads.lock().unwrap().push(key.to_string());
-        self.inner.download(key, out, limit)
-    }
-    fn requests(&self) -> u64 {
-        self.inner.requests()
-    }
-}
-
 /// A DCP fixture directory (tests/fixtures/dcp/): `.metadata` and the rank files.
 fn dcp_fixture(name: &str) -> Files {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dcp").join(name);
@@ -324,7 +266,7 @@ fn ranks_pair_items_with_any_file_of_the_previous_save_downloading_only_what_pai
             Some(report(&e2, source)),
             layout,
         );
-        let downloads = remote.downloads.lock().unwrap().clone();
+        let downloads = remote.downloaded_keys();
         // Only the manifests pairing needs: the same path's, and the other file's only when
         // that leaves items unpaired.
         assert!(downloads.contains(&manifest_key("__0_0.distcp")), "{downloads:?}");

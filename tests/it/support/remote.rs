@@ -144,3 +144,101 @@ pub(crate) fn trained(r: &Served, seed: u64, epochs: u32) -> tempfile::TempDir {
 pub(crate) fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("json output")
 }
+
+/// A directory remote that records what the code under test asks of it: the keys downloaded
+/// with the bytes each delivered, the keys uploaded, the prefixes listed; while
+/// `fail_recodes` is set, replacing an object fails (a save stopped in its mirror recodes).
+pub struct Recording {
+    pub inner: ckpt::remote::local::DirRemote,
+    pub downloads: std::sync::Mutex<Vec<(String, u64)>>,
+    pub uploads: std::sync::Mutex<Vec<String>>,
+    pub lists: std::sync::Mutex<Vec<String>>,
+    pub fail_recodes: std::sync::atomic::AtomicBool,
+}
+
+impl Recording {
+    /// A new directory remote at `url`, recorded.
+    pub fn create(url: &str) -> Recording {
+        Recording {
+            inner: ckpt::remote::local::DirRemote::create(url).unwrap(),
+            downloads: Default::default(),
+            uploads: Default::default(),
+            lists: Default::default(),
+            fail_recodes: Default::default(),
+        }
+    }
+
+    /// The downloads recorded so far (key, bytes), forgotten.
+    pub fn take_downloads(&self) -> Vec<(String, u64)> {
+        std::mem::take(&mut *self.downloads.lock().unwrap())
+    }
+
+    /// The keys downloaded so far.
+    pub fn downloaded_keys(&self) -> Vec<String> {
+        self.downloads.lock().unwrap().iter().map(|(k, _)| k.clone()).collect()
+    }
+}
+
+/// A `Write` that counts what it accepts.
+struct Counting<'a>(&'a mut dyn std::io::Write, u64);
+
+impl std::io::Write for Counting<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.0.write(buf)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl ckpt::remote::Remote for Recording {
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+    fn list(&self, prefix: &str) -> ckpt::remote::Result<Vec<String>> {
+        self.lists.lock().unwrap().push(prefix.to_string());
+        self.inner.list(prefix)
+    }
+    fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
+        self.inner.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &ckpt::remote::Expect) -> ckpt::remote::Result<()> {
+        self.inner.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &Path,
+        len: u64,
+        mode: ckpt::remote::UploadMode,
+    ) -> ckpt::remote::Result<ckpt::remote::Uploaded> {
+        self.uploads.lock().unwrap().push(key.to_string());
+        self.inner.upload(key, file, path, len, mode)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> ckpt::remote::Result<()> {
+        if key.starts_with("objects/") && self.fail_recodes.load(std::sync::atomic::Ordering::Relaxed) {
+            let source = std::io::Error::other("the save was killed");
+            let remote = self.url().into();
+            return Err(ckpt::remote::Error::Io { remote, action: "replacing", path: key.into(), source });
+        }
+        self.inner.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> ckpt::remote::Result<()> {
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> ckpt::remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> ckpt::remote::Result<u64> {
+        let mut counted = Counting(out, 0);
+        let done = self.inner.download(key, &mut counted, limit);
+        self.downloads.lock().unwrap().push((key.to_string(), counted.1));
+        done
+    }
+    fn requests(&self) -> u64 {
+        self.inner.requests()
+    }
+}
