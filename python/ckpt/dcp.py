@@ -340,15 +340,9 @@ def _compact_after_save(native, prune: Optional[Tuple[str, int]] = None) -> None
     for a save of 16,000 items, which the ranks would otherwise wait for in `finish`), else
     before returning (`inline`, `manual`)."""
     mode = native.compaction_mode()
-    background = mode == "background" and bool(sys.executable)
-    if prune is not None and not background:
-        _prune_after_save(native, *prune)
-    if prune is None or not background:
-        if not native.has_pending_deltas():
+    if mode == "background" and sys.executable:
+        if prune is None and not native.has_pending_deltas():
             return
-    if mode == "inline" or (mode == "background" and not sys.executable):
-        native.compact()
-    elif mode == "background":
         root = os.fspath(native.root)
         log_path = os.path.join(root, ".ckpt", "compact.log")
         # What the CLI's background compaction does (`ckpt compact --background`): niced, in a
@@ -362,6 +356,12 @@ def _compact_after_save(native, prune: Optional[Tuple[str, int]] = None) -> None
                 stderr=log,
                 start_new_session=True,
             )
+        return
+    if prune is not None:
+        _prune_after_save(native, *prune)
+    # `background` without an interpreter to start runs inline, as `inline` does.
+    if mode != "manual" and native.has_pending_deltas():
+        native.compact()
 
 
 def _rank() -> int:
