@@ -4,7 +4,7 @@ modules turn tensors into the layout it asks for and copy their bytes; everythin
 
 import os
 import pathlib
-from typing import List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 _Path = Union[str, os.PathLike[str]]
 
@@ -12,6 +12,9 @@ _Path = Union[str, os.PathLike[str]]
 # `TensorWriteData`): `(offset, length, fqn, chunk, transformed)`, `chunk` being `None` for a
 # bytes item or `(torch dtype name, tensor size, chunk offsets, chunk sizes)`.
 WrittenItem = Tuple[int, int, str, Optional[Tuple[str, Sequence[int], Sequence[int], Sequence[int]]], bool]
+
+PIECE_MIN: int
+"""Writes shorter than this are never taken by a `PieceSink`."""
 
 class CkptError(Exception):
     """An error of a ckpt operation; its message is the CLI's."""
@@ -134,13 +137,19 @@ class Repo:
         path: str,
         previous: Optional[str] = None,
         items: Optional[Sequence[WrittenItem]] = None,
+        pieces: Optional[PieceSink] = None,
     ) -> Tuple[str, str, str, int]:
         """Stores the file at `disk` as the content of `path`: objects only (no version, no
         ref, no writer lock), delta-coded against the same items in version `previous` where
         the delta policy allows. A `.distcp` file is cut into `items`, the items its writer
         wrote into it, named by fqn and chunk offsets as `.metadata` names them (a report
-        that does not fit the file: cut by walking its archives, `archive.<n>`). Returns
-        `(path, manifest, file hash, length)` for `commit_stored`."""
+        that does not fit the file: cut by walking its archives, `archive.<n>`). `pieces`:
+        the sink that took tensors of this file while it was written (holes in the file at
+        `disk`). Returns `(path, manifest, file hash, length)` for `commit_stored`."""
+    def piece_sink(self, hints: Sequence[Tuple[Any, str]]) -> Optional[PieceSink]:
+        """A sink for the tensors of a save's files, with `hints` `(storage, torch dtype
+        name)` of the storages about to be written (each asked for `data_ptr()` and
+        `nbytes()`); `None` under a delta policy other than ``reverse``."""
     def commit_stored(
         self,
         branch: str,
@@ -157,9 +166,10 @@ class Repo:
         ``"inline"`` or ``"manual"`` (``CKPT_COMPACT``, else the config's ``compact``)."""
     def has_pending_deltas(self) -> bool:
         """Whether versions wait for their parent's blobs to become deltas."""
-    def compact(self, yield_to_writers: bool = False) -> Tuple[int, int, int, int, int]:
-        """Rewrites the parents of pending versions as deltas (``ckpt compact``); returns
-        ``(versions, blobs rewritten, bytes before, bytes after, versions still pending)``."""
+    def compact(self, yield_to_writers: bool = False) -> Tuple[int, int, int, int, int, int]:
+        """Codes what the saves of pending versions stored uncoded and rewrites their parents
+        as deltas (``ckpt compact``); returns ``(versions, blobs rewritten, bytes before, bytes
+        after, versions still pending, blobs coded)``."""
     def prune_json(
         self,
         keep_last: int,
@@ -225,6 +235,16 @@ class ReadAhead:
         (the caller reads it). An item whose read failed raises ``CkptError``."""
     def close(self) -> None:
         """Stops the worker after the item it is reading and drops what it holds."""
+
+class PieceSink:
+    """The tensors one ``ckpt.dcp.Writer`` rank hands over while DCP writes its file: each
+    ``write`` that is exactly a hinted storage is stored at once as an uncoded blob (read in
+    place, without the GIL) and left out of the file (`Repo.piece_sink`)."""
+
+    def take(self, data: Any, file: str, offset: int) -> bool:
+        """Stores `data` (a contiguous buffer) written at `offset` of `file` if it is exactly
+        one of the hinted storages; ``False``: the caller writes it into the file."""
+    def __len__(self) -> int: ...
 
 class RemoteStore:
     """A remote (``s3://…``, ``file://…``) the ranks of a distributed save write to and read

@@ -29,11 +29,14 @@ save moved the branch meanwhile, the save raises on every rank and nothing is ov
   committed with `ckpt commit step_1000`). Under a delta policy other than
   `reverse`, each item of a rank's file is delta-coded against the same item in any rank file
   of the branch's previous version (its own first: DCP's de-duplication, or a save on another
-  number of ranks, moves items between files); under `reverse` (the default) the files are
-  stored whole, and the previous version's tensors are rewritten as deltas against the same
-  items by a compaction the coordinator starts after the save, as `ckpt commit` does (the
-  config's `compact` or `CKPT_COMPACT`: a niced background process by default, `inline`, or
-  `manual` for `ckpt compact`); or
+  number of ranks, moves items between files); under `reverse` (the default) each tensor is
+  stored as DCP writes it: the stream hands the tensor's own memory to the store, which writes
+  it at once as an uncoded blob (grouped bytes, no entropy coding: one pass) and leaves a hole
+  in the rank's file, so no tensor byte is copied into the file first. The compaction the
+  coordinator starts after the save, as `ckpt commit` does (the config's `compact` or
+  `CKPT_COMPACT`: a niced background process by default, `inline`, or `manual` for `ckpt
+  compact`), then codes those blobs and rewrites the previous version's tensors as deltas
+  against the same items; until it has run, the save takes about its raw size in the store; or
 - a remote URL, as `ckpt remote add` takes them: `s3://bucket/prefix` (S3-compatible storage;
   credentials, region and endpoint from the `AWS_*` environment variables as for ckpt's S3
   remotes, or the `endpoint`, `region` and `allow_http` arguments) or `file:///dir` (a
@@ -156,8 +159,10 @@ class _Target:
     def check_tags(self, tags: List[str]) -> None:
         self.native.check_tags(tags)
 
-    def store_objects(self, disk: str, path: str, previous: Optional[str], items=None):
-        return self.native.store_objects(disk, path, previous, items)
+    def piece_sink(self, hints):
+        """A sink that stores tensors while DCP writes them (`_PieceStream`), or `None` where
+        the target takes whole files only."""
+        return None
 
     def resolve(self, rev: str) -> str:
         return self.native.resolve(rev)
@@ -175,6 +180,13 @@ class _RepoTarget(_Target):
         self.native = _NativeRepo.discover(path)
         inside = os.path.relpath(os.path.realpath(path), os.path.realpath(self.native.root))
         self.prefix = "" if inside == "." else inside.replace(os.sep, "/")
+
+    def store_objects(self, disk: str, path: str, previous: Optional[str], items=None, pieces=None):
+        return self.native.store_objects(disk, path, previous, items, pieces)
+
+    def piece_sink(self, hints):
+        # `None` under a delta policy other than `reverse` (see `Repo.piece_sink`).
+        return self.native.piece_sink(hints)
 
     def tip(self, branch: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
         """(branch, its version, the tag its compare-and-swap expects)."""
@@ -251,7 +263,7 @@ class _RemoteTarget(_Target):
         stored_bytes = sum(f[4] for f in files)
         return self.native.commit(branch, tip, cas, [f[:4] for f in files], message, tags, stored_bytes)
 
-    def store_objects(self, disk: str, path: str, previous: Optional[str], items=None):
+    def store_objects(self, disk: str, path: str, previous: Optional[str], items=None, pieces=None):
         # The mirror layout's recodes of the previous version's blobs (only space on the
         # remote, never needed by this save) are left for `close_after_recodes`.
         return self.native.store_objects(disk, path, previous, items, defer_recodes=True)
@@ -445,6 +457,7 @@ def _classes():
     from torch.distributed.checkpoint.storage import WriteResult
     from torch.futures import Future
 
+    from ckpt._native import PIECE_MIN as _PIECE_MIN  # writes that may be a storage a `PieceSink` takes
     from ckpt._native import CkptError, ReadAhead
 
     @dataclasses.dataclass
@@ -461,22 +474,107 @@ def _classes():
 
         stored: Optional[Tuple[Any, ...]] = None
 
+    class _PieceStream(io.RawIOBase):
+        """The stream DCP writes a rank file into (a memfd, `fd`), for a repository target:
+        each `write` that is exactly a tensor's storage (`torch.save` hands over the tensor's
+        own memory in one `write`) goes to `sink` (`PieceSink.take`), which stores it as a blob
+        at once, and leaves a hole in the file; everything else (zip headers, pickles, small
+        tensors) is written into the file. So no tensor is copied into the file and then read
+        again to be stored."""
+
+        def __init__(self, fd: int, name: str, sink) -> None:
+            super().__init__()
+            self.fd, self.name, self.sink = fd, name, sink
+            self.at = 0
+            # Small writes, gathered and written at `pending_at` in one `pwrite`.
+            self.pending = bytearray()
+            self.pending_at = 0
+
+        def writable(self) -> bool:
+            return True
+
+        def tell(self) -> int:
+            return self.at
+
+        def write(self, data) -> int:
+            n = memoryview(data).nbytes
+            if n >= _PIECE_MIN and self.sink.take(data, self.name, self.at):
+                self._write_pending()
+            elif n >= _PIECE_MIN:
+                self._write_pending()
+                _pwrite_all(self.fd, data, self.at)
+            else:
+                if not self.pending:
+                    self.pending_at = self.at
+                self.pending += data
+                if len(self.pending) >= 1 << 20:
+                    self._write_pending()
+            self.at += n
+            return n
+
+        def _write_pending(self) -> None:
+            if self.pending:
+                _pwrite_all(self.fd, self.pending, self.pending_at)
+                self.pending = bytearray()
+
+        def flush(self) -> None:
+            self._write_pending()
+
+        def close(self) -> None:
+            if not self.closed:
+                self._write_pending()
+                # A hole at the end (a piece written last) still counts in the file's length.
+                os.ftruncate(self.fd, self.at)
+                os.close(self.fd)
+            super().close()
+
+    def _pwrite_all(fd: int, data, at: int) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.pwrite(fd, view, at)
+            view, at = view[n:], at + n
+
+    def _storage_hints(plan, planner) -> List[Tuple[Any, str]]:
+        """`(storage, dtype)` of each tensor DCP is about to write (`PieceSink`): resolved as
+        DCP's writer resolves them, so each is the memory `torch.save` will hand over (a copy
+        DCP makes instead is not found, and is written into the file as before)."""
+        import torch
+        from torch.distributed.checkpoint.planner import WriteItemType
+
+        hints = []
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                continue
+            tensor = planner.resolve_data(item)
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+                continue
+            storage = tensor.untyped_storage()
+            if storage.nbytes() >= _PIECE_MIN:
+                hints.append((storage, str(tensor.dtype).removeprefix("torch.")))
+        return hints
+
     class _StoreFS(fs.FileSystem):
         """DCP's `FileSystem`, with files kept in a store instead of a directory.
 
         Written files go to a memfd, stored when closed, or with `defer` kept (`written`) until
-        the writer knows the items DCP wrote into each (`Writer.write_data`); read, only
-        `.metadata` is read whole (each item of a rank file is read on its own,
-        `Reader._slice_file`)."""
+        the writer knows the items DCP wrote into each (`Writer.write_data`); with `sink` their
+        tensors go to it instead, as they are written (`_PieceStream`). Read, only `.metadata`
+        is read whole (each item of a rank file is read on its own, `Reader._slice_file`)."""
 
         def __init__(
-            self, target, version: Optional[str] = None, previous: Optional[str] = None, defer: bool = False
+            self,
+            target,
+            version: Optional[str] = None,
+            previous: Optional[str] = None,
+            defer: bool = False,
+            sink=None,
         ):
             super().__init__()
             self.target = target
             self.version = version
             self.previous = previous
             self.defer = defer
+            self.sink = sink
             self.stored: Dict[str, Tuple[Any, ...]] = {}
             # With `defer`: each written file's name and a descriptor of its memfd.
             self.written: Dict[str, int] = {}
@@ -484,7 +582,7 @@ def _classes():
 
         def store(self, name: str, fd: int, items=None) -> None:
             """Stores the memfd `fd` as the file `name` (cut into `items` if given)."""
-            stored = self.target.store_objects(f"/proc/self/fd/{fd}", name, self.previous, items)
+            stored = self.target.store_objects(f"/proc/self/fd/{fd}", name, self.previous, items, self.sink)
             with self.lock:
                 self.stored[name] = stored
 
@@ -523,7 +621,7 @@ def _classes():
                 # DCP may close the stream itself: the file is read through a descriptor of ours.
                 kept = os.dup(fd)
                 try:
-                    with os.fdopen(fd, "wb") as f:
+                    with _PieceStream(fd, name, self.sink) if self.sink is not None else os.fdopen(fd, "wb") as f:
                         yield f
                     if self.defer:
                         with self.lock:
@@ -700,7 +798,9 @@ def _classes():
                 # Each file is stored once DCP has written all of them and said where each item
                 # lies: cut into its items and named by fqn and chunk offsets, as `.metadata`
                 # names them (it does not exist yet).
-                self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip, defer=True)
+                # A repository target (under `reverse`) takes each tensor as DCP writes it.
+                sink = self._target().piece_sink(_storage_hints(plan, planner))
+                self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip, defer=True, sink=sink)
                 try:
                     # One memfd per file stays open until every file is written: with
                     # `single_file_per_rank=False` that is one per item, past the usual 1024.

@@ -16,6 +16,8 @@
 //! by a thread the child does not have), and work is given to a rayon pool of the child's own
 //! ([`child_pool`]): rayon's global pool, copied from the parent, has no threads in the child.
 
+mod pieces;
+
 use ckpt::remote::{self, Remote};
 use ckpt::repo::{
     self, CheckoutOptions, CommitOptions, CommitSource, Head, MemoryFile, OpenedFile, RepoPath, TensorSpec, VersionId,
@@ -671,7 +673,9 @@ impl Repo {
     /// repository's delta policy allows. A `.distcp` file is cut into the `items` its writer
     /// wrote into it ([`WrittenItem`]), named as `.metadata` would name them. Returns
     /// `(path, manifest, file hash, length)` for [`Repo::commit_stored`].
-    #[pyo3(signature = (disk, path, previous=None, items=None))]
+    /// `pieces`: a [`pieces::PieceSink`] that took tensors of this file while it was written
+    /// (holes in the file at `disk`).
+    #[pyo3(signature = (disk, path, previous=None, items=None, pieces=None))]
     fn store_objects(
         &self,
         py: Python<'_>,
@@ -679,10 +683,27 @@ impl Repo {
         path: String,
         previous: Option<String>,
         items: Option<Vec<WrittenItem>>,
+        pieces: Option<Py<pieces::PieceSink>>,
     ) -> PyResult<(String, String, String, u64)> {
         let (rp, previous, items) = stored_file_args(&path, previous, items)?;
-        let entry = self.run(py, move |repo| repo.store_objects(&disk, &rp, previous.as_ref(), items.as_deref()))?;
+        let pieces = pieces.map(|p| p.get().pieces.clone());
+        let entry = self.run(py, move |repo| {
+            repo.store_objects(&disk, &rp, previous.as_ref(), items.as_deref(), pieces.as_deref())
+        })?;
         Ok(stored_entry(entry))
+    }
+
+    /// A sink for the tensors of a save's files ([`pieces::PieceSink`]), with `hints`
+    /// `(storage, torch dtype name)` of the storages about to be written; `None` when
+    /// the repository's delta policy is not `reverse` (only `reverse` codes a save's tensors
+    /// after it, in its compaction; the others code them against the previous version's in
+    /// `store_objects`, from the file).
+    fn piece_sink(&self, hints: Vec<(Bound<'_, PyAny>, String)>) -> PyResult<Option<pieces::PieceSink>> {
+        let repo = self.repo()?;
+        if repo.config().delta_policy != repo::DeltaPolicy::Reverse {
+            return Ok(None);
+        }
+        Ok(Some(pieces::PieceSink::new(repo, hints)?))
     }
 
     /// Writes one version of `files` (`(path, manifest, file hash, length)` as
@@ -739,15 +760,15 @@ impl Repo {
         Ok(self.repo()?.has_pending_deltas())
     }
 
-    /// Rewrites the parents of pending versions as deltas (`ckpt compact`); with
-    /// `yield_to_writers`, stops between two rewrites when a commit waits for the writer lock
-    /// (what a background compaction does). Returns `(versions, blobs rewritten, bytes
-    /// before, bytes after, versions still pending)`.
+    /// Codes what the saves of pending versions stored uncoded and rewrites their parents as
+    /// deltas (`ckpt compact`); with `yield_to_writers`, stops between two blobs when a commit
+    /// waits for the writer lock (what a background compaction does). Returns `(versions,
+    /// blobs rewritten, bytes before, bytes after, versions still pending, blobs coded)`.
     #[pyo3(signature = (yield_to_writers=false))]
-    fn compact(&self, py: Python<'_>, yield_to_writers: bool) -> PyResult<(usize, usize, u64, u64, usize)> {
+    fn compact(&self, py: Python<'_>, yield_to_writers: bool) -> PyResult<(usize, usize, u64, u64, usize, usize)> {
         let options = repo::CompactOptions { yield_to_writers };
         let r = self.run(py, move |repo| repo.compact(&options))?;
-        Ok((r.versions, r.rewritten, r.bytes_before, r.bytes_after, r.pending))
+        Ok((r.versions, r.rewritten, r.bytes_before, r.bytes_after, r.pending, r.coded))
     }
 
     /// Keeps the newest `keep_last` versions of `branches` (default: the current one) and
@@ -1524,11 +1545,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exit_with_failure, m)?)?;
     m.add_function(wrap_pyfunction!(dcp_metadata_classes, m)?)?;
     m.add("CkptError", m.py().get_type::<CkptError>())?;
+    m.add("PIECE_MIN", repo::PIECE_MIN)?;
     m.add_class::<Repo>()?;
     m.add_class::<CommitHandle>()?;
     m.add_class::<MemoryImage>()?;
     m.add_class::<StoredFile>()?;
     m.add_class::<ReadAhead>()?;
     m.add_class::<RemoteStore>()?;
+    m.add_class::<pieces::PieceSink>()?;
     Ok(())
 }

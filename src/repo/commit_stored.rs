@@ -16,6 +16,7 @@ use super::commit::hash_file;
 use super::layout::{Input, Rules};
 use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::pairing::ReferenceFiles;
+use super::pieces::Pieces;
 use super::{now_secs, CommitOptions, DeltaPolicy, Error, RefKind, Repo, RepoPath, Result, VersionId};
 use crate::object_id::ObjectId;
 use std::collections::{BTreeMap, HashSet};
@@ -31,7 +32,9 @@ impl Repo {
     /// before `.metadata` exists), so they are named by fqn and chunk offsets as a commit of
     /// the checkpoint directory names them; without `written`, or if the report does not fit
     /// the file, by walking its archives (`archive.<n>`:
-    /// [`crate::torch_zip::dcp::cut_by_written_items`]). Returns the file's entry for
+    /// [`crate::torch_zip::dcp::cut_by_written_items`]). `pieces`: tensors of this file that
+    /// its writer handed over and [`Repo::store_piece`] stored while it wrote (their bytes are
+    /// holes in the file at `disk`; see [`Pieces`]). Returns the file's entry for
     /// [`Repo::commit_stored`].
     pub fn store_objects(
         &self,
@@ -39,8 +42,24 @@ impl Repo {
         path: &RepoPath,
         previous: Option<&VersionId>,
         written: Option<&[crate::torch_zip::dcp::Item]>,
+        pieces: Option<&Pieces>,
     ) -> Result<FileEntry> {
-        let input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
+        let mut input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
+        let mut taken = pieces.map(|p| p.take_file(path.as_str())).unwrap_or_default();
+        // Only `reverse` compacts a version after its save, which codes uncoded blobs; under
+        // another policy the tensors are coded (against the previous version's) here.
+        let compacted_later = self.config.delta_policy == DeltaPolicy::Reverse;
+        if !taken.is_empty() {
+            let segments = input.tensor_ranges();
+            match super::pieces::known_segments(&taken, &segments).filter(|_| compacted_later) {
+                Some(known) => input.known = known,
+                None => {
+                    // The file is whole again before it is cut again, as if nothing was taken.
+                    self.restore_pieces(disk, path, std::mem::take(&mut taken))?;
+                    input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
+                }
+            }
+        }
         let base_every = self.config.base_every.clamp(1, super::config::MAX_BASE_EVERY);
         // Under `reverse`, the new file is stored whole and the previous version's blobs are
         // rewritten later (the version is left pending for `compact`, see `commit_stored`).
@@ -53,10 +72,20 @@ impl Repo {
         };
         let reference = ReferenceFiles::new(previous_version.as_ref()).blobs_for_input(self, &input);
         let hashed = [hash_file(&input, reference)];
-        let jobs = self.jobs_to_store(&hashed);
+        let mut jobs = self.jobs_to_store(&hashed);
+        // The pieces are stored below, not coded again from the holes they left.
+        let from_pieces: HashSet<ObjectId> = taken.iter().map(|p| p.id).collect();
+        jobs.retain(|job| match job.target {
+            super::commit::Target::Segment(s) => !from_pieces.contains(&hashed[0].segments[s].id),
+            super::commit::Target::Bundle(_) => true,
+        });
         let inputs = [input];
         let (objects, entry) = self.store.with_background_sync(|store| {
-            let mut objects = self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?;
+            let mut objects = Vec::with_capacity(taken.len());
+            for blob in taken.into_iter().filter_map(|p| p.blob) {
+                objects.push(store.persist_unsynced(blob)?);
+            }
+            objects.extend(self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?);
             let (entry, manifest) = self.write_manifest(store, &inputs[0], &hashed[0])?;
             objects.extend(manifest);
             Ok::<_, Error>((objects, entry))
@@ -69,6 +98,36 @@ impl Repo {
         }
         self.flush_index();
         Ok(entry)
+    }
+
+    /// Writes `pieces` back into the file at `disk` (where its writer left holes); their temp
+    /// files go (the file is then stored as if nothing had been taken, each blob coded).
+    fn restore_pieces(&self, disk: &Path, path: &RepoPath, pieces: Vec<super::pieces::Piece>) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(disk).map_err(|source| Error::Io {
+            action: "opening",
+            path: disk.to_path_buf(),
+            source,
+        })?;
+        let in_file =
+            |e: crate::store::Error| Error::File { path: path.to_string(), source: Box::new(Error::Store(e)) };
+        for piece in pieces {
+            let bytes = match &piece.blob {
+                Some(blob) => blob.content().map_err(in_file)?,
+                None => {
+                    let blob = self.store.open_blob(&piece.id).map_err(in_file)?;
+                    let mut bytes = Vec::with_capacity(blob.len() as usize);
+                    blob.copy_to(&mut bytes).map_err(in_file)?;
+                    bytes
+                }
+            };
+            file.write_all_at(&bytes, piece.range.start).map_err(|source| Error::Io {
+                action: "writing",
+                path: disk.to_path_buf(),
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// The version branch `name` points at (`None`: no such branch, or no version yet).
@@ -178,9 +237,10 @@ impl Repo {
         version.check_limits().map_err(|reason| Error::OverLimit { what: "the version".into(), reason })?;
         let id = self.record_version(&version)?;
         self.refs.set(RefKind::Branch, branch, &id)?;
-        if expected.is_some() && self.config.delta_policy == DeltaPolicy::Reverse && base_every >= 2 {
-            // The parent's blobs become deltas against this version's in the next `compact`
-            // (or the next commit, which runs pending compactions first).
+        if self.config.delta_policy == DeltaPolicy::Reverse {
+            // In the next `compact` (or the next commit, which runs pending compactions first)
+            // the blobs its writers stored uncoded are coded (`Repo::store_piece`), and the
+            // parent's blobs become deltas against this version's.
             let mut pending = self.pending_deltas()?;
             pending.push(id);
             self.write_pending_deltas(&pending)?;
@@ -197,7 +257,7 @@ mod tests {
     fn store(repo: &Repo, dir: &Path, path: &str, bytes: &[u8], previous: Option<&VersionId>) -> FileEntry {
         let disk = dir.join("spool");
         std::fs::write(&disk, bytes).unwrap();
-        repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous, None).unwrap()
+        repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous, None, None).unwrap()
     }
 
     #[test]

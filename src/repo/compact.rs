@@ -52,6 +52,12 @@ pub struct CompactReport {
     pub bytes_after: u64,
     /// Versions left pending (a writer was waiting).
     pub pending: usize,
+    /// Blobs a save stored uncoded (`Repo::store_piece`), now coded.
+    pub coded: usize,
+    /// Bytes of those blobs, before.
+    pub coded_bytes_before: u64,
+    /// Bytes of those blobs, after.
+    pub coded_bytes_after: u64,
 }
 
 /// One planned rewrite: `older`, a blob of the parent, as a delta against `newer`.
@@ -106,8 +112,9 @@ impl Repo {
         Ok(report)
     }
 
-    /// Rewrites the blobs of version `id`'s parent as deltas against `id`'s; returns whether
-    /// every rewrite was tried (`stop` can end it early).
+    /// Codes the blobs of version `id` that its save stored uncoded, then rewrites the blobs of
+    /// its parent as deltas against `id`'s; returns whether every blob was tried (`stop` can
+    /// end it early).
     fn compact_version(
         &self,
         id: &VersionId,
@@ -120,13 +127,31 @@ impl Repo {
             Err(Error::Store(store::Error::Missing { .. })) => return Ok(true),
             Err(e) => return Err(e),
         };
-        let parent = match v.parents.first().map(|p| self.version(p)) {
-            Some(Ok(parent)) => parent,
-            // A root version, or a parent gone (gc): nothing to rewrite.
-            _ => return Ok(true),
+        let parent = v.parents.first().map(|p| self.version(p));
+        let changed: Vec<FileEntry> = match &parent {
+            Some(Ok(parent)) => v
+                .files
+                .iter()
+                .filter(|f| parent.file(&f.path).is_none_or(|p| p.manifest != f.manifest))
+                .cloned()
+                .collect(),
+            _ => v.files.clone(),
         };
-        let changed: Vec<FileEntry> =
-            v.files.iter().filter(|f| parent.file(&f.path).is_none_or(|p| p.manifest != f.manifest)).cloned().collect();
+        // The version's own blobs that its save stored uncoded are coded first, so the chains
+        // the parent's rewrites start end at coded bases.
+        let (coded, finished) =
+            self.store.with_background_sync(|store| self.code_uncoded_blobs(store, &changed, stop))?;
+        for (w, old_len) in &coded {
+            report.coded_bytes_before += old_len;
+            report.coded_bytes_after += w.stored_len;
+            self.index_object(w);
+        }
+        report.coded += coded.len();
+        let parent = match parent {
+            Some(Ok(parent)) if finished => parent,
+            // Stopped early; or a root version, or a parent gone (gc): nothing to rewrite.
+            _ => return Ok(finished),
+        };
         let (rewritten, finished) =
             self.store.with_background_sync(|store| self.rewrite_parent_blobs(store, &changed, &parent, stop))?;
         for (w, old_len) in &rewritten {
@@ -136,6 +161,51 @@ impl Repo {
         }
         report.rewritten += rewritten.len();
         Ok(finished)
+    }
+
+    /// Codes, in place (same ids), the blobs of `files` that a save stored uncoded
+    /// ([`Repo::store_piece`]: tensors of at least [`super::pieces::PIECE_MIN`] bytes whose
+    /// byte groups are all raw). Stops early, between blobs, when `stop` says so. Returns each
+    /// object written with the size of the object it replaced, and whether every blob was tried.
+    fn code_uncoded_blobs(
+        &self,
+        store: &Store,
+        files: &[FileEntry],
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(Vec<(Written, u64)>, bool)> {
+        let mut seen = HashSet::new();
+        let mut plan = Vec::new();
+        for f in files {
+            let m = self.manifest(&f.manifest)?;
+            for s in &m.segments {
+                if let (Some(blob), Some(_)) = (s.blob, &s.tensor) {
+                    if s.len >= super::pieces::PIECE_MIN as u64 && seen.insert(blob) {
+                        plan.push((blob, s.len));
+                    }
+                }
+            }
+        }
+        let options = self.config.codec_options();
+        let stopped = AtomicBool::new(false);
+        let written = self.run_sized(
+            "code",
+            &plan,
+            |(_, len)| *len,
+            |(blob, _), _| {
+                if stopped.load(Ordering::Relaxed) || stop() {
+                    stopped.store(true, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                // Damaged or gone: left as it is, as a rewrite leaves it (`rewrite_one`).
+                let Ok(chain) = store.open_blob(blob) else { return Ok(None) };
+                if !chain.is_uncoded().unwrap_or(false) {
+                    return Ok(None);
+                }
+                let before = chain.stored_len();
+                Ok(store.recode_standalone(&chain, &options)?.map(|w| (w, before)))
+            },
+        )?;
+        Ok((written.into_iter().flatten().collect(), !stopped.load(Ordering::Relaxed)))
     }
 
     /// Records that compacting `version` failed with `error` in `.ckpt/compact.log` (best

@@ -48,6 +48,10 @@ pub(super) struct Input {
     /// Whether the file is the working-tree file at `path`, whose size and times `status`
     /// remembers; not for bytes committed from memory (`commit_memory`).
     pub(super) in_working_tree: bool,
+    /// Segments whose blob id is known without reading them, by exact range: tensors a save
+    /// handed over and stored while it wrote the file, whose bytes the file itself lacks
+    /// ([`super::pieces`]), sorted by start. Empty for every other input.
+    pub(super) known: Vec<(Range<u64>, ObjectId)>,
 }
 
 impl Input {
@@ -90,8 +94,17 @@ impl Input {
             path: disk.to_path_buf(),
             source,
         })?;
-        let mut input =
-            Input { path, map, header: None, torch: None, distcp: false, metadata, file, in_working_tree: true };
+        let mut input = Input {
+            path,
+            map,
+            header: None,
+            torch: None,
+            distcp: false,
+            metadata,
+            file,
+            in_working_tree: true,
+            known: Vec::new(),
+        };
         match rules {
             Rules::Commit => input.parse()?,
             Rules::AnyContent | Rules::Hash => input.header = safetensors::parse(&input.map).ok(),
@@ -144,7 +157,16 @@ impl Input {
 
     /// The file's segments and bundles, hashed, and its file hash ([`hash_content`]).
     pub(super) fn hash(&self) -> (HashedSegments, ObjectId) {
-        hash_content(&self.map, self.header.as_ref(), self.torch.as_ref())
+        hash_content(&self.map, self.header.as_ref(), self.torch.as_ref(), &self.known)
+    }
+
+    /// The non-empty tensor segments of the file's cut, with their dtypes, in file order.
+    pub(super) fn tensor_ranges(&self) -> Vec<(Range<u64>, Dtype)> {
+        plan(self.map.len() as u64, self.header.as_ref(), self.torch.as_ref())
+            .into_iter()
+            .filter(|p| p.tensor.is_some() && p.range.start < p.range.end)
+            .filter_map(|p| Some((p.range, p.dtype?)))
+            .collect()
     }
 
     /// The manifest a commit writes for this input (computed, not stored).
@@ -244,12 +266,15 @@ pub(super) fn manifest_of(
 /// storages and the bytes between them when `torch` is, else one opaque segment) and
 /// bundles ([`super::bundle::plan`]), hashes each segment (its blob id) and bundle, and derives
 /// the file hash from the segments ([`super::model::file_hash`]). Each segment's pages are
-/// dropped from the resident set once hashed. `status` hashes working files with this too, so
-/// both agree on what a file's hash is.
+/// dropped from the resident set once hashed. A segment whose range is in `known` (sorted by
+/// start) takes the id
+/// given there and is not read (its xxh3 is 0: its blob is stored already). `status` hashes
+/// working files with this too, so both agree on what a file's hash is.
 pub(super) fn hash_content(
     map: &Map,
     header: Option<&safetensors::Header>,
     torch: Option<&torch_zip::Layout>,
+    known: &[(Range<u64>, ObjectId)],
 ) -> (HashedSegments, ObjectId) {
     let planned = plan(map.len() as u64, header, torch);
     let bundle_plan = super::bundle::plan(
@@ -269,9 +294,15 @@ pub(super) fn hash_content(
         .into_par_iter()
         .zip(bundle_of)
         .map(|(p, bundle)| {
-            let (id, xxh3) = match bundle {
-                None => hash_segment(map, p.range.start as usize..p.range.end as usize),
-                Some(_) => (ObjectId([0; 32]), 0),
+            let given = known
+                .binary_search_by_key(&p.range.start, |(r, _)| r.start)
+                .ok()
+                .filter(|&i| known[i].0 == p.range)
+                .map(|i| (known[i].1, 0));
+            let (id, xxh3) = match (bundle, given) {
+                (Some(_), _) => (ObjectId([0; 32]), 0),
+                (None, Some(given)) => given,
+                (None, None) => hash_segment(map, p.range.start as usize..p.range.end as usize),
             };
             HashedSegment { range: p.range, dtype: p.dtype, tensor: p.tensor, id, xxh3, bundle }
         })

@@ -29,6 +29,7 @@ mod model;
 mod pairing;
 mod partial;
 mod path;
+mod pieces;
 mod prune;
 mod reachable;
 mod refs;
@@ -58,6 +59,7 @@ pub use model::{
 };
 pub use partial::PartialClone;
 pub use path::RepoPath;
+pub use pieces::{Pieces, PIECE_MIN};
 pub use prune::{BranchPruned, KeptVersion, PruneOptions, PruneReport, PrunedHistory, PrunedVersion};
 pub use reachable::{Needed, Root};
 pub use refs::{check_name, DeletedRef, Head, RefKind};

@@ -12,11 +12,12 @@
 //! element widths, so its chunk `i` holds the same elements as the reference's chunk `i`: the
 //! base of chunk `i` is then the converted reference chunk.
 
-use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, MAX_CHAIN_DEPTH};
+use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, UnsyncedBlob, Written, MAX_CHAIN_DEPTH};
 use crate::codec::chunk::STRIPE_CHUNKS;
 use crate::codec::chunk::{Data, GroupedReference, Reference};
 use crate::codec::container::{Container, ContainerWriter, FileKind, SegmentInput};
 use crate::codec::cross_precision::{self, Conversion};
+use crate::codec::select::Selection;
 use crate::codec::{byte_group, Layout, Method, Options};
 use crate::dtype::Dtype;
 use crate::object_id::{hash_update, ObjectId};
@@ -462,6 +463,64 @@ impl Store {
         Ok(written.expect("no size limit"))
     }
 
+    /// Writes `data` as a standalone blob of `dtype` elements with every byte group stored
+    /// raw: grouped (and exponent-extracted) as any blob, but not entropy coded, so the write
+    /// costs one pass (blake3, grouping, payload checksums) and no method selection. Its id is
+    /// the blake3 computed on the way. A save that defers coding writes its tensors so
+    /// (`Repo::store_piece`), and compaction codes them later
+    /// ([`Store::recode_standalone`]): an uncoded blob reads like any other. The object is
+    /// left in a temp file for [`Store::persist_unsynced`].
+    pub fn write_blob_uncoded(&self, data: &[u8], dtype: Option<Dtype>, chunk_size: usize) -> Result<UnsyncedBlob> {
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype,
+            reference: None,
+            depth: 0,
+            conversion: None,
+            raw_len: data.len() as u64,
+        };
+        let options = Options { chunk_size, selection: Selection::Only(Method::Raw), ..Options::default() };
+        // The id is not known before the pass that hashes the data (the encode's own), so the
+        // content hash is checked nowhere but here: the container records what it hashed.
+        let unknown = ObjectId([0; 32]);
+        let (tmp, stored_len, hash) = self.write_temp_hashed(header, |out| {
+            encode_blob(unknown, out, BlobData::Bytes(data), Against::Nothing, dtype, &options, &Feedback::NONE)
+        })?;
+        let written = Written { id: ObjectId(*hash.as_bytes()), header, stored_len };
+        Ok(UnsyncedBlob { tmp: tmp.into_temp_path(), written })
+    }
+
+    /// Codes the standalone blob `chain` again with `options`, from its stored form (chunk by
+    /// chunk in grouped form, as a reverse-delta rewrite reads it), and replaces it (same id,
+    /// atomically) if the new object is smaller; `None` otherwise. How compaction codes the
+    /// blobs a save stored uncoded ([`Store::write_blob_uncoded`]).
+    pub fn recode_standalone(&self, chain: &BlobChain, options: &Options) -> Result<Option<Written>> {
+        if chain.depth() != 0 {
+            let reason = format!("{} is not stored standalone", chain.id());
+            return Err(Error::Encode { id: chain.id(), source: crate::codec::Error::InvalidInput(reason) });
+        }
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype: chain.dtype(),
+            reference: None,
+            depth: 0,
+            conversion: None,
+            raw_len: chain.len(),
+        };
+        let options = Options { chunk_size: chain.chunk_size(), ..options.clone() };
+        self.write_object(chain.id(), header, Some(chain.stored_len()), |out| {
+            encode_blob(
+                chain.id(),
+                out,
+                BlobData::Stored(chain),
+                Against::Nothing,
+                header.dtype,
+                &options,
+                &Feedback::NONE,
+            )
+        })
+    }
+
     /// Stores `data` (whose blake3 is `id`) as an XOR delta against `reference`, unless the
     /// delta object would take `limit` bytes or more. `data` must have the reference's length
     /// and dtype. The reference's payloads are checksum-checked as they are decoded; a damaged
@@ -632,12 +691,7 @@ impl Store {
     /// [`Store::with_background_sync`] view, as every write).
     pub fn keep(&self, blob: DerivedBlob) -> Result<Written> {
         let DerivedBlob { id, header, tmp, stored_len, .. } = blob;
-        match &self.background {
-            Some(queue) => {
-                queue.send(super::PendingObject { tmp, id }).expect("the syncing threads outlive every view")
-            }
-            None => self.persist(tmp, &id)?,
-        }
+        self.make_durable(super::TempObject::Open(tmp), id)?;
         Ok(Written { id, header, stored_len })
     }
 
@@ -1038,6 +1092,18 @@ impl BlobChain {
     pub fn base_stored_len(&self) -> u64 {
         self.objects.last().expect("at least the target").bytes().len() as u64
     }
+    /// Whether this is a standalone tensor blob whose every byte group is stored raw: what
+    /// [`Store::write_blob_uncoded`] writes, left for compaction to code. (A blob the codec
+    /// chose to store all raw reads the same; coding it again only finds nothing smaller.)
+    pub fn is_uncoded(&self) -> Result<bool> {
+        if self.depth() != 0 || self.derived.is_some() || self.dtype().is_none() || self.is_empty() {
+            return Ok(false);
+        }
+        let containers = self.own_containers()?;
+        let Some(base) = containers.first() else { return Ok(false) };
+        Ok((0..base.chunk_count()).all(|i| base.chunk(i).2.groups().iter().all(|g| g.method == Method::Raw)))
+    }
+
     /// Size of the blob's own object file.
     pub fn stored_len(&self) -> u64 {
         self.objects[0].bytes().len() as u64

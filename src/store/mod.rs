@@ -18,6 +18,7 @@ mod header;
 mod import;
 
 pub use blob::{BlobChain, BlobForm, BlobReader, ChainDecoder, DeltaOutcome, DerivedBlob, Feedback, SourceBytes};
+
 pub use header::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH, OBJECT_FORMAT_VERSION, OBJECT_MAGIC};
 
 use crate::codec::container::{Container, ContainerWriter, FileKind};
@@ -176,8 +177,43 @@ pub struct Store {
 /// and move it into place.
 #[derive(Debug)]
 struct PendingObject {
-    tmp: tempfile::NamedTempFile,
+    tmp: TempObject,
     id: ObjectId,
+}
+
+/// An object's temp file: still open after its write, or closed ([`UnsyncedBlob`], kept
+/// without holding a descriptor while a save goes on).
+#[derive(Debug)]
+enum TempObject {
+    Open(tempfile::NamedTempFile),
+    Closed(tempfile::TempPath),
+}
+
+/// A blob written to a temp file in `tmp/`, not yet durable nor under its name: what
+/// [`Store::write_blob_uncoded`] leaves for [`Store::persist_unsynced`]. Dropped, its temp file
+/// is deleted.
+#[derive(Debug)]
+pub struct UnsyncedBlob {
+    tmp: tempfile::TempPath,
+    /// The object as it will be stored.
+    pub written: Written,
+}
+
+impl UnsyncedBlob {
+    /// The blob's content, decoded from its temp file and checked against its id.
+    pub fn content(&self) -> Result<Vec<u8>> {
+        let id = self.written.id;
+        let bytes = std::fs::read(&self.tmp).map_err(io("reading", &self.tmp))?;
+        let corrupt = |reason: String| Error::Corrupt { id, reason };
+        let container = Container::open(bytes.get(HEADER_LEN..).unwrap_or_default())
+            .map_err(|e| corrupt(format!("its temp file {}: {e}", self.tmp.display())))?;
+        let mut out = vec![0; self.written.header.raw_len as usize];
+        let hash = container.decode_into(&mut out).map_err(|e| corrupt(e.to_string()))?;
+        if ObjectId(*hash.as_bytes()) != id {
+            return Err(corrupt(format!("its temp file {} does not hash to it", self.tmp.display())));
+        }
+        Ok(out)
+    }
 }
 
 /// Threads that fsync and rename objects in [`Store::with_background_sync`]. Several, because a
@@ -236,7 +272,7 @@ impl Store {
                     // on the lock; it is released as soon as an object arrives.
                     let next = receiver.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     let Ok(pending) = next else { break };
-                    if let Err(e) = self.persist(pending.tmp, &pending.id) {
+                    if let Err(e) = self.persist_temp(pending.tmp, &pending.id) {
                         first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
                     }
                 });
@@ -379,13 +415,30 @@ impl Store {
         let Some((tmp, stored_len)) = self.write_temp_object(id, header, limit, encode)? else {
             return Ok(None);
         };
+        self.make_durable(TempObject::Open(tmp), id)?;
+        Ok(Some(Written { id, header, stored_len }))
+    }
+
+    /// Makes `blob` ([`Store::write_blob_uncoded`]) durable and moves it under its name, as
+    /// any object write does: by the syncing threads inside [`Store::with_background_sync`],
+    /// else before returning. An object of that id already in place is replaced by it (same
+    /// content).
+    pub fn persist_unsynced(&self, blob: UnsyncedBlob) -> Result<Written> {
+        let UnsyncedBlob { tmp, written } = blob;
+        self.make_durable(TempObject::Closed(tmp), written.id)?;
+        Ok(written)
+    }
+
+    /// Hands the written temp object `id` to the syncing threads of a
+    /// [`Store::with_background_sync`] view, or else makes it durable and moves it into place.
+    fn make_durable(&self, tmp: TempObject, id: ObjectId) -> Result<()> {
         match &self.background {
             // The receivers live until every view is dropped, so a send fails only if all the
             // syncing threads died, which `persist` (returning errors, not panicking) rules out.
             Some(queue) => queue.send(PendingObject { tmp, id }).expect("the syncing threads outlive every view"),
-            None => self.persist(tmp, &id)?,
+            None => self.persist_temp(tmp, &id)?,
         }
-        Ok(Some(Written { id, header, stored_len }))
+        Ok(())
     }
 
     /// Writes object `id` (its header, then what `encode` writes, which must hash to `id`) to a
@@ -398,28 +451,38 @@ impl Store {
         limit: Option<u64>,
         encode: impl FnOnce(&mut dyn Write) -> Result<blake3::Hash>,
     ) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
-        let tmp = self.temp_file()?;
-        let stored_len = {
-            let mut w = BufWriter::with_capacity(1 << 20, EarlyWriteback::new(tmp.as_file()));
-            w.write_all(&header.encode()).map_err(io("writing", tmp.path()))?;
-            // The codec reports a failed write of its output as its own error; name the temp
-            // file and keep the OS cause (a full disk must not read as a coding problem).
-            let hash = encode(&mut w).map_err(|e| match e {
-                Error::Encode { source: codec::Error::Io { source, .. }, .. } => {
-                    Error::Io { action: "writing", path: tmp.path().to_path_buf(), source }
-                }
-                other => other,
-            })?;
-            w.flush().map_err(io("writing", tmp.path()))?;
-            if ObjectId(*hash.as_bytes()) != id {
-                return Err(Error::ChangedWhileWriting { id });
-            }
-            tmp.as_file().metadata().map_err(io("writing", tmp.path()))?.len()
-        };
+        let (tmp, stored_len, hash) = self.write_temp_hashed(header, encode)?;
+        if ObjectId(*hash.as_bytes()) != id {
+            return Err(Error::ChangedWhileWriting { id });
+        }
         if limit.is_some_and(|l| stored_len >= l) {
             return Ok(None);
         }
         Ok(Some((tmp, stored_len)))
+    }
+
+    /// Writes an object (`header`, then what `encode` writes) to a temp file in `tmp/`; returns
+    /// it with its length and the content hash `encode` returned (its id).
+    pub(super) fn write_temp_hashed(
+        &self,
+        header: ObjectHeader,
+        encode: impl FnOnce(&mut dyn Write) -> Result<blake3::Hash>,
+    ) -> Result<(tempfile::NamedTempFile, u64, blake3::Hash)> {
+        let tmp = self.temp_file()?;
+        let mut w = BufWriter::with_capacity(1 << 20, EarlyWriteback::new(tmp.as_file()));
+        w.write_all(&header.encode()).map_err(io("writing", tmp.path()))?;
+        // The codec reports a failed write of its output as its own error; name the temp
+        // file and keep the OS cause (a full disk must not read as a coding problem).
+        let hash = encode(&mut w).map_err(|e| match e {
+            Error::Encode { source: codec::Error::Io { source, .. }, .. } => {
+                Error::Io { action: "writing", path: tmp.path().to_path_buf(), source }
+            }
+            other => other,
+        })?;
+        w.flush().map_err(io("writing", tmp.path()))?;
+        drop(w);
+        let stored_len = tmp.as_file().metadata().map_err(io("writing", tmp.path()))?.len();
+        Ok((tmp, stored_len, hash))
     }
 
     pub(crate) fn temp_file(&self) -> Result<tempfile::NamedTempFile> {
@@ -429,18 +492,33 @@ impl Store {
     /// fsync, rename into place, fsync the directory (and the fan-out directory's parent when
     /// the fan-out directory is new).
     fn persist(&self, tmp: tempfile::NamedTempFile, id: &ObjectId) -> Result<()> {
-        tmp.as_file().sync_all().map_err(io("syncing", tmp.path()))?;
+        self.persist_temp(TempObject::Open(tmp), id)
+    }
+
+    /// [`Self::persist`] of an open or closed temp file.
+    fn persist_temp(&self, tmp: TempObject, id: &ObjectId) -> Result<()> {
         let path = self.object_path(id);
         let dir = path.parent().expect("objects/ab/...");
-        if !dir.is_dir() {
-            std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
-            sync_dir(&self.objects)?;
+        let make_dir = || -> Result<()> {
+            if !dir.is_dir() {
+                std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+                sync_dir(&self.objects)?;
+            }
+            Ok(())
+        };
+        let renamed = |e: std::io::Error| Error::Io { action: "renaming an object to", path: path.clone(), source: e };
+        match tmp {
+            TempObject::Open(tmp) => {
+                tmp.as_file().sync_all().map_err(io("syncing", tmp.path()))?;
+                make_dir()?;
+                tmp.persist(&path).map_err(|e| renamed(e.error))?;
+            }
+            TempObject::Closed(tmp) => {
+                File::open(&tmp).and_then(|f| f.sync_all()).map_err(io("syncing", &tmp))?;
+                make_dir()?;
+                tmp.persist(&path).map_err(|e| renamed(e.error))?;
+            }
         }
-        tmp.persist(&path).map_err(|e| Error::Io {
-            action: "renaming an object to",
-            path: path.clone(),
-            source: e.error,
-        })?;
         sync_dir(dir)
     }
 

@@ -213,7 +213,7 @@ pub fn upload_file_to_remote(
         }
     }
     // Whole: the deltas go up coded for the remote, against what it holds.
-    let entry = cache.store_objects(disk, path, None, written)?;
+    let entry = cache.store_objects(disk, path, None, written, None)?;
     let manifest = cache.manifest(&entry.manifest)?;
     let mut pairs = match (&version, earlier) {
         (None, _) => Vec::new(),

@@ -102,7 +102,7 @@ fn a_bad_prune_value_is_refused_naming_it() {
 fn store(repo: &Repo, dir: &Path, path: &str, bytes: &[u8]) -> ckpt::repo::FileEntry {
     let disk = dir.join("spool");
     std::fs::write(&disk, bytes).unwrap();
-    repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), None, None).unwrap()
+    repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), None, None, None).unwrap()
 }
 
 #[test]

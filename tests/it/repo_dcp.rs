@@ -350,7 +350,7 @@ fn save_stored(repo: &Repo, files: &[(String, Vec<u8>)], under: &str, previous: 
         .iter()
         .map(|(name, _)| {
             let path = RepoPath::parse(&format!("{under}/{name}")).unwrap();
-            repo.store_objects(&spool.path().join(name), &path, previous.as_ref(), None).unwrap()
+            repo.store_objects(&spool.path().join(name), &path, previous.as_ref(), None, None).unwrap()
         })
         .collect();
     repo.commit_stored("main", previous, entries, under, &CommitOptions::default()).unwrap()
@@ -404,7 +404,7 @@ fn store_spooled(
     let spool = tempfile::tempdir().unwrap();
     let disk = spool.path().join("spool");
     std::fs::write(&disk, bytes).unwrap();
-    repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous.as_ref(), items).unwrap()
+    repo.store_objects(&disk, &RepoPath::parse(path).unwrap(), previous.as_ref(), items, None).unwrap()
 }
 
 /// `files` (a checkpoint directory) stored as a Writer saves them, each `.distcp` file cut by

@@ -1,0 +1,144 @@
+//! `PieceSink`: the tensors a `ckpt.dcp.Writer` rank hands over while DCP writes its file
+//! (`ckpt::repo::Pieces`), read straight from the memory `torch.save` passes to the stream's
+//! `write`, without a copy.
+
+use ckpt::repo::{self, Pieces};
+use ckpt::torch_zip::dcp;
+use ckpt::Dtype;
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+/// `Py_buffer` (PEP 3118). Declared by hand with the two functions below because PyO3's
+/// `PyBuffer` needs the limited API of Python 3.11, and this wheel is abi3 from 3.9: the struct
+/// and both functions have had this layout and these signatures in every CPython 3 (and are in
+/// the stable ABI from 3.11), so the one wheel keeps working everywhere.
+#[repr(C)]
+struct RawBuffer {
+    buf: *mut c_void,
+    obj: *mut pyo3::ffi::PyObject,
+    len: isize,
+    itemsize: isize,
+    readonly: c_int,
+    ndim: c_int,
+    format: *mut c_char,
+    shape: *mut isize,
+    strides: *mut isize,
+    suboffsets: *mut isize,
+    internal: *mut c_void,
+}
+
+extern "C" {
+    fn PyObject_GetBuffer(obj: *mut pyo3::ffi::PyObject, view: *mut RawBuffer, flags: c_int) -> c_int;
+    fn PyBuffer_Release(view: *mut RawBuffer);
+}
+
+/// `PyBUF_SIMPLE`: one C-contiguous run of bytes, or an error.
+const PYBUF_SIMPLE: c_int = 0;
+
+/// A Python object's exported bytes, held (the exporter keeps them alive and in place) until
+/// dropped, which must happen with the GIL held.
+struct HeldBuffer(RawBuffer);
+
+impl HeldBuffer {
+    /// The contiguous bytes of `obj`, or `None` if it exports none (the Python error cleared).
+    fn of(obj: &Bound<'_, PyAny>) -> Option<HeldBuffer> {
+        let mut view = std::mem::MaybeUninit::<RawBuffer>::zeroed();
+        // SAFETY: `obj` is a live object (the GIL is held); on success `view` is filled in and
+        // owned by the returned value, which releases it.
+        let got = unsafe { PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), PYBUF_SIMPLE) };
+        if got != 0 {
+            // Not a buffer, or not contiguous: the caller writes it the ordinary way.
+            let _ = PyErr::take(obj.py());
+            return None;
+        }
+        // SAFETY: filled in by the successful call above.
+        Some(HeldBuffer(unsafe { view.assume_init() }))
+    }
+
+    fn addr(&self) -> usize {
+        self.0.buf as usize
+    }
+
+    fn len(&self) -> usize {
+        self.0.len.max(0) as usize
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.len() == 0 {
+            return &[];
+        }
+        // SAFETY: the exporter keeps `len` bytes at `buf` alive and in place until released,
+        // which happens only when `self` is dropped.
+        unsafe { std::slice::from_raw_parts(self.0.buf as *const u8, self.len()) }
+    }
+}
+
+impl Drop for HeldBuffer {
+    fn drop(&mut self) {
+        // SAFETY: acquired by `PyObject_GetBuffer`, released once; dropped with the GIL held.
+        unsafe { PyBuffer_Release(&mut self.0) }
+    }
+}
+
+// Read (never written) by the thread that holds the GIL's place while `take` waits for it.
+unsafe impl Send for HeldBuffer {}
+unsafe impl Sync for HeldBuffer {}
+
+/// The tensors one `ckpt.dcp.Writer` rank's streams hand over during `write_data`, stored as
+/// they come ([`repo::Repo::store_piece`]) and taken by `Repo.store_objects(..., pieces=)`.
+///
+/// `take` stores a write that is exactly one of the `hints` (storages DCP is about to write)
+/// before it returns, while `torch.save` waits in that `write` (so the memory is the tensor's,
+/// alive and unchanged). Stored on a thread of its own instead (holding the hinted storages),
+/// overlapping DCP's next item, a 64 MiB save at one rank on the 2-vCPU test VM took 0.105-0.123
+/// s against 0.124-0.129 s here, for more CPU, which several ranks per core do not have: not
+/// worth a reference to every storage and raw pointers across threads.
+#[pyclass(frozen, module = "ckpt._native")]
+pub(crate) struct PieceSink {
+    pub(crate) repo: Arc<repo::Repo>,
+    pub(crate) pieces: Arc<Pieces>,
+    /// Hinted storages by (address, length): their dtype.
+    hints: HashMap<(usize, usize), Dtype>,
+}
+
+impl PieceSink {
+    /// `hints`: `(storage, torch dtype name)` of each storage DCP is about to write; their
+    /// addresses and lengths are asked of them here.
+    pub(crate) fn new(repo: Arc<repo::Repo>, hints: Vec<(Bound<'_, PyAny>, String)>) -> PyResult<PieceSink> {
+        let mut by_place = HashMap::new();
+        for (storage, dtype) in hints {
+            let addr: usize = storage.call_method0("data_ptr")?.extract()?;
+            let len: usize = storage.call_method0("nbytes")?.extract()?;
+            if let Some(dtype) = dcp::dtype_of_torch(&dtype).filter(|_| len >= repo::PIECE_MIN && addr != 0) {
+                by_place.insert((addr, len), dtype);
+            }
+        }
+        Ok(PieceSink { repo, pieces: Arc::new(Pieces::new()), hints: by_place })
+    }
+}
+
+#[pymethods]
+impl PieceSink {
+    /// Stores `data` (any contiguous buffer), written at `offset` of `file`, as a piece if it
+    /// is exactly one of the hinted storages; returns whether it did (`False`: the caller
+    /// writes it into the file). Runs without the GIL, reading `data` in place.
+    fn take(&self, py: Python<'_>, data: &Bound<'_, PyAny>, file: &str, offset: u64) -> PyResult<bool> {
+        let Some(held) = HeldBuffer::of(data) else { return Ok(false) };
+        let Some(&dtype) = self.hints.get(&(held.addr(), held.len())) else { return Ok(false) };
+        let (repo, pieces) = (self.repo.clone(), self.pieces.clone());
+        let pool = crate::child_pool()?;
+        let stored = py.detach(|| {
+            crate::in_pool(pool.as_deref(), || repo.store_piece(&pieces, file, offset, held.bytes(), dtype))
+        });
+        drop(held);
+        stored.map_err(crate::to_py)?;
+        Ok(true)
+    }
+
+    /// How many pieces are stored and wait for their file to be stored.
+    fn __len__(&self) -> usize {
+        self.pieces.len()
+    }
+}
