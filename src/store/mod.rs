@@ -636,28 +636,40 @@ impl<'a> EarlyWriteback<'a> {
     }
 }
 
+impl EarlyWriteback<'_> {
+    /// Asks the kernel to start writing back what was written since the last request.
+    fn request_writeback(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let (offset, len) = (self.requested as libc::off64_t, (self.written - self.requested) as libc::off64_t);
+            // SAFETY: a plain syscall on an open descriptor owned by `self.file`, with no
+            // pointers; it only schedules writeback of already-written pages.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::sync_file_range(self.file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+            }
+        }
+        self.requested = self.written;
+    }
+}
+
 impl Write for EarlyWriteback<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.file.write(buf)?;
         self.written += n as u64;
         if self.written - self.requested >= WRITEBACK_STEP {
-            #[cfg(target_os = "linux")]
-            {
-                use std::os::fd::AsRawFd;
-                let (offset, len) = (self.requested as libc::off64_t, (self.written - self.requested) as libc::off64_t);
-                // SAFETY: a plain syscall on an open descriptor owned by `self.file`, with no
-                // pointers; it only schedules writeback of already-written pages.
-                #[allow(unsafe_code)]
-                unsafe {
-                    libc::sync_file_range(self.file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
-                }
-            }
-            self.requested = self.written;
+            self.request_writeback();
         }
         Ok(n)
     }
 
+    /// Called once the object is written: the tail's writeback starts too, so an fsync that
+    /// comes later (a piece of a save is synced only when its file is stored) finds it done.
     fn flush(&mut self) -> std::io::Result<()> {
+        if self.written > self.requested {
+            self.request_writeback();
+        }
         Ok(())
     }
 }

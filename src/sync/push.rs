@@ -98,6 +98,13 @@ pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport
 /// deltas layout new blobs go up as forward deltas and nothing is replaced.
 pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Result<PushReport> {
     let url = remote.url().to_string();
+    // Pending compactions first, as `gc` runs them: the blobs a distributed save stored
+    // uncoded (`Repo::store_piece`) then go up coded, and the parent's as the deltas the mirror
+    // layout sends as they are. Best effort: a compaction that fails is recorded in
+    // `.ckpt/compact.log` and stays pending, and the push sends the objects as they are stored.
+    if repo.has_pending_deltas() {
+        let _ = repo.compact(&crate::repo::CompactOptions::default());
+    }
     let layout = options.layout.unwrap_or_default();
     let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
     if options.all {

@@ -276,3 +276,42 @@ fn log_shows_what_each_version_takes_now() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("added at commit") && text.matches("version ").count() == 2, "{text}");
 }
+
+/// A save that stored its tensors uncoded as it wrote them (`Repo::store_piece`, what
+/// `ckpt.dcp.Writer` does into a repository) and is pushed before its compaction ran: the push
+/// runs the compaction first, so the remote receives the tensors coded, as it would after a
+/// `ckpt commit`.
+#[test]
+fn a_push_before_the_compaction_sends_the_pieces_coded() {
+    use ckpt::remote::Remote;
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&dir.path().join("repo")).unwrap();
+    let bytes = crate::support::util::safetensors_file(5, &[("w", Dtype::F32, &[256, 256]), ("b", Dtype::F32, &[8])]);
+    let header = ckpt::safetensors::parse(&bytes).unwrap();
+    let w = header.tensors.iter().find(|t| t.name == "w").unwrap();
+    // The file as a save's stream leaves it: the tensor a hole, its bytes stored as a piece.
+    let spool = dir.path().join("m.safetensors");
+    let file = std::fs::File::create(&spool).unwrap();
+    file.set_len(bytes.len() as u64).unwrap();
+    file.write_all_at(&bytes[..w.begin as usize], 0).unwrap();
+    file.write_all_at(&bytes[w.end as usize..], w.end).unwrap();
+    let pieces = ckpt::repo::Pieces::new();
+    repo.store_piece(&pieces, "m.safetensors", w.begin, &bytes[w.begin as usize..w.end as usize], Dtype::F32).unwrap();
+    let path = ckpt::repo::RepoPath::parse("m.safetensors").unwrap();
+    let entry = repo.store_objects(&spool, &path, None, None, Some(&pieces)).unwrap();
+    repo.commit_stored("main", None, vec![entry.clone()], "save", &CommitOptions::default()).unwrap();
+    let id = repo.manifest(&entry.manifest).unwrap().segments.iter().find(|s| s.len == w.end - w.begin).unwrap().blob;
+    let id = id.unwrap();
+    let uncoded = repo.store().stored_len(&id).unwrap();
+    assert!(repo.store().open_blob(&id).unwrap().is_uncoded().unwrap());
+
+    let remote = ckpt::remote::local::DirRemote::create(dir.path().join("remote").to_str().unwrap()).unwrap();
+    ckpt::sync::push_to(&repo, &remote, &ckpt::sync::PushOptions { transfers: 2, ..Default::default() }).unwrap();
+    assert!(!repo.has_pending_deltas());
+    let mut sent = Vec::new();
+    remote.download(&ckpt::remote::object_key(&id), &mut sent, u64::MAX).unwrap();
+    assert!((sent.len() as u64) < uncoded * 9 / 10, "{} of {uncoded} bytes", sent.len());
+    assert_eq!(sent.len() as u64, repo.store().stored_len(&id).unwrap());
+    assert_eq!(repo.read_file_bytes("HEAD", "m.safetensors", 1 << 30).unwrap(), bytes);
+}
