@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import subprocess
+import sys
 
 import pytest
 
@@ -344,3 +345,32 @@ def test_tensors_taken_while_a_file_is_written_are_stored_as_the_whole_file_woul
     assert f.read(0, f.len) == whole
     verify = subprocess.run([ckpt_binary(), "verify"], cwd=repo_dir, capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
+
+
+def test_a_writer_killed_after_taking_a_tensor_leaves_only_a_temp_file_that_gc_removes(tmp_path):
+    """A rank killed while DCP writes its file, after its sink stored a tensor and before the
+    file was stored: the tensor is a temp file in the store, nothing names it, `ckpt gc
+    --prune=now` deletes it, and the store verifies."""
+    repo_dir = tmp_path / "repo"
+    ckpt.Repo.init(str(repo_dir))
+    script = f"""
+import os, signal, numpy as np, ckpt
+native = ckpt._native.Repo.discover({str(repo_dir)!r})
+class Storage:
+    def __init__(self, a): self.a = a
+    def data_ptr(self): return self.a.ctypes.data
+    def nbytes(self): return self.a.nbytes
+w = np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
+sink = native.piece_sink([(Storage(w), "float32")])
+assert sink.take(memoryview(w).cast("B"), "__0_0.distcp", 4096)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    tmp = repo_dir / ".ckpt" / "tmp"
+    assert len(os.listdir(tmp)) == 1
+    assert not any(files for _, _, files in os.walk(repo_dir / ".ckpt" / "objects"))
+    for args in (["gc", "--prune=now"], ["verify"]):
+        run = subprocess.run([ckpt_binary(), *args], cwd=repo_dir, capture_output=True, text=True)
+        assert run.returncode == 0, (args, run.stderr)
+    assert os.listdir(tmp) == []
