@@ -2,7 +2,10 @@
 repository) against stock FileSystemWriter / FileSystemReader (a directory on the same disk):
 same ranks (gloo on CPU, spawned on loopback), same DTensor state dict, interleaved, median of
 N saves and N loads each (each load reads the save just made, into zeroed DTensors, and is
-checked against the saved values).
+checked against the saved values). After each Writer save the bench waits, untimed, for the
+compaction the save started in the background (it codes the tensors the save stored uncoded
+and rewrites the previous save's as deltas), so it never runs under the next measured step;
+the time from the save's start until it is done is printed as `Writer save + compaction`.
 
     python benches/dcp_save.py [--ranks 4] [--mib 256] [--repeat 3] [--dir DIR] [--no-read-ahead-too]
     python benches/dcp_save.py --profile OUT   # also cProfile rank 0's last Writer save and
