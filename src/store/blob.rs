@@ -449,14 +449,7 @@ impl Store {
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<Written> {
-        let header = ObjectHeader {
-            kind: ObjectKind::Blob,
-            dtype,
-            reference: None,
-            depth: 0,
-            conversion: None,
-            raw_len: data.len() as u64,
-        };
+        let header = ObjectHeader::standalone_blob(dtype, data.len() as u64);
         let written = self.write_object(id, header, None, |out| {
             encode_blob(id, out, BlobData::Bytes(data), Against::Nothing, dtype, options, feedback)
         })?;
@@ -471,17 +464,10 @@ impl Store {
     /// ([`Store::recode_standalone`]): an uncoded blob reads like any other. The object is
     /// left in a temp file for [`Store::persist_unsynced`].
     pub fn write_blob_uncoded(&self, data: &[u8], dtype: Option<Dtype>, chunk_size: usize) -> Result<UnsyncedBlob> {
-        let header = ObjectHeader {
-            kind: ObjectKind::Blob,
-            dtype,
-            reference: None,
-            depth: 0,
-            conversion: None,
-            raw_len: data.len() as u64,
-        };
+        let header = ObjectHeader::standalone_blob(dtype, data.len() as u64);
         let options = Options { chunk_size, selection: Selection::Only(Method::Raw), ..Options::default() };
-        // The id is not known before the pass that hashes the data (the encode's own), so the
-        // content hash is checked nowhere but here: the container records what it hashed.
+        // The id is the hash this pass computes (and the container records), so there is none
+        // to give it beforehand or to check it against after.
         let unknown = ObjectId([0; 32]);
         let (tmp, stored_len, hash) = self.write_temp_hashed(header, |out| {
             encode_blob(unknown, out, BlobData::Bytes(data), Against::Nothing, dtype, &options, &Feedback::NONE)
@@ -499,14 +485,7 @@ impl Store {
             let reason = format!("{} is not stored standalone", chain.id());
             return Err(Error::Encode { id: chain.id(), source: crate::codec::Error::InvalidInput(reason) });
         }
-        let header = ObjectHeader {
-            kind: ObjectKind::Blob,
-            dtype: chain.dtype(),
-            reference: None,
-            depth: 0,
-            conversion: None,
-            raw_len: chain.len(),
-        };
+        let header = ObjectHeader::standalone_blob(chain.dtype(), chain.len());
         let options = Options { chunk_size: chain.chunk_size(), ..options.clone() };
         self.write_object(chain.id(), header, Some(chain.stored_len()), |out| {
             encode_blob(

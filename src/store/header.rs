@@ -77,6 +77,12 @@ pub struct ObjectHeader {
 }
 
 impl ObjectHeader {
+    /// The header of a standalone blob of `dtype` elements (`None`: opaque bytes), `raw_len`
+    /// bytes long.
+    pub fn standalone_blob(dtype: Option<Dtype>, raw_len: u64) -> ObjectHeader {
+        ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, conversion: None, raw_len }
+    }
+
     /// Serializes the header.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
