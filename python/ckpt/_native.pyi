@@ -146,10 +146,10 @@ class Repo:
         that does not fit the file: cut by walking its archives, `archive.<n>`). `pieces`:
         the sink that took tensors of this file while it was written (holes in the file at
         `disk`). Returns `(path, manifest, file hash, length)` for `commit_stored`."""
-    def piece_sink(self, hints: Sequence[Tuple[Any, str]]) -> Optional[PieceSink]:
-        """A sink for the tensors of a save's files, with `hints` `(storage, torch dtype
-        name)` of the storages about to be written (each asked for `data_ptr()` and
-        `nbytes()`); `None` under a delta policy other than ``reverse``."""
+    def piece_sink(self, hints: Sequence[Tuple[Any, int, str]]) -> Optional[PieceSink]:
+        """A sink for the tensors of a save's files, with `hints` `(storage, tensor length in
+        bytes, torch dtype name)` of the tensors about to be written (each storage asked for
+        `data_ptr()` and `nbytes()`); `None` under a delta policy other than ``reverse``."""
     def commit_stored(
         self,
         branch: str,
@@ -243,7 +243,8 @@ class PieceSink:
 
     def take(self, data: Any, file: str, offset: int) -> bool:
         """Stores `data` (a contiguous buffer) written at `offset` of `file` if it is exactly
-        one of the hinted storages; ``False``: the caller writes it into the file."""
+        one of the hinted storages, or as long as hinted tensors of one dtype (a copy);
+        ``False``: the caller writes it into the file."""
     def __len__(self) -> int: ...
 
 class RemoteStore:

@@ -534,10 +534,11 @@ def _classes():
             n = os.pwrite(fd, view, at)
             view, at = view[n:], at + n
 
-    def _storage_hints(plan, planner) -> List[Tuple[Any, str]]:
-        """`(storage, dtype)` of each tensor DCP is about to write (`PieceSink`): resolved as
-        DCP's writer resolves them, so each is the memory `torch.save` will hand over (a copy
-        DCP makes instead is not found, and is written into the file as before)."""
+    def _storage_hints(plan, planner) -> List[Tuple[Any, int, str]]:
+        """`(storage, length in bytes, dtype)` of each tensor DCP is about to write
+        (`PieceSink`), resolved as DCP's writer resolves them: for a tensor in memory the
+        storage is the memory `torch.save` will hand over; one DCP copies first (on a GPU, or a
+        view of a larger storage) is known by its length and dtype."""
         import torch
         from torch.distributed.checkpoint.planner import WriteItemType
 
@@ -546,11 +547,11 @@ def _classes():
             if item.type == WriteItemType.BYTE_IO:
                 continue
             tensor = planner.resolve_data(item)
-            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            if not isinstance(tensor, torch.Tensor):
                 continue
-            storage = tensor.untyped_storage()
-            if storage.nbytes() >= _PIECE_MIN:
-                hints.append((storage, str(tensor.dtype).removeprefix("torch.")))
+            length = tensor.numel() * tensor.element_size()
+            if max(length, tensor.untyped_storage().nbytes()) >= _PIECE_MIN:
+                hints.append((tensor.untyped_storage(), length, str(tensor.dtype).removeprefix("torch.")))
         return hints
 
     class _StoreFS(fs.FileSystem):

@@ -89,8 +89,8 @@ unsafe impl Sync for HeldBuffer {}
 /// The tensors one `ckpt.dcp.Writer` rank's streams hand over during `write_data`, stored as
 /// they come ([`repo::Repo::store_piece`]) and taken by `Repo.store_objects(..., pieces=)`.
 ///
-/// `take` stores a write that is exactly one of the `hints` (storages DCP is about to write)
-/// before it returns, while `torch.save` waits in that `write` (so the memory is the tensor's,
+/// `take` stores a write that is exactly one of the `hints` (storages DCP is about to write),
+/// or a copy of one (by its length), before it returns, while `torch.save` waits in that `write` (so the memory is the tensor's,
 /// alive and unchanged). Stored on a thread of its own instead (holding the hinted storages),
 /// overlapping DCP's next item, a 64 MiB save at one rank on the 2-vCPU test VM took 0.105-0.123
 /// s against 0.124-0.129 s here, for more CPU, which several ranks per core do not have: not
@@ -100,33 +100,52 @@ pub(crate) struct PieceSink {
     pub(crate) repo: Arc<repo::Repo>,
     pub(crate) pieces: Arc<Pieces>,
     /// Hinted storages by (address, length): their dtype.
-    hints: HashMap<(usize, usize), Dtype>,
+    by_place: HashMap<(usize, usize), Dtype>,
+    /// Hinted tensors by length: their dtype, `None` where tensors of two dtypes have that
+    /// length. For a write of a copy DCP made (a tensor on a GPU, or a view of a larger
+    /// storage, is copied before `torch.save`), whose address no hint knows.
+    by_len: HashMap<usize, Option<Dtype>>,
 }
 
 impl PieceSink {
-    /// `hints`: `(storage, torch dtype name)` of each storage DCP is about to write; their
-    /// addresses and lengths are asked of them here.
-    pub(crate) fn new(repo: Arc<repo::Repo>, hints: Vec<(Bound<'_, PyAny>, String)>) -> PyResult<PieceSink> {
+    /// `hints`: `(storage, tensor length in bytes, torch dtype name)` of each tensor DCP is
+    /// about to write; each storage's address and length are asked of it here. A guess taken
+    /// from them is checked against the file's cut when the file is stored.
+    pub(crate) fn new(repo: Arc<repo::Repo>, hints: Vec<(Bound<'_, PyAny>, usize, String)>) -> PyResult<PieceSink> {
         let mut by_place = HashMap::new();
-        for (storage, dtype) in hints {
+        let mut by_len: HashMap<usize, Option<Dtype>> = HashMap::new();
+        for (storage, tensor_len, dtype) in hints {
+            let Some(dtype) = dcp::dtype_of_torch(&dtype) else { continue };
             let addr: usize = storage.call_method0("data_ptr")?.extract()?;
             let len: usize = storage.call_method0("nbytes")?.extract()?;
-            if let Some(dtype) = dcp::dtype_of_torch(&dtype).filter(|_| len >= repo::PIECE_MIN && addr != 0) {
+            if len >= repo::PIECE_MIN && addr != 0 {
                 by_place.insert((addr, len), dtype);
             }
+            if tensor_len >= repo::PIECE_MIN {
+                let known = by_len.entry(tensor_len).or_insert(Some(dtype));
+                if *known != Some(dtype) {
+                    *known = None;
+                }
+            }
         }
-        Ok(PieceSink { repo, pieces: Arc::new(Pieces::new()), hints: by_place })
+        Ok(PieceSink { repo, pieces: Arc::new(Pieces::new()), by_place, by_len })
+    }
+
+    /// The dtype `write` of `len` bytes at `addr` is taken to be, if any.
+    fn guess(&self, addr: usize, len: usize) -> Option<Dtype> {
+        self.by_place.get(&(addr, len)).copied().or_else(|| self.by_len.get(&len).copied().flatten())
     }
 }
 
 #[pymethods]
 impl PieceSink {
     /// Stores `data` (any contiguous buffer), written at `offset` of `file`, as a piece if it
-    /// is exactly one of the hinted storages; returns whether it did (`False`: the caller
-    /// writes it into the file). Runs without the GIL, reading `data` in place.
+    /// is exactly one of the hinted storages, or as long as hinted tensors of one dtype;
+    /// returns whether it did (`False`: the caller writes it into the file). Runs without the
+    /// GIL, reading `data` in place.
     fn take(&self, py: Python<'_>, data: &Bound<'_, PyAny>, file: &str, offset: u64) -> PyResult<bool> {
         let Some(held) = HeldBuffer::of(data) else { return Ok(false) };
-        let Some(&dtype) = self.hints.get(&(held.addr(), held.len())) else { return Ok(false) };
+        let Some(dtype) = self.guess(held.addr(), held.len()) else { return Ok(false) };
         let (repo, pieces) = (self.repo.clone(), self.pieces.clone());
         let pool = crate::child_pool()?;
         let stored = py.detach(|| {

@@ -294,15 +294,16 @@ class _Storage:
 def test_tensors_taken_while_a_file_is_written_are_stored_as_the_whole_file_would_be(tmp_path):
     """A Writer rank's stream hands each tensor's own memory to a `PieceSink` (stored at once,
     uncoded) and leaves a hole in the file; `store_objects` then gives the entry the whole file
-    gives, the compaction codes the pieces, and the version reads back bit-exact. A buffer that
-    is not a hinted storage (a copy) is refused, and the caller writes it into the file."""
+    gives, the compaction codes the pieces, and the version reads back bit-exact. A copy of a
+    hinted tensor is known by its length; any other buffer is refused, and the caller writes it
+    into the file."""
     import numpy as np
     from safetensors.numpy import save
 
     rng = np.random.default_rng(7)
     tensors = {
         "a": (rng.standard_normal((128, 256)) * 0.02).astype(np.float32),
-        "b": (rng.standard_normal((256, 256)) * 0.02).astype(np.float16),
+        "b": (rng.standard_normal((256, 512)) * 0.02).astype(np.float16),
         "c": rng.standard_normal(16).astype(np.float32),
     }
     whole = save(tensors)
@@ -321,15 +322,18 @@ def test_tensors_taken_while_a_file_is_written_are_stored_as_the_whole_file_woul
     repo_dir = tmp_path / "repo"
     ckpt.Repo.init(str(repo_dir))
     native = ckpt._native.Repo.discover(str(repo_dir))
-    sink = native.piece_sink([(_Storage(tensors[n]), {"a": "float32", "b": "float16"}[n]) for n in "ab"])
+    dtypes = {"a": "float32", "b": "float16"}
+    sink = native.piece_sink([(_Storage(tensors[n]), tensors[n].nbytes, dtypes[n]) for n in "ab"])
     fd = os.memfd_create("m.safetensors")
     try:
         os.ftruncate(fd, len(whole))
         os.pwrite(fd, whole[: a.start], 0)
         assert sink.take(memoryview(tensors["a"]).cast("B"), "m.safetensors", a.start)
         os.pwrite(fd, whole[a.stop : b.start], a.stop)
-        assert not sink.take(memoryview(tensors["b"].copy()).cast("B"), "m.safetensors", b.start)
-        assert sink.take(memoryview(tensors["b"]).cast("B"), "m.safetensors", b.start)
+        # A copy of `b` (as DCP copies a GPU tensor first) is known by its length and dtype.
+        assert sink.take(memoryview(tensors["b"].copy()).cast("B"), "m.safetensors", b.start)
+        # Neither a hinted storage nor as long as a hinted tensor; too short to be one.
+        assert not sink.take(bytes(a.stop - a.start + 8), "m.safetensors", 0)
         assert not sink.take(b"small", "m.safetensors", 0)
         os.pwrite(fd, whole[b.stop :], b.stop)
         assert len(sink) == 2
@@ -361,7 +365,7 @@ class Storage:
     def data_ptr(self): return self.a.ctypes.data
     def nbytes(self): return self.a.nbytes
 w = np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
-sink = native.piece_sink([(Storage(w), "float32")])
+sink = native.piece_sink([(Storage(w), w.nbytes, "float32")])
 assert sink.take(memoryview(w).cast("B"), "__0_0.distcp", 4096)
 os.kill(os.getpid(), signal.SIGKILL)
 """
