@@ -54,14 +54,15 @@ def rss_kib(field):
 
 
 def memfd_bytes():
-    """The size of the memfds this process has open (where the Writer spools a rank's file),
-    each once (the Writer holds two descriptors of each)."""
+    """The memory the memfds this process has open hold (where the Writer spools a rank's file),
+    each once (the Writer holds two descriptors of each): their allocated blocks, not their
+    length, since the tensors the Writer stores as DCP writes them are holes."""
     sizes = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:"):
                 st = os.stat(f"/proc/self/fd/{fd}")
-                sizes[(st.st_dev, st.st_ino)] = st.st_size
+                sizes[(st.st_dev, st.st_ino)] = st.st_blocks * 512
         except OSError:
             pass
     return sum(sizes.values())
@@ -283,6 +284,15 @@ def main():
         queue = mp.get_context("spawn").SimpleQueue()
         mp.spawn(worker, args=(a.ranks, port, counts, a.shard_mib, root, queue, a.keep_last), nprocs=a.ranks)
         rows = queue.get()
+        # The last save's compaction (a background process) is still coding what it stored;
+        # the repositories are deleted only once it is done.
+        from ckpt._native import Repo as NativeRepo
+
+        for name in os.listdir(root):
+            if os.path.isdir(os.path.join(root, name, ".ckpt")):
+                native = NativeRepo.discover(os.path.join(root, name))
+                while native.has_pending_deltas():
+                    time.sleep(0.05)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
