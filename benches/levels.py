@@ -2,8 +2,8 @@
 
 For each file: ZipNN 0.5.4 (byte API, method="HUFFMAN"), then ckpt's codec in-process
 (examples/codec_throughput, warm: median of --repeat runs into the same buffers) at the default
-level and at `max`; with `--before PATH`, also another build's codec_throughput at `max` (an A/B
-of two builds in the same run, interleaved per run). Prints one markdown row per file: stored %,
+level and at `max`; with `--before PATH`, also another build's codec_throughput at `max` or
+`--before-level default` (an A/B of two builds in the same run, interleaved per run). Prints one markdown row per file: stored %,
 the difference to ZipNN in percentage points, and compress / decompress MB/s of each; then the
 medians of the speed ratios.
 
@@ -25,7 +25,9 @@ def main():
     ap.add_argument("files", nargs="+")
     ap.add_argument("--runs", type=int, default=3, help="runs per tool; medians are reported")
     ap.add_argument("--repeat", type=int, default=3, help="in-process repetitions per ckpt run")
-    ap.add_argument("--before", help="another build's codec_throughput, run at max beside this one's")
+    ap.add_argument("--before", help="another build's codec_throughput, run beside this one's")
+    ap.add_argument("--before-level", default="max", choices=["default", "max"],
+                    help="the level --before runs at (default: %(default)s)")
     args = ap.parse_args()
     from zipnn import ZipNN
 
@@ -34,14 +36,15 @@ def main():
     for p in [probe] + ([args.before] if args.before else []):
         if not os.access(p, os.X_OK):
             sys.exit(f"missing {p}: cargo build --release --example codec_throughput")
-    tools = ["zipnn", "default", "max"] + (["before max"] if args.before else [])
+    before = f"before {args.before_level}"
+    tools = ["zipnn", "default", "max"] + ([before] if args.before else [])
     print(f"# load average {compare.loadavg()}")
     head = "| file | dtype | MB | ZipNN % | default % | max % |"
     if args.before:
-        head += " before max % |"
+        head += f" {before} % |"
     head += " default − ZipNN pp | max − ZipNN pp | ZipNN comp/decomp MB/s | default comp/decomp MB/s | max comp/decomp MB/s |"
     if args.before:
-        head += " before max comp/decomp MB/s |"
+        head += f" {before} comp/decomp MB/s |"
     print(head + " ok |")
     print("|---|---|" + "---:|" * (head.count("|") - 3) + "---|")
     ratios = {f"{t} {d}": [] for t in tools[1:] for d in ("comp", "decomp")}
@@ -76,12 +79,12 @@ def main():
         ok = all(r["ok"] for r in res.values())
         row = f"| {key} | {dtype} | {mb:.1f} | {z['pct']:.2f} | {res['default']['pct']:.2f} | {res['max']['pct']:.2f} |"
         if args.before:
-            row += f" {res['before max']['pct']:.2f} |"
+            row += f" {res[before]['pct']:.2f} |"
         row += (f" {res['default']['pct'] - z['pct']:+.2f} | {res['max']['pct'] - z['pct']:+.2f} "
                 f"| {z['comp']:.0f} / {z['decomp']:.0f} | {res['default']['comp']:.0f} / {res['default']['decomp']:.0f} "
                 f"| {res['max']['comp']:.0f} / {res['max']['decomp']:.0f} |")
         if args.before:
-            row += f" {res['before max']['comp']:.0f} / {res['before max']['decomp']:.0f} |"
+            row += f" {res[before]['comp']:.0f} / {res[before]['decomp']:.0f} |"
         print(row + f" {'yes' if ok else 'NO'} |", flush=True)
     print()
     print("median over files of speed ratios vs ZipNN (1 thread): "

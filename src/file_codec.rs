@@ -125,10 +125,12 @@ pub struct GroupReport {
     pub group: usize,
     /// Original bytes of this group.
     pub raw_bytes: u64,
-    /// Stored bytes.
+    /// Stored bytes. A Paired group's also carry the top bits of the group below it, whose
+    /// Remainder group stores only the rest (docs/format.md, "Paired payload"): compare the
+    /// two groups' sum with their entropies' sum.
     pub stored_bytes: u64,
     /// Chunks coded with each method, indexed by method tag: raw, zero, huffman, zstd, sparse,
-    /// rans.
+    /// rans, paired, remainder.
     pub methods: [u64; Method::ALL.len()],
     /// Order-0 entropy of the group, computed per chunk and summed, in bytes: the bound for a
     /// per-chunk byte coder.

@@ -29,12 +29,12 @@ pub const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
 /// Last bytes of every container.
 pub const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
 /// The container format version this code writes.
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 /// The oldest container format version this code reads. Format 3 only added the `Sparse`
-/// method tag, format 4 the `Rans` tag and format 5 rANS context sources, binned and packed tables
-/// (flags in a rANS payload's first byte, which format 4 kept zero), so every container of an
-/// older format is a valid format-5 container (checked by decoding the checked-in containers
-/// of `tests/fixtures/containers`).
+/// method tag, format 4 the `Rans` tag, format 5 rANS context sources, binned and packed tables
+/// (flags in a rANS payload's first byte, which format 4 kept zero) and format 6 the `Paired`
+/// and `Remainder` tags, so every container of an older format is a valid format-6 container
+/// (checked by decoding the checked-in containers of `tests/fixtures/containers`).
 pub const MIN_READ_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
@@ -1017,15 +1017,15 @@ mod tests {
         let bytes = w.finish().unwrap().0;
         assert_eq!(
             &bytes[..32],
-            b"\x89CKZ\r\n\x1a\n\x05\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
+            b"\x89CKZ\r\n\x1a\n\x06\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
         );
         assert_eq!(bytes.len(), GOLDEN_LEN, "container length");
         assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_HASH);
     }
 
     const GOLDEN_LEN: usize = 3184;
-    /// Changed for format 5 only by the version byte (and so the header checksum).
-    const GOLDEN_HASH: &str = "2393e07eb4804ca838526a33710662127143d43228760cc85c25a823ac8634bf";
+    /// Changed for formats 5 and 6 only by the version byte (and so the header checksum).
+    const GOLDEN_HASH: &str = "70f510b196f35642076e89a226b97b384576f3ad5d0293ae9854a2cf06322e92";
 
     #[test]
     fn segments_in_parallel_match_one_by_one() {
@@ -1169,11 +1169,11 @@ mod tests {
         let mut old = bytes.clone();
         old[8..10].copy_from_slice(&1u16.to_le_bytes());
         let err = Container::open(&old).err().expect("format 1 refused").to_string();
-        assert!(err.contains("container format version 1, this ckpt reads 2 to 5"), "{err}");
+        assert!(err.contains("container format version 1, this ckpt reads 2 to 6"), "{err}");
         let mut newer = bytes.clone();
-        newer[8..10].copy_from_slice(&6u16.to_le_bytes());
-        let err = Container::open(&newer).err().expect("format 6 refused").to_string();
-        assert!(err.contains("container format version 6, this ckpt reads 2 to 5"), "{err}");
+        newer[8..10].copy_from_slice(&7u16.to_le_bytes());
+        let err = Container::open(&newer).err().expect("format 7 refused").to_string();
+        assert!(err.contains("container format version 7, this ckpt reads 2 to 6"), "{err}");
         // A format-2 container (format 3 only added a method tag) still opens and decodes.
         let mut format2 = bytes.clone();
         format2[8..10].copy_from_slice(&2u16.to_le_bytes());

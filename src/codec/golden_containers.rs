@@ -94,7 +94,8 @@ fn mixed_segments(seed: u64) -> Vec<(Vec<u8>, Option<Dtype>)> {
 }
 
 /// The fixtures of format `version`: one fixture forcing each of its methods, automatic choice,
-/// a delta, and from format 5 the max level (rANS context sources), standalone and as a delta.
+/// a delta, from format 5 the max level (rANS context sources), standalone and as a delta, and
+/// from format 6 float tensors whose top two groups the default level codes as pairs.
 fn goldens(version: u16) -> Vec<Golden> {
     let methods = methods_of(version);
     let options = |selection| Options { chunk_size: 4096, selection, ..Options::default() };
@@ -149,6 +150,23 @@ fn goldens(version: u16) -> Vec<Golden> {
             options: max,
         });
     }
+    if version >= 6 {
+        // Chunks of float weights large enough for a pair's head to pay, and some whose exponent
+        // group holds more values than k = 3 allows and not as one range (a zero block and
+        // tiny weights among the others).
+        let options = Options { chunk_size: 64 << 10, ..Options::default() };
+        let mut floats = gaussian_f32(40, 60_000, 0.04);
+        floats[20_000..20_200].fill(0.0);
+        for (j, v) in floats[30_000..30_100].iter_mut().enumerate() {
+            *v *= (-(j as f32 % 45.0) - 10.0).exp2();
+        }
+        all.push(Golden {
+            name: "paired_floats.ckz",
+            segments: vec![(bf16_bytes(&floats), Some(Dtype::Bf16)), (f32_bytes(&floats), Some(Dtype::F32))],
+            reference: None,
+            options,
+        });
+    }
     all
 }
 
@@ -163,10 +181,16 @@ const FORMAT_3_METHODS: [Method; 5] = [Method::Raw, Method::Zero, Method::Huffma
 const FORMAT_4_METHODS: [Method; 6] =
     [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse, Method::Rans];
 
+/// Methods of format 6 forced one by one: those of format 4 and pairs (`Only(Paired)` codes the
+/// top two groups of float segments as pairs and stores the other groups raw).
+const FORMAT_6_METHODS: [Method; 7] =
+    [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse, Method::Rans, Method::Paired];
+
 fn methods_of(version: u16) -> &'static [Method] {
     match version {
         3 => &FORMAT_3_METHODS,
-        _ => &FORMAT_4_METHODS,
+        4 | 5 => &FORMAT_4_METHODS,
+        _ => &FORMAT_6_METHODS,
     }
 }
 
@@ -259,4 +283,33 @@ fn format_5_containers_still_decode() {
     }
     assert!(sources.iter().any(|s| s.starts_with("Group")), "{sources:?}");
     assert!(sources.iter().any(|s| s.starts_with("Reference")), "{sources:?}");
+}
+
+/// Format 6 containers (pairs of groups, forced and chosen automatically) decode bit-exactly,
+/// and the automatic fixture pairs with more than one `k`, with value sets that are one range
+/// and that are not.
+#[test]
+fn format_6_containers_still_decode() {
+    let methods = check_fixtures(6);
+    assert!(FORMAT_6_METHODS.iter().all(|m| methods.contains(m)), "fixtures cover {methods:?}");
+    assert!(methods.contains(&Method::Remainder), "fixtures cover {methods:?}");
+    let bytes = std::fs::read(fixture_dir(6).join("paired_floats.ckz")).unwrap();
+    let container = Container::open(&bytes).unwrap();
+    let (mut ks, mut ranges) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+    for i in 0..container.chunk_count() {
+        for (entry, stored) in container.chunk_groups(i).unwrap() {
+            if entry.method == Method::Paired {
+                ks.insert(stored[0]);
+                // Whether the value set is one range (decoded without a table) or not.
+                let bits = u128::from_le_bytes(stored[1..17].try_into().unwrap());
+                let high = u128::from_le_bytes(stored[17..33].try_into().unwrap());
+                let count = bits.count_ones() + high.count_ones();
+                let first = if bits != 0 { bits.trailing_zeros() } else { 128 + high.trailing_zeros() };
+                let last = if high != 0 { 255 - high.leading_zeros() } else { 127 - bits.leading_zeros() };
+                ranges.insert(last - first + 1 == count);
+            }
+        }
+    }
+    assert!(ks.len() >= 2, "k values {ks:?}");
+    assert_eq!(ranges.len(), 2, "value sets as ranges and not");
 }

@@ -5,7 +5,8 @@
 //! 2. exponent extraction for floats and byte grouping ([`byte_group`]),
 //! 3. per byte group, a [`Method`] picked from cheap statistics ([`select`]) and applied:
 //!    [`huffman`] (zstd's huff0, entropy coding only), [`zstd_block`], zero-run tokens then zstd
-//!    ([`sparse`]), rANS with a context ([`rans`]), all-zero truncation or raw,
+//!    ([`sparse`]), rANS with a context ([`rans`]), all-zero truncation or raw; or for a float's
+//!    top two groups together, the exponent and the top mantissa bits as one symbol ([`paired`]),
 //! 4. framing: [`container`] writes chunk tables and a whole-file container with a chunk index.
 //!
 //! This layer is pure: bytes in, bytes out. It never opens files and never panics on untrusted
@@ -16,6 +17,7 @@ pub mod chunk;
 pub mod container;
 pub mod cross_precision;
 pub mod huffman;
+pub mod paired;
 pub mod rans;
 pub mod select;
 pub mod sparse;
@@ -125,12 +127,27 @@ pub enum Method {
     /// neighbours agree. Added in container format 4; format 5 added context sources other than
     /// the previous byte (the same element's exponent, a delta's reference), binned and bit-packed tables.
     Rans = 5,
+    /// This group (a float's exponent) and the top bits of the group below it as one Huffman
+    /// symbol per element ([`paired`]); the group below is [`Method::Remainder`]. Added in
+    /// container format 6.
+    Paired = 6,
+    /// The low bits of each byte of a group whose top bits are coded in the [`Method::Paired`]
+    /// group above it, bit-packed. Added in container format 6.
+    Remainder = 7,
 }
 
 impl Method {
     /// All methods, in tag order.
-    pub const ALL: [Method; 6] =
-        [Method::Raw, Method::Zero, Method::Huffman, Method::Zstd, Method::Sparse, Method::Rans];
+    pub const ALL: [Method; 8] = [
+        Method::Raw,
+        Method::Zero,
+        Method::Huffman,
+        Method::Zstd,
+        Method::Sparse,
+        Method::Rans,
+        Method::Paired,
+        Method::Remainder,
+    ];
 
     /// Lowercase name for tables and JSON.
     pub fn name(self) -> &'static str {
@@ -141,6 +158,8 @@ impl Method {
             Method::Zstd => "zstd",
             Method::Sparse => "sparse",
             Method::Rans => "rans",
+            Method::Paired => "paired",
+            Method::Remainder => "remainder",
         }
     }
 }
@@ -155,6 +174,8 @@ impl TryFrom<u8> for Method {
             3 => Ok(Method::Zstd),
             4 => Ok(Method::Sparse),
             5 => Ok(Method::Rans),
+            6 => Ok(Method::Paired),
+            7 => Ok(Method::Remainder),
             other => Err(Error::Corrupt(format!("unknown method tag {other}"))),
         }
     }
@@ -229,10 +250,22 @@ mod tests {
     #[test]
     fn method_tags_are_pinned() {
         let tags: Vec<(u8, &str)> = Method::ALL.iter().map(|m| (*m as u8, m.name())).collect();
-        assert_eq!(tags, vec![(0, "raw"), (1, "zero"), (2, "huffman"), (3, "zstd"), (4, "sparse"), (5, "rans")]);
+        assert_eq!(
+            tags,
+            vec![
+                (0, "raw"),
+                (1, "zero"),
+                (2, "huffman"),
+                (3, "zstd"),
+                (4, "sparse"),
+                (5, "rans"),
+                (6, "paired"),
+                (7, "remainder")
+            ]
+        );
         for m in Method::ALL {
             assert_eq!(Method::try_from(m as u8).unwrap(), m);
         }
-        assert!(Method::try_from(6).is_err());
+        assert!(Method::try_from(8).is_err());
     }
 }

@@ -24,6 +24,9 @@ pub struct MethodCounts {
     pub sparse: u64,
     /// rANS-coded groups.
     pub rans: u64,
+    /// Groups coded as pairs (format 6): the paired group and the remainder group below it each
+    /// count once.
+    pub paired: u64,
 }
 
 impl MethodCounts {
@@ -35,6 +38,7 @@ impl MethodCounts {
             Method::Zstd => self.zstd += 1,
             Method::Sparse => self.sparse += 1,
             Method::Rans => self.rans += 1,
+            Method::Paired | Method::Remainder => self.paired += 1,
         }
     }
     /// Adds `o`'s counts to these.
@@ -45,10 +49,11 @@ impl MethodCounts {
         self.zstd += o.zstd;
         self.sparse += o.sparse;
         self.rans += o.rans;
+        self.paired += o.paired;
     }
     /// Total groups counted.
     pub fn total(&self) -> u64 {
-        self.raw + self.zero + self.huffman + self.zstd + self.sparse + self.rans
+        self.raw + self.zero + self.huffman + self.zstd + self.sparse + self.rans + self.paired
     }
 }
 

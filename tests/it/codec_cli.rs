@@ -65,7 +65,11 @@ fn stats_accounts_for_every_byte() {
         std::fs::metadata(dir.path().join("c.ckz")).unwrap().len()
     );
     let bf16_exponent = groups.iter().find(|g| g["dtype"] == "BF16" && g["group"] == 1).expect("bf16 exponent group");
-    assert!(bf16_exponent["methods"][2].as_u64().unwrap() > 0, "exponent stream is Huffman coded");
+    // Method counts are indexed by tag: 2 Huffman, 6 paired (with the group below), 7 remainder.
+    let count = |g: &serde_json::Value, tag: usize| g["methods"][tag].as_u64().unwrap();
+    assert!(count(bf16_exponent, 2) + count(bf16_exponent, 6) > 0, "exponent stream is Huffman coded");
+    let bf16_mantissa = groups.iter().find(|g| g["dtype"] == "BF16" && g["group"] == 0).expect("bf16 mantissa group");
+    assert_eq!(count(bf16_exponent, 6), count(bf16_mantissa, 7), "every paired group has its remainder group");
     // Every group carries the three figures, and an adaptive coder never does better than the
     // static order-1 entropy of what it coded.
     for g in groups {

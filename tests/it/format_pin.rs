@@ -117,9 +117,12 @@ fn ckpt_stdout(root: &Path, args: &[&str]) -> String {
     String::from_utf8(o.stdout).expect("utf-8 output")
 }
 
-/// Recorded from main at 259a362 (2026-11-26), before the issue-25 refactor.
-const VERSION_1: &str = "6b5e6837853e7badc188cd1fe73242bb820b9dea848d45178c8b3f4f30e789d1";
-const VERSION_2: &str = "df000b119352543df16dee5cdd6e3c6b796d635d147c481c174e1a85b98db3c6";
+/// Recorded from main at 259a362 (2026-11-26), before the issue-25 refactor; re-recorded once
+/// for container format 6 (issue 28's paired groups): a version records its stored bytes, and
+/// the bf16 and f32 tensors of these files now store fewer (the ids were 6b5e6837… and
+/// df000b11…). Manifest ids and file hashes below did not change.
+const VERSION_1: &str = "60cbdb750aa730ed26a9907d5686339fea7989a5a836f37021a50cdcb1fe4032";
+const VERSION_2: &str = "71c7442e07def024082d6f559fe1370432d163f663ace231bb6877291f7cecf9";
 /// (path, manifest id, file hash) per file of version 1, then of version 2.
 const MANIFESTS: &[(&str, &str, &str)] = &[
     (
@@ -159,15 +162,18 @@ const MANIFESTS: &[(&str, &str, &str)] = &[
 /// bytes but no object id, manifest or file hash above; and once (26e8beea… before) for
 /// container format 5 (rANS context sources), which at the default level changes only the
 /// version byte of every container and so its footer checksum (`ckpt compress` of corpus
-/// files before and after differs in exactly those 9 bytes).
-const OBJECTS: &str = "fc849ed7106316be6a33b322739acf78b22f30889705e0bded651ce94e030ef5";
+/// files before and after differs in exactly those 9 bytes); and once (fc849ed7… before) for
+/// format 6, whose paired groups change the bytes of float objects.
+const OBJECTS: &str = "17e2a7d178df07150432384a8d26a68935af1892712393b085875682205ef7bb";
 const OBJECT_COUNT: usize = 43;
 /// blake3 of `ckpt show --json` of version 1 and of version 2, and of `ckpt log`. The two `show`
 /// figures were re-recorded once for issue 28: its new method adds a `"rans": 0` count to every
-/// segment's `methods` (recorded at 259a362 as e460de64… and 773853c0…).
-const SHOW_JSON_1: &str = "d643c740177ca1d2587d0b55b601f8001c10ef35094ed00b9d9d93efd0e00248";
-const SHOW_JSON_2: &str = "47c19f26db6d832e834fdb2ba8402c78e9f1e49938f9b3c918b4c52789c099bd";
-const LOG: &str = "05bc2e8d193ce95f4875197bfe56502a2cc763594ab882e9d104dce784c2985b";
+/// segment's `methods` (recorded at 259a362 as e460de64… and 773853c0…); and once more for format
+/// 6 (a `"paired"` count, and the new version ids and stored sizes; d643c740… and 47c19f26…
+/// before). `ckpt log` prints the version ids (05bc2e8d… before).
+const SHOW_JSON_1: &str = "ba3b00b405dc84b4e5e2f7116af1af99730df62d40942742215c26a65bb4d2f2";
+const SHOW_JSON_2: &str = "eb9b61b2a148d07d8dbf36357337bb4010c4e6aa4cb6b0d008c0f66c0280599a";
+const LOG: &str = "5655ec5b0264fe29e2b6a4786f8ee91369463ea21b50304b7ee442091a70ef93";
 
 #[test]
 fn fixed_inputs_give_the_recorded_objects_and_output() {

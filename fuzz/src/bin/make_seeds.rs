@@ -9,7 +9,7 @@
 //! Usage: make_seeds OUT_DIR CKPT_BINARY (fuzz/make_seeds.sh builds both and passes them).
 
 use ckpt::codec::container::{ContainerWriter, FileKind};
-use ckpt::codec::{byte_group, huffman, rans, sparse, Layout, Options};
+use ckpt::codec::{byte_group, huffman, paired, rans, select::GroupStats, sparse, Layout, Options};
 use ckpt::file_codec::{self, Format};
 use ckpt::repo::{CommitOptions, Repo};
 use ckpt::store::{ObjectHeader, ObjectKind, Store, HEADER_LEN};
@@ -473,6 +473,29 @@ fn main() -> Result<(), Error> {
     }
     if sourced < 3 {
         return Err("too few byte groups rANS-coded with a context source".into());
+    }
+
+    // Pairs (format 6): the exponent group and the group below it of the bf16 and f32 tensors
+    // coded together, with the `k` their values give and with every smaller one.
+    let mut pairs = 0;
+    for (tname, bytes, layout) in [("embed", e1, bf16), ("fc", &m1[2].bytes, f32)] {
+        let own = groups(bytes, None, layout)?;
+        let (upper, lower) = (&own[own.len() - 1], &own[own.len() - 2]);
+        let histogram = GroupStats::of(upper).histogram;
+        let Some(plan) = paired::Plan::for_histogram(&histogram) else { continue };
+        let mut symbols = vec![0u8; upper.len()];
+        plan.symbols(upper, lower, &mut symbols);
+        let (mut up, mut low) = (Vec::new(), Vec::new());
+        if paired::encode(&plan, &symbols, None, lower, &mut up, &mut low)? {
+            let mut seed = length_prefixed(upper.len(), &(up.len() as u32).to_le_bytes());
+            seed.extend_from_slice(&up);
+            seed.extend_from_slice(&low);
+            corpus.put("paired_decode", &format!("{tname}-k{}.paired", plan.k()), &seed)?;
+            pairs += 1;
+        }
+    }
+    if pairs == 0 {
+        return Err("no pair of byte groups coded".into());
     }
 
     // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 3, max level bit 4), then

@@ -25,6 +25,7 @@ fn mix(m: &MethodCounts) -> String {
         ("zstd", m.zstd),
         ("sparse", m.sparse),
         ("rans", m.rans),
+        ("paired", m.paired),
     ]
     .iter()
     .filter(|(_, n)| *n > 0)
