@@ -119,10 +119,10 @@ fn ckpt_stdout(root: &Path, args: &[&str]) -> String {
 
 /// Recorded from main at 259a362 (2026-11-26), before the issue-25 refactor; re-recorded once
 /// for container format 6 (issue 28's paired groups): a version records its stored bytes, and
-/// the bf16 and f32 tensors of these files now store fewer (the ids were 6b5e6837… and
+/// the bf16 tensors of these files now store fewer (the ids were 6b5e6837… and
 /// df000b11…). Manifest ids and file hashes below did not change.
-const VERSION_1: &str = "60cbdb750aa730ed26a9907d5686339fea7989a5a836f37021a50cdcb1fe4032";
-const VERSION_2: &str = "71c7442e07def024082d6f559fe1370432d163f663ace231bb6877291f7cecf9";
+const VERSION_1: &str = "5ba1bb96f4d8a4d7b356164d5b4e9df9e1e9044fdeb3abfdf9f27095f7adb3a9";
+const VERSION_2: &str = "9c4125629bde0d84669f13b7c286a8d7cb6d3e8005b15ff88eb293c5ab9ffbf2";
 /// (path, manifest id, file hash) per file of version 1, then of version 2.
 const MANIFESTS: &[(&str, &str, &str)] = &[
     (
@@ -163,17 +163,17 @@ const MANIFESTS: &[(&str, &str, &str)] = &[
 /// container format 5 (rANS context sources), which at the default level changes only the
 /// version byte of every container and so its footer checksum (`ckpt compress` of corpus
 /// files before and after differs in exactly those 9 bytes); and once (fc849ed7… before) for
-/// format 6, whose paired groups change the bytes of float objects.
-const OBJECTS: &str = "17e2a7d178df07150432384a8d26a68935af1892712393b085875682205ef7bb";
+/// format 6, whose paired groups change the bytes of bf16 objects.
+const OBJECTS: &str = "d050fbbe32a4c131be455c5ff18a01d0199b2d8d3a661fec3ad2213c95ec6b8b";
 const OBJECT_COUNT: usize = 43;
 /// blake3 of `ckpt show --json` of version 1 and of version 2, and of `ckpt log`. The two `show`
 /// figures were re-recorded once for issue 28: its new method adds a `"rans": 0` count to every
 /// segment's `methods` (recorded at 259a362 as e460de64… and 773853c0…); and once more for format
 /// 6 (a `"paired"` count, and the new version ids and stored sizes; d643c740… and 47c19f26…
 /// before). `ckpt log` prints the version ids (05bc2e8d… before).
-const SHOW_JSON_1: &str = "ba3b00b405dc84b4e5e2f7116af1af99730df62d40942742215c26a65bb4d2f2";
-const SHOW_JSON_2: &str = "eb9b61b2a148d07d8dbf36357337bb4010c4e6aa4cb6b0d008c0f66c0280599a";
-const LOG: &str = "5655ec5b0264fe29e2b6a4786f8ee91369463ea21b50304b7ee442091a70ef93";
+const SHOW_JSON_1: &str = "76d24446017719d21f89e7d272028f5c2597e06d5b60930ecdb1531ec4e7cd9f";
+const SHOW_JSON_2: &str = "b4f9da0a372f06f9a1b571b256b0424cfba6372f4af59f00a53f7fbc935f2c1d";
+const LOG: &str = "18464acd97b09a6863b2c8a38207ce0669f9fc63ccbc0717d03ae65ff02417f7";
 
 #[test]
 fn fixed_inputs_give_the_recorded_objects_and_output() {
