@@ -281,7 +281,7 @@ pub fn decode(upper_stored: &[u8], lower_stored: &[u8], upper: &mut [u8], lower:
 /// and reading back the two groups (the regrouping pass was 15% of decoding a bf16 file).
 pub fn decode_elements(upper_stored: &[u8], lower_stored: &[u8], scratch: &mut [u8], out: &mut [u8]) -> Result<()> {
     let n = out.len() / 2;
-    if out.len() % 2 != 0 || scratch.len() != out.len() {
+    if !out.len().is_multiple_of(2) || scratch.len() != out.len() {
         return Err(Error::InvalidInput(format!(
             "{} bytes of 2-byte elements, {} of scratch",
             out.len(),
