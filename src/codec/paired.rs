@@ -63,6 +63,29 @@ impl Plan {
         })
     }
 
+    /// The plan for an upper group whose values lie in `low..=high`, known without its histogram:
+    /// the whole range, with the largest `k` it allows, or `None` for a range over 128 values.
+    pub fn for_range(low: u8, high: u8) -> Option<Plan> {
+        let range = (low as usize)..=(high as usize);
+        let k = (1..=MAX_K).rev().find(|&k| range.clone().count() <= 256 >> k)?;
+        Some(Plan::with_k(|v| range.contains(&v), k))
+    }
+
+    /// The upper group's histogram from the symbols' (each symbol names one upper value).
+    pub fn upper_histogram(&self, symbol_histogram: &[u32; 256]) -> [u32; 256] {
+        let mut values = [0u8; 256];
+        for v in 0..256 {
+            if self.present[v / 8] & (1 << (v % 8)) != 0 {
+                values[self.rank[v] as usize] = v as u8;
+            }
+        }
+        let mut histogram = [0u32; 256];
+        for (symbol, &count) in symbol_histogram.iter().enumerate() {
+            histogram[values[symbol >> self.k] as usize] += count;
+        }
+        histogram
+    }
+
     /// The plan naming the values `named` selects with a given `k` (1 to 3; the caller checks
     /// that `256 >> k` values suffice).
     fn with_k(named: impl Fn(usize) -> bool, k: u32) -> Plan {

@@ -357,10 +357,16 @@ pub fn predict_with_stats(group: &[u8], options: &Options) -> (Method, Option<Gr
             return (Method::Sparse, None);
         }
     }
-    let stats = GroupStats::of(group);
+    predict_from_stats(group, GroupStats::of(group), options)
+}
+
+/// [`predict_with_stats`] for a group whose statistics the caller has already (a pair's upper
+/// group, counted through the pair's symbols).
+pub fn predict_from_stats(group: &[u8], stats: GroupStats, options: &Options) -> (Method, Option<GroupStats>) {
+    let n = group.len();
     let method = match stats.zeros() {
         zeros if zeros == n => Method::Zero,
-        zeros if mostly_zero(zeros) => Method::Sparse,
+        zeros if zeros as f64 >= options.zstd_zero_fraction * n as f64 => Method::Sparse,
         _ => predict_from(group, &stats, options),
     };
     (method, Some(stats))
