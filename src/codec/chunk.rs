@@ -1276,17 +1276,15 @@ mod tests {
         for width in [2usize, 4] {
             let layout = Layout { width, extract_exponent: true };
             let (base, next) = float_versions(60 + width as u64, (256 << 10) / width, width);
-            let default_options = Options::default();
-            let mut payload = Vec::new();
-            let header = encode_chunk(
-                Data::Bytes(&base),
-                None,
-                layout,
-                &default_options,
-                &mut SkipState::default(),
-                &mut payload,
-            )
-            .unwrap();
+            let code = |selection| {
+                let options = Options { selection, ..Options::default() };
+                let mut payload = Vec::new();
+                let header =
+                    encode_chunk(Data::Bytes(&base), None, layout, &options, &mut SkipState::default(), &mut payload)
+                        .unwrap();
+                (header, payload)
+            };
+            let (header, payload) = code(Selection::Auto);
             let methods: Vec<Method> = header.groups().iter().map(|e| e.method).collect();
             // The default level pairs 2-byte floats; `Only(Paired)` pairs any width.
             let (header, payload) = if width == 2 {
@@ -1294,27 +1292,13 @@ mod tests {
                 (header, payload)
             } else {
                 assert!(!methods.contains(&Method::Paired), "width {width}: {methods:?}");
-                let options = Options { selection: Selection::Only(Method::Paired), ..Options::default() };
-                let mut payload = Vec::new();
-                let header =
-                    encode_chunk(Data::Bytes(&base), None, layout, &options, &mut SkipState::default(), &mut payload)
-                        .unwrap();
+                let (header, payload) = code(Selection::Only(Method::Paired));
                 let methods: Vec<Method> = header.groups().iter().map(|e| e.method).collect();
                 assert_eq!(methods, [Method::Raw, Method::Raw, Method::Remainder, Method::Paired]);
                 (header, payload)
             };
             // The pair stores less than the top group Huffman-coded and the one below raw.
-            let unpaired_options = Options { selection: Selection::Only(Method::Huffman), ..Options::default() };
-            let mut unpaired = Vec::new();
-            let unpaired_header = encode_chunk(
-                Data::Bytes(&base),
-                None,
-                layout,
-                &unpaired_options,
-                &mut SkipState::default(),
-                &mut unpaired,
-            )
-            .unwrap();
+            let (unpaired_header, _) = code(Selection::Only(Method::Huffman));
             let top_two = |h: &ChunkHeader| h.groups()[width - 2..].iter().map(|e| e.stored_len).sum::<u32>();
             let apart = unpaired_header.groups()[width - 1].stored_len + (base.len() / width) as u32;
             assert!(top_two(&header) < apart, "width {width}: {} vs {apart}", top_two(&header));

@@ -14,18 +14,29 @@
 //!
 //! `k` is at most 3 so that a symbol stays a byte: the upper group may hold at most `256 >> k`
 //! distinct values in a chunk (bf16 exponents of trained weights: 21 in the median chunk of the
-//! corpus, 49 at most), mapped to their rank among the values present.
+//! corpus, 49 at most), each named by its index in the payload's value set. When that set is one
+//! range (ckpt's encoder names the whole range between the extremes when it can), the index is
+//! the value minus the smallest, and coding and decoding run on whole words or SIMD registers
+//! without a table; otherwise through a 256-entry table.
+//!
+//! # Why by hand, and the SIMD
+//!
+//! No crate codes such symbol pairs. The decoding loops that turn symbols back into bytes were
+//! the pair's main cost after huff0 itself, so they have SSSE3 and AVX2 versions (runtime
+//! checks) and BMI2 `pdep`/`pext` word versions, each beside a portable loop that a property test
+//! checks them against (docs/BENCHMARKS.md, "Paired groups", has the steps and timings).
 //!
 //! # Untrusted input
 //!
 //! [`decode`] checks `k`, the value set and the remainder's exact length before decoding, lets
-//! [`huffman::decode`] check the symbol payload, and rejects a symbol outside the value set.
-//! Nothing is allocated.
+//! [`huffman::decode`] check the symbol payload, and rejects a symbol outside the value set
+//! before any table lookup. Nothing is allocated; the SIMD loops take whole blocks whose reads
+//! stay inside the payload, and leave the rest to the word loops.
 
 use super::select::GroupStats;
 use super::{huffman, Error, Result};
 
-/// Length of the fixed head of a Paired payload: `k` and the 256-bit set of present values.
+/// Length of the fixed head of a Paired payload: `k` and the 256-bit value set.
 pub const HEAD_LEN: usize = 33;
 
 /// Largest `k`.
