@@ -39,7 +39,8 @@ pub enum Selection {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
-    /// Today's speed targets: rANS only where statistics predict a clear win, order-0.
+    /// Today's speed targets: rANS only where statistics predict a clear win, order-0; the two
+    /// groups of a 2-byte float chunk coded as a pair ([`super::paired`]) where estimated smaller.
     #[default]
     Default,
     /// Every group that is not all zero is also tried with rANS with up to 16 contexts from
