@@ -501,11 +501,11 @@ fn paired_trial(
     // coder needs anyway), instead of a histogram of its own: a third of a pair's extra cost.
     // Not for a group that looks mostly zero (a delta's), which `predict_with_stats` settles
     // from a sample without any histogram.
-    let sample = &upper[..n.min(4096)];
-    let zero_heavy = sample.iter().filter(|&&b| b == 0).count() * 2 >= sample.len();
-    let extremes = upper.iter().fold((u8::MAX, 0u8), |(low, high), &b| (low.min(b), high.max(b)));
-    let range_plan = match auto && !zero_heavy && extremes.0 <= extremes.1 && extremes.1 - extremes.0 < 64 {
-        true => paired::Plan::for_range(extremes.0, extremes.1),
+    let range_plan = match auto && !super::select::sample_is_half_zero(upper) {
+        true => {
+            let (low, high) = upper.iter().fold((u8::MAX, 0u8), |(low, high), &b| (low.min(b), high.max(b)));
+            (low <= high && high - low < 64).then(|| paired::Plan::for_range(low, high)).flatten()
+        }
         false => None,
     };
     let coded = super::with_thread_buffer(&PAIRED_SYMBOLS, n, |symbols| -> Result<Option<u32>> {

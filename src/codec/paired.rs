@@ -120,17 +120,19 @@ impl Plan {
     /// their statistics. (Counting them on the way, in the same loop, took twice as long as
     /// counting them after it.)
     pub fn symbols(&self, upper: &[u8], lower: &[u8], symbols: &mut [u8]) -> GroupStats {
-        let mut shifted = [0u8; 256];
-        for (s, &r) in shifted.iter_mut().zip(&self.rank) {
-            *s = r << self.k;
-        }
         match (self.k, self.base) {
             (1, Some(base)) => symbols_range::<1>(base, upper, lower, symbols),
             (2, Some(base)) => symbols_range::<2>(base, upper, lower, symbols),
             (_, Some(base)) => symbols_range::<3>(base, upper, lower, symbols),
-            (1, None) => symbols_k::<1>(&shifted, upper, lower, symbols),
-            (2, None) => symbols_k::<2>(&shifted, upper, lower, symbols),
-            (_, None) => symbols_k::<3>(&shifted, upper, lower, symbols),
+            (k, None) => {
+                // Each value's index, already shifted into place in the symbol.
+                let shifted = self.rank.map(|r| r << k);
+                match k {
+                    1 => symbols_k::<1>(&shifted, upper, lower, symbols),
+                    2 => symbols_k::<2>(&shifted, upper, lower, symbols),
+                    _ => symbols_k::<3>(&shifted, upper, lower, symbols),
+                }
+            }
         }
         GroupStats::of(symbols)
     }
@@ -777,7 +779,6 @@ fn packed_word(packed: &[u8], b: usize, width: usize) -> u64 {
 /// [`unpack_k`] for a contiguous value range from `base`: the value is `base` plus the index,
 /// eight elements per u64 word without a table.
 #[inline(always)]
-#[allow(unsafe_code)]
 fn unpack_range<const K: u32, const PDEP: bool>(upper: &mut [u8], lower: &mut [u8], packed: &[u8], base: u8) {
     let width = 8 - K as usize;
     let top_bits = BYTES * ((1 << K) - 1);

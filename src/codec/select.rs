@@ -348,8 +348,7 @@ pub fn predict(group: &[u8], options: &Options) -> Method {
 pub fn predict_with_stats(group: &[u8], options: &Options) -> (Method, Option<GroupStats>) {
     let n = group.len();
     let mostly_zero = |zeros: usize| zeros as f64 >= options.zstd_zero_fraction * n as f64;
-    let sample = &group[..n.min(ZERO_SAMPLE)];
-    if count_zeros(sample) * 2 >= sample.len() {
+    if sample_is_half_zero(group) {
         let zeros = count_zeros(group);
         if zeros == n {
             return (Method::Zero, None);
@@ -376,6 +375,13 @@ pub fn predict_from_stats(group: &[u8], stats: GroupStats, options: &Options) ->
 /// Bytes at the start of a group that [`predict_with_stats`] looks at to decide whether to
 /// count its zeros before building its histogram.
 const ZERO_SAMPLE: usize = 4096;
+
+/// Whether the first 4 KiB of `group` are at least half zeros: the cheap test
+/// that sends a group (a delta's exponents) down the zero-count path instead of a histogram.
+pub fn sample_is_half_zero(group: &[u8]) -> bool {
+    let sample = &group[..group.len().min(ZERO_SAMPLE)];
+    count_zeros(sample) * 2 >= sample.len()
+}
 
 /// The rest of [`predict_with_stats`], for a group that is not mostly zeros.
 fn predict_from(group: &[u8], stats: &GroupStats, options: &Options) -> Method {
