@@ -146,10 +146,14 @@ class Repo:
         that does not fit the file: cut by walking its archives, `archive.<n>`). `pieces`:
         the sink that took tensors of this file while it was written (holes in the file at
         `disk`). Returns `(path, manifest, file hash, length)` for `commit_stored`."""
-    def piece_sink(self, hints: Sequence[Tuple[Any, int, str]]) -> Optional[PieceSink]:
+    def piece_sink(
+        self, hints: Sequence[Tuple[Any, int, str, Optional[Tuple[List[int], List[int], List[int]]]]]
+    ) -> Optional[PieceSink]:
         """A sink for the tensors of a save's files, with `hints` `(storage, tensor length in
-        bytes, torch dtype name)` of the tensors about to be written (each storage asked for
-        `data_ptr()` and `nbytes()`); `None` under a delta policy other than ``reverse``."""
+        bytes, torch dtype name, chunk)` of the tensors about to be written (each storage asked
+        for `data_ptr()` and `nbytes()`; `chunk`: the whole tensor's size, the chunk's offsets
+        and sizes, which say where the chunk is cut into cells, or `None`); `None` under a delta
+        policy other than ``reverse``."""
     def commit_stored(
         self,
         branch: str,

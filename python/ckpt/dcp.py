@@ -534,8 +534,8 @@ def _classes():
             n = os.pwrite(fd, view, at)
             view, at = view[n:], at + n
 
-    def _storage_hints(plan, planner) -> List[Tuple[Any, int, str]]:
-        """`(storage, length in bytes, dtype)` of each tensor DCP is about to write
+    def _storage_hints(plan, planner) -> List[Tuple[Any, int, str, Any]]:
+        """`(storage, length in bytes, dtype, chunk)` of each tensor DCP is about to write
         (`PieceSink`), resolved as DCP's writer resolves them: for a tensor in memory the
         storage is the memory `torch.save` will hand over; one DCP copies first (on a GPU, or a
         view of a larger storage) is known by its length and dtype."""
@@ -551,7 +551,12 @@ def _classes():
                 continue
             length = tensor.numel() * tensor.element_size()
             if max(length, tensor.untyped_storage().nbytes()) >= _PIECE_MIN:
-                hints.append((tensor.untyped_storage(), length, str(tensor.dtype).removeprefix("torch.")))
+                # The chunk's place in its tensor: where the file's cut divides it into cells.
+                data = item.tensor_data
+                chunk = None
+                if data is not None:
+                    chunk = (list(data.size), list(data.chunk.offsets), list(data.chunk.sizes))
+                hints.append((tensor.untyped_storage(), length, str(tensor.dtype).removeprefix("torch."), chunk))
         return hints
 
     class _StoreFS(fs.FileSystem):

@@ -694,12 +694,17 @@ impl Repo {
     }
 
     /// A sink for the tensors of a save's files ([`pieces::PieceSink`]), with `hints`
-    /// `(storage, tensor length in bytes, torch dtype name)` of the tensors about to be
-    /// written; `None` when
+    /// `(storage, tensor length in bytes, torch dtype name, chunk)` of the tensors about to be
+    /// written (`chunk`: the whole tensor's size, the chunk's offsets and sizes, or `None`);
+    /// `None` when
     /// the repository's delta policy is not `reverse` (only `reverse` codes a save's tensors
     /// after it, in its compaction; the others code them against the previous version's in
     /// `store_objects`, from the file).
-    fn piece_sink(&self, hints: Vec<(Bound<'_, PyAny>, usize, String)>) -> PyResult<Option<pieces::PieceSink>> {
+    #[allow(clippy::type_complexity, reason = "the tuples Python hands over")]
+    fn piece_sink(
+        &self,
+        hints: Vec<(Bound<'_, PyAny>, usize, String, Option<(Vec<u64>, Vec<u64>, Vec<u64>)>)>,
+    ) -> PyResult<Option<pieces::PieceSink>> {
         let repo = self.repo()?;
         if repo.config().delta_policy != repo::DeltaPolicy::Reverse {
             return Ok(None);

@@ -99,31 +99,56 @@ unsafe impl Sync for HeldBuffer {}
 pub(crate) struct PieceSink {
     pub(crate) repo: Arc<repo::Repo>,
     pub(crate) pieces: Arc<Pieces>,
-    /// Hinted storages by (address, length): their dtype.
-    by_place: HashMap<(usize, usize), Dtype>,
-    /// Hinted tensors by length: their dtype, `None` where tensors of two dtypes have that
-    /// length. For a write of a copy DCP made (a tensor on a GPU, or a view of a larger
-    /// storage, is copied before `torch.save`), whose address no hint knows.
-    by_len: HashMap<usize, Option<Dtype>>,
+    /// Hinted storages by (address, length): their dtype and cells.
+    by_place: HashMap<(usize, usize), Hint>,
+    /// Hinted tensors by length: their dtype and cells, `None` where two tensors of that length
+    /// differ in either. For a write of a copy DCP made (a tensor on a GPU, or a view of a
+    /// larger storage, is copied before `torch.save`), whose address no hint knows.
+    by_len: HashMap<usize, Option<Hint>>,
+}
+
+/// What a write of a hinted tensor is taken to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Hint {
+    dtype: Dtype,
+    /// Where the file's cut will divide the tensor into cells ([`dcp::cell_cuts`]): byte
+    /// offsets inside it, each cell stored as a piece of its own.
+    cuts: Vec<u64>,
 }
 
 impl PieceSink {
-    /// `hints`: `(storage, tensor length in bytes, torch dtype name)` of each tensor DCP is
-    /// about to write; each storage's address and length are asked of it here. A guess taken
-    /// from them is checked against the file's cut when the file is stored.
-    pub(crate) fn new(repo: Arc<repo::Repo>, hints: Vec<(Bound<'_, PyAny>, usize, String)>) -> PyResult<PieceSink> {
+    /// `hints`: `(storage, tensor length in bytes, torch dtype name, chunk)` of each tensor
+    /// DCP is about to write, `chunk` being `(whole tensor's size, chunk offsets, chunk sizes)`
+    /// when the tensor is a chunk of a tensor (for its cells, [`dcp::cell_cuts`]); each storage's
+    /// address and length are asked of it here. A guess taken from them is checked against the
+    /// file's cut when the file is stored.
+    #[allow(clippy::type_complexity, reason = "the tuples Python hands over")]
+    pub(crate) fn new(
+        repo: Arc<repo::Repo>,
+        hints: Vec<(Bound<'_, PyAny>, usize, String, Option<(Vec<u64>, Vec<u64>, Vec<u64>)>)>,
+    ) -> PyResult<PieceSink> {
         let mut by_place = HashMap::new();
-        let mut by_len: HashMap<usize, Option<Dtype>> = HashMap::new();
-        for (storage, tensor_len, dtype) in hints {
+        let mut by_len: HashMap<usize, Option<Hint>> = HashMap::new();
+        for (storage, tensor_len, dtype, chunk) in hints {
             let Some(dtype) = dcp::dtype_of_torch(&dtype) else { continue };
+            let cuts = match chunk {
+                Some((size, offsets, sizes)) => dcp::cell_cuts(&size, &offsets, &sizes, dtype.size() as u64),
+                None => Vec::new(),
+            };
+            // Cuts past the tensor's length are no cuts of it (`cell_cuts` gives increasing ones).
+            let fits = cuts.first().is_none_or(|&c| c > 0)
+                && cuts.windows(2).all(|w| w[0] < w[1])
+                && cuts.last().is_none_or(|&c| c < tensor_len as u64);
+            let cuts = if fits { cuts } else { Vec::new() };
+            let hint = Hint { dtype, cuts };
             let addr: usize = storage.call_method0("data_ptr")?.extract()?;
             let len: usize = storage.call_method0("nbytes")?.extract()?;
             if len >= repo::PIECE_MIN && addr != 0 {
-                by_place.insert((addr, len), dtype);
+                by_place.insert((addr, len), hint.clone());
             }
             if tensor_len >= repo::PIECE_MIN {
-                let known = by_len.entry(tensor_len).or_insert(Some(dtype));
-                if *known != Some(dtype) {
+                let known = by_len.entry(tensor_len).or_insert(Some(hint.clone()));
+                if known.as_ref() != Some(&hint) {
                     *known = None;
                 }
             }
@@ -131,9 +156,9 @@ impl PieceSink {
         Ok(PieceSink { repo, pieces: Arc::new(Pieces::new()), by_place, by_len })
     }
 
-    /// The dtype `write` of `len` bytes at `addr` is taken to be, if any.
-    fn guess(&self, addr: usize, len: usize) -> Option<Dtype> {
-        self.by_place.get(&(addr, len)).copied().or_else(|| self.by_len.get(&len).copied().flatten())
+    /// What a `write` of `len` bytes at `addr` is taken to be, if anything.
+    fn guess(&self, addr: usize, len: usize) -> Option<&Hint> {
+        self.by_place.get(&(addr, len)).or_else(|| self.by_len.get(&len).and_then(Option::as_ref))
     }
 }
 
@@ -145,11 +170,21 @@ impl PieceSink {
     /// GIL, reading `data` in place.
     fn take(&self, py: Python<'_>, data: &Bound<'_, PyAny>, file: &str, offset: u64) -> PyResult<bool> {
         let Some(held) = HeldBuffer::of(data) else { return Ok(false) };
-        let Some(dtype) = self.guess(held.addr(), held.len()) else { return Ok(false) };
+        let Some(hint) = self.guess(held.addr(), held.len()) else { return Ok(false) };
         let (repo, pieces) = (self.repo.clone(), self.pieces.clone());
         let pool = crate::child_pool()?;
         let stored = py.detach(|| {
-            crate::in_pool(pool.as_deref(), || repo.store_piece(&pieces, file, offset, held.bytes(), dtype))
+            crate::in_pool(pool.as_deref(), || {
+                // One piece per cell: the file's cut stores each cell as a segment of its own.
+                let bytes = held.bytes();
+                let ends = hint.cuts.iter().map(|&c| c as usize).filter(|&c| c < bytes.len()).chain([bytes.len()]);
+                let mut at = 0;
+                for end in ends {
+                    repo.store_piece(&pieces, file, offset + at as u64, &bytes[at..end], hint.dtype)?;
+                    at = end;
+                }
+                Ok::<(), repo::Error>(())
+            })
         });
         drop(held);
         stored.map_err(crate::to_py)?;

@@ -323,7 +323,7 @@ def test_tensors_taken_while_a_file_is_written_are_stored_as_the_whole_file_woul
     ckpt.Repo.init(str(repo_dir))
     native = ckpt._native.Repo.discover(str(repo_dir))
     dtypes = {"a": "float32", "b": "float16"}
-    sink = native.piece_sink([(_Storage(tensors[n]), tensors[n].nbytes, dtypes[n]) for n in "ab"])
+    sink = native.piece_sink([(_Storage(tensors[n]), tensors[n].nbytes, dtypes[n], None) for n in "ab"])
     fd = os.memfd_create("m.safetensors")
     try:
         os.ftruncate(fd, len(whole))
@@ -365,7 +365,7 @@ class Storage:
     def data_ptr(self): return self.a.ctypes.data
     def nbytes(self): return self.a.nbytes
 w = np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
-sink = native.piece_sink([(Storage(w), w.nbytes, "float32")])
+sink = native.piece_sink([(Storage(w), w.nbytes, "float32", None)])
 assert sink.take(memoryview(w).cast("B"), "__0_0.distcp", 4096)
 os.kill(os.getpid(), signal.SIGKILL)
 """

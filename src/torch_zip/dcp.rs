@@ -30,6 +30,11 @@ pub const MAX_ITEMS: usize = 1 << 20;
 /// Most tensor dimensions accepted (torch allows 64).
 pub const MAX_DIMS: usize = 64;
 
+/// Most cells a tensor's rows are cut into (a power of two; see [`cell_rows`]).
+pub const MAX_CELLS: u64 = 64;
+/// Smallest cell a tensor chunk is cut into, in bytes (see [`cell_rows`]): each cell is an
+/// object of its own, so cells are kept large enough for one to cost about what a tensor costs.
+pub const CELL_MIN_BYTES: u64 = 4 << 20;
 /// Candidate ends tried per archive by [`walk_archives`] before giving up: a zip end record
 /// whose sizes agree by chance inside tensor data is rare; many of them is a hostile file.
 const MAX_END_CANDIDATES: usize = 16;
@@ -147,6 +152,90 @@ pub struct Item {
     pub transformed: bool,
 }
 
+/// A chunk's name: the fqn and its range in the whole tensor per dimension
+/// (`model.fc1.weight[0:16,0:8]`; `[]` for a 0-dimensional tensor).
+fn chunk_name(fqn: &str, offsets: &[u64], sizes: &[u64]) -> String {
+    let dims: Vec<String> = offsets.iter().zip(sizes).map(|(o, s)| format!("{o}:{}", o.saturating_add(*s))).collect();
+    format!("{fqn}[{}]", dims.join(","))
+}
+
+/// The row ranges (of dimension 0, in the whole tensor) a tensor chunk is cut into, in order and
+/// covering the chunk's rows; one range (the chunk's own) when it is not cut.
+///
+/// Why: after a change of rank count every chunk of a sharded tensor has a new range, so a
+/// name (fqn and range) of one save matches nothing of the save before, and nothing pairs for a
+/// delta or dedups. So the rows of a tensor are divided into `g` equal **cells**, `g` a power
+/// of two up to [`MAX_CELLS`] that divides the row count, the largest whose cells hold at least
+/// [`CELL_MIN_BYTES`] of the whole tensor; and each chunk is cut at every cell boundary inside
+/// it. A chunk of a `Shard(0)` DTensor on `r` ranks, `r` dividing `g`, is whole cells, so the
+/// same rows give the same cells, under the same names, at every such rank count: 4 ranks
+/// after 2, 8 after 4 or 2 after 8 pair cell by cell. The cut depends only on the tensor's
+/// shape and the chunk's range, never on another save, so a file's segments (and its hash)
+/// stay a function of its bytes and `.metadata`. A chunk is not cut when a cell of it would be
+/// under [`CELL_MIN_BYTES`] (a chunk narrower than the tensor in another dimension), which also
+/// bounds the pieces to one per [`CELL_MIN_BYTES`] of the file, plus two; nor when it holds no
+/// whole cell (an uneven shard across a cell boundary), since only whole cells recur.
+pub fn cell_rows(size: &[u64], offsets: &[u64], sizes: &[u64], elem_bytes: u64) -> Vec<Range<u64>> {
+    cell_rows_of(size, offsets, sizes, elem_bytes, CELL_MIN_BYTES)
+}
+
+/// Where [`cell_rows`] cuts a chunk, as byte offsets into the chunk's bytes (row-major, `elem_bytes`
+/// per element), increasing and strictly inside it: what a writer storing the chunk's bytes
+/// before the file is cut (`ckpt.dcp.Writer`'s pieces) needs to store each cell on its own.
+pub fn cell_cuts(size: &[u64], offsets: &[u64], sizes: &[u64], elem_bytes: u64) -> Vec<u64> {
+    let cells = cell_rows(size, offsets, sizes, elem_bytes);
+    if cells.len() < 2 {
+        return Vec::new();
+    }
+    // Cut means the chunk's row size did not overflow (`cell_rows_of`).
+    let row_bytes: u64 = sizes[1..].iter().product::<u64>() * elem_bytes;
+    cells[1..].iter().map(|r| (r.start - offsets[0]) * row_bytes).collect()
+}
+
+/// [`cell_rows`] with cells of at least `cell_min` bytes (tests cut small fixtures).
+fn cell_rows_of(size: &[u64], offsets: &[u64], sizes: &[u64], elem_bytes: u64, cell_min: u64) -> Vec<Range<u64>> {
+    let whole = || match (offsets.first(), sizes.first()) {
+        (Some(&o), Some(&s)) => std::iter::once(o..o.saturating_add(s)).collect(),
+        _ => Vec::new(),
+    };
+    let (Some(&rows), Some(&start), Some(&len)) = (size.first(), offsets.first(), sizes.first()) else {
+        return whole();
+    };
+    if offsets.len() != size.len() || sizes.len() != size.len() || len == 0 {
+        return whole();
+    }
+    let row_bytes = |dims: &[u64]| dims.iter().try_fold(elem_bytes, |a, &d| a.checked_mul(d));
+    let (Some(tensor_row), Some(chunk_row)) = (row_bytes(&size[1..]), row_bytes(&sizes[1..])) else {
+        return whole();
+    };
+    let Some(total) = rows.checked_mul(tensor_row) else { return whole() };
+    let mut g = MAX_CELLS;
+    while g > 1 && (rows % g != 0 || total / g < cell_min) {
+        g /= 2;
+    }
+    let cell = rows / g.max(1);
+    let end = start.saturating_add(len);
+    if g == 1 || cell.checked_mul(chunk_row).is_none_or(|b| b < cell_min) {
+        return whole();
+    }
+    let mut out = Vec::new();
+    let mut at = start;
+    let mut next = (start / cell + 1) * cell;
+    while next < end {
+        out.push(at..next);
+        at = next;
+        next += cell;
+    }
+    out.push(at..end);
+    // Only a whole cell can be found again at another rank count: a chunk that holds none (an
+    // uneven shard across a cell boundary) gains nothing from a cut.
+    if out.iter().any(|r| r.end - r.start == cell) {
+        out
+    } else {
+        whole()
+    }
+}
+
 impl Item {
     /// The item's name, unique in its checkpoint and the same in every save of one training
     /// run with the same sharding: the fqn, and for a tensor chunk its range in the whole tensor
@@ -154,11 +243,7 @@ impl Item {
     pub fn name(&self) -> String {
         match &self.kind {
             ItemKind::Bytes => self.fqn.clone(),
-            ItemKind::Tensor { offsets, sizes, .. } => {
-                let dims: Vec<String> =
-                    offsets.iter().zip(sizes).map(|(o, s)| format!("{o}:{}", o.saturating_add(*s))).collect();
-                format!("{}[{}]", self.fqn, dims.join(","))
-            }
+            ItemKind::Tensor { offsets, sizes, .. } => chunk_name(&self.fqn, offsets, sizes),
         }
     }
 }
@@ -421,7 +506,8 @@ pub struct ItemLayout {
     /// Where the item lies in the file.
     pub range: Range<u64>,
     /// The tensor payloads inside it, in file coordinates: for a tensor chunk, its one storage
-    /// named as the item, with the chunk's shape; for a bytes item (or any archive read without
+    /// named as the item, with the chunk's shape, or that storage cut into cells ([`cell_rows`]),
+    /// each named as a chunk of its rows; for a bytes item (or any archive read without
     /// metadata) the storages [`super::parse`] finds, named `<item>/<path>` (or the item's name
     /// alone for an archive of one bare tensor). Empty when the item is opaque.
     pub storages: Vec<Storage>,
@@ -473,10 +559,21 @@ fn item_storages(bytes: &[u8], base: u64, item: &str) -> Result<Vec<Storage>, su
 }
 
 /// Cuts `file`, the `.distcp` file at `relative_path` in a checkpoint whose `.metadata` is
-/// `metadata`, into its items. Items that lie outside the file or overlap (or two tensors of one
-/// name) make the whole file an error; an item whose archive is not understood, or whose tensor
-/// does not match `.metadata` (dtype, element count), is kept as an opaque item.
+/// `metadata`, into its items, a large tensor chunk into cells ([`cell_rows`]). Items that lie
+/// outside the file or overlap (or two tensors of one name) make the whole file an error; an
+/// item whose archive is not understood, or whose tensor does not match `.metadata` (dtype,
+/// element count), is kept as an opaque item.
 pub fn file_layout(file: &[u8], metadata: &Metadata, relative_path: &str) -> Result<FileLayout, Error> {
+    file_layout_cells(file, metadata, relative_path, CELL_MIN_BYTES)
+}
+
+/// [`file_layout`] with cells of at least `cell_min` bytes ([`cell_rows`]).
+fn file_layout_cells(
+    file: &[u8],
+    metadata: &Metadata,
+    relative_path: &str,
+    cell_min: u64,
+) -> Result<FileLayout, Error> {
     let len = file.len() as u64;
     let fail = |reason: String| Error::Items { file: relative_path.to_string(), reason };
     let mut out = Vec::new();
@@ -496,7 +593,7 @@ pub fn file_layout(file: &[u8], metadata: &Metadata, relative_path: &str) -> Res
         } else {
             item_storages(bytes, item.range.start, &name).map_err(|e| e.to_string()).and_then(|storages| {
                 check_chunk(item, &storages)?;
-                Ok(storages)
+                Ok(cut_into_cells(item, storages, cell_min))
             })
         };
         let (storages, opaque) = match found {
@@ -573,6 +670,36 @@ fn written_layout(file: &[u8], relative_path: &str, items: &[Item]) -> Result<Fi
         return Err(fail(format!("the items end at {at}, the file at {}", file.len())));
     }
     file_layout(file, &Metadata { items: sorted }, relative_path)
+}
+
+/// A tensor chunk's one storage (checked by [`check_chunk`]) cut into the cells of
+/// [`cell_rows`], each named as a chunk of its rows; as it is when not cut, or when the storage
+/// is not the chunk's rows in order (a storage viewed in another shape).
+fn cut_into_cells(item: &Item, storages: Vec<Storage>, cell_min: u64) -> Vec<Storage> {
+    let ItemKind::Tensor { size, offsets, sizes, .. } = &item.kind else { return storages };
+    let [s] = storages.as_slice() else { return storages };
+    let elem = s.dtype.size() as u64;
+    let cells = cell_rows_of(size, offsets, sizes, elem, cell_min);
+    if cells.len() < 2 || s.shape != *sizes {
+        return storages;
+    }
+    let row_bytes: u64 = sizes[1..].iter().product::<u64>() * elem;
+    cells
+        .into_iter()
+        .map(|rows| {
+            let mut cell_offsets = offsets.clone();
+            let mut cell_sizes = sizes.clone();
+            cell_offsets[0] = rows.start;
+            cell_sizes[0] = rows.end - rows.start;
+            let start = s.range.start + (rows.start - offsets[0]) * row_bytes;
+            Storage {
+                range: start..start + cell_sizes[0] * row_bytes,
+                dtype: s.dtype,
+                name: chunk_name(&item.fqn, &cell_offsets, &cell_sizes),
+                shape: cell_sizes,
+            }
+        })
+        .collect()
 }
 
 /// A tensor chunk's archive holds one tensor of the chunk's dtype and element count; its shape

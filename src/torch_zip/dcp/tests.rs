@@ -200,6 +200,109 @@ fn dim0_shards_of_four_ranks_are_byte_ranges_of_the_two_rank_shards() {
     }
 }
 
+/// Every storage of every file cut with cells of at least `cell_min` bytes, by name.
+fn cells(f: &Fixture, cell_min: u64) -> HashMap<String, (Vec<u64>, &'static [u8])> {
+    let metadata = parse_metadata(f.metadata).expect("metadata");
+    let mut out = HashMap::new();
+    for (name, bytes) in f.files {
+        let layout = file_layout_cells(bytes, &metadata, name, cell_min).expect("layout");
+        check_cover(bytes, &layout);
+        for s in layout.items.iter().flat_map(|i| &i.storages) {
+            let previous =
+                out.insert(s.name.clone(), (s.shape.clone(), &bytes[s.range.start as usize..s.range.end as usize]));
+            assert!(previous.is_none(), "{} twice", s.name);
+        }
+    }
+    out
+}
+
+#[test]
+fn cells_give_two_and_four_ranks_the_same_names_and_bytes() {
+    // With cells of 32 bytes the fixtures' small tensors are cut as large ones are with
+    // `CELL_MIN_BYTES`: `embed` (16 x 8 f32) and `fc1` (32 x 8 f32) into rows, at every rank count.
+    let (two, four) = (cells(&epoch2(), 32), cells(&four_ranks(), 32));
+    for fqn in ["model.embed.weight", "model.fc1.weight", "optim.fc1.weight.exp_avg", "optim.fc1.weight.exp_avg_sq"] {
+        let of = |c: &HashMap<String, (Vec<u64>, &[u8])>| {
+            let mut v: Vec<(String, Vec<u64>, Vec<u8>)> = c
+                .iter()
+                .filter(|(n, _)| n.starts_with(&format!("{fqn}[")))
+                .map(|(n, (shape, bytes))| (n.clone(), shape.clone(), bytes.to_vec()))
+                .collect();
+            v.sort();
+            v
+        };
+        let (a, b) = (of(&two), of(&four));
+        assert!(a.len() >= 8, "{fqn}: {} cells", a.len());
+        assert_eq!(a, b, "{fqn}: the same cells, under the same names, with the same bytes");
+    }
+    // Uneven shards (fc2: 6 rows, 3 + 3 on two ranks, 2 + 2 + 2 + 0 on four) share what lines up.
+    let shared = two.keys().filter(|n| n.starts_with("model.fc2.weight[") && four.contains_key(*n)).count();
+    assert!(shared < two.keys().filter(|n| n.starts_with("model.fc2.weight[")).count());
+    for (name, (_, bytes)) in two.iter().filter(|(n, _)| four.contains_key(*n)) {
+        assert_eq!(*bytes, four[name].1, "{name}");
+    }
+    // The default cell size leaves these small tensors whole: the items' own names.
+    let whole = storages(&epoch2(), &parse_metadata(epoch2().metadata).expect("2"));
+    assert!(whole.contains_key("model.fc1.weight[0:16,0:8]"));
+}
+
+#[test]
+fn cell_rows_follow_the_grid_of_the_whole_tensor() {
+    const MIB: u64 = 1 << 20;
+    // 1024 x 4096 f32 = 16 MiB: four cells of 4 MiB (256 rows).
+    let t = [1024, 4096];
+    assert_eq!(cell_rows(&t, &[0, 0], &[1024, 4096], 4), vec![0..256, 256..512, 512..768, 768..1024]);
+    assert_eq!(cell_rows(&t, &[512, 0], &[512, 4096], 4), vec![512..768, 768..1024]);
+    assert_eq!(cell_rows(&t, &[256, 0], &[256, 4096], 4), vec![256..512]);
+    // A chunk off the grid (3 ranks: 342 rows) is cut where the grid crosses it.
+    assert_eq!(cell_rows(&t, &[0, 0], &[342, 4096], 4), vec![0..256, 256..342]);
+    assert_eq!(cell_rows(&t, &[342, 0], &[342, 4096], 4), vec![342..684]);
+    // An uneven shard across the one boundary of two cells holds no whole cell: whole.
+    assert_eq!(cell_rows(&[30522, 384], &[7631, 0], &[7631, 384], 4), vec![7631..15262]);
+    assert_eq!(cell_rows(&[30522, 384], &[0, 0], &[15261, 384], 4), vec![0..15261]);
+    // Narrower than the tensor in dim 1: its cells would be 1 MiB, so it stays whole.
+    assert_eq!(cell_rows(&t, &[0, 0], &[512, 1024], 4), vec![0..512]);
+    // Small tensors, rows no power of two divides, empty chunks: whole.
+    assert_eq!(cell_rows(&[1024, 1024], &[0, 0], &[1024, 1024], 4), vec![0..1024]);
+    assert_eq!(cell_rows(&[30521, 4096], &[0, 0], &[30521, 4096], 4), vec![0..30521]);
+    assert_eq!(cell_rows(&t, &[1024, 0], &[0, 4096], 4), vec![1024..1024]);
+    assert!(cell_rows(&[], &[], &[], 4).is_empty());
+    // Never more than MAX_CELLS cells: 2^20 x 2^20 bytes would make 2^20 cells of 1 MiB rows.
+    let huge = cell_rows(&[1 << 20, 1 << 20], &[0, 0], &[1 << 20, 1 << 20], 1);
+    assert_eq!(huge.len() as u64, MAX_CELLS);
+    assert!(huge.iter().all(|r| (r.end - r.start) << 20 >= 4 * MIB));
+    // Overflowing shapes and mismatched ranks are left whole, never a panic.
+    assert_eq!(cell_rows(&[u64::MAX, u64::MAX], &[0, 0], &[u64::MAX, u64::MAX], 8), vec![0..u64::MAX]);
+    assert_eq!(cell_rows(&t, &[0], &[1024, 4096], 4).len(), 1);
+}
+
+proptest::proptest! {
+    #[test]
+    fn cell_rows_cover_the_chunk_with_few_large_cells(
+        rows in 1u64..1 << 24,
+        row_bytes in 1u64..1 << 16,
+        start_frac in 0.0f64..1.0,
+        len_frac in 0.0f64..1.0,
+    ) {
+        let start = ((rows as f64) * start_frac) as u64;
+        let len = (((rows - start) as f64) * len_frac) as u64;
+        let cells = cell_rows(&[rows, row_bytes], &[start, 0], &[len, row_bytes], 1);
+        proptest::prop_assert_eq!(cells.first().map(|r| r.start), Some(start));
+        proptest::prop_assert_eq!(cells.last().map(|r| r.end), Some(start + len));
+        proptest::prop_assert!(cells.windows(2).all(|w| w[0].end == w[1].start && w[0].start < w[0].end));
+        proptest::prop_assert!(cells.len() as u64 <= MAX_CELLS + 1);
+        // Every cell but the first and last is a whole cell of at least CELL_MIN_BYTES, and a
+        // cut chunk holds one at least.
+        if cells.len() > 1 {
+            let longest = cells.iter().map(|r| r.end - r.start).max().unwrap_or(0);
+            proptest::prop_assert!(longest * row_bytes >= CELL_MIN_BYTES);
+        }
+        if cells.len() > 2 {
+            proptest::prop_assert!(cells[1..cells.len() - 1].iter().all(|r| (r.end - r.start) * row_bytes >= CELL_MIN_BYTES));
+        }
+    }
+}
+
 #[test]
 fn huggingface_writer_output_is_safetensors_with_the_shards() {
     let files: [&[u8]; 2] = [
