@@ -26,6 +26,7 @@ from dcp_ranks import (  # noqa: E402
     free_port,
     hold_write_data,
     init,
+    leave,
     replicated_load_worker,
     replicated_save_worker,
     report,
@@ -65,6 +66,7 @@ def save_worker(rank, world, port, repo, seed, out, fail_rank, gate):
         report(out, rank, {"ok": False, "error": str(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def load_worker(rank, world, port, repo, seed, rev, out):
@@ -79,6 +81,7 @@ def load_worker(rank, world, port, repo, seed, rev, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def run(fn, world, *args, out):
@@ -385,6 +388,7 @@ def async_worker(rank, world, port, repo, seed, out):
         report(out, rank, {"ok": False, "error": repr(e)[-2000:]})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def test_async_save_on_four_ranks_then_load(repo_dir, tmp_path):
@@ -442,6 +446,7 @@ def big_save_worker(rank, world, port, repo, seed, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def big_load_worker(rank, world, port, repo, seed, out):
@@ -455,6 +460,7 @@ def big_load_worker(rank, world, port, repo, seed, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 @pytest.mark.parametrize("worlds", [(4, 2), (2, 4)])

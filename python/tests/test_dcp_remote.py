@@ -29,6 +29,7 @@ from dcp_ranks import (  # noqa: E402
     free_port,
     hold_write_data,
     init,
+    leave,
     replicated_load_worker,
     replicated_save_worker,
     report,
@@ -82,6 +83,7 @@ def save_worker(rank, world, port, url, layout, seed, gate, out):
         report(out, rank, {"ok": False, "error": str(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def load_worker(rank, world, port, url, seed, rev, out):
@@ -96,6 +98,7 @@ def load_worker(rank, world, port, url, seed, rev, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def run(fn, world, *args, out):
@@ -296,6 +299,7 @@ def cache_save_worker(rank, world, port, url, seed, branch, cache, gate, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def cache_load_worker(rank, world, port, url, seed, out):
@@ -311,6 +315,7 @@ def cache_load_worker(rank, world, port, url, seed, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def cache_save(world, url, seed, out, branch=None, cache=None, gate=None):
@@ -391,6 +396,7 @@ def load_worker_of_rev(rank, world, port, url, seed, rev, out):
         report(out, rank, {"ok": False, "error": repr(e)})
     finally:
         dist.destroy_process_group()
+        leave()
 
 
 def test_a_save_over_a_damaged_cache_is_correct(dir_url, tmp_path, cache_root):
