@@ -121,6 +121,19 @@ def same_state(loaded, seed, mesh):
     return tensors and loaded["step"] == want["step"]
 
 
+def as_rank(rank, world, port, out, body):
+    """Runs `body(mesh)` as rank `rank` of `world` (gloo on loopback) and reports what it
+    returns, or the exception it raised as `{"ok": False, "error": ...}`; then leaves."""
+    mesh = init(rank, world, port)
+    try:
+        report(out, rank, body(mesh))
+    except BaseException as e:  # noqa: BLE001 - reported to the test (CheckpointException is one)
+        report(out, rank, {"ok": False, "error": repr(e)})
+    finally:
+        dist.destroy_process_group()
+        leave()
+
+
 def replicated_save_worker(rank, world, port, target, seed, out):
     """A rank of a save of `replicated_state(seed)` through `ckpt.dcp.Writer(target)` (a
     repository or a remote URL)."""
@@ -128,15 +141,11 @@ def replicated_save_worker(rank, world, port, target, seed, out):
 
     import ckpt.dcp
 
-    mesh = init(rank, world, port)
-    try:
+    def body(mesh):
         dcp.save(replicated_state(seed, mesh), storage_writer=ckpt.dcp.Writer(target, message=f"seed {seed}"))
-        report(out, rank, {"ok": True})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
-        leave()
+        return {"ok": True}
+
+    as_rank(rank, world, port, out, body)
 
 
 def replicated_load_worker(rank, world, port, target, seed, out):
@@ -146,13 +155,9 @@ def replicated_load_worker(rank, world, port, target, seed, out):
 
     import ckpt.dcp
 
-    mesh = init(rank, world, port)
-    try:
+    def body(mesh):
         sd = replicated_state(seed, mesh, zero=True)
         dcp.load(sd, storage_reader=ckpt.dcp.Reader(target))
-        report(out, rank, {"ok": same_state(sd, seed, mesh)})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
-        leave()
+        return {"ok": same_state(sd, seed, mesh)}
+
+    as_rank(rank, world, port, out, body)

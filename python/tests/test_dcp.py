@@ -23,6 +23,7 @@ from ckpt._native import Repo as NativeRepo  # noqa: E402
 
 from conftest import ckpt_binary  # noqa: E402
 from dcp_ranks import (  # noqa: E402
+    as_rank,
     free_port,
     hold_write_data,
     init,
@@ -438,29 +439,21 @@ def big_state(seed):
 
 
 def big_save_worker(rank, world, port, repo, seed, out):
-    mesh = init(rank, world, port)
-    try:
+    def body(mesh):
         dcp.save(sharded(big_state(seed), mesh), storage_writer=ckpt.dcp.Writer(repo, message=f"{world} ranks"))
-        report(out, rank, {"ok": True})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
-        leave()
+        return {"ok": True}
+
+    as_rank(rank, world, port, out, body)
 
 
 def big_load_worker(rank, world, port, repo, seed, out):
-    mesh = init(rank, world, port)
-    try:
+    def body(mesh):
         sd = sharded(big_state(seed), mesh, zero=True)
         dcp.load(sd, storage_reader=ckpt.dcp.Reader(repo))
         full = big_state(seed)
-        report(out, rank, {"ok": all(torch.equal(sd[k].full_tensor(), full[k]) for k in full)})
-    except BaseException as e:  # noqa: BLE001
-        report(out, rank, {"ok": False, "error": repr(e)})
-    finally:
-        dist.destroy_process_group()
-        leave()
+        return {"ok": all(torch.equal(sd[k].full_tensor(), full[k]) for k in full)}
+
+    as_rank(rank, world, port, out, body)
 
 
 @pytest.mark.parametrize("worlds", [(4, 2), (2, 4)])
