@@ -208,19 +208,30 @@ fn cell_rows_of(size: &[u64], offsets: &[u64], sizes: &[u64], elem_bytes: u64, c
     let (Some(tensor_row), Some(chunk_row)) = (row_bytes(&size[1..]), row_bytes(&sizes[1..])) else {
         return whole();
     };
-    let Some(total) = rows.checked_mul(tensor_row) else { return whole() };
+    // A chunk inside its tensor whose bytes can be counted (callers check this against real
+    // bytes; here it bounds the loop below to `g + 1` rounds and every product to the chunk's
+    // length).
+    let (Some(total), Some(end), Some(_)) =
+        (rows.checked_mul(tensor_row), start.checked_add(len), len.checked_mul(chunk_row))
+    else {
+        return whole();
+    };
+    if end > rows {
+        return whole();
+    }
     let mut g = MAX_CELLS;
     while g > 1 && (rows % g != 0 || total / g < cell_min) {
         g /= 2;
     }
     let cell = rows / g.max(1);
-    let end = start.saturating_add(len);
     if g == 1 || cell.checked_mul(chunk_row).is_none_or(|b| b < cell_min) {
         return whole();
     }
     let mut out = Vec::new();
     let mut at = start;
-    let mut next = (start / cell + 1) * cell;
+    // The first boundary after `start`: at most `end <= rows` while the loop runs, so no
+    // addition below overflows before the loop ends.
+    let mut next = start - start % cell + cell;
     while next < end {
         out.push(at..next);
         at = next;

@@ -271,9 +271,16 @@ fn cell_rows_follow_the_grid_of_the_whole_tensor() {
     let huge = cell_rows(&[1 << 20, 1 << 20], &[0, 0], &[1 << 20, 1 << 20], 1);
     assert_eq!(huge.len() as u64, MAX_CELLS);
     assert!(huge.iter().all(|r| (r.end - r.start) << 20 >= 4 * MIB));
-    // Overflowing shapes and mismatched ranks are left whole, never a panic.
+    // Overflowing shapes, chunks outside their tensor and mismatched ranks are left whole,
+    // never a panic nor a long loop.
     assert_eq!(cell_rows(&[u64::MAX, u64::MAX], &[0, 0], &[u64::MAX, u64::MAX], 8), vec![0..u64::MAX]);
     assert_eq!(cell_rows(&t, &[0], &[1024, 4096], 4).len(), 1);
+    assert_eq!(cell_rows(&t, &[0, 0], &[u64::MAX, 4096], 4), vec![0..u64::MAX]);
+    assert_eq!(cell_rows(&t, &[512, 0], &[1024, 4096], 4), vec![512..1536]);
+    assert_eq!(cell_rows(&[u64::MAX - 63, 1 << 20], &[u64::MAX - 64 - (1 << 20), 0], &[1 << 20, 1 << 20], 1).len(), 1);
+    let near_max = cell_rows(&[1 << 63, 1], &[(1 << 63) - (1 << 58), 0], &[1 << 58, 1], 1);
+    assert_eq!(near_max.len(), 2);
+    assert_eq!(near_max.last().map(|r| r.end), Some(1 << 63));
 }
 
 proptest::proptest! {
