@@ -225,6 +225,13 @@ class StoredFile:
     def read(self, offset: int, length: int) -> bytes:
         """The `length` bytes at `offset` (only the segments they cover are decoded), decoded
         straight into the returned ``bytes``."""
+    def tensor_in(self, offset: int, length: int, torch_dtype: str) -> Optional[Tuple[int, List[int]]]:
+        """The tensor stored in bytes `offset`..`offset + length` (a DCP item) if it has the
+        torch dtype `torch_dtype`: where its bytes start in the file and its shape (its bytes
+        are its elements in row-major order); else ``None``."""
+    def read_into_buffer(self, offset: int, length: int, out: Any) -> None:
+        """Decodes the `length` bytes at `offset` (verified) straight into `out`, a writable
+        contiguous buffer of exactly `length` bytes, untouched by the caller until it returns."""
 
 class ReadAhead:
     """Items of stored files decoded ahead of their consumer on a thread of the extension

@@ -968,6 +968,54 @@ def _classes():
                 raise CkptError(f"{sinfo.relative_path}: bytes {sinfo.offset}+{sinfo.length}: {e}") from e
             return io.BytesIO(data)
 
+        def _read_direct(self, plan, planner):
+            """Loads each tensor item it can by decoding its stored bytes straight into the
+            tensor DCP loads it into, and returns the plan of the other items (for
+            FileSystemReader.read_data). Stock DCP reads the item's `torch.save` archive,
+            `torch.load`s it (a copy into a new tensor) and copies the part it needs into
+            the destination; here the store decodes (verified, on every core) into the
+            destination itself. Taken when the item's archive holds one row-major tensor of the
+            destination's dtype (`StoredFile.tensor_in`), the part read is a range of its rows
+            (a load on another rank count), and the destination is a contiguous CPU tensor of
+            that part's shape; anything else goes the stock way."""
+            import torch
+            from torch.distributed.checkpoint.planner import LoadItemType
+
+            rest = []
+            for req in plan.items:
+                if req.type != LoadItemType.TENSOR or not self._load_direct(req, planner, torch):
+                    rest.append(req)
+            return dataclasses.replace(plan, items=rest) if len(rest) != len(plan.items) else plan
+
+        def _load_direct(self, req, planner, torch) -> bool:
+            sinfo = self.storage_data[req.storage_index]
+            if getattr(sinfo, "transform_descriptors", None):
+                return False
+            offsets, lengths = list(req.storage_offsets), list(req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.device.type != "cpu" or not target.is_contiguous() or list(target.shape) != lengths:
+                return False
+            stored = self._stored(sinfo.relative_path)
+            found = stored.tensor_in(sinfo.offset, sinfo.length, str(target.dtype).removeprefix("torch."))
+            if found is None:
+                return False
+            start, shape = found
+            if not shape or len(shape) != len(offsets) or any(offsets[1:]) or lengths[1:] != shape[1:]:
+                return False
+            if offsets[0] + lengths[0] > shape[0]:
+                return False
+            row = target.element_size()
+            for d in shape[1:]:
+                row *= d
+            if target.numel():
+                out = target.reshape(-1).view(torch.uint8).numpy()
+                try:
+                    stored.read_into_buffer(start + offsets[0] * row, lengths[0] * row, out)
+                except CkptError as e:
+                    raise CkptError(f"{sinfo.relative_path}: bytes {sinfo.offset}+{sinfo.length}: {e}") from e
+            planner.commit_tensor(req, target)
+            return True
+
         def _read_ahead(self, plan) -> None:
             """Starts decoding the plan's items on a thread of the extension, in the order
             FileSystemReader.read_data asks for them (file by file, in the order each file
@@ -1000,6 +1048,7 @@ def _classes():
                     f"{self._version} here): load a version id or a tag"
                 )
             try:
+                plan = self._read_direct(plan, planner)
                 self._read_ahead(plan)
                 return super().read_data(plan, planner)
             finally:

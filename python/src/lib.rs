@@ -969,6 +969,34 @@ impl StoredFile {
         // Nothing else can see the new `bytes` before it is returned: it is filled detached.
         PyBytes::new_with(py, len, |buf| py.detach(|| self.read_into(offset, buf)).map_err(sync_err))
     }
+
+    /// The tensor stored in bytes `offset..offset + length` (a DCP item) if it has the torch
+    /// dtype `torch_dtype` (`float32`, ...): `(where its bytes start in the file, its shape)`,
+    /// its bytes being its elements in row-major order ([`sync::StoredFileReader::tensor_in`]);
+    /// else `None`.
+    fn tensor_in(&self, offset: u64, length: u64, torch_dtype: &str) -> Option<(u64, Vec<u64>)> {
+        let (start, dtype, shape) = self.reader().tensor_in(offset, length)?;
+        (dcp::dtype_of_torch(torch_dtype) == Some(dtype)).then_some((start, shape))
+    }
+
+    /// Decodes the `length` bytes at `offset` (verified, as [`StoredFile::read`]) straight into
+    /// `out`, a writable buffer of exactly `length` bytes (a CPU tensor's memory, as a NumPy
+    /// `uint8` array sharing it), which the caller must not touch until this returns.
+    fn read_into_buffer(&self, py: Python<'_>, offset: u64, length: u64, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let len = py.detach(|| self.checked_len(offset, length))?;
+        let mut held = pieces::HeldBuffer::writable(out)
+            .ok_or_else(|| PyTypeError::new_err("read_into_buffer needs a writable contiguous buffer"))?;
+        let done = {
+            let buf = held.bytes_mut();
+            if buf.len() != len {
+                Err(PyValueError::new_err(format!("a buffer of {} bytes for {len}", buf.len())))
+            } else {
+                py.detach(|| self.read_into(offset, buf)).map_err(sync_err)
+            }
+        };
+        drop(held);
+        done
+    }
 }
 
 impl StoredFile {

@@ -36,18 +36,30 @@ extern "C" {
 
 /// `PyBUF_SIMPLE`: one C-contiguous run of bytes, or an error.
 const PYBUF_SIMPLE: c_int = 0;
+/// `PyBUF_WRITABLE`: as `PyBUF_SIMPLE`, and writable, or an error.
+const PYBUF_WRITABLE: c_int = 1;
 
 /// A Python object's exported bytes, held (the exporter keeps them alive and in place) until
 /// dropped, which must happen with the GIL held.
-struct HeldBuffer(RawBuffer);
+pub(crate) struct HeldBuffer(RawBuffer);
 
 impl HeldBuffer {
     /// The contiguous bytes of `obj`, or `None` if it exports none (the Python error cleared).
     fn of(obj: &Bound<'_, PyAny>) -> Option<HeldBuffer> {
+        Self::with_flags(obj, PYBUF_SIMPLE)
+    }
+
+    /// The contiguous bytes of `obj` for writing, or `None` if it exports no writable ones
+    /// (the Python error cleared).
+    pub(crate) fn writable(obj: &Bound<'_, PyAny>) -> Option<HeldBuffer> {
+        Self::with_flags(obj, PYBUF_WRITABLE)
+    }
+
+    fn with_flags(obj: &Bound<'_, PyAny>, flags: c_int) -> Option<HeldBuffer> {
         let mut view = std::mem::MaybeUninit::<RawBuffer>::zeroed();
         // SAFETY: `obj` is a live object (the GIL is held); on success `view` is filled in and
         // owned by the returned value, which releases it.
-        let got = unsafe { PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), PYBUF_SIMPLE) };
+        let got = unsafe { PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags) };
         if got != 0 {
             // Not a buffer, or not contiguous: the caller writes it the ordinary way.
             let _ = PyErr::take(obj.py());
@@ -63,6 +75,18 @@ impl HeldBuffer {
 
     fn len(&self) -> usize {
         self.0.len.max(0) as usize
+    }
+
+    /// The bytes, for writing: only for a buffer got with [`HeldBuffer::writable`], which
+    /// nothing else reads or writes while it is held (the caller's promise, as for any
+    /// writable buffer handed to native code).
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len() == 0 || self.0.readonly != 0 {
+            return &mut [];
+        }
+        // SAFETY: the exporter keeps `len` writable bytes at `buf` alive and in place until
+        // released, which happens only when `self` is dropped; `&mut self` is the only handle.
+        unsafe { std::slice::from_raw_parts_mut(self.0.buf as *mut u8, self.len()) }
     }
 
     fn bytes(&self) -> &[u8] {

@@ -223,8 +223,10 @@ def test_a_load_in_another_order_than_the_file_and_than_read_ahead_expected(repo
     """The Reader decodes the plan's items ahead of DCP. A plan in another order than the file's
     (a state dict built in reverse) loads; so does one whose items DCP asks for in another order
     than the read-ahead expected (here: the reverse): items it had not started are read when
-    asked, the rest are taken from it, every value bit-exact."""
+    asked, the rest are taken from it, every value bit-exact. (Items that can be decoded
+    straight into their destination are not read ahead: that path is off here.)"""
     monkeypatch.setattr(ckpt.dcp, "_spare_cpu", lambda: True)  # read ahead whatever the CPUs
+    monkeypatch.setattr(ckpt.dcp._classes()["Reader"], "_read_direct", lambda self, plan, planner: plan)
     sd = one_process_save(repo_dir)
     out = {k: torch.zeros_like(sd[k]) for k in reversed(list(sd))}
     dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
@@ -258,6 +260,35 @@ def test_a_load_in_another_order_than_the_file_and_than_read_ahead_expected(repo
     assert len(served) == len(sd)
     # The last item asked for is the first the read-ahead started.
     assert served[-1], served
+
+
+def test_items_are_decoded_straight_into_their_destinations(repo_dir, monkeypatch):
+    """Each tensor item is decoded from the store straight into the tensor DCP loads it into
+    (no torch.load, no copy), bit-exact; a destination that is not contiguous (a transposed
+    view) is loaded the stock way, as exactly."""
+    reader = ckpt.dcp._classes()["Reader"]
+    direct = []
+    inner = reader._load_direct
+
+    def counted(self, req, planner, torch):
+        taken = inner(self, req, planner, torch)
+        direct.append(taken)
+        return taken
+
+    monkeypatch.setattr(reader, "_load_direct", counted)
+    sd = one_process_save(repo_dir)
+    out = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert all(torch.equal(out[k], sd[k]) for k in sd)
+    assert direct == [True] * len(sd), direct
+
+    direct.clear()
+    out = {k: torch.zeros_like(v) for k, v in sd.items()}
+    out["big"] = torch.zeros(256, 1024).t()
+    assert not out["big"].is_contiguous()
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert all(torch.equal(out[k], sd[k]) for k in sd)
+    assert sorted(direct) == [False] + [True] * (len(sd) - 1), direct
 
 
 def test_an_item_that_fails_to_decode_raises_naming_its_file(repo_dir, monkeypatch):

@@ -719,6 +719,47 @@ impl StoredFileReader {
         self.manifest.len == 0
     }
 
+    /// The tensor stored inside the file range `offset..offset + len` (a DCP item), as
+    /// `(where its bytes start in the file, its dtype, its shape)`: the range's tensor segments,
+    /// when there are any, lie back to back, share a dtype and are row ranges of one row-major
+    /// tensor (one segment, or the cells of one chunk: `dcp::cell_rows`); their shapes' rows add
+    /// up. `None` otherwise. A segment's shape is that of a tensor viewing its bytes whole and
+    /// contiguously (`torch_zip::Storage::shape`), so the bytes are that tensor's elements in
+    /// row-major order.
+    pub fn tensor_in(&self, offset: u64, len: u64) -> Option<(u64, crate::Dtype, Vec<u64>)> {
+        let end = offset.checked_add(len)?;
+        let first = self.starts.partition_point(|&s| s < offset);
+        let mut found: Option<(u64, crate::Dtype, Vec<u64>)> = None;
+        let mut name = "";
+        let mut at = 0u64;
+        for (i, segment) in self.manifest.segments.iter().enumerate().skip(first) {
+            let start = self.starts[i];
+            if start >= end || start.checked_add(segment.len)? > end {
+                break;
+            }
+            let Some(tensor) = &segment.tensor else { continue };
+            let dtype = crate::Dtype::from_safetensors_name(&tensor.dtype)?;
+            let (&rows, rest) = tensor.shape.split_first()?;
+            // Cells are named `fqn[rows,...]`: one tensor's cells share the part before `[`.
+            let fqn = tensor.name.rsplit_once('[').map_or(tensor.name.as_str(), |(f, _)| f);
+            match &mut found {
+                None => {
+                    found = Some((start, dtype, tensor.shape.clone()));
+                    name = fqn;
+                }
+                // One run of cells, back to back (framing between two tensors: not one tensor).
+                Some((_, d, shape)) if start == at && *d == dtype && shape[1..] == *rest && fqn == name => {
+                    shape[0] = shape[0].checked_add(rows)?;
+                }
+                Some(_) => return None,
+            }
+            at = start.checked_add(segment.len)?;
+        }
+        let (start, dtype, shape) = found?;
+        let bytes = shape.iter().try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d))?;
+        (start.checked_add(bytes) == Some(at)).then_some((start, dtype, shape))
+    }
+
     /// The `len` bytes at `offset` (a range past the file's end is an error).
     pub fn read(&mut self, repo: &Repo, offset: u64, len: u64) -> Result<Vec<u8>> {
         self.check_range(offset, len)?;

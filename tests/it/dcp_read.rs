@@ -147,3 +147,35 @@ fn ranges_read_ahead_out_of_order_are_the_file_s_bytes() {
     }
     assert!(ahead.take(0).is_none(), "each item once");
 }
+
+#[test]
+fn the_tensor_in_a_range_is_found_only_when_it_is_one_tensor() {
+    let (_t, repo, files) = two_epochs();
+    let r = reader(&repo, "HEAD");
+    let id = repo.resolve("HEAD").unwrap();
+    let entry = repo.version(&id).unwrap().file("m.safetensors").unwrap().clone();
+    let manifest = repo.manifest(&entry.manifest).unwrap();
+    let starts = segment_starts(&repo, "HEAD");
+    let mut tensors = Vec::new();
+    for (i, s) in manifest.segments.iter().enumerate() {
+        if let Some(t) = &s.tensor {
+            tensors.push((t.name.clone(), starts[i], s.len, t.shape.clone()));
+        }
+    }
+    assert_eq!(tensors.len(), SHAPES.len());
+    for (name, start, len, shape) in &tensors {
+        // The tensor alone, or with framing around it (a DCP item's archive): found.
+        assert_eq!(r.tensor_in(*start, *len), Some((*start, Dtype::F32, shape.clone())), "{name}");
+        // Cut short: not found.
+        assert_eq!(r.tensor_in(*start, *len - 1), None, "{name}");
+    }
+    // The whole file holds several; the header alone none; two tensors back to back are not
+    // one (other names).
+    assert_eq!(r.tensor_in(0, files[1].len() as u64), None);
+    assert_eq!(r.tensor_in(0, starts[1]), None);
+    let (a, b) = (&tensors[0], &tensors[1]);
+    assert_eq!(a.1 + a.2, b.1, "w.a and w.b lie back to back");
+    assert_eq!(r.tensor_in(a.1, a.2 + b.2), None);
+    // Ranges past the end: none.
+    assert_eq!(r.tensor_in(u64::MAX, 2), None);
+}
