@@ -984,18 +984,14 @@ impl StoredFile {
     /// `uint8` array sharing it), which the caller must not touch until this returns.
     fn read_into_buffer(&self, py: Python<'_>, offset: u64, length: u64, out: &Bound<'_, PyAny>) -> PyResult<()> {
         let len = py.detach(|| self.checked_len(offset, length))?;
+        // Released when dropped, at the end, with the GIL held.
         let mut held = pieces::HeldBuffer::writable(out)
             .ok_or_else(|| PyTypeError::new_err("read_into_buffer needs a writable contiguous buffer"))?;
-        let done = {
-            let buf = held.bytes_mut();
-            if buf.len() != len {
-                Err(PyValueError::new_err(format!("a buffer of {} bytes for {len}", buf.len())))
-            } else {
-                py.detach(|| self.read_into(offset, buf)).map_err(sync_err)
-            }
-        };
-        drop(held);
-        done
+        let buf = held.bytes_mut();
+        if buf.len() != len {
+            return Err(PyValueError::new_err(format!("a buffer of {} bytes for {len}", buf.len())));
+        }
+        py.detach(|| self.read_into(offset, buf)).map_err(sync_err)
     }
 }
 

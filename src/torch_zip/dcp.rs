@@ -188,8 +188,15 @@ pub fn cell_cuts(size: &[u64], offsets: &[u64], sizes: &[u64], elem_bytes: u64) 
         return Vec::new();
     }
     // Cut means the chunk's row size did not overflow (`cell_rows_of`).
-    let row_bytes: u64 = sizes[1..].iter().product::<u64>() * elem_bytes;
+    // Cut means the chunk's bytes were counted without overflow (`cell_rows_of`).
+    let row_bytes = block_bytes(&sizes[1..], elem_bytes).unwrap_or(0);
     cells[1..].iter().map(|r| (r.start - offsets[0]) * row_bytes).collect()
+}
+
+/// Bytes of `elem_bytes`-byte elements in a block of shape `dims` (a row: the dimensions after
+/// the first), or `None` if that overflows.
+fn block_bytes(dims: &[u64], elem_bytes: u64) -> Option<u64> {
+    dims.iter().try_fold(elem_bytes, |a, &d| a.checked_mul(d))
 }
 
 /// [`cell_rows`] with cells of at least `cell_min` bytes (tests cut small fixtures).
@@ -204,16 +211,15 @@ fn cell_rows_of(size: &[u64], offsets: &[u64], sizes: &[u64], elem_bytes: u64, c
     if offsets.len() != size.len() || sizes.len() != size.len() || len == 0 {
         return whole();
     }
-    let row_bytes = |dims: &[u64]| dims.iter().try_fold(elem_bytes, |a, &d| a.checked_mul(d));
-    let (Some(tensor_row), Some(chunk_row)) = (row_bytes(&size[1..]), row_bytes(&sizes[1..])) else {
-        return whole();
-    };
     // A chunk inside its tensor whose bytes can be counted (callers check this against real
     // bytes; here it bounds the loop below to `g + 1` rounds and every product to the chunk's
     // length).
-    let (Some(total), Some(end), Some(_)) =
-        (rows.checked_mul(tensor_row), start.checked_add(len), len.checked_mul(chunk_row))
-    else {
+    let (Some(total), Some(chunk_row), Some(_), Some(end)) = (
+        block_bytes(size, elem_bytes),
+        block_bytes(&sizes[1..], elem_bytes),
+        block_bytes(sizes, elem_bytes),
+        start.checked_add(len),
+    ) else {
         return whole();
     };
     if end > rows {
@@ -694,7 +700,7 @@ fn cut_into_cells(item: &Item, storages: Vec<Storage>, cell_min: u64) -> Vec<Sto
     if cells.len() < 2 || s.shape != *sizes {
         return storages;
     }
-    let row_bytes: u64 = sizes[1..].iter().product::<u64>() * elem;
+    let row_bytes = block_bytes(&sizes[1..], elem).unwrap_or(0);
     cells
         .into_iter()
         .map(|rows| {
