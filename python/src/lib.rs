@@ -1095,6 +1095,9 @@ struct RemoteStore {
     transfers: usize,
     /// Mirror recodes of files stored with `defer_recodes`, for [`RemoteStore::finish_recodes`].
     pending: Mutex<Vec<sync::PendingRecodes>>,
+    /// When [`RemoteStore::branch_tip`] read each (branch, tag): the commit that compares
+    /// against that tag moves the branch only within [`ckpt::sync::WRITE_DEADLINE`] of it.
+    tips_read: Mutex<HashMap<(String, Option<String>), std::time::SystemTime>>,
 }
 
 impl RemoteStore {
@@ -1189,7 +1192,14 @@ impl RemoteStore {
             .map_err(err)?;
         let remote = Arc::new(Counted { inner: remote, counts: Default::default() });
         let pending = Mutex::new(Vec::new());
-        Ok(RemoteStore { remote, cache: Mutex::new(Some(Arc::new(cache))), layout, transfers: 8, pending })
+        Ok(RemoteStore {
+            remote,
+            cache: Mutex::new(Some(Arc::new(cache))),
+            layout,
+            transfers: 8,
+            pending,
+            tips_read: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The remote's URL (without credentials).
@@ -1237,8 +1247,12 @@ impl RemoteStore {
     /// Where branch `name` is on the remote: `(version or None, tag or None)`, the tag being
     /// what [`RemoteStore::commit`] compares against.
     fn branch_tip(&self, py: Python<'_>, name: &str) -> PyResult<(Option<String>, Option<String>)> {
-        let name = name.to_string();
-        let tip = self.run(py, move |remote, _| sync::remote_branch_tip(remote, &name))?;
+        let branch = name.to_string();
+        let tip = self.run(py, move |remote, _| sync::remote_branch_tip(remote, &branch))?;
+        if let Some(read_at) = tip.read_at {
+            let mut read = self.tips_read.lock().unwrap_or_else(|e| e.into_inner());
+            read.insert((name.to_string(), tip.tag.clone()), read_at);
+        }
         Ok((tip.version.map(|v| v.to_hex()), tip.tag))
     }
 
@@ -1317,7 +1331,9 @@ impl RemoteStore {
         stored_bytes: u64,
     ) -> PyResult<String> {
         let version = expected.map(|e| parse_id(&e)).transpose()?;
-        let tip = sync::RemoteTip { version, tag };
+        let read_at =
+            self.tips_read.lock().unwrap_or_else(|e| e.into_inner()).get(&(branch.clone(), tag.clone())).copied();
+        let tip = sync::RemoteTip { version, tag, read_at };
         let files = files.into_iter().map(entry_of_stored).collect::<PyResult<Vec<_>>>()?;
         let id = self.run(py, move |remote, cache| {
             let options = CommitOptions::default();

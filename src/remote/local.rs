@@ -4,7 +4,7 @@
 //! Small files (refs) are compared and swapped under an exclusive lock on `refs.lock`, then
 //! replaced by temp file + fsync + rename; their tag is their content.
 
-use super::{Error, Expect, Remote, Result, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
+use super::{Error, Expect, Listed, Remote, Result, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -140,6 +140,10 @@ impl Remote for DirRemote {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self.list_modified(prefix)?.into_iter().map(|l| l.key).collect())
+    }
+
+    fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.count();
         let mut out = Vec::new();
         let mut seen = 0usize;
@@ -163,7 +167,9 @@ impl Remote for DirRemote {
                 if ty.is_dir() {
                     stack.push(key);
                 } else if ty.is_file() && !name.starts_with('.') {
-                    out.push(key);
+                    let meta = entry.metadata().map_err(self.io("listing", &dir))?;
+                    let modified = meta.modified().map_err(self.io("listing", &dir))?;
+                    out.push(Listed { key, modified, size: meta.len() });
                 }
             }
         }
@@ -176,6 +182,17 @@ impl Remote for DirRemote {
         match std::fs::metadata(&path) {
             Ok(m) => Ok(m.is_file()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.io("checking", &path)(e)),
+        }
+    }
+
+    fn modified(&self, key: &str) -> Result<Option<std::time::SystemTime>> {
+        self.count();
+        let path = self.path(key)?;
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(Some(m.modified().map_err(self.io("checking", &path))?)),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(self.io("checking", &path)(e)),
         }
     }

@@ -137,6 +137,17 @@ pub struct Small {
     pub tag: String,
 }
 
+/// A key of a listing with its age and size ([`Remote::list_modified`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The key, relative to the remote's root.
+    pub key: String,
+    /// When it was last written, by the remote's clock.
+    pub modified: std::time::SystemTime,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
 /// Whether an upload wrote the object or found it there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Uploaded {
@@ -178,6 +189,20 @@ pub trait Remote: Send + Sync {
             Err(e) => Err(e),
         }
     }
+    /// Every object under `prefix` as [`Remote::list`] gives it, with when it was last written
+    /// (S3's `LastModified`, a file's mtime) and its size: what `ckpt gc --remote` and the
+    /// writers' freshness rule go by (docs/format.md, "Garbage on a remote"). The default, for
+    /// a backend that cannot tell, reports every key as written now, which no rule deletes and
+    /// every writer may count on: the behaviour of a remote without gc.
+    fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>> {
+        let now = std::time::SystemTime::now();
+        Ok(self.list(prefix)?.into_iter().map(|key| Listed { key, modified: now, size: 0 }).collect())
+    }
+    /// When object `key` was last written (one HEAD request); `None` if it does not exist. The
+    /// default, as [`Remote::list_modified`]'s, says "now" for any key that exists.
+    fn modified(&self, key: &str) -> Result<Option<std::time::SystemTime>> {
+        Ok(self.exists(key)?.then(std::time::SystemTime::now))
+    }
     /// Reads a small file and its tag; `None` if it does not exist.
     fn get_small(&self, key: &str) -> Result<Option<Small>>;
     /// Writes a small file if the key is as `expect` says; else [`Error::Conflict`].
@@ -192,8 +217,9 @@ pub trait Remote: Send + Sync {
     /// whose every version is valid: an object recoded as another encoding of the same content
     /// (a mirror push's recode, docs/format.md "Remotes"), or a push's journal.
     fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> Result<()>;
-    /// Deletes `key`; a key that does not exist is no error. Only a push's journal is ever
-    /// deleted: object keys, once written, stay.
+    /// Deletes `key`; a key that does not exist is no error. A push deletes its journal, and
+    /// `ckpt gc --remote` the objects no ref reaches that are older than its grace period
+    /// (docs/format.md, "Garbage on a remote"); nothing else deletes.
     fn delete(&self, key: &str) -> Result<()>;
     /// The first `len` bytes of the object `key` (fewer if it is shorter) and the object's
     /// whole size: a ranged read, such as an object's header.

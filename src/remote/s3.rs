@@ -15,7 +15,7 @@
 //! a whole download, which `object_store`'s default (30 s per request, body included) would
 //! put on every blob however fast it is arriving.
 
-use super::{Error, Expect, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
+use super::{Error, Expect, Listed, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
 use futures_util::StreamExt;
 use object_store::aws::AmazonS3ConfigKey;
 use object_store::path::Path as StorePath;
@@ -230,6 +230,10 @@ impl Remote for StoreRemote {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self.list_modified(prefix)?.into_iter().map(|l| l.key).collect())
+    }
+
+    fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>> {
         let location = self.location(prefix.trim_end_matches('/'));
         let strip = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
         self.runtime.block_on(async {
@@ -246,7 +250,7 @@ impl Remote for StoreRemote {
                 super::count_listed(&mut seen, &self.url, prefix)?;
                 let key = meta.location.as_ref();
                 if let Some(rel) = key.strip_prefix(strip.as_str()).filter(|k| k.len() <= MAX_KEY_LEN) {
-                    out.push(rel.to_string());
+                    out.push(Listed { key: rel.to_string(), modified: meta.last_modified.into(), size: meta.size });
                 }
             }
             Ok(out)
@@ -260,6 +264,18 @@ impl Remote for StoreRemote {
             match self.store.head(&location).await {
                 Ok(_) => Ok(true),
                 Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(self.backend("checking", key, e)),
+            }
+        })
+    }
+
+    fn modified(&self, key: &str) -> Result<Option<std::time::SystemTime>> {
+        self.count(1);
+        let location = self.location(key);
+        self.runtime.block_on(async {
+            match self.store.head(&location).await {
+                Ok(meta) => Ok(Some(meta.last_modified.into())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(self.backend("checking", key, e)),
             }
         })

@@ -724,6 +724,32 @@ impl Store {
         self.write_delta_object(older.id(), header, BlobData::Stored(older), newer, limit, options, &feedback)
     }
 
+    /// Codes blob `target` standalone (no reference) for another store, whatever form it has
+    /// here: into a temp file in `tmp/`, never into this store. What a writer uploads over an
+    /// object of the remote that `ckpt gc --remote` may already count as garbage: a standalone
+    /// form references nothing, so replacing any form by it closes no reference cycle
+    /// (docs/format.md, "Garbage on a remote"). Returns the temp file and its length.
+    pub fn encode_standalone_for_transfer(
+        &self,
+        target: &BlobChain,
+        options: &Options,
+    ) -> Result<(tempfile::NamedTempFile, u64)> {
+        let header = ObjectHeader::standalone_blob(target.dtype(), target.len());
+        let options = Options { chunk_size: target.chunk_size(), ..options.clone() };
+        let written = self.write_temp_object(target.id(), header, None, |out| {
+            encode_blob(
+                target.id(),
+                out,
+                BlobData::Stored(target),
+                Against::Nothing,
+                header.dtype,
+                &options,
+                &Feedback::NONE,
+            )
+        })?;
+        Ok(written.expect("no limit, so always written"))
+    }
+
     /// Codes blob `target` as an XOR delta against blob `reference` for another store that
     /// holds `reference` (a remote): the object goes to a temp file in `tmp/`, never into this
     /// store, whatever form either blob has here (XOR is symmetric: `target` may even be stored

@@ -51,6 +51,14 @@ pub enum Error {
         /// Why, with what to do.
         reason: String,
     },
+    /// `ckpt gc --remote` refused to run, or stopped before deleting anything.
+    #[error("{remote}: gc refused: {reason}")]
+    RemoteGc {
+        /// The remote's URL.
+        remote: String,
+        /// Why.
+        reason: String,
+    },
     /// A version outside a partial clone's history that could not be fetched from its remote.
     #[error(
         "{rev} is outside the history this partial clone holds, and fetching it from remote {remote} failed: {reason}"

@@ -9,6 +9,7 @@
 //! verified against its id before it enters the local store, bases first.
 
 use super::layout::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Layout};
+use super::remote_gc::{fresh_on, mark_git_filter};
 use super::transfer::{parallel, receive_into, reopen, upload_wire_delta, with_retries, Staging};
 use super::wire_delta::WireDelta;
 use super::Error;
@@ -162,14 +163,18 @@ impl Repo {
             report.bytes += bytes;
         }
         let (present, look_first): (HashSet<ObjectId>, bool) = match on_remote {
+            // The git filter's transfers: the remote's objects are named by git pointers, not
+            // ckpt refs, so it is marked as such (`ckpt gc --remote` refuses it) and what is
+            // listed counts as there whatever its age.
             OnRemote::Listed => {
+                mark_git_filter(remote)?;
                 (remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect(), false)
             }
             OnRemote::Known(known) => (known, true),
         };
         let mut wanted = Vec::new();
         for m in manifests {
-            if present.contains(m) || (look_first && remote.exists(&remote::object_key(m))?) {
+            if present.contains(m) || (look_first && fresh_on(remote, m)?) {
                 report.files_present += 1;
             } else if self.store().contains(m) {
                 wanted.push(*m);
@@ -301,13 +306,14 @@ impl Repo {
         Ok(plan)
     }
 
-    /// Whether object `id`, at least [`LOOK_FIRST`] bytes here, is on `remote` already (one
-    /// request); smaller objects are not looked for (false), their upload is create-if-absent.
+    /// Whether object `id`, at least [`LOOK_FIRST`] bytes here, is on `remote` already and
+    /// fresh (one request; docs/format.md, "Garbage on a remote"); smaller objects are not
+    /// looked for (false), their upload is create-if-absent.
     pub(super) fn found_on(&self, remote: &dyn Remote, id: &ObjectId) -> Result<bool> {
         if self.store().stored_len(id).unwrap_or(0) < LOOK_FIRST {
             return Ok(false);
         }
-        Ok(remote.exists(&remote::object_key(id))?)
+        fresh_on(remote, id)
     }
 
     /// The chain depth of blob `id` on `remote`, from its header: the download stops once
@@ -341,6 +347,13 @@ impl Repo {
         let header = crate::store::ObjectHeader::decode(*id, &head)?;
         let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
         let uploaded = with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))?;
+        if uploaded == Uploaded::Existed {
+            // Found there: counted on only if fresh, else written again.
+            let sent = self.keep_found(remote, id)?;
+            if sent > 0 {
+                return Ok((sent, Uploaded::Created));
+            }
+        }
         Ok((len, uploaded))
     }
 

@@ -37,6 +37,7 @@ mod partial;
 mod push;
 mod rank_cache;
 mod read_ahead;
+mod remote_gc;
 mod remotes;
 mod stored;
 mod transfer;
@@ -51,6 +52,9 @@ pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
 pub use rank_cache::{default_cache_root, rank_cache_dir, RankCache, CACHE_DIR_VAR};
 pub use read_ahead::{ReadAhead, ReadAheadLimits};
+pub use remote_gc::{
+    gc_remote, RemoteGcOptions, RemoteGcReport, FRESH_FOR, GIT_FILTER_MARKER, REMOTE_GRACE, WRITE_DEADLINE,
+};
 pub use remotes::{
     absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,
     RemoteConfig,

@@ -6,6 +6,7 @@ use super::layout::{
     finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
 };
 use super::partial::check_pushable;
+use super::remote_gc::{check_deadline, is_fresh};
 use super::remotes::{open_remote, parse_ref, put_ref, ref_key, remote_layout, RefUpdate};
 use super::transfer::{parallel, upload_wire_delta};
 use super::wire_delta::WireDelta;
@@ -17,7 +18,7 @@ use crate::repo::{Head, Needed, RefKind, Repo, VersionId};
 use crate::store::ObjectKind;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// What `push` should send.
 #[derive(Clone, Debug, Default)]
@@ -106,6 +107,8 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
         let _ = repo.compact(&crate::repo::CompactOptions::default());
     }
     let layout = options.layout.unwrap_or_default();
+    // The first look at the remote: the refs move within `WRITE_DEADLINE` of it or not at all.
+    let started = SystemTime::now();
     let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
     if options.all {
         for (name, id) in repo.refs().list(RefKind::Branch)? {
@@ -233,23 +236,37 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     let have: HashSet<ObjectId> = repo.named(&remote_known)?.into_iter().map(|n| n.id).collect();
     let roots: Vec<VersionId> = moves.iter().map(|m| m.4).chain(incomplete.iter().copied()).collect();
     let mut need = repo.reachable(&roots, &|id| have.contains(id))?;
+    // What the remote lists (for the recodes' plan), and of it what this push counts on being
+    // there: fresh objects, or objects a remote ref reaches (docs/format.md, "Garbage on a
+    // remote"). The others the push needs go up again.
     let mut present: HashSet<ObjectId> = HashSet::new();
+    let mut trusted: HashSet<ObjectId> = HashSet::new();
     if !need.is_empty() {
         // Objects a previous, interrupted push left there (one listing, not a request per
         // object).
-        present = remote.list("objects/")?.iter().filter_map(|k| remote::object_of_key(k)).collect();
+        let now = SystemTime::now();
+        for listed in remote.list_modified("objects/")? {
+            let Some(id) = remote::object_of_key(&listed.key) else { continue };
+            present.insert(id);
+            if is_fresh(listed.modified, now) {
+                trusted.insert(id);
+            }
+        }
+        if need.iter().any(|n| present.contains(&n.id) && !trusted.contains(&n.id)) {
+            trusted.extend(remote_refs_reach(repo, remote)?);
+        }
         let before = need.len();
-        need.retain(|n| !present.contains(&n.id));
+        need.retain(|n| !trusted.contains(&n.id));
         report.objects_present += (before - need.len()) as u64;
     }
-    check_pushable(repo, &need, &|id| have.contains(id) || present.contains(id), &url)?;
+    check_pushable(repo, &need, &|id| have.contains(id) || trusted.contains(id), &url)?;
     // New blobs go up as deltas against the parent version's blobs where the remote has
     // them (wire_delta.rs).
     let versions: Vec<VersionId> = need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
     let need_blobs: HashSet<ObjectId> = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
     let wire = match layout {
         Layout::Deltas => {
-            repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || present.contains(id))?
+            repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || trusted.contains(id))?
         }
         Layout::Mirror => HashMap::new(),
     };
@@ -300,6 +317,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     }
 
     for (kind, name, key, old, id, expect) in moves {
+        check_deadline(remote, &format!("{} {name}", kind.name()), started)?;
         match put_ref(remote, &key, &id, &expect) {
             Ok(()) => {
                 report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id });
@@ -327,6 +345,21 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     }
     report.requests = remote.requests();
     Ok(report)
+}
+
+/// The objects the remote's refs reach as far as this store knows their versions (each ref
+/// read now; refs this store does not know name nothing here). Refs only move forward, so
+/// these stay reachable: a push counts on them whatever their age.
+fn remote_refs_reach(repo: &Repo, remote: &dyn Remote) -> Result<HashSet<ObjectId>> {
+    let mut known = Vec::new();
+    for key in remote.list("refs/")? {
+        let Some(small) = remote.get_small(&key)? else { continue };
+        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
+        if repo.store().contains(&id) {
+            known.push(id);
+        }
+    }
+    Ok(repo.named(&known)?.into_iter().map(|n| n.id).collect())
 }
 
 /// Whether `remote` has version `id`'s object and the manifests of its files (the

@@ -27,6 +27,7 @@
 
 use super::file_objects::OnRemote;
 use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
+use super::remote_gc::{check_deadline, fresh_on, is_fresh};
 use super::remotes::{parse_ref, put_ref, ref_key};
 use super::transfer::{parallel, receive, reopen};
 use super::{Error, FileTransfer, Result};
@@ -50,6 +51,9 @@ pub struct RemoteTip {
     pub version: Option<VersionId>,
     /// The ref's tag as read (`None`: the ref did not exist).
     pub tag: Option<String>,
+    /// When it was read (`None`: not known). [`commit_to_remote`] moves the branch only within
+    /// [`super::WRITE_DEADLINE`] of it (docs/format.md, "Garbage on a remote").
+    pub read_at: Option<std::time::SystemTime>,
 }
 
 impl RemoteTip {
@@ -65,9 +69,12 @@ impl RemoteTip {
 pub fn remote_branch_tip(remote: &dyn Remote, branch: &str) -> Result<RemoteTip> {
     check_name(branch)?;
     let key = ref_key(RefKind::Branch, branch);
+    let read_at = Some(std::time::SystemTime::now());
     match remote.get_small(&key)? {
-        Some(small) => Ok(RemoteTip { version: Some(parse_ref(remote, &key, &small.bytes)?), tag: Some(small.tag) }),
-        None => Ok(RemoteTip { version: None, tag: None }),
+        Some(small) => {
+            Ok(RemoteTip { version: Some(parse_ref(remote, &key, &small.bytes)?), tag: Some(small.tag), read_at })
+        }
+        None => Ok(RemoteTip { version: None, tag: None, read_at }),
     }
 }
 
@@ -269,10 +276,14 @@ pub fn finish_recodes(
     transfers: usize,
 ) -> Result<(u64, u64)> {
     let (mut objects, mut bytes) = (0, 0);
-    for PendingRecodes { journal } in pending {
-        let (o, b) = recode(cache, remote, &journal.recodes, transfers)?;
-        objects += o;
-        bytes += b;
+    for PendingRecodes { journal, planned } in pending {
+        // A recode makes a blob of the previous version a delta against a blob no version may
+        // ever name (if this save fails): only while that blob is fresh, which gc keeps.
+        if planned.elapsed() < super::FRESH_FOR {
+            let (o, b) = recode(cache, remote, &journal.recodes, transfers)?;
+            objects += o;
+            bytes += b;
+        }
         remote.delete(&journal_key(&journal.version))?;
     }
     remove_journals_note(cache)?;
@@ -284,6 +295,8 @@ pub fn finish_recodes(
 #[derive(Debug)]
 pub struct PendingRecodes {
     journal: super::layout::Journal,
+    /// When the upload looked for the new blobs (before uploading them).
+    planned: std::time::Instant,
 }
 
 impl PendingRecodes {
@@ -394,7 +407,7 @@ fn push_whole_then_recode(
 ) -> Result<(FileTransfer, u64, Option<PendingRecodes>)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
     forget_journals_of_failed_saves(cache, remote)?;
-    if present.contains(manifest) || remote.exists(&remote::object_key(manifest))? {
+    if present.contains(manifest) || fresh_on(remote, manifest)? {
         report.files_present = 1;
         report.requests = remote.requests();
         return Ok((report, 0, None));
@@ -403,22 +416,32 @@ fn push_whole_then_recode(
     // one there already is not recoded against, nor uploaded. As a listing before the upload
     // did, this keeps every recode's X absent before this rank's upload, and every Y is in
     // the previous version, so two ranks never recode two blobs against each other.
+    let planned = std::time::Instant::now();
     let looked_for: HashSet<ObjectId> = pairs
         .iter()
         .filter(|p| p.new != p.old && !present.contains(&p.new) && cache.store().contains(&p.new))
         .map(|p| p.new)
         .collect();
+    // One found there but not fresh (docs/format.md, "Garbage on a remote") is not recoded
+    // against either, but goes up again (`Repo::keep_found`).
     let candidates: Vec<ObjectId> = looked_for.iter().copied().collect();
     let found = std::sync::Mutex::new(HashSet::new());
+    let found_fresh = std::sync::Mutex::new(HashSet::new());
+    let now = std::time::SystemTime::now();
     parallel(&candidates, transfers * LOOKUPS_PER_TRANSFER, |id| {
-        if remote.exists(&remote::object_key(id))? {
+        if let Some(modified) = remote.modified(&remote::object_key(id))? {
             found.lock().unwrap_or_else(|e| e.into_inner()).insert(*id);
+            if is_fresh(modified, now) {
+                found_fresh.lock().unwrap_or_else(|e| e.into_inner()).insert(*id);
+            }
         }
         Ok(())
     })?;
     let found = found.into_inner().unwrap_or_else(|e| e.into_inner());
+    let found_fresh = found_fresh.into_inner().unwrap_or_else(|e| e.into_inner());
+    let uploaded = |id: &ObjectId| present.contains(id) || found_fresh.contains(id);
     let present = |id: &ObjectId| present.contains(id) || found.contains(id);
-    let need: Vec<Needed> = cache.file_objects(&[*manifest])?.into_iter().filter(|n| !present(&n.id)).collect();
+    let need: Vec<Needed> = cache.file_objects(&[*manifest])?.into_iter().filter(|n| !uploaded(&n.id)).collect();
     let mut recodes = Vec::new();
     // A blob the new file holds stays whole.
     let keep: HashSet<ObjectId> = new_m.blobs().collect();
@@ -470,6 +493,7 @@ fn push_whole_then_recode(
     // (the recodes' counterparts were looked for above).
     let upload = |id: &ObjectId| -> Result<()> {
         if looked_for.contains(id) || !cache.found_on(remote, id)? {
+            // (Found there but not fresh: `upload_object` finds it and writes it again.)
             count(cache.upload_object(remote, id)?);
         }
         Ok(())
@@ -482,7 +506,7 @@ fn push_whole_then_recode(
     let created = bytes.into_inner();
     report.bytes += created;
     report.requests = remote.requests();
-    Ok((report, created, journal.map(|journal| PendingRecodes { journal })))
+    Ok((report, created, journal.map(|journal| PendingRecodes { journal, planned })))
 }
 
 /// Existence checks (one small request each) a mirror save keeps in flight per upload it
@@ -617,6 +641,9 @@ pub fn commit_to_remote(
     let id = cache.record_version(&version)?;
     cache.upload_object(remote, &id)?;
     let key = ref_key(RefKind::Branch, branch);
+    if let Some(read_at) = tip.read_at {
+        check_deadline(remote, &format!("branch {branch}"), read_at)?;
+    }
     match put_ref(remote, &key, &id, &tip.expect()) {
         Ok(()) => {}
         Err(remote::Error::Conflict { .. }) => {

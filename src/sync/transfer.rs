@@ -197,6 +197,13 @@ pub(super) fn upload_wire_delta(
     let uploaded = with_retries(|| {
         Ok(remote.upload(&remote::object_key(id), tmp.as_file(), tmp.path(), len, UploadMode::CreateOnly)?)
     })?;
+    if uploaded == Uploaded::Existed {
+        // Found there: counted on only if fresh, else written again (standalone).
+        let sent = repo.keep_found(remote, id)?;
+        if sent > 0 {
+            return Ok(Some((sent, Uploaded::Created)));
+        }
+    }
     Ok(Some((len, uploaded)))
 }
 

@@ -83,7 +83,8 @@ fn ranks_without_a_repository_save_versions_a_clone_reads_in_both_layouts() {
         let remote = DirRemote::create(&url).unwrap();
 
         let tip = sync::remote_branch_tip(&remote, "main").unwrap();
-        assert_eq!(tip, RemoteTip { version: None, tag: None });
+        assert_eq!((tip.version, &tip.tag), (None, &None));
+        assert!(tip.read_at.is_some(), "the read is timed, for the commit's deadline");
         let first = rank_files(1);
         let (v1, _) = save(work.path(), &remote, &tip, &first, layout);
         let v1 = v1.unwrap();
@@ -121,7 +122,13 @@ fn a_second_save_that_began_on_the_same_tip_is_refused_and_overwrites_nothing() 
     let work = tempfile::tempdir().unwrap();
     let url = work.path().join("remote").to_str().unwrap().to_string();
     let remote = DirRemote::create(&url).unwrap();
-    let (v1, _) = save(work.path(), &remote, &RemoteTip { version: None, tag: None }, &rank_files(1), Layout::Mirror);
+    let (v1, _) = save(
+        work.path(),
+        &remote,
+        &RemoteTip { version: None, tag: None, read_at: None },
+        &rank_files(1),
+        Layout::Mirror,
+    );
     let v1 = v1.unwrap();
     let tip = sync::remote_branch_tip(&remote, "main").unwrap();
 
@@ -145,7 +152,7 @@ fn a_version_lists_only_complete_files_and_new_tags() {
     let work = tempfile::tempdir().unwrap();
     let url = work.path().join("remote").to_str().unwrap().to_string();
     let remote = DirRemote::create(&url).unwrap();
-    let none = RemoteTip { version: None, tag: None };
+    let none = RemoteTip { version: None, tag: None, read_at: None };
     let (entry, _) = save_rank(work.path(), &remote, "__0_0.distcp", &rank_files(1)[0].1, None, Layout::Mirror);
     let cache_dir = tempfile::tempdir_in(work.path()).unwrap();
     let cache = Repo::init(cache_dir.path()).unwrap();
@@ -158,7 +165,7 @@ fn a_version_lists_only_complete_files_and_new_tags() {
     let refused =
         sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone(), missing], 0, "m", &[], &options);
     assert!(refused.is_err());
-    assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap(), none);
+    assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap().version, None);
 
     let tags = vec!["step-1".to_string()];
     let v1 =
@@ -168,7 +175,7 @@ fn a_version_lists_only_complete_files_and_new_tags() {
     let tip = sync::remote_branch_tip(&remote, "main").unwrap();
     let again = sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], 0, "m", &tags, &options);
     assert!(matches!(again, Err(sync::Error::Rejected { .. })), "{again:?}");
-    assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap(), tip);
+    assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap().tag, tip.tag);
 }
 
 #[test]
@@ -177,7 +184,8 @@ fn byte_ranges_of_a_stored_file_are_its_bytes() {
     let url = work.path().join("remote").to_str().unwrap().to_string();
     let remote = DirRemote::create(&url).unwrap();
     let files = rank_files(1);
-    let (v1, _) = save(work.path(), &remote, &RemoteTip { version: None, tag: None }, &files, Layout::Deltas);
+    let (v1, _) =
+        save(work.path(), &remote, &RemoteTip { version: None, tag: None, read_at: None }, &files, Layout::Deltas);
     let v1 = v1.unwrap();
 
     // A reader's cache downloads only the file it reads.
@@ -235,7 +243,7 @@ fn ranks_pair_items_with_any_file_of_the_previous_save_downloading_only_what_pai
         }
         let stored: u64 = entries.iter().map(|f| f.stored_bytes).sum();
         let entries: Vec<FileEntry> = entries.into_iter().map(|f| f.entry).collect();
-        let none = RemoteTip { version: None, tag: None };
+        let none = RemoteTip { version: None, tag: None, read_at: None };
         let cache = Repo::init(&work.path().join("coordinator")).unwrap();
         let v1 = sync::commit_to_remote(&cache, &remote, "main", &none, entries, stored, "1", &[], &Default::default())
             .unwrap();
@@ -465,4 +473,61 @@ fn a_mirror_save_does_not_recode_against_a_blob_the_remote_already_holds() {
         expected.push((v.unwrap(), files));
     }
     assert_clone_reads(work.path(), &url, &expected);
+}
+
+#[test]
+fn gc_of_the_remote_takes_a_refused_save_but_not_the_blobs_its_recodes_made_needed() {
+    // Job B's ranks upload first and, in the mirror layout, recode the previous version's
+    // blobs as deltas against B's new blobs; job A's ranks then find those blobs recoded and
+    // leave them; A commits and B is refused. B's blobs are in no version, but the previous
+    // version's blobs now need them: gc (a day later) must follow the remote's headers.
+    let work = tempfile::tempdir().unwrap();
+    let url = work.path().join("remote").to_str().unwrap().to_string();
+    let remote = DirRemote::create(&url).unwrap();
+    let (v1, _) = save(
+        work.path(),
+        &remote,
+        &RemoteTip { version: None, tag: None, read_at: None },
+        &rank_files(1),
+        Layout::Mirror,
+    );
+    let v1 = v1.unwrap();
+    let tip = sync::remote_branch_tip(&remote, "main").unwrap();
+    let mut b_entries = Vec::new();
+    let mut recoded = 0;
+    for (path, bytes) in &rank_files(3) {
+        let (entry, transfer) = save_rank(work.path(), &remote, path, bytes, Some(&v1), Layout::Mirror);
+        recoded += transfer.objects_recoded;
+        b_entries.push(entry);
+    }
+    assert!(recoded >= 2, "B's ranks recoded the previous blobs");
+    let (won, _) = save(work.path(), &remote, &tip, &rank_files(2), Layout::Mirror);
+    let won = won.unwrap();
+    let coordinator = tempfile::tempdir_in(work.path()).unwrap();
+    let cache = Repo::init(coordinator.path()).unwrap();
+    let lost = sync::commit_to_remote(&cache, &remote, "main", &tip, b_entries, 0, "B", &[], &CommitOptions::default());
+    assert!(matches!(lost, Err(sync::Error::Rejected { .. })), "{lost:?}");
+
+    let young = sync::gc_remote(&cache, &remote, &sync::RemoteGcOptions::default()).unwrap();
+    assert_eq!(young.deleted, 0, "{young:?}");
+    // A day and more later.
+    let then = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86400);
+    for key in remote.list("objects/").unwrap() {
+        let path = Path::new(&url).join(&key);
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_modified(then).unwrap();
+    }
+    let before = remote.list("objects/").unwrap().len();
+    let old = sync::gc_remote(&cache, &remote, &sync::RemoteGcOptions::default()).unwrap();
+    assert!(old.deleted > 0 && old.deleted < before, "{old:?}");
+    assert_eq!(old.versions, 2, "{old:?}");
+    assert_eq!(remote.list("objects/").unwrap().len(), before - old.deleted);
+    let mut files = [rank_files(1), rank_files(2)];
+    for f in &mut files {
+        f.sort();
+    }
+    let [first, second] = files;
+    assert_clone_reads(work.path(), &url, &[(v1, first), (won, second)]);
+    // Nothing is left to collect.
+    let again = sync::gc_remote(&cache, &remote, &sync::RemoteGcOptions::default()).unwrap();
+    assert_eq!(again.deleted, 0, "{again:?}");
 }

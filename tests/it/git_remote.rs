@@ -76,6 +76,20 @@ fn the_pre_push_hook_uploads_weights_and_a_clone_smudges_them_from_a_directory_r
     let env = GitEnv::new();
     let remote = env.path("weights");
     push_then_clone(&env, remote.to_str().unwrap(), &[], &remote.join("objects"));
+    // The pre-push marked the remote as a git filter's: `ckpt gc --remote` refuses it, since
+    // no ckpt ref names what git's pointers need.
+    assert!(remote.join(ckpt::sync::GIT_FILTER_MARKER).is_file());
+    let other = env.path("other");
+    std::fs::create_dir(&other).unwrap();
+    assert!(env.command(env!("CARGO_BIN_EXE_ckpt"), &other, &["init"]).output().unwrap().status.success());
+    let add = ["remote", "add", "weights", remote.to_str().unwrap()];
+    assert!(env.command(env!("CARGO_BIN_EXE_ckpt"), &other, &add).output().unwrap().status.success());
+    let before = object_files(&remote.join("objects"));
+    let gc = ["gc", "--remote", "weights", "--prune=now"];
+    let o = env.command(env!("CARGO_BIN_EXE_ckpt"), &other, &gc).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("git repository"), "{o:?}");
+    assert_eq!(object_files(&remote.join("objects")), before);
     // A file the remote lost: the checkout fails naming the file and the remote, and leaves no
     // wrong bytes.
     let b = env.path("b");

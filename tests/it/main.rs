@@ -17,6 +17,7 @@ mod git_store_trust;
 mod remote;
 mod remote_crash;
 mod remote_faults;
+mod remote_gc;
 mod remote_layout;
 mod remote_trust;
 mod remote_wire;

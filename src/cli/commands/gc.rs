@@ -13,6 +13,15 @@ pub struct GcArgs {
     /// running (a `ckpt.dcp.Writer` save, a `git add`).
     #[arg(long, value_name = "WHEN", value_parser = parse_prune)]
     prune: Option<std::time::Duration>,
+    /// Collect the remote NAME instead of this store: delete the objects no ref of the remote
+    /// reaches (those of a failed or refused save or push) once older than the grace period,
+    /// one day unless `--prune` says otherwise (docs/format.md, "Garbage on a remote"). A
+    /// shorter grace is safe only while nothing pushes or saves to the remote.
+    #[arg(long, value_name = "NAME")]
+    remote: Option<String>,
+    /// With `--remote`: report what would be deleted, delete nothing.
+    #[arg(long, requires = "remote")]
+    dry_run: bool,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -21,6 +30,9 @@ pub struct GcArgs {
 /// Runs `ckpt gc`.
 pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
+    if let Some(name) = &args.remote {
+        return run_remote(&repo, name, &args);
+    }
     // Deltas still pending make the store smaller too: finish them first.
     repo.compact(&ckpt::repo::CompactOptions::default())?;
     let options = match args.prune {
@@ -46,6 +58,40 @@ pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
                 grace_text(r.grace_seconds)
             )?;
         }
+    }
+    Ok(())
+}
+
+/// `ckpt gc --remote NAME`.
+fn run_remote(repo: &ckpt::repo::Repo, name: &str, args: &GcArgs) -> Result<()> {
+    let remote = ckpt::sync::open_remote(repo, name)?;
+    let options = ckpt::sync::RemoteGcOptions {
+        grace: args.prune.unwrap_or(ckpt::sync::REMOTE_GRACE),
+        dry_run: args.dry_run,
+        ..ckpt::sync::RemoteGcOptions::default()
+    };
+    let r = ckpt::sync::gc_remote(repo, remote.as_ref(), &options)?;
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    outln!(
+        "{}: {} refs reach {} versions; kept {} of {} objects, {} {} ({})",
+        r.remote,
+        r.refs,
+        r.versions,
+        r.kept,
+        r.listed,
+        if r.dry_run { "would delete" } else { "deleted" },
+        r.deleted,
+        bytes(r.bytes_freed)
+    )?;
+    if r.recent > 0 {
+        outln!(
+            "kept {} objects no ref reaches because they are younger than {} (a save or push may still be writing them)",
+            r.recent,
+            grace_text(r.grace_seconds)
+        )?;
     }
     Ok(())
 }

@@ -1,0 +1,259 @@
+//! `ckpt gc --remote`: the objects of a refused push go once older than the grace period,
+//! everything a ref reaches stays (clones read every version, bit for bit), young objects stay,
+//! and a push that counts on an old object no ref reaches writes it again, so that a gc
+//! running in the middle of the push cannot take it (docs/format.md, "Garbage on a remote").
+//! Against a directory remote (whose object ages the tests can set) and, where `s3s-fs` is
+//! installed, a real S3-protocol server (with `--prune=now`: its ages cannot be set).
+
+use crate::support::remote::{directory, json, model, s3, trained, Served, ACCESS_KEY, SECRET_KEY};
+use ckpt::remote::{local::DirRemote, Listed, Remote, S3Options};
+use ckpt::repo::Repo;
+use ckpt::sync::{self, PushOptions, RemoteGcOptions};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// The object keys on the remote.
+fn object_keys(r: &Served) -> BTreeSet<String> {
+    keys_under(&r.objects)
+}
+
+/// The objects of a store laid out as `objects/ab/<62 hex>`, as `ab/<62 hex>`.
+fn keys_under(objects: &Path) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    let Ok(fans) = std::fs::read_dir(objects) else { return keys };
+    for fan in fans {
+        let fan = fan.unwrap();
+        for object in std::fs::read_dir(fan.path()).unwrap() {
+            let object = object.unwrap();
+            keys.insert(format!("{}/{}", fan.file_name().to_string_lossy(), object.file_name().to_string_lossy()));
+        }
+    }
+    keys
+}
+
+/// Sets the mtime of every object file of a directory remote `age` into the past.
+fn age_objects(objects: &Path, age: Duration) {
+    let then = SystemTime::now() - age;
+    for fan in std::fs::read_dir(objects).unwrap() {
+        for object in std::fs::read_dir(fan.unwrap().path()).unwrap() {
+            let path = object.unwrap().path();
+            std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_modified(then).unwrap();
+        }
+    }
+}
+
+/// Every version of `branch`'s history checks out of a fresh clone as `expected` says, and
+/// the clone verifies.
+fn clone_reads(r: &Served, expected: &[(&str, Vec<u8>)]) {
+    let parent = tempfile::tempdir().unwrap();
+    r.ok(parent.path(), &["clone", &r.url, "c"]);
+    let c = parent.path().join("c");
+    r.ok(&c, &["verify"]);
+    for (rev, bytes) in expected {
+        let out = tempfile::tempdir().unwrap();
+        r.ok(&c, &["checkout", rev, "--output", out.path().to_str().unwrap()]);
+        assert_eq!(&std::fs::read(out.path().join("model.safetensors")).unwrap(), bytes, "{rev} after gc");
+    }
+}
+
+/// The remote `r` opened in this process.
+fn open(r: &Served) -> Box<dyn Remote> {
+    let env = |k: &str| r.env.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
+    match env("AWS_ENDPOINT_URL") {
+        None => Box::new(DirRemote::open(&r.url).unwrap()),
+        Some(endpoint) => {
+            let options = S3Options { endpoint: Some(endpoint), region: Some("us-east-1".into()), allow_http: true };
+            Box::new(
+                ckpt::remote::s3::StoreRemote::s3_with_credentials(&r.url, &options, ACCESS_KEY, SECRET_KEY).unwrap(),
+            )
+        }
+    }
+}
+
+/// a pushes two versions; b clones them, commits its own third and pushes it, and the push
+/// dies before its ref moves (its compare-and-swap fails, as a kill or a lost race leaves
+/// it): b's new objects are on the remote, unreferenced. Then a pushes its own third. Returns
+/// a, b, the objects the remote's refs reach and the dead push's.
+fn dead_push(r: &Served) -> (tempfile::TempDir, tempfile::TempDir, BTreeSet<String>, BTreeSet<String>) {
+    let a = trained(r, 7, 2);
+    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    r.ok(a.path(), &["push"]);
+    let b = tempfile::tempdir().unwrap();
+    r.ok(b.path(), &["clone", &r.url, "b"]);
+    let b_dir = b.path().join("b");
+    let before = object_keys(r);
+    std::fs::write(b_dir.join("model.safetensors"), model(77, 2)).unwrap();
+    r.ok(&b_dir, &["commit", "-m", "b's epoch 2", "model.safetensors"]);
+    let dies = Hooked { inner: open(r), refs_fail: true, gc_after_listing: None, ran: false.into() };
+    let b_repo = Repo::open(&b_dir).unwrap();
+    assert!(sync::push_to(&b_repo, &dies, &PushOptions { transfers: 4, ..PushOptions::default() }).is_err());
+    assert!(object_keys(r).len() > before.len(), "the dead push left objects");
+    std::fs::write(a.path().join("model.safetensors"), model(7, 2)).unwrap();
+    r.ok(a.path(), &["commit", "-m", "a's epoch 2", "model.safetensors"]);
+    r.ok(a.path(), &["push"]);
+    // What the refs reach: the objects a clone of every version holds (the remote's delta
+    // references are blobs of that history too).
+    let parent = tempfile::tempdir().unwrap();
+    r.ok(parent.path(), &["clone", &r.url, "c"]);
+    let history = keys_under(&parent.path().join("c/.ckpt/objects"));
+    let (reachable, garbage) = object_keys(r).into_iter().partition(|k| history.contains(k));
+    (a, b, reachable, garbage)
+}
+
+fn young_garbage_stays_and_old_garbage_goes(r: &Served, can_age: bool) {
+    let (a, b, reachable, garbage) = dead_push(r);
+    // Young: kept whatever it is (a save may still be writing it).
+    let young = json(&r.ok(a.path(), &["gc", "--remote", "origin", "--json"]));
+    assert_eq!(young["deleted"], 0, "{young}");
+    assert_eq!(young["recent"].as_u64().unwrap(), garbage.len() as u64, "{young}");
+    assert_eq!(object_keys(r), reachable.union(&garbage).cloned().collect());
+
+    let prune: &[&str] = if can_age {
+        age_objects(&r.objects, Duration::from_secs(2 * 86400));
+        &[]
+    } else {
+        &["--prune=now"]
+    };
+    let dry = json(&r.ok(a.path(), &[&["gc", "--remote", "origin", "--json", "--dry-run"], prune].concat()));
+    assert_eq!(dry["deleted"].as_u64().unwrap(), garbage.len() as u64, "{dry}");
+    assert!(dry["bytes_freed"].as_u64().unwrap() > 0, "{dry}");
+    assert_eq!(object_keys(r).len(), reachable.len() + garbage.len(), "a dry run deletes nothing");
+
+    let done = json(&r.ok(a.path(), &[&["gc", "--remote", "origin", "--json"], prune].concat()));
+    assert_eq!(done["deleted"], dry["deleted"], "{done}");
+    assert_eq!(done["versions"], 3, "{done}");
+    assert_eq!(object_keys(r), reachable, "exactly the refused push's objects went");
+    clone_reads(r, &[("main", model(7, 2)), ("main~1", model(7, 1)), ("main~2", model(7, 0))]);
+
+    // b rebases and pushes: what gc took goes up again.
+    let b_dir = b.path().join("b");
+    r.ok(&b_dir, &["pull", "--rebase"]);
+    r.ok(&b_dir, &["push"]);
+    clone_reads(r, &[("main", model(77, 2)), ("main~1", model(7, 2)), ("main~3", model(7, 0))]);
+    let again = json(&r.ok(a.path(), &[&["gc", "--remote", "origin", "--json"], prune].concat()));
+    assert_eq!(again["deleted"], 0, "{again}");
+}
+
+#[test]
+fn gc_of_a_directory_remote_takes_only_old_garbage() {
+    young_garbage_stays_and_old_garbage_goes(&directory().unwrap(), true);
+}
+
+#[test]
+fn gc_of_an_s3_remote_takes_only_garbage() {
+    let Some(r) = s3() else {
+        eprintln!("skipped: s3s-fs is not installed");
+        return;
+    };
+    young_garbage_stays_and_old_garbage_goes(&r, false);
+}
+
+#[test]
+fn gc_refuses_a_git_filter_remote_and_a_remote_without_refs() {
+    let r = directory().unwrap();
+    let a = trained(&r, 3, 1);
+    DirRemote::create(&r.url).unwrap();
+    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    let empty = r.ckpt(a.path(), &["gc", "--remote", "origin"]);
+    assert!(!empty.status.success());
+    let message = String::from_utf8_lossy(&empty.stderr);
+    assert!(message.contains("no ref"), "{message}");
+
+    r.ok(a.path(), &["push"]);
+    let before = object_keys(&r);
+    // What the git filter's pre-push writes on a remote it stores objects on.
+    std::fs::write(Path::new(&r.url).join(sync::GIT_FILTER_MARKER), "marker\n").unwrap();
+    age_objects(&r.objects, Duration::from_secs(2 * 86400));
+    let refused = r.ckpt(a.path(), &["gc", "--remote", "origin", "--prune=now"]);
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("git repository"), "{message}");
+    assert_eq!(object_keys(&r), before);
+}
+
+/// A remote with faults on demand: ref writes that fail (a push that dies before its ref
+/// moves), and `ckpt gc --remote` (default grace) run on the remote right after the first
+/// listing of `objects/` (a gc in the middle of a push).
+struct Hooked<'a> {
+    inner: Box<dyn Remote>,
+    refs_fail: bool,
+    gc_after_listing: Option<&'a Repo>,
+    ran: std::sync::atomic::AtomicBool,
+}
+
+impl Remote for Hooked<'_> {
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+    fn list(&self, prefix: &str) -> ckpt::remote::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn list_modified(&self, prefix: &str) -> ckpt::remote::Result<Vec<Listed>> {
+        let listed = self.inner.list_modified(prefix)?;
+        if let Some(repo) = self.gc_after_listing.filter(|_| prefix == "objects/") {
+            if !self.ran.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                let report = sync::gc_remote(repo, self.inner.as_ref(), &RemoteGcOptions::default()).unwrap();
+                assert!(report.deleted > 0, "the gc found the old garbage: {report:?}");
+            }
+        }
+        Ok(listed)
+    }
+    fn modified(&self, key: &str) -> ckpt::remote::Result<Option<SystemTime>> {
+        self.inner.modified(key)
+    }
+    fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
+        self.inner.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &ckpt::remote::Expect) -> ckpt::remote::Result<()> {
+        if self.refs_fail && key.starts_with("refs/") {
+            return Err(ckpt::remote::Error::Conflict { remote: self.url().into(), key: key.into() });
+        }
+        self.inner.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &Path,
+        len: u64,
+        mode: ckpt::remote::UploadMode,
+    ) -> ckpt::remote::Result<ckpt::remote::Uploaded> {
+        self.inner.upload(key, file, path, len, mode)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> ckpt::remote::Result<()> {
+        self.inner.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> ckpt::remote::Result<()> {
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> ckpt::remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> ckpt::remote::Result<u64> {
+        self.inner.download(key, out, limit)
+    }
+    fn requests(&self) -> u64 {
+        self.inner.requests()
+    }
+}
+
+#[test]
+fn a_push_does_not_count_on_old_garbage_a_gc_may_take_meanwhile() {
+    // b's dead push left b's objects; a day later b rebases and pushes again. Its listing
+    // shows them there, but old and reached by no ref: a gc may delete them at any moment
+    // (here: right after the listing), so the push uploads them again.
+    let r = directory().unwrap();
+    let (a, b, _, garbage) = dead_push(&r);
+    age_objects(&r.objects, Duration::from_secs(2 * 86400));
+    let b_dir = b.path().join("b");
+    r.ok(&b_dir, &["pull", "--rebase"]);
+
+    let repo = Repo::open(&b_dir).unwrap();
+    let gc_from = Repo::open(a.path()).unwrap();
+    let remote = Hooked { inner: open(&r), refs_fail: false, gc_after_listing: Some(&gc_from), ran: false.into() };
+    let report = sync::push_to(&repo, &remote, &PushOptions { transfers: 4, ..PushOptions::default() }).unwrap();
+    assert!(remote.ran.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(report.objects_sent as usize >= garbage.len(), "{report:?}");
+    clone_reads(&r, &[("main", model(77, 2)), ("main~1", model(7, 2)), ("main~3", model(7, 0))]);
+}
