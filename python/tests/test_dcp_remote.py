@@ -235,6 +235,31 @@ def test_two_jobs_saving_to_one_remote_branch_at_once_one_is_refused(dir_url, tm
     loaded = run(load_worker, 2, dir_url, 2, "HEAD", out=str(tmp_path / "l"))
     assert all(r["ok"] for r in loaded), loaded
 
+    # Job B's objects are garbage: `ckpt gc --remote` keeps them while young (a save could
+    # still be writing them) and deletes them a day later, and only them.
+    objects = tmp_path / "remote" / "objects"
+    gc = [cli(), "gc", "--remote", dir_url, "--json"]
+
+    def collect():
+        done = subprocess.run(gc, cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    young = collect()
+    assert young["deleted"] == 0 and young["recent"] > 0, young
+    day_ago = time.time() - 2 * 86400
+    for d, _, files in os.walk(objects):
+        for f in files:
+            os.utime(os.path.join(d, f), (day_ago, day_ago))
+    old = collect()
+    assert old["deleted"] > 0 and old["recent"] == 0 and old["versions"] == 2, old
+    assert collect()["deleted"] == 0
+    loaded = run(load_worker, 2, dir_url, 2, "HEAD", out=str(tmp_path / "l2"))
+    assert all(r["ok"] for r in loaded), loaded
+    clone = tmp_path / "clone"
+    subprocess.run([cli(), "clone", dir_url, str(clone)], check=True, capture_output=True)
+    assert subprocess.run([cli(), "verify"], cwd=clone, capture_output=True).returncode == 0
+
 
 def tree_size(root):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)

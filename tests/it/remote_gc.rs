@@ -119,6 +119,12 @@ fn young_garbage_stays_and_old_garbage_goes(r: &Served, can_age: bool) {
     assert_eq!(dry["deleted"].as_u64().unwrap(), garbage.len() as u64, "{dry}");
     assert!(dry["bytes_freed"].as_u64().unwrap() > 0, "{dry}");
     assert_eq!(object_keys(r).len(), reachable.len() + garbage.len(), "a dry run deletes nothing");
+    // By URL, from a directory with no repository (a remote only ranks ever wrote to).
+    let url = if r.url.contains("://") { r.url.clone() } else { format!("file://{}", r.url) };
+    let nowhere = tempfile::tempdir().unwrap();
+    let by_url = json(&r.ok(nowhere.path(), &[&["gc", "--remote", &url, "--json", "--dry-run"], prune].concat()));
+    assert_eq!(by_url["deleted"], dry["deleted"], "{by_url}");
+    assert_eq!(by_url["kept"], dry["kept"], "{by_url}");
 
     let done = json(&r.ok(a.path(), &[&["gc", "--remote", "origin", "--json"], prune].concat()));
     assert_eq!(done["deleted"], dry["deleted"], "{done}");

@@ -13,11 +13,12 @@ pub struct GcArgs {
     /// running (a `ckpt.dcp.Writer` save, a `git add`).
     #[arg(long, value_name = "WHEN", value_parser = parse_prune)]
     prune: Option<std::time::Duration>,
-    /// Collect the remote NAME instead of this store: delete the objects no ref of the remote
+    /// Collect the remote NAME (or URL: `s3://bucket/prefix`, `file:///dir`, with no
+    /// repository needed) instead of this store: delete the objects no ref of the remote
     /// reaches (those of a failed or refused save or push) once older than the grace period,
     /// one day unless `--prune` says otherwise (docs/format.md, "Garbage on a remote"). A
     /// shorter grace is safe only while nothing pushes or saves to the remote.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME|URL")]
     remote: Option<String>,
     /// With `--remote`: report what would be deleted, delete nothing.
     #[arg(long, requires = "remote")]
@@ -29,10 +30,21 @@ pub struct GcArgs {
 
 /// Runs `ckpt gc`.
 pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
-    let repo = open_repo(ui, base)?;
     if let Some(name) = &args.remote {
-        return run_remote(&repo, name, &args);
+        if name.contains("://") {
+            // A URL: a remote written by ranks that have no repository. A scratch repository
+            // serves as the walk's object cache.
+            let scratch = tempfile::tempdir()?;
+            let mut repo = ckpt::repo::Repo::init(scratch.path())?;
+            repo.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
+            let remote = ckpt::remote::open(name, &ckpt::remote::S3Options::default())?;
+            return run_remote(&repo, remote.as_ref(), &args);
+        }
+        let repo = open_repo(ui, base)?;
+        let remote = ckpt::sync::open_remote(&repo, name)?;
+        return run_remote(&repo, remote.as_ref(), &args);
     }
+    let repo = open_repo(ui, base)?;
     // Deltas still pending make the store smaller too: finish them first.
     repo.compact(&ckpt::repo::CompactOptions::default())?;
     let options = match args.prune {
@@ -62,15 +74,14 @@ pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     Ok(())
 }
 
-/// `ckpt gc --remote NAME`.
-fn run_remote(repo: &ckpt::repo::Repo, name: &str, args: &GcArgs) -> Result<()> {
-    let remote = ckpt::sync::open_remote(repo, name)?;
+/// `ckpt gc --remote NAME|URL`.
+fn run_remote(repo: &ckpt::repo::Repo, remote: &dyn ckpt::remote::Remote, args: &GcArgs) -> Result<()> {
     let options = ckpt::sync::RemoteGcOptions {
         grace: args.prune.unwrap_or(ckpt::sync::REMOTE_GRACE),
         dry_run: args.dry_run,
         ..ckpt::sync::RemoteGcOptions::default()
     };
-    let r = ckpt::sync::gc_remote(repo, remote.as_ref(), &options)?;
+    let r = ckpt::sync::gc_remote(repo, remote, &options)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r)?)?;
         return Ok(());
