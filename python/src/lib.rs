@@ -1097,7 +1097,7 @@ struct RemoteStore {
     pending: Mutex<Vec<sync::PendingRecodes>>,
     /// When [`RemoteStore::branch_tip`] read each (branch, tag): the commit that compares
     /// against that tag moves the branch only within [`ckpt::sync::WRITE_DEADLINE`] of it.
-    tips_read: Mutex<HashMap<(String, Option<String>), std::time::SystemTime>>,
+    tips_read: Mutex<HashMap<(String, Option<String>), std::time::Instant>>,
 }
 
 impl RemoteStore {
@@ -1438,6 +1438,12 @@ impl Remote for Counted {
     fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
         self.inner.list(prefix)
     }
+    fn list_modified(&self, prefix: &str) -> remote::Result<Vec<remote::Listed>> {
+        self.inner.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> remote::Result<Option<std::time::SystemTime>> {
+        self.inner.modified(key)
+    }
     fn exists(&self, key: &str) -> remote::Result<bool> {
         self.inner.exists(key)
     }
@@ -1456,7 +1462,7 @@ impl Remote for Counted {
         mode: remote::UploadMode,
     ) -> remote::Result<remote::Uploaded> {
         let uploaded = self.inner.upload(key, file, path, len, mode)?;
-        if uploaded == remote::Uploaded::Created {
+        if uploaded != remote::Uploaded::Existed {
             self.count(2, len);
         }
         Ok(uploaded)

@@ -129,21 +129,9 @@ impl DirRemote {
         tempfile::Builder::new().prefix("up-").tempfile_in(&dir).map_err(self.io("creating a file in", &dir))
     }
 
-    fn sync_dir(&self, dir: &Path) -> Result<()> {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(self.io("syncing", dir))
-    }
-}
-
-impl Remote for DirRemote {
-    fn url(&self) -> &str {
-        &self.url
-    }
-
-    fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        Ok(self.list_modified(prefix)?.into_iter().map(|l| l.key).collect())
-    }
-
-    fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>> {
+    /// The files under `prefix`; with `ages`, each one's mtime and size (a file deleted between
+    /// the directory read and its `stat`, by a push deleting its journal or a gc, is left out).
+    fn walk(&self, prefix: &str, ages: bool) -> Result<Vec<Listed>> {
         self.count();
         let mut out = Vec::new();
         let mut seen = 0usize;
@@ -167,13 +155,39 @@ impl Remote for DirRemote {
                 if ty.is_dir() {
                     stack.push(key);
                 } else if ty.is_file() && !name.starts_with('.') {
-                    let meta = entry.metadata().map_err(self.io("listing", &dir))?;
+                    if !ages {
+                        out.push(Listed { key, modified: std::time::UNIX_EPOCH, size: 0 });
+                        continue;
+                    }
+                    let meta = match entry.metadata() {
+                        Ok(m) => m,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(self.io("listing", &dir)(e)),
+                    };
                     let modified = meta.modified().map_err(self.io("listing", &dir))?;
                     out.push(Listed { key, modified, size: meta.len() });
                 }
             }
         }
         Ok(out)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<()> {
+        File::open(dir).and_then(|d| d.sync_all()).map_err(self.io("syncing", dir))
+    }
+}
+
+impl Remote for DirRemote {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self.walk(prefix, false)?.into_iter().map(|l| l.key).collect())
+    }
+
+    fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.walk(prefix, true)
     }
 
     fn exists(&self, key: &str) -> Result<bool> {

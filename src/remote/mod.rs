@@ -155,6 +155,11 @@ pub enum Uploaded {
     Created,
     /// The key already existed; nothing was written.
     Existed,
+    /// Written over whatever the key held, if anything (a multipart upload, which cannot be
+    /// conditional; a writer's standalone rewrite of an old object): a concurrent
+    /// `ckpt gc --remote` may have listed the key before, so the writer checks it is still
+    /// there once no gc runs (docs/format.md, "Garbage on a remote").
+    Replaced,
 }
 
 /// How an object may be uploaded.
@@ -191,18 +196,11 @@ pub trait Remote: Send + Sync {
     }
     /// Every object under `prefix` as [`Remote::list`] gives it, with when it was last written
     /// (S3's `LastModified`, a file's mtime) and its size: what `ckpt gc --remote` and the
-    /// writers' freshness rule go by (docs/format.md, "Garbage on a remote"). The default, for
-    /// a backend that cannot tell, reports every key as written now, which no rule deletes and
-    /// every writer may count on: the behaviour of a remote without gc.
-    fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>> {
-        let now = std::time::SystemTime::now();
-        Ok(self.list(prefix)?.into_iter().map(|key| Listed { key, modified: now, size: 0 }).collect())
-    }
-    /// When object `key` was last written (one HEAD request); `None` if it does not exist. The
-    /// default, as [`Remote::list_modified`]'s, says "now" for any key that exists.
-    fn modified(&self, key: &str) -> Result<Option<std::time::SystemTime>> {
-        Ok(self.exists(key)?.then(std::time::SystemTime::now))
-    }
+    /// writers' freshness rule go by (docs/format.md, "Garbage on a remote"). No default: an
+    /// age made up here would be wrong for gc or for writers.
+    fn list_modified(&self, prefix: &str) -> Result<Vec<Listed>>;
+    /// When object `key` was last written (one HEAD request); `None` if it does not exist.
+    fn modified(&self, key: &str) -> Result<Option<std::time::SystemTime>>;
     /// Reads a small file and its tag; `None` if it does not exist.
     fn get_small(&self, key: &str) -> Result<Option<Small>>;
     /// Writes a small file if the key is as `expect` says; else [`Error::Conflict`].

@@ -346,7 +346,7 @@ impl Remote for StoreRemote {
                     offset = end;
                 }
                 writer.finish().await.map_err(fail)?;
-                Ok(Uploaded::Created)
+                Ok(Uploaded::Replaced)
             });
         }
         self.count(1);
@@ -363,8 +363,13 @@ impl Remote for StoreRemote {
     }
 
     fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> Result<()> {
-        // One unconditional PUT: S3 makes a whole object visible at once (never a multipart
-        // upload here: what is replaced is small, a delta or a journal).
+        // A large object (a writer's standalone rewrite of an old one) goes up in parts, as an
+        // upload that may replace does (a single PUT stops at 5 GiB); S3 makes the whole object
+        // visible at once either way.
+        if len >= self.multipart_threshold() {
+            return self.upload(key, file, path, len, UploadMode::MayReplace).map(|_| ());
+        }
+        // One unconditional PUT.
         self.count(1);
         let location = self.location(key);
         let data = self.map(file, path, len)?;

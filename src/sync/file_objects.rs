@@ -9,7 +9,7 @@
 //! verified against its id before it enters the local store, bases first.
 
 use super::layout::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Layout};
-use super::remote_gc::{fresh_on, mark_git_filter};
+use super::remote_gc::{fresh_on, mark_git_filter, settle_rewrites};
 use super::transfer::{parallel, receive_into, reopen, upload_wire_delta, with_retries, Staging};
 use super::wire_delta::WireDelta;
 use super::Error;
@@ -197,6 +197,7 @@ impl Repo {
         let total: u64 = need.iter().map(|n| self.store().stored_len(&n.id).unwrap_or(0)).sum();
         self.progress().start("push", total);
         let mut done = 0;
+        let mut replaced = Vec::new();
         for n in &need {
             if look_first && self.found_on(remote, &n.id)? {
                 done += self.store().stored_len(&n.id).unwrap_or(0);
@@ -205,7 +206,10 @@ impl Repo {
             }
             if let Some(plan) = wire.get(&n.id) {
                 if let Some((len, uploaded)) = upload_wire_delta(self, remote, &n.id, plan)? {
-                    if uploaded == Uploaded::Created {
+                    if uploaded == Uploaded::Replaced {
+                        replaced.push(n.id);
+                    }
+                    if uploaded != Uploaded::Existed {
                         report.objects += 1;
                         report.objects_as_deltas += 1;
                         report.bytes += len;
@@ -216,7 +220,10 @@ impl Repo {
                 }
             }
             let (len, uploaded) = self.upload_object(remote, &n.id)?;
-            if uploaded == Uploaded::Created {
+            if uploaded == Uploaded::Replaced {
+                replaced.push(n.id);
+            }
+            if uploaded != Uploaded::Existed {
                 report.objects += 1;
                 report.bytes += len;
             }
@@ -224,6 +231,7 @@ impl Repo {
             self.progress().set(done);
         }
         self.progress().finish();
+        settle_rewrites(self, remote, &replaced)?;
         if let Some(journal) = journal {
             let (objects, bytes) = recode(self, remote, &journal.recodes, transfers)?;
             report.objects += objects;
@@ -351,7 +359,7 @@ impl Repo {
             // Found there: counted on only if fresh, else written again.
             let sent = self.keep_found(remote, id)?;
             if sent > 0 {
-                return Ok((sent, Uploaded::Created));
+                return Ok((sent, Uploaded::Replaced));
             }
         }
         Ok((len, uploaded))
@@ -672,6 +680,12 @@ mod tests {
         }
         fn list(&self, prefix: &str) -> crate::remote::Result<Vec<String>> {
             self.inner.list(prefix)
+        }
+        fn list_modified(&self, prefix: &str) -> crate::remote::Result<Vec<crate::remote::Listed>> {
+            self.inner.list_modified(prefix)
+        }
+        fn modified(&self, key: &str) -> crate::remote::Result<Option<std::time::SystemTime>> {
+            self.inner.modified(key)
         }
         fn get_small(&self, key: &str) -> crate::remote::Result<Option<crate::remote::Small>> {
             self.inner.get_small(key)

@@ -405,7 +405,21 @@ pub(super) fn finish_journal(
             return Ok(None);
         }
     }
-    let done = recode(repo, remote, &journal.recodes, transfers)?;
+    // A journal with no branch is a distributed save's, whose version may never exist: its
+    // newer blobs may be garbage, so only those still fresh are recoded against (gc keeps a
+    // fresh blob, and one a kept blob is a delta against: docs/format.md, "Garbage on a
+    // remote"); the others stay whole.
+    let mut recodes = journal.recodes.clone();
+    if journal.branch.is_none() {
+        let mut fresh = Vec::new();
+        for r in recodes {
+            if super::remote_gc::fresh_on(remote, &r.newer)? {
+                fresh.push(r);
+            }
+        }
+        recodes = fresh;
+    }
+    let done = recode(repo, remote, &recodes, transfers)?;
     remote.delete(&journal_key(&journal.version))?;
     Ok(Some(done))
 }

@@ -6,7 +6,7 @@ use super::layout::{
     finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
 };
 use super::partial::check_pushable;
-use super::remote_gc::{check_deadline, is_fresh};
+use super::remote_gc::{check_deadline, is_fresh, settle_rewrites};
 use super::remotes::{open_remote, parse_ref, put_ref, ref_key, remote_layout, RefUpdate};
 use super::transfer::{parallel, upload_wire_delta};
 use super::wire_delta::WireDelta;
@@ -33,6 +33,10 @@ pub struct PushOptions {
     /// The remote's layout. `None`: the remote's setting in `.ckpt/remotes` for [`push`],
     /// [`Layout::Mirror`] for [`push_to`].
     pub layout: Option<Layout>,
+    /// The remote's name here, whose remote-tracking refs (`refs/remotes/NAME/*`) name
+    /// versions the remote has ([`push`] sets it): their objects are counted on whatever their
+    /// age (docs/format.md, "Garbage on a remote").
+    pub remote_name: Option<String>,
 }
 
 /// What a push did.
@@ -73,6 +77,7 @@ pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport
     if options.layout.is_none() {
         options.layout = Some(remote_layout(repo, name)?);
     }
+    options.remote_name = Some(name.to_string());
     let report = push_to(repo, remote.as_ref(), &options)?;
     for update in report.updated.iter().filter(|u| u.kind == "branch") {
         repo.refs().set_remote(name, &update.name, &update.new)?;
@@ -108,7 +113,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     }
     let layout = options.layout.unwrap_or_default();
     // The first look at the remote: the refs move within `WRITE_DEADLINE` of it or not at all.
-    let started = SystemTime::now();
+    let started = Instant::now();
     let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
     if options.all {
         for (name, id) in repo.refs().list(RefKind::Branch)? {
@@ -253,7 +258,9 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
         }
         if need.iter().any(|n| present.contains(&n.id) && !trusted.contains(&n.id)) {
-            trusted.extend(remote_refs_reach(repo, remote)?);
+            // Only what the listing shows: a reached object the remote lost goes up again.
+            let reached = remote_refs_reach(repo, remote, options.remote_name.as_deref())?;
+            trusted.extend(reached.into_iter().filter(|id| present.contains(id)));
         }
         let before = need.len();
         need.retain(|n| !trusted.contains(&n.id));
@@ -280,7 +287,10 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
             let mut planned = Vec::new();
             if !present.is_empty() {
-                planned = plan_recodes(repo, id, &present, &HashSet::new())?;
+                // The older blobs among what the push counts on, the newer ones absent from the
+                // whole listing (docs/format.md, "A mirror push", step 2).
+                planned = plan_recodes(repo, id, &trusted, &HashSet::new())?;
+                planned.retain(|r| !present.contains(&r.newer));
             }
             if !planned.is_empty() {
                 if protected.is_none() {
@@ -304,7 +314,10 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
         }
     }
-    upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
+    let rewritten = upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
+    // Keys written over (a multipart upload, an old object written again) may have been listed
+    // by a gc that is still deleting: checked once no gc runs, before any ref names them.
+    settle_rewrites(repo, remote, &rewritten)?;
     // A journal older than the grace period whose version no remote ref reaches is taken as
     // abandoned by other pushers (layout.rs, `abandoned`): after a long upload, each is
     // written again, so that the ref moves less than half the grace period after it was.
@@ -347,11 +360,22 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     Ok(report)
 }
 
-/// The objects the remote's refs reach as far as this store knows their versions (each ref
-/// read now; refs this store does not know name nothing here). Refs only move forward, so
+/// The objects the remote's refs reach as far as this store knows their versions: each ref
+/// read now, and the remote-tracking refs of `remote_name` (versions read from this remote
+/// earlier); versions this store does not hold name nothing here. Refs only move forward, so
 /// these stay reachable: a push counts on them whatever their age.
-fn remote_refs_reach(repo: &Repo, remote: &dyn Remote) -> Result<HashSet<ObjectId>> {
+fn remote_refs_reach(repo: &Repo, remote: &dyn Remote, remote_name: Option<&str>) -> Result<HashSet<ObjectId>> {
     let mut known = Vec::new();
+    if let Some(name) = remote_name {
+        let prefix = format!("refs/remotes/{name}/");
+        for (full, id) in repo.refs().all() {
+            if let (true, Ok(id)) = (full.starts_with(&prefix), id) {
+                if repo.store().contains(&id) {
+                    known.push(id);
+                }
+            }
+        }
+    }
     for key in remote.list("refs/")? {
         let Some(small) = remote.get_small(&key)? else { continue };
         let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
@@ -381,7 +405,8 @@ fn remote_has_version(repo: &Repo, remote: &dyn Remote, id: &VersionId) -> Resul
 }
 
 /// Uploads `need`, a delta's reference before the delta (by levels: objects with no
-/// reference to upload first, then the deltas on them, ...), each level in parallel.
+/// reference to upload first, then the deltas on them, ...), each level in parallel. Returns
+/// the objects written over what their keys held ([`Uploaded::Replaced`]).
 fn upload(
     repo: &Repo,
     remote: &dyn Remote,
@@ -389,7 +414,7 @@ fn upload(
     wire: &HashMap<ObjectId, WireDelta>,
     transfers: usize,
     report: &mut PushReport,
-) -> Result<()> {
+) -> Result<Vec<ObjectId>> {
     let index: HashMap<ObjectId, &Needed> = need.iter().map(|n| (n.id, n)).collect();
     let mut level: HashMap<ObjectId, usize> = HashMap::new();
     for n in need {
@@ -422,12 +447,16 @@ fn upload(
     let sent_bytes = AtomicU64::new(0);
     let existed = AtomicU64::new(0);
     let as_deltas = AtomicU64::new(0);
+    let replaced = std::sync::Mutex::new(Vec::new());
     for ids in levels.values() {
         parallel(ids, transfers, |id| {
             if let Some(plan) = wire.get(id) {
                 if let Some((len, uploaded)) = upload_wire_delta(repo, remote, id, plan)? {
                     match uploaded {
-                        Uploaded::Created => {
+                        Uploaded::Created | Uploaded::Replaced => {
+                            if uploaded == Uploaded::Replaced {
+                                replaced.lock().unwrap_or_else(|e| e.into_inner()).push(*id);
+                            }
                             sent.fetch_add(1, Ordering::Relaxed);
                             sent_bytes.fetch_add(len, Ordering::Relaxed);
                             as_deltas.fetch_add(1, Ordering::Relaxed);
@@ -443,7 +472,10 @@ fn upload(
             }
             let (len, uploaded) = repo.upload_object(remote, id)?;
             match uploaded {
-                Uploaded::Created => {
+                Uploaded::Created | Uploaded::Replaced => {
+                    if uploaded == Uploaded::Replaced {
+                        replaced.lock().unwrap_or_else(|e| e.into_inner()).push(*id);
+                    }
                     sent.fetch_add(1, Ordering::Relaxed);
                     sent_bytes.fetch_add(len, Ordering::Relaxed);
                 }
@@ -460,5 +492,5 @@ fn upload(
     report.bytes_sent += sent_bytes.into_inner();
     report.objects_present += existed.into_inner();
     report.objects_sent_as_deltas += as_deltas.into_inner();
-    Ok(())
+    Ok(replaced.into_inner().unwrap_or_else(|e| e.into_inner()))
 }

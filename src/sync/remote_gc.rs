@@ -11,7 +11,10 @@
 //!   (refs only move forward, so that stays true) or it is younger than [`FRESH_FOR`]; an
 //!   older one is written again, standalone ([`Repo::keep_found`]);
 //! - a writer moves its ref within [`WRITE_DEADLINE`] of its first look at the remote, or not
-//!   at all ([`check_deadline`]).
+//!   at all ([`check_deadline`]);
+//! - gc announces itself with a record under [`GC_RECORDS`] for as long as it may delete, and a
+//!   writer that wrote over a key (which a running gc may have listed before) checks, once no
+//!   gc runs, that the key is still there ([`settle_rewrites`]).
 //!
 //! `FRESH_FOR + WRITE_DEADLINE` is under `REMOTE_GRACE`, so an object a writer counts on is
 //! reachable from a ref (its version's) before gc may delete it; the rest is clock skew.
@@ -27,7 +30,7 @@ use crate::repo::Repo;
 use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_DATA_OBJECT_LEN};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// How long an object no ref reaches stays on a remote at least: `ckpt gc --remote`'s default
 /// grace period. One day: a save that failed tonight is collected tomorrow.
@@ -47,6 +50,20 @@ pub const WRITE_DEADLINE: Duration = Duration::from_secs(10 * 3600);
 /// names them): `ckpt gc --remote` refuses a remote that has it.
 pub const GIT_FILTER_MARKER: &str = "git-filter";
 
+/// Where a running `ckpt gc --remote` keeps its record (`gc/<32 hex>`), from before its
+/// listing until its last delete has been answered.
+pub const GC_RECORDS: &str = "gc/";
+
+/// Longest a gc may delete for after it began: past it, it stops (a rerun lists afresh).
+pub const GC_MAX_RUN: Duration = Duration::from_secs(6 * 3600);
+
+/// A gc record older than this (by its own age on the remote) is a killed gc's: it cannot
+/// delete any more ([`GC_MAX_RUN`], and two hours of clock difference).
+pub const GC_RECORD_DEAD_AFTER: Duration = Duration::from_secs(8 * 3600);
+
+/// How long a writer waits for running gcs to finish before it gives up ([`settle_rewrites`]).
+const GC_WAIT: Duration = Duration::from_secs(3600);
+
 /// Whether an object written at `modified` (the remote's clock) counts as fresh at `now` (this
 /// machine's): younger than [`FRESH_FOR`]. A time in the future (clock skew) is fresh.
 pub(super) fn is_fresh(modified: SystemTime, now: SystemTime) -> bool {
@@ -61,9 +78,8 @@ pub(super) fn fresh_on(remote: &dyn Remote, id: &ObjectId) -> Result<bool> {
 
 /// Refuses to move `what` (a ref) on `remote` if the writer's first look at the remote was
 /// [`WRITE_DEADLINE`] ago or more: what it counted on may have become garbage since.
-pub(super) fn check_deadline(remote: &dyn Remote, what: &str, started: SystemTime) -> Result<()> {
-    // A clock set back since (an error here) counts as no time passed.
-    if SystemTime::now().duration_since(started).map_or(true, |elapsed| elapsed < WRITE_DEADLINE) {
+pub(super) fn check_deadline(remote: &dyn Remote, what: &str, started: Instant) -> Result<()> {
+    if started.elapsed() < WRITE_DEADLINE {
         return Ok(());
     }
     Err(Error::Rejected {
@@ -86,6 +102,56 @@ pub(super) fn mark_git_filter(remote: &dyn Remote) -> Result<()> {
         Ok(()) | Err(remote::Error::Conflict { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The records of gcs that may still be deleting on `remote` ([`GC_RECORDS`], younger than
+/// [`GC_RECORD_DEAD_AFTER`]).
+fn live_gc_records(remote: &dyn Remote) -> Result<Vec<Listed>> {
+    let now = SystemTime::now();
+    Ok(remote
+        .list_modified(GC_RECORDS)?
+        .into_iter()
+        .filter(|l| now.duration_since(l.modified).map_or(true, |age| age < GC_RECORD_DEAD_AFTER))
+        .collect())
+}
+
+/// After a writer wrote over the objects `rewritten` ([`remote::Uploaded::Replaced`]), and
+/// before anything names them: waits until no gc runs on `remote` (then none that began before
+/// the rewrites can delete any more), checks that each is still there, uploads again any that
+/// a gc deleted, and repeats. A gc still running after [`GC_WAIT`] fails the write.
+pub(super) fn settle_rewrites(repo: &Repo, remote: &dyn Remote, rewritten: &[ObjectId]) -> Result<()> {
+    let mut left: Vec<ObjectId> = rewritten.to_vec();
+    let began = Instant::now();
+    while !left.is_empty() {
+        loop {
+            let running = live_gc_records(remote)?;
+            let Some(record) = running.first() else { break };
+            if began.elapsed() >= GC_WAIT {
+                return Err(Error::Rejected {
+                    remote: remote.url().to_string(),
+                    what: "the upload".into(),
+                    reason: format!(
+                        "a ckpt gc --remote has been running for over {} minutes ({}); run this again once \
+                         it is done, or delete that key if its gc was killed",
+                        GC_WAIT.as_secs() / 60,
+                        record.key
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let mut gone = Vec::new();
+        for id in &left {
+            if remote.modified(&remote::object_key(id))?.is_none() {
+                gone.push(*id);
+            }
+        }
+        for id in &gone {
+            repo.upload_object(remote, id)?;
+        }
+        left = gone;
+    }
+    Ok(())
 }
 
 impl Repo {
@@ -193,14 +259,17 @@ impl Node {
 pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) -> Result<RemoteGcReport> {
     let url = remote.url().to_string();
     let refuse = |reason: String| Error::RemoteGc { remote: url.clone(), reason };
+    let started = Instant::now();
     if remote.get_small(GIT_FILTER_MARKER)?.is_some() {
         return Err(refuse(format!(
             "it holds the objects of a git repository's pointers (it has the key {GIT_FILTER_MARKER:?}, written \
              by the git filter's pre-push): only git knows which of them are still needed"
         )));
     }
-    // The listing first, then the refs: an object written after the listing is not deleted
-    // whatever it is, and a ref moved before the refs are read is seen with what it reaches.
+    let record = GcRecord::announce(remote, options.dry_run)?;
+    // The listing first, then the refs: a key first written after the listing is not deleted
+    // whatever it is (a key written over after it: `settle_rewrites`), and a ref moved before
+    // the refs are read is seen with what it reaches.
     let listed_at = SystemTime::now();
     let listing = remote.list_modified("objects/")?;
     let listed: HashMap<ObjectId, Listed> =
@@ -247,14 +316,91 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
         repo.progress().start("gc", doomed.len() as u64);
         let done = std::sync::atomic::AtomicU64::new(0);
         parallel(&doomed, options.transfers, |(id, _)| {
+            if started.elapsed() >= GC_MAX_RUN {
+                return Err(Error::RemoteGc {
+                    remote: remote.url().to_string(),
+                    reason: format!(
+                        "stopped after {} h, the longest a gc may delete for; run it again",
+                        GC_MAX_RUN.as_secs() / 3600
+                    ),
+                });
+            }
             remote.delete(&remote::object_key(id))?;
             repo.progress().set(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
             Ok(())
         })?;
         repo.progress().finish();
     }
+    record.finish(remote)?;
     report.requests = remote.requests();
     Ok(report)
+}
+
+/// A running gc's record on the remote ([`GC_RECORDS`]). Deleted when the gc ends, by
+/// [`GcRecord::finish`] or, on an error, when dropped; a killed gc's stays until it is
+/// [`GC_RECORD_DEAD_AFTER`] old, and the next gc deletes it then.
+struct GcRecord<'a> {
+    remote: &'a dyn Remote,
+    key: Option<String>,
+}
+
+impl<'a> GcRecord<'a> {
+    /// Writes this gc's record (none for a dry run, which deletes nothing), after refusing to
+    /// run beside another gc (whose record is live before or after this one is written).
+    fn announce(remote: &'a dyn Remote, dry_run: bool) -> Result<GcRecord<'a>> {
+        let busy = |other: &Listed| Error::RemoteGc {
+            remote: remote.url().to_string(),
+            reason: format!(
+                "another ckpt gc --remote is running ({}); if it was killed, its record stops counting {} h \
+                 after it began, or delete it",
+                other.key,
+                GC_RECORD_DEAD_AFTER.as_secs() / 3600
+            ),
+        };
+        if let Some(other) = live_gc_records(remote)?.first() {
+            return Err(busy(other));
+        }
+        if dry_run {
+            return Ok(GcRecord { remote, key: None });
+        }
+        let seed = format!("{:?} {} {:?}", SystemTime::now(), std::process::id(), std::thread::current().id());
+        let hex = ObjectId::hash(seed.as_bytes()).to_hex();
+        let key = format!("{GC_RECORDS}{}", &hex[..32]);
+        let text = format!(
+            "a ckpt gc --remote began here (pid {}); writers that rewrote objects wait for it\n",
+            std::process::id()
+        );
+        remote.put_small(&key, text.as_bytes(), &Expect::Absent)?;
+        let record = GcRecord { remote, key: Some(key.clone()) };
+        // Two gcs that began at once each see the other's record here: both stop.
+        let live = live_gc_records(remote)?;
+        if let Some(other) = live.iter().find(|l| l.key != key) {
+            return Err(busy(other));
+        }
+        // Records of killed gcs.
+        for dead in remote.list(GC_RECORDS)? {
+            if !live.iter().any(|l| l.key == dead) {
+                remote.delete(&dead)?;
+            }
+        }
+        Ok(record)
+    }
+
+    /// Deletes the record: every delete of this gc has been answered.
+    fn finish(mut self, remote: &dyn Remote) -> Result<()> {
+        if let Some(key) = self.key.take() {
+            remote.delete(&key)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GcRecord<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let _ = self.remote.delete(&key);
+        }
+    }
 }
 
 /// Walks from `roots` into `kept`, layer by layer with `transfers` requests in flight; returns
@@ -275,9 +421,21 @@ fn walk(
     let mut versions = 0;
     while !frontier.is_empty() {
         let todo: Vec<Node> = frontier.drain(..).filter(|n| kept.insert(n.id())).collect();
+        // Objects written since the listing are walked too; a remote that keeps answering
+        // with new ones (hostile, or written to faster than walked) stops the gc.
+        if kept.len() > listed.len() + remote::MAX_LIST_KEYS {
+            return Err(Error::RemoteGc {
+                remote: remote.url().to_string(),
+                reason: format!(
+                    "the walk reached more than {} objects not in the listing; nothing was deleted",
+                    remote::MAX_LIST_KEYS
+                ),
+            });
+        }
         versions += todo.iter().filter(|n| matches!(n, Node::Version(_))).count();
-        let next = Mutex::new(Vec::new());
+        let next: Mutex<Vec<Node>> = Mutex::new(Vec::new());
         let gone = Mutex::new(Vec::new());
+        let kept_now: &HashSet<ObjectId> = kept;
         parallel(&todo, transfers, |node| {
             let id = node.id();
             if !listed.contains_key(&id) && remote.modified(&remote::object_key(&id))?.is_none() {
@@ -285,7 +443,8 @@ fn walk(
                 return Ok(());
             }
             let edges = edges(repo, remote, *node)?;
-            next.lock().unwrap_or_else(|e| e.into_inner()).extend(edges);
+            let mut next = next.lock().unwrap_or_else(|e| e.into_inner());
+            next.extend(edges.into_iter().filter(|n| !kept_now.contains(&n.id())));
             Ok(())
         })?;
         let gone = gone.into_inner().unwrap_or_else(|e| e.into_inner());

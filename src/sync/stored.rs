@@ -27,7 +27,7 @@
 
 use super::file_objects::OnRemote;
 use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
-use super::remote_gc::{check_deadline, fresh_on, is_fresh};
+use super::remote_gc::{check_deadline, fresh_on, is_fresh, settle_rewrites};
 use super::remotes::{parse_ref, put_ref, ref_key};
 use super::transfer::{parallel, receive, reopen};
 use super::{Error, FileTransfer, Result};
@@ -51,9 +51,10 @@ pub struct RemoteTip {
     pub version: Option<VersionId>,
     /// The ref's tag as read (`None`: the ref did not exist).
     pub tag: Option<String>,
-    /// When it was read (`None`: not known). [`commit_to_remote`] moves the branch only within
-    /// [`super::WRITE_DEADLINE`] of it (docs/format.md, "Garbage on a remote").
-    pub read_at: Option<std::time::SystemTime>,
+    /// When it was read (`None`: not known, no deadline). [`commit_to_remote`] moves the
+    /// branch only within [`super::WRITE_DEADLINE`] of it (docs/format.md, "Garbage on a
+    /// remote").
+    pub read_at: Option<std::time::Instant>,
 }
 
 impl RemoteTip {
@@ -69,7 +70,7 @@ impl RemoteTip {
 pub fn remote_branch_tip(remote: &dyn Remote, branch: &str) -> Result<RemoteTip> {
     check_name(branch)?;
     let key = ref_key(RefKind::Branch, branch);
-    let read_at = Some(std::time::SystemTime::now());
+    let read_at = Some(std::time::Instant::now());
     match remote.get_small(&key)? {
         Some(small) => {
             Ok(RemoteTip { version: Some(parse_ref(remote, &key, &small.bytes)?), tag: Some(small.tag), read_at })
@@ -483,8 +484,12 @@ fn push_whole_then_recode(
         need.iter().partition(|n| n.kind == ObjectKind::Blob && n.reference.is_none_or(|r| !needed.contains(&r)));
     let first: Vec<ObjectId> = first.iter().map(|n| n.id).collect();
     let (objects, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
-    let count = |(len, uploaded): (u64, Uploaded)| {
-        if uploaded == Uploaded::Created {
+    let replaced = std::sync::Mutex::new(Vec::new());
+    let count = |id: &ObjectId, (len, uploaded): (u64, Uploaded)| {
+        if uploaded == Uploaded::Replaced {
+            replaced.lock().unwrap_or_else(|e| e.into_inner()).push(*id);
+        }
+        if uploaded != Uploaded::Existed {
             objects.fetch_add(1, Ordering::Relaxed);
             bytes.fetch_add(len, Ordering::Relaxed);
         }
@@ -494,7 +499,7 @@ fn push_whole_then_recode(
     let upload = |id: &ObjectId| -> Result<()> {
         if looked_for.contains(id) || !cache.found_on(remote, id)? {
             // (Found there but not fresh: `upload_object` finds it and writes it again.)
-            count(cache.upload_object(remote, id)?);
+            count(id, cache.upload_object(remote, id)?);
         }
         Ok(())
     };
@@ -502,6 +507,8 @@ fn push_whole_then_recode(
     for n in rest {
         upload(&n.id)?;
     }
+    // Keys written over may have been listed by a gc still deleting: checked once none runs.
+    settle_rewrites(cache, remote, &replaced.into_inner().unwrap_or_else(|e| e.into_inner()))?;
     report.objects += objects.into_inner();
     let created = bytes.into_inner();
     report.bytes += created;
@@ -639,7 +646,9 @@ pub fn commit_to_remote(
     };
     version.check_limits().map_err(|reason| RepoError::OverLimit { what: "the version".into(), reason })?;
     let id = cache.record_version(&version)?;
-    cache.upload_object(remote, &id)?;
+    if cache.upload_object(remote, &id)?.1 == Uploaded::Replaced {
+        settle_rewrites(cache, remote, &[id])?;
+    }
     let key = ref_key(RefKind::Branch, branch);
     if let Some(read_at) = tip.read_at {
         check_deadline(remote, &format!("branch {branch}"), read_at)?;

@@ -201,7 +201,7 @@ pub(super) fn upload_wire_delta(
         // Found there: counted on only if fresh, else written again (standalone).
         let sent = repo.keep_found(remote, id)?;
         if sent > 0 {
-            return Ok(Some((sent, Uploaded::Created)));
+            return Ok(Some((sent, Uploaded::Replaced)));
         }
     }
     Ok(Some((len, uploaded)))

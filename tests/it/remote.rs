@@ -210,6 +210,12 @@ impl Remote for Flaky<'_> {
     fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
         self.inner.list(prefix)
     }
+    fn list_modified(&self, prefix: &str) -> remote::Result<Vec<remote::Listed>> {
+        self.inner.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> remote::Result<Option<std::time::SystemTime>> {
+        self.inner.modified(key)
+    }
     fn get_small(&self, key: &str) -> remote::Result<Option<Small>> {
         self.inner.get_small(key)
     }
@@ -339,7 +345,7 @@ fn s3_conditional_puts_and_multipart_uploads() {
     let file = std::fs::File::open(&path).unwrap();
     let key = remote::object_key(&ckpt::ObjectId::hash(b"big"));
     let before = s3.requests();
-    assert_eq!(s3.upload(&key, &file, &path, data.len() as u64, UploadMode::MayReplace).unwrap(), Uploaded::Created);
+    assert_eq!(s3.upload(&key, &file, &path, data.len() as u64, UploadMode::MayReplace).unwrap(), Uploaded::Replaced);
     assert_eq!(s3.requests() - before, 5 + 2, "five parts, create and complete");
     let mut back = Vec::new();
     s3.download(&key, &mut back, u64::MAX).unwrap();

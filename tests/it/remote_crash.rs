@@ -268,6 +268,12 @@ impl Remote for Scripted {
     fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
         self.inner.list(prefix)
     }
+    fn list_modified(&self, prefix: &str) -> remote::Result<Vec<remote::Listed>> {
+        self.inner.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> remote::Result<Option<std::time::SystemTime>> {
+        self.inner.modified(key)
+    }
     fn get_small(&self, key: &str) -> remote::Result<Option<Small>> {
         self.inner.get_small(key)
     }
@@ -443,6 +449,12 @@ impl Remote for Held {
     }
     fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
         self.inner.list(prefix)
+    }
+    fn list_modified(&self, prefix: &str) -> remote::Result<Vec<remote::Listed>> {
+        self.inner.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> remote::Result<Option<std::time::SystemTime>> {
+        self.inner.modified(key)
     }
     fn get_small(&self, key: &str) -> remote::Result<Option<Small>> {
         self.inner.get_small(key)

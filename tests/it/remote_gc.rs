@@ -263,3 +263,191 @@ fn a_push_does_not_count_on_old_garbage_a_gc_may_take_meanwhile() {
     assert!(report.objects_sent as usize >= garbage.len(), "{report:?}");
     clone_reads(&r, &[("main", model(77, 2)), ("main~1", model(7, 2)), ("main~3", model(7, 0))]);
 }
+
+/// A directory remote for a gc: its deletes of objects set `at_delete` and wait (at most 20 s
+/// from the first) until `writer_at_settle` is set, so that a writer's uploads land between the
+/// gc's listing and its deletes.
+struct GcPausedAtDelete<'a> {
+    inner: DirRemote,
+    at_delete: &'a std::sync::atomic::AtomicBool,
+    writer_at_settle: &'a std::sync::atomic::AtomicBool,
+    first_delete: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl Remote for GcPausedAtDelete<'_> {
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+    fn list(&self, prefix: &str) -> ckpt::remote::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn list_modified(&self, prefix: &str) -> ckpt::remote::Result<Vec<Listed>> {
+        self.inner.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> ckpt::remote::Result<Option<SystemTime>> {
+        self.inner.modified(key)
+    }
+    fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
+        self.inner.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &ckpt::remote::Expect) -> ckpt::remote::Result<()> {
+        self.inner.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &Path,
+        len: u64,
+        mode: ckpt::remote::UploadMode,
+    ) -> ckpt::remote::Result<ckpt::remote::Uploaded> {
+        self.inner.upload(key, file, path, len, mode)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> ckpt::remote::Result<()> {
+        self.inner.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> ckpt::remote::Result<()> {
+        // Every delete (the gc deletes in parallel) waits for the writer.
+        if key.starts_with("objects/") {
+            self.at_delete.store(true, std::sync::atomic::Ordering::SeqCst);
+            let began = *self.first_delete.get_or_init(std::time::Instant::now);
+            while !self.writer_at_settle.load(std::sync::atomic::Ordering::SeqCst)
+                && began.elapsed() < Duration::from_secs(20)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> ckpt::remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> ckpt::remote::Result<u64> {
+        self.inner.download(key, out, limit)
+    }
+    fn requests(&self) -> u64 {
+        self.inner.requests()
+    }
+}
+
+/// The writer's side: says when the writer looks for running gcs (its uploads are done).
+struct WriterSignals<'a> {
+    inner: DirRemote,
+    at_settle: &'a std::sync::atomic::AtomicBool,
+}
+
+impl Remote for WriterSignals<'_> {
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+    fn list(&self, prefix: &str) -> ckpt::remote::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn list_modified(&self, prefix: &str) -> ckpt::remote::Result<Vec<Listed>> {
+        if prefix == sync::GC_RECORDS {
+            self.at_settle.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> ckpt::remote::Result<Option<SystemTime>> {
+        self.inner.modified(key)
+    }
+    fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
+        self.inner.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &ckpt::remote::Expect) -> ckpt::remote::Result<()> {
+        self.inner.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &Path,
+        len: u64,
+        mode: ckpt::remote::UploadMode,
+    ) -> ckpt::remote::Result<ckpt::remote::Uploaded> {
+        self.inner.upload(key, file, path, len, mode)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> ckpt::remote::Result<()> {
+        self.inner.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> ckpt::remote::Result<()> {
+        self.inner.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> ckpt::remote::Result<(Vec<u8>, u64)> {
+        self.inner.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> ckpt::remote::Result<u64> {
+        self.inner.download(key, out, limit)
+    }
+    fn requests(&self) -> u64 {
+        self.inner.requests()
+    }
+}
+
+#[test]
+fn a_push_that_writes_old_objects_again_while_a_gc_deletes_them_waits_and_uploads_them_again() {
+    // The gc has listed b's old garbage and is about to delete it when b's push writes the
+    // same keys again (it needs them) and would move its ref: the push waits for the gc to
+    // finish, finds its keys gone, uploads them again, then moves the ref.
+    let r = directory().unwrap();
+    let (a, b, _, _) = dead_push(&r);
+    age_objects(&r.objects, Duration::from_secs(2 * 86400));
+    let b_dir = b.path().join("b");
+    r.ok(&b_dir, &["pull", "--rebase"]);
+    let b_repo = Repo::open(&b_dir).unwrap();
+    let gc_from = Repo::open(a.path()).unwrap();
+    let at_settle = std::sync::atomic::AtomicBool::new(false);
+    let at_delete = std::sync::atomic::AtomicBool::new(false);
+    let pushed = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        let writer = WriterSignals { inner: DirRemote::open(&r.url).unwrap(), at_settle: &at_settle };
+        let (b_repo, pushed, at_delete) = (&b_repo, &pushed, &at_delete);
+        scope.spawn(move || {
+            let began = std::time::Instant::now();
+            while !at_delete.load(std::sync::atomic::Ordering::SeqCst) && began.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let report = sync::push_to(b_repo, &writer, &PushOptions { transfers: 4, ..PushOptions::default() });
+            *pushed.lock().unwrap() = Some(report);
+        });
+        let gc_remote = GcPausedAtDelete {
+            inner: DirRemote::open(&r.url).unwrap(),
+            at_delete,
+            writer_at_settle: &at_settle,
+            first_delete: std::sync::OnceLock::new(),
+        };
+        let report = sync::gc_remote(&gc_from, &gc_remote, &RemoteGcOptions::default()).unwrap();
+        assert!(report.deleted > 0, "{report:?}");
+    });
+    let report = pushed.into_inner().unwrap().expect("the push ran").unwrap();
+    assert!(report.objects_sent > 0, "{report:?}");
+    clone_reads(&r, &[("main", model(77, 2)), ("main~1", model(7, 2)), ("main~3", model(7, 0))]);
+    assert!(at_settle.load(std::sync::atomic::Ordering::SeqCst), "the push looked for running gcs");
+    assert!(
+        std::fs::read_dir(Path::new(&r.url).join("gc")).map_or(true, |mut d| d.next().is_none()),
+        "no gc record left"
+    );
+}
+
+#[test]
+fn a_clone_behind_the_remote_pushes_a_tag_without_sending_old_objects_again() {
+    // b's remote-tracking ref names a version the remote has: what it reaches is counted on
+    // however old, though the remote's branch has moved to a version b lacks.
+    let r = directory().unwrap();
+    let a = trained(&r, 5, 2);
+    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    r.ok(a.path(), &["push"]);
+    let b = tempfile::tempdir().unwrap();
+    r.ok(b.path(), &["clone", &r.url, "b"]);
+    let b_dir = b.path().join("b");
+    std::fs::write(a.path().join("model.safetensors"), model(5, 2)).unwrap();
+    r.ok(a.path(), &["commit", "-m", "epoch 2", "model.safetensors"]);
+    r.ok(a.path(), &["push"]);
+    age_objects(&r.objects, Duration::from_secs(2 * 86400));
+    r.ok(&b_dir, &["tag", "t1"]);
+    let before = object_keys(&r);
+    let pushed = json(&r.ok(&b_dir, &["push", "origin", "t1", "--json"]));
+    assert_eq!(pushed["objects_sent"], 0, "{pushed}");
+    assert_eq!(object_keys(&r), before);
+}

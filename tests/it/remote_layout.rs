@@ -253,6 +253,12 @@ impl Remote for NoRecodes {
     fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
         self.0.list(prefix)
     }
+    fn list_modified(&self, prefix: &str) -> remote::Result<Vec<remote::Listed>> {
+        self.0.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> remote::Result<Option<std::time::SystemTime>> {
+        self.0.modified(key)
+    }
     fn get_small(&self, key: &str) -> remote::Result<Option<Small>> {
         self.0.get_small(key)
     }

@@ -32,7 +32,7 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
         Some(r) => r,
         None => ckpt::sync::default_remote(&repo)?,
     };
-    let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers(), layout: None };
+    let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers(), ..PushOptions::default() };
     let report = ckpt::sync::push(&repo, &remote, &options).with_context(|| format!("pushing to {remote}"))?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;

@@ -201,6 +201,13 @@ impl ckpt::remote::Remote for Recording {
         self.lists.lock().unwrap().push(prefix.to_string());
         self.inner.list(prefix)
     }
+    fn list_modified(&self, prefix: &str) -> ckpt::remote::Result<Vec<ckpt::remote::Listed>> {
+        self.lists.lock().unwrap().push(prefix.to_string());
+        self.inner.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> ckpt::remote::Result<Option<std::time::SystemTime>> {
+        self.inner.modified(key)
+    }
     fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
         self.inner.get_small(key)
     }
