@@ -1097,7 +1097,7 @@ struct RemoteStore {
     pending: Mutex<Vec<sync::PendingRecodes>>,
     /// When [`RemoteStore::branch_tip`] read each (branch, tag): the commit that compares
     /// against that tag moves the branch only within [`ckpt::sync::WRITE_DEADLINE`] of it.
-    tips_read: Mutex<HashMap<(String, Option<String>), std::time::Instant>>,
+    tips_read: Mutex<HashMap<(String, Option<String>), sync::Moment>>,
 }
 
 impl RemoteStore {

@@ -9,7 +9,7 @@
 //! verified against its id before it enters the local store, bases first.
 
 use super::layout::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Layout};
-use super::remote_gc::{fresh_on, mark_git_filter, settle_rewrites};
+use super::remote_gc::{fresh_on, mark_git_filter, GcWatch};
 use super::transfer::{parallel, receive_into, reopen, upload_wire_delta, with_retries, Staging};
 use super::wire_delta::WireDelta;
 use super::Error;
@@ -162,6 +162,12 @@ impl Repo {
             report.objects_recoded += objects;
             report.bytes += bytes;
         }
+        // A rank's upload (not the git filter's, whose remote gc refuses) checks before it
+        // hands its files back that no gc took what they need (`GcWatch::settle`).
+        let watch = match on_remote {
+            OnRemote::Known(_) => Some(GcWatch::begin(remote)?),
+            OnRemote::Listed => None,
+        };
         let (present, look_first): (HashSet<ObjectId>, bool) = match on_remote {
             // The git filter's transfers: the remote's objects are named by git pointers, not
             // ckpt refs, so it is marked as such (`ckpt gc --remote` refuses it) and what is
@@ -197,7 +203,6 @@ impl Repo {
         let total: u64 = need.iter().map(|n| self.store().stored_len(&n.id).unwrap_or(0)).sum();
         self.progress().start("push", total);
         let mut done = 0;
-        let mut replaced = Vec::new();
         for n in &need {
             if look_first && self.found_on(remote, &n.id)? {
                 done += self.store().stored_len(&n.id).unwrap_or(0);
@@ -206,9 +211,6 @@ impl Repo {
             }
             if let Some(plan) = wire.get(&n.id) {
                 if let Some((len, uploaded)) = upload_wire_delta(self, remote, &n.id, plan)? {
-                    if uploaded == Uploaded::Replaced {
-                        replaced.push(n.id);
-                    }
                     if uploaded != Uploaded::Existed {
                         report.objects += 1;
                         report.objects_as_deltas += 1;
@@ -220,9 +222,6 @@ impl Repo {
                 }
             }
             let (len, uploaded) = self.upload_object(remote, &n.id)?;
-            if uploaded == Uploaded::Replaced {
-                replaced.push(n.id);
-            }
             if uploaded != Uploaded::Existed {
                 report.objects += 1;
                 report.bytes += len;
@@ -231,7 +230,12 @@ impl Repo {
             self.progress().set(done);
         }
         self.progress().finish();
-        settle_rewrites(self, remote, &replaced)?;
+        if let Some(watch) = watch {
+            let held: Vec<ObjectId> = manifests.iter().filter(|m| self.store().contains(m)).copied().collect();
+            let relied: Vec<ObjectId> =
+                self.file_objects(&held)?.into_iter().map(|n| n.id).filter(|id| !present.contains(id)).collect();
+            watch.settle(self, remote, &relied)?;
+        }
         if let Some(journal) = journal {
             let (objects, bytes) = recode(self, remote, &journal.recodes, transfers)?;
             report.objects += objects;

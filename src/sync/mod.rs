@@ -53,8 +53,8 @@ pub use push::{push, push_to, PushOptions, PushReport};
 pub use rank_cache::{default_cache_root, rank_cache_dir, RankCache, CACHE_DIR_VAR};
 pub use read_ahead::{ReadAhead, ReadAheadLimits};
 pub use remote_gc::{
-    gc_remote, RemoteGcOptions, RemoteGcReport, FRESH_FOR, GC_MAX_RUN, GC_RECORDS, GC_RECORD_DEAD_AFTER,
-    GIT_FILTER_MARKER, REMOTE_GRACE, WRITE_DEADLINE,
+    gc_remote, Moment, RemoteGcOptions, RemoteGcReport, FRESH_FOR, GC_RECORDS, GIT_FILTER_MARKER, REMOTE_GRACE,
+    WRITE_DEADLINE,
 };
 pub use remotes::{
     absolute_dir_url, add_remote, default_remote, open_remote, remote_layout, remotes, remove_remote, RefUpdate,

@@ -6,7 +6,7 @@ use super::layout::{
     finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
 };
 use super::partial::check_pushable;
-use super::remote_gc::{check_deadline, is_fresh, settle_rewrites};
+use super::remote_gc::{check_deadline, is_fresh, GcWatch, Moment};
 use super::remotes::{open_remote, parse_ref, put_ref, ref_key, remote_layout, RefUpdate};
 use super::transfer::{parallel, upload_wire_delta};
 use super::wire_delta::WireDelta;
@@ -113,7 +113,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     }
     let layout = options.layout.unwrap_or_default();
     // The first look at the remote: the refs move within `WRITE_DEADLINE` of it or not at all.
-    let started = Instant::now();
+    let started = Moment::now();
     let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
     if options.all {
         for (name, id) in repo.refs().list(RefKind::Branch)? {
@@ -246,7 +246,13 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     // remote"). The others the push needs go up again.
     let mut present: HashSet<ObjectId> = HashSet::new();
     let mut trusted: HashSet<ObjectId> = HashSet::new();
+    let mut reached: HashSet<ObjectId> = HashSet::new();
+    // What the push's versions will name that no remote ref reaches: checked before the refs
+    // move if a gc ran meanwhile (`GcWatch::settle`).
+    let mut watch = None;
+    let mut relied: Vec<ObjectId> = Vec::new();
     if !need.is_empty() {
+        watch = Some(GcWatch::begin(remote)?);
         // Objects a previous, interrupted push left there (one listing, not a request per
         // object).
         let now = SystemTime::now();
@@ -259,9 +265,11 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
         }
         if need.iter().any(|n| present.contains(&n.id) && !trusted.contains(&n.id)) {
             // Only what the listing shows: a reached object the remote lost goes up again.
-            let reached = remote_refs_reach(repo, remote, options.remote_name.as_deref())?;
-            trusted.extend(reached.into_iter().filter(|id| present.contains(id)));
+            reached = remote_refs_reach(repo, remote, options.remote_name.as_deref())?;
+            reached.retain(|id| present.contains(id));
+            trusted.extend(reached.iter().copied());
         }
+        relied = need.iter().map(|n| n.id).filter(|id| !reached.contains(id)).collect();
         let before = need.len();
         need.retain(|n| !trusted.contains(&n.id));
         report.objects_present += (before - need.len()) as u64;
@@ -314,10 +322,10 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
         }
     }
-    let rewritten = upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
-    // Keys written over (a multipart upload, an old object written again) may have been listed
-    // by a gc that is still deleting: checked once no gc runs, before any ref names them.
-    settle_rewrites(repo, remote, &rewritten)?;
+    upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
+    if let Some(watch) = watch {
+        watch.settle(repo, remote, &relied)?;
+    }
     // A journal older than the grace period whose version no remote ref reaches is taken as
     // abandoned by other pushers (layout.rs, `abandoned`): after a long upload, each is
     // written again, so that the ref moves less than half the grace period after it was.
@@ -405,8 +413,7 @@ fn remote_has_version(repo: &Repo, remote: &dyn Remote, id: &VersionId) -> Resul
 }
 
 /// Uploads `need`, a delta's reference before the delta (by levels: objects with no
-/// reference to upload first, then the deltas on them, ...), each level in parallel. Returns
-/// the objects written over what their keys held ([`Uploaded::Replaced`]).
+/// reference to upload first, then the deltas on them, ...), each level in parallel.
 fn upload(
     repo: &Repo,
     remote: &dyn Remote,
@@ -414,7 +421,7 @@ fn upload(
     wire: &HashMap<ObjectId, WireDelta>,
     transfers: usize,
     report: &mut PushReport,
-) -> Result<Vec<ObjectId>> {
+) -> Result<()> {
     let index: HashMap<ObjectId, &Needed> = need.iter().map(|n| (n.id, n)).collect();
     let mut level: HashMap<ObjectId, usize> = HashMap::new();
     for n in need {
@@ -447,16 +454,12 @@ fn upload(
     let sent_bytes = AtomicU64::new(0);
     let existed = AtomicU64::new(0);
     let as_deltas = AtomicU64::new(0);
-    let replaced = std::sync::Mutex::new(Vec::new());
     for ids in levels.values() {
         parallel(ids, transfers, |id| {
             if let Some(plan) = wire.get(id) {
                 if let Some((len, uploaded)) = upload_wire_delta(repo, remote, id, plan)? {
                     match uploaded {
                         Uploaded::Created | Uploaded::Replaced => {
-                            if uploaded == Uploaded::Replaced {
-                                replaced.lock().unwrap_or_else(|e| e.into_inner()).push(*id);
-                            }
                             sent.fetch_add(1, Ordering::Relaxed);
                             sent_bytes.fetch_add(len, Ordering::Relaxed);
                             as_deltas.fetch_add(1, Ordering::Relaxed);
@@ -473,9 +476,6 @@ fn upload(
             let (len, uploaded) = repo.upload_object(remote, id)?;
             match uploaded {
                 Uploaded::Created | Uploaded::Replaced => {
-                    if uploaded == Uploaded::Replaced {
-                        replaced.lock().unwrap_or_else(|e| e.into_inner()).push(*id);
-                    }
                     sent.fetch_add(1, Ordering::Relaxed);
                     sent_bytes.fetch_add(len, Ordering::Relaxed);
                 }
@@ -492,5 +492,5 @@ fn upload(
     report.bytes_sent += sent_bytes.into_inner();
     report.objects_present += existed.into_inner();
     report.objects_sent_as_deltas += as_deltas.into_inner();
-    Ok(replaced.into_inner().unwrap_or_else(|e| e.into_inner()))
+    Ok(())
 }

@@ -12,9 +12,10 @@
 //!   older one is written again, standalone ([`Repo::keep_found`]);
 //! - a writer moves its ref within [`WRITE_DEADLINE`] of its first look at the remote, or not
 //!   at all ([`check_deadline`]);
-//! - gc announces itself with a record under [`GC_RECORDS`] for as long as it may delete, and a
-//!   writer that wrote over a key (which a running gc may have listed before) checks, once no
-//!   gc runs, that the key is still there ([`settle_rewrites`]).
+//! - gc announces itself under [`GC_RECORDS`] (a record it keeps rewriting while it may delete,
+//!   and a generation number it increases before listing), and a writer, before anything names
+//!   what it uploaded or counted on, checks whether a gc ran meanwhile; if one did, it waits
+//!   for it to end and uploads again what that gc deleted ([`GcWatch::settle`]).
 //!
 //! `FRESH_FOR + WRITE_DEADLINE` is under `REMOTE_GRACE`, so an object a writer counts on is
 //! reachable from a ref (its version's) before gc may delete it; the rest is clock skew.
@@ -50,19 +51,31 @@ pub const WRITE_DEADLINE: Duration = Duration::from_secs(10 * 3600);
 /// names them): `ckpt gc --remote` refuses a remote that has it.
 pub const GIT_FILTER_MARKER: &str = "git-filter";
 
-/// Where a running `ckpt gc --remote` keeps its record (`gc/<32 hex>`), from before its
-/// listing until its last delete has been answered.
+/// Where `ckpt gc --remote` announces itself: a running gc's record `gc/run-<32 hex>`, written
+/// before its listing, rewritten every [`GC_BEAT`] while it runs and deleted after its last
+/// delete has been answered; and `gc/generation`, a number every gc increases before its
+/// listing.
 pub const GC_RECORDS: &str = "gc/";
 
-/// Longest a gc may delete for after it began: past it, it stops (a rerun lists afresh).
-pub const GC_MAX_RUN: Duration = Duration::from_secs(6 * 3600);
+/// The key whose number every gc increases before it lists ([`GC_RECORDS`]).
+const GC_GENERATION: &str = "gc/generation";
 
-/// A gc record older than this (by its own age on the remote) is a killed gc's: it cannot
-/// delete any more ([`GC_MAX_RUN`], and two hours of clock difference).
-pub const GC_RECORD_DEAD_AFTER: Duration = Duration::from_secs(8 * 3600);
+/// How often a running gc rewrites its record.
+const GC_BEAT: Duration = Duration::from_secs(30);
 
-/// How long a writer waits for running gcs to finish before it gives up ([`settle_rewrites`]).
+/// A gc sends no delete when its last rewrite of its record is older than this (by this
+/// machine's monotonic clock or its wall clock, whichever says more: a machine that slept has
+/// to rewrite it first, and stops when it sees it slept).
+const GC_BEAT_LAPSE: Duration = Duration::from_secs(90);
+
+/// A record a watcher has seen unchanged for this long is a dead gc's (twice [`GC_BEAT_LAPSE`]).
+const GC_DEAD_AFTER: Duration = Duration::from_secs(180);
+
+/// How long a writer waits for running gcs to finish before it gives up ([`GcWatch::settle`]).
 const GC_WAIT: Duration = Duration::from_secs(3600);
+
+/// How often a writer waiting for a gc looks at its record.
+const GC_POLL: Duration = Duration::from_secs(2);
 
 /// Whether an object written at `modified` (the remote's clock) counts as fresh at `now` (this
 /// machine's): younger than [`FRESH_FOR`]. A time in the future (clock skew) is fresh.
@@ -76,9 +89,29 @@ pub(super) fn fresh_on(remote: &dyn Remote, id: &ObjectId) -> Result<bool> {
     Ok(modified.is_some_and(|m| is_fresh(m, SystemTime::now())))
 }
 
+/// A moment, timed on both clocks: the monotonic one does not run while the machine sleeps,
+/// the wall clock may be set; [`Moment::elapsed`] takes whichever says more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moment {
+    instant: Instant,
+    wall: SystemTime,
+}
+
+impl Moment {
+    /// Now.
+    pub fn now() -> Moment {
+        Moment { instant: Instant::now(), wall: SystemTime::now() }
+    }
+
+    /// Time since, by whichever clock says more.
+    pub fn elapsed(&self) -> Duration {
+        self.instant.elapsed().max(self.wall.elapsed().unwrap_or_default())
+    }
+}
+
 /// Refuses to move `what` (a ref) on `remote` if the writer's first look at the remote was
 /// [`WRITE_DEADLINE`] ago or more: what it counted on may have become garbage since.
-pub(super) fn check_deadline(remote: &dyn Remote, what: &str, started: Instant) -> Result<()> {
+pub(super) fn check_deadline(remote: &dyn Remote, what: &str, started: Moment) -> Result<()> {
     if started.elapsed() < WRITE_DEADLINE {
         return Ok(());
     }
@@ -104,54 +137,98 @@ pub(super) fn mark_git_filter(remote: &dyn Remote) -> Result<()> {
     }
 }
 
-/// The records of gcs that may still be deleting on `remote` ([`GC_RECORDS`], younger than
-/// [`GC_RECORD_DEAD_AFTER`]).
-fn live_gc_records(remote: &dyn Remote) -> Result<Vec<Listed>> {
-    let now = SystemTime::now();
-    Ok(remote
-        .list_modified(GC_RECORDS)?
-        .into_iter()
-        .filter(|l| now.duration_since(l.modified).map_or(true, |age| age < GC_RECORD_DEAD_AFTER))
-        .collect())
+/// The records of gcs on `remote` ([`GC_RECORDS`]: `gc/run-*`), each key with its age there.
+fn gc_records(remote: &dyn Remote) -> Result<Vec<Listed>> {
+    Ok(remote.list_modified(GC_RECORDS)?.into_iter().filter(|l| l.key != GC_GENERATION).collect())
 }
 
-/// After a writer wrote over the objects `rewritten` ([`remote::Uploaded::Replaced`]), and
-/// before anything names them: waits until no gc runs on `remote` (then none that began before
-/// the rewrites can delete any more), checks that each is still there, uploads again any that
-/// a gc deleted, and repeats. A gc still running after [`GC_WAIT`] fails the write.
-pub(super) fn settle_rewrites(repo: &Repo, remote: &dyn Remote, rewritten: &[ObjectId]) -> Result<()> {
-    let mut left: Vec<ObjectId> = rewritten.to_vec();
+/// The gc generation on `remote` (`None`: no gc ever ran).
+fn gc_generation(remote: &dyn Remote) -> Result<Option<Vec<u8>>> {
+    Ok(remote.get_small(GC_GENERATION)?.map(|s| s.bytes))
+}
+
+/// Waits until no gc runs on `remote`: every record there is gone or has not changed for
+/// [`GC_DEAD_AFTER`] while watched (its gc is dead, and stopped deleting before that). Past
+/// `limit`, an error naming the record. Returns the dead records.
+fn wait_for_gcs(remote: &dyn Remote, limit: Duration, what: &str) -> Result<Vec<String>> {
     let began = Instant::now();
-    while !left.is_empty() {
-        loop {
-            let running = live_gc_records(remote)?;
-            let Some(record) = running.first() else { break };
-            if began.elapsed() >= GC_WAIT {
-                return Err(Error::Rejected {
-                    remote: remote.url().to_string(),
-                    what: "the upload".into(),
-                    reason: format!(
-                        "a ckpt gc --remote has been running for over {} minutes ({}); run this again once \
-                         it is done, or delete that key if its gc was killed",
-                        GC_WAIT.as_secs() / 60,
-                        record.key
-                    ),
-                });
+    // Each record's age as first seen, and when it was first seen so.
+    let mut seen: HashMap<String, (SystemTime, Instant)> = HashMap::new();
+    loop {
+        let records = gc_records(remote)?;
+        let mut live = None;
+        let mut dead = Vec::new();
+        for r in &records {
+            let entry = seen.entry(r.key.clone()).or_insert((r.modified, Instant::now()));
+            if entry.0 != r.modified {
+                *entry = (r.modified, Instant::now());
             }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        let mut gone = Vec::new();
-        for id in &left {
-            if remote.modified(&remote::object_key(id))?.is_none() {
-                gone.push(*id);
+            if entry.1.elapsed() >= GC_DEAD_AFTER {
+                dead.push(r.key.clone());
+            } else {
+                live = Some(r.key.clone());
             }
         }
-        for id in &gone {
-            repo.upload_object(remote, id)?;
+        let Some(live) = live else { return Ok(dead) };
+        if began.elapsed() >= limit {
+            return Err(Error::Rejected {
+                remote: remote.url().to_string(),
+                what: what.to_string(),
+                reason: format!(
+                    "a ckpt gc --remote is still running after {} minutes ({live}); run this again once it is done",
+                    limit.as_secs() / 60
+                ),
+            });
         }
-        left = gone;
+        std::thread::sleep(GC_POLL);
     }
-    Ok(())
+}
+
+/// What a writer saw of gcs on the remote before its first look at the objects: the
+/// generation, and whether a gc was running. [`GcWatch::settle`] uses it before anything names
+/// what the writer uploaded or counted on.
+#[derive(Clone, Debug)]
+pub(super) struct GcWatch {
+    generation: Option<Vec<u8>>,
+    gc_was_running: bool,
+}
+
+impl GcWatch {
+    /// Reads the generation, then the records (two requests).
+    pub(super) fn begin(remote: &dyn Remote) -> Result<GcWatch> {
+        let generation = gc_generation(remote)?;
+        let gc_was_running = !gc_records(remote)?.is_empty();
+        Ok(GcWatch { generation, gc_was_running })
+    }
+
+    /// Before anything names `relied` (the objects a write uploaded or counted on as fresh;
+    /// not those a remote ref reaches, which no gc deletes): if no gc ran since [`GcWatch::begin`]
+    /// (the generation is the same and none was running then), nothing to do (two requests).
+    /// Otherwise waits until no gc runs, checks each object with a `HEAD`, uploads again
+    /// (standalone, create-if-absent) those a gc deleted, and looks again. A gc that begins
+    /// after the last look lists these objects as young and keeps them.
+    pub(super) fn settle(mut self, repo: &Repo, remote: &dyn Remote, relied: &[ObjectId]) -> Result<()> {
+        loop {
+            wait_for_gcs(remote, GC_WAIT, "the upload")?;
+            let generation = gc_generation(remote)?;
+            if !self.gc_was_running && generation == self.generation {
+                return Ok(());
+            }
+            self = GcWatch { generation, gc_was_running: false };
+            let gone = std::sync::Mutex::new(Vec::new());
+            parallel(relied, 16, |id| {
+                if remote.modified(&remote::object_key(id))?.is_none() {
+                    gone.lock().unwrap_or_else(|e| e.into_inner()).push(*id);
+                }
+                Ok(())
+            })?;
+            // In `relied`'s order, so a reference goes up before a delta on it.
+            let gone: HashSet<ObjectId> = gone.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().collect();
+            for id in relied.iter().filter(|id| gone.contains(id)) {
+                repo.upload_standalone(remote, id)?;
+            }
+        }
+    }
 }
 
 impl Repo {
@@ -164,23 +241,39 @@ impl Repo {
             Some(m) if is_fresh(m, SystemTime::now()) => return Ok(0),
             _ => {}
         }
-        let header = self.store().header(id)?;
-        if header.kind != ObjectKind::Blob || header.reference.is_none() {
-            let path = self.store().object_path(id);
-            let file = std::fs::File::open(&path).map_err(|e| Error::Io {
-                action: "opening",
-                path: path.clone(),
-                source: e,
-            })?;
-            let len =
-                file.metadata().map_err(|e| Error::Io { action: "reading", path: path.clone(), source: e })?.len();
-            with_retries(|| Ok(remote.replace(&key, &file, &path, len)?))?;
-            return Ok(len);
-        }
-        let chain = self.store().open_blob(id)?;
-        let (tmp, len) = self.store().encode_standalone_for_transfer(&chain, &self.config().codec_options())?;
+        let (tmp, len) = self.standalone_form(id)?;
         with_retries(|| Ok(remote.replace(&key, tmp.as_file(), tmp.path(), len)?))?;
         Ok(len)
+    }
+
+    /// Uploads object `id` standalone, create-if-absent: what a writer sends again after a gc
+    /// deleted it ([`GcWatch::settle`]), whatever form it has here now.
+    fn upload_standalone(&self, remote: &dyn Remote, id: &ObjectId) -> Result<()> {
+        let (tmp, len) = self.standalone_form(id)?;
+        let key = remote::object_key(id);
+        with_retries(|| Ok(remote.upload(&key, tmp.as_file(), tmp.path(), len, remote::UploadMode::CreateOnly)?))?;
+        Ok(())
+    }
+
+    /// Object `id` in a standalone form, in a temp file: a copy of the object file if it is
+    /// one (a manifest, a version, a standalone blob), else the blob decoded through its chain
+    /// and coded whole. A standalone form references nothing, so writing it over any form
+    /// closes no reference cycle.
+    fn standalone_form(&self, id: &ObjectId) -> Result<(tempfile::NamedTempFile, u64)> {
+        let header = self.store().header(id)?;
+        if header.kind == ObjectKind::Blob && header.reference.is_some() {
+            let chain = self.store().open_blob(id)?;
+            return Ok(self.store().encode_standalone_for_transfer(&chain, &self.config().codec_options())?);
+        }
+        let path = self.store().object_path(id);
+        let io = |action| {
+            let path = path.clone();
+            move |source| Error::Io { action, path, source }
+        };
+        let tmp = self.store().receive_file()?;
+        let mut from = std::fs::File::open(&path).map_err(io("opening"))?;
+        let len = std::io::copy(&mut from, &mut tmp.as_file()).map_err(io("copying"))?;
+        Ok((tmp, len))
     }
 }
 
@@ -259,7 +352,6 @@ impl Node {
 pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) -> Result<RemoteGcReport> {
     let url = remote.url().to_string();
     let refuse = |reason: String| Error::RemoteGc { remote: url.clone(), reason };
-    let started = Instant::now();
     if remote.get_small(GIT_FILTER_MARKER)?.is_some() {
         return Err(refuse(format!(
             "it holds the objects of a git repository's pointers (it has the key {GIT_FILTER_MARKER:?}, written \
@@ -268,7 +360,7 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
     }
     let record = GcRecord::announce(remote, options.dry_run)?;
     // The listing first, then the refs: a key first written after the listing is not deleted
-    // whatever it is (a key written over after it: `settle_rewrites`), and a ref moved before
+    // whatever it is (a key written over after it: `GcWatch::settle`), and a ref moved before
     // the refs are read is seen with what it reaches.
     let listed_at = SystemTime::now();
     let listing = remote.list_modified("objects/")?;
@@ -296,7 +388,8 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
     };
     let mut kept: HashSet<ObjectId> = HashSet::new();
     let roots: Vec<Node> = refs.iter().map(|id| Node::Version(*id)).collect();
-    report.versions = walk(repo, remote, &listed, roots, &mut kept, true, options.transfers)?;
+    let beat = || record.beat();
+    report.versions = walk(repo, remote, &listed, roots, &mut kept, true, options.transfers, &beat)?;
     let reached = kept.len();
     let young: Vec<Node> = listed
         .iter()
@@ -305,7 +398,7 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
         })
         .map(|(id, _)| Node::Unknown(*id))
         .collect();
-    walk(repo, remote, &listed, young, &mut kept, false, options.transfers)?;
+    walk(repo, remote, &listed, young, &mut kept, false, options.transfers, &beat)?;
     report.kept = listed.keys().filter(|id| kept.contains(id)).count();
     report.recent = kept.len() - reached;
     let doomed: Vec<(ObjectId, u64)> =
@@ -316,15 +409,7 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
         repo.progress().start("gc", doomed.len() as u64);
         let done = std::sync::atomic::AtomicU64::new(0);
         parallel(&doomed, options.transfers, |(id, _)| {
-            if started.elapsed() >= GC_MAX_RUN {
-                return Err(Error::RemoteGc {
-                    remote: remote.url().to_string(),
-                    reason: format!(
-                        "stopped after {} h, the longest a gc may delete for; run it again",
-                        GC_MAX_RUN.as_secs() / 3600
-                    ),
-                });
-            }
+            record.beat()?;
             remote.delete(&remote::object_key(id))?;
             repo.progress().set(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
             Ok(())
@@ -336,54 +421,88 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
     Ok(report)
 }
 
-/// A running gc's record on the remote ([`GC_RECORDS`]). Deleted when the gc ends, by
-/// [`GcRecord::finish`] or, on an error, when dropped; a killed gc's stays until it is
-/// [`GC_RECORD_DEAD_AFTER`] old, and the next gc deletes it then.
+/// A running gc's record on the remote (`gc/run-<32 hex>`, [`GC_RECORDS`]): written before the
+/// generation is increased and the objects listed, rewritten every [`GC_BEAT`] ([`GcRecord::beat`],
+/// called during the walk and before every delete), deleted when the gc ends, by
+/// [`GcRecord::finish`] or, on an error, when dropped. A killed gc's record stops changing, so
+/// writers and the next gc take it as dead after watching it for [`GC_DEAD_AFTER`].
 struct GcRecord<'a> {
     remote: &'a dyn Remote,
     key: Option<String>,
+    /// The last successful rewrite.
+    beat: Mutex<Moment>,
 }
 
 impl<'a> GcRecord<'a> {
-    /// Writes this gc's record (none for a dry run, which deletes nothing), after refusing to
-    /// run beside another gc (whose record is live before or after this one is written).
+    /// Waits for running gcs (at most [`GC_WAIT`]), deletes dead ones' records, writes this
+    /// gc's record and increases the generation (none of that for a dry run, which deletes
+    /// nothing). Two gcs that began at once each see the other's record afterwards: both stop.
     fn announce(remote: &'a dyn Remote, dry_run: bool) -> Result<GcRecord<'a>> {
-        let busy = |other: &Listed| Error::RemoteGc {
-            remote: remote.url().to_string(),
-            reason: format!(
-                "another ckpt gc --remote is running ({}); if it was killed, its record stops counting {} h \
-                 after it began, or delete it",
-                other.key,
-                GC_RECORD_DEAD_AFTER.as_secs() / 3600
-            ),
-        };
-        if let Some(other) = live_gc_records(remote)?.first() {
-            return Err(busy(other));
-        }
         if dry_run {
-            return Ok(GcRecord { remote, key: None });
+            return Ok(GcRecord { remote, key: None, beat: Mutex::new(Moment::now()) });
+        }
+        for dead in wait_for_gcs(remote, GC_WAIT, "gc")? {
+            remote.delete(&dead)?;
         }
         let seed = format!("{:?} {} {:?}", SystemTime::now(), std::process::id(), std::thread::current().id());
         let hex = ObjectId::hash(seed.as_bytes()).to_hex();
-        let key = format!("{GC_RECORDS}{}", &hex[..32]);
-        let text = format!(
-            "a ckpt gc --remote began here (pid {}); writers that rewrote objects wait for it\n",
-            std::process::id()
-        );
-        remote.put_small(&key, text.as_bytes(), &Expect::Absent)?;
-        let record = GcRecord { remote, key: Some(key.clone()) };
-        // Two gcs that began at once each see the other's record here: both stop.
-        let live = live_gc_records(remote)?;
-        if let Some(other) = live.iter().find(|l| l.key != key) {
-            return Err(busy(other));
-        }
-        // Records of killed gcs.
-        for dead in remote.list(GC_RECORDS)? {
-            if !live.iter().any(|l| l.key == dead) {
-                remote.delete(&dead)?;
+        let key = format!("{GC_RECORDS}run-{}", &hex[..32]);
+        remote.put_small(&key, &record_text(0), &Expect::Absent)?;
+        let record = GcRecord { remote, key: Some(key.clone()), beat: Mutex::new(Moment::now()) };
+        // The generation, by compare-and-swap (another gc's increase in between: read again).
+        loop {
+            let current = remote.get_small(GC_GENERATION)?;
+            let n: u64 =
+                current.as_ref().and_then(|s| std::str::from_utf8(&s.bytes).ok()?.trim().parse().ok()).unwrap_or(0);
+            let expect = current.map_or(Expect::Absent, |s| Expect::Tag(s.tag));
+            match remote.put_small(GC_GENERATION, format!("{}\n", n + 1).as_bytes(), &expect) {
+                Ok(()) => break,
+                Err(remote::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
             }
         }
+        if let Some(other) = gc_records(remote)?.iter().find(|l| l.key != key) {
+            return Err(Error::RemoteGc {
+                remote: remote.url().to_string(),
+                reason: format!("another ckpt gc --remote began at the same time ({}); run it again later", other.key),
+            });
+        }
         Ok(record)
+    }
+
+    /// Rewrites the record if [`GC_BEAT`] has passed since the last rewrite; an error if more
+    /// than [`GC_BEAT_LAPSE`] has (the machine slept or stalled: writers may have taken this gc
+    /// for dead, so it must not delete any more).
+    fn beat(&self) -> Result<()> {
+        let Some(key) = &self.key else { return Ok(()) };
+        let mut last = self.beat.lock().unwrap_or_else(|e| e.into_inner());
+        let since = last.elapsed();
+        if since >= GC_BEAT_LAPSE {
+            return Err(Error::RemoteGc {
+                remote: self.remote.url().to_string(),
+                reason: format!(
+                    "stopped: its record went {} s without a rewrite (the machine slept or stalled), so \
+                     writers may have taken it for dead; run it again",
+                    since.as_secs()
+                ),
+            });
+        }
+        if since >= GC_BEAT {
+            let mut tmp = tempfile::NamedTempFile::new().map_err(|e| Error::Io {
+                action: "creating",
+                path: std::env::temp_dir(),
+                source: e,
+            })?;
+            let text = record_text(since.as_secs());
+            std::io::Write::write_all(&mut tmp, &text).map_err(|e| Error::Io {
+                action: "writing",
+                path: tmp.path().into(),
+                source: e,
+            })?;
+            self.remote.replace(key, tmp.as_file(), tmp.path(), text.len() as u64)?;
+            *last = Moment::now();
+        }
+        Ok(())
     }
 
     /// Deletes the record: every delete of this gc has been answered.
@@ -393,6 +512,15 @@ impl<'a> GcRecord<'a> {
         }
         Ok(())
     }
+}
+
+/// The text of a gc record (it changes with each rewrite, so that its age does).
+fn record_text(beat: u64) -> Vec<u8> {
+    format!(
+        "ckpt gc --remote running (pid {}, beat {beat}); writers that counted on objects wait for it\n",
+        std::process::id()
+    )
+    .into_bytes()
 }
 
 impl Drop for GcRecord<'_> {
@@ -408,6 +536,7 @@ impl Drop for GcRecord<'_> {
 /// one that is missing is an error when `strict` (a ref reaches it), else left out (what a
 /// failed save left may be incomplete). Any object that cannot be read or parsed is an error:
 /// its edges would be unknown.
+#[allow(clippy::too_many_arguments)]
 fn walk(
     repo: &Repo,
     remote: &dyn Remote,
@@ -416,6 +545,7 @@ fn walk(
     kept: &mut HashSet<ObjectId>,
     strict: bool,
     transfers: usize,
+    beat: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<usize> {
     let mut frontier = roots;
     let mut versions = 0;
@@ -437,6 +567,7 @@ fn walk(
         let gone = Mutex::new(Vec::new());
         let kept_now: &HashSet<ObjectId> = kept;
         parallel(&todo, transfers, |node| {
+            beat()?;
             let id = node.id();
             if !listed.contains_key(&id) && remote.modified(&remote::object_key(&id))?.is_none() {
                 gone.lock().unwrap_or_else(|e| e.into_inner()).push(id);

@@ -27,7 +27,7 @@
 
 use super::file_objects::OnRemote;
 use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
-use super::remote_gc::{check_deadline, fresh_on, is_fresh, settle_rewrites};
+use super::remote_gc::{check_deadline, fresh_on, is_fresh, GcWatch, Moment};
 use super::remotes::{parse_ref, put_ref, ref_key};
 use super::transfer::{parallel, receive, reopen};
 use super::{Error, FileTransfer, Result};
@@ -54,7 +54,7 @@ pub struct RemoteTip {
     /// When it was read (`None`: not known, no deadline). [`commit_to_remote`] moves the
     /// branch only within [`super::WRITE_DEADLINE`] of it (docs/format.md, "Garbage on a
     /// remote").
-    pub read_at: Option<std::time::Instant>,
+    pub read_at: Option<Moment>,
 }
 
 impl RemoteTip {
@@ -70,7 +70,7 @@ impl RemoteTip {
 pub fn remote_branch_tip(remote: &dyn Remote, branch: &str) -> Result<RemoteTip> {
     check_name(branch)?;
     let key = ref_key(RefKind::Branch, branch);
-    let read_at = Some(std::time::Instant::now());
+    let read_at = Some(Moment::now());
     match remote.get_small(&key)? {
         Some(small) => {
             Ok(RemoteTip { version: Some(parse_ref(remote, &key, &small.bytes)?), tag: Some(small.tag), read_at })
@@ -408,7 +408,15 @@ fn push_whole_then_recode(
 ) -> Result<(FileTransfer, u64, Option<PendingRecodes>)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
     forget_journals_of_failed_saves(cache, remote)?;
+    // What the file's objects are that no ref reaches (not the previous version's): checked
+    // before the file is handed back if a gc ran meanwhile (`GcWatch::settle`).
+    let watch = GcWatch::begin(remote)?;
+    let relied: Vec<ObjectId> =
+        cache.file_objects(&[*manifest])?.into_iter().map(|n| n.id).filter(|id| !present.contains(id)).collect();
     if present.contains(manifest) || fresh_on(remote, manifest)? {
+        // A fresh manifest stands for its whole file (uploaded before it, by a save that
+        // failed): the blobs are what is counted on.
+        watch.settle(cache, remote, &relied)?;
         report.files_present = 1;
         report.requests = remote.requests();
         return Ok((report, 0, None));
@@ -484,11 +492,7 @@ fn push_whole_then_recode(
         need.iter().partition(|n| n.kind == ObjectKind::Blob && n.reference.is_none_or(|r| !needed.contains(&r)));
     let first: Vec<ObjectId> = first.iter().map(|n| n.id).collect();
     let (objects, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
-    let replaced = std::sync::Mutex::new(Vec::new());
-    let count = |id: &ObjectId, (len, uploaded): (u64, Uploaded)| {
-        if uploaded == Uploaded::Replaced {
-            replaced.lock().unwrap_or_else(|e| e.into_inner()).push(*id);
-        }
+    let count = |(len, uploaded): (u64, Uploaded)| {
         if uploaded != Uploaded::Existed {
             objects.fetch_add(1, Ordering::Relaxed);
             bytes.fetch_add(len, Ordering::Relaxed);
@@ -499,7 +503,7 @@ fn push_whole_then_recode(
     let upload = |id: &ObjectId| -> Result<()> {
         if looked_for.contains(id) || !cache.found_on(remote, id)? {
             // (Found there but not fresh: `upload_object` finds it and writes it again.)
-            count(id, cache.upload_object(remote, id)?);
+            count(cache.upload_object(remote, id)?);
         }
         Ok(())
     };
@@ -507,8 +511,7 @@ fn push_whole_then_recode(
     for n in rest {
         upload(&n.id)?;
     }
-    // Keys written over may have been listed by a gc still deleting: checked once none runs.
-    settle_rewrites(cache, remote, &replaced.into_inner().unwrap_or_else(|e| e.into_inner()))?;
+    watch.settle(cache, remote, &relied)?;
     report.objects += objects.into_inner();
     let created = bytes.into_inner();
     report.bytes += created;
@@ -646,9 +649,9 @@ pub fn commit_to_remote(
     };
     version.check_limits().map_err(|reason| RepoError::OverLimit { what: "the version".into(), reason })?;
     let id = cache.record_version(&version)?;
-    if cache.upload_object(remote, &id)?.1 == Uploaded::Replaced {
-        settle_rewrites(cache, remote, &[id])?;
-    }
+    let watch = GcWatch::begin(remote)?;
+    cache.upload_object(remote, &id)?;
+    watch.settle(cache, remote, &[id])?;
     let key = ref_key(RefKind::Branch, branch);
     if let Some(read_at) = tip.read_at {
         check_deadline(remote, &format!("branch {branch}"), read_at)?;
