@@ -52,7 +52,7 @@ pub const WRITE_DEADLINE: Duration = Duration::from_secs(10 * 3600);
 pub const GIT_FILTER_MARKER: &str = "git-filter";
 
 /// Where `ckpt gc --remote` announces itself: a running gc's record `gc/run-<32 hex>`, written
-/// before its listing, rewritten every [`GC_BEAT`] while it runs and deleted after its last
+/// before its listing, rewritten every 30 s while it runs and deleted after its last
 /// delete has been answered; and `gc/generation`, a number every gc increases before its
 /// listing.
 pub const GC_RECORDS: &str = "gc/";
