@@ -336,6 +336,8 @@ struct WriterSignals<'a> {
     inner: DirRemote,
     at_settle: &'a std::sync::atomic::AtomicBool,
     gc_looks: std::sync::atomic::AtomicUsize,
+    /// The writer dies when it settles (its second look at `gc/` fails).
+    dies_at_settle: bool,
 }
 
 impl Remote for WriterSignals<'_> {
@@ -348,6 +350,9 @@ impl Remote for WriterSignals<'_> {
     fn list_modified(&self, prefix: &str) -> ckpt::remote::Result<Vec<Listed>> {
         // The first look at `gc/` is before the writer's listing, the second when it settles.
         if prefix == sync::GC_RECORDS && self.gc_looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            if self.dies_at_settle {
+                return Err(ckpt::remote::Error::NotFound { remote: "killed".into(), key: prefix.into() });
+            }
             self.at_settle.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         self.inner.list_modified(prefix)
@@ -404,8 +409,12 @@ fn a_push_that_writes_old_objects_again_while_a_gc_deletes_them_waits_and_upload
     let at_delete = std::sync::atomic::AtomicBool::new(false);
     let pushed = std::sync::Mutex::new(None);
     std::thread::scope(|scope| {
-        let writer =
-            WriterSignals { inner: DirRemote::open(&r.url).unwrap(), at_settle: &at_settle, gc_looks: 0.into() };
+        let writer = WriterSignals {
+            inner: DirRemote::open(&r.url).unwrap(),
+            at_settle: &at_settle,
+            gc_looks: 0.into(),
+            dies_at_settle: false,
+        };
         let (b_repo, pushed, at_delete) = (&b_repo, &pushed, &at_delete);
         scope.spawn(move || {
             let began = std::time::Instant::now();
@@ -455,4 +464,53 @@ fn a_clone_behind_the_remote_pushes_a_tag_without_sending_old_objects_again() {
     let pushed = json(&r.ok(&b_dir, &["push", "origin", "t1", "--json"]));
     assert_eq!(pushed["objects_sent"], 0, "{pushed}");
     assert_eq!(object_keys(&r), before);
+}
+
+#[test]
+fn a_rerun_that_counts_on_keys_a_dead_push_wrote_again_settles_them_too() {
+    // A gc has listed b's old garbage; b's first push writes those keys again (so they are
+    // fresh) and dies before it settles. b's rerun counts on them as fresh, and must still see
+    // that a gc was running, wait for it, and upload again what it deleted.
+    let r = directory().unwrap();
+    let (a, b, _, _) = dead_push(&r);
+    age_objects(&r.objects, Duration::from_secs(2 * 86400));
+    let b_dir = b.path().join("b");
+    r.ok(&b_dir, &["pull", "--rebase"]);
+    let b_repo = Repo::open(&b_dir).unwrap();
+    let gc_from = Repo::open(a.path()).unwrap();
+    let at_settle = std::sync::atomic::AtomicBool::new(false);
+    let at_delete = std::sync::atomic::AtomicBool::new(false);
+    let pushes = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let (b_repo, pushes, at_delete, at_settle, url) = (&b_repo, &pushes, &at_delete, &at_settle, &r.url);
+        scope.spawn(move || {
+            let began = std::time::Instant::now();
+            while !at_delete.load(std::sync::atomic::Ordering::SeqCst) && began.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let options = PushOptions { transfers: 4, ..PushOptions::default() };
+            for dies_at_settle in [true, false] {
+                let writer = WriterSignals {
+                    inner: DirRemote::open(url).unwrap(),
+                    at_settle,
+                    gc_looks: 0.into(),
+                    dies_at_settle,
+                };
+                let report = sync::push_to(b_repo, &writer, &options);
+                pushes.lock().unwrap().push(report.map(|r| r.objects_sent).map_err(|e| e.to_string()));
+            }
+        });
+        let gc_remote = GcPausedAtDelete {
+            inner: DirRemote::open(&r.url).unwrap(),
+            at_delete,
+            writer_at_settle: at_settle,
+            first_delete: std::sync::OnceLock::new(),
+        };
+        let report = sync::gc_remote(&gc_from, &gc_remote, &RemoteGcOptions::default()).unwrap();
+        assert!(report.deleted > 0, "{report:?}");
+    });
+    clone_reads(&r, &[("main", model(77, 2)), ("main~1", model(7, 2)), ("main~3", model(7, 0))]);
+    let pushes = pushes.into_inner().unwrap();
+    assert!(pushes[0].is_err(), "the first push died: {pushes:?}");
+    assert!(pushes[1].is_ok(), "{pushes:?}");
 }
