@@ -164,7 +164,8 @@ impl Repo {
         }
         // A rank's upload (not the git filter's, whose remote gc refuses) checks before it
         // hands its files back that no gc took what they need (`GcWatch::settle`).
-        let watch = match on_remote {
+        let mut counted_files = Vec::new();
+        let mut watch = match on_remote {
             OnRemote::Known(_) => Some(GcWatch::begin(remote)?),
             OnRemote::Listed => None,
         };
@@ -181,6 +182,14 @@ impl Repo {
         let mut wanted = Vec::new();
         for m in manifests {
             if present.contains(m) || (look_first && fresh_on(remote, m)?) {
+                // A fresh manifest (not one the previous version holds) stands for a file a
+                // failed save uploaded, perhaps without settling: its objects are checked.
+                if let (false, Some(watch)) = (present.contains(m), watch.as_mut()) {
+                    watch.check_anyway();
+                    if self.store().contains(m) {
+                        counted_files.push(*m);
+                    }
+                }
                 report.files_present += 1;
             } else if self.store().contains(m) {
                 wanted.push(*m);
@@ -231,7 +240,8 @@ impl Repo {
         }
         self.progress().finish();
         if let Some(watch) = watch {
-            let held: Vec<ObjectId> = manifests.iter().filter(|m| self.store().contains(m)).copied().collect();
+            let mut held: Vec<ObjectId> = wanted.clone();
+            held.extend(counted_files);
             let relied: Vec<ObjectId> =
                 self.file_objects(&held)?.into_iter().map(|n| n.id).filter(|id| !present.contains(id)).collect();
             watch.settle(self, remote, &relied)?;

@@ -443,9 +443,18 @@ fn upload(
             level.entry(*id).or_insert(base_level + deepest - i);
         }
     }
+    // Manifests after every blob, versions after every manifest: a push killed part way never
+    // leaves a manifest whose blobs are not all there (a writer that finds a manifest takes
+    // its file as there), nor a version whose manifests are not.
+    let top_blob = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| level[&n.id]).max().unwrap_or(0);
     let mut levels: BTreeMap<usize, Vec<ObjectId>> = BTreeMap::new();
     for n in need {
-        levels.entry(level[&n.id]).or_default().push(n.id);
+        let at = match n.kind {
+            ObjectKind::Manifest => top_blob + 1,
+            ObjectKind::Version => top_blob + 2,
+            _ => level[&n.id],
+        };
+        levels.entry(at).or_default().push(n.id);
     }
     let total: u64 = need.iter().map(|n| repo.store().stored_len(&n.id).unwrap_or(0)).sum();
     repo.progress().start("push", total);

@@ -68,8 +68,10 @@ const GC_BEAT: Duration = Duration::from_secs(30);
 /// to rewrite it first, and stops when it sees it slept).
 const GC_BEAT_LAPSE: Duration = Duration::from_secs(90);
 
-/// A record a watcher has seen unchanged for this long is a dead gc's (twice [`GC_BEAT_LAPSE`]).
-const GC_DEAD_AFTER: Duration = Duration::from_secs(180);
+/// A record a watcher has seen unchanged for this long is a dead gc's: over [`GC_BEAT_LAPSE`]
+/// plus what one delete may take with the S3 client's own retries at the default stall
+/// timeout (6 × 30 s, and 30 s for the last answer), with room to spare.
+const GC_DEAD_AFTER: Duration = Duration::from_secs(600);
 
 /// How long a writer waits for running gcs to finish before it gives up ([`GcWatch::settle`]).
 const GC_WAIT: Duration = Duration::from_secs(3600);
@@ -169,7 +171,13 @@ fn wait_for_gcs(remote: &dyn Remote, limit: Duration, what: &str) -> Result<Vec<
                 live = Some(r.key.clone());
             }
         }
-        let Some(live) = live else { return Ok(dead) };
+        let Some(live) = live else {
+            // Records watched dead go, so that later writers need not watch them again.
+            for key in &dead {
+                let _ = remote.delete(key);
+            }
+            return Ok(dead);
+        };
         if began.elapsed() >= limit {
             return Err(Error::Rejected {
                 remote: remote.url().to_string(),
@@ -199,6 +207,13 @@ impl GcWatch {
         let generation = gc_generation(remote)?;
         let gc_was_running = !gc_records(remote)?.is_empty();
         Ok(GcWatch { generation, gc_was_running })
+    }
+
+    /// Makes [`GcWatch::settle`] check the objects even if no gc ran: the write counts on
+    /// objects another write uploaded and may not have settled (a fresh manifest standing for
+    /// its file).
+    pub(super) fn check_anyway(&mut self) {
+        self.gc_was_running = true;
     }
 
     /// Before anything names `relied` (the objects a write uploaded or counted on as fresh;
@@ -359,6 +374,36 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
         )));
     }
     let record = GcRecord::announce(remote, options.dry_run)?;
+    // The record is rewritten on a thread of its own as well, so that a long listing or
+    // download does not let it lapse; a stalled process stalls that thread too.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut report = std::thread::scope(|scope| {
+        if record.key.is_some() {
+            scope.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(500));
+                    let _ = record.beat();
+                }
+            });
+        }
+        let report = collect(repo, remote, options, &record, &url);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        report
+    })?;
+    record.finish(remote)?;
+    report.requests = remote.requests();
+    Ok(report)
+}
+
+/// The listing, the walks and the deletes of [`gc_remote`], under `record`.
+fn collect(
+    repo: &Repo,
+    remote: &dyn Remote,
+    options: &RemoteGcOptions,
+    record: &GcRecord<'_>,
+    url: &str,
+) -> Result<RemoteGcReport> {
+    let refuse = |reason: String| Error::RemoteGc { remote: url.to_string(), reason };
     // The listing first, then the refs: a key first written after the listing is not deleted
     // whatever it is (a key written over after it: `GcWatch::settle`), and a ref moved before
     // the refs are read is seen with what it reaches.
@@ -379,7 +424,7 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
         ));
     }
     let mut report = RemoteGcReport {
-        remote: url.clone(),
+        remote: url.to_string(),
         refs: refs.len(),
         listed: listed.len(),
         grace_seconds: options.grace.as_secs(),
@@ -416,8 +461,6 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
         })?;
         repo.progress().finish();
     }
-    record.finish(remote)?;
-    report.requests = remote.requests();
     Ok(report)
 }
 
@@ -493,6 +536,8 @@ impl<'a> GcRecord<'a> {
                 path: std::env::temp_dir(),
                 source: e,
             })?;
+            // Timed from before the write: a write that took long leaves less time, not more.
+            let sent = Moment::now();
             let text = record_text(since.as_secs());
             std::io::Write::write_all(&mut tmp, &text).map_err(|e| Error::Io {
                 action: "writing",
@@ -500,7 +545,7 @@ impl<'a> GcRecord<'a> {
                 source: e,
             })?;
             self.remote.replace(key, tmp.as_file(), tmp.path(), text.len() as u64)?;
-            *last = Moment::now();
+            *last = sent;
         }
         Ok(())
     }

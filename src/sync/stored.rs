@@ -297,7 +297,7 @@ pub fn finish_recodes(
 pub struct PendingRecodes {
     journal: super::layout::Journal,
     /// When the upload looked for the new blobs (before uploading them).
-    planned: std::time::Instant,
+    planned: Moment,
 }
 
 impl PendingRecodes {
@@ -410,12 +410,15 @@ fn push_whole_then_recode(
     forget_journals_of_failed_saves(cache, remote)?;
     // What the file's objects are that no ref reaches (not the previous version's): checked
     // before the file is handed back if a gc ran meanwhile (`GcWatch::settle`).
-    let watch = GcWatch::begin(remote)?;
+    let mut watch = GcWatch::begin(remote)?;
     let relied: Vec<ObjectId> =
         cache.file_objects(&[*manifest])?.into_iter().map(|n| n.id).filter(|id| !present.contains(id)).collect();
     if present.contains(manifest) || fresh_on(remote, manifest)? {
         // A fresh manifest stands for its whole file (uploaded before it, by a save that
-        // failed): the blobs are what is counted on.
+        // failed, perhaps before it could settle): its objects are checked whatever gcs did.
+        if !present.contains(manifest) {
+            watch.check_anyway();
+        }
         watch.settle(cache, remote, &relied)?;
         report.files_present = 1;
         report.requests = remote.requests();
@@ -425,7 +428,7 @@ fn push_whole_then_recode(
     // one there already is not recoded against, nor uploaded. As a listing before the upload
     // did, this keeps every recode's X absent before this rank's upload, and every Y is in
     // the previous version, so two ranks never recode two blobs against each other.
-    let planned = std::time::Instant::now();
+    let planned = Moment::now();
     let looked_for: HashSet<ObjectId> = pairs
         .iter()
         .filter(|p| p.new != p.old && !present.contains(&p.new) && cache.store().contains(&p.new))

@@ -389,3 +389,32 @@ fn a_rerun_that_counts_on_keys_a_dead_push_wrote_again_settles_them_too() {
     clone_reads(&r, &[("main", model(77, 2)), ("main~1", model(7, 2)), ("main~3", model(7, 0))]);
     assert!(matches!(pushes[..], [Err(_), Ok(_)]), "the first push died, the rerun worked: {pushes:?}");
 }
+
+#[test]
+fn a_push_uploads_every_blob_before_any_manifest_and_every_manifest_before_any_version() {
+    // A writer that finds a manifest takes its file as there: a push killed part way must
+    // never leave one whose blobs are not all up.
+    let r = directory().unwrap();
+    let a = trained(&r, 9, 3);
+    DirRemote::create(&r.url).unwrap();
+    let repo = Repo::open(a.path()).unwrap();
+    let remote = crate::support::remote::Recording::create(&r.url);
+    sync::push_to(&repo, &remote, &PushOptions { transfers: 4, ..PushOptions::default() }).unwrap();
+    let kinds: Vec<ckpt::store::ObjectKind> = remote
+        .uploads
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|k| ckpt::remote::object_of_key(k))
+        .map(|id| repo.store().header(&id).unwrap().kind)
+        .collect();
+    use ckpt::store::ObjectKind::{Blob, Manifest, Version};
+    assert!(kinds.contains(&Blob) && kinds.contains(&Manifest) && kinds.contains(&Version), "{kinds:?}");
+    let rank = |k: &ckpt::store::ObjectKind| match k {
+        Blob => 0,
+        Manifest => 1,
+        _ => 2,
+    };
+    assert!(kinds.windows(2).all(|w| rank(&w[0]) <= rank(&w[1])), "upload order: {kinds:?}");
+    assert_eq!(kinds.last(), Some(&Version));
+}
