@@ -240,10 +240,11 @@ impl Repo {
         }
         self.progress().finish();
         if let Some(watch) = watch {
-            let mut held: Vec<ObjectId> = wanted.clone();
-            held.extend(counted_files);
-            let relied: Vec<ObjectId> =
-                self.file_objects(&held)?.into_iter().map(|n| n.id).filter(|id| !present.contains(id)).collect();
+            // `need` is what the wanted files need and the remote was not known to hold; the
+            // files counted on by a fresh manifest add theirs.
+            let mut relied: Vec<ObjectId> = need.iter().map(|n| n.id).collect();
+            let counted = self.file_objects(&counted_files)?;
+            relied.extend(counted.into_iter().map(|n| n.id).filter(|id| !present.contains(id)));
             watch.settle(self, remote, &relied)?;
         }
         if let Some(journal) = journal {

@@ -411,8 +411,8 @@ fn push_whole_then_recode(
     // What the file's objects are that no ref reaches (not the previous version's): checked
     // before the file is handed back if a gc ran meanwhile (`GcWatch::settle`).
     let mut watch = GcWatch::begin(remote)?;
-    let relied: Vec<ObjectId> =
-        cache.file_objects(&[*manifest])?.into_iter().map(|n| n.id).filter(|id| !present.contains(id)).collect();
+    let objects = cache.file_objects(&[*manifest])?;
+    let relied: Vec<ObjectId> = objects.iter().map(|n| n.id).filter(|id| !present.contains(id)).collect();
     if present.contains(manifest) || fresh_on(remote, manifest)? {
         // A fresh manifest stands for its whole file (uploaded before it, by a save that
         // failed, perhaps before it could settle): its objects are checked whatever gcs did.
@@ -453,7 +453,7 @@ fn push_whole_then_recode(
     let found_fresh = found_fresh.into_inner().unwrap_or_else(|e| e.into_inner());
     let uploaded = |id: &ObjectId| present.contains(id) || found_fresh.contains(id);
     let present = |id: &ObjectId| present.contains(id) || found.contains(id);
-    let need: Vec<Needed> = cache.file_objects(&[*manifest])?.into_iter().filter(|n| !uploaded(&n.id)).collect();
+    let need: Vec<Needed> = objects.into_iter().filter(|n| !uploaded(&n.id)).collect();
     let mut recodes = Vec::new();
     // A blob the new file holds stays whole.
     let keep: HashSet<ObjectId> = new_m.blobs().collect();
