@@ -216,6 +216,17 @@ impl Drop for HeldLock {
     }
 }
 
+/// How long [`Index::open`] waits for sled's own file lock, held by the threads of an index that
+/// was just closed.
+const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether sled failed to open because its `db` file is locked. sled reports this only as an
+/// `io::Error` of kind `Other` with a formatted message, so the message is what tells it apart.
+fn sled_file_lock_busy(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::Other
+        && io.to_string().starts_with("could not acquire lock on"))
+}
+
 fn db_err(action: &'static str) -> impl FnOnce(sled::Error) -> Error {
     move |source| Error::Db { action, source }
 }
@@ -246,12 +257,30 @@ impl Index {
             }
         }
         let config = sled::Config::new().path(dir).cache_capacity(32 << 20).flush_every_ms(Some(500));
-        // A damaged database must never take the process down: the index is only a cache.
-        let db = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open())) {
-            Ok(opened) => opened.map_err(|source| Error::Open { path: dir.to_path_buf(), source })?,
-            Err(_) => {
-                let source = sled::Error::Unsupported("sled panicked while opening the database".into());
-                return Err(Error::Open { path: dir.to_path_buf(), source });
+        // sled locks its own `db` file too, and releases it only when the last of its background
+        // threads lets go of the file: an index closed a moment ago in this process (a `Repo`
+        // dropped and opened again, as a training loop does every epoch) may still hold it. We
+        // hold `index.lock`, so whoever has it is winding down: wait for it a bounded while, then
+        // work without the index ([`Error::Locked`]) — never call the database damaged for it,
+        // which would delete and rebuild it.
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(5);
+        let db = loop {
+            // A damaged database must never take the process down: the index is only a cache.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open())) {
+                Ok(Ok(db)) => break db,
+                Ok(Err(source)) if sled_file_lock_busy(&source) => {
+                    if started.elapsed() >= SLED_LOCK_WAIT {
+                        return Err(Error::Locked { path: dir.to_path_buf() });
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                }
+                Ok(Err(source)) => return Err(Error::Open { path: dir.to_path_buf(), source }),
+                Err(_) => {
+                    let source = sled::Error::Unsupported("sled panicked while opening the database".into());
+                    return Err(Error::Open { path: dir.to_path_buf(), source });
+                }
             }
         };
         let tree = |name: &str| db.open_tree(name).map_err(|source| Error::Open { path: dir.to_path_buf(), source });
@@ -412,6 +441,37 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// sled's file lock still held (by the threads of an index closed a moment ago) is waited
+    /// for, and when it is not released the index is reported in use, not damaged.
+    #[test]
+    fn a_lingering_sled_file_lock_is_waited_for_and_never_taken_for_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index");
+        let ix = Index::open(&path).unwrap();
+        ix.finish_rebuild().unwrap();
+        drop(ix);
+        let hold = || {
+            let f = File::options().read(true).write(true).open(path.join("db")).unwrap();
+            f.try_lock().unwrap();
+            f
+        };
+        // Released after 150 ms: the open waits and finds the database intact.
+        let held = hold();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            drop(held);
+        });
+        let ix = Index::open(&path).unwrap();
+        assert!(ix.is_complete());
+        releaser.join().unwrap();
+        drop(ix);
+        // Never released: Locked after the bounded wait, and the database is left alone.
+        let held = hold();
+        assert!(matches!(Index::open(&path), Err(Error::Locked { .. })));
+        drop(held);
+        assert!(Index::open(&path).unwrap().is_complete());
+    }
 
     #[test]
     fn records_round_trip_and_rebuild_marker() {
