@@ -105,7 +105,7 @@ fn base_dir(dir: Option<&std::path::Path>) -> anyhow::Result<std::path::PathBuf>
 }
 
 /// Runs the CLI and returns the process exit code: 0 on success (and on a closed stdout pipe),
-/// 1 when the command failed.
+/// 1 when the command failed, 130 when a signal stopped it (`ckpt gc --remote`).
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let ui = ui::Ui::new(cli.quiet);
@@ -147,6 +147,11 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if ui::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if matches!(e.downcast_ref(), Some(ckpt::sync::Error::RemoteGcInterrupted { .. })) => {
+            eprintln!("error: {}", ui::printable_text(&error_message(&e)));
+            // As a shell reports a command ended by Ctrl-C.
+            ExitCode::from(130)
+        }
         Err(e) => {
             // Paths, names and messages in an error can come from a remote's versions.
             eprintln!("error: {}", ui::printable_text(&error_message(&e)));

@@ -59,6 +59,15 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// `ckpt gc --remote` was interrupted ([`crate::sync::RemoteGcOptions::interrupt`]): it sent
+    /// no delete after the interrupt, waited for those in flight, and removed its record.
+    #[error("{remote}: gc interrupted after {deleted} deletes; nothing else was deleted and its record is removed")]
+    RemoteGcInterrupted {
+        /// The remote's URL.
+        remote: String,
+        /// Objects deleted before the interrupt.
+        deleted: u64,
+    },
     /// A version outside a partial clone's history that could not be fetched from its remote.
     #[error(
         "{rev} is outside the history this partial clone holds, and fetching it from remote {remote} failed: {reason}"

@@ -30,7 +30,8 @@ use crate::remote::{self, Expect, Listed, Remote};
 use crate::repo::Repo;
 use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_DATA_OBJECT_LEN};
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 /// How long an object no ref reaches stays on a remote at least: `ckpt gc --remote`'s default
@@ -152,7 +153,12 @@ fn gc_generation(remote: &dyn Remote) -> Result<Option<Vec<u8>>> {
 /// Waits until no gc runs on `remote`: every record there is gone or has not changed for
 /// [`GC_DEAD_AFTER`] while watched (its gc is dead, and stopped deleting before that). Past
 /// `limit`, an error naming the record. Returns the dead records.
-fn wait_for_gcs(remote: &dyn Remote, limit: Duration, what: &str) -> Result<Vec<String>> {
+fn wait_for_gcs(
+    remote: &dyn Remote,
+    limit: Duration,
+    what: &str,
+    interrupted: &dyn Fn() -> Result<()>,
+) -> Result<Vec<String>> {
     let began = Instant::now();
     // Each record's age as first seen, and when it was first seen so.
     let mut seen: HashMap<String, (SystemTime, Instant)> = HashMap::new();
@@ -188,7 +194,12 @@ fn wait_for_gcs(remote: &dyn Remote, limit: Duration, what: &str) -> Result<Vec<
                 ),
             });
         }
-        std::thread::sleep(GC_POLL);
+        // Polled in short steps, so that an interrupt is answered at once.
+        let slept = Instant::now();
+        while slept.elapsed() < GC_POLL {
+            interrupted()?;
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
@@ -224,7 +235,7 @@ impl GcWatch {
     /// after the last look lists these objects as young and keeps them.
     pub(super) fn settle(mut self, repo: &Repo, remote: &dyn Remote, relied: &[ObjectId]) -> Result<()> {
         loop {
-            wait_for_gcs(remote, GC_WAIT, "the upload")?;
+            wait_for_gcs(remote, GC_WAIT, "the upload", &|| Ok(()))?;
             let generation = gc_generation(remote)?;
             if !self.gc_was_running && generation == self.generation {
                 return Ok(());
@@ -302,11 +313,16 @@ pub struct RemoteGcOptions {
     pub dry_run: bool,
     /// Requests in flight at once.
     pub transfers: usize,
+    /// Set (by a signal handler: the CLI's Ctrl-C) to stop the gc: it sends no more deletes,
+    /// waits for those in flight to be answered, removes its record and fails with
+    /// [`Error::RemoteGcInterrupted`]. A gc killed outright leaves its record, which makes
+    /// writers that need to settle wait 10 minutes until they take it for dead.
+    pub interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl Default for RemoteGcOptions {
     fn default() -> Self {
-        RemoteGcOptions { grace: REMOTE_GRACE, dry_run: false, transfers: 16 }
+        RemoteGcOptions { grace: REMOTE_GRACE, dry_run: false, transfers: 16, interrupt: None }
     }
 }
 
@@ -373,22 +389,40 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
              by the git filter's pre-push): only git knows which of them are still needed"
         )));
     }
-    let record = GcRecord::announce(remote, options.dry_run)?;
+    let deleted = AtomicU64::new(0);
+    let interrupted = || match &options.interrupt {
+        Some(flag) if flag.load(Ordering::SeqCst) => {
+            Err(Error::RemoteGcInterrupted { remote: url.clone(), deleted: deleted.load(Ordering::SeqCst) })
+        }
+        _ => Ok(()),
+    };
+    let record = GcRecord::announce(remote, options.dry_run, &interrupted)?;
     // The record is rewritten on a thread of its own as well, so that a long listing or
     // download does not let it lapse; a stalled process stalls that thread too.
-    let done = std::sync::atomic::AtomicBool::new(false);
+    let done = AtomicBool::new(false);
     let mut report = std::thread::scope(|scope| {
         if record.key.is_some() {
             scope.spawn(|| {
-                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                while !done.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(500));
                     let _ = record.beat();
                 }
             });
         }
-        let report = collect(repo, remote, options, &record, &url);
-        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Checked with every beat: before each step of the walk and before each delete. On an
+        // interrupt the deletes in flight are answered before `parallel` returns, and the
+        // record is removed (dropped) after that, as when the gc ends.
+        let beat = || record.beat().and_then(|()| interrupted());
+        let report = collect(repo, remote, options, &beat, &deleted, &url);
+        done.store(true, Ordering::SeqCst);
         report
+    })
+    .map_err(|e| match e {
+        // Counted again now that the deletes in flight have been answered.
+        Error::RemoteGcInterrupted { remote, .. } => {
+            Error::RemoteGcInterrupted { remote, deleted: deleted.load(Ordering::SeqCst) }
+        }
+        e => e,
     })?;
     record.finish(remote)?;
     report.requests = remote.requests();
@@ -400,7 +434,8 @@ fn collect(
     repo: &Repo,
     remote: &dyn Remote,
     options: &RemoteGcOptions,
-    record: &GcRecord<'_>,
+    beat: &(dyn Fn() -> Result<()> + Sync),
+    deleted: &AtomicU64,
     url: &str,
 ) -> Result<RemoteGcReport> {
     let refuse = |reason: String| Error::RemoteGc { remote: url.to_string(), reason };
@@ -433,8 +468,7 @@ fn collect(
     };
     let mut kept: HashSet<ObjectId> = HashSet::new();
     let roots: Vec<Node> = refs.iter().map(|id| Node::Version(*id)).collect();
-    let beat = || record.beat();
-    report.versions = walk(repo, remote, &listed, roots, &mut kept, true, options.transfers, &beat)?;
+    report.versions = walk(repo, remote, &listed, roots, &mut kept, true, options.transfers, beat)?;
     let reached = kept.len();
     let young: Vec<Node> = listed
         .iter()
@@ -443,7 +477,7 @@ fn collect(
         })
         .map(|(id, _)| Node::Unknown(*id))
         .collect();
-    walk(repo, remote, &listed, young, &mut kept, false, options.transfers, &beat)?;
+    walk(repo, remote, &listed, young, &mut kept, false, options.transfers, beat)?;
     report.kept = listed.keys().filter(|id| kept.contains(id)).count();
     report.recent = kept.len() - reached;
     let doomed: Vec<(ObjectId, u64)> =
@@ -452,11 +486,10 @@ fn collect(
     report.bytes_freed = doomed.iter().map(|(_, size)| size).sum();
     if !options.dry_run {
         repo.progress().start("gc", doomed.len() as u64);
-        let done = std::sync::atomic::AtomicU64::new(0);
         parallel(&doomed, options.transfers, |(id, _)| {
-            record.beat()?;
+            beat()?;
             remote.delete(&remote::object_key(id))?;
-            repo.progress().set(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+            repo.progress().set(deleted.fetch_add(1, Ordering::SeqCst) + 1);
             Ok(())
         })?;
         repo.progress().finish();
@@ -480,11 +513,11 @@ impl<'a> GcRecord<'a> {
     /// Waits for running gcs (at most [`GC_WAIT`]), deletes dead ones' records, writes this
     /// gc's record and increases the generation (none of that for a dry run, which deletes
     /// nothing). Two gcs that began at once each see the other's record afterwards: both stop.
-    fn announce(remote: &'a dyn Remote, dry_run: bool) -> Result<GcRecord<'a>> {
+    fn announce(remote: &'a dyn Remote, dry_run: bool, interrupted: &dyn Fn() -> Result<()>) -> Result<GcRecord<'a>> {
         if dry_run {
             return Ok(GcRecord { remote, key: None, beat: Mutex::new(Moment::now()) });
         }
-        for dead in wait_for_gcs(remote, GC_WAIT, "gc")? {
+        for dead in wait_for_gcs(remote, GC_WAIT, "gc", interrupted)? {
             remote.delete(&dead)?;
         }
         let seed = format!("{:?} {} {:?}", SystemTime::now(), std::process::id(), std::thread::current().id());

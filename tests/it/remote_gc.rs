@@ -189,10 +189,13 @@ fn gc_refuses_a_git_filter_remote_and_a_remote_without_refs() {
 ///   (at most 20 s from the first) until `go` is set, so that a writer's uploads land between
 ///   the gc's listing and its deletes;
 /// - `settling`: set when the writer looks at `gc/` the second time (its uploads are done and
-///   it settles); with `dies_at_settle`, that look fails instead (the writer dies there).
+///   it settles); with `dies_at_settle`, that look fails instead (the writer dies there);
+/// - `interrupt_at_delete`: set by the gc's first delete of an object (Ctrl-C in the middle of
+///   the deletes).
 #[derive(Default)]
 struct Hooks<'a> {
     refs_fail: bool,
+    interrupt_at_delete: Option<&'a AtomicBool>,
     gc_after_listing: Option<&'a Repo>,
     pause_deletes: Option<(&'a AtomicBool, &'a AtomicBool)>,
     settling: Option<&'a AtomicBool>,
@@ -275,6 +278,9 @@ impl Remote for Hooked<'_> {
         if let Some((at_delete, go)) = self.hooks.pause_deletes.filter(|_| key.starts_with("objects/")) {
             at_delete.store(true, SeqCst);
             wait_for(go, *self.first_delete.get_or_init(Instant::now));
+        }
+        if let Some(interrupt) = self.hooks.interrupt_at_delete.filter(|_| key.starts_with("objects/")) {
+            interrupt.store(true, SeqCst);
         }
         self.inner.delete(key)
     }
@@ -417,4 +423,83 @@ fn a_push_uploads_every_blob_before_any_manifest_and_every_manifest_before_any_v
     };
     assert!(kinds.windows(2).all(|w| rank(&w[0]) <= rank(&w[1])), "upload order: {kinds:?}");
     assert_eq!(kinds.last(), Some(&Version));
+}
+
+/// Interrupted in the middle of its deletes (Ctrl-C sets `RemoteGcOptions::interrupt`), a gc
+/// sends no further delete, removes its record (so no writer waits for a dead gc) and reports
+/// what it deleted; nothing a ref reaches is touched, and the next gc takes the rest.
+#[test]
+fn an_interrupted_gc_stops_between_deletes_and_removes_its_record() {
+    let r = directory().unwrap();
+    let (a, _b, reachable, garbage) = dead_push(&r);
+    assert!(garbage.len() >= 2, "{garbage:?}");
+    age_objects(&r.objects, Duration::from_secs(2 * 86400));
+    let repo = Repo::open(a.path()).unwrap();
+    let interrupt = std::sync::Arc::new(AtomicBool::new(false));
+    let remote = Hooked::new(open(&r), Hooks { interrupt_at_delete: Some(&interrupt), ..Hooks::default() });
+    // One request at a time: the delete that sets the flag is the last one sent.
+    let options = RemoteGcOptions { transfers: 1, interrupt: Some(interrupt.clone()), ..RemoteGcOptions::default() };
+    let err = sync::gc_remote(&repo, &remote, &options).unwrap_err();
+    assert!(matches!(err, sync::Error::RemoteGcInterrupted { deleted: 1, .. }), "{err}");
+    assert!(err.to_string().contains("interrupted after 1 deletes"), "{err}");
+    let left = object_keys(&r);
+    assert_eq!(left.len(), reachable.len() + garbage.len() - 1);
+    assert!(reachable.is_subset(&left));
+    assert!(!Path::new(&r.url)
+        .join("gc")
+        .read_dir()
+        .unwrap()
+        .any(|e| { e.unwrap().file_name().to_string_lossy().starts_with("run-") }));
+
+    let done = json(&r.ok(a.path(), &["gc", "--remote", "origin", "--json"]));
+    assert_eq!(done["deleted"].as_u64().unwrap(), garbage.len() as u64 - 1, "{done}");
+    assert_eq!(object_keys(&r), reachable);
+    clone_reads(&r, &[("main", model(7, 2)), ("main~2", model(7, 0))]);
+}
+
+/// `ckpt gc --remote` stopped by SIGINT while it waits for another gc (whose record is live)
+/// exits at once with 130, leaving the other's record and writing none of its own.
+#[test]
+fn ctrl_c_stops_the_gc_command_at_once_with_130_and_no_record_left() {
+    let r = directory().unwrap();
+    let a = trained(&r, 3, 1);
+    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    r.ok(a.path(), &["push"]);
+    let other = Path::new(&r.url).join("gc/run-0123456789abcdef0123456789abcdef");
+    std::fs::create_dir_all(other.parent().unwrap()).unwrap();
+    std::fs::write(&other, "another gc\n").unwrap();
+    let mut gc = crate::support::repo_util::ckpt_command(a.path(), &["gc", "--remote", "origin"])
+        .envs(r.env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Signalled once its handler is in place (the caught-signal mask in /proc: a loaded machine
+    // may take long to start it); it then waits for the other gc's record to go or die.
+    let caught = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).unwrap_or("0").trim().to_string();
+        u64::from_str_radix(&mask, 16).unwrap_or(0) & (1 << (libc::SIGINT - 1)) != 0
+    };
+    let began = Instant::now();
+    while !caught(gc.id()) {
+        assert!(gc.try_wait().unwrap().is_none() && began.elapsed() < Duration::from_secs(60), "gc ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(gc.try_wait().unwrap().is_none(), "still waiting for the other gc");
+    let signalled = Instant::now();
+    // SAFETY: kill(2) with a child's pid and a valid signal number.
+    assert_eq!(unsafe { libc::kill(gc.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let out = gc.wait_with_output().unwrap();
+    assert!(
+        signalled.elapsed() < Duration::from_secs(20),
+        "stopped at once, not after 10 minutes: {:?}",
+        signalled.elapsed()
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted after 0 deletes"), "{stderr}");
+    let records: Vec<_> = std::fs::read_dir(other.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(records, vec![other.file_name().unwrap().to_owned()], "the other's record alone");
 }

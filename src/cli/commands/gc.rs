@@ -79,6 +79,7 @@ fn run_remote(repo: &ckpt::repo::Repo, remote: &dyn ckpt::remote::Remote, args: 
     let options = ckpt::sync::RemoteGcOptions {
         grace: args.prune.unwrap_or(ckpt::sync::REMOTE_GRACE),
         dry_run: args.dry_run,
+        interrupt: Some(interrupt_on_signals()?),
         ..ckpt::sync::RemoteGcOptions::default()
     };
     let r = ckpt::sync::gc_remote(repo, remote, &options)?;
@@ -105,6 +106,20 @@ fn run_remote(repo: &ckpt::repo::Repo, remote: &dyn ckpt::remote::Remote, args: 
         )?;
     }
     Ok(())
+}
+
+/// A flag that SIGINT, SIGTERM and SIGHUP set, so that the gc stops between deletes and
+/// removes its record (a record left behind makes writers wait 10 minutes before they take it
+/// for dead). A second signal ends the process at once, with 130 as the shell's Ctrl-C does.
+fn interrupt_on_signals() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM, SIGHUP] {
+        // In this order: the exit sees the flag only once the first signal has set it.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, flag.clone())?;
+        signal_hook::flag::register(signal, flag.clone())?;
+    }
+    Ok(flag)
 }
 
 pub(crate) fn parse_prune(text: &str) -> std::result::Result<std::time::Duration, String> {
