@@ -78,6 +78,12 @@ class MemoryImage:
     def path(self) -> str:
         """The path it is committed under."""
 
+class SaveRecord:
+    """A save in flight announced in a repository (``Repo.begin_save``)."""
+
+    def end(self) -> None:
+        """Ends the save: the record is deleted (again: nothing)."""
+
 class Repo:
     """An open repository."""
 
@@ -129,6 +135,10 @@ class Repo:
     def current_branch(self) -> Tuple[str, Optional[str]]:
         """The current branch and the version it points at (`None`: none yet); a detached
         `HEAD` is an error."""
+    def begin_save(self, what: str) -> SaveRecord:
+        """Announces a save whose objects are stored before anything names them (a
+        ``ckpt.dcp.Writer`` save): gc keeps them, whatever its grace period, until the
+        record's ``end()``."""
     def branch_tip(self, name: str) -> Optional[str]:
         """The version branch `name` points at (`None`: no such branch or no version yet)."""
     def store_objects(

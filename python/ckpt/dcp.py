@@ -164,6 +164,11 @@ class _Target:
         the target takes whole files only."""
         return None
 
+    def begin_save(self, what: str):
+        """A record that keeps `ckpt gc` off what the save writes until its `end()`, or `None`
+        where gc has another rule (a remote's)."""
+        return None
+
     def resolve(self, rev: str) -> str:
         return self.native.resolve(rev)
 
@@ -187,6 +192,9 @@ class _RepoTarget(_Target):
     def piece_sink(self, hints):
         # `None` under a delta policy other than `reverse` (see `Repo.piece_sink`).
         return self.native.piece_sink(hints)
+
+    def begin_save(self, what: str):
+        return self.native.begin_save(what)
 
     def tip(self, branch: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
         """(branch, its version, the tag its compare-and-swap expects)."""
@@ -729,6 +737,14 @@ def _classes():
             self._opened = None
             self.fs = _StoreFS(None)
             self.traffic: Dict[str, int] = {}
+            # The coordinator's record of the save in flight (a repository target), from before
+            # any rank stores an object until `finish` (or the next save, if this one failed).
+            self._save_record = None
+
+        def _end_save_record(self) -> None:
+            record, self._save_record = self._save_record, None
+            if record is not None:
+                record.end()
 
         def _target(self):
             # Opened in the rank's own process (a Writer may be made before a fork or spawn),
@@ -770,6 +786,7 @@ def _classes():
                 count(getattr(opened, "traffic", {}))
 
         def reset(self, checkpoint_id=None) -> None:
+            self._end_save_record()
             if checkpoint_id:
                 self.target = os.fspath(checkpoint_id)
                 self._close()
@@ -790,6 +807,10 @@ def _classes():
             return plan
 
         def prepare_global_plan(self, plans):
+            # Before any rank stores an object (they do once the plans are scattered): `ckpt gc`,
+            # even `--prune=now`, keeps what this save writes until `finish` names it.
+            self._end_save_record()
+            self._save_record = self._target().begin_save(f"ckpt.dcp.Writer save to {self.target}")
             # The tip (and, on a remote, its tag) that `finish` compares the branch against.
             self._branch, self._tip, self._cas = self._target().tip(self.branch)
             plans = super().prepare_global_plan(plans)
@@ -855,6 +876,8 @@ def _classes():
                 )
                 saved = True
             finally:
+                # After the version names the objects (or the save failed: they are garbage).
+                self._end_save_record()
                 if _is_remote(self.target):
                     self._close(saved=saved)
 

@@ -356,6 +356,21 @@ impl MemoryImage {
     }
 }
 
+/// A save in flight announced in the repository (`Repo.begin_save`): gc keeps what it writes
+/// until `end()` (or until it is dropped).
+#[pyclass(frozen, module = "ckpt._native")]
+struct SaveRecord(Mutex<Option<repo::SaveRecord>>);
+
+#[pymethods]
+impl SaveRecord {
+    /// Ends the save: the record is deleted. Calling it again does nothing.
+    fn end(&self, py: Python<'_>) {
+        let record = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Joins the record's thread, which may be touching the file: without the GIL.
+        py.detach(move || drop(record));
+    }
+}
+
 /// An open repository.
 #[pyclass(frozen, module = "ckpt._native")]
 struct Repo {
@@ -660,6 +675,15 @@ impl Repo {
             })?
             .map_err(|id| err(format!("HEAD is detached at {}: name the branch to save to", id.to_hex())))?;
         Ok((name, tip.map(|t| t.to_hex())))
+    }
+
+    /// Announces a save whose objects are stored before anything names them (a
+    /// `ckpt.dcp.Writer` save): gc keeps them, whatever its grace period, until the returned
+    /// record's `end()` (docs/format.md, "Saves in flight").
+    fn begin_save(&self, py: Python<'_>, what: &str) -> PyResult<SaveRecord> {
+        let what = what.to_string();
+        let record = self.run(py, move |repo| repo.begin_save(&what))?;
+        Ok(SaveRecord(Mutex::new(Some(record))))
     }
 
     /// The version branch `name` points at (`None`: no such branch or no version yet).
@@ -1601,6 +1625,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Repo>()?;
     m.add_class::<CommitHandle>()?;
     m.add_class::<MemoryImage>()?;
+    m.add_class::<SaveRecord>()?;
     m.add_class::<StoredFile>()?;
     m.add_class::<ReadAhead>()?;
     m.add_class::<RemoteStore>()?;

@@ -11,7 +11,9 @@
 //! writers store objects before any version names them (the ranks of a distributed save, which
 //! take no lock; a `git add` before git writes its index). A writer that reuses an existing
 //! object renews its mtime ([`crate::store::Store::contains_fresh`]), so the period counts from
-//! the last use. Temp files of interrupted writes are kept as long. An object kept for its age
+//! the last use. A save that announces itself ([`Repo::begin_save`], `saves.rs`) is protected
+//! beyond that: everything written since a live save began is kept, whatever the grace period.
+//! Temp files of interrupted writes are kept as long. An object kept for its age
 //! keeps what it is coded against, and the sweep deletes deltas before their references, so no
 //! delta is ever left without its reference (which `verify` would report as damage).
 
@@ -77,6 +79,9 @@ pub struct GcReport {
     pub recent: usize,
     /// The grace period, in seconds.
     pub grace_seconds: u64,
+    /// Saves in flight (live records in `.ckpt/saves/`): unreferenced objects written since the
+    /// oldest one began are kept whatever their age (counted in `recent`).
+    pub saves_in_flight: usize,
 }
 
 /// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
@@ -170,12 +175,18 @@ impl Repo {
     /// go even when younger than the grace period (the versions a prune dropped: no save in
     /// flight can be writing those).
     pub(super) fn gc_locked(&self, options: &GcOptions, whatever_age: &HashSet<ObjectId>) -> Result<GcReport> {
+        // Dead records go first; the live ones are read again where ages are judged.
+        self.saves_in_flight(true);
+        let judged = std::time::SystemTime::now();
         let (reachable, versions, held) = self.mark()?;
         let (doomed, mut report) = self.doomed(&reachable, versions, options, whatever_age)?;
         self.forget_stats_of_deleted_content(&held)?;
-        report.bytes_freed = self.sweep(&doomed)?;
-        report.deleted = doomed.len();
-        report.temp_files = self.store.clean_tmp(options.grace)? + self.clean_stale_checkout_staging();
+        let (freed, deleted) = self.sweep(&doomed, judged)?;
+        report.bytes_freed = freed;
+        report.kept += report.deleted - deleted;
+        report.deleted = deleted;
+        report.temp_files =
+            self.store.clean_tmp(self.grace_with_saves(options.grace))? + self.clean_stale_checkout_staging();
         self.flush_index();
         Ok(report)
     }
@@ -202,6 +213,7 @@ impl Repo {
             kept: all.len() - doomed.len(),
             recent,
             grace_seconds: options.grace.as_secs(),
+            saves_in_flight: self.saves_in_flight(false).live,
             bytes_freed: doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum(),
             deleted: doomed.len(),
             ..GcReport::default()
@@ -243,9 +255,20 @@ impl Repo {
         Ok(self.doomed(&reachable, versions, options, whatever_age)?.1)
     }
 
+    /// `grace`, lengthened while saves are in flight ([`Repo::begin_save`]) to reach back to
+    /// the oldest one's start (and a margin for clocks: see `saves.rs`).
+    fn grace_with_saves(&self, grace: Duration) -> Duration {
+        match self.saves_in_flight(false).keep_since {
+            Some(since) => grace.max(std::time::SystemTime::now().duration_since(since).unwrap_or_default()),
+            None => grace,
+        }
+    }
+
     /// Splits unreferenced objects into those older than `grace` (returned, to delete) and
-    /// the number of younger ones (kept). An object whose age cannot be read is kept.
+    /// the number of younger ones (kept). An object whose age cannot be read is kept. While
+    /// saves are in flight, everything written since the oldest began is kept too.
     fn past_grace(&self, unreferenced: Vec<ObjectId>, grace: Duration) -> (Vec<ObjectId>, usize) {
+        let grace = self.grace_with_saves(grace);
         if grace.is_zero() {
             return (unreferenced, 0);
         }
@@ -258,8 +281,14 @@ impl Repo {
 
     /// Deletes the objects `doomed` (and their index records), reporting progress; returns
     /// the bytes of the deleted object files. The sweep of `gc` and `gc_keeping`.
-    fn sweep(&self, doomed: &[ObjectId]) -> Result<u64> {
-        let mut freed = 0;
+    ///
+    /// An object whose mtime is `judged` or later is spared, with everything it is coded
+    /// against: a lockless writer (a rank of a save in flight) found it and renewed it
+    /// ([`crate::store::Store::contains_fresh`]) after gc judged it garbage, and counts on it
+    /// now. Returns the bytes freed and the objects deleted.
+    fn sweep(&self, doomed: &[ObjectId], judged: std::time::SystemTime) -> Result<(u64, usize)> {
+        let (mut freed, mut deleted) = (0, 0);
+        let mut spared: HashSet<ObjectId> = HashSet::new();
         // Deltas before the blobs they are coded against (deepest chain first, measured along
         // the chain: header depths are a record): a sweep cut short leaves no delta whose
         // reference is gone, which `verify` would report as damage. Unreadable ones first.
@@ -268,6 +297,14 @@ impl Repo {
         order.sort_by(|a, b| b.cmp(a));
         self.progress.start("gc", doomed.len() as u64);
         for (n, id) in order.iter().map(|(_, id)| id).enumerate() {
+            // References come after their deltas in `order`, so sparing one in time is possible.
+            if spared.contains(id) || self.store.modified(id).is_ok_and(|m| m >= judged) {
+                let mut next = Some(*id);
+                while let Some(r) = next.filter(|r| spared.insert(*r)) {
+                    next = self.store.header(&r).ok().and_then(|h| h.reference);
+                }
+                continue;
+            }
             let len = self.store.stored_len(id).unwrap_or(0);
             if let Some(ix) = self.index() {
                 let _ = ix.remove_object(id);
@@ -275,10 +312,11 @@ impl Repo {
             }
             self.store.remove(id)?;
             freed += len;
+            deleted += 1;
             self.progress.set(n as u64 + 1);
         }
         self.progress.finish();
-        Ok(freed)
+        Ok((freed, deleted))
     }
 
     /// Deletes the staging directories (`.ckpt/tmp/.ckpt-checkout-*`) that a checkout killed
@@ -337,6 +375,7 @@ impl Repo {
             // Deferred rewrites name versions this gc replaces: done first, while they exist.
             self.compact_locked(&super::CompactOptions::default())?;
         }
+        let judged = std::time::SystemTime::now();
         let live = live()?;
         let present: Vec<ObjectId> = {
             let mut seen = HashSet::new();
@@ -398,7 +437,10 @@ impl Repo {
             None => self.refs.set_head(&super::Head::Detached(written.id))?,
         }
         self.reset_path_records(&written.id, &root)?;
-        self.sweep(&doomed)?;
+        let (freed, deleted) = self.sweep(&doomed, judged)?;
+        report.bytes_freed = freed;
+        report.kept += report.deleted - deleted;
+        report.deleted = deleted;
         // Rewrites still pending (a failed compaction) for versions now deleted are dropped.
         let pending: Vec<VersionId> = self.pending_deltas()?.into_iter().filter(|v| self.store.contains(v)).collect();
         self.write_pending_deltas(&pending)?;

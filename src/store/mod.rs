@@ -321,13 +321,17 @@ impl Store {
     /// How long ago object `id` was written (or last reused: [`Store::contains_fresh`]); zero
     /// for a time in the future.
     pub fn age(&self, id: &ObjectId) -> Result<std::time::Duration> {
+        Ok(self.modified(id)?.elapsed().unwrap_or_default())
+    }
+
+    /// When object `id` was written (or last reused: [`Store::contains_fresh`]).
+    pub fn modified(&self, id: &ObjectId) -> Result<std::time::SystemTime> {
         let path = self.object_path(id);
-        let modified = match std::fs::metadata(&path).and_then(|m| m.modified()) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { id: *id }),
-            Err(e) => return Err(Error::Io { action: "reading the time of", path, source: e }),
-        };
-        Ok(modified.elapsed().unwrap_or_default())
+        match std::fs::metadata(&path).and_then(|m| m.modified()) {
+            Ok(t) => Ok(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Missing { id: *id }),
+            Err(e) => Err(Error::Io { action: "reading the time of", path, source: e }),
+        }
     }
 
     /// Size of the object file.

@@ -3,7 +3,7 @@
 //! git writes its index) has stored them before any version names them. A writer that reuses an
 //! existing object renews its time.
 
-use crate::support::repo_util::{ok, stderr, TestRepo};
+use crate::support::repo_util::{ok, stderr, synthetic_checkpoint, TestRepo, TRAINING_MODEL};
 use ckpt::repo::{CommitOptions, GcOptions, Repo, RepoPath};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -147,4 +147,112 @@ fn a_young_temp_file_of_a_lockless_writer_is_kept_an_old_one_removed() {
     let report = repo.gc_with(&GcOptions::now()).unwrap();
     assert_eq!(report.temp_files, 1);
     assert!(!young.exists());
+}
+
+/// Sets the mtime of `path` to `age` ago.
+fn age_file(path: &Path, age: Duration) {
+    std::fs::File::options().write(true).open(path).unwrap().set_modified(SystemTime::now() - age).unwrap();
+}
+
+/// A save announced in `.ckpt/saves/` (`Repo::begin_save`, what `ckpt.dcp.Writer`'s coordinator
+/// does before any rank stores an object) keeps what it writes through `gc --prune=now` and
+/// past the grace period, however long it takes; older garbage still goes, and once the save
+/// ends (or its record stops being renewed: a killed save) its leftovers are garbage again.
+#[test]
+fn a_save_record_keeps_what_the_save_writes_through_prune_now() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    let spool = tempfile::tempdir().unwrap();
+    store(&repo, spool.path(), "old.distcp", &[4u8; 100_000]);
+    age_objects(&t, Duration::from_secs(3 * 3600));
+    let old_garbage = t.object_files();
+
+    let record = repo.begin_save("a test save").unwrap();
+    assert!(record.path().starts_with(t.path(".ckpt/saves")) && record.path().is_file());
+    let a = store(&repo, spool.path(), "__0_0.distcp", &[5u8; 300_000]);
+    let written: Vec<_> = t.object_files().into_iter().filter(|f| !old_garbage.contains(f)).collect();
+    assert!(!written.is_empty());
+    // The save is slow: it began two hours ago, and what it wrote first is as old.
+    for f in &written {
+        age_file(f, Duration::from_secs(2 * 3600));
+    }
+    let text = std::fs::read_to_string(record.path()).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["started"] = (json["started"].as_u64().unwrap() - 2 * 3600 - 60).into();
+    std::fs::write(record.path(), json.to_string()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&ok(&t, &["gc", "--prune=now", "--json"])).unwrap();
+    assert_eq!(json["saves_in_flight"], 1, "{json}");
+    assert_eq!(json["deleted"].as_u64().unwrap(), old_garbage.len() as u64, "{json}");
+    assert!(written.iter().all(|f| f.exists()), "gc took what the save in flight wrote");
+    assert!(old_garbage.iter().all(|f| !f.exists()), "garbage older than the save went");
+    let out = ok(&t, &["gc", "--prune=now"]);
+    assert!(out.contains("a save is in flight"), "{out}");
+    repo.commit_stored("main", None, vec![a], "save", &CommitOptions::default()).unwrap();
+    record.end();
+    assert_eq!(std::fs::read_dir(t.path(".ckpt/saves")).unwrap().count(), 0, "ended: removed");
+    assert!(repo.verify().unwrap().is_ok());
+
+    // A killed save: its record (as a writer wrote it) is no longer renewed; ten minutes on, gc
+    // ignores and removes it, and the save's leftovers are ordinary garbage.
+    let path = t.path(".ckpt/saves/0123456789abcdef0123456789abcdef.json");
+    let started = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+    std::fs::write(&path, format!("{{\"started\":{started},\"pid\":1,\"what\":\"killed\"}}\n")).unwrap();
+    let before = t.object_files().len();
+    store(&repo, spool.path(), "__0_0.distcp", &[9u8; 200_000]);
+    let after = t.object_files().len();
+    assert!(after > before);
+    assert_eq!(repo.gc_with(&GcOptions::now()).unwrap().deleted, 0, "live");
+    age_file(&path, ckpt::repo::SAVE_LAPSE + Duration::from_secs(1));
+    let report = repo.gc_with(&GcOptions::now()).unwrap();
+    assert_eq!((report.saves_in_flight, report.deleted), (0, after - before));
+    assert!(!path.exists(), "the dead record is removed");
+    assert_eq!(t.object_files().len(), before);
+}
+
+/// Runs `f` when gc's sweep starts (its progress phase "gc"): after gc judged what is garbage,
+/// before it deletes anything.
+struct AtSweep<F: Fn() + Send + Sync>(F);
+
+impl<F: Fn() + Send + Sync> ckpt::repo::Progress for AtSweep<F> {
+    fn start(&self, label: &str, _total: u64) {
+        if label == "gc" {
+            (self.0)();
+        }
+    }
+}
+
+/// A lockless writer that finds an object gc has judged garbage and renews it (a rank reusing
+/// a failed save's object) between the judgement and the delete: the sweep spares it and
+/// everything it is coded against, so the writer's save can count on it.
+#[test]
+fn an_object_renewed_after_gc_judged_it_is_spared_with_its_references() {
+    let t = TestRepo::init();
+    t.write("a.bin", &[1u8; 5000]);
+    ok(&t, &["commit", "-m", "main", "a.bin"]);
+    ok(&t, &["branch", "side"]);
+    ok(&t, &["switch", "side"]);
+    for epoch in 0..2 {
+        t.write("m.safetensors", &synthetic_checkpoint(3, ckpt::Dtype::F32, TRAINING_MODEL, epoch));
+        ok(&t, &["commit", "-m", "side", "m.safetensors"]);
+    }
+    ok(&t, &["switch", "main"]);
+    ok(&t, &["branch", "-D", "side"]);
+    let mut repo = t.open();
+    let delta = repo
+        .store()
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|id| repo.store().header(id).is_ok_and(|h| h.reference.is_some()))
+        .expect("side 1's blob is a reverse delta against side 2's");
+    let reference = repo.store().header(&delta).unwrap().reference.unwrap();
+    let objects = t.object_files().len();
+    let store = ckpt::store::Store::open(&t.path(".ckpt")).unwrap();
+    repo.set_progress(std::sync::Arc::new(AtSweep(move || assert!(store.contains_fresh(&delta)))));
+    let report = repo.gc_with(&GcOptions::now()).unwrap();
+    assert!(report.deleted >= 2, "side's versions and manifests went: {report:?}");
+    assert_eq!(t.object_files().len(), objects - report.deleted);
+    assert!(repo.store().contains(&delta) && repo.store().contains(&reference), "{report:?}");
+    repo.store().verify(&delta).unwrap();
+    ok(&t, &["verify"]);
 }

@@ -63,7 +63,14 @@ pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
             bytes(r.bytes_freed),
             r.temp_files
         )?;
-        if r.recent > 0 {
+        if r.saves_in_flight > 0 {
+            outln!(
+                "kept {} unreferenced objects: a save is in flight ({} in .ckpt/saves/), and what it wrote \
+                 stays until it ends or stops renewing its record for 10 minutes",
+                r.recent,
+                r.saves_in_flight
+            )?;
+        } else if r.recent > 0 {
             outln!(
                 "kept {} unreferenced objects younger than {} (a save may still be writing them; --prune=now deletes them)",
                 r.recent,
