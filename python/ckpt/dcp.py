@@ -737,14 +737,42 @@ def _classes():
             self._opened = None
             self.fs = _StoreFS(None)
             self.traffic: Dict[str, int] = {}
-            # The coordinator's record of the save in flight (a repository target), from before
-            # any rank stores an object until `finish` (or the next save, if this one failed).
-            self._save_record = None
+            # Saves are numbered as they begin (`set_up_storage_writer`); each thread knows the number of the
+            # save it runs (`dcp.async_save` runs each in a thread of its own). A save overtaken
+            # by a newer one on this Writer stops at its next step (`_check_current`) instead
+            # of reading the state the newer one set.
+            self._serial = 0
+            self._serial_lock = threading.Lock()
+            self._local = threading.local()
+            # Per save: the branch, its tip and the tag its compare-and-swap expects
+            # (`prepare_global_plan`, read by `finish`).
+            self._tips: Dict[int, Tuple[Any, Any, Any]] = {}
+            # Per save, the coordinator's record of it in flight (a repository target), from
+            # before any rank stores an object until `finish` (or the next save, if it failed).
+            self._save_records: Dict[int, Any] = {}
 
-        def _end_save_record(self) -> None:
-            record, self._save_record = self._save_record, None
-            if record is not None:
+        def _end_save_records(self, serial: Optional[int] = None) -> None:
+            with self._serial_lock:
+                if serial is None:
+                    records, self._save_records = list(self._save_records.values()), {}
+                else:
+                    records = [r for r in [self._save_records.pop(serial, None)] if r is not None]
+            for record in records:
                 record.end()
+
+        def _check_current(self) -> int:
+            """The number of the save this thread runs; an error if a newer save has begun on
+            this Writer since (two overlapping `dcp.async_save` calls with one Writer)."""
+            mine = getattr(self._local, "serial", None)
+            with self._serial_lock:
+                newest = self._serial
+            if mine is None or mine != newest:
+                raise RuntimeError(
+                    f"ckpt.dcp.Writer({self.target!r}): another save began on this Writer before this one "
+                    "finished (overlapping dcp.async_save calls); this save is abandoned and commits nothing. "
+                    "Wait for the previous save's future first, or give each save in flight a Writer of its own"
+                )
+            return mine
 
         def _target(self):
             # Opened in the rank's own process (a Writer may be made before a fork or spawn),
@@ -786,7 +814,6 @@ def _classes():
                 count(getattr(opened, "traffic", {}))
 
         def reset(self, checkpoint_id=None) -> None:
-            self._end_save_record()
             if checkpoint_id:
                 self.target = os.fspath(checkpoint_id)
                 self._close()
@@ -794,6 +821,13 @@ def _classes():
             super().reset(None)
 
         def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+            # The first step of every save, in the thread that runs it (DCP calls `reset` only
+            # when given a checkpoint_id, and `async_save` calls it in the caller's thread).
+            # A save that failed before `finish` left its record: it is over now.
+            self._end_save_records()
+            with self._serial_lock:
+                self._serial += 1
+                self._local.serial = self._serial
             super().set_up_storage_writer(is_coordinator, *args, **kwargs)
             self._is_coordinator = is_coordinator
             self.fs = _StoreFS(self._target())
@@ -809,47 +843,60 @@ def _classes():
         def prepare_global_plan(self, plans):
             # Before any rank stores an object (they do once the plans are scattered): `ckpt gc`,
             # even `--prune=now`, keeps what this save writes until `finish` names it.
-            self._end_save_record()
-            self._save_record = self._target().begin_save(f"ckpt.dcp.Writer save to {self.target}")
+            serial = self._check_current()
+            record = self._target().begin_save(f"ckpt.dcp.Writer save to {self.target}")
+            if record is not None:
+                with self._serial_lock:
+                    self._save_records[serial] = record
             # The tip (and, on a remote, its tag) that `finish` compares the branch against.
-            self._branch, self._tip, self._cas = self._target().tip(self.branch)
+            branch, tip, cas = self._target().tip(self.branch)
+            with self._serial_lock:
+                self._tips[serial] = (branch, tip, cas)
             plans = super().prepare_global_plan(plans)
             return [
-                dataclasses.replace(p, storage_data=_Prefix(p.storage_data.prefix, branch=self._branch, tip=self._tip))
-                for p in plans
+                dataclasses.replace(p, storage_data=_Prefix(p.storage_data.prefix, branch=branch, tip=tip)) for p in plans
             ]
 
         def write_data(self, plan, planner):
+            self._check_current()
             saved = False
+            current = True
             try:
                 # Each file is stored once DCP has written all of them and said where each item
                 # lies: cut into its items and named by fqn and chunk offsets, as `.metadata`
                 # names them (it does not exist yet).
                 # A repository target (under `reverse`) takes each tensor as DCP writes it.
                 sink = self._target().piece_sink(_storage_hints(plan, planner))
-                self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip, defer=True, sink=sink)
+                # This save's files, whatever a newer save on this Writer sets `self.fs` to.
+                files = self.fs = _StoreFS(self._target(), previous=plan.storage_data.tip, defer=True, sink=sink)
                 try:
                     # One memfd per file stays open until every file is written: with
                     # `single_file_per_rank=False` that is one per item, past the usual 1024.
                     _allow_open_files(len(plan.items))
                     results = super().write_data(plan, planner).value()
+                    try:
+                        self._check_current()
+                    except RuntimeError:
+                        current = False
+                        raise
                     chunks = {i.index: i.tensor_data for i in plan.items if i.tensor_data is not None}
                     by_file: Dict[str, List[Any]] = {}
                     for r in results:
                         by_file.setdefault(r.storage_data.relative_path, []).append(_written_item(r, chunks))
-                    for name, fd in sorted(self.fs.written.items()):
-                        self.fs.store(name, fd, by_file.get(name, []))
+                    for name, fd in sorted(files.written.items()):
+                        files.store(name, fd, by_file.get(name, []))
                     saved = True
                 finally:
-                    self.fs.close_written()
+                    files.close_written()
             finally:
                 # This rank's part is uploaded (or failed): its cache is released (pruned if
                 # kept and the upload succeeded; deleted if temporary), after the recodes the
                 # upload left, which run on in the background. The coordinator keeps it for
                 # `finish` (which stores `.metadata` through it) and releases it there.
-                if _is_remote(self.target) and not (saved and getattr(self, "_is_coordinator", False)):
+                # (Not an overtaken save's: the target is the newer save's now.)
+                if current and _is_remote(self.target) and not (saved and getattr(self, "_is_coordinator", False)):
                     self._close(saved=saved)
-            stored = self.fs.stored
+            stored = files.stored
             out = [
                 _StoredResult(r.index, r.size_in_bytes, r.storage_data, stored[r.storage_data.relative_path])
                 for r in results
@@ -865,20 +912,31 @@ def _classes():
                 for r in rank_results:
                     files[r.stored[0]] = r.stored
                 plain.append([WriteResult(r.index, r.size_in_bytes, r.storage_data) for r in rank_results])
+            serial = self._check_current()
             saved = False
+            current = True
             try:
                 target = self._target()
-                self.fs = _StoreFS(target, previous=self._tip)
+                with self._serial_lock:
+                    branch, tip, cas = self._tips.pop(serial)
+                metadata_file = self.fs = _StoreFS(target, previous=tip)
                 super().finish(metadata, plain)
-                files.update(self.fs.stored)
+                # Checked last before the commit: a newer save that began meanwhile may have
+                # taken `self.fs` (and `.metadata` with it).
+                try:
+                    self._check_current()
+                except RuntimeError:
+                    current = False
+                    raise
+                files.update(metadata_file.stored)
                 self.version = target.commit(
-                    self._branch, self._tip, self._cas, list(files.values()), self.message, self.tags, self.keep_last
+                    branch, tip, cas, list(files.values()), self.message, self.tags, self.keep_last
                 )
                 saved = True
             finally:
                 # After the version names the objects (or the save failed: they are garbage).
-                self._end_save_record()
-                if _is_remote(self.target):
+                self._end_save_records(serial)
+                if current and _is_remote(self.target):
                     self._close(saved=saved)
 
         def storage_meta(self):

@@ -188,6 +188,86 @@ def test_async_save_in_one_process_then_load(repo_dir):
     assert all(torch.equal(out[k], full[k]) for k in full) and out["step"] == 1234
 
 
+def test_two_overlapping_async_saves_with_one_writer_never_mix(repo_dir, monkeypatch):
+    """One Writer, two `dcp.async_save`s in flight at once: the first, overtaken, raises and
+    commits nothing; the second commits exactly its own tensors (it once committed one save's
+    `.metadata` over the other's tensors, reported as the first's success)."""
+    import threading
+
+    import torch.distributed.checkpoint.filesystem as fsmod
+
+    written = [threading.Event(), threading.Event()]
+    release = [threading.Event(), threading.Event()]
+    calls = []
+    inner = fsmod._FileSystemWriter.write_data
+
+    def held_write_data(self, plan, planner):
+        # Each save is held after DCP wrote its file into memory, before ckpt stores it.
+        future = inner(self, plan, planner)
+        future.wait()
+        i = len(calls)
+        calls.append(i)
+        written[i].set()
+        release[i].wait(60)
+        return future
+
+    monkeypatch.setattr(fsmod._FileSystemWriter, "write_data", held_write_data)
+    writer = ckpt.dcp.Writer(repo_dir, message="reused")
+    first, second = dict(full_state(1), step=1), dict(full_state(2), step=2)
+    f1 = dcp.async_save(first, storage_writer=writer)
+    assert written[0].wait(60)
+    f2 = dcp.async_save(second, storage_writer=writer)
+    assert written[1].wait(60)
+    release[0].set()
+    with pytest.raises(BaseException) as overtaken:  # DCP's CheckpointException is one
+        f1.result()
+    # DCP wraps a rank's error in a CheckpointException that lists each rank's traceback.
+    text = str(overtaken.value) + repr(getattr(overtaken.value, "failures", ""))
+    assert "another save began on this Writer" in text, text
+    release[1].set()
+    f2.result()
+    versions = log(repo_dir)
+    assert len(versions) == 1, versions
+    out = {k: torch.zeros_like(v) for k, v in full_state(2).items()}
+    out["step"] = 0
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert out["step"] == 2 and all(torch.equal(out[k], v) for k, v in full_state(2).items())
+    subprocess.run([ckpt_binary(), "verify"], cwd=repo_dir, check=True, capture_output=True)
+
+
+def test_gc_prune_now_during_a_save_keeps_what_the_save_wrote(repo_dir):
+    """The coordinator announces the save in `.ckpt/saves/` before any rank stores an object:
+    a `ckpt gc --prune=now` while the save is between storing its file and committing keeps
+    its objects, the save commits, and the record is gone afterwards."""
+    import threading
+
+    stored, release = threading.Event(), threading.Event()
+    writer = ckpt.dcp.Writer(repo_dir, message="held")
+    inner = writer.finish
+
+    def held_finish(metadata, results):
+        stored.set()  # every rank's file is stored; nothing names it yet
+        release.wait(60)
+        return inner(metadata, results)
+
+    writer.finish = held_finish
+    full = full_state(6)
+    future = dcp.async_save(dict(full, step=6), storage_writer=writer)
+    assert stored.wait(60)
+    saves = os.path.join(repo_dir, ".ckpt", "saves")
+    assert len(os.listdir(saves)) == 1
+    gc = subprocess.run([ckpt_binary(), "gc", "--prune=now", "--json"], cwd=repo_dir, check=True, capture_output=True)
+    report = json.loads(gc.stdout)
+    assert report["saves_in_flight"] == 1 and report["deleted"] == 0 and report["recent"] > 0, report
+    release.set()
+    future.result()
+    assert os.listdir(saves) == []
+    out = {k: torch.zeros_like(v) for k, v in full.items()}
+    out["step"] = 0
+    dcp.load(out, storage_reader=ckpt.dcp.Reader(repo_dir))
+    assert out["step"] == 6 and all(torch.equal(out[k], v) for k, v in full.items())
+
+
 def test_a_file_per_item_save_past_the_open_file_limit(repo_dir):
     """`single_file_per_rank=False` writes a file per item, each kept in a memfd until DCP says
     where its items lie: more items than the soft limit of open files still save and load."""
