@@ -687,7 +687,9 @@ pub fn worktrees(git: &git2::Repository) -> Result<Vec<git2::Repository>> {
 /// The ckpt pointers git can reach: in the trees of every commit reachable from any ref
 /// (branches, tags, remotes, the stash), from any reflog entry, from the `HEAD` of every
 /// working tree (a detached one included), from each worktree's own refs and reflogs, and in
-/// the index of every working tree; each pointer once, with one path where it was seen.
+/// the index of every working tree; and every other pointer blob git's object database still
+/// holds (a tag of a tree, an autostash, a dropped stash: until git prunes it). Each pointer
+/// once, with one path where it was seen.
 pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
     let repos = worktrees(git)?;
     let mut walk = git.revwalk().map_err(self::git("walking history"))?;
@@ -754,6 +756,25 @@ pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer
         for e in index.iter() {
             consider(String::from_utf8_lossy(&e.path).into_owned(), e.id, &mut out);
         }
+    }
+    // Every pointer git still holds, reachable or not: what git keeps, ckpt keeps. The walks
+    // above give the paths; this catches what they cannot see: a tag of a tree or a blob, an
+    // autostash (`rebase-merge/autostash`, `MERGE_AUTOSTASH`), a dropped stash that `git stash
+    // apply <sha>` can still bring back, a note, an object git keeps for its own grace period.
+    // Once git prunes the pointer's blob, its content goes at ckpt's next gc.
+    let odb = git.odb().map_err(self::git("opening git's object database"))?;
+    let mut candidates = Vec::new();
+    odb.foreach(|oid| {
+        if let Ok((size, git2::ObjectType::Blob)) = odb.read_header(*oid) {
+            if size <= pointer::MAX_LEN {
+                candidates.push(*oid);
+            }
+        }
+        true
+    })
+    .map_err(self::git("listing git's objects"))?;
+    for oid in candidates {
+        consider(format!("(git object {oid}, on no path)"), oid, &mut out);
     }
     Ok(out)
 }

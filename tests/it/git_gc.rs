@@ -55,9 +55,12 @@ fn gc_keeps_what_refs_reflogs_index_and_stash_reach_and_frees_a_deleted_branch()
         assert!(store.join(".ckpt/objects").join(&p.manifest.to_hex()[..2]).join(&p.manifest.to_hex()[2..]).exists());
     }
 
-    // Delete the branch and expire the reflogs that still name its commits.
+    // Delete the branch, expire the reflogs that still name its commits, and have git prune
+    // them: while git holds a pointer's blob, ckpt keeps its content.
     env.git(&dir, &["branch", "-q", "-D", "exp"]);
     env.git(&dir, &["reflog", "expire", "--expire-unreachable=now", "--all"]);
+    assert_eq!(gc_json(&env, &dir, &["--dry-run"])["files_kept"], 6, "git still holds exp's pointers");
+    env.git(&dir, &["gc", "-q", "--prune=now"]);
     let before = objects(&store);
     let dry = gc_json(&env, &dir, &["--dry-run"]);
     assert_eq!(objects(&store), before, "--dry-run deleted something");
@@ -94,4 +97,56 @@ fn gc_keeps_what_refs_reflogs_index_and_stash_reach_and_frees_a_deleted_branch()
     // A second gc right after frees nothing more than the versions the new clean recorded.
     let again = gc_json(&env, &dir, &[]);
     assert_eq!(again["files_missing"], 0, "{again}");
+}
+
+/// What git keeps, ckpt keeps: a pointer only a tag of a tree or of a blob reaches, and one
+/// only an autostash holds (a `git rebase --autostash` stopped on a conflict), survive
+/// `ckpt git gc --prune=now` and `git gc --prune=now`, and check out afterwards.
+#[test]
+fn gc_keeps_pointers_git_holds_that_no_commit_reaches() {
+    let env = GitEnv::new();
+    let dir = env.repo("r");
+    env.git(&dir, &["add", ".gitattributes"]);
+    env.git(&dir, &["commit", "-qm", "attributes"]);
+    std::fs::write(dir.join("model.safetensors"), model(0)).unwrap();
+    env.git(&dir, &["add", "model.safetensors"]);
+    env.git(&dir, &["commit", "-qm", "epoch 0"]);
+    std::fs::write(dir.join("model.safetensors"), model(1)).unwrap();
+    env.git(&dir, &["commit", "-qam", "epoch 1"]);
+    env.git(&dir, &["tag", "tree-1", "HEAD^{tree}"]);
+    env.git(&dir, &["tag", "-a", "blob-1", "-m", "pin", "HEAD:model.safetensors"]);
+    env.git(&dir, &["reset", "-q", "--hard", "HEAD~1"]);
+    // An uncommitted epoch 2 autostashed by a rebase that stops on a conflict.
+    env.git(&dir, &["switch", "-q", "-c", "side"]);
+    std::fs::write(dir.join("notes.txt"), "side\n").unwrap();
+    env.git(&dir, &["add", "notes.txt"]);
+    env.git(&dir, &["commit", "-qm", "side"]);
+    env.git(&dir, &["switch", "-q", "main"]);
+    std::fs::write(dir.join("notes.txt"), "main\n").unwrap();
+    env.git(&dir, &["add", "notes.txt"]);
+    env.git(&dir, &["commit", "-qm", "main"]);
+    std::fs::write(dir.join("model.safetensors"), model(2)).unwrap();
+    let rebase = env.command("git", &dir, &["rebase", "--autostash", "side"]).output().unwrap();
+    assert!(!rebase.status.success(), "the rebase stops on the conflict");
+    assert!(dir.join(".git/rebase-merge/autostash").exists());
+    env.git(&dir, &["reflog", "expire", "--expire-unreachable=now", "--all"]);
+    env.git(&dir, &["gc", "-q", "--prune=now"]);
+    gc_json(&env, &dir, &[]);
+    env.ckpt(&dir.join(".git/ckpt"), &["verify"]);
+    // The rebase goes on and the autostash comes back with epoch 2.
+    std::fs::write(dir.join("notes.txt"), "both\n").unwrap();
+    env.git(&dir, &["add", "notes.txt"]);
+    let resumed = env.command("git", &dir, &["rebase", "--continue"]).env("GIT_EDITOR", "true").output().unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(std::fs::read(dir.join("model.safetensors")).unwrap(), model(2));
+    // The tags give epoch 1 back through the filter.
+    for spec in ["tree-1:model.safetensors", "blob-1^{blob}"] {
+        let blob = env.git(&dir, &["rev-parse", spec]);
+        let out = env
+            .command("git", &dir, &["cat-file", "--filters", "--path=model.safetensors", blob.trim()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{spec}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, model(1), "{spec}");
+    }
 }
