@@ -423,7 +423,7 @@ pub struct LiveSet {
 }
 
 /// The files the users of `store` reach: `git` (all its worktrees) and every other registered
-/// repository that still uses `store` ([`reachable_pointers`] of each). A registration whose
+/// repository that still uses `store` ([`held_pointers`] of each). A registration whose
 /// path no longer exists, or whose repository's store is now another, is removed (unless
 /// `dry_run`), as `git worktree prune` does; a registered repository that exists but cannot be
 /// read is an error ([`Error::UserUnreadable`]): nothing may be deleted on the word of a
@@ -431,7 +431,7 @@ pub struct LiveSet {
 pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<LiveSet> {
     let own = common_dir(git)?;
     let mut out = LiveSet::default();
-    out.manifests.extend(reachable_pointers(git)?.into_iter().map(|(_, p)| p.manifest));
+    out.manifests.extend(held_pointers(git)?.into_iter().map(|(_, p)| p.manifest));
     out.repositories.push(own.clone());
     for (path, file) in store_users(store)? {
         if path == own {
@@ -449,7 +449,7 @@ pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<L
                     let root = store_root(&other).map_err(|e| unreadable(e.to_string()))?;
                     match std::fs::canonicalize(&root) {
                         Ok(root) if root == store.root() => {
-                            let pointers = reachable_pointers(&other).map_err(|e| unreadable(e.to_string()))?;
+                            let pointers = held_pointers(&other).map_err(|e| unreadable(e.to_string()))?;
                             out.manifests.extend(pointers.into_iter().map(|(_, p)| p.manifest));
                             true
                         }
@@ -687,10 +687,20 @@ pub fn worktrees(git: &git2::Repository) -> Result<Vec<git2::Repository>> {
 /// The ckpt pointers git can reach: in the trees of every commit reachable from any ref
 /// (branches, tags, remotes, the stash), from any reflog entry, from the `HEAD` of every
 /// working tree (a detached one included), from each worktree's own refs and reflogs, and in
-/// the index of every working tree; and every other pointer blob git's object database still
-/// holds (a tag of a tree, an autostash, a dropped stash: until git prunes it). Each pointer
-/// once, with one path where it was seen.
+/// the index of every working tree; each pointer once, with one path where it was seen. What
+/// `ckpt git fsck` checks.
 pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
+    pointers(git, false)
+}
+
+/// [`reachable_pointers`], and every other pointer blob git's object database still holds (a
+/// tag of a tree or a blob, an autostash, a dropped stash: until git prunes it). What
+/// `ckpt git gc` keeps.
+pub fn held_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
+    pointers(git, true)
+}
+
+fn pointers(git: &git2::Repository, unreachable_too: bool) -> Result<Vec<(String, Pointer)>> {
     let repos = worktrees(git)?;
     let mut walk = git.revwalk().map_err(self::git("walking history"))?;
     let push_log = |r: &git2::Repository, name: &str, walk: &mut git2::Revwalk| {
@@ -762,6 +772,9 @@ pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer
     // autostash (`rebase-merge/autostash`, `MERGE_AUTOSTASH`), a dropped stash that `git stash
     // apply <sha>` can still bring back, a note, an object git keeps for its own grace period.
     // Once git prunes the pointer's blob, its content goes at ckpt's next gc.
+    if !unreachable_too {
+        return Ok(out);
+    }
     let odb = git.odb().map_err(self::git("opening git's object database"))?;
     let mut candidates = Vec::new();
     odb.foreach(|oid| {
