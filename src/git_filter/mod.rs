@@ -302,12 +302,23 @@ pub fn discover(start: &Path) -> Result<git2::Repository> {
     git2::Repository::discover(start).map_err(git(format!("finding the git repository of {}", start.display())))
 }
 
-/// Where `git`'s ckpt store lives: `git config ckpt.store` (relative to the working tree, or
-/// absolute) if set, else `ckpt` under git's common directory (shared by linked worktrees).
+/// Where `git`'s ckpt store lives: `git config ckpt.store` (absolute, or relative to the main
+/// working tree, so that every linked worktree finds the same store) if set, else `ckpt` under
+/// git's common directory (shared by linked worktrees).
 pub fn store_root(git: &git2::Repository) -> Result<PathBuf> {
     let config = git.config().map_err(self::git("reading git config"))?;
     if let Ok(p) = config.get_path("ckpt.store") {
-        let base = git.workdir().unwrap_or_else(|| git.path());
+        let base = if git.is_worktree() {
+            // A linked worktree: its main working tree holds the common directory `.git`
+            // (a bare repository's worktrees resolve against the repository itself).
+            let common = git.commondir();
+            match (common.file_name(), common.parent()) {
+                (Some(name), Some(main)) if name == ".git" => main.to_path_buf(),
+                _ => common.to_path_buf(),
+            }
+        } else {
+            git.workdir().unwrap_or_else(|| git.path()).to_path_buf()
+        };
         return Ok(base.join(p));
     }
     Ok(git.commondir().join("ckpt"))

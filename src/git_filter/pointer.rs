@@ -77,7 +77,7 @@ pub enum Error {
 }
 
 /// A parsed pointer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Pointer {
     /// The file hash (docs/format.md, "file hash"): blake3-derived from the file's segments.
     pub hash: ObjectId,

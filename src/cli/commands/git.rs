@@ -309,10 +309,11 @@ fn fsck(base: &Path) -> Result<()> {
     let pointers = git_filter::reachable_pointers(&git)?;
     let tmp = tempfile::tempdir_in(filter.store().ckpt_dir().join("tmp")).context("creating a temporary directory")?;
     let mut bad = 0;
-    // Each distinct file once (the same content under several paths or commits is one check).
+    // Each distinct pointer once (the same content under several paths or commits is one
+    // check; a pointer naming the same manifest with another size or hash is one more).
     let mut checked = std::collections::HashSet::new();
     for (path, p) in &pointers {
-        if !checked.insert(p.manifest) {
+        if !checked.insert(p.clone()) {
             continue;
         }
         let dest = tmp.path().join("file");
