@@ -451,9 +451,14 @@ mod tests {
         let ix = Index::open(&path).unwrap();
         ix.finish_rebuild().unwrap();
         drop(ix);
+        // Taken as soon as sled's own threads let go of it (a few ms at most, under load).
         let hold = || {
             let f = File::options().read(true).write(true).open(path.join("db")).unwrap();
-            f.try_lock().unwrap();
+            let began = std::time::Instant::now();
+            while f.try_lock().is_err() {
+                assert!(began.elapsed() < SLED_LOCK_WAIT, "sled kept its lock");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
             f
         };
         // Released after 150 ms: the open waits and finds the database intact.

@@ -418,13 +418,27 @@ impl Repo {
         if rev == "HEAD" && self.refs.head_version()?.is_none() {
             return Ok(Vec::new());
         }
+        // A prune (a `Writer(keep_last=N)` save's, in the background) may cut history and
+        // delete the versions past the cut while this walk reads them: the walk starts again
+        // when it fails and the cut has moved since it began.
+        let mut attempts = 0;
+        loop {
+            let cut = self.cut_versions()?;
+            match self.log_within(rev, &cut) {
+                Err(_) if attempts < 5 && self.cut_versions().is_ok_and(|now| now != cut) => attempts += 1,
+                result => return result,
+            }
+        }
+    }
+
+    /// [`Repo::log`] with history ending at `cut`.
+    fn log_within(&self, rev: &str, cut: &partial::HistoryCuts) -> Result<Vec<VersionInfo>> {
         let mut id = Some(self.resolve(rev)?);
         let mut out = Vec::new();
-        let cut = self.cut_versions()?;
         while let Some(current) = id {
             let info = self.version_info(&current)?;
             // History ends at a partial clone's cut version and where it was pruned (partial.rs).
-            id = self.first_parent_here(&cut, &current, &info.parents);
+            id = self.first_parent_here(cut, &current, &info.parents);
             out.push(info);
             if out.len() > 10_000_000 {
                 return Err(Error::CorruptMetadata { id: current, reason: "history does not end".into() });

@@ -115,7 +115,7 @@ impl Repo {
 }
 
 /// Where walks over history end ([`Repo::cut_versions`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct HistoryCuts {
     /// A partial clone's cut versions (`.ckpt/partial`): their parents are followed when here.
     pub(super) partial: HashSet<VersionId>,

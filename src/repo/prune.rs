@@ -125,6 +125,9 @@ struct Plan {
     /// `.ckpt/pending-deltas` after the prune.
     pending: Vec<VersionId>,
     pending_forgotten: usize,
+    /// New cuts that were pending: their parent's rewrites are moot, but a save may have stored
+    /// their own blobs uncoded, which the compaction after the deletes codes.
+    cuts_to_code: Vec<VersionId>,
     /// Where history ends after the prune.
     cuts: HistoryCuts,
 }
@@ -256,6 +259,15 @@ impl Repo {
         // writes them, and a walk that ignored the record would find them missing rather
         // than follow them into a half-deleted history.
         report.gc = self.gc_locked(&gc_options, &dropped)?;
+        // 6. A kept save's own uncoded blobs (a `ckpt.dcp.Writer` save stores its tensors as
+        // written): coded now that its parent is gone, so nothing of the parent is rewritten.
+        let to_code: Vec<VersionId> = plan.cuts_to_code.iter().copied().filter(|v| self.store.contains(v)).collect();
+        if !to_code.is_empty() {
+            let mut pending = self.pending_deltas()?;
+            pending.extend(to_code.iter().filter(|v| !pending.contains(v)).copied().collect::<Vec<_>>());
+            self.write_pending_deltas(&pending)?;
+            self.compact_locked(&super::CompactOptions::default())?;
+        }
         Ok(report)
     }
 
@@ -381,6 +393,7 @@ impl Repo {
         let pending_before = self.pending_deltas()?;
         let pending: Vec<VersionId> =
             pending_before.iter().copied().filter(|v| !dropped_set.contains(v) && !new_cuts.contains(v)).collect();
+        let cuts_to_code: Vec<VersionId> = pending_before.iter().copied().filter(|v| new_cuts.contains(v)).collect();
         let mut roots = other_roots;
         roots.extend(tips);
         roots.extend(pending.iter().copied().filter(|v| self.store.contains(v)));
@@ -396,6 +409,8 @@ impl Repo {
             new_cuts,
             roots,
             pending_forgotten: pending_before.len() - pending.len(),
+            cuts_to_code,
+
             pending,
             cuts: after,
         })

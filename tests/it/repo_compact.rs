@@ -315,3 +315,44 @@ fn a_push_before_the_compaction_sends_the_pieces_coded() {
     assert_eq!(sent.len() as u64, repo.store().stored_len(&id).unwrap());
     assert_eq!(repo.read_file_bytes("HEAD", "m.safetensors", 1 << 30).unwrap(), bytes);
 }
+
+/// `Writer(keep_last=1)`'s order after a save: prune, then compact. The prune drops the
+/// previous save and the new one becomes where history ends; its own blobs, stored uncoded as
+/// DCP wrote them, are still coded (they used to stay raw for good: the prune forgot the
+/// version's pending entry along with its parent's rewrites).
+#[test]
+fn a_prune_that_cuts_history_at_a_save_still_codes_its_pieces() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&dir.path().join("repo")).unwrap();
+    let mut last = None;
+    let mut piece = None;
+    for seed in [5, 6] {
+        let bytes = crate::support::util::safetensors_file(seed, &[("w", Dtype::F32, &[256, 256])]);
+        let header = ckpt::safetensors::parse(&bytes).unwrap();
+        let w = header.tensors.iter().find(|t| t.name == "w").unwrap();
+        let spool = dir.path().join(format!("m{seed}.safetensors"));
+        let file = std::fs::File::create(&spool).unwrap();
+        file.set_len(bytes.len() as u64).unwrap();
+        file.write_all_at(&bytes[..w.begin as usize], 0).unwrap();
+        let pieces = ckpt::repo::Pieces::new();
+        repo.store_piece(&pieces, "m.safetensors", w.begin, &bytes[w.begin as usize..w.end as usize], Dtype::F32)
+            .unwrap();
+        let path = ckpt::repo::RepoPath::parse("m.safetensors").unwrap();
+        let entry = repo.store_objects(&spool, &path, last.as_ref(), None, Some(&pieces)).unwrap();
+        let version = repo.commit_stored("main", last, vec![entry.clone()], "save", &CommitOptions::default()).unwrap();
+        last = Some(version);
+        piece =
+            repo.manifest(&entry.manifest).unwrap().segments.iter().find(|s| s.len == w.end - w.begin).unwrap().blob;
+    }
+    let piece = piece.unwrap();
+    assert!(repo.store().open_blob(&piece).unwrap().is_uncoded().unwrap());
+    let options = ckpt::repo::PruneOptions { gc: Some(ckpt::repo::GcOptions::now()), ..Default::default() };
+    let report = repo.prune(1, &options).unwrap();
+    assert_eq!(report.dropped.len(), 1, "{report:?}");
+    assert!(!repo.store().open_blob(&piece).unwrap().is_uncoded().unwrap(), "the kept save's tensor is coded");
+    assert!(!repo.has_pending_deltas());
+    let bytes = crate::support::util::safetensors_file(6, &[("w", Dtype::F32, &[256, 256])]);
+    assert_eq!(repo.read_file_bytes("HEAD", "m.safetensors", 1 << 30).unwrap(), bytes);
+    assert!(repo.verify().unwrap().is_ok());
+}
