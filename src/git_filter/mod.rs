@@ -297,8 +297,14 @@ fn git(action: impl Into<String>) -> impl FnOnce(git2::Error) -> Error {
     move |source| Error::Git { action, source }
 }
 
-/// The git repository containing `start`.
+/// The git repository containing `start`; where `GIT_DIR` is set (by the user, or by git for
+/// what it runs under `git --git-dir=… --work-tree=…`: the filter, the hooks), the one it and
+/// `GIT_WORK_TREE` name, as git itself would take it.
 pub fn discover(start: &Path) -> Result<git2::Repository> {
+    if std::env::var_os("GIT_DIR").is_some() {
+        return git2::Repository::open_from_env()
+            .map_err(git(format!("opening the git repository GIT_DIR names (from {})", start.display())));
+    }
     git2::Repository::discover(start).map_err(git(format!("finding the git repository of {}", start.display())))
 }
 

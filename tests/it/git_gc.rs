@@ -200,3 +200,21 @@ fn fsck_checks_a_stale_pointer_to_a_manifest_it_checked_already() {
     let text = format!("{}{}", String::from_utf8_lossy(&fsck.stdout), String::from_utf8_lossy(&fsck.stderr));
     assert!(text.contains("b.safetensors") && text.contains("1 bad"), "{text}");
 }
+
+/// `git --work-tree=DIR checkout` (the deploy idiom: the repository here, the files written
+/// elsewhere) runs the filter with `GIT_DIR` and `GIT_WORK_TREE` set and its directory outside
+/// the repository: the filter opens the repository git names and writes the weights.
+#[test]
+fn a_checkout_into_another_work_tree_writes_the_weights() {
+    let env = GitEnv::new();
+    let dir = env.repo("r");
+    env.git(&dir, &["add", ".gitattributes"]);
+    std::fs::write(dir.join("model.safetensors"), model(3)).unwrap();
+    env.git(&dir, &["add", "model.safetensors"]);
+    env.git(&dir, &["commit", "-qm", "epoch 3"]);
+    let deploy = env.path("srv-app");
+    std::fs::create_dir_all(&deploy).unwrap();
+    let tree = format!("--work-tree={}", deploy.display());
+    env.git(&dir, &[tree.as_str(), "checkout", "-f", "HEAD", "--", "."]);
+    assert_eq!(std::fs::read(deploy.join("model.safetensors")).unwrap(), model(3));
+}
