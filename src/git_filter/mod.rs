@@ -314,16 +314,18 @@ pub fn discover(start: &Path) -> Result<git2::Repository> {
 pub fn store_root(git: &git2::Repository) -> Result<PathBuf> {
     let config = git.config().map_err(self::git("reading git config"))?;
     if let Ok(p) = config.get_path("ckpt.store") {
-        let base = if git.is_worktree() {
-            // A linked worktree: its main working tree holds the common directory `.git`
-            // (a bare repository's worktrees resolve against the repository itself).
-            let common = git.commondir();
-            match (common.file_name(), common.parent()) {
-                (Some(name), Some(main)) if name == ".git" => main.to_path_buf(),
-                _ => common.to_path_buf(),
-            }
-        } else {
-            git.workdir().unwrap_or_else(|| git.path()).to_path_buf()
+        // The main working tree, from the common directory alone: not the linked worktree's
+        // directory, nor `GIT_WORK_TREE` (`git --work-tree=DIR` writes elsewhere, the store
+        // stays the repository's). `.git` is in it; otherwise the repository opened without
+        // the environment says (`core.worktree`, a separate git dir), else a bare repository
+        // resolves against itself.
+        let common = git.commondir();
+        let base = match (common.file_name(), common.parent()) {
+            (Some(name), Some(main)) if name == ".git" => main.to_path_buf(),
+            _ => git2::Repository::open(common)
+                .ok()
+                .and_then(|r| r.workdir().map(Path::to_path_buf))
+                .unwrap_or_else(|| common.to_path_buf()),
         };
         return Ok(base.join(p));
     }
@@ -440,7 +442,7 @@ pub struct LiveSet {
 }
 
 /// The files the users of `store` reach: `git` (all its worktrees) and every other registered
-/// repository that still uses `store` ([`held_pointers`] of each). A registration whose
+/// repository that still uses `store` ([`reachable_pointers`] of each). A registration whose
 /// path no longer exists, or whose repository's store is now another, is removed (unless
 /// `dry_run`), as `git worktree prune` does; a registered repository that exists but cannot be
 /// read is an error ([`Error::UserUnreadable`]): nothing may be deleted on the word of a
@@ -448,7 +450,7 @@ pub struct LiveSet {
 pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<LiveSet> {
     let own = common_dir(git)?;
     let mut out = LiveSet::default();
-    out.manifests.extend(held_pointers(git)?.into_iter().map(|(_, p)| p.manifest));
+    out.manifests.extend(reachable_pointers(git)?.into_iter().map(|(_, p)| p.manifest));
     out.repositories.push(own.clone());
     for (path, file) in store_users(store)? {
         if path == own {
@@ -466,7 +468,7 @@ pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<L
                     let root = store_root(&other).map_err(|e| unreadable(e.to_string()))?;
                     match std::fs::canonicalize(&root) {
                         Ok(root) if root == store.root() => {
-                            let pointers = held_pointers(&other).map_err(|e| unreadable(e.to_string()))?;
+                            let pointers = reachable_pointers(&other).map_err(|e| unreadable(e.to_string()))?;
                             out.manifests.extend(pointers.into_iter().map(|(_, p)| p.manifest));
                             true
                         }
@@ -703,21 +705,12 @@ pub fn worktrees(git: &git2::Repository) -> Result<Vec<git2::Repository>> {
 
 /// The ckpt pointers git can reach: in the trees of every commit reachable from any ref
 /// (branches, tags, remotes, the stash), from any reflog entry, from the `HEAD` of every
-/// working tree (a detached one included), from each worktree's own refs and reflogs, and in
-/// the index of every working tree; each pointer once, with one path where it was seen. What
-/// `ckpt git fsck` checks.
+/// working tree (a detached one included), from each worktree's own refs and reflogs and its
+/// autostash (`rebase-merge/autostash`, `rebase-apply/autostash`, `MERGE_AUTOSTASH`: a rebase
+/// or merge stopped on a conflict keeps the uncommitted changes there); in a tree or blob a
+/// ref names (`git tag t HEAD^{tree}`); and in the index of every working tree. Each pointer
+/// once, with one path where it was seen. What `ckpt git gc` keeps and `ckpt git fsck` checks.
 pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
-    pointers(git, false)
-}
-
-/// [`reachable_pointers`], and every other pointer blob git's object database still holds (a
-/// tag of a tree or a blob, an autostash, a dropped stash: until git prunes it). What
-/// `ckpt git gc` keeps.
-pub fn held_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
-    pointers(git, true)
-}
-
-fn pointers(git: &git2::Repository, unreachable_too: bool) -> Result<Vec<(String, Pointer)>> {
     let repos = worktrees(git)?;
     let mut walk = git.revwalk().map_err(self::git("walking history"))?;
     let push_log = |r: &git2::Repository, name: &str, walk: &mut git2::Revwalk| {
@@ -730,12 +723,21 @@ fn pointers(git: &git2::Repository, unreachable_too: bool) -> Result<Vec<(String
             }
         }
     };
+    // Trees and blobs a ref names without a commit (`git tag t HEAD^{tree}`, a tag of a blob).
+    let mut loose_trees = Vec::new();
+    let mut loose_blobs = Vec::new();
     for r in &repos {
         let refs = r.references().map_err(self::git("listing refs"))?;
         for reference in refs.flatten() {
             if let Ok(name) = reference.name() {
                 if let Ok(commit) = reference.peel_to_commit() {
                     let _ = walk.push(commit.id());
+                } else if let Ok(object) = reference.peel(git2::ObjectType::Any) {
+                    match object.kind() {
+                        Some(git2::ObjectType::Tree) => loose_trees.push((name.to_string(), object.id())),
+                        Some(git2::ObjectType::Blob) => loose_blobs.push((name.to_string(), object.id())),
+                        _ => {}
+                    }
                 }
                 push_log(r, name, &mut walk);
             }
@@ -744,6 +746,16 @@ fn pointers(git: &git2::Repository, unreachable_too: bool) -> Result<Vec<(String
             let _ = walk.push(commit.id());
         }
         push_log(r, "HEAD", &mut walk);
+        // A rebase or merge stopped on a conflict keeps the uncommitted changes it set aside in
+        // an autostash commit that no ref names until it is applied or dropped.
+        for file in ["rebase-merge/autostash", "rebase-apply/autostash", "MERGE_AUTOSTASH"] {
+            let Ok(text) = std::fs::read_to_string(r.path().join(file)) else { continue };
+            if let Ok(oid) = git2::Oid::from_str(text.trim()) {
+                if git.find_commit(oid).is_ok() {
+                    let _ = walk.push(oid);
+                }
+            }
+        }
     }
     let mut seen_blobs = std::collections::HashSet::new();
     let mut seen_trees = std::collections::HashSet::new();
@@ -784,27 +796,22 @@ fn pointers(git: &git2::Repository, unreachable_too: bool) -> Result<Vec<(String
             consider(String::from_utf8_lossy(&e.path).into_owned(), e.id, &mut out);
         }
     }
-    // Every pointer git still holds, reachable or not: what git keeps, ckpt keeps. The walks
-    // above give the paths; this catches what they cannot see: a tag of a tree or a blob, an
-    // autostash (`rebase-merge/autostash`, `MERGE_AUTOSTASH`), a dropped stash that `git stash
-    // apply <sha>` can still bring back, a note, an object git keeps for its own grace period.
-    // Once git prunes the pointer's blob, its content goes at ckpt's next gc.
-    if !unreachable_too {
-        return Ok(out);
+    for (name, id) in loose_blobs {
+        consider(name, id, &mut out);
     }
-    let odb = git.odb().map_err(self::git("opening git's object database"))?;
-    let mut candidates = Vec::new();
-    odb.foreach(|oid| {
-        if let Ok((size, git2::ObjectType::Blob)) = odb.read_header(*oid) {
-            if size <= pointer::MAX_LEN {
-                candidates.push(*oid);
+    for (name, id) in loose_trees {
+        let Ok(tree) = git.find_tree(id) else { continue };
+        let mut blobs = Vec::new();
+        tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+            if entry.kind() == Some(git2::ObjectType::Blob) {
+                blobs.push((format!("{name}:{dir}{}", String::from_utf8_lossy(entry.name_bytes())), entry.id()));
             }
+            git2::TreeWalkResult::Ok
+        })
+        .map_err(self::git(format!("reading the tree {name} names")))?;
+        for (path, blob) in blobs {
+            consider(path, blob, &mut out);
         }
-        true
-    })
-    .map_err(self::git("listing git's objects"))?;
-    for oid in candidates {
-        consider(format!("(git object {oid}, on no path)"), oid, &mut out);
     }
     Ok(out)
 }

@@ -155,6 +155,15 @@ impl Repo {
         let Ok(entries) = std::fs::read_dir(self.saves_dir()) else { return found };
         let now = SystemTime::now();
         for entry in entries.flatten().take(MAX_SAVE_RECORDS) {
+            // Only records as writers name them (not an editor's or NFS's temp files).
+            let name = entry.file_name();
+            let is_record = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .is_some_and(|stem| stem.len() == 32 && stem.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !is_record || !entry.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
             let path = entry.path();
             let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else { continue };
             if now.duration_since(modified).is_ok_and(|age| age >= SAVE_LAPSE) {

@@ -122,11 +122,24 @@ fn interrupt_on_signals() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [SIGINT, SIGTERM, SIGHUP] {
+        if ignored(signal) {
+            // `nohup ckpt gc --remote`, or a script's background job: left as the user set it.
+            continue;
+        }
         // In this order: the exit sees the flag only once the first signal has set it.
         signal_hook::flag::register_conditional_shutdown(signal, 130, flag.clone())?;
         signal_hook::flag::register(signal, flag.clone())?;
     }
     Ok(flag)
+}
+
+/// Whether `signal` is set to be ignored (`SIG_IGN`) in this process.
+fn ignored(signal: i32) -> bool {
+    // SAFETY: sigaction(2) with a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 pub(crate) fn parse_prune(text: &str) -> std::result::Result<std::time::Duration, String> {
