@@ -84,6 +84,15 @@ pub struct GcReport {
     pub saves_in_flight: usize,
 }
 
+/// The grace period one gc applies, with the save records it was lengthened for.
+#[derive(Clone, Copy, Debug)]
+struct Grace {
+    /// Unreferenced objects and temp files younger than this are kept.
+    period: Duration,
+    /// Live save records.
+    saves: usize,
+}
+
 /// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct KeepReport {
@@ -175,18 +184,17 @@ impl Repo {
     /// go even when younger than the grace period (the versions a prune dropped: no save in
     /// flight can be writing those).
     pub(super) fn gc_locked(&self, options: &GcOptions, whatever_age: &HashSet<ObjectId>) -> Result<GcReport> {
-        // Dead records go first; the live ones are read again where ages are judged.
-        self.saves_in_flight(true);
         let judged = std::time::SystemTime::now();
+        // Dead save records go here, under the lock.
+        let grace = self.grace_with_saves(options.grace, true);
         let (reachable, versions, held) = self.mark()?;
-        let (doomed, mut report) = self.doomed(&reachable, versions, options, whatever_age)?;
+        let (doomed, mut report) = self.doomed(&reachable, versions, options, grace, whatever_age)?;
         self.forget_stats_of_deleted_content(&held)?;
         let (freed, deleted) = self.sweep(&doomed, judged)?;
         report.bytes_freed = freed;
         report.kept += report.deleted - deleted;
         report.deleted = deleted;
-        report.temp_files =
-            self.store.clean_tmp(self.grace_with_saves(options.grace))? + self.clean_stale_checkout_staging();
+        report.temp_files = self.store.clean_tmp(grace.period)? + self.clean_stale_checkout_staging();
         self.flush_index();
         Ok(report)
     }
@@ -198,6 +206,7 @@ impl Repo {
         reachable: &HashSet<ObjectId>,
         versions: usize,
         options: &GcOptions,
+        grace: Grace,
         whatever_age: &HashSet<ObjectId>,
     ) -> Result<(Vec<ObjectId>, GcReport)> {
         let all = self.store.list()?;
@@ -205,7 +214,7 @@ impl Repo {
         let unreferenced_ids = unreferenced.clone();
         let (aged, mut doomed): (Vec<ObjectId>, Vec<ObjectId>) =
             unreferenced.into_iter().partition(|id| !whatever_age.contains(id));
-        let (old, mut recent) = self.past_grace(aged, options.grace);
+        let (old, mut recent) = self.past_grace(aged, grace.period);
         doomed.extend(old);
         recent += self.keep_references_of_young(&unreferenced_ids, &mut doomed);
         let report = GcReport {
@@ -213,7 +222,7 @@ impl Repo {
             kept: all.len() - doomed.len(),
             recent,
             grace_seconds: options.grace.as_secs(),
-            saves_in_flight: self.saves_in_flight(false).live,
+            saves_in_flight: grace.saves,
             bytes_freed: doomed.iter().map(|id| self.store.stored_len(id).unwrap_or(0)).sum(),
             deleted: doomed.len(),
             ..GcReport::default()
@@ -252,23 +261,25 @@ impl Repo {
         whatever_age: &HashSet<ObjectId>,
     ) -> Result<GcReport> {
         let (reachable, versions, _) = self.mark_from(roots, cut, whole)?;
-        Ok(self.doomed(&reachable, versions, options, whatever_age)?.1)
+        let grace = self.grace_with_saves(options.grace, false);
+        Ok(self.doomed(&reachable, versions, options, grace, whatever_age)?.1)
     }
 
-    /// `grace`, lengthened while saves are in flight ([`Repo::begin_save`]) to reach back to
-    /// the oldest one's start (and a margin for clocks: see `saves.rs`).
-    fn grace_with_saves(&self, grace: Duration) -> Duration {
-        match self.saves_in_flight(false).keep_since {
+    /// The grace period one gc applies (the save records read once): `grace`, lengthened while
+    /// saves are in flight ([`Repo::begin_save`]) to reach back to the oldest one's start (and
+    /// a margin for clocks: see `saves.rs`). Dead records are deleted when `delete_dead`.
+    fn grace_with_saves(&self, grace: Duration, delete_dead: bool) -> Grace {
+        let saves = self.saves_in_flight(delete_dead);
+        let period = match saves.keep_since {
             Some(since) => grace.max(std::time::SystemTime::now().duration_since(since).unwrap_or_default()),
             None => grace,
-        }
+        };
+        Grace { period, saves: saves.live }
     }
 
     /// Splits unreferenced objects into those older than `grace` (returned, to delete) and
-    /// the number of younger ones (kept). An object whose age cannot be read is kept. While
-    /// saves are in flight, everything written since the oldest began is kept too.
+    /// the number of younger ones (kept). An object whose age cannot be read is kept.
     fn past_grace(&self, unreferenced: Vec<ObjectId>, grace: Duration) -> (Vec<ObjectId>, usize) {
-        let grace = self.grace_with_saves(grace);
         if grace.is_zero() {
             return (unreferenced, 0);
         }
@@ -410,7 +421,8 @@ impl Repo {
         marked.insert(root_id);
         let all = self.store.list().map_err(Error::from)?;
         let unreferenced: Vec<ObjectId> = all.iter().filter(|id| !marked.contains(id)).copied().collect();
-        let (mut doomed, mut recent) = self.past_grace(unreferenced.clone(), options.grace);
+        let grace = self.grace_with_saves(options.grace, false);
+        let (mut doomed, mut recent) = self.past_grace(unreferenced.clone(), grace.period);
         recent += self.keep_references_of_young(&unreferenced, &mut doomed);
         report.recent = recent;
         report.kept = all.len() - doomed.len();

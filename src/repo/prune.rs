@@ -264,7 +264,11 @@ impl Repo {
         let to_code: Vec<VersionId> = plan.cuts_to_code.iter().copied().filter(|v| self.store.contains(v)).collect();
         if !to_code.is_empty() {
             let mut pending = self.pending_deltas()?;
-            pending.extend(to_code.iter().filter(|v| !pending.contains(v)).copied().collect::<Vec<_>>());
+            for v in to_code {
+                if !pending.contains(&v) {
+                    pending.push(v);
+                }
+            }
             self.write_pending_deltas(&pending)?;
             self.compact_locked(&super::CompactOptions::default())?;
         }
@@ -410,7 +414,6 @@ impl Repo {
             roots,
             pending_forgotten: pending_before.len() - pending.len(),
             cuts_to_code,
-
             pending,
             cuts: after,
         })
