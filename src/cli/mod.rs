@@ -147,15 +147,14 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if ui::is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) if matches!(e.downcast_ref(), Some(ckpt::sync::Error::RemoteGcInterrupted { .. })) => {
-            eprintln!("error: {}", ui::printable_text(&error_message(&e)));
-            // As a shell reports a command ended by Ctrl-C.
-            ExitCode::from(130)
-        }
         Err(e) => {
             // Paths, names and messages in an error can come from a remote's versions.
             eprintln!("error: {}", ui::printable_text(&error_message(&e)));
-            ExitCode::from(1)
+            match e.downcast_ref() {
+                // As a shell reports a command ended by Ctrl-C.
+                Some(ckpt::sync::Error::RemoteGcInterrupted { .. }) => ExitCode::from(130),
+                _ => ExitCode::from(1),
+            }
         }
     }
 }

@@ -778,15 +778,7 @@ pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer
         if !seen_trees.insert(tree.id()) {
             continue;
         }
-        let mut blobs = Vec::new();
-        tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
-            if entry.kind() == Some(git2::ObjectType::Blob) {
-                blobs.push((format!("{dir}{}", String::from_utf8_lossy(entry.name_bytes())), entry.id()));
-            }
-            git2::TreeWalkResult::Ok
-        })
-        .map_err(self::git(format!("reading the tree of {oid}")))?;
-        for (path, id) in blobs {
+        for (path, id) in tree_blobs(&tree, "", &format!("reading the tree of {oid}"))? {
             consider(path, id, &mut out);
         }
     }
@@ -801,19 +793,27 @@ pub fn reachable_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer
     }
     for (name, id) in loose_trees {
         let Ok(tree) = git.find_tree(id) else { continue };
-        let mut blobs = Vec::new();
-        tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
-            if entry.kind() == Some(git2::ObjectType::Blob) {
-                blobs.push((format!("{name}:{dir}{}", String::from_utf8_lossy(entry.name_bytes())), entry.id()));
-            }
-            git2::TreeWalkResult::Ok
-        })
-        .map_err(self::git(format!("reading the tree {name} names")))?;
-        for (path, blob) in blobs {
+        if !seen_trees.insert(tree.id()) {
+            continue;
+        }
+        for (path, blob) in tree_blobs(&tree, &format!("{name}:"), &format!("reading the tree {name} names"))? {
             consider(path, blob, &mut out);
         }
     }
     Ok(out)
+}
+
+/// Every blob under `tree`, with its path after `prefix`.
+fn tree_blobs(tree: &git2::Tree, prefix: &str, action: &str) -> Result<Vec<(String, git2::Oid)>> {
+    let mut blobs = Vec::new();
+    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+        if entry.kind() == Some(git2::ObjectType::Blob) {
+            blobs.push((format!("{prefix}{dir}{}", String::from_utf8_lossy(entry.name_bytes())), entry.id()));
+        }
+        git2::TreeWalkResult::Ok
+    })
+    .map_err(self::git(action))?;
+    Ok(blobs)
 }
 
 /// Has git re-stage `paths` from the working tree (`git update-index -z --stdin`): it cleans
