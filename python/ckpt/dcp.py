@@ -737,10 +737,10 @@ def _classes():
             self._opened = None
             self.fs = _StoreFS(None)
             self.traffic: Dict[str, int] = {}
-            # Saves are numbered as they begin (`set_up_storage_writer`); each thread knows the number of the
-            # save it runs (`dcp.async_save` runs each in a thread of its own). A save overtaken
-            # by a newer one on this Writer stops at its next step (`_check_current`) instead
-            # of reading the state the newer one set.
+            # Saves are numbered as they begin (`set_up_storage_writer`); each thread knows the
+            # number of the save it runs (`dcp.async_save` runs each in a thread of its own). A
+            # save overtaken by a newer one on this Writer stops at its next step
+            # (`_check_current`) instead of reading the state the newer one set.
             self._serial = 0
             self._serial_lock = threading.Lock()
             self._local = threading.local()
@@ -760,19 +760,22 @@ def _classes():
             for record in records:
                 record.end()
 
-        def _check_current(self) -> int:
-            """The number of the save this thread runs; an error if a newer save has begun on
-            this Writer since (two overlapping `dcp.async_save` calls with one Writer)."""
+        def _is_current(self) -> bool:
+            """Whether no newer save has begun on this Writer since the one this thread runs
+            (two overlapping `dcp.async_save` calls with one Writer)."""
             mine = getattr(self._local, "serial", None)
             with self._serial_lock:
-                newest = self._serial
-            if mine is None or mine != newest:
+                return mine is not None and mine == self._serial
+
+        def _check_current(self) -> int:
+            """The number of the save this thread runs; an error if it is overtaken."""
+            if not self._is_current():
                 raise RuntimeError(
                     f"ckpt.dcp.Writer({self.target!r}): another save began on this Writer before this one "
                     "finished (overlapping dcp.async_save calls); this save is abandoned and commits nothing. "
                     "Wait for the previous save's future first, or give each save in flight a Writer of its own"
                 )
-            return mine
+            return self._local.serial
 
         def _target(self):
             # Opened in the rank's own process (a Writer may be made before a fork or spawn),
@@ -874,11 +877,8 @@ def _classes():
                     # `single_file_per_rank=False` that is one per item, past the usual 1024.
                     _allow_open_files(len(plan.items))
                     results = super().write_data(plan, planner).value()
-                    try:
-                        self._check_current()
-                    except RuntimeError:
-                        current = False
-                        raise
+                    current = self._is_current()
+                    self._check_current()
                     chunks = {i.index: i.tensor_data for i in plan.items if i.tensor_data is not None}
                     by_file: Dict[str, List[Any]] = {}
                     for r in results:
@@ -923,11 +923,8 @@ def _classes():
                 super().finish(metadata, plain)
                 # Checked last before the commit: a newer save that began meanwhile may have
                 # taken `self.fs` (and `.metadata` with it).
-                try:
-                    self._check_current()
-                except RuntimeError:
-                    current = False
-                    raise
+                current = self._is_current()
+                self._check_current()
                 files.update(metadata_file.stored)
                 self.version = target.commit(
                     branch, tip, cas, list(files.values()), self.message, self.tags, self.keep_last
