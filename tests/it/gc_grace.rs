@@ -256,3 +256,29 @@ fn an_object_renewed_after_gc_judged_it_is_spared_with_its_references() {
     repo.store().verify(&delta).unwrap();
     ok(&t, &["verify"]);
 }
+
+/// Records that do not parse, and files that are not records, in `.ckpt/saves/`: a live
+/// record that does not parse counts as a save begun a day before its mtime (gc keeps more,
+/// never less); an editor's or NFS's file there is not a record.
+#[test]
+fn a_damaged_save_record_keeps_more_and_other_files_are_not_records() {
+    let t = TestRepo::init();
+    let repo = t.open();
+    let spool = tempfile::tempdir().unwrap();
+    store(&repo, spool.path(), "old.distcp", &[4u8; 100_000]);
+    age_objects(&t, Duration::from_secs(3 * 3600));
+    let garbage = t.object_files().len();
+    let saves = t.path(".ckpt/saves");
+    std::fs::create_dir_all(&saves).unwrap();
+    std::fs::write(saves.join(".nfs000123"), b"not a record").unwrap();
+    std::fs::write(saves.join("notes.json"), b"{\"started\":0}").unwrap();
+    std::fs::create_dir(saves.join("0123456789abcdef0123456789abcdef.json.d")).unwrap();
+    let damaged = saves.join("0123456789abcdef0123456789abcdef.json");
+    std::fs::write(&damaged, vec![0xff; 10_000]).unwrap();
+    let report = repo.gc_with(&GcOptions::now()).unwrap();
+    assert_eq!((report.saves_in_flight, report.deleted), (1, 0), "{report:?}");
+    assert_eq!(t.object_files().len(), garbage);
+    std::fs::remove_file(&damaged).unwrap();
+    let report = repo.gc_with(&GcOptions::now()).unwrap();
+    assert_eq!((report.saves_in_flight, report.deleted), (0, garbage), "{report:?}");
+}
