@@ -137,6 +137,21 @@ pub enum Error {
         /// What is wrong.
         reason: &'static str,
     },
+    /// `ckpt git forget PATH` names no registered user of the store.
+    #[error("{} is not registered as a user of this ckpt store (`ckpt git gc` lists those it keeps)", path.display())]
+    NotAUser {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// `ckpt git forget PATH` names a repository that exists and uses the store.
+    #[error(
+        "{} exists and uses this ckpt store: it stays registered (its next use would register it again)",
+        path.display()
+    )]
+    StillAUser {
+        /// The registered git common directory.
+        path: PathBuf,
+    },
     /// A git repository registered as a user of the store exists but cannot be read: gc
     /// cannot know what it still needs.
     #[error(
@@ -415,6 +430,9 @@ pub fn store_users(store: &Repo) -> Result<Vec<(PathBuf, PathBuf)>> {
         if name.as_bytes().starts_with(b".") {
             continue; // a registration being written
         }
+        if name.as_bytes().ends_with(MISSING_SUFFIX.as_bytes()) {
+            continue; // when a registered repository was first found missing
+        }
         let file = e.path();
         let bytes =
             std::fs::read(&file).map_err(|source| Error::Io { action: "reading", path: file.clone(), source })?;
@@ -429,6 +447,27 @@ pub fn store_users(store: &Repo) -> Result<Vec<(PathBuf, PathBuf)>> {
     Ok(out)
 }
 
+/// How long `ckpt git gc` keeps what a registered repository that went missing may need. A
+/// missing path is no proof that a repository was deleted: a move, an unmounted disk or a
+/// renamed home directory look the same, and its weights could not be recovered. Three months,
+/// as `git worktree prune` waits for a missing worktree.
+pub const MISSING_USER_GRACE: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
+
+/// The suffix of the file beside a registration that records when its repository was first
+/// found missing (decimal seconds since the Unix epoch).
+const MISSING_SUFFIX: &str = ".missing";
+
+/// A registered repository that `ckpt git gc` did not find.
+#[derive(Debug, Clone)]
+pub struct MissingUser {
+    /// Its git common directory, as registered.
+    pub path: PathBuf,
+    /// When a gc first found it missing.
+    pub since: std::time::SystemTime,
+    /// When a gc will forget it ([`MISSING_USER_GRACE`] later) if it is still missing.
+    pub forgotten_after: std::time::SystemTime,
+}
+
 /// What `ckpt git gc` keeps: the files every user of the store reaches.
 #[derive(Debug, Default)]
 pub struct LiveSet {
@@ -436,17 +475,24 @@ pub struct LiveSet {
     pub manifests: Vec<crate::ObjectId>,
     /// The git common directories whose history, worktrees and indexes were read.
     pub repositories: Vec<PathBuf>,
-    /// Registered repositories that no longer exist, or no longer use this store: their
-    /// registrations were removed (unless `dry_run`).
+    /// Registered repositories that no longer use this store, or have been missing for longer
+    /// than [`MISSING_USER_GRACE`]: their registrations were removed (unless `dry_run`).
     pub pruned: Vec<PathBuf>,
+    /// Registered repositories whose path does not exist (within the grace period): every file
+    /// the store holds is kept for them, since what they reach cannot be read.
+    pub missing: Vec<MissingUser>,
+    /// The files (manifests) kept only because a registered repository is missing.
+    pub kept_for_missing: usize,
 }
 
 /// The files the users of `store` reach: `git` (all its worktrees) and every other registered
 /// repository that still uses `store` ([`reachable_pointers`] of each). A registration whose
-/// path no longer exists, or whose repository's store is now another, is removed (unless
-/// `dry_run`), as `git worktree prune` does; a registered repository that exists but cannot be
-/// read is an error ([`Error::UserUnreadable`]): nothing may be deleted on the word of a
-/// repository that was not read.
+/// repository's store is now another is removed (unless `dry_run`), as `git worktree prune`
+/// does. A registered repository whose path does not exist is kept for [`MISSING_USER_GRACE`]
+/// from when a gc first found it missing, and every file the store holds is live meanwhile
+/// (see [`MissingUser`]; [`forget_user`] ends that at once). A registered repository that
+/// exists but cannot be read is an error ([`Error::UserUnreadable`]): nothing may be deleted on
+/// the word of a repository that was not read.
 pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<LiveSet> {
     let own = common_dir(git)?;
     let mut out = LiveSet::default();
@@ -454,6 +500,7 @@ pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<L
     out.repositories.push(own.clone());
     for (path, file) in store_users(store)? {
         if path == own {
+            forget_missing_since(&file, dry_run)?;
             continue;
         }
         let unreadable = |reason: String| Error::UserUnreadable { path: path.clone(), file: file.clone(), reason };
@@ -462,36 +509,148 @@ pub fn live_set(git: &git2::Repository, store: &Repo, dry_run: bool) -> Result<L
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(unreadable(e.to_string())),
         };
-        let uses_store = exists
-            && match git2::Repository::open(&path) {
-                Ok(other) => {
-                    let root = store_root(&other).map_err(|e| unreadable(e.to_string()))?;
-                    match std::fs::canonicalize(&root) {
-                        Ok(root) if root == store.root() => {
-                            let pointers = reachable_pointers(&other).map_err(|e| unreadable(e.to_string()))?;
-                            out.manifests.extend(pointers.into_iter().map(|(_, p)| p.manifest));
-                            true
-                        }
-                        // Its store is now another one (or none yet).
-                        _ => false,
+        if !exists {
+            let since = missing_since(&file, dry_run)?;
+            let forgotten_after = since + MISSING_USER_GRACE;
+            if std::time::SystemTime::now() < forgotten_after {
+                out.missing.push(MissingUser { path, since, forgotten_after });
+                continue;
+            }
+            if !dry_run {
+                remove_registration(&file)?;
+            }
+            out.pruned.push(path);
+            continue;
+        }
+        forget_missing_since(&file, dry_run)?;
+        let uses_store = match git2::Repository::open(&path) {
+            Ok(other) => {
+                let root = store_root(&other).map_err(|e| unreadable(e.to_string()))?;
+                match std::fs::canonicalize(&root) {
+                    Ok(root) if root == store.root() => {
+                        let pointers = reachable_pointers(&other).map_err(|e| unreadable(e.to_string()))?;
+                        out.manifests.extend(pointers.into_iter().map(|(_, p)| p.manifest));
+                        true
                     }
+                    // Its store is now another one (or none yet).
+                    _ => false,
                 }
-                Err(e) => return Err(unreadable(e.message().to_string())),
-            };
+            }
+            Err(e) => return Err(unreadable(e.message().to_string())),
+        };
         if uses_store {
             out.repositories.push(path);
         } else {
             if !dry_run {
-                match std::fs::remove_file(&file) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(source) => return Err(Error::Io { action: "removing", path: file, source }),
-                }
+                remove_registration(&file)?;
             }
             out.pruned.push(path);
         }
     }
+    if !out.missing.is_empty() {
+        let stored = stored_files(store)?;
+        let reached: std::collections::HashSet<_> = out.manifests.iter().copied().collect();
+        out.kept_for_missing = stored.iter().filter(|m| !reached.contains(m)).count();
+        out.manifests.extend(stored);
+    }
     Ok(out)
+}
+
+/// Every file (manifest) the store holds.
+fn stored_files(store: &Repo) -> Result<Vec<crate::ObjectId>> {
+    let objects = store.store();
+    let mut out = Vec::new();
+    for id in objects.list().map_err(repo::Error::from)? {
+        match objects.header(&id) {
+            Ok(h) if h.kind == crate::store::ObjectKind::Manifest => out.push(id),
+            Ok(_) => {}
+            // Deleted since the listing (another gc), or damaged: a damaged object is kept by
+            // gc's own marking rules, not by this list.
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// When the repository of the registration `file` was first found missing: the time recorded
+/// beside it, or now (recorded, unless `dry_run`).
+fn missing_since(file: &Path, dry_run: bool) -> Result<std::time::SystemTime> {
+    let record = missing_record(file);
+    match std::fs::read_to_string(&record) {
+        Ok(text) => {
+            let secs: u64 = text
+                .trim()
+                .parse()
+                .map_err(|_| Error::Users { file: record.clone(), reason: "not a time ckpt wrote".into() })?;
+            Ok(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let now = std::time::SystemTime::now();
+            if !dry_run {
+                let secs = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let dir = record.parent().expect("a registration is in USERS_DIR");
+                let written = tempfile::Builder::new().prefix(".missing-").tempfile_in(dir).and_then(|mut tmp| {
+                    std::io::Write::write_all(&mut tmp, format!("{secs}\n").as_bytes())?;
+                    tmp.as_file().sync_all()?;
+                    tmp.persist(&record).map_err(|e| e.error)?;
+                    std::fs::File::open(dir)?.sync_all()
+                });
+                written.map_err(|source| Error::Io { action: "writing", path: record.clone(), source })?;
+            }
+            Ok(now)
+        }
+        Err(source) => Err(Error::Io { action: "reading", path: record, source }),
+    }
+}
+
+/// Removes the record that a registered repository is missing: it is there again.
+fn forget_missing_since(file: &Path, dry_run: bool) -> Result<()> {
+    if dry_run {
+        return Ok(());
+    }
+    remove_if_present(&missing_record(file))
+}
+
+fn missing_record(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_os_string();
+    name.push(MISSING_SUFFIX);
+    PathBuf::from(name)
+}
+
+fn remove_if_present(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::Io { action: "removing", path: path.to_path_buf(), source }),
+    }
+}
+
+/// Removes a registration and its missing record.
+fn remove_registration(file: &Path) -> Result<()> {
+    remove_if_present(file)?;
+    remove_if_present(&missing_record(file))
+}
+
+/// Unregisters the git repository at `path` as a user of `store` (`ckpt git forget`): the next
+/// `ckpt git gc` no longer keeps what it reached. `path` is its git common directory as gc
+/// prints it, or the directory holding it as `.git`. Returns the path unregistered. Refused
+/// for a repository that exists and uses `store` (its next use would register it again).
+pub fn forget_user(store: &Repo, path: &Path) -> Result<PathBuf> {
+    let users = store_users(store)?;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let canonical = std::fs::canonicalize(path).ok();
+    let candidates: Vec<PathBuf> =
+        [Some(absolute.clone()), canonical].into_iter().flatten().flat_map(|p| [p.join(".git"), p]).collect();
+    let Some((registered, file)) = users.into_iter().find(|(p, _)| candidates.contains(p)) else {
+        return Err(Error::NotAUser { path: absolute });
+    };
+    if let Ok(other) = git2::Repository::open(&registered) {
+        if store_root(&other).ok().and_then(|r| std::fs::canonicalize(r).ok()).as_deref() == Some(store.root()) {
+            return Err(Error::StillAUser { path: registered });
+        }
+    }
+    remove_registration(&file)?;
+    Ok(registered)
 }
 
 /// Which git config [`install`] writes to.

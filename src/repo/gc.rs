@@ -113,8 +113,25 @@ pub struct KeepReport {
     /// The git repositories (common directories) whose live files were kept (set by the
     /// caller: `ckpt git gc` reads every user of a shared store).
     pub repositories: Vec<String>,
-    /// Registered users of the store that no longer exist or use it, forgotten.
+    /// Registered users of the store that no longer use it, or were missing for longer than
+    /// the git filter's grace period, forgotten.
     pub pruned: Vec<String>,
+    /// Registered users of the store whose path does not exist: every file the store holds is
+    /// kept for them until they are forgotten.
+    pub missing: Vec<MissingRepository>,
+    /// Files (manifests) kept only because a registered user is missing.
+    pub kept_for_missing: usize,
+}
+
+/// A registered user of a shared store that `ckpt git gc` did not find (set by the caller).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MissingRepository {
+    /// Its git common directory, as registered.
+    pub path: String,
+    /// When a gc first found it missing (seconds since the Unix epoch).
+    pub missing_since: u64,
+    /// When a gc forgets it if it is still missing (seconds since the Unix epoch).
+    pub forgotten_after: u64,
 }
 
 impl Repo {

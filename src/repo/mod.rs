@@ -48,7 +48,7 @@ pub use commit_memory::{
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
 pub use error::{Error, Result};
-pub use gc::{parse_grace, GcOptions, GcReport, KeepReport};
+pub use gc::{parse_grace, GcOptions, GcReport, KeepReport, MissingRepository};
 pub use inspect::{
     to_f64, DerivedFrom, DiffReport, FileShow, GroupChange, MethodCounts, Reshaped, SegmentShow, ShowReport,
     ShowTotals, Storage, TensorDiff, TensorName,
@@ -242,7 +242,9 @@ impl Repo {
     pub fn open(root: &Path) -> Result<Repo> {
         let root = std::fs::canonicalize(root).map_err(io("resolving", root))?;
         let dir = root.join(DIR_NAME);
-        if !dir.join("HEAD").is_file() {
+        // Any `HEAD` at all makes this a repository: one that cannot be read (a FIFO, a
+        // directory) is then reported as what it is by whatever reads it, not as "no repository".
+        if std::fs::symlink_metadata(dir.join("HEAD")).is_err() {
             return Err(Error::NotARepository { start: root });
         }
         let config = Config::load(&dir.join("config"))?;
@@ -265,7 +267,7 @@ impl Repo {
     pub fn discover(start: &Path) -> Result<Repo> {
         let start = std::fs::canonicalize(start).map_err(io("resolving", start))?;
         for dir in start.ancestors() {
-            if dir.join(DIR_NAME).join("HEAD").is_file() {
+            if std::fs::symlink_metadata(dir.join(DIR_NAME).join("HEAD")).is_ok() {
                 return Repo::open(dir);
             }
         }

@@ -49,12 +49,23 @@ impl Repo {
     /// know what that ref keeps), `verify` reports it.
     pub fn roots(&self) -> Vec<Result<Root>> {
         let mut out = Vec::new();
+        let refs = self.refs.all();
         match self.refs.head() {
             Ok(super::Head::Detached(id)) => out.push(Ok(Root { name: "HEAD".into(), id })),
-            Ok(super::Head::Branch(_)) => {}
+            // The branch is a root of `Refs::all` when its ref file is there; when the walk
+            // did not list it, it is read here so that a ref `HEAD` names which cannot be
+            // read is an error, never an unborn branch.
+            Ok(super::Head::Branch(b)) => {
+                let name = format!("refs/heads/{b}");
+                if !refs.iter().any(|(listed, _)| *listed == name) {
+                    if let Err(e) = self.refs.get(super::RefKind::Branch, &b) {
+                        out.push(Err(e));
+                    }
+                }
+            }
             Err(e) => out.push(Err(e)),
         }
-        for (name, read) in self.refs.all() {
+        for (name, read) in refs {
             out.push(read.map(|id| Root { name, id }));
         }
         let records: [(&str, Result<Vec<VersionId>>); 2] = [

@@ -97,7 +97,11 @@ impl Refs {
 
     pub fn head(&self) -> Result<Head> {
         let path = self.head_path();
-        let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
+        let text = read_ref_text(&path)?.ok_or_else(|| Error::Io {
+            action: "reading",
+            path: path.clone(),
+            source: std::io::ErrorKind::NotFound.into(),
+        })?;
         let text = text.trim_end_matches('\n');
         let corrupt = |reason: &str| Error::CorruptRef { path: path.clone(), reason: reason.to_string() };
         if let Some(branch) = text.strip_prefix("ref: refs/heads/") {
@@ -239,6 +243,12 @@ impl Refs {
                 let path = entry.path();
                 // Not followed: a symbolic link to a directory would let a walk go around in circles.
                 let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if is_dir && holds_ref_files_only(&prefix) {
+                    // `refs/heads/main` made a directory: main's versions are not "none".
+                    let reason = "a directory where a ref file belongs".to_string();
+                    out.push((name, Err(Error::CorruptRef { path, reason })));
+                    continue;
+                }
                 if is_dir && depth < MAX_REF_DEPTH {
                     stack.push((path, name, depth + 1));
                     continue;
@@ -405,18 +415,82 @@ impl super::Repo {
     }
 }
 
+/// Whether the directory of refs named `prefix` holds ref files only (branches, tags, one
+/// remote's tracking refs: their names have no `/`), so a directory in it is damage.
+fn holds_ref_files_only(prefix: &str) -> bool {
+    match prefix.strip_prefix("refs/") {
+        Some("heads" | "tags") => true,
+        Some(rest) => rest.strip_prefix("remotes/").is_some_and(|remote| !remote.contains('/')),
+        None => false,
+    }
+}
+
 fn parse_id(text: &str) -> Option<ObjectId> {
     text.parse::<ObjectId>().ok().filter(|id| id.to_hex() == text)
 }
 
 /// The version id a ref file holds, or `None` when there is no such file.
 fn read_ref_file(path: PathBuf) -> Result<Option<ObjectId>> {
-    match std::fs::read_to_string(&path) {
-        Ok(text) => parse_id(text.trim_end_matches('\n'))
+    match read_ref_text(&path)? {
+        Some(text) => parse_id(text.trim_end_matches('\n'))
             .map(Some)
             .ok_or_else(|| Error::CorruptRef { path, reason: "not a version id".into() }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(Error::Io { action: "reading", path, source }),
+        None => Ok(None),
+    }
+}
+
+/// Largest ref or `HEAD` file read (a ref is 65 bytes, `HEAD` at most 217).
+const MAX_REF_FILE_LEN: u64 = 1024;
+
+/// The text of a ref or `HEAD` file, or `None` when there is no such file. Anything but a
+/// regular file (reached through symbolic links) is an error, never an empty ref: a directory,
+/// a FIFO or a device in place of a ref is damage, and walking it as "no versions" would let gc
+/// delete what the ref held. The file is opened without blocking (a FIFO would wait for a
+/// writer forever) and read up to [`MAX_REF_FILE_LEN`].
+fn read_ref_text(path: &Path) -> Result<Option<String>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
+        Ok(f) => f,
+        // A symbolic link to nothing is a ref whose content is lost, not an absent ref.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && std::fs::symlink_metadata(path).is_err() => {
+            return Ok(None)
+        }
+        Err(source) => return Err(Error::Io { action: "reading", path: path.to_path_buf(), source }),
+    };
+    let kind = file.metadata().map_err(io("reading", path))?.file_type();
+    if !kind.is_file() {
+        return Err(Error::CorruptRef {
+            path: path.to_path_buf(),
+            reason: format!("not a file but {}", describe(kind)),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_REF_FILE_LEN + 1).read_to_end(&mut bytes).map_err(io("reading", path))?;
+    if bytes.len() as u64 > MAX_REF_FILE_LEN {
+        return Err(Error::CorruptRef {
+            path: path.to_path_buf(),
+            reason: format!("longer than {MAX_REF_FILE_LEN} bytes"),
+        });
+    }
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| Error::CorruptRef { path: path.to_path_buf(), reason: "not UTF-8 text".into() })
+}
+
+/// What a file that is not a regular file is, for a message.
+fn describe(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
     }
 }
 

@@ -71,7 +71,7 @@ fn gc_keeps_what_linked_worktrees_stage_or_commit_on_a_detached_head() {
 }
 
 #[test]
-fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_forgets_deleted_ones() {
+fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_missing_ones_until_forgotten() {
     let env = GitEnv::new();
     let shared = env.path("shared");
     let mut repos = Vec::new();
@@ -107,13 +107,90 @@ fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_forgets_deleted_
     std::fs::remove_file(&b_git).unwrap();
     std::fs::rename(b.join("git.moved"), &b_git).unwrap();
 
-    // b deleted: its registration is forgotten and its file freed.
+    // b deleted: a missing path is no proof (issue 39: a move looks the same), so gc keeps
+    // every stored file for it and says so, until `ckpt git forget` unregisters it.
     std::fs::remove_dir_all(b).unwrap();
     let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--prune=now", "--json"])).unwrap();
-    assert!(!object_file(&shared, &b_file.manifest).exists(), "a deleted repository's file kept");
-    assert_eq!(r["pruned"].as_array().map(Vec::len), Some(1), "{r}");
+    assert!(object_file(&shared, &b_file.manifest).exists(), "a missing repository's file deleted");
+    assert_eq!(r["missing"].as_array().map(Vec::len), Some(1), "{r}");
+    assert_eq!(r["pruned"].as_array().map(Vec::len), Some(0), "{r}");
+    env.ckpt(a, &["git", "forget", b_git.to_str().unwrap()]);
+    let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--prune=now", "--json"])).unwrap();
+    assert!(!object_file(&shared, &b_file.manifest).exists(), "a forgotten repository's file kept");
+    assert_eq!(r["missing"].as_array().map(Vec::len), Some(0), "{r}");
     assert_eq!(r["repositories"].as_array().map(Vec::len), Some(1), "{r}");
     restores(&env, a, "model.safetensors", &model(0));
+    env.ckpt(&shared, &["verify"]);
+}
+
+/// Two repositories share a store (issue 39, item 1): moving one must not lose its weights to
+/// a gc run in the other. gc keeps every stored file while a registered repository is missing,
+/// names it, and forgets it only when told (`ckpt git forget`) or after the stated grace period.
+#[test]
+fn moving_a_repository_that_shares_the_store_keeps_its_weights() {
+    let env = GitEnv::new();
+    let shared = env.path("shared");
+    let mut repos = Vec::new();
+    for (rel, epoch) in [("sA", 0), ("sB", 5)] {
+        let dir = env.repo(rel);
+        env.git(&dir, &["config", "ckpt.store", shared.to_str().unwrap()]);
+        std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
+        env.git(&dir, &["add", ".gitattributes", "model.safetensors"]);
+        env.git(&dir, &["commit", "-qm", "weights"]);
+        repos.push(dir);
+    }
+    let (a, b) = (&repos[0], &repos[1]);
+    let b_file = pointer_at(&env, b, "HEAD:model.safetensors");
+    let moved = env.path("sB2");
+    std::fs::rename(b, &moved).unwrap();
+
+    let o = env.run(env!("CARGO_BIN_EXE_ckpt"), a, &["git", "gc", "--prune=now"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("/sB/.git") && err.contains("missing since") && err.contains("ckpt git forget"), "{err}");
+    assert!(object_file(&shared, &b_file.manifest).exists(), "gc deleted the moved repository's weights");
+    restores(&env, &moved, "model.safetensors", &model(5));
+
+    // Used at its new place, it registers again; the old path is forgotten on request, and
+    // what the repository reaches from its new path is kept.
+    env.ckpt(&moved, &["git", "forget", b.join(".git").to_str().unwrap()]);
+    let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--prune=now", "--json"])).unwrap();
+    assert_eq!(r["missing"].as_array().map(Vec::len), Some(0), "{r}");
+    assert_eq!(r["repositories"].as_array().map(Vec::len), Some(2), "{r}");
+    assert!(object_file(&shared, &b_file.manifest).exists(), "gc deleted the moved repository's weights");
+    restores(&env, &moved, "model.safetensors", &model(5));
+
+    // A repository that exists and uses the store is not forgotten.
+    let o = env.run(env!("CARGO_BIN_EXE_ckpt"), a, &["git", "forget", moved.to_str().unwrap()]);
+    assert!(!o.status.success(), "forgot a live user");
+    // Nor is a path no repository was registered at.
+    let o = env.run(env!("CARGO_BIN_EXE_ckpt"), a, &["git", "forget", "/nowhere/.git"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not registered"));
+
+    // Missing for longer than the grace period: forgotten, and its file freed.
+    std::fs::remove_dir_all(&moved).unwrap();
+    env.ckpt(a, &["git", "gc", "--dry-run"]);
+    let users = shared.join(".ckpt").join(ckpt::git_filter::USERS_DIR);
+    assert!(
+        std::fs::read_dir(&users).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().ends_with(".missing")),
+        "a dry run wrote"
+    );
+    env.ckpt(a, &["git", "gc", "--prune=now"]);
+    let records: Vec<PathBuf> = std::fs::read_dir(&users)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".missing"))
+        .collect();
+    assert_eq!(records.len(), 1, "the time it went missing is recorded");
+    assert!(object_file(&shared, &b_file.manifest).exists());
+    let long_ago = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+        - ckpt::git_filter::MISSING_USER_GRACE.as_secs()
+        - 60;
+    std::fs::write(&records[0], format!("{long_ago}\n")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&env.ckpt(a, &["git", "gc", "--prune=now", "--json"])).unwrap();
+    assert_eq!(r["pruned"].as_array().map(Vec::len), Some(1), "{r}");
+    assert!(!object_file(&shared, &b_file.manifest).exists(), "kept past the grace period");
+    assert!(!records[0].exists());
     env.ckpt(&shared, &["verify"]);
 }
 

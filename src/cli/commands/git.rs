@@ -2,11 +2,11 @@
 //! by git; `clean`/`smudge`, one-shot fallbacks). In filter mode stdout carries only what git
 //! reads; messages go to stderr.
 
-use crate::cli::ui::Ui;
+use crate::cli::ui::{printable, Ui};
 use anyhow::{Context, Result};
 use ckpt::git_filter::{self, attributes, ckpt_remote, process, GitFilter};
-use ckpt::repo::{CommitOptions, Compaction};
-use std::path::Path;
+use ckpt::repo::{format_time, CommitOptions, Compaction};
+use std::path::{Path, PathBuf};
 
 /// Arguments of `ckpt git`.
 #[derive(clap::Args, Debug)]
@@ -93,6 +93,14 @@ enum GitCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Unregister a git repository as a user of this repository's shared ckpt store
+    /// (`git config ckpt.store`): `ckpt git gc` keeps what every registered repository
+    /// reaches, and every stored file while one of them is missing (moved, deleted, on a disk
+    /// not mounted). Use this once a missing repository is known to be gone or moved.
+    Forget {
+        /// The repository's git directory as `ckpt git gc` prints it, or its working tree.
+        path: PathBuf,
+    },
     /// The pre-push hook's work (run by the hook git calls): upload to the ckpt remote the
     /// objects of the weight files in the pushed commits that it lacks. Reads git's lines
     /// `<local ref> <local sha> <remote ref> <remote sha>` on stdin.
@@ -147,6 +155,16 @@ pub fn run(ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
             Ok(())
         }
         GitCommand::Gc { dry_run, prune, json } => gc(ui, base, dry_run, prune, json),
+        GitCommand::Forget { path } => {
+            let git = git_filter::discover(base)?;
+            let store = git_filter::open_store(&git)?;
+            let forgotten = git_filter::forget_user(&store, &base.join(&path))?;
+            eprintln!(
+                "forgot {}: the next `ckpt git gc` keeps nothing for it",
+                printable(&forgotten.display().to_string())
+            );
+            Ok(())
+        }
         GitCommand::PrePush { remote, url, json } => pre_push(ui, base, &remote, url.as_deref(), json),
         GitCommand::DiffDriver { args } => diff_driver(base, &args),
         GitCommand::Track { patterns } => track(base, &patterns),
@@ -376,11 +394,36 @@ fn gc(ui: &Ui, base: &Path, dry_run: bool, prune: Option<std::time::Duration>, j
     )?;
     r.repositories = users.repositories.iter().map(|p| p.display().to_string()).collect();
     r.pruned = users.pruned.iter().map(|p| p.display().to_string()).collect();
+    let secs = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    r.missing = users
+        .missing
+        .iter()
+        .map(|m| ckpt::repo::MissingRepository {
+            path: m.path.display().to_string(),
+            missing_since: secs(m.since),
+            forgotten_after: secs(m.forgotten_after),
+        })
+        .collect();
+    r.kept_for_missing = users.kept_for_missing;
     if !json {
         for p in &r.pruned {
             eprintln!(
-                "{} {p}: it no longer exists or no longer uses this store",
-                if dry_run { "would forget" } else { "forgot" }
+                "{} {p}: it no longer uses this store, or was missing for {} days",
+                if dry_run { "would forget" } else { "forgot" },
+                git_filter::MISSING_USER_GRACE.as_secs() / 86400
+            );
+        }
+        for m in &r.missing {
+            eprintln!(
+                "{}: this registered repository is missing since {} (moved, deleted, or on a disk not mounted?); \
+                 kept every file the store holds for it ({} not reached from the repositories found) until {}. \
+                 If it was deleted or moved, run `ckpt git forget {}` (a moved one registers again at its new \
+                 place when ckpt next runs in it)",
+                printable(&m.path),
+                format_time(m.missing_since as i64),
+                r.kept_for_missing,
+                format_time(m.forgotten_after as i64),
+                printable(&m.path),
             );
         }
         if r.repositories.len() > 1 {
