@@ -818,9 +818,24 @@ impl Repo {
         // Segments are opened a batch at a time: the objects of a batch's delta chains are
         // mapped (and count in the resident set) only while the batch is decoded.
         for batch in crate::codec::runs_within(placed.iter().map(|(_, s)| s.len), BATCH_BYTES) {
+            // Each blob is opened (mapped) once, however many segments name it: a forged
+            // manifest naming one blob 70,000 times ran out of maps (`vm.max_map_count`).
+            let mut opened: std::collections::HashMap<ObjectId, std::sync::Arc<store::BlobChain>> =
+                std::collections::HashMap::new();
             let chains = placed[batch]
                 .iter()
-                .map(|(o, s)| Ok((*o, self.open_segment(entry, manifest, s)?)))
+                .map(|(o, s)| {
+                    let blob = manifest.location(s).0;
+                    let chain = match opened.get(&blob) {
+                        Some(chain) if chain.len() == s.len => chain.clone(),
+                        _ => {
+                            let chain = std::sync::Arc::new(self.open_segment(entry, manifest, s)?);
+                            opened.insert(blob, chain.clone());
+                            chain
+                        }
+                    };
+                    Ok((*o, chain))
+                })
                 .collect::<Result<Vec<_>>>()?;
             let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
             // Units start on blake3's 1 KiB grid: a chain's chunk size is a power of two of at

@@ -1,6 +1,7 @@
 //! The integration test binary: one module per area.
 
 mod cli_trust;
+mod cli_trust2;
 mod codec_cli;
 mod dcp_cache;
 mod dcp_read;

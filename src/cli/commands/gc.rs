@@ -13,8 +13,8 @@ pub struct GcArgs {
     /// running (a `ckpt.dcp.Writer` save, a `git add`).
     #[arg(long, value_name = "WHEN", value_parser = parse_prune)]
     prune: Option<std::time::Duration>,
-    /// Collect the remote NAME (or URL: `s3://bucket/prefix`, `file:///dir`, with no
-    /// repository needed) instead of this store: delete the objects no ref of the remote
+    /// Collect the remote NAME (or URL: `s3://bucket/prefix`, `file:///dir`, or a directory
+    /// path, with no repository needed) instead of this store: delete the objects no ref of the remote
     /// reaches (those of a failed or refused save or push) once older than the grace period,
     /// one day unless `--prune` says otherwise (docs/format.md, "Garbage on a remote"). A
     /// shorter grace is safe only while nothing pushes or saves to the remote.
@@ -31,13 +31,15 @@ pub struct GcArgs {
 /// Runs `ckpt gc`.
 pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     if let Some(name) = &args.remote {
-        if name.contains("://") {
-            // A URL: a remote written by ranks that have no repository. A scratch repository
-            // serves as the walk's object cache.
+        // A URL or a directory path (as `remote add` takes them: a remote's name has no `/`):
+        // a remote written by ranks that have no repository. A scratch repository serves as
+        // the walk's object cache.
+        if name.contains("://") || name.contains('/') {
+            let url = ckpt::sync::absolute_dir_url(name, base);
             let scratch = tempfile::tempdir()?;
             let mut repo = ckpt::repo::Repo::init(scratch.path())?;
             repo.set_progress(std::sync::Arc::new(crate::cli::ui::BarProgress::new(ui)));
-            let remote = ckpt::remote::open(name, &ckpt::remote::S3Options::default())?;
+            let remote = ckpt::remote::open(&url, &ckpt::remote::S3Options::default())?;
             return run_remote(&repo, remote.as_ref(), &args);
         }
         let repo = open_repo(ui, base)?;
