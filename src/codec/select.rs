@@ -305,11 +305,6 @@ fn has_run_longer_than(x: u64, len: usize) -> bool {
     y != 0
 }
 
-/// Length of the longest run of zero bytes.
-pub fn longest_zero_run(group: &[u8]) -> usize {
-    zero_runs(group).longest
-}
-
 /// Estimated size in bytes of a group with these statistics as sparse tokens coded by zstd:
 /// each zero run of at least [`MIN_ZERO_RUN`] becomes a token (about
 /// `options.zstd_sequence_cost` bytes once zstd has coded its two lengths), everything else is
@@ -516,7 +511,7 @@ mod tests {
     fn entropy_of_uniform_pair_is_one_bit_per_byte() {
         let s = GroupStats::of(&[1, 2, 1, 2, 1, 2, 1, 2]);
         assert!((s.entropy_bits() - 8.0).abs() < 1e-9);
-        assert_eq!(longest_zero_run(&[0, 0, 1, 0, 0, 0, 2]), 3);
-        assert_eq!(longest_zero_run(&[]), 0);
+        assert_eq!(zero_runs(&[0, 0, 1, 0, 0, 0, 2]).longest, 3);
+        assert_eq!(zero_runs(&[]).longest, 0);
     }
 }

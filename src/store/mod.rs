@@ -551,25 +551,6 @@ impl Store {
         Ok(ids)
     }
 
-    /// Copies object `id` from `other` (another store) byte for byte, written like any object
-    /// (temporary file, fsync, rename); false if this store has it already. The bytes are not
-    /// checked here: readers check every object they decode.
-    pub fn copy_object_from(&self, other: &Store, id: &ObjectId) -> Result<bool> {
-        if self.contains(id) {
-            return Ok(false);
-        }
-        let from = other.object_path(id);
-        let mut src = match File::open(&from) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::Missing { id: *id }),
-            Err(e) => return Err(Error::Io { action: "opening", path: from, source: e }),
-        };
-        let tmp = self.temp_file()?;
-        std::io::copy(&mut src, &mut tmp.as_file()).map_err(io("copying an object to", tmp.path()))?;
-        self.persist(tmp, id)?;
-        Ok(true)
-    }
-
     /// Deletes object `id` (missing is fine).
     pub fn remove(&self, id: &ObjectId) -> Result<()> {
         let path = self.object_path(id);
