@@ -79,6 +79,41 @@ impl RepoPath {
         p.extend(self.0.split('/'));
         p
     }
+
+    /// The first directory on the way to this path under `dir` that is a symbolic link, if
+    /// any. A file beyond one is not in the tree at `dir` but wherever the link leads (outside
+    /// it, possibly): as git refuses such a path ("beyond a symbolic link"), nothing is tracked,
+    /// written or deleted through it, and a tracked file there counts as missing. One `lstat`
+    /// per directory, stopping at the first that is not there.
+    pub fn symlinked_dir(&self, dir: &Path) -> Option<PathBuf> {
+        let mut at = dir.to_path_buf();
+        let (parents, _) = self.0.rsplit_once('/')?;
+        for part in parents.split('/') {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.file_type().is_symlink() => return Some(at),
+                Ok(m) if m.is_dir() => {}
+                // Missing, or a file: nothing can be beyond it.
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Fails when [`RepoPath::symlinked_dir`] finds a link on the way to this path under `dir`,
+    /// naming both; `doing` says what is refused ("tracked", "written", "deleted").
+    pub(super) fn refuse_beyond_symlink(&self, dir: &Path, doing: &str) -> Result<()> {
+        match self.symlinked_dir(dir) {
+            None => Ok(()),
+            Some(link) => Err(Error::InvalidPath {
+                path: self.under(dir),
+                reason: format!(
+                    "is beyond a symbolic link, {}; not {doing} through it (it could lead anywhere)",
+                    link.display()
+                ),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Display for RepoPath {
