@@ -235,7 +235,7 @@ impl Repo {
 /// What [`Repo::observe`] found at a working path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Observed {
-    /// Nothing there.
+    /// Nothing there, or the path is beyond a symbolic link to a directory (not in the tree).
     Missing,
     /// A directory, symbolic link or other non-regular file.
     NotAFile,

@@ -155,7 +155,10 @@ fn a_switch_that_fails_part_way_undoes_what_it_did() {
     // In path order, a switch to other removes b.bin, then writes a.bin and d/n.bin (creating
     // d), then fails on z/m.bin.
     let Some(stuck) = Stuck::make(&t.path("z/m.bin")) else {
-        crate::support::skip("chattr +i is not supported here, and as root a read-only directory stops nothing", "CKPT_REQUIRE_CHATTR");
+        crate::support::skip(
+            "chattr +i is not supported here, and as root a read-only directory stops nothing",
+            "CKPT_REQUIRE_CHATTR",
+        );
         return;
     };
     for args in [&["switch", "other"][..], &["switch", "--force", "other"], &["checkout", "other"]] {
