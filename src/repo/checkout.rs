@@ -270,11 +270,10 @@ impl Changes<'_> {
     fn finish(self) {
         for change in &self.done {
             let Change::SetAside { from, to } = change else { continue };
-            let gone = match std::fs::symlink_metadata(to) {
+            let _ = match std::fs::symlink_metadata(to) {
                 Ok(m) if m.is_dir() => std::fs::remove_dir_all(to),
                 _ => std::fs::remove_file(to),
             };
-            drop(gone);
             let mut dir = from.parent();
             // Stops at the first directory that is not empty.
             while let Some(d) = dir.filter(|d| *d != self.root && d.starts_with(self.root)) {
@@ -291,23 +290,27 @@ impl Changes<'_> {
     /// directory is then kept, for the caller to leave in place).
     fn undo(self, error: Error) -> (Error, bool) {
         let mut left = Vec::new();
+        // Written files that could not be removed: fine where what was there is renamed back
+        // over them.
+        let mut stray = Vec::new();
         for change in self.done.into_iter().rev() {
             match change {
                 Change::Placed(p) => {
-                    // Should it fail, the entry set aside from here is renamed over it anyway.
-                    let _ = std::fs::remove_file(&p);
+                    if let Err(e) = std::fs::remove_file(&p) {
+                        stray.push((p, e));
+                    }
                 }
                 // Fails harmlessly when something else was put inside meanwhile.
                 Change::Created(d) => {
                     let _ = std::fs::remove_dir(&d);
                 }
-                Change::SetAside { from, to } => {
-                    if let Err(e) = std::fs::rename(&to, &from) {
-                        left.push(format!("{} (left at {}: {e})", from.display(), to.display()));
-                    }
-                }
+                Change::SetAside { from, to } => match std::fs::rename(&to, &from) {
+                    Ok(()) => stray.retain(|(p, _)| *p != from),
+                    Err(e) => left.push(format!("{} (left at {}: {e})", from.display(), to.display())),
+                },
             }
         }
+        left.extend(stray.into_iter().map(|(p, e)| format!("{} (written, not removed: {e})", p.display())));
         let kept = !left.is_empty();
         let error = Error::CheckoutUndone { dir: self.root.to_path_buf(), source: Box::new(error), left };
         (error, kept)
@@ -1094,6 +1097,71 @@ impl Repo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every entry under `root` (directories too, as `/`), sorted, with its bytes.
+    fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let path = e.unwrap().path();
+                let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    out.push((rel, b"/".to_vec()));
+                    stack.push(path);
+                } else {
+                    out.push((rel, std::fs::read(&path).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A file staged in `dir` holding `bytes`.
+    fn staged(dir: &Path, bytes: &[u8]) -> tempfile::TempPath {
+        let tmp = tempfile::NamedTempFile::new_in(dir).unwrap();
+        std::fs::write(tmp.path(), bytes).unwrap();
+        tmp.into_temp_path()
+    }
+
+    #[test]
+    fn changes_are_undone_newest_first_or_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, staging) = (dir.path().join("root"), dir.path().join("staging"));
+        std::fs::create_dir_all(root.join("gone/deep")).unwrap();
+        std::fs::create_dir(&staging).unwrap();
+        std::fs::write(root.join("gone/deep/f"), b"removed").unwrap();
+        std::fs::write(root.join("kept"), b"replaced").unwrap();
+        std::fs::create_dir_all(root.join("in-the-way/sub")).unwrap();
+        let before = tree(&root);
+        let run = |finish: bool| {
+            let mut c = Changes { root: &root, aside: staging.join("aside"), done: Vec::new() };
+            c.set_aside(&root.join("gone/deep/f")).unwrap();
+            c.set_aside(&root.join("in-the-way")).unwrap();
+            c.set_aside(&root.join("not-there")).unwrap();
+            c.place(staged(&staging, b"new"), &root.join("in-the-way")).unwrap();
+            c.place(staged(&staging, b"new"), &root.join("kept")).unwrap();
+            c.create_dirs(&root.join("a/b")).unwrap();
+            c.place(staged(&staging, b"new"), &root.join("a/b/c")).unwrap();
+            assert_eq!(c.done.len(), 8, "nothing set aside where nothing was");
+            if finish {
+                c.finish();
+            } else {
+                let (err, kept) = c.undo(Error::NothingToCommit);
+                assert!(!kept && err.to_string().contains("was undone"), "{err}");
+            }
+        };
+        run(false);
+        assert_eq!(tree(&root), before, "undone");
+        run(true);
+        let after = tree(&root);
+        let names: Vec<&str> = after.iter().map(|(p, _)| p.as_str()).collect();
+        // The removal emptied gone/deep and gone: both went; what was set aside went too.
+        assert_eq!(names, ["a", "a/b", "a/b/c", "in-the-way", "kept"]);
+        assert_eq!(after[2].1, b"new");
+        assert!(std::fs::read_dir(staging.join("aside")).unwrap().next().is_none());
+    }
 
     #[test]
     fn tensor_patterns() {

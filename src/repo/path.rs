@@ -231,6 +231,29 @@ mod tests {
     }
 
     #[test]
+    fn links_to_directories_on_the_way_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("d/e")).unwrap();
+        std::os::unix::fs::symlink(root.join("d"), root.join("d/e/up")).unwrap();
+        std::os::unix::fs::symlink("nowhere", root.join("dangling")).unwrap();
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        std::fs::write(root.join("f"), b"").unwrap();
+        let found = |p: &str| RepoPath::parse(p).unwrap().symlinked_dir(root);
+        assert_eq!(found("d/e/x"), None);
+        assert_eq!(found("x"), None, "no directory on the way");
+        assert_eq!(found("d/e/up"), None, "the last component is the file itself");
+        assert_eq!(found("d/e/up/x"), Some(root.join("d/e/up")));
+        assert_eq!(found("d/e/up/e/up/x"), Some(root.join("d/e/up")), "the first one");
+        assert_eq!(found("dangling/x"), Some(root.join("dangling")));
+        assert_eq!(found("loop/x"), Some(root.join("loop")));
+        assert_eq!(found("new/dir/x"), None, "nothing beyond what is missing");
+        assert_eq!(found("f/x"), None, "nothing beyond a file");
+        let err = RepoPath::parse("d/e/up/x").unwrap().refuse_beyond_symlink(root, "written").unwrap_err();
+        assert!(err.to_string().contains("beyond a symbolic link") && err.to_string().contains("not written"), "{err}");
+    }
+
+    #[test]
     fn prospective_directories_resolve_links_and_dots() {
         let dir = tempfile::tempdir().unwrap();
         let root = std::fs::canonicalize(dir.path()).unwrap();
