@@ -116,6 +116,13 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     escape_controls(s, false)
 }
 
+/// A library error whose message lists repository paths (a `checkout` or `switch` refusal),
+/// made [`printable`] as `status` prints the same paths: a file name holding a newline cannot
+/// then pass for a line of its own (the CLI's error line keeps newlines, for multi-line causes).
+pub fn one_line(e: ckpt::repo::Error) -> anyhow::Error {
+    anyhow::Error::msg(printable(&e.to_string()).into_owned())
+}
+
 /// [`printable`] for text shown over several lines (a commit message): newlines and tabs stay.
 pub fn printable_text(s: &str) -> std::borrow::Cow<'_, str> {
     escape_controls(s, true)

@@ -100,23 +100,9 @@ pub(super) struct Cleared {
     /// Files to delete (with the directories this empties).
     pub files: Vec<RepoPath>,
     /// Directories standing where a file is to be written.
-    pub dirs: Vec<PathBuf>,
+    pub dirs: Vec<RepoPath>,
     /// Whether `dirs` go with whatever they hold (`--force`), or only once emptied by `files`.
     pub force: bool,
-}
-
-/// Refuses a path under `out_dir` that goes through a symbolic link to a directory: writing
-/// through it could lead anywhere.
-fn check_no_symlinked_dirs(out_dir: &Path, rp: &RepoPath) -> Result<()> {
-    let parts: Vec<&str> = rp.as_str().split('/').collect();
-    let mut at = out_dir.to_path_buf();
-    for part in &parts[..parts.len() - 1] {
-        at.push(part);
-        if at.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(Error::InvalidPath { path: at, reason: "is a symbolic link; not writing through it".into() });
-        }
-    }
-    Ok(())
 }
 
 /// Fails naming the files of `out_dir` a checkout would overwrite with other content.
@@ -189,28 +175,146 @@ fn move_into_place(tmp: tempfile::TempPath, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Deletes a directory standing where a file is to be written: with `force`, whatever it holds
-/// (as `git checkout --force` does); otherwise only the empty directories left once the
-/// tracked files in it were removed (anything else makes this fail, naming it).
-fn remove_directory(dir: &Path, force: bool) -> Result<()> {
-    let result = if force { std::fs::remove_dir_all(dir) } else { remove_empty_dirs(dir) };
-    match result {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(Error::Io { action: "removing the directory", path: dir.to_path_buf(), source: e })
-        }
-        _ => Ok(()),
-    }
+/// What a checkout does to its target directory once every file is staged, each step undoable
+/// (checkout and switch are all or nothing, README): a file or directory that goes or is
+/// replaced is first renamed aside, into the staging directory (or beside itself, in another
+/// file system), and every file and directory created is remembered. A failure part-way (an
+/// immutable file, a directory without write permission, a full disk in another file system)
+/// puts everything back with [`Changes::undo`]; once every step succeeded [`Changes::finish`]
+/// deletes what was set aside.
+struct Changes<'a> {
+    /// The target directory (the working tree, or `--output`).
+    root: &'a Path,
+    /// Where entries are set aside (in the staging directory, deleted with it).
+    aside: PathBuf,
+    /// What was done, in order.
+    done: Vec<Change>,
 }
 
-/// Removes `dir` and the directories under it, all of which must be empty of anything else.
-fn remove_empty_dirs(dir: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            remove_empty_dirs(&entry.path())?;
+/// One step of [`Changes`].
+enum Change {
+    /// The file or directory at `from` was renamed to `to`.
+    SetAside { from: PathBuf, to: PathBuf },
+    /// A file was written at this path, where nothing was left.
+    Placed(PathBuf),
+    /// This directory was created.
+    Created(PathBuf),
+}
+
+impl Changes<'_> {
+    /// Renames what stands at `path` (a file, a symbolic link, or a directory with whatever it
+    /// holds) aside; nothing there is no step.
+    fn set_aside(&mut self, path: &Path) -> Result<()> {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let n = self.done.len();
+        std::fs::create_dir_all(&self.aside).map_err(super::error::io("creating", &self.aside))?;
+        let mut to = self.aside.join(format!("{n}-{name}"));
+        let mut result = std::fs::rename(path, &to);
+        if result.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EXDEV)) {
+            // A mount point inside the target: beside itself, under a name no other file has.
+            let dir = path.parent().expect("a path under the target directory");
+            let mut k = 0;
+            to = loop {
+                let beside = dir.join(format!(".ckpt-aside-{}-{n}-{k}-{name}", std::process::id()));
+                if std::fs::symlink_metadata(&beside).is_err() {
+                    break beside;
+                }
+                k += 1;
+            };
+            result = std::fs::rename(path, &to);
+        }
+        match result {
+            Ok(()) => {
+                self.done.push(Change::SetAside { from: path.to_path_buf(), to });
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Io { action: "moving aside", path: path.to_path_buf(), source }),
         }
     }
-    std::fs::remove_dir(dir)
+
+    /// Creates directory `dir` and those above it that are missing, remembering each.
+    fn create_dirs(&mut self, dir: &Path) -> Result<()> {
+        let missing: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|d| *d != self.root && std::fs::symlink_metadata(d).is_err())
+            .map(Path::to_path_buf)
+            .collect();
+        let result = super::path::create_dirs(dir);
+        // Also those made before a failure.
+        for d in missing.into_iter().rev() {
+            if std::fs::symlink_metadata(&d).is_ok() {
+                self.done.push(Change::Created(d));
+            }
+        }
+        result
+    }
+
+    /// Renames the staged file `tmp` to `dest`, setting aside what stands there first.
+    fn place(&mut self, tmp: tempfile::TempPath, dest: &Path) -> Result<()> {
+        match std::fs::symlink_metadata(dest) {
+            Ok(m) if m.is_dir() => {
+                return Err(Error::InvalidPath { path: dest.to_path_buf(), reason: "is a directory".into() })
+            }
+            Ok(_) => self.set_aside(dest)?,
+            Err(_) => {}
+        }
+        move_into_place(tmp, dest)?;
+        self.done.push(Change::Placed(dest.to_path_buf()));
+        Ok(())
+    }
+
+    /// Every step succeeded: deletes what was set aside (best effort: what is left in the
+    /// staging directory goes with it), then the directories that removals left empty, up to
+    /// the target directory (as `git switch` does).
+    fn finish(self) {
+        for change in &self.done {
+            let Change::SetAside { from, to } = change else { continue };
+            let _ = match std::fs::symlink_metadata(to) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(to),
+                _ => std::fs::remove_file(to),
+            };
+            let mut dir = from.parent();
+            // Stops at the first directory that is not empty.
+            while let Some(d) = dir.filter(|d| *d != self.root && d.starts_with(self.root)) {
+                if std::fs::remove_dir(d).is_err() {
+                    break;
+                }
+                dir = d.parent();
+            }
+        }
+    }
+
+    /// A step failed with `error`: undoes every step done, newest first. Returns `error`, said
+    /// to be undone, or naming what could not be put back and where it is (the staging
+    /// directory is then kept, for the caller to leave in place).
+    fn undo(self, error: Error) -> (Error, bool) {
+        let mut left = Vec::new();
+        // Written files that could not be removed: fine where what was there is renamed back
+        // over them.
+        let mut stray = Vec::new();
+        for change in self.done.into_iter().rev() {
+            match change {
+                Change::Placed(p) => {
+                    if let Err(e) = std::fs::remove_file(&p) {
+                        stray.push((p, e));
+                    }
+                }
+                // Fails harmlessly when something else was put inside meanwhile.
+                Change::Created(d) => {
+                    let _ = std::fs::remove_dir(&d);
+                }
+                Change::SetAside { from, to } => match std::fs::rename(&to, &from) {
+                    Ok(()) => stray.retain(|(p, _)| *p != from),
+                    Err(e) => left.push(format!("{} (left at {}: {e})", from.display(), to.display())),
+                },
+            }
+        }
+        left.extend(stray.into_iter().map(|(p, e)| format!("{} (written, not removed: {e})", p.display())));
+        let kept = !left.is_empty();
+        let error = Error::CheckoutUndone { dir: self.root.to_path_buf(), source: Box::new(error), left };
+        (error, kept)
+    }
 }
 
 /// The files (anything but directories) under `dir`, as repository paths relative to `root`,
@@ -401,7 +505,7 @@ impl Repo {
         // Never write through a symlinked directory (it could lead anywhere): refused before
         // anything is written.
         for (_, rp) in &planned {
-            check_no_symlinked_dirs(&out_dir, rp)?;
+            rp.refuse_beyond_symlink(&out_dir, "written")?;
         }
         let cleared = if in_tree {
             let entries: Vec<&FileEntry> = planned.iter().map(|(e, _)| *e).collect();
@@ -444,21 +548,21 @@ impl Repo {
             )?;
             refuse_overwriting(&out_dir, differing)?;
         }
-        for rp in &cleared.files {
-            self.remove_working_file(rp)?;
-        }
-        for dir in &cleared.dirs {
-            remove_directory(dir, cleared.force)?;
-        }
-        let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
-        for (entry, rp, tmp, len) in staged {
-            let dest = rp.under(&out_dir);
-            let dir = dest.parent().expect("a file path under a directory");
-            super::path::create_dirs(dir)?;
-            if std::fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
-                return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
+        let mut changes = Changes { root: &out_dir, aside: staging.path().join("aside"), done: Vec::new() };
+        let placed = match Self::apply(&mut changes, &cleared, staged) {
+            Ok(placed) => placed,
+            Err(e) => {
+                let (error, kept) = changes.undo(e);
+                if kept {
+                    // It holds what could not be put back.
+                    let _ = staging.keep();
+                }
+                return Err(error);
             }
-            move_into_place(tmp, &dest)?;
+        };
+        changes.finish();
+        let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
+        for (entry, rp, len) in placed {
             summary.bytes += len;
             summary.files.push(entry.path.clone());
             if in_tree && filter.is_none() {
@@ -467,6 +571,49 @@ impl Repo {
         }
         self.flush_index();
         Ok(summary)
+    }
+
+    /// Changes the target directory of `changes` as planned: `cleared` removed, then each
+    /// staged file renamed into place. The first failure stops it, for the caller to undo.
+    /// Returns what was placed, with its length.
+    fn apply<'e>(
+        changes: &mut Changes<'_>,
+        cleared: &Cleared,
+        staged: Vec<(&'e FileEntry, RepoPath, tempfile::TempPath, u64)>,
+    ) -> Result<Vec<(&'e FileEntry, RepoPath, u64)>> {
+        let root = changes.root;
+        // Checked again as each goes: nothing is deleted or written through a link to a
+        // directory, even one made since the checks.
+        for rp in &cleared.files {
+            rp.refuse_beyond_symlink(root, "deleted")?;
+            changes.set_aside(&rp.under(root))?;
+        }
+        for rp in &cleared.dirs {
+            rp.refuse_beyond_symlink(root, "deleted")?;
+            let dir = rp.under(root);
+            if !cleared.force {
+                // Only the directories the removals emptied (checked before; again in case a
+                // file was put there since).
+                let mut inside = Vec::new();
+                files_under(root, &dir, &mut inside)?;
+                if let Some(file) = inside.first() {
+                    return Err(Error::InvalidPath {
+                        path: dir,
+                        reason: format!("is a directory where the version has a file, and holds {file}"),
+                    });
+                }
+            }
+            changes.set_aside(&dir)?;
+        }
+        let mut placed = Vec::with_capacity(staged.len());
+        for (entry, rp, tmp, len) in staged {
+            rp.refuse_beyond_symlink(root, "written")?;
+            let dest = rp.under(root);
+            changes.create_dirs(dest.parent().expect("a file path under a directory"))?;
+            changes.place(tmp, &dest)?;
+            placed.push((entry, rp, len));
+        }
+        Ok(placed)
     }
 
     /// Of the files planned for `out_dir`, those a checkout would change: any non-regular
@@ -517,7 +664,7 @@ impl Repo {
         filter: Option<&TensorFilter>,
         progress_base: u64,
     ) -> Result<Option<u64>> {
-        check_no_symlinked_dirs(out_dir, rp)?;
+        rp.refuse_beyond_symlink(out_dir, "written")?;
         let dest = rp.under(out_dir);
         let dir = dest.parent().expect("a file path under a directory");
         super::path::create_dirs(dir)?;
@@ -549,7 +696,7 @@ impl Repo {
         for entry in targets {
             let rp = self.stored_path(entry)?;
             if is_dir(&rp.under(&self.root)) {
-                dirs.push(rp.under(&self.root));
+                dirs.push(rp);
                 continue;
             }
             let mut candidates = vec![(entry.len, entry.hash)];
@@ -627,12 +774,12 @@ impl Repo {
         if !force {
             for dir in &dirs {
                 let mut inside = Vec::new();
-                files_under(&self.root, dir, &mut inside)?;
+                files_under(&self.root, &dir.under(&self.root), &mut inside)?;
                 inside.retain(|f| !to_remove.iter().any(|r| r.as_str() == f));
                 if !inside.is_empty() {
                     inside.sort();
                     return Err(Error::InvalidPath {
-                        path: dir.clone(),
+                        path: dir.under(&self.root),
                         reason: format!(
                             "is a directory where the version has a file, and holds files that would be lost: {}; \
                              move them, or pass --force to delete the directory",
@@ -651,26 +798,6 @@ impl Repo {
             id: entry.manifest,
             reason: format!("path {:?}: {reason}", entry.path),
         })
-    }
-
-    /// Deletes a working file `switch` leaves behind, then the directories above it that this
-    /// left empty (up to the root).
-    fn remove_working_file(&self, rp: &RepoPath) -> Result<()> {
-        let path = rp.under(&self.root);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(Error::Io { action: "removing", path, source }),
-        }
-        let mut dir = path.parent();
-        while let Some(d) = dir.filter(|d| *d != self.root && d.starts_with(&self.root)) {
-            // Fails (and stops) at the first directory that is not empty.
-            if std::fs::remove_dir(d).is_err() {
-                break;
-            }
-            dir = d.parent();
-        }
-        Ok(())
     }
 
     /// Writes one file, verified, into a temporary file in `dir`; returns it (deleted when
@@ -985,6 +1112,71 @@ impl Repo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every entry under `root` (directories too, as `/`), sorted, with its bytes.
+    fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let path = e.unwrap().path();
+                let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    out.push((rel, b"/".to_vec()));
+                    stack.push(path);
+                } else {
+                    out.push((rel, std::fs::read(&path).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A file staged in `dir` holding `bytes`.
+    fn staged(dir: &Path, bytes: &[u8]) -> tempfile::TempPath {
+        let tmp = tempfile::NamedTempFile::new_in(dir).unwrap();
+        std::fs::write(tmp.path(), bytes).unwrap();
+        tmp.into_temp_path()
+    }
+
+    #[test]
+    fn changes_are_undone_newest_first_or_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, staging) = (dir.path().join("root"), dir.path().join("staging"));
+        std::fs::create_dir_all(root.join("gone/deep")).unwrap();
+        std::fs::create_dir(&staging).unwrap();
+        std::fs::write(root.join("gone/deep/f"), b"removed").unwrap();
+        std::fs::write(root.join("kept"), b"replaced").unwrap();
+        std::fs::create_dir_all(root.join("in-the-way/sub")).unwrap();
+        let before = tree(&root);
+        let run = |finish: bool| {
+            let mut c = Changes { root: &root, aside: staging.join("aside"), done: Vec::new() };
+            c.set_aside(&root.join("gone/deep/f")).unwrap();
+            c.set_aside(&root.join("in-the-way")).unwrap();
+            c.set_aside(&root.join("not-there")).unwrap();
+            c.place(staged(&staging, b"new"), &root.join("in-the-way")).unwrap();
+            c.place(staged(&staging, b"new"), &root.join("kept")).unwrap();
+            c.create_dirs(&root.join("a/b")).unwrap();
+            c.place(staged(&staging, b"new"), &root.join("a/b/c")).unwrap();
+            assert_eq!(c.done.len(), 8, "nothing set aside where nothing was");
+            if finish {
+                c.finish();
+            } else {
+                let (err, kept) = c.undo(Error::NothingToCommit);
+                assert!(!kept && err.to_string().contains("was undone"), "{err}");
+            }
+        };
+        run(false);
+        assert_eq!(tree(&root), before, "undone");
+        run(true);
+        let after = tree(&root);
+        let names: Vec<&str> = after.iter().map(|(p, _)| p.as_str()).collect();
+        // The removal emptied gone/deep and gone: both went; what was set aside went too.
+        assert_eq!(names, ["a", "a/b", "a/b/c", "in-the-way", "kept"]);
+        assert_eq!(after[2].1, b"new");
+        assert!(std::fs::read_dir(staging.join("aside")).unwrap().next().is_none());
+    }
 
     #[test]
     fn tensor_patterns() {

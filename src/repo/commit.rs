@@ -69,6 +69,9 @@ impl Repo {
             }
             let prefix = if std::fs::canonicalize(&absolute).is_ok_and(|c| c == self.root) {
                 String::new()
+            } else if std::fs::symlink_metadata(&absolute).is_ok_and(|m| m.file_type().is_symlink()) {
+                // As inside a directory (`files_under`): its files are not in the working tree.
+                return Err(Error::InvalidPath { path: p.to_path_buf(), reason: LINKED_DIRECTORY.into() });
             } else {
                 self.repo_path(&absolute)?.to_string()
             };
@@ -353,9 +356,12 @@ impl Repo {
     }
 
     /// Maps and parses the file at `p` (absolute, or relative to the repository root). A named
-    /// pipe, socket or device is refused before anything blocks on it (the writer lock is held).
+    /// pipe, socket or device is refused before anything blocks on it (the writer lock is held),
+    /// and so is a path beyond a symbolic link to a directory (git's rule: a later `switch`
+    /// would delete, and a checkout write, wherever the link leads).
     pub(super) fn read_input(&self, p: &Path) -> Result<Input> {
         let path = self.repo_path(p)?;
+        path.refuse_beyond_symlink(&self.root, "tracked")?;
         let abs = path.under(&self.root);
         Input::open(&abs, path, Rules::Commit)
     }
@@ -966,6 +972,9 @@ pub(super) fn hash_file(input: &Input, reference: TensorBlobs) -> HashedFile {
     HashedFile { segments, bundles, hash, reference, distcp: input.distcp && input.torch.is_some() }
 }
 
+/// Why a commit refuses a symbolic link to a directory.
+const LINKED_DIRECTORY: &str = "a symbolic link to a directory: not followed (name its target to commit it)";
+
 /// The files under directory `dir`, sorted ([`Repo::expand_directories`]).
 fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
@@ -980,10 +989,7 @@ fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
                     stack.push(path);
                 }
             } else if kind.is_symlink() && std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
-                return Err(Error::InvalidPath {
-                    path,
-                    reason: "a symbolic link to a directory: not followed (name its target to commit it)".into(),
-                });
+                return Err(Error::InvalidPath { path, reason: LINKED_DIRECTORY.into() });
             } else {
                 out.push(path);
             }

@@ -198,6 +198,17 @@ pub enum Error {
         /// Files the current version does not track, in the way of files to be written.
         untracked: Vec<String>,
     },
+    /// A checkout or `switch` that failed part-way through changing its target directory (the
+    /// working tree, or `--output`): what it had done was undone, except the entries of `left`.
+    #[error("{source}; {}", undone_message(dir, left))]
+    CheckoutUndone {
+        /// The target directory.
+        dir: PathBuf,
+        /// What failed.
+        source: Box<Error>,
+        /// What could not be put back: each path, where it was left and why.
+        left: Vec<String>,
+    },
     /// `checkout --tensor` into the working tree without `force`: it would replace each whole
     /// file with one holding only the matching tensors.
     #[error(
@@ -286,6 +297,15 @@ pub(crate) fn dirty_message(modified: &[String], untracked: &[String]) -> String
          or pass --force to discard them",
         parts.join("; ")
     )
+}
+
+/// The end of the message of [`Error::CheckoutUndone`].
+fn undone_message(dir: &Path, left: &[String]) -> String {
+    if left.is_empty() {
+        format!("nothing was changed: what the checkout had done in {} was undone", dir.display())
+    } else {
+        format!("undoing what the checkout had done in {} failed for: {}", dir.display(), left.join("; "))
+    }
 }
 
 /// Shorthand for repository results.

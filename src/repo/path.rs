@@ -79,6 +79,41 @@ impl RepoPath {
         p.extend(self.0.split('/'));
         p
     }
+
+    /// The first directory on the way to this path under `dir` that is a symbolic link, if
+    /// any. A file beyond one is not in the tree at `dir` but wherever the link leads (outside
+    /// it, possibly): as git refuses such a path ("beyond a symbolic link"), nothing is tracked,
+    /// written or deleted through it, and a tracked file there counts as missing. One `lstat`
+    /// per directory, stopping at the first that is not there.
+    pub fn symlinked_dir(&self, dir: &Path) -> Option<PathBuf> {
+        let mut at = dir.to_path_buf();
+        let (parents, _) = self.0.rsplit_once('/')?;
+        for part in parents.split('/') {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.file_type().is_symlink() => return Some(at),
+                Ok(m) if m.is_dir() => {}
+                // Missing, or a file: nothing can be beyond it.
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Fails when [`RepoPath::symlinked_dir`] finds a link on the way to this path under `dir`,
+    /// naming both; `doing` says what is refused ("tracked", "written", "deleted").
+    pub(super) fn refuse_beyond_symlink(&self, dir: &Path, doing: &str) -> Result<()> {
+        match self.symlinked_dir(dir) {
+            None => Ok(()),
+            Some(link) => Err(Error::InvalidPath {
+                path: self.under(dir),
+                reason: format!(
+                    "is beyond a symbolic link, {}; not {doing} through it (it could lead anywhere)",
+                    link.display()
+                ),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Display for RepoPath {
@@ -193,6 +228,29 @@ mod tests {
         assert_eq!(prefix_conflict(["x/y/z", "x/y"]), Some(("x/y".into(), "x/y/z".into())));
         assert_eq!(prefix_conflict(["x/y/z", "x"]), Some(("x".into(), "x/y/z".into())));
         assert_eq!(prefix_conflict(["ab/c", "a"]), None);
+    }
+
+    #[test]
+    fn links_to_directories_on_the_way_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("d/e")).unwrap();
+        std::os::unix::fs::symlink(root.join("d"), root.join("d/e/up")).unwrap();
+        std::os::unix::fs::symlink("nowhere", root.join("dangling")).unwrap();
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        std::fs::write(root.join("f"), b"").unwrap();
+        let found = |p: &str| RepoPath::parse(p).unwrap().symlinked_dir(root);
+        assert_eq!(found("d/e/x"), None);
+        assert_eq!(found("x"), None, "no directory on the way");
+        assert_eq!(found("d/e/up"), None, "the last component is the file itself");
+        assert_eq!(found("d/e/up/x"), Some(root.join("d/e/up")));
+        assert_eq!(found("d/e/up/e/up/x"), Some(root.join("d/e/up")), "the first one");
+        assert_eq!(found("dangling/x"), Some(root.join("dangling")));
+        assert_eq!(found("loop/x"), Some(root.join("loop")));
+        assert_eq!(found("new/dir/x"), None, "nothing beyond what is missing");
+        assert_eq!(found("f/x"), None, "nothing beyond a file");
+        let err = RepoPath::parse("d/e/up/x").unwrap().refuse_beyond_symlink(root, "written").unwrap_err();
+        assert!(err.to_string().contains("beyond a symbolic link") && err.to_string().contains("not written"), "{err}");
     }
 
     #[test]

@@ -181,6 +181,11 @@ impl Repo {
     /// that a record vouches for.
     pub(super) fn observe(&self, rp: &RepoPath, candidates: &[(u64, ObjectId)]) -> Result<Observed> {
         let path = rp.under(&self.root);
+        // Beyond a symbolic link to a directory the file is not in the working tree (git's
+        // rule): a switch must not delete it there, whatever it holds.
+        if rp.symlinked_dir(&self.root).is_some() {
+            return Ok(Observed::Missing);
+        }
         // Followed, as `commit` follows it: a symbolic link to a file is committed as the
         // file's bytes, so it is unchanged while those bytes are (and replacing the link by a
         // file of the same bytes loses nothing; a checkout never writes through it).
@@ -216,6 +221,9 @@ impl Repo {
     /// What stands at `rp` without reading it: `Missing`, `NotAFile`, or a file as `Differs`
     /// (for `--force`, where only directories matter).
     pub(super) fn observe_kind(&self, rp: &RepoPath) -> Observed {
+        if rp.symlinked_dir(&self.root).is_some() {
+            return Observed::Missing;
+        }
         match std::fs::symlink_metadata(rp.under(&self.root)) {
             Ok(m) if m.is_file() => Observed::Differs,
             Ok(_) => Observed::NotAFile,
@@ -227,7 +235,7 @@ impl Repo {
 /// What [`Repo::observe`] found at a working path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Observed {
-    /// Nothing there.
+    /// Nothing there, or the path is beyond a symbolic link to a directory (not in the tree).
     Missing,
     /// A directory, symbolic link or other non-regular file.
     NotAFile,

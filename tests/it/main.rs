@@ -40,3 +40,4 @@ mod robustness;
 mod support;
 mod watch_trust;
 mod worktree_safety;
+mod worktree_trust2;

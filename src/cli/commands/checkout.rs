@@ -1,6 +1,6 @@
 //! `ckpt checkout REV [FILE...] [--output DIR] [--tensor PATTERN] [--force]`.
 
-use crate::cli::ui::{bytes, open_repo, Ui};
+use crate::cli::ui::{bytes, one_line, open_repo, Ui};
 use anyhow::Result;
 use ckpt::repo::CheckoutOptions;
 use std::path::{Path, PathBuf};
@@ -45,7 +45,7 @@ pub fn run(ui: &Ui, base: &Path, args: CheckoutArgs) -> Result<()> {
     } else {
         args.rev.clone()
     };
-    let summary = repo.checkout_with(&rev, &options)?;
+    let summary = repo.checkout_with(&rev, &options).map_err(one_line)?;
     if summary.files.is_empty() && args.tensor.is_some() {
         anyhow::bail!("no tensor matches {:?}", args.tensor.unwrap_or_default());
     }

@@ -1,6 +1,6 @@
 //! `ckpt switch NAME [--force]`.
 
-use crate::cli::ui::{open_repo, Ui};
+use crate::cli::ui::{one_line, open_repo, Ui};
 use anyhow::Result;
 use std::path::Path;
 
@@ -19,7 +19,7 @@ pub struct SwitchArgs {
 /// Runs `ckpt switch`.
 pub fn run(ui: &Ui, base: &Path, args: SwitchArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
-    repo.switch(&args.name, args.force)?;
+    repo.switch(&args.name, args.force).map_err(one_line)?;
     eprintln!("switched to branch {}", args.name);
     Ok(())
 }
