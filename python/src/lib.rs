@@ -132,6 +132,20 @@ fn dcp_metadata_classes() -> Vec<&'static str> {
     dcp::METADATA_CLASSES.to_vec()
 }
 
+/// `name` as a remote layout (`mirror`, `deltas`: [`sync::Layout`]'s own parse); a wrong name is
+/// a wrong argument: ValueError.
+fn layout_arg(name: &str) -> PyResult<sync::Layout> {
+    name.parse().map_err(PyValueError::new_err)
+}
+
+/// Checks a remote layout's name as [`RemoteStore::open`] takes it, so that `ckpt.dcp.Writer`
+/// refuses a wrong one when it is made, not at its first save (nor ignores it for a
+/// repository target).
+#[pyfunction]
+fn check_layout(name: &str) -> PyResult<()> {
+    layout_arg(name).map(drop)
+}
+
 /// Makes the process exit with status 1 once the interpreter is finalized (a background commit
 /// failed and nobody was told). Returns whether that is in place; if not, the caller exits
 /// itself.
@@ -1190,7 +1204,7 @@ impl RemoteStore {
         create: bool,
         rank: Option<u32>,
     ) -> PyResult<RemoteStore> {
-        let layout: sync::Layout = layout.parse().map_err(PyValueError::new_err)?;
+        let layout = layout_arg(layout)?;
         let (remote, cache) = py
             .detach(move || {
                 let identity = remote_identity(&url, endpoint.as_deref());
@@ -1620,6 +1634,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     });
     m.add_function(wrap_pyfunction!(exit_with_failure, m)?)?;
     m.add_function(wrap_pyfunction!(dcp_metadata_classes, m)?)?;
+    m.add_function(wrap_pyfunction!(check_layout, m)?)?;
     m.add("CkptError", m.py().get_type::<CkptError>())?;
     m.add("PIECE_MIN", repo::PIECE_MIN)?;
     m.add_class::<Repo>()?;
