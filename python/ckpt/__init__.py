@@ -234,7 +234,9 @@ def _str_arg(value: Any, what: str, optional: bool = False) -> Optional[str]:
 def _bool_arg(value: Any, what: str) -> bool:
     """`value`, a bool: a flag given as a string ("false") or a number is a mistake, not a
     truth value."""
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy.bool_ too
+    kind = type(value)
+    # numpy's bool (`numpy.bool_`, `numpy.bool` from numpy 2) too, as the extension takes it.
+    if not isinstance(value, bool) and not (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
         raise _type_error(what, "True or False", value)
     return bool(value)
 

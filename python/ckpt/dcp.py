@@ -108,7 +108,7 @@ import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ckpt import _bool_arg, _count_arg, _str_arg, _str_list, _type_error
-from ckpt._native import check_layout, dcp_metadata_classes
+from ckpt._native import check_layout, check_names, dcp_metadata_classes
 
 __all__ = ["Writer", "Reader"]
 
@@ -732,7 +732,9 @@ def _classes():
             # rank): a string of tags is one name, as `Repo.commit` takes it.
             tags = _str_list(tags, "tags")
             _str_arg(message, "message", optional=True)
-            _str_arg(branch, "branch", optional=True)
+            # Names as a commit checks them (CkptError, as `Repo.commit` raises for a tag name).
+            branch = _str_arg(branch, "branch", optional=True)
+            check_names(tags if branch is None else [*tags, branch])
             if keep_last is not None:
                 _count_arg(keep_last, "keep_last", 1)
                 if _is_remote(os.fspath(target)):

@@ -178,6 +178,7 @@ def load(
     dicts read (``"model"``, ``"optimizer"``, ``"scheduler"``) and ``"extra"``."""
     _repo_arg(repo)
     _str_arg(rev, "rev")
+    _bool_arg(strict, "strict")
     for part, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler)):
         if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
             raise _type_error(part, "an object with a load_state_dict() method", obj)

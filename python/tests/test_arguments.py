@@ -197,6 +197,7 @@ TORCH_TYPE_ERRORS = [
     ("an optimizer to load into", lambda r: _load(r, optimizer="x"), "optimizer: expected an object"),
     ("a repository to load from as a path", lambda r: _load(r.root), "repo: expected a ckpt.Repo"),
     ("a revision to load not a str", lambda r: _load(r, 3), "rev: expected a str"),
+    ("a strict flag not a bool", lambda r: _load(r, model=_linear()[0], strict="no"), "strict: expected True or False"),
     # ckpt.dcp: when the Writer or Reader is made, not inside `dcp.save` / `dcp.load`.
     ("a Writer's message", lambda r: _writer(r.root, message=5), "message: expected a str or None, got int"),
     ("a Writer's branch", lambda r: _writer(r.root, branch=5), "branch: expected a str or None, got int"),
@@ -255,3 +256,25 @@ def test_a_dcp_writer_takes_a_string_of_tags_as_one_name(repo, monkeypatch):
     assert committed(repo) == ["save 1", "save 0"]
     ids = [v["id"] for v in repo.log()]
     assert repo.tags() == {"best": ids[1], "best2": ids[0]}
+
+
+def test_the_checks_take_what_the_calls_take(repo):
+    """No false refusal: numpy's bools are flags (as the extension takes them), a path object
+    is a callback's repository, a str is one branch."""
+    repo.commit({"m.safetensors": small(0)}, "first")
+    repo.commit({"m.safetensors": small(1)}, "second", background=np.True_).wait()
+    report = repo.prune(1, branches="main", dry_run=np.bool_(True), grace_seconds=0)
+    assert len(report["dropped"]) == 1 and committed(repo) == ["second", "first"]
+    assert _callback("lightning", repo=pathlib.Path(repo.root), background=np.False_) is not None
+    assert _callback("transformers", repo=repo) is not None
+
+
+def test_a_dcp_writer_refuses_an_invalid_name_when_it_is_made(repo):
+    """As `Repo.commit` refuses an invalid tag name at its call (CkptError, the CLI's message),
+    not on every rank inside `dcp.save`; `tags=""` is one (empty, invalid) name, as there."""
+    for tags, branch in (("", None), ("a b", None), (["ok", "-x"], None), ((), "a/b"), ((), "")):
+        with pytest.raises(ckpt.CkptError, match="invalid name"):
+            _writer(repo.root, tags=tags, branch=branch)
+    with pytest.raises(ckpt.CkptError, match="invalid name"):
+        repo.commit({"m.bin": b"x"}, "m", tags="")
+    assert _writer(repo.root, tags="step-1", branch="run.2").tags == ["step-1"]
