@@ -214,8 +214,9 @@ def _capture(
 # Every public entry point (Repo's methods, ckpt.torch, ckpt.dcp's Writer and Reader, the training
 # callbacks) checks its arguments with these when it is called: a wrong type raises TypeError and a
 # wrong value ValueError, as Python's own functions do; never CkptError (which is for operations
-# that fail: a missing revision, an existing tag, damage), never another exception from deeper
-# down, and never later (inside a background commit, a `dcp.save` or the first checkpoint).
+# that fail: a missing revision, an existing tag, damage; and for an invalid ref name, refused
+# with the CLI's message), never another exception from deeper down, and never later (inside a
+# background commit, a `dcp.save` or the first checkpoint).
 
 
 def _type_error(what: str, expected: str, value: Any) -> TypeError:
