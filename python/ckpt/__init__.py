@@ -209,6 +209,59 @@ def _capture(
     return image
 
 
+# ---- arguments ---------------------------------------------------------------------------------
+#
+# Every public entry point (Repo's methods, ckpt.torch, ckpt.dcp's Writer and Reader, the training
+# callbacks) checks its arguments with these when it is called: a wrong type raises TypeError and a
+# wrong value ValueError, as Python's own functions do; never CkptError (which is for operations
+# that fail: a missing revision, an existing tag, damage; and for an invalid ref name, refused
+# with the CLI's message), never another exception from deeper down, and never later (inside a
+# background commit, a `dcp.save` or the first checkpoint).
+
+
+def _type_error(what: str, expected: str, value: Any) -> TypeError:
+    return TypeError(f"{what}: expected {expected}, got {type(value).__name__}")
+
+
+def _str_arg(value: Any, what: str, optional: bool = False) -> Optional[str]:
+    """`value`, a str (or None, with `optional`)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _type_error(what, "a str or None" if optional else "a str", value)
+    return value
+
+
+def _bool_arg(value: Any, what: str) -> bool:
+    """`value`, a bool: a flag given as a string ("false") or a number is a mistake, not a
+    truth value."""
+    kind = type(value)
+    # numpy's bool (`numpy.bool_`, `numpy.bool` from numpy 2) too, as the extension takes it.
+    if not isinstance(value, bool) and not (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        raise _type_error(what, "True or False", value)
+    return bool(value)
+
+
+def _count_arg(value: Any, what: str, minimum: int = 1, why: str = "") -> int:
+    """`value`, an int (not a bool) of at least `minimum`; `why` says what a smaller one would
+    mean."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error(what, f"an int of at least {minimum}", value)
+    if value < minimum:
+        raise ValueError(f"{what}: expected at least {minimum}, got {value}{why}")
+    return value
+
+
+def _choice_arg(value: Any, what: str, choices: Sequence[str]) -> str:
+    """`value`, one of the strings `choices`."""
+    expected = " or ".join(repr(c) for c in choices)
+    if not isinstance(value, str):
+        raise _type_error(what, expected, value)
+    if value not in choices:
+        raise ValueError(f"{what} {value!r}: expected {expected}")
+    return value
+
+
 def _str_list(value: Any, what: str, paths: bool = False) -> List[str]:
     """`value` as a list of str: a single str (or path, with `paths`) is one item, never its
     characters; anything else must be an iterable of them."""
@@ -216,7 +269,7 @@ def _str_list(value: Any, what: str, paths: bool = False) -> List[str]:
     if isinstance(value, single):
         return [os.fspath(value)]
     if isinstance(value, (bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
-        raise TypeError(f"{what}: expected a str or a list of str, got {type(value).__name__}")
+        raise _type_error(what, "a str or a list of str", value)
     out = []
     for item in value:
         if not isinstance(item, single):
@@ -379,6 +432,7 @@ class Repo:
         reuse_buffers: bool = False,
         _native: Optional[_NativeRepo] = None,
     ):
+        reuse_buffers = _bool_arg(reuse_buffers, "reuse_buffers")
         self._native = _native if _native is not None else _NativeRepo.discover(os.fspath(path))
         self._native.set_reuse_buffers(reuse_buffers)
         # Background commits of this repository, whichever Repo object started them.
@@ -407,6 +461,8 @@ class Repo:
         into for the next commit of the same path, which then writes into pages that exist
         (about 3x faster: the stall of a background commit becomes a plain copy), at the cost of
         holding one checkpoint's bytes in memory between commits."""
+        # Checked before the repository is created, not after.
+        reuse_buffers = _bool_arg(reuse_buffers, "reuse_buffers")
         return cls(_native=_NativeRepo.init(os.fspath(path)), reuse_buffers=reuse_buffers)
 
     @property
@@ -448,18 +504,20 @@ class Repo:
         nothing raised it by the end, the process exits with status 1.
         """
         if not isinstance(files, Mapping):
-            raise TypeError(
-                "files: expected a dict of repository path -> source (a path on disk, a dict of "
-                f"tensors, or bytes), got {type(files).__name__}"
+            raise _type_error(
+                "files",
+                "a dict of repository path -> source (a path on disk, a dict of tensors, or bytes)",
+                files,
             )
         if not files:
             raise CkptError("nothing to commit: name the files to commit")
-        if not isinstance(message, str):
-            raise TypeError(f"message: expected a str, got {type(message).__name__}")
+        _str_arg(message, "message")
         tags = _str_list(tags, "tags")
+        background = _bool_arg(background, "background")
+        exact = _bool_arg(exact, "exact")
         if metadata is not None:
             if not isinstance(metadata, Mapping):
-                raise TypeError(f"metadata: expected a dict of path -> dict, got {type(metadata).__name__}")
+                raise _type_error("metadata", "a dict of path -> dict", metadata)
             for path, meta in metadata.items():
                 if path not in files or not isinstance(files[path], Mapping):
                     raise ValueError(f"metadata: {path!r} is not a dict of tensors in this commit")
@@ -519,7 +577,11 @@ class Repo:
         does (objects younger than `grace_seconds`, default the config's, stay until a later
         gc). What a tag, another branch or a remote-tracking ref needs stays. Returns the
         report as ``ckpt prune --json`` prints it ("dropped", "kept_by", "gc", ...)."""
+        keep_last = _count_arg(
+            keep_last, "keep_last", 1, " (a branch keeps at least its newest version: delete the branch to drop it all)"
+        )
         names = _str_list(branches, "branches") if branches else []
+        dry_run = _bool_arg(dry_run, "dry_run")
         _settle(self._key)
         return json.loads(self._native.prune_json(keep_last, names, dry_run, grace_seconds))
 
@@ -544,8 +606,8 @@ class Repo:
 
     def tag(self, name: str, rev: Optional[str] = None) -> str:
         """Tags `rev` (default HEAD) as `name`; returns the version id."""
-        if not isinstance(name, str):
-            raise TypeError(f"tag name: expected a str, got {type(name).__name__}")
+        _str_arg(name, "tag name")
+        _str_arg(rev, "rev", optional=True)
         _settle(self._key)
         return self._native.tag(name, rev)
 
@@ -591,8 +653,7 @@ class Repo:
         """
         import numpy as np
 
-        if framework not in ("numpy", "np", "pt", "torch"):
-            raise ValueError(f"framework {framework!r}: expected 'numpy' or 'pt'")
+        _choice_arg(framework, "framework", ("numpy", "np", "pt", "torch"))
         wanted = None if names is None else _str_list(names, "names")
         _settle(self._key)
         if path is None:

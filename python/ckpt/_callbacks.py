@@ -8,9 +8,17 @@ import sys
 import warnings
 from typing import Dict, Optional, Union
 
-from ckpt import Repo
+from ckpt import Repo, _bool_arg, _type_error
 
 _log = logging.getLogger("ckpt")
+
+
+def check_arguments(repo: object, background: object) -> None:
+    """A callback's arguments, checked when it is made: a wrong one would otherwise surface
+    at the first checkpoint, or (in the background) only as a warning there."""
+    if repo is not None and not isinstance(repo, (Repo, str, os.PathLike)):
+        raise _type_error("repo", "a ckpt.Repo, a path or None", repo)
+    _bool_arg(background, "background")
 
 
 def open_or_init(repo: Optional[Union[Repo, str, os.PathLike]], default_dir: str) -> Repo:

@@ -23,6 +23,14 @@ def dcp_metadata_classes() -> List[str]:
     """The globals a DCP `.metadata` pickle may name (``module.name``): the Rust reader's
     allow-list."""
 
+def check_layout(name: str) -> None:
+    """Raises ValueError unless `name` is a remote layout (``"mirror"``, ``"deltas"``), as
+    ``RemoteStore.open`` takes it."""
+
+def check_names(names: Sequence[str]) -> None:
+    """Raises CkptError for the first of `names` that is not a valid branch or tag name (as a
+    commit refuses it)."""
+
 def exit_with_failure() -> bool:
     """Makes the process exit with status 1 once the interpreter is finalized (a background
     commit failed and nobody was told). Returns whether that is in place; if not, the caller

@@ -105,9 +105,10 @@ import pickle
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-from ckpt._native import dcp_metadata_classes
+from ckpt import _bool_arg, _count_arg, _str_arg, _str_list, _type_error
+from ckpt._native import check_layout, check_names, dcp_metadata_classes
 
 __all__ = ["Writer", "Reader"]
 
@@ -680,21 +681,30 @@ def _classes():
         return (info.offset, info.length, index.fqn, chunk, transformed)
 
     def _target_options(cache, layout, endpoint, region, allow_http) -> Dict[str, Any]:
+        """The target's options, checked when the Writer or Reader is made (a repository target
+        ignores them, but a wrong one is still a mistake): not at the first save or load."""
         if cache is not None and not isinstance(cache, bool) and not isinstance(cache, (str, os.PathLike)):
-            raise TypeError(f"cache: None, False or a directory, not {type(cache).__name__}")
+            raise _type_error("cache", "None, False or a directory", cache)
+        # The extension's own parse of a layout name, as `RemoteStore.open` does it.
+        check_layout(_str_arg(layout, "layout"))
         return {
             "cache": cache if cache is None or isinstance(cache, bool) else os.fspath(cache),
             "layout": layout,
-            "s3": {"endpoint": endpoint, "region": region, "allow_http": allow_http},
+            "s3": {
+                "endpoint": _str_arg(endpoint, "endpoint", optional=True),
+                "region": _str_arg(region, "region", optional=True),
+                "allow_http": _bool_arg(allow_http, "allow_http"),
+            },
         }
 
     class Writer(fs.FileSystemWriter):
         """A DCP `StorageWriter` that saves into the ckpt repository or remote at `target` as
         one version on `branch` (default: the repository's current branch; `main` on a remote),
-        with `message` and `tags`. For a remote: `layout` (`"mirror"` or `"deltas"`), `cache`
-        (default `None`: a cache per remote and rank kept on this machine from save to save,
-        locked while in use and pruned to about one save after each; `False`: a temporary one
-        per save; or a directory used as it is; see the module docstring) and the S3 settings
+        with `message` and `tags` (a name, or a list of names). For a remote: `layout`
+        (`"mirror"` or `"deltas"`), `cache` (default `None`: a cache per remote and rank kept on
+        this machine from save to save, locked while in use and pruned to about one save after
+        each; `False`: a temporary one per save; or a directory used as it is; see the module
+        docstring) and the S3 settings
         `endpoint`, `region`, `allow_http` (else from `AWS_*`). With the kept cache a save on top
         of the previous one downloads nothing of the rank's own previous file. After a save,
         `traffic` says what this rank moved for it (`RemoteStore.traffic`: downloads, uploads,
@@ -708,7 +718,7 @@ def _classes():
             self,
             target: Any,
             message: Optional[str] = None,
-            tags: Iterable[str] = (),
+            tags: Union[str, Iterable[str]] = (),
             branch: Optional[str] = None,
             layout: str = "mirror",
             cache: Any = None,
@@ -718,22 +728,29 @@ def _classes():
             keep_last: Optional[int] = None,
             **kwargs: Any,
         ) -> None:
+            # Every argument is checked here, not at the first save (inside `dcp.save`, on every
+            # rank): a string of tags is one name, as `Repo.commit` takes it.
+            tags = _str_list(tags, "tags")
+            _str_arg(message, "message", optional=True)
+            # Names as a commit checks them (CkptError, as `Repo.commit` raises for a tag name).
+            branch = _str_arg(branch, "branch", optional=True)
+            check_names(tags if branch is None else [*tags, branch])
             if keep_last is not None:
-                if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-                    raise ValueError(f"keep_last: a number of versions of at least 1, not {keep_last!r}")
+                _count_arg(keep_last, "keep_last", 1)
                 if _is_remote(os.fspath(target)):
                     raise ValueError(
                         f"{os.fspath(target)}: keep_last is for a repository target; a remote keeps every "
                         "save (prune a clone, or the repository that pushes to it)"
                     )
+            options = _target_options(cache, layout, endpoint, region, allow_http)
             kwargs.setdefault("sync_files", False)  # the store syncs what it writes
             super().__init__(path=os.fspath(target), **kwargs)
             self.target = os.fspath(target)
             self.keep_last = keep_last
             self.message = message if message is not None else "dcp save"
-            self.tags = list(tags)
+            self.tags = tags
             self.branch = branch
-            self.options = _target_options(cache, layout, endpoint, region, allow_http)
+            self.options = options
             self._opened = None
             self.fs = _StoreFS(None)
             self.traffic: Dict[str, int] = {}
@@ -966,11 +983,14 @@ def _classes():
             allow_http: bool = False,
             trust_metadata: bool = False,
         ) -> None:
+            _str_arg(rev, "rev")
+            _bool_arg(trust_metadata, "trust_metadata")
+            options = _target_options(cache, "mirror", endpoint, region, allow_http)
             super().__init__(path=os.fspath(target))
             self.target = os.fspath(target)
             self.rev = rev
             self.trust_metadata = trust_metadata
-            self.options = _target_options(cache, "mirror", endpoint, region, allow_http)
+            self.options = options
             self._opened = None
             self._version: Optional[str] = None
             self._files: Dict[str, Any] = {}
@@ -1162,14 +1182,15 @@ _BUILT: Optional[Dict[str, Any]] = None
 def Writer(
     target: Any,
     message: Optional[str] = None,
-    tags: Iterable[str] = (),
+    tags: Union[str, Iterable[str]] = (),
     branch: Optional[str] = None,
     **kwargs: Any,
 ):
     """A DCP `StorageWriter` saving into the ckpt repository or remote at `target` (see the
     module docstring): one version on `branch` (default: the current branch; `main` on a
-    remote) with `message`, `tags`. For a remote also `layout`, `cache`, `endpoint`, `region`,
-    `allow_http`."""
+    remote) with `message`, `tags` (a name, or a list of names). For a remote also `layout`,
+    `cache`, `endpoint`, `region`, `allow_http`. Every argument is checked here (TypeError,
+    ValueError), not at the first save."""
     return _classes()["Writer"](target, message=message, tags=tags, branch=branch, **kwargs)
 
 

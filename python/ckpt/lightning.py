@@ -77,6 +77,7 @@ def _make_class():
         """
 
         def __init__(self, repo: Any = None, background: bool = False):
+            _callbacks.check_arguments(repo, background)
             super().__init__()
             self._repo_arg = repo
             self.repo = None

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, Dict, Sequence, Union
 
-from ckpt import CkptError, Repo
+from ckpt import CkptError, Repo, _bool_arg, _str_arg, _type_error
 
 STATE_FILE = "state.json"
 STATE_FORMAT = 1
@@ -113,13 +114,21 @@ def save(
     ``state_dict()``, or state dicts) and `extra` (JSON-like, tensors allowed) as one version,
     which holds only these files (other files of the previous version are not carried over).
     Returns the version id, or with ``background=True`` a handle (see :meth:`ckpt.Repo.commit`)."""
+    _repo_arg(repo)
+    parts = (("model", model), ("optimizer", optimizer), ("scheduler", scheduler))
+    for part, obj in parts:
+        if obj is not None and not (callable(getattr(obj, "state_dict", None)) or isinstance(obj, Mapping)):
+            raise _type_error(part, "an object with a state_dict() method, or a state dict", obj)
+    _str_arg(message, "message")
+    _bool_arg(background, "background")
     files: Dict[str, Dict[str, Any]] = {}
     state: Dict[str, Any] = {"format": STATE_FORMAT}
-    parts = (("model", model), ("optimizer", optimizer), ("scheduler", scheduler))
     for part, obj in parts:
         if obj is None:
             continue
-        sd = obj.state_dict() if hasattr(obj, "state_dict") else obj
+        sd = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+        if not isinstance(sd, Mapping):
+            raise _type_error(f"{part}.state_dict()", "a dict", sd)
         tensors: Dict[str, Any] = {}
         if part == "model":
             # A model's state dict is a flat mapping of names to tensors; other values go to JSON.
@@ -144,6 +153,11 @@ def save(
     return _commit_with_state(repo, files, text, message, tags, background)
 
 
+def _repo_arg(repo: Any) -> None:
+    if not isinstance(repo, Repo):
+        raise _type_error("repo", "a ckpt.Repo (ckpt.Repo(path) opens one)", repo)
+
+
 def _commit_with_state(repo: Repo, files, state_text: str, message, tags, background):
     sources: Dict[str, Any] = dict(files)
     sources[STATE_FILE] = state_text.encode()
@@ -162,6 +176,12 @@ def load(
     """Restores version `rev` (written by :func:`save`) into `model`, `optimizer` and
     `scheduler` (each optional) with their ``load_state_dict``. Returns a dict of the state
     dicts read (``"model"``, ``"optimizer"``, ``"scheduler"``) and ``"extra"``."""
+    _repo_arg(repo)
+    _str_arg(rev, "rev")
+    _bool_arg(strict, "strict")
+    for part, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler)):
+        if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
+            raise _type_error(part, "an object with a load_state_dict() method", obj)
     state = json.loads(repo.read_file(STATE_FILE, rev))
     if state.get("format") != STATE_FORMAT:
         raise CkptError(f"{STATE_FILE} in {rev}: format {state.get('format')!r}, expected {STATE_FORMAT}")

@@ -42,6 +42,7 @@ def _make_class():
         """
 
         def __init__(self, repo: Any = None, background: bool = False):
+            _callbacks.check_arguments(repo, background)
             self._repo_arg = repo
             self.repo = None
             self.background = background

@@ -132,6 +132,29 @@ fn dcp_metadata_classes() -> Vec<&'static str> {
     dcp::METADATA_CLASSES.to_vec()
 }
 
+/// `name` as a remote layout (`mirror`, `deltas`: [`sync::Layout`]'s own parse); a wrong name is
+/// a wrong argument: ValueError.
+fn layout_arg(name: &str) -> PyResult<sync::Layout> {
+    name.parse().map_err(PyValueError::new_err)
+}
+
+/// Checks a remote layout's name as [`RemoteStore::open`] takes it, so that `ckpt.dcp.Writer`
+/// refuses a wrong one when it is made, not at its first save (nor ignores it for a
+/// repository target).
+#[pyfunction]
+fn check_layout(name: &str) -> PyResult<()> {
+    layout_arg(name).map(drop)
+}
+
+/// Checks branch and tag names as a commit does (`repo::check_name`), with no repository at
+/// hand: `ckpt.dcp.Writer` refuses an invalid one when it is made, as `Repo.commit` does at its
+/// call, not on every rank inside `dcp.save`. The error is the library's (CkptError), as
+/// there.
+#[pyfunction]
+fn check_names(names: Vec<String>) -> PyResult<()> {
+    names.iter().try_for_each(|name| repo::check_name(name)).map_err(to_py)
+}
+
 /// Makes the process exit with status 1 once the interpreter is finalized (a background commit
 /// failed and nobody was told). Returns whether that is in place; if not, the caller exits
 /// itself.
@@ -1190,7 +1213,7 @@ impl RemoteStore {
         create: bool,
         rank: Option<u32>,
     ) -> PyResult<RemoteStore> {
-        let layout: sync::Layout = layout.parse().map_err(PyValueError::new_err)?;
+        let layout = layout_arg(layout)?;
         let (remote, cache) = py
             .detach(move || {
                 let identity = remote_identity(&url, endpoint.as_deref());
@@ -1620,6 +1643,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     });
     m.add_function(wrap_pyfunction!(exit_with_failure, m)?)?;
     m.add_function(wrap_pyfunction!(dcp_metadata_classes, m)?)?;
+    m.add_function(wrap_pyfunction!(check_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(check_names, m)?)?;
     m.add("CkptError", m.py().get_type::<CkptError>())?;
     m.add("PIECE_MIN", repo::PIECE_MIN)?;
     m.add_class::<Repo>()?;

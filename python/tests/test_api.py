@@ -137,7 +137,8 @@ def test_prune_keeps_the_newest_versions_and_a_tagged_one(repo):
     assert_same_tensors(repo.load("best"), sample(1))
     with pytest.raises(ckpt.CkptError, match="dropped by `ckpt prune`"):
         repo.load(ids[2])
-    with pytest.raises(ckpt.CkptError, match="keep-last 0"):
+    # A wrong argument (test_arguments.py), as `Writer(keep_last=0)`.
+    with pytest.raises(ValueError, match="keep_last: expected at least 1, got 0"):
         repo.prune(0)
 
 
