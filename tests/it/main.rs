@@ -14,6 +14,7 @@ mod git_remote;
 mod git_setup_trust;
 mod git_store_trust;
 
+mod push_trust2;
 mod remote;
 mod remote_crash;
 mod remote_faults;
