@@ -56,7 +56,10 @@ impl Store {
                 if header.raw_len > MAX_DATA_OBJECT_LEN {
                     return Err(Error::Corrupt {
                         id: *id,
-                        reason: format!("a {} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", header.kind, header.raw_len),
+                        reason: format!(
+                            "a {} of {} bytes (at most {MAX_DATA_OBJECT_LEN})",
+                            header.kind, header.raw_len
+                        ),
                     });
                 }
                 raw.container()?

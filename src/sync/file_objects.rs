@@ -212,7 +212,8 @@ impl Repo {
         let mut to_verify: Vec<ObjectId> = need.iter().map(|n| n.id).collect();
         to_verify.extend(wire.values().map(|w| w.reference));
         if let Some(journal) = &journal {
-            to_verify.extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| self.store().contains(id)));
+            to_verify
+                .extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| self.store().contains(id)));
         }
         checked.verify_here(self, remote, to_verify)?;
         // Written before anything goes up: a rerun (of any push) finishes the recodes.
@@ -780,6 +781,27 @@ mod tests {
             // The rerun sends only the rest.
             let rerun = store.push_files(&remote.inner, &manifests).unwrap();
             assert_eq!(rerun.objects as usize, total - stop, "stopped after {stop}");
+        }
+    }
+
+    #[test]
+    fn a_file_damaged_here_is_refused_before_anything_goes_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        let newest = &files[2].0;
+        let blob = store.manifest(&newest.manifest).unwrap().blobs().next().unwrap();
+        let path = store.store().object_path(&blob);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n / 2] ^= 0x08;
+        std::fs::write(&path, bytes).unwrap();
+        let remote_dir = dir.path().join("remote");
+        let remote = DirRemote::create(remote_dir.to_str().unwrap()).unwrap();
+        for layout in [Layout::Deltas, Layout::Mirror] {
+            let e =
+                store.push_files_against(&remote, &[newest.manifest], &HashMap::new(), layout).unwrap_err().to_string();
+            assert!(e.contains(&blob.to_hex()) && e.contains("damaged"), "{e}");
+            assert!(remote.list("objects/").unwrap().is_empty(), "{layout}: something went up");
         }
     }
 

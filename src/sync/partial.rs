@@ -35,8 +35,7 @@ pub(super) fn check_pushable(
     for n in need.iter().filter(|n| n.kind == ObjectKind::Version && cut.contains(&n.id)) {
         let version = repo.version(&n.id)?;
         let pruned = cut.is_pruned(&n.id);
-        let lacking =
-            |p: &&VersionId| !on_remote(p) && !sent.contains(*p) && (pruned || !repo.store().contains(p));
+        let lacking = |p: &&VersionId| !on_remote(p) && !sent.contains(*p) && (pruned || !repo.store().contains(p));
         if let Some(p) = version.parents.iter().find(lacking) {
             let reason = if pruned {
                 format!(

@@ -258,11 +258,8 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     // less the local chains of those blobs: after a compaction here, an old blob is a delta
     // against a new one, which the remote does not have. A repair takes nothing for granted:
     // everything the remote's refs need too, each object looked for in the listing.
-    let have: HashSet<ObjectId> = if options.repair {
-        HashSet::new()
-    } else {
-        repo.named(&remote_known)?.into_iter().map(|n| n.id).collect()
-    };
+    let have: HashSet<ObjectId> =
+        if options.repair { HashSet::new() } else { repo.named(&remote_known)?.into_iter().map(|n| n.id).collect() };
     let mut roots: Vec<VersionId> = moves.iter().map(|m| m.4).chain(incomplete.iter().copied()).collect();
     if options.repair {
         roots.extend(remote_known.iter().copied());
@@ -367,7 +364,8 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     let mut to_verify: Vec<ObjectId> = need.iter().map(|n| n.id).chain(damaged.iter().copied()).collect();
     to_verify.extend(wire.values().map(|w| w.reference));
     for journal in &journals {
-        to_verify.extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| repo.store().contains(id)));
+        to_verify
+            .extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| repo.store().contains(id)));
     }
     checked.verify_here(repo, remote, to_verify)?;
     let mut recodes: HashMap<VersionId, (Journal, Instant)> = HashMap::new();
