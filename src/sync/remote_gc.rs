@@ -198,7 +198,15 @@ fn wait_for_gcs(
                 let _ = remote.delete(key);
             }
             if !told.is_empty() {
-                note(&format!("{}: no ckpt gc --remote runs any more; {what} goes on", remote.url()));
+                let ended = match dead.len() {
+                    0 => "the ckpt gc --remote ended".to_string(),
+                    _ => format!(
+                        "took the ckpt gc --remote of {} for dead (unchanged for {} minutes) and deleted its record",
+                        dead.join(", "),
+                        GC_DEAD_AFTER.as_secs() / 60
+                    ),
+                };
+                note(&format!("{}: {ended}; {what} goes on", remote.url()));
             }
             return Ok(dead);
         };
