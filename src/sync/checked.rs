@@ -86,7 +86,7 @@ impl Checked {
         let stage = Staging::create(repo.ckpt_dir())?;
         match check_there(repo, remote, id, Some(ObjectKind::Blob), &stage)? {
             There::Intact => {}
-            There::Damaged(_) => {
+            There::Damaged => {
                 replace_there(repo, remote, id, self)?;
             }
             There::Missing | There::Unchecked => return Ok(false),
@@ -103,8 +103,8 @@ pub(super) enum There {
     Intact,
     /// Not there.
     Missing,
-    /// It does not decode to its id (why).
-    Damaged(String),
+    /// It does not decode to its id.
+    Damaged,
     /// A delta against an object this store lacks, so it cannot be checked here.
     Unchecked,
 }
@@ -124,14 +124,14 @@ pub(super) fn check_there(
     let tmp = match receive_into(repo, remote, id, &received, stage.dir()) {
         Ok(path) => reopen(path)?,
         Err(Error::Remote(remote::Error::NotFound { .. })) => return Ok(There::Missing),
-        Err(Error::Remote(e @ remote::Error::TooLarge { .. })) => return Ok(There::Damaged(e.to_string())),
+        Err(Error::Remote(remote::Error::TooLarge { .. })) => return Ok(There::Damaged),
         Err(e) => return Err(e),
     };
     Ok(match repo.store().check_received(id, kind, &tmp) {
         Ok(_) => There::Intact,
         Err(crate::store::Error::Missing { id: lacking }) if lacking != *id => There::Unchecked,
         Err(e @ crate::store::Error::Io { .. }) => return Err(e.into()),
-        Err(e) => There::Damaged(e.to_string()),
+        Err(_) => There::Damaged,
     })
 }
 
@@ -152,8 +152,8 @@ pub(super) struct Survey {
     pub checked: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Those that do not decode to their id, each with why.
-    pub damaged: Vec<(ObjectId, String)>,
+    /// Those that do not decode to their id.
+    pub damaged: Vec<ObjectId>,
     /// Those that could not be checked here (deltas against objects this store lacks).
     pub unchecked: Vec<ObjectId>,
 }
@@ -182,7 +182,7 @@ pub(super) fn find_damaged_there(
             There::Intact => checked.good_there(*id),
             // Gone since the listing (a gc): the push uploads what the remote lacks.
             There::Missing => {}
-            There::Damaged(why) => survey.damaged.push((*id, why)),
+            There::Damaged => survey.damaged.push(*id),
             There::Unchecked => survey.unchecked.push(*id),
         }
         repo.progress().set(done.fetch_add(*size, Ordering::Relaxed) + size);

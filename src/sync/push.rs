@@ -120,6 +120,12 @@ pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport
 /// new version changed are replaced on the remote by deltas against the new blobs, as a
 /// journal written first records; journals a killed push left are finished first. In the
 /// deltas layout new blobs go up as forward deltas and nothing is replaced.
+///
+/// Everything the push reads here to send is verified before anything goes up
+/// ([`Error::DamagedHere`] otherwise, with nothing of it uploaded), and a recode codes only
+/// against a remote blob known good (docs/format.md, "Bit rot and repairs"). With
+/// [`PushOptions::repair`], the remote's copies of everything the refs need are also checked,
+/// and damaged ones replaced.
 pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Result<PushReport> {
     let url = remote.url().to_string();
     // Pending compactions first, as `gc` runs them: the blobs a distributed save stored
@@ -304,7 +310,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             report.remote_checked = survey.checked;
             report.remote_bytes_checked = survey.bytes;
             report.remote_unchecked = survey.unchecked.len() as u64;
-            damaged = survey.damaged.into_iter().map(|(id, _)| id).collect();
+            damaged = survey.damaged;
         }
         relied = need.iter().map(|n| n.id).filter(|id| !reached.contains(id)).collect();
         let before = need.len();

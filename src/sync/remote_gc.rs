@@ -256,9 +256,9 @@ fn waiting_note(
         );
     }
     format!(
-        "{url}: {what} waits for a ckpt gc --remote to end (a gc may delete what a write counts on): its record \
-         {key} was last written at {} and is unchanged since {}; if it stays unchanged, the gc is taken for dead at \
-         {} (a killed gc leaves its record), and the wait ends at {} at the latest",
+        "{url}: {what} waits for a ckpt gc --remote to end: its record {key} was last written at {} and is \
+         unchanged since {}; if it stays unchanged, the gc is taken for dead at {} (a killed gc leaves its \
+         record), and the wait ends at {} at the latest",
         utc(written),
         utc(unchanged_since),
         utc(unchanged_since + GC_DEAD_AFTER),

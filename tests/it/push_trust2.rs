@@ -118,6 +118,34 @@ fn a_push_never_sends_an_object_damaged_here(r: &Served) {
     clone_reads(r, &[("main", model(7, 0))]);
 }
 
+/// Item 5, the recode's side: v0's blob, recoded here as a delta against v1's by compaction,
+/// rots locally. A mirror push of v1 would replace the remote's intact copy by that delta:
+/// the push is refused before anything goes up, and the remote keeps v0 as it was.
+fn a_recode_from_a_blob_damaged_here_is_refused(r: &Served) {
+    let a = trained(r, 13, 1);
+    r.ok(a.path(), &["remote", "add", "origin", &r.url]);
+    r.ok(a.path(), &["push"]);
+    let v0 = head(a.path());
+    std::fs::write(a.path().join("model.safetensors"), model(13, 1)).unwrap();
+    r.ok(a.path(), &["commit", "-m", "epoch 1", "model.safetensors"]);
+    let repo = Repo::open(a.path()).unwrap();
+    let older = version_blobs(a.path(), "main~1")
+        .into_iter()
+        .find(|b| repo.store().header(b).unwrap().reference.is_some())
+        .expect("compaction made a v0 blob a delta against v1's");
+    let remote_before = remote_objects(&r.objects);
+    flip(&object_file(&a.path().join(".ckpt/objects"), &older));
+
+    let out = r.ckpt(a.path(), &["push"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&older.to_hex()), "{}", stderr(&out));
+    assert_eq!(remote_ref(r, "main"), v0);
+    let remote_after = remote_objects(&r.objects);
+    assert_eq!(remote_after.keys().collect::<std::collections::BTreeSet<_>>(), remote_before.keys().collect());
+    assert_eq!(remote_after[&older].header.reference, None, "v0's blob was recoded there");
+    clone_reads(r, &[("main", model(13, 0))]);
+}
+
 /// Item 5, the repair: a remote an older ckpt damaged (v1's blob rotten there, and v0's blob a
 /// delta against it: both versions unreadable) is repaired by `push --repair` from a healthy
 /// clone: it downloads and checks every object main needs, and replaces each damaged one by
@@ -318,6 +346,7 @@ macro_rules! suite {
 
 suite!(
     a_push_never_sends_an_object_damaged_here,
+    a_recode_from_a_blob_damaged_here_is_refused,
     push_repair_replaces_what_the_remote_holds_damaged,
     a_journal_is_not_finished_against_a_damaged_blob,
     a_pruned_push_is_refused_naming_prune_and_leaves_nothing,
