@@ -75,6 +75,15 @@ impl ckpt::repo::Progress for BarProgress {
             }
         }
     }
+    fn note(&self, line: &str) {
+        // Above the bar, if one is shown; on stderr whether or not it is (a wait is no
+        // progress that `--quiet` or a pipe should hide).
+        let shown = self.bar.lock().ok().and_then(|slot| slot.as_ref().filter(|b| !b.is_hidden()).cloned());
+        match shown {
+            Some(bar) => bar.suspend(|| eprintln!("{}", printable(line))),
+            None => eprintln!("{}", printable(line)),
+        }
+    }
     fn finish(&self) {
         if let Ok(mut slot) = self.bar.lock() {
             if let Some(bar) = slot.take() {

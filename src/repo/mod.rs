@@ -109,6 +109,11 @@ pub trait Progress: Send + Sync {
     }
     /// The phase is over.
     fn finish(&self) {}
+    /// A line to show the user now, whether or not progress is shown: what the operation
+    /// waits for, since when and until when (a remote gc's record a push waits on).
+    fn note(&self, line: &str) {
+        let _ = line;
+    }
 }
 
 struct NoProgress;

@@ -73,21 +73,47 @@ impl Repo {
         if first.is_ok() {
             return Ok(first);
         }
-        let _lock = match super::lock::ReaderLock::acquire(&self.dir.join("lock"), self.lock_timeout) {
-            Ok(lock) => lock,
-            // The lock file cannot be opened for writing (a read-only copy of a repository):
-            // no writer can run there either, so the first pass stands.
+        let Some(_lock) = self.confirming_lock()? else { return Ok(first) };
+        let suspects: HashSet<ObjectId> = first.bad_objects.iter().map(|o| o.id).collect();
+        let confirmed = self.verify_pass(Some(&suspects))?;
+        Ok(VerifyReport { objects_checked: first.objects_checked, bytes_checked: first.bytes_checked, ..confirmed })
+    }
+
+    /// The shared side of the writer lock, under which what a first look found damaged is
+    /// checked again (a writer running meanwhile can make a healthy object look damaged to a
+    /// reader that takes no lock). `None` where the lock file cannot be opened for writing (a
+    /// read-only copy of a repository): no writer can run there either, so the first look stands.
+    fn confirming_lock(&self) -> Result<Option<super::lock::ReaderLock>> {
+        match super::lock::ReaderLock::acquire(&self.dir.join("lock"), self.lock_timeout) {
+            Ok(lock) => Ok(Some(lock)),
             Err(super::Error::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::PermissionDenied
                     || source.raw_os_error() == Some(libc::EROFS) =>
             {
-                return Ok(first)
+                Ok(None)
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The objects of `ids` that are damaged or missing here, each with its problem: re-hashed
+    /// as [`Self::verify`] re-hashes them (blobs a delta chain at a time, so that each object
+    /// is decoded about once), and what that finds checked again under the shared side of the
+    /// writer lock, as there. What a push checks before anything it sends goes up
+    /// (`crate::sync`), so that it never spreads a damaged object to a remote.
+    pub(crate) fn damaged(&self, ids: &[ObjectId]) -> Result<Vec<BadObject>> {
+        let mut bad = BTreeMap::new();
+        self.verify_objects(ids, &mut VerifyReport::default(), &mut bad);
+        if bad.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(_lock) = self.confirming_lock()? else {
+            return Ok(bad.into_iter().map(|(id, problem)| BadObject { id, problem }).collect());
         };
-        let suspects: HashSet<ObjectId> = first.bad_objects.iter().map(|o| o.id).collect();
-        let confirmed = self.verify_pass(Some(&suspects))?;
-        Ok(VerifyReport { objects_checked: first.objects_checked, bytes_checked: first.bytes_checked, ..confirmed })
+        let suspects: Vec<ObjectId> = bad.into_keys().collect();
+        let mut confirmed = BTreeMap::new();
+        self.verify_objects(&suspects, &mut VerifyReport::default(), &mut confirmed);
+        Ok(confirmed.into_iter().map(|(id, problem)| BadObject { id, problem }).collect())
     }
 
     /// One pass of [`Self::verify`]: every object re-hashed (`suspects: None`), or only the

@@ -21,42 +21,53 @@ impl Store {
     }
 
     /// Checks the received object in `tmp` against `id` and stores it. The whole object is
-    /// decoded and hashed: a blob through its delta chain, whose references must already be in
-    /// the store (import bases first), a manifest or version as data. With `kind`, the object
-    /// must be of that kind. On any error `tmp` is deleted and nothing is stored.
+    /// decoded and hashed ([`Store::check_received`]); on any error `tmp` is deleted and nothing
+    /// is stored.
     pub fn import(&self, id: &ObjectId, kind: Option<ObjectKind>, tmp: tempfile::NamedTempFile) -> Result<Written> {
         let stored_len = tmp.as_file().metadata().map_err(super::io("reading", tmp.path()))?.len();
-        let header = {
-            let file = tmp.reopen().map_err(super::io("reading", tmp.path()))?;
-            let map = crate::mmap::map(&file).map_err(super::io("reading", tmp.path()))?;
-            let header = ObjectHeader::decode(*id, &map)?;
-            if let Some(kind) = kind.filter(|k| *k != header.kind) {
-                return Err(Error::WrongKind { id: *id, expected: kind, found: header.kind });
-            }
-            let raw = RawObject { id: *id, header, map };
-            match header.kind {
-                ObjectKind::Blob => {
-                    self.open_chain_from(Some(raw), id)?.copy_to(&mut std::io::sink())?;
-                }
-                _ => {
-                    if header.raw_len > MAX_DATA_OBJECT_LEN {
-                        return Err(Error::Corrupt {
-                            id: *id,
-                            reason: format!(
-                                "a {} of {} bytes (at most {MAX_DATA_OBJECT_LEN})",
-                                header.kind, header.raw_len
-                            ),
-                        });
-                    }
-                    raw.container()?
-                        .decode_to(&mut std::io::sink())
-                        .map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;
-                }
-            }
-            header
-        };
+        let header = self.check_received(id, kind, &tmp)?;
         self.persist(tmp, id)?;
         Ok(Written { id: *id, header, stored_len })
+    }
+
+    /// Checks the received object in `tmp` against `id` without storing it: the whole object
+    /// decoded and hashed, a blob through its delta chain, whose references must be in the
+    /// store (their content, whatever form they have here), a manifest or version as data.
+    /// With `kind`, the object must be of that kind. Also what a push uses to tell whether a
+    /// remote's copy of an object is intact.
+    pub fn check_received(
+        &self,
+        id: &ObjectId,
+        kind: Option<ObjectKind>,
+        tmp: &tempfile::NamedTempFile,
+    ) -> Result<ObjectHeader> {
+        let file = tmp.reopen().map_err(super::io("reading", tmp.path()))?;
+        let map = crate::mmap::map(&file).map_err(super::io("reading", tmp.path()))?;
+        let header = ObjectHeader::decode(*id, &map)?;
+        if let Some(kind) = kind.filter(|k| *k != header.kind) {
+            return Err(Error::WrongKind { id: *id, expected: kind, found: header.kind });
+        }
+        let raw = RawObject { id: *id, header, map };
+        match header.kind {
+            ObjectKind::Blob => {
+                self.open_chain_from(Some(raw), id)?.copy_to(&mut std::io::sink())?;
+            }
+            _ => {
+                if header.raw_len > MAX_DATA_OBJECT_LEN {
+                    return Err(Error::Corrupt {
+                        id: *id,
+                        reason: format!(
+                            "a {} of {} bytes (at most {MAX_DATA_OBJECT_LEN})",
+                            header.kind, header.raw_len
+                        ),
+                    });
+                }
+                raw.container()?
+                    .decode_to(&mut std::io::sink())
+                    .map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;
+            }
+        }
+        Ok(header)
     }
 
     /// The content of a received manifest or version (checked like [`Store::read_data`]:

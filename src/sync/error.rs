@@ -51,6 +51,23 @@ pub enum Error {
         /// Why, with what to do.
         reason: String,
     },
+    /// A write to a remote refused before it sent anything that needs them: objects it would
+    /// upload or code a delta against are damaged or missing in the local store (a push never
+    /// spreads bit rot to a remote).
+    #[error(
+        "{remote}: refused: {} in this store {} damaged ({}); nothing that needs {} was uploaded. `ckpt verify` \
+         names the versions affected",
+        count(objects.len(), "object"),
+        if objects.len() == 1 { "is" } else { "are" },
+        shown(objects),
+        if objects.len() == 1 { "it" } else { "them" }
+    )]
+    DamagedHere {
+        /// The remote's URL.
+        remote: String,
+        /// The damaged objects, each with its problem.
+        objects: Vec<repo::BadObject>,
+    },
     /// `ckpt gc --remote` refused to run, or stopped before deleting anything.
     #[error("{remote}: gc refused: {reason}")]
     RemoteGc {
@@ -115,6 +132,25 @@ pub enum Error {
         /// Untracked files in the way.
         untracked: Vec<String>,
     },
+}
+
+/// "1 object", "3 objects".
+fn count(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+/// The first few damaged objects, each with its problem.
+fn shown(objects: &[repo::BadObject]) -> String {
+    // A store error names its object already.
+    let one = |o: &repo::BadObject| match o.problem.contains(&o.id.to_hex()) {
+        true => o.problem.clone(),
+        false => format!("{}: {}", o.id, o.problem),
+    };
+    let mut text: Vec<String> = objects.iter().take(3).map(one).collect();
+    if objects.len() > 3 {
+        text.push(format!("and {} more", objects.len() - 3));
+    }
+    text.join("; ")
 }
 
 /// Shorthand for sync results.

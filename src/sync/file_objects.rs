@@ -8,6 +8,7 @@
 //! present on the remote means its file can be restored from there; everything downloaded is
 //! verified against its id before it enters the local store, bases first.
 
+use super::checked::Checked;
 use super::layout::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Layout};
 use super::remote_gc::{fresh_on, mark_git_filter, GcWatch};
 use super::transfer::{parallel, receive_into, reopen, upload_wire_delta, with_retries, Staging};
@@ -156,8 +157,9 @@ impl Repo {
         let transfers = TRANSFERS;
         let mut report =
             FileTransfer { remote: remote.url().to_string(), files: manifests.len(), ..Default::default() };
+        let checked = Checked::default();
         if layout == Layout::Mirror {
-            let ((objects, bytes), _) = finish_journals(self, remote, &|_| false, transfers)?;
+            let ((objects, bytes), _) = finish_journals(self, remote, &|_| false, transfers, &checked)?;
             report.objects += objects;
             report.objects_recoded += objects;
             report.bytes += bytes;
@@ -205,6 +207,15 @@ impl Repo {
                 (HashMap::new(), (!recodes.is_empty()).then(|| file_journal(recodes)))
             }
         };
+        // What goes up, what its deltas are coded against and what its recodes replace remote
+        // blobs by, verified here before anything goes up (`checked.rs`).
+        let mut to_verify: Vec<ObjectId> = need.iter().map(|n| n.id).collect();
+        to_verify.extend(wire.values().map(|w| w.reference));
+        if let Some(journal) = &journal {
+            to_verify
+                .extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| self.store().contains(id)));
+        }
+        checked.verify_here(self, remote, to_verify)?;
         // Written before anything goes up: a rerun (of any push) finishes the recodes.
         if let Some(journal) = &journal {
             write_journal(self, remote, journal)?;
@@ -232,6 +243,8 @@ impl Repo {
             }
             let (len, uploaded) = self.upload_object(remote, &n.id)?;
             if uploaded != Uploaded::Existed {
+                // Verified bytes, written there now: a recode may code against them.
+                checked.good_there(n.id);
                 report.objects += 1;
                 report.bytes += len;
             }
@@ -248,7 +261,7 @@ impl Repo {
             watch.settle(self, remote, &relied)?;
         }
         if let Some(journal) = journal {
-            let (objects, bytes) = recode(self, remote, &journal.recodes, transfers)?;
+            let (objects, bytes) = recode(self, remote, &journal.recodes, transfers, &checked)?;
             report.objects += objects;
             report.objects_recoded += objects;
             report.bytes += bytes;
@@ -352,6 +365,8 @@ impl Repo {
     }
 
     /// Uploads one object file as it is now; returns its length and whether it was created.
+    /// Callers verify it first (`checked.rs`, [`Checked::verify_here`]: many at once costs
+    /// less than one by one, a delta chain being decoded once).
     pub(super) fn upload_object(&self, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
         let path = self.store().object_path(id);
         let io = |action| {
@@ -766,6 +781,27 @@ mod tests {
             // The rerun sends only the rest.
             let rerun = store.push_files(&remote.inner, &manifests).unwrap();
             assert_eq!(rerun.objects as usize, total - stop, "stopped after {stop}");
+        }
+    }
+
+    #[test]
+    fn a_file_damaged_here_is_refused_before_anything_goes_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, files) = store_with_steps(dir.path());
+        let newest = &files[2].0;
+        let blob = store.manifest(&newest.manifest).unwrap().blobs().next().unwrap();
+        let path = store.store().object_path(&blob);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n / 2] ^= 0x08;
+        std::fs::write(&path, bytes).unwrap();
+        let remote_dir = dir.path().join("remote");
+        let remote = DirRemote::create(remote_dir.to_str().unwrap()).unwrap();
+        for layout in [Layout::Deltas, Layout::Mirror] {
+            let e =
+                store.push_files_against(&remote, &[newest.manifest], &HashMap::new(), layout).unwrap_err().to_string();
+            assert!(e.contains(&blob.to_hex()) && e.contains("damaged"), "{e}");
+            assert!(remote.list("objects/").unwrap().is_empty(), "{layout}: something went up");
         }
     }
 

@@ -18,6 +18,7 @@
 //! reaches, written more than the grace period ago (`gc_grace_seconds`; a push rewrites its
 //! journal before it moves its ref if its upload took half of that).
 
+use super::checked::Checked;
 use super::remotes::{parse_ref, ref_key};
 use super::transfer::{parallel, with_retries};
 use super::{Error, Result};
@@ -247,6 +248,7 @@ pub(super) fn finish_journals(
     remote: &dyn Remote,
     own: &dyn Fn(&Journal) -> bool,
     transfers: usize,
+    checked: &Checked,
 ) -> Result<((u64, u64), Vec<Journal>)> {
     let keys = remote.list(JOURNAL_PREFIX)?;
     let mut done = (0, 0);
@@ -258,7 +260,7 @@ pub(super) fn finish_journals(
     for journal in read_journals(remote, &keys)? {
         if own(&journal) {
             mine.push(journal);
-        } else if let Some((objects, bytes)) = finish_journal(repo, remote, &journal, transfers)? {
+        } else if let Some((objects, bytes)) = finish_journal(repo, remote, &journal, transfers, checked)? {
             done.0 += objects;
             done.1 += bytes;
         } else {
@@ -392,6 +394,7 @@ pub(super) fn finish_journal(
     remote: &dyn Remote,
     journal: &Journal,
     transfers: usize,
+    checked: &Checked,
 ) -> Result<Option<(u64, u64)>> {
     if let Some(branch) = &journal.branch {
         let key = ref_key(RefKind::Branch, branch);
@@ -419,20 +422,32 @@ pub(super) fn finish_journal(
         }
         recodes = fresh;
     }
-    let done = recode(repo, remote, &recodes, transfers)?;
+    let done = recode(repo, remote, &recodes, transfers, checked)?;
     remote.delete(&journal_key(&journal.version))?;
     Ok(Some(done))
 }
 
 /// Carries out `recodes` (in parallel): each older blob whose newer blob is on the remote and
 /// standalone there, and which is itself still standalone there, is replaced by an XOR delta
-/// against the newer one, if that saves at least [`MIN_SAVING`] bytes. Returns the objects
-/// replaced and the bytes uploaded.
-pub(super) fn recode(repo: &Repo, remote: &dyn Remote, recodes: &[Recode], transfers: usize) -> Result<(u64, u64)> {
+/// against the newer one, if that saves at least [`MIN_SAVING`] bytes. Both blobs are verified
+/// here first (`checked`: a damaged one refuses them all), and the remote's newer blob must be
+/// known good ([`Checked::reference_there`]: uploaded by this process after it verified it, or
+/// downloaded and checked now): a recode against a damaged copy would make the older version
+/// unreadable on the remote. Returns the objects replaced and the bytes uploaded (replacements
+/// of damaged newer blobs included).
+pub(super) fn recode(
+    repo: &Repo,
+    remote: &dyn Remote,
+    recodes: &[Recode],
+    transfers: usize,
+    checked: &Checked,
+) -> Result<(u64, u64)> {
+    let here = recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| repo.store().contains(id));
+    checked.verify_here(repo, remote, here.collect::<Vec<_>>())?;
     let objects = AtomicU64::new(0);
     let bytes = AtomicU64::new(0);
     parallel(recodes, transfers, |r| {
-        if let Some(len) = recode_one(repo, remote, r)? {
+        if let Some(len) = recode_one(repo, remote, r, checked)? {
             objects.fetch_add(1, Ordering::Relaxed);
             bytes.fetch_add(len, Ordering::Relaxed);
         }
@@ -452,7 +467,7 @@ fn remote_header(remote: &dyn Remote, id: &ObjectId) -> Result<Option<(ObjectHea
     }
 }
 
-fn recode_one(repo: &Repo, remote: &dyn Remote, r: &Recode) -> Result<Option<u64>> {
+fn recode_one(repo: &Repo, remote: &dyn Remote, r: &Recode, checked: &Checked) -> Result<Option<u64>> {
     // The newer blob must be standalone at this moment: from then on it can only become a
     // recode against a blob newer still, so no chain from it leads back to the older one.
     let Some((newer, _)) = remote_header(remote, &r.newer)? else { return Ok(None) };
@@ -465,6 +480,9 @@ fn recode_one(repo: &Repo, remote: &dyn Remote, r: &Recode) -> Result<Option<u64
         return Ok(None);
     }
     if !repo.store().contains(&r.older) || !repo.store().contains(&r.newer) {
+        return Ok(None);
+    }
+    if !checked.reference_there(repo, remote, &r.newer)? {
         return Ok(None);
     }
     let limit = remote_len.saturating_sub(MIN_SAVING);

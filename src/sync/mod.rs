@@ -18,16 +18,22 @@
 //!   forward (the old version must be an ancestor of the new): otherwise the push is rejected.
 //! - Uploads never replace an object. Only a mirror push's recodes do, each an older blob
 //!   recoded against a newer one that was absent when the push listed the remote and is
-//!   standalone when the recode is written: no reference cycle can form (`layout.rs`).
+//!   standalone when the recode is written: no reference cycle can form (`layout.rs`); and a
+//!   repair, which writes an object's standalone form over a copy found damaged (`checked.rs`).
+//! - Nothing goes up unverified: every object a write uploads or codes a delta against is
+//!   decoded and hashed here first, and a recode codes only against a remote blob known good
+//!   (`checked.rs`).
 //!
 //! Modules: `remotes` (the list, remote refs), `transfer` (one object up or down, retries,
-//! staging), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
+//! staging), `checked` (what is verified before it goes up, checks and repairs of remote
+//! copies), `push`, `fetch`, `clone` (pull and clone), `partial` (partial clones),
 //! `layout` (mirror or deltas: a mirror push's recodes and their journal), `wire_delta`
 //! (which blobs go up as deltas in the deltas layout), `file_objects` (the git filter's transfers by
 //! file), `stored` (versions written straight to a remote by the ranks of a distributed save, and
 //! byte ranges of stored files read back), `rank_cache` (the cache a rank keeps between such
 //! saves).
 
+mod checked;
 mod clone;
 mod error;
 mod fetch;

@@ -14,7 +14,10 @@ use crate::store::ObjectKind;
 
 /// Refuses a push that would name, on the remote, a version whose parents neither the
 /// remote (`on_remote`) nor the push hold: a partial clone can push what it builds on top
-/// of its remote's history, not history it never had.
+/// of its remote's history, not history it never had, and a repository whose history
+/// `ckpt prune` dropped cannot push it to a remote that lacks it (the push sends no parent of
+/// a pruned version, even one still on disk until gc deletes it). Decided before anything goes
+/// up, so a refused push leaves nothing on the remote.
 pub(super) fn check_pushable(
     repo: &Repo,
     need: &[Needed],
@@ -25,13 +28,28 @@ pub(super) fn check_pushable(
     if cut.is_empty() {
         return Ok(());
     }
+    // Versions this push sends (a parent of a pruned version that another ref keeps goes up
+    // with that ref).
+    let sent: std::collections::HashSet<ObjectId> =
+        need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
     for n in need.iter().filter(|n| n.kind == ObjectKind::Version && cut.contains(&n.id)) {
         let version = repo.version(&n.id)?;
-        if let Some(p) = version.parents.iter().find(|p| !repo.store().contains(p) && !on_remote(p)) {
+        let pruned = cut.is_pruned(&n.id);
+        let lacking = |p: &&VersionId| !on_remote(p) && !sent.contains(*p) && (pruned || !repo.store().contains(p));
+        if let Some(p) = version.parents.iter().find(lacking) {
+            let reason = if pruned {
+                format!(
+                    "ckpt prune dropped the history before it here (its parent {}), and the remote lacks that \
+                     history: a pruned repository can push only onto a remote that holds the versions it dropped",
+                    p.short(12)
+                )
+            } else {
+                format!("this partial clone does not hold its parent {} and the remote lacks it", p.short(12))
+            };
             return Err(Error::Rejected {
                 remote: url.to_string(),
                 what: format!("version {}", n.id.short(12)),
-                reason: format!("this partial clone does not hold its parent {} and the remote lacks it", p.short(12)),
+                reason,
             });
         }
     }

@@ -2,6 +2,7 @@
 //! before the delta and every object before any ref; then each ref by compare-and-swap, only
 //! forward.
 
+use super::checked::{find_damaged_there, replace_there, Checked};
 use super::layout::{
     finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
 };
@@ -37,6 +38,11 @@ pub struct PushOptions {
     /// versions the remote has ([`push`] sets it): their objects are counted on whatever their
     /// age (docs/format.md, "Garbage on a remote").
     pub remote_name: Option<String>,
+    /// Also download and check the remote's copy of every object the pushed refs need (their
+    /// whole history, the remote's refs' versions included), and replace each damaged one by
+    /// an intact copy from this store: repairs a remote from a healthy clone (docs/format.md,
+    /// "Bit rot and repairs"). Costs a download of all of it.
+    pub repair: bool,
 }
 
 /// What a push did.
@@ -67,6 +73,18 @@ pub struct PushReport {
     /// Versions a remote ref named whose version object or manifests the remote lacked: their
     /// missing objects were uploaded again (hex ids).
     pub repaired: Vec<String>,
+    /// With [`PushOptions::repair`]: objects the remote holds that were downloaded and checked,
+    /// and their bytes.
+    pub remote_checked: u64,
+    /// See `remote_checked`.
+    pub remote_bytes_checked: u64,
+    /// With [`PushOptions::repair`]: objects whose remote copy did not decode to their id,
+    /// replaced there by an intact copy from this store (hex ids; their bytes are in
+    /// `bytes_sent`).
+    pub replaced_damaged: Vec<String>,
+    /// With [`PushOptions::repair`]: remote objects that could not be checked here (deltas
+    /// against objects this store lacks), left as they are.
+    pub remote_unchecked: u64,
 }
 
 /// Pushes refs to the remote `name` (see [`push_to`]) and records where its branches
@@ -102,6 +120,12 @@ pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport
 /// new version changed are replaced on the remote by deltas against the new blobs, as a
 /// journal written first records; journals a killed push left are finished first. In the
 /// deltas layout new blobs go up as forward deltas and nothing is replaced.
+///
+/// Everything the push reads here to send is verified before anything goes up
+/// ([`Error::DamagedHere`] otherwise, with nothing of it uploaded), and a recode codes only
+/// against a remote blob known good (docs/format.md, "Bit rot and repairs"). With
+/// [`PushOptions::repair`], the remote's copies of everything the refs need are also checked,
+/// and damaged ones replaced.
 pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Result<PushReport> {
     let url = remote.url().to_string();
     // Pending compactions first, as `gc` runs them: the blobs a distributed save stored
@@ -218,10 +242,11 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     // Journals of mirror pushes that were killed or are still running (one listing): those
     // whose version this push moves a branch to are merged into its own; the others are
     // finished if their branch holds their version.
+    let checked = Checked::default();
     let mut own_journals: HashMap<VersionId, Vec<Recode>> = HashMap::new();
     if layout == Layout::Mirror {
         let own = |j: &Journal| j.branch.is_some() && moves.iter().any(|m| m.0 == RefKind::Branch && m.4 == j.version);
-        let ((objects, bytes), mine) = finish_journals(repo, remote, &own, options.transfers)?;
+        let ((objects, bytes), mine) = finish_journals(repo, remote, &own, options.transfers, &checked)?;
         report.objects_sent += objects;
         report.objects_recoded += objects;
         report.bytes_sent += bytes;
@@ -229,7 +254,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             own_journals.entry(journal.version).or_default().extend(journal.recodes);
         }
     }
-    if moves.is_empty() && incomplete.is_empty() {
+    if moves.is_empty() && incomplete.is_empty() && !options.repair {
         report.requests = remote.requests();
         return Ok(report);
     }
@@ -237,9 +262,14 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     // What the pushed versions need, less what the remote's refs already name (the remote
     // holds all of that, each with its chain: refs move only after their objects). Not
     // less the local chains of those blobs: after a compaction here, an old blob is a delta
-    // against a new one, which the remote does not have.
-    let have: HashSet<ObjectId> = repo.named(&remote_known)?.into_iter().map(|n| n.id).collect();
-    let roots: Vec<VersionId> = moves.iter().map(|m| m.4).chain(incomplete.iter().copied()).collect();
+    // against a new one, which the remote does not have. A repair takes nothing for granted:
+    // everything the remote's refs need too, each object looked for in the listing.
+    let have: HashSet<ObjectId> =
+        if options.repair { HashSet::new() } else { repo.named(&remote_known)?.into_iter().map(|n| n.id).collect() };
+    let mut roots: Vec<VersionId> = moves.iter().map(|m| m.4).chain(incomplete.iter().copied()).collect();
+    if options.repair {
+        roots.extend(remote_known.iter().copied());
+    }
     let mut need = repo.reachable(&roots, &|id| have.contains(id))?;
     // What the remote lists (for the recodes' plan), and of it what this push counts on being
     // there: fresh objects, or objects a remote ref reaches (docs/format.md, "Garbage on a
@@ -251,14 +281,18 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     // move if a gc ran meanwhile (`GcWatch::settle`).
     let mut watch = None;
     let mut relied: Vec<ObjectId> = Vec::new();
+    // Remote copies found damaged (`--repair`), replaced before anything else goes up.
+    let mut damaged: Vec<ObjectId> = Vec::new();
     if !need.is_empty() {
         watch = Some(GcWatch::begin(remote)?);
         // Objects a previous, interrupted push left there (one listing, not a request per
         // object).
         let now = SystemTime::now();
+        let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
         for listed in remote.list_modified("objects/")? {
             let Some(id) = remote::object_of_key(&listed.key) else { continue };
             present.insert(id);
+            sizes.insert(id, listed.size);
             if is_fresh(listed.modified, now) {
                 trusted.insert(id);
             }
@@ -268,6 +302,15 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             reached = remote_refs_reach(repo, remote, options.remote_name.as_deref())?;
             reached.retain(|id| present.contains(id));
             trusted.extend(reached.iter().copied());
+        }
+        if options.repair {
+            let there: Vec<(ObjectId, ObjectKind, u64)> =
+                need.iter().filter_map(|n| sizes.get(&n.id).map(|size| (n.id, n.kind, *size))).collect();
+            let survey = find_damaged_there(repo, remote, &there, &checked, options.transfers)?;
+            report.remote_checked = survey.checked;
+            report.remote_bytes_checked = survey.bytes;
+            report.remote_unchecked = survey.unchecked.len() as u64;
+            damaged = survey.damaged;
         }
         relied = need.iter().map(|n| n.id).filter(|id| !reached.contains(id)).collect();
         let before = need.len();
@@ -286,11 +329,11 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
         Layout::Mirror => HashMap::new(),
     };
     // Mirror: the recodes each moved branch will do, written down before anything goes up.
-    let mut recodes: HashMap<VersionId, (Journal, Instant)> = HashMap::new();
+    let mut journals: Vec<Journal> = Vec::new();
     if layout == Layout::Mirror {
         let mut protected: Option<HashSet<ObjectId>> = None;
         for (kind, _, _, _, id, _) in &moves {
-            if *kind != RefKind::Branch || recodes.contains_key(id) {
+            if *kind != RefKind::Branch || journals.iter().any(|j| j.version == *id) {
                 continue;
             }
             let mut planned = Vec::new();
@@ -316,13 +359,32 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
             if !all.is_empty() {
                 let branch = moves.iter().find(|m| m.4 == *id).map(|m| m.1.clone());
-                let journal = Journal { branch, version: *id, recodes: all, written: None };
-                write_journal(repo, remote, &journal)?;
-                recodes.insert(*id, (journal, Instant::now()));
+                journals.push(Journal { branch, version: *id, recodes: all, written: None });
             }
         }
     }
-    upload(repo, remote, &need, &wire, options.transfers, &mut report)?;
+    // Everything this push reads here to send, verified before anything goes up (one read of
+    // it, each object decoded about once): what it uploads, what its deltas are coded against
+    // and what its recodes replace remote blobs by. A damaged object refuses the push, so
+    // that bit rot here never spreads to the remote.
+    let mut to_verify: Vec<ObjectId> = need.iter().map(|n| n.id).chain(damaged.iter().copied()).collect();
+    to_verify.extend(wire.values().map(|w| w.reference));
+    for journal in &journals {
+        to_verify
+            .extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| repo.store().contains(id)));
+    }
+    checked.verify_here(repo, remote, to_verify)?;
+    let mut recodes: HashMap<VersionId, (Journal, Instant)> = HashMap::new();
+    for journal in journals {
+        write_journal(repo, remote, &journal)?;
+        recodes.insert(journal.version, (journal, Instant::now()));
+    }
+    for id in &damaged {
+        report.bytes_sent += replace_there(repo, remote, id, &checked)?;
+        report.objects_sent += 1;
+        report.replaced_damaged.push(id.to_hex());
+    }
+    upload(repo, remote, &need, &wire, options.transfers, &checked, &mut report)?;
     if let Some(watch) = watch {
         watch.settle(repo, remote, &relied)?;
     }
@@ -343,7 +405,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             Ok(()) => {
                 report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id });
                 if let Some((journal, _)) = recodes.remove(&id) {
-                    let (objects, bytes) = recode(repo, remote, &journal.recodes, options.transfers)?;
+                    let (objects, bytes) = recode(repo, remote, &journal.recodes, options.transfers, &checked)?;
                     report.objects_sent += objects;
                     report.objects_recoded += objects;
                     report.bytes_sent += bytes;
@@ -420,6 +482,7 @@ fn upload(
     need: &[Needed],
     wire: &HashMap<ObjectId, WireDelta>,
     transfers: usize,
+    checked: &Checked,
     report: &mut PushReport,
 ) -> Result<()> {
     let index: HashMap<ObjectId, &Needed> = need.iter().map(|n| (n.id, n)).collect();
@@ -485,6 +548,8 @@ fn upload(
             let (len, uploaded) = repo.upload_object(remote, id)?;
             match uploaded {
                 Uploaded::Created | Uploaded::Replaced => {
+                    // Verified bytes, written there by this push: a recode may code against them.
+                    checked.good_there(*id);
                     sent.fetch_add(1, Ordering::Relaxed);
                     sent_bytes.fetch_add(len, Ordering::Relaxed);
                 }

@@ -240,7 +240,8 @@ fn is_store_damage(e: &Error) -> bool {
         }
     }
     match e {
-        Error::Store(_) => true,
+        // An object the upload found damaged here before sending it (`checked.rs`).
+        Error::Store(_) | Error::DamagedHere { .. } => true,
         Error::Repo(e) => repo_store(e),
         _ => false,
     }

@@ -153,34 +153,60 @@ fn gc_generation(remote: &dyn Remote) -> Result<Option<Vec<u8>>> {
 /// Waits until no gc runs on `remote`: every record there is gone or has not changed for
 /// [`GC_DEAD_AFTER`] while watched (its gc is dead, and stopped deleting before that). Past
 /// `limit`, an error naming the record. Returns the dead records.
+///
+/// Each record it waits for is told to the user through `note` ([`waiting_note`]): the wait
+/// can last ten minutes after a gc was killed, and nothing else moves meanwhile.
 fn wait_for_gcs(
     remote: &dyn Remote,
     limit: Duration,
     what: &str,
     interrupted: &dyn Fn() -> Result<()>,
+    note: &dyn Fn(&str),
 ) -> Result<Vec<String>> {
     let began = Instant::now();
+    let give_up = SystemTime::now() + limit;
     // Each record's age as first seen, and when it was first seen so.
     let mut seen: HashMap<String, (SystemTime, Instant)> = HashMap::new();
+    // Records told about, and whether a rewrite (a live gc) was told too.
+    let mut told: HashMap<String, bool> = HashMap::new();
     loop {
         let records = gc_records(remote)?;
         let mut live = None;
         let mut dead = Vec::new();
         for r in &records {
             let entry = seen.entry(r.key.clone()).or_insert((r.modified, Instant::now()));
-            if entry.0 != r.modified {
+            let rewritten = entry.0 != r.modified;
+            if rewritten {
                 *entry = (r.modified, Instant::now());
             }
             if entry.1.elapsed() >= GC_DEAD_AFTER {
                 dead.push(r.key.clone());
-            } else {
-                live = Some(r.key.clone());
+                continue;
+            }
+            live = Some(r.key.clone());
+            let unchanged_since = SystemTime::now() - entry.1.elapsed();
+            // Told once when first seen, and once more if it is rewritten (the gc is alive).
+            let before = told.get(&r.key).copied();
+            if before.is_none() || (rewritten && before == Some(false)) {
+                note(&waiting_note(remote, &r.key, what, r.modified, unchanged_since, give_up, rewritten));
+                told.insert(r.key.clone(), rewritten);
             }
         }
         let Some(live) = live else {
             // Records watched dead go, so that later writers need not watch them again.
             for key in &dead {
                 let _ = remote.delete(key);
+            }
+            if !told.is_empty() {
+                let ended = match dead.len() {
+                    0 => "the ckpt gc --remote ended".to_string(),
+                    _ => format!(
+                        "took the ckpt gc --remote of {} for dead (unchanged for {} minutes) and deleted its record",
+                        dead.join(", "),
+                        GC_DEAD_AFTER.as_secs() / 60
+                    ),
+                };
+                note(&format!("{}: {ended}; {what} goes on", remote.url()));
             }
             return Ok(dead);
         };
@@ -201,6 +227,43 @@ fn wait_for_gcs(
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// What [`wait_for_gcs`] tells the user of the gc record `key` it waits for: what waits, the
+/// record, when it was last written (the remote's clock) and since when it is seen unchanged,
+/// when it will be taken for dead if it stays so, and when the wait ends at the latest. With
+/// `alive`, the record was just rewritten: the gc is running.
+fn waiting_note(
+    remote: &dyn Remote,
+    key: &str,
+    what: &str,
+    written: SystemTime,
+    unchanged_since: SystemTime,
+    give_up: SystemTime,
+    alive: bool,
+) -> String {
+    let utc = |t: SystemTime| {
+        let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        crate::repo::format_time(i64::try_from(secs).unwrap_or(i64::MAX))
+    };
+    let url = remote.url();
+    if alive {
+        return format!(
+            "{url}: the ckpt gc --remote of record {key} is running (rewritten at {}); {what} waits for it to end, \
+             until {} at the latest",
+            utc(written),
+            utc(give_up)
+        );
+    }
+    format!(
+        "{url}: {what} waits for a ckpt gc --remote to end: its record {key} was last written at {} and is \
+         unchanged since {}; if it stays unchanged, the gc is taken for dead at {} (a killed gc leaves its \
+         record), and the wait ends at {} at the latest",
+        utc(written),
+        utc(unchanged_since),
+        utc(unchanged_since + GC_DEAD_AFTER),
+        utc(give_up)
+    )
 }
 
 /// What a writer saw of gcs on the remote before its first look at the objects: the
@@ -235,7 +298,7 @@ impl GcWatch {
     /// after the last look lists these objects as young and keeps them.
     pub(super) fn settle(mut self, repo: &Repo, remote: &dyn Remote, relied: &[ObjectId]) -> Result<()> {
         loop {
-            wait_for_gcs(remote, GC_WAIT, "the upload", &|| Ok(()))?;
+            wait_for_gcs(remote, GC_WAIT, "the upload", &|| Ok(()), &|line| repo.progress().note(line))?;
             let generation = gc_generation(remote)?;
             if !self.gc_was_running && generation == self.generation {
                 return Ok(());
@@ -267,7 +330,7 @@ impl Repo {
             Some(m) if is_fresh(m, SystemTime::now()) => return Ok(0),
             _ => {}
         }
-        let (tmp, len) = self.standalone_form(id)?;
+        let (tmp, len) = self.standalone_form(remote, id)?;
         with_retries(|| Ok(remote.replace(&key, tmp.as_file(), tmp.path(), len)?))?;
         Ok(len)
     }
@@ -275,17 +338,22 @@ impl Repo {
     /// Uploads object `id` standalone, create-if-absent: what a writer sends again after a gc
     /// deleted it ([`GcWatch::settle`]), whatever form it has here now.
     fn upload_standalone(&self, remote: &dyn Remote, id: &ObjectId) -> Result<()> {
-        let (tmp, len) = self.standalone_form(id)?;
+        let (tmp, len) = self.standalone_form(remote, id)?;
         let key = remote::object_key(id);
         with_retries(|| Ok(remote.upload(&key, tmp.as_file(), tmp.path(), len, remote::UploadMode::CreateOnly)?))?;
         Ok(())
     }
 
-    /// Object `id` in a standalone form, in a temp file: a copy of the object file if it is
-    /// one (a manifest, a version, a standalone blob), else the blob decoded through its chain
-    /// and coded whole. A standalone form references nothing, so writing it over any form
-    /// closes no reference cycle.
-    fn standalone_form(&self, id: &ObjectId) -> Result<(tempfile::NamedTempFile, u64)> {
+    /// Object `id` in a standalone form, in a temp file, for `remote`: a copy of the object
+    /// file if it is one (a manifest, a version, a standalone blob), else the blob decoded
+    /// through its chain and coded whole. A standalone form references nothing, so writing it
+    /// over any form closes no reference cycle. The object is verified here first (coding
+    /// takes the content as given): a damaged one is an error and nothing is written.
+    pub(super) fn standalone_form(&self, remote: &dyn Remote, id: &ObjectId) -> Result<(tempfile::NamedTempFile, u64)> {
+        let bad = self.damaged(&[*id])?;
+        if !bad.is_empty() {
+            return Err(Error::DamagedHere { remote: remote.url().to_string(), objects: bad });
+        }
         let header = self.store().header(id)?;
         if header.kind == ObjectKind::Blob && header.reference.is_some() {
             let chain = self.store().open_blob(id)?;
@@ -396,7 +464,7 @@ pub fn gc_remote(repo: &Repo, remote: &dyn Remote, options: &RemoteGcOptions) ->
         }
         _ => Ok(()),
     };
-    let record = GcRecord::announce(remote, options.dry_run, &interrupted)?;
+    let record = GcRecord::announce(remote, options.dry_run, &interrupted, &|line| repo.progress().note(line))?;
     // The record is rewritten on a thread of its own as well, so that a long listing or
     // download does not let it lapse; a stalled process stalls that thread too.
     let done = AtomicBool::new(false);
@@ -513,11 +581,16 @@ impl<'a> GcRecord<'a> {
     /// Waits for running gcs (at most [`GC_WAIT`]), deletes dead ones' records, writes this
     /// gc's record and increases the generation (none of that for a dry run, which deletes
     /// nothing). Two gcs that began at once each see the other's record afterwards: both stop.
-    fn announce(remote: &'a dyn Remote, dry_run: bool, interrupted: &dyn Fn() -> Result<()>) -> Result<GcRecord<'a>> {
+    fn announce(
+        remote: &'a dyn Remote,
+        dry_run: bool,
+        interrupted: &dyn Fn() -> Result<()>,
+        note: &dyn Fn(&str),
+    ) -> Result<GcRecord<'a>> {
         if dry_run {
             return Ok(GcRecord { remote, key: None, beat: Mutex::new(Moment::now()) });
         }
-        for dead in wait_for_gcs(remote, GC_WAIT, "gc", interrupted)? {
+        for dead in wait_for_gcs(remote, GC_WAIT, "this gc", interrupted, note)? {
             remote.delete(&dead)?;
         }
         let seed = format!("{:?} {} {:?}", SystemTime::now(), std::process::id(), std::thread::current().id());

@@ -25,6 +25,7 @@
 //! journal in the cache, and the rank's next save deletes a journal an earlier save through the
 //! same cache left unfinished ([`store_file_to_remote`]).
 
+use super::checked::Checked;
 use super::file_objects::OnRemote;
 use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
 use super::remote_gc::{check_deadline, fresh_on, is_fresh, GcWatch, Moment};
@@ -277,11 +278,11 @@ pub fn finish_recodes(
     transfers: usize,
 ) -> Result<(u64, u64)> {
     let (mut objects, mut bytes) = (0, 0);
-    for PendingRecodes { journal, planned } in pending {
+    for PendingRecodes { journal, planned, checked } in pending {
         // A recode makes a blob of the previous version a delta against a blob no version may
         // ever name (if this save fails): only while that blob is fresh, which gc keeps.
         if planned.elapsed() < super::FRESH_FOR {
-            let (o, b) = recode(cache, remote, &journal.recodes, transfers)?;
+            let (o, b) = recode(cache, remote, &journal.recodes, transfers, &checked)?;
             objects += o;
             bytes += b;
         }
@@ -298,6 +299,9 @@ pub struct PendingRecodes {
     journal: super::layout::Journal,
     /// When the upload looked for the new blobs (before uploading them).
     planned: Moment,
+    /// What the upload verified here and wrote there (the recodes' newer blobs, so that they
+    /// are neither decoded nor downloaded again to be coded against).
+    checked: Checked,
 }
 
 impl PendingRecodes {
@@ -484,6 +488,12 @@ fn push_whole_then_recode(
     // Written before anything goes up: a later push finishes the recodes after a kill. Noted
     // in the cache first, so that this rank's next save through it deletes a journal this save
     // leaves (killed, or failed).
+    let checked = Checked::default();
+    let mut to_verify: Vec<ObjectId> = need.iter().map(|n| n.id).collect();
+    if let Some(journal) = &journal {
+        to_verify.extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]));
+    }
+    checked.verify_here(cache, remote, to_verify)?;
     if let Some(journal) = &journal {
         note_journal(cache, &journal_key(&journal.version))?;
         write_journal(cache, remote, journal)?;
@@ -495,8 +505,10 @@ fn push_whole_then_recode(
         need.iter().partition(|n| n.kind == ObjectKind::Blob && n.reference.is_none_or(|r| !needed.contains(&r)));
     let first: Vec<ObjectId> = first.iter().map(|n| n.id).collect();
     let (objects, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
-    let count = |(len, uploaded): (u64, Uploaded)| {
+    let count = |id: &ObjectId, (len, uploaded): (u64, Uploaded)| {
         if uploaded != Uploaded::Existed {
+            // Verified bytes, written there now: a recode may code against them.
+            checked.good_there(*id);
             objects.fetch_add(1, Ordering::Relaxed);
             bytes.fetch_add(len, Ordering::Relaxed);
         }
@@ -506,7 +518,7 @@ fn push_whole_then_recode(
     let upload = |id: &ObjectId| -> Result<()> {
         if looked_for.contains(id) || !cache.found_on(remote, id)? {
             // (Found there but not fresh: `upload_object` finds it and writes it again.)
-            count(cache.upload_object(remote, id)?);
+            count(id, cache.upload_object(remote, id)?);
         }
         Ok(())
     };
@@ -519,7 +531,7 @@ fn push_whole_then_recode(
     let created = bytes.into_inner();
     report.bytes += created;
     report.requests = remote.requests();
-    Ok((report, created, journal.map(|journal| PendingRecodes { journal, planned })))
+    Ok((report, created, journal.map(|journal| PendingRecodes { journal, planned, checked })))
 }
 
 /// Existence checks (one small request each) a mirror save keeps in flight per upload it
@@ -653,6 +665,7 @@ pub fn commit_to_remote(
     version.check_limits().map_err(|reason| RepoError::OverLimit { what: "the version".into(), reason })?;
     let id = cache.record_version(&version)?;
     let watch = GcWatch::begin(remote)?;
+    Checked::default().verify_here(cache, remote, [id])?;
     cache.upload_object(remote, &id)?;
     watch.settle(cache, remote, &[id])?;
     let key = ref_key(RefKind::Branch, branch);

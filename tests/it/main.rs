@@ -15,6 +15,7 @@ mod git_remote;
 mod git_setup_trust;
 mod git_store_trust;
 
+mod push_trust2;
 mod refs_trust2;
 mod remote;
 mod remote_crash;

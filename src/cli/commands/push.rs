@@ -1,4 +1,4 @@
-//! `ckpt push [REMOTE] [BRANCH|TAG...] [--all] [--json]`.
+//! `ckpt push [REMOTE] [BRANCH|TAG...] [--all] [--repair] [--json]`.
 
 use crate::cli::ui::{bytes, open_repo, Ui};
 use anyhow::{Context, Result};
@@ -15,6 +15,10 @@ pub struct PushArgs {
     /// Push every branch and tag.
     #[arg(long, conflicts_with = "refs")]
     all: bool,
+    /// Also download and check the remote's copy of everything the pushed refs need (their
+    /// whole history), and replace each damaged one by an intact copy from this repository.
+    #[arg(long)]
+    repair: bool,
     /// Machine-readable summary.
     #[arg(long)]
     json: bool,
@@ -32,7 +36,13 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
         Some(r) => r,
         None => ckpt::sync::default_remote(&repo)?,
     };
-    let options = PushOptions { refs: args.refs, all: args.all, transfers: transfers(), ..PushOptions::default() };
+    let options = PushOptions {
+        refs: args.refs,
+        all: args.all,
+        repair: args.repair,
+        transfers: transfers(),
+        ..PushOptions::default()
+    };
     let report = ckpt::sync::push(&repo, &remote, &options).with_context(|| format!("pushing to {remote}"))?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
@@ -47,6 +57,26 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     }
     for id in &report.repaired {
         eprintln!("version {}: the remote lacked some of its objects; uploaded them again", &id[..12]);
+    }
+    if args.repair {
+        for id in &report.replaced_damaged {
+            eprintln!("object {id}: the remote's copy was damaged; replaced it with an intact one");
+        }
+        let unchecked = if report.remote_unchecked > 0 {
+            format!(
+                ", {} could not be checked here (deltas against objects this repository lacks) and were left alone",
+                report.remote_unchecked
+            )
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "{}: checked {} objects there ({}): {} damaged{unchecked}",
+            report.remote,
+            report.remote_checked,
+            bytes(report.remote_bytes_checked),
+            report.replaced_damaged.len()
+        );
     }
     let recoded = if report.objects_recoded > 0 {
         format!(", {} older blobs recoded there as deltas against the new ones", report.objects_recoded)
