@@ -125,6 +125,17 @@ pub fn map_input(file: &File) -> std::io::Result<Map> {
 /// checked on the open descriptor, so a file swapped for a pipe after a first look cannot block
 /// either. (`O_NONBLOCK` does not change reads of regular files.)
 pub fn open_regular(path: &Path) -> std::io::Result<File> {
+    open_regular_file(path, true)
+}
+
+/// [`open_regular`], except that a symbolic link is refused too (`O_NOFOLLOW`): for a tree whose
+/// every entry must be a file of its own, such as a directory remote, where a link could stand
+/// for `/dev/zero` or a file outside it.
+pub fn open_regular_no_follow(path: &Path) -> std::io::Result<File> {
+    open_regular_file(path, false)
+}
+
+fn open_regular_file(path: &Path, follow: bool) -> std::io::Result<File> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let what = |t: std::fs::FileType| {
         if t.is_fifo() {
@@ -135,17 +146,26 @@ pub fn open_regular(path: &Path) -> std::io::Result<File> {
             "a device"
         } else if t.is_dir() {
             "a directory"
+        } else if t.is_symlink() {
+            "a symbolic link"
         } else {
             "not a regular file"
         }
     };
     let refuse = |t| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("not a regular file ({})", what(t)));
     // First by name: a socket cannot be opened at all, and this names it.
-    let meta = std::fs::metadata(path)?;
+    let meta = if follow { std::fs::metadata(path)? } else { std::fs::symlink_metadata(path)? };
     if !meta.is_file() {
         return Err(refuse(meta.file_type()));
     }
-    let file = File::options().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let flags = if follow { libc::O_NONBLOCK } else { libc::O_NONBLOCK | libc::O_NOFOLLOW };
+    let file = match File::options().read(true).custom_flags(flags).open(path) {
+        // Swapped for a link since the first look.
+        Err(e) if !follow && e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(refuse(std::fs::symlink_metadata(path)?.file_type()))
+        }
+        r => r?,
+    };
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(refuse(meta.file_type()));
@@ -472,5 +492,16 @@ mod tests {
         assert!(err.to_string().contains("named pipe"), "{err}");
         assert!(open_regular(Path::new("/dev/null")).unwrap_err().to_string().contains("device"));
         assert!(open_regular(dir.path()).unwrap_err().to_string().contains("directory"));
+
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(open_regular(&link).is_ok(), "a link to a file is followed");
+        assert!(open_regular_no_follow(&file).is_ok());
+        let err = open_regular_no_follow(&link).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(open_regular_no_follow(&fifo).unwrap_err().to_string().contains("named pipe"));
     }
 }

@@ -47,6 +47,26 @@ const CHECKSUM_LEN: usize = 8;
 /// Bytes per segment record before its chunk entries: original length (u64) and dtype code (u8).
 const SEGMENT_RECORD_LEN: usize = 9;
 
+/// Widest element a segment can hold (8-byte dtypes): bytes, and byte groups, per element.
+const MAX_ELEMENT_WIDTH: usize = 8;
+
+/// The longest container of an `original_len`-byte original ckpt writes as an object: header
+/// and footer; a payload no longer than the original (a group stored raw is as long as the
+/// group, every other method is shorter); an index of at most one segment record per chunk and
+/// one more (an empty original has one empty segment), and one entry per chunk at the smallest
+/// chunk size and the widest element. An object longer than its header allows by this is
+/// damaged or forged (padding behind its footer, a flood of empty segments): a download stops
+/// there instead of taking what follows (docs/format.md, "Caps on untrusted sizes").
+pub fn max_len(original_len: u64) -> u64 {
+    let chunks = original_len.div_ceil(super::select::MIN_CHUNK_SIZE as u64);
+    let index = chunks
+        .saturating_add(1)
+        .saturating_mul(SEGMENT_RECORD_LEN as u64)
+        .saturating_add(chunks.saturating_mul((MAX_ELEMENT_WIDTH * ENTRY_LEN + CHECKSUM_LEN) as u64))
+        .saturating_add(4);
+    original_len.saturating_add(index).saturating_add((HEADER_LEN + FOOTER_LEN) as u64)
+}
+
 /// What the original file was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]

@@ -67,8 +67,8 @@ pub enum Error {
         action: &'static str,
         /// The key involved.
         key: String,
-        /// The backend's error (with its HTTP status where there is one).
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// The backend's error (with its HTTP status where there is one), its URLs masked.
+        source: Masked,
     },
     /// A key that does not exist.
     #[error("{remote}: {key} does not exist")]
@@ -118,6 +118,98 @@ pub enum Error {
 
 /// Shorthand for remote results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error of another layer (the object store's, its HTTP client's) as text: its message and
+/// those of its causes, with every URL in them masked ([`mask_urls`]). It has no source of its
+/// own, so nothing that prints an error with its causes (the CLI, `anyhow`) can reach the
+/// unmasked text: an endpoint's `user:password@` or a query token would be printed with every
+/// failed request ("Error performing GET http://user:password@host/...").
+#[derive(Debug)]
+pub struct Masked(String);
+
+impl Masked {
+    /// `error` and its chain of causes (each once: many quote their cause already), masked.
+    pub fn new(error: &(dyn std::error::Error + 'static)) -> Masked {
+        let mut text = error.to_string();
+        let mut cause = error.source();
+        while let Some(c) = cause {
+            let more = c.to_string();
+            if !text.contains(&more) {
+                text.push_str(": ");
+                text.push_str(&more);
+            }
+            cause = c.source();
+        }
+        Masked::from(text)
+    }
+}
+
+impl From<String> for Masked {
+    fn from(text: String) -> Masked {
+        Masked(mask_urls(&text))
+    }
+}
+
+impl From<&str> for Masked {
+    fn from(text: &str) -> Masked {
+        Masked(mask_urls(text))
+    }
+}
+
+impl std::fmt::Display for Masked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Masked {}
+
+/// `text` with every `scheme://` URL in it passed through [`redact_url`]: the one mask for text
+/// ckpt did not write (another library's error messages). A URL runs to the next white space,
+/// quote or angle bracket; closing punctuation at its end (`).,;]`) is kept out of it, so that a
+/// URL in parentheses keeps its closing one.
+pub fn mask_urls(text: &str) -> String {
+    let in_scheme = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let start = rest[..at].trim_end_matches(in_scheme).len();
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`'))
+            .map_or(rest.len(), |e| at + e);
+        // Never shorter than its "://": the trimmed characters stop at its '/'.
+        let url = rest[start..end].trim_end_matches([')', '.', ',', ';', ']']);
+        out.push_str(&rest[..start]);
+        out.push_str(&redact_url(url));
+        rest = &rest[start + url.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The environment variable that sets the stall timeout of remote reads, in seconds (decimals
+/// allowed): how long an S3 request, or a read of a directory remote, may wait without
+/// progress before it is abandoned (and, for S3, retried).
+pub const TIMEOUT_ENV: &str = "CKPT_REMOTE_TIMEOUT";
+/// The stall timeout when [`TIMEOUT_ENV`] is not set.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 30;
+
+/// The stall timeout: [`TIMEOUT_ENV`], or [`DEFAULT_TIMEOUT_SECS`]; a value that is not a
+/// positive number is an error naming the remote at `url`.
+fn stall_timeout(url: &str) -> Result<std::time::Duration> {
+    let Some(value) = std::env::var_os(TIMEOUT_ENV) else {
+        return Ok(std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS));
+    };
+    let secs = value.to_str().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.0);
+    match secs {
+        // At least a millisecond: the S3 client's settings are written in whole milliseconds.
+        Some(s) => Ok(std::time::Duration::from_secs_f64(s.min(1e6)).max(std::time::Duration::from_millis(1))),
+        None => Err(Error::BadUrl {
+            url: redact_url(url),
+            reason: format!("{TIMEOUT_ENV}={value:?}: expected a positive number of seconds"),
+        }),
+    }
+}
 
 /// What a conditional small put requires of the key's current state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -301,29 +393,42 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+/// What in a `scheme://` URL looks like a secret, if anything: user information
+/// (`user:password@host`), a query string (tokens, presigned signatures) or a fragment.
+fn secret_in(url: &str) -> Option<&'static str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        Some("it holds user information (user:password@)")
+    } else if rest.contains('?') || rest.contains('#') {
+        Some("it has a query string or fragment (such as a token or X-Amz-Signature)")
+    } else {
+        None
+    }
+}
+
+/// Where credentials go instead of a URL.
+const CREDENTIALS_HOME: &str = "give credentials through the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, \
+                                AWS_SESSION_TOKEN) or ~/.aws/credentials instead";
+
 /// Refuses a `scheme://` URL (a remote's, or an S3 endpoint) that carries what looks like a
-/// secret: user information (`user:password@host`), a query string (tokens, presigned
-/// signatures) or a fragment. Such a URL would be written to `.ckpt/remotes` and shown by
+/// secret ([`secret_in`]). Such a URL would be written to `.ckpt/remotes` and shown by
 /// `ckpt remote -v`; credentials belong in the environment (`AWS_ACCESS_KEY_ID`,
 /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`) or `~/.aws/credentials`, which are never stored.
 pub fn check_no_secrets(url: &str) -> Result<()> {
-    let Some((_, rest)) = url.split_once("://") else { return Ok(()) };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let reason = if authority.contains('@') {
-        "it holds user information (user:password@)"
-    } else if rest.contains('?') || rest.contains('#') {
-        "it has a query string or fragment (such as a token or X-Amz-Signature)"
-    } else {
-        return Ok(());
-    };
+    let Some(reason) = secret_in(url) else { return Ok(()) };
     Err(Error::BadUrl {
         url: redact_url(url),
-        reason: format!(
-            "{reason}, which would be stored in .ckpt/remotes; give credentials through the \
-             environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or \
-             ~/.aws/credentials instead"
-        ),
+        reason: format!("{reason}, which would be stored in .ckpt/remotes; {CREDENTIALS_HOME}"),
     })
+}
+
+/// Refuses an S3 endpoint set in the environment variable `variable` that carries what looks
+/// like a secret, as [`check_no_secrets`] refuses one given to `remote add --endpoint`: it is not
+/// stored, but it would be sent and printed with every request's error.
+fn check_env_endpoint(variable: &str, endpoint: &str) -> Result<()> {
+    let Some(reason) = secret_in(endpoint) else { return Ok(()) };
+    Err(Error::BadUrl { url: redact_url(endpoint), reason: format!("{variable}: {reason}; {CREDENTIALS_HOME}") })
 }
 
 /// Opens the remote at `url`: `s3://bucket[/prefix]`, `file:///path` or a local path (an

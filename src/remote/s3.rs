@@ -9,11 +9,15 @@
 //! within 6 × the stall timeout, 3 minutes by default); what is left is reported with the
 //! remote, the key and the backend's message (which carries the HTTP status).
 //!
-//! Stalls: a request that makes no progress for [`TIMEOUT_ENV`] seconds (default
-//! [`DEFAULT_TIMEOUT_SECS`]) is abandoned and retried: connecting, waiting for the answer to a
+//! Stalls: a request that makes no progress for [`super::TIMEOUT_ENV`] seconds (default
+//! [`super::DEFAULT_TIMEOUT_SECS`]) is abandoned and retried: connecting, waiting for the answer to a
 //! request (its upload included) and between two reads of an answer's body. There is no cap on
 //! a whole download, which `object_store`'s default (30 s per request, body included) would
 //! put on every blob however fast it is arriving.
+//!
+//! Secrets: the backend's errors quote the URLs of its requests, so each one is kept as
+//! [`super::Masked`] text; an endpoint with user information or a query string in the
+//! environment is refused as `remote add --endpoint` refuses one.
 
 use super::{Error, Expect, Listed, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
 use futures_util::StreamExt;
@@ -35,28 +39,6 @@ pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
 pub const PART_SIZE: usize = 16 << 20;
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
-
-/// The environment variable that sets the stall timeout of S3 requests, in seconds (decimals
-/// allowed): how long a request may wait without progress before it is abandoned and retried.
-pub const TIMEOUT_ENV: &str = "CKPT_REMOTE_TIMEOUT";
-/// The stall timeout when [`TIMEOUT_ENV`] is not set.
-pub const DEFAULT_TIMEOUT_SECS: u64 = 30;
-
-/// The stall timeout: [`TIMEOUT_ENV`], or [`DEFAULT_TIMEOUT_SECS`].
-fn stall_timeout(url: &str) -> Result<std::time::Duration> {
-    let Some(value) = std::env::var_os(TIMEOUT_ENV) else {
-        return Ok(std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS));
-    };
-    let secs = value.to_str().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.0);
-    match secs {
-        // At least a millisecond: the settings below are written in whole milliseconds.
-        Some(s) => Ok(std::time::Duration::from_secs_f64(s.min(1e6)).max(std::time::Duration::from_millis(1))),
-        None => Err(Error::BadUrl {
-            url: super::redact_url(url),
-            reason: format!("{TIMEOUT_ENV}={value:?}: expected a positive number of seconds"),
-        }),
-    }
-}
 
 /// A remote on an `object_store` backend.
 pub struct StoreRemote {
@@ -123,9 +105,33 @@ impl StoreRemote {
         if bucket.is_empty() {
             return Err(Error::BadUrl { url: super::redact_url(url), reason: "no bucket (s3://BUCKET/PREFIX)".into() });
         }
+        if let Some(reason) = super::secret_in(url) {
+            // Stored by an older ckpt: the bucket and key names would carry it to the server
+            // and into every error.
+            return Err(Error::BadUrl {
+                url: super::redact_url(url),
+                reason: format!(
+                    "{reason}; remove this remote and add it again without it, and {}",
+                    super::CREDENTIALS_HOME
+                ),
+            });
+        }
         let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-        if let Some(endpoint) = &options.endpoint {
-            builder = builder.with_endpoint(endpoint);
+        match &options.endpoint {
+            // Both keys: `AWS_ENDPOINT_URL_S3` from the environment would win over `Endpoint`.
+            Some(endpoint) => {
+                builder = builder.with_endpoint(endpoint).with_config(AmazonS3ConfigKey::S3Endpoint, endpoint.as_str());
+            }
+            None => {
+                for (key, variable) in [
+                    (AmazonS3ConfigKey::S3Endpoint, "AWS_ENDPOINT_URL_S3"),
+                    (AmazonS3ConfigKey::Endpoint, "AWS_ENDPOINT_URL"),
+                ] {
+                    if let Some(endpoint) = builder.get_config_value(&key) {
+                        super::check_env_endpoint(variable, &endpoint)?;
+                    }
+                }
+            }
         }
         if let Some(region) = &options.region {
             builder = builder.with_region(region);
@@ -138,7 +144,7 @@ impl StoreRemote {
         }
         // Set through config keys, not `with_client_options`, which would drop the client
         // settings `from_env` read (`AWS_ALLOW_HTTP`, proxies).
-        let stall = stall_timeout(url)?;
+        let stall = super::stall_timeout(url)?;
         let millis = format!("{}ms", stall.as_millis());
         let client = |key| AmazonS3ConfigKey::Client(key);
         builder = builder
@@ -147,9 +153,10 @@ impl StoreRemote {
             // The whole-request cap, off in effect (a stall is caught by the read timeout).
             .with_config(client(ClientConfigKey::Timeout), "24h")
             .with_retry(RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() });
-        // The builder's errors quote settings, never the secret key.
-        let store =
-            builder.build().map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: e.to_string() })?;
+        // The builder's errors quote settings (masked: an endpoint), never the secret key.
+        let store = builder
+            .build()
+            .map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: super::Masked::new(&e).to_string() })?;
         Ok(StoreRemote {
             url: super::redact_url(url),
             store: Arc::new(store),
@@ -188,7 +195,7 @@ impl StoreRemote {
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
                 Error::Conflict { remote: self.url.clone(), key: key.into() }
             }
-            e => Error::Backend { remote: self.url.clone(), action, key: key.into(), source: Box::new(e) },
+            e => Error::Backend { remote: self.url.clone(), action, key: key.into(), source: super::Masked::new(&e) },
         }
     }
 

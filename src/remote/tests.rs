@@ -97,3 +97,94 @@ fn urls_are_redacted_and_secrets_refused() {
         assert!(check_no_secrets(good).is_ok(), "{good}");
     }
 }
+
+#[test]
+fn urls_in_other_layers_messages_are_masked() {
+    let text = "Error performing GET http://u:SeCrEt@127.0.0.1:9000/bk?list-type=2&prefix=x%2F in 5s - \
+                error sending request for url (https://h/p?X-Amz-Signature=SeCrEt). See \"s3://k:SeCrEt@b/p\".";
+    let masked = mask_urls(text);
+    assert!(!masked.contains("SeCrEt"), "{masked}");
+    assert!(masked.contains("GET http://***@127.0.0.1:9000/bk?list-type=***&prefix=*** in 5s"), "{masked}");
+    assert!(masked.contains("(https://h/p?X-Amz-Signature=***)."), "closing punctuation is kept: {masked}");
+    assert!(masked.contains("\"s3://***@b/p\""), "{masked}");
+    assert_eq!(mask_urls("no url: a :// b, /data/a@b?c"), "no url: a :// b, /data/a@b?c");
+    assert_eq!(mask_urls("://u:p@h"), "://***@h", "a URL without a scheme is masked too");
+    // A backend error's whole chain, masked, with no source left to print unmasked.
+    let inner = std::io::Error::other("connect to http://u:SeCrEt@h:1/ failed");
+    let outer = Error::Io { remote: "r".into(), action: "reading", path: "k".into(), source: inner };
+    let m = Masked::new(&outer);
+    assert!(!m.to_string().contains("SeCrEt") && m.to_string().contains("http://***@h:1/"), "{m}");
+    assert!(std::error::Error::source(&m).is_none());
+}
+
+#[test]
+fn an_environment_endpoint_with_credentials_is_refused_in_its_words() {
+    let err = check_env_endpoint("AWS_ENDPOINT_URL", "http://u:SeCrEt@h:1").unwrap_err().to_string();
+    assert!(err.contains("AWS_ENDPOINT_URL") && err.contains("AWS_ACCESS_KEY_ID") && !err.contains("SeCrEt"), "{err}");
+    assert!(check_env_endpoint("AWS_ENDPOINT_URL", "http://h:1").is_ok());
+}
+
+/// Makes `path` a named pipe.
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    #[allow(unsafe_code)]
+    let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(made, 0);
+}
+
+#[test]
+fn a_directory_remote_lists_what_is_not_a_file_and_refuses_to_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let remote = local::DirRemote::create(root.to_str().unwrap()).unwrap();
+    remote.put_small("refs/heads/main", b"x\n", &Expect::Absent).unwrap();
+    let heads = root.join("refs/heads");
+    mkfifo(&heads.join("pipe"));
+    std::os::unix::fs::symlink(heads.join("main"), heads.join("link")).unwrap();
+    std::fs::create_dir(heads.join("empty")).unwrap();
+    std::fs::create_dir_all(heads.join("full/deeper")).unwrap();
+    std::fs::write(heads.join("full/deeper/x"), b"x\n").unwrap();
+    let mut keys = remote.list("refs/").unwrap();
+    keys.sort();
+    let expected =
+        ["refs/heads/empty", "refs/heads/full/deeper/x", "refs/heads/link", "refs/heads/main", "refs/heads/pipe"];
+    assert_eq!(keys, expected, "the layout's own empty directories are no keys");
+    assert_eq!(remote.list_modified("refs/").unwrap().len(), expected.len());
+    for (key, what) in
+        [("refs/heads/pipe", "named pipe"), ("refs/heads/link", "symbolic link"), ("refs/heads/empty", "directory")]
+    {
+        let err = remote.get_small(key).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(what), "{err}");
+        for err in [
+            remote.download(key, &mut Vec::new(), 100).unwrap_err(),
+            remote.read_head(key, 10).unwrap_err(),
+            remote.exists(key).unwrap_err(),
+            remote.modified(key).unwrap_err(),
+        ] {
+            assert!(err.to_string().contains(what), "{err}");
+        }
+    }
+    std::fs::create_dir_all(root.join("objects/ab")).unwrap();
+    std::fs::create_dir_all(root.join("objects/cd/").join("e".repeat(62))).unwrap();
+    assert_eq!(
+        remote.list("objects/").unwrap(),
+        [format!("objects/cd/{}", "e".repeat(62))],
+        "fan-outs are the layout's"
+    );
+    assert_eq!(remote.get_small("refs/heads/main").unwrap().unwrap().bytes, b"x\n");
+    assert!(remote.get_small("refs/heads/none").unwrap().is_none());
+    // An upload onto a key that is not a file is an error naming it, not "already there".
+    let file = dir.path().join("obj");
+    std::fs::write(&file, b"bytes").unwrap();
+    let err = remote.upload("refs/heads/pipe", &std::fs::File::open(&file).unwrap(), &file, 5, UploadMode::CreateOnly);
+    assert!(err.unwrap_err().to_string().contains("named pipe"));
+    // A directory of the layout that is a link to one (on another disk) is walked.
+    let elsewhere = dir.path().join("tags-elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("v1"), b"x\n").unwrap();
+    std::fs::remove_dir(root.join("refs/tags")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, root.join("refs/tags")).unwrap();
+    assert!(remote.list("refs/").unwrap().contains(&"refs/tags/v1".to_string()));
+    assert!(!remote.exists("refs/heads/none").unwrap());
+}

@@ -106,6 +106,26 @@ impl ObjectHeader {
         h
     }
 
+    /// The most bytes the object file of this header takes: the header and a container of
+    /// `raw_len` bytes ([`crate::codec::container::max_len`]). A download stops there.
+    pub fn max_stored_len(&self) -> u64 {
+        crate::codec::container::max_len(self.raw_len).saturating_add(HEADER_LEN as u64)
+    }
+
+    /// Refuses, from the header alone, a manifest or version longer than
+    /// [`super::MAX_DATA_OBJECT_LEN`] (the object of `id`): read whole and parsed, it is capped
+    /// before a byte of it is decoded (or downloaded past the header). Blobs are streamed, never
+    /// held whole: no cap.
+    pub fn check_data_len(&self, id: &ObjectId) -> Result<()> {
+        if self.kind != ObjectKind::Blob && self.raw_len > super::MAX_DATA_OBJECT_LEN {
+            return Err(Error::Corrupt {
+                id: *id,
+                reason: format!("a {} of {} bytes (at most {})", self.kind, self.raw_len, super::MAX_DATA_OBJECT_LEN),
+            });
+        }
+        Ok(())
+    }
+
     /// Parses and checks the header at the start of `bytes`, the object file of `id`.
     pub fn decode(id: ObjectId, bytes: &[u8]) -> Result<ObjectHeader> {
         let corrupt = |reason: String| Error::Corrupt { id, reason };

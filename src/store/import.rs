@@ -2,7 +2,7 @@
 //! against their id with the same code that reads and verifies stored objects, and only then
 //! moved into place through the store's atomic write path. A bad object is never stored.
 
-use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, HEADER_LEN, MAX_DATA_OBJECT_LEN};
+use super::{Error, ObjectHeader, ObjectKind, RawObject, Result, Store, Written, HEADER_LEN};
 use crate::object_id::ObjectId;
 use std::io::Read;
 
@@ -53,15 +53,7 @@ impl Store {
                 self.open_chain_from(Some(raw), id)?.copy_to(&mut std::io::sink())?;
             }
             _ => {
-                if header.raw_len > MAX_DATA_OBJECT_LEN {
-                    return Err(Error::Corrupt {
-                        id: *id,
-                        reason: format!(
-                            "a {} of {} bytes (at most {MAX_DATA_OBJECT_LEN})",
-                            header.kind, header.raw_len
-                        ),
-                    });
-                }
+                header.check_data_len(id)?;
                 raw.container()?
                     .decode_to(&mut std::io::sink())
                     .map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;
@@ -79,12 +71,7 @@ impl Store {
         if header.kind != kind {
             return Err(Error::WrongKind { id: *id, expected: kind, found: header.kind });
         }
-        if header.raw_len > MAX_DATA_OBJECT_LEN {
-            return Err(Error::Corrupt {
-                id: *id,
-                reason: format!("a {kind} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", header.raw_len),
-            });
-        }
+        header.check_data_len(id)?;
         let raw = RawObject { id: *id, header, map };
         let container = raw.container()?;
         let mut out = Vec::with_capacity(header.raw_len.min(super::PREALLOCATE_DATA_LEN) as usize);

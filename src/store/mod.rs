@@ -393,12 +393,7 @@ impl Store {
         if raw.header.kind != kind {
             return Err(Error::WrongKind { id: *id, expected: kind, found: raw.header.kind });
         }
-        if raw.header.raw_len > MAX_DATA_OBJECT_LEN {
-            return Err(Error::Corrupt {
-                id: *id,
-                reason: format!("a {kind} of {} bytes (at most {MAX_DATA_OBJECT_LEN})", raw.header.raw_len),
-            });
-        }
+        raw.header.check_data_len(id)?;
         let container = raw.container()?;
         let mut out = Vec::with_capacity(raw.header.raw_len.min(PREALLOCATE_DATA_LEN) as usize);
         container.decode_to(&mut out).map_err(|e| Error::Corrupt { id: *id, reason: e.to_string() })?;

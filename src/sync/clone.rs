@@ -3,11 +3,11 @@
 
 use super::fetch::{fetch, fetch_from, fetch_refs, FetchReport};
 use super::layout::Layout;
-use super::remotes::{absolute_dir_url, add_remote};
+use super::remotes::{absolute_dir_url, add_remote, remote_refs};
 use super::{Error, Result};
 use crate::remote::{self, Remote, S3Options};
 use crate::repo::Error as RepoError;
-use crate::repo::{check_name, Head, RefKind, Repo, VersionId};
+use crate::repo::{Head, RefKind, Repo, VersionId};
 use std::path::Path;
 
 /// What `pull` did to the current branch.
@@ -215,13 +215,9 @@ fn clone_into(
             }))
         }
         Some(_) => {
-            let mut branches: Vec<String> = remote
-                .list("refs/heads/")?
-                .iter()
-                .filter_map(|k| k.strip_prefix("refs/heads/"))
-                .filter(|b| check_name(b).is_ok())
-                .map(str::to_string)
-                .collect();
+            // Read, not only listed: a branch that cannot be read is an error, not left out.
+            let mut branches: Vec<String> =
+                remote_refs(remote, None)?.into_iter().filter(|r| r.kind == RefKind::Branch).map(|r| r.name).collect();
             branches.sort();
             match branches.iter().position(|b| b == crate::repo::DEFAULT_BRANCH) {
                 Some(i) => Some(branches.swap_remove(i)),

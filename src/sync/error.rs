@@ -97,13 +97,16 @@ pub enum Error {
         /// Why the fetch failed.
         reason: String,
     },
-    /// A remote ref whose content is not a version id.
-    #[error("{remote}: {key}: not a ref (expected 64 hex digits and a newline)")]
+    /// A remote ref that is not one: its content is not a version id, or it is a directory
+    /// of keys.
+    #[error("{remote}: {key}: {reason}")]
     BadRemoteRef {
         /// The remote's URL.
         remote: String,
         /// The key.
         key: String,
+        /// What is wrong.
+        reason: String,
     },
     /// A pull whose branch and remote branch have both moved.
     #[error("branch {branch:?} and {remote}/{branch} have diverged (local {local}, remote {theirs}); ckpt pull --rebase puts your versions (same files) on top of the remote's; or push yours to another branch")]

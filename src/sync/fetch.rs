@@ -3,7 +3,7 @@
 //! imports it bottom-up, each object verified (blobs bases first, manifests, versions parents
 //! first), then moves the remote-tracking refs.
 
-use super::remotes::{open_remote, parse_ref, RefUpdate};
+use super::remotes::{open_remote, remote_refs, RefUpdate};
 use super::transfer::{parallel, receive_into, reopen, Staging};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
@@ -74,26 +74,8 @@ pub(super) fn fetch_refs(
 ) -> Result<FetchReport> {
     check_name(name)?;
     let mut report = FetchReport { remote: remote.url().to_string(), ..FetchReport::default() };
-    let mut refs: Vec<(RefKind, String, VersionId)> = Vec::new();
-    let mut keys = remote.list("refs/")?;
-    keys.sort();
-    for key in keys {
-        let (kind, ref_name) = if let Some(n) = key.strip_prefix("refs/heads/") {
-            (RefKind::Branch, n)
-        } else if let Some(n) = key.strip_prefix("refs/tags/") {
-            (RefKind::Tag, n)
-        } else {
-            continue;
-        };
-        if check_name(ref_name).is_err() {
-            continue;
-        }
-        if only_branch.is_some_and(|b| kind != RefKind::Branch || b != ref_name) {
-            continue;
-        }
-        let Some(small) = remote.get_small(&key)? else { continue };
-        refs.push((kind, ref_name.to_string(), parse_ref(remote, &key, &small.bytes)?));
-    }
+    let refs: Vec<(RefKind, String, VersionId)> =
+        remote_refs(remote, only_branch)?.into_iter().map(|r| (r.kind, r.name, r.id)).collect();
     let roots: Vec<VersionId> = refs.iter().map(|r| r.2).filter(|id| !repo.store().contains(id)).collect();
     // The transfer runs without the writer lock (commits go on meanwhile); the lock is
     // taken to store what arrived and move the refs.

@@ -28,7 +28,7 @@ use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Listed, Remote};
 use crate::repo::Repo;
-use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_DATA_OBJECT_LEN};
+use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -515,9 +515,13 @@ fn collect(
     let listed: HashMap<ObjectId, Listed> =
         listing.into_iter().filter_map(|l| remote::object_of_key(&l.key).map(|id| (id, l))).collect();
     let mut refs = Vec::new();
-    for key in remote.list("refs/")? {
-        let Some(small) = remote.get_small(&key)? else { continue };
-        refs.push(super::remotes::parse_ref(remote, &key, &small.bytes)?);
+    // Every key under refs/, whatever its name (a ref of a newer ckpt keeps what it reaches);
+    // a ref that cannot be read, or is a directory, is an error before anything is deleted.
+    let mut keys = remote.list("refs/")?;
+    keys.sort();
+    super::remotes::refuse_ref_directories(remote, &keys, None)?;
+    for key in keys {
+        refs.extend(super::remotes::read_ref(remote, &key)?);
     }
     if refs.is_empty() {
         return Err(refuse(
@@ -786,20 +790,13 @@ fn edges(repo: &Repo, remote: &dyn Remote, node: Node) -> Result<Vec<Node>> {
     Ok(manifest.blobs().map(Node::Blob).collect())
 }
 
-/// Version or manifest `id` downloaded from `remote` (at most [`MAX_DATA_OBJECT_LEN`] and a
-/// container's framing), verified against its id, not stored.
+/// Version or manifest `id` downloaded from `remote` (at most what its header states, and no
+/// more than the store reads: [`super::transfer::download_object`]), verified against its id,
+/// not stored.
 fn download_small(repo: &Repo, remote: &dyn Remote, id: &ObjectId, kind: ObjectKind) -> Result<Vec<u8>> {
-    let limit = MAX_DATA_OBJECT_LEN * 2 + (1 << 20);
     let tmp = with_retries(|| {
         let tmp = repo.store().receive_file()?;
-        let mut out = std::io::BufWriter::new(tmp.as_file());
-        remote.download(&remote::object_key(id), &mut out, limit)?;
-        std::io::Write::flush(&mut out).map_err(|e| Error::Io {
-            action: "writing",
-            path: tmp.path().into(),
-            source: e,
-        })?;
-        drop(out);
+        super::transfer::download_object(remote, id, &tmp)?;
         Ok(tmp.into_temp_path())
     })?;
     Ok(repo.store().read_received(id, kind, &reopen(tmp)?)?)

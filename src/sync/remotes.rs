@@ -72,10 +72,94 @@ pub(super) fn ref_key(kind: RefKind, name: &str) -> String {
 }
 
 pub(super) fn parse_ref(remote: &dyn Remote, key: &str, bytes: &[u8]) -> Result<VersionId> {
-    let bad = || Error::BadRemoteRef { remote: remote.url().to_string(), key: key.to_string() };
+    let bad = || Error::BadRemoteRef {
+        remote: remote.url().to_string(),
+        key: key.to_string(),
+        reason: "not a ref (expected 64 hex digits and a newline)".into(),
+    };
     let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
     let hex = text.strip_suffix('\n').ok_or_else(bad)?;
     hex.parse::<ObjectId>().ok().filter(|id| id.to_hex() == hex).ok_or_else(bad)
+}
+
+/// The version the ref `key` of `remote` names; `None` if there is no such key (deleted since
+/// it was listed). A ref that cannot be read (on a directory remote: a directory, a link, a
+/// pipe) or does not hold a version id is an error naming it.
+pub(super) fn read_ref(remote: &dyn Remote, key: &str) -> Result<Option<VersionId>> {
+    match remote.get_small(key)? {
+        Some(small) => Ok(Some(parse_ref(remote, key, &small.bytes)?)),
+        None => Ok(None),
+    }
+}
+
+/// A branch or tag of a remote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct RemoteRef {
+    /// Branch or tag.
+    pub(super) kind: RefKind,
+    /// Its name.
+    pub(super) name: String,
+    /// The version it names.
+    pub(super) id: VersionId,
+}
+
+/// What a key under `refs/` names: `refs/heads/NAME` or `refs/tags/NAME` with NAME a ref
+/// name ([`check_name`]), and whether the key goes on inside it (`refs/heads/NAME/x`). `None`:
+/// not ckpt's.
+fn ref_of_key(key: &str) -> Option<(RefKind, &str, bool)> {
+    let (kind, rest) = if let Some(n) = key.strip_prefix("refs/heads/") {
+        (RefKind::Branch, n)
+    } else {
+        (RefKind::Tag, key.strip_prefix("refs/tags/")?)
+    };
+    let (name, deeper) = match rest.split_once('/') {
+        Some((name, _)) => (name, true),
+        None => (rest, false),
+    };
+    check_name(name).ok().map(|()| (kind, name, deeper))
+}
+
+/// Refuses a ref of `remote` that is a directory: keys inside a ref's name (`refs/heads/main/x`)
+/// and no key of that name among `keys` (sorted; a directory remote lists an empty directory
+/// as a key, which its read then refuses). With `only_branch`, that branch alone is looked at.
+pub(super) fn refuse_ref_directories(remote: &dyn Remote, keys: &[String], only_branch: Option<&str>) -> Result<()> {
+    for key in keys {
+        let Some((kind, name, true)) = ref_of_key(key) else { continue };
+        if only_branch.is_some_and(|b| kind != RefKind::Branch || b != name) {
+            continue;
+        }
+        let ref_key = ref_key(kind, name);
+        if keys.binary_search(&ref_key).is_err() {
+            return Err(Error::BadRemoteRef {
+                remote: remote.url().to_string(),
+                key: ref_key,
+                reason: format!("not a ref: a directory (of {key})"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The branches and tags of `remote` (with `only_branch`, that branch alone), sorted by key,
+/// each read with [`read_ref`]: what a fetch or a clone takes. A key under `refs/` that is not
+/// a branch or tag ([`ref_of_key`]) is not ckpt's and is left out; a ref that is a directory
+/// ([`refuse_ref_directories`]) or cannot be read is an error naming it, never a ref that is
+/// not there: a clone would be empty, a fetch would keep a stale remote-tracking ref.
+pub(super) fn remote_refs(remote: &dyn Remote, only_branch: Option<&str>) -> Result<Vec<RemoteRef>> {
+    let mut keys = remote.list("refs/")?;
+    keys.sort();
+    refuse_ref_directories(remote, &keys, only_branch)?;
+    let mut refs = Vec::new();
+    for key in &keys {
+        let Some((kind, name, false)) = ref_of_key(key) else { continue };
+        if only_branch.is_some_and(|b| kind != RefKind::Branch || b != name) {
+            continue;
+        }
+        if let Some(id) = read_ref(remote, key)? {
+            refs.push(RemoteRef { kind, name: name.to_string(), id });
+        }
+    }
+    Ok(refs)
 }
 
 /// Moves the remote ref `key` to `id` by compare-and-swap against `expect`. A failed put is

@@ -7,11 +7,14 @@ use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote, UploadMode, Uploaded};
 use crate::repo::Repo;
+use crate::store::{ObjectHeader, HEADER_LEN};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// Largest object a fetch accepts (a blob is at most a whole tensor, plus its container).
+/// Largest object a fetch accepts (a blob is at most a whole tensor, plus its container): the
+/// cap before the object's header is in, which then caps it to what it states
+/// ([`ObjectHeader::max_stored_len`]).
 pub(super) const MAX_OBJECT_LEN: u64 = 1 << 40;
 
 /// Attempts at an object upload or download (the backend's own retries come first; these
@@ -151,13 +154,100 @@ fn download_to(
     received: &AtomicU64,
     tmp: tempfile::NamedTempFile,
 ) -> Result<tempfile::TempPath> {
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
-    let n = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN)?;
-    std::io::Write::flush(&mut out).map_err(|e| Error::Io { action: "writing", path: tmp.path().into(), source: e })?;
-    drop(out);
+    let n = download_object(remote, id, &tmp)?;
     received.fetch_add(n, Ordering::Relaxed);
     repo.progress().set(received.load(Ordering::Relaxed));
     Ok(tmp.into_temp_path())
+}
+
+/// Downloads object `id` into `tmp` (a new, empty file): at most what its header states
+/// ([`ObjectHeader::max_stored_len`]; a manifest or version no longer than the store reads,
+/// [`ObjectHeader::check_data_len`]), checked as the first bytes arrive, so that an object padded
+/// behind its container, or a header claiming more than the store would read, stops the
+/// transfer there instead of filling the disk. Returns the bytes written.
+pub(super) fn download_object(remote: &dyn Remote, id: &ObjectId, tmp: &tempfile::NamedTempFile) -> Result<u64> {
+    let mut out = Capped {
+        out: std::io::BufWriter::with_capacity(1 << 20, tmp.as_file()),
+        id: *id,
+        remote: remote.url(),
+        head: Vec::with_capacity(HEADER_LEN),
+        limit: MAX_OBJECT_LEN,
+        written: 0,
+        refused: None,
+    };
+    let result = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN);
+    if let Some(refused) = out.refused.take() {
+        // The download stopped because the writer refused: that is the error, not how the
+        // remote reported the stop.
+        return Err(refused.into());
+    }
+    let n = result?;
+    std::io::Write::flush(&mut out.out).map_err(|e| Error::Io {
+        action: "writing",
+        path: tmp.path().into(),
+        source: e,
+    })?;
+    Ok(n)
+}
+
+/// What an object download writes through: once the object's header is in, at most the length
+/// it allows; anything more, or a header that does not decode, makes writing fail (which stops
+/// the download) with the reason kept in `refused`.
+struct Capped<'a, W> {
+    out: W,
+    id: ObjectId,
+    /// The remote's URL (for the message).
+    remote: &'a str,
+    /// The header's bytes, until they are all in.
+    head: Vec<u8>,
+    /// The most bytes the object may take ([`MAX_OBJECT_LEN`] until the header is in).
+    limit: u64,
+    written: u64,
+    refused: Option<crate::store::Error>,
+}
+
+impl<W: std::io::Write> Capped<'_, W> {
+    fn refuse(&mut self, error: crate::store::Error) -> std::io::Error {
+        let e = std::io::Error::other(error.to_string());
+        self.refused = Some(error);
+        e
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for Capped<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.refused.is_some() {
+            return Err(std::io::Error::other("refused"));
+        }
+        if self.head.len() < HEADER_LEN {
+            let take = (HEADER_LEN - self.head.len()).min(buf.len());
+            self.head.extend_from_slice(&buf[..take]);
+            if self.head.len() == HEADER_LEN {
+                let header = match ObjectHeader::decode(self.id, &self.head).and_then(|h| {
+                    h.check_data_len(&self.id)?;
+                    Ok(h)
+                }) {
+                    Ok(h) => h,
+                    Err(e) => return Err(self.refuse(e)),
+                };
+                self.limit = header.max_stored_len();
+            }
+        }
+        if self.written + buf.len() as u64 > self.limit {
+            let reason = format!(
+                "longer on remote {} than its header allows (more than {} bytes): damaged or padded there",
+                self.remote, self.limit
+            );
+            return Err(self.refuse(crate::store::Error::Corrupt { id: self.id, reason }));
+        }
+        self.out.write_all(buf)?;
+        self.written += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 pub(super) fn reopen(path: tempfile::TempPath) -> Result<tempfile::NamedTempFile> {
@@ -227,5 +317,50 @@ pub(super) fn encode_wire_delta(
             Ok(None)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::{ObjectKind, Store};
+
+    /// The cap of a download ([`ObjectHeader::max_stored_len`]) never refuses an object the
+    /// store writes: its worst case (every group raw, the smallest chunks, the widest and the
+    /// narrowest elements, empty and odd lengths) stays under it, and not far.
+    #[test]
+    fn no_object_the_store_writes_is_longer_than_its_header_allows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::init(dir.path()).unwrap();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut noise = |len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        };
+        let cases = [
+            (0, None),
+            (1, None),
+            (4095, None),
+            (4097, None),
+            (3 * 4096 + 8, Some(crate::Dtype::F64)),
+            (40_000, Some(crate::Dtype::Bf16)),
+        ];
+        for (len, dtype) in cases {
+            let unsynced = store.write_blob_uncoded(&noise(len), dtype, 4096).unwrap();
+            let written = store.persist_unsynced(unsynced).unwrap();
+            let cap = written.header.max_stored_len();
+            assert!(written.stored_len <= cap, "{len} bytes of {dtype:?}: {} > {cap}", written.stored_len);
+            assert!(cap - written.stored_len <= 256 + len as u64 / 16, "{len} bytes: cap {cap} is loose");
+        }
+        let options = crate::codec::Options { chunk_size: 4096, ..Default::default() };
+        for len in [0, 1, 10_000] {
+            let written = store.write_data(ObjectKind::Version, &noise(len), &options).unwrap();
+            assert!(written.stored_len <= written.header.max_stored_len(), "a version of {len} bytes");
+        }
     }
 }

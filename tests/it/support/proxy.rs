@@ -12,7 +12,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,8 @@ struct State {
     hits: AtomicUsize,
     /// Request lines seen (`PUT /bucket/key HTTP/1.1`), in order of arrival.
     requests: Mutex<Vec<String>>,
+    /// Bytes passed from the server to the client so far.
+    down: AtomicU64,
     /// Set to let stalled connections go (they are then closed).
     released: AtomicBool,
     stopped: AtomicBool,
@@ -92,6 +94,7 @@ impl Proxy {
             hits_left: AtomicUsize::new(0),
             hits: AtomicUsize::new(0),
             requests: Mutex::new(Vec::new()),
+            down: AtomicU64::new(0),
             released: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         });
@@ -157,6 +160,11 @@ impl Proxy {
     /// Request lines seen so far.
     pub fn requests(&self) -> Vec<String> {
         self.state.requests.lock().unwrap().clone()
+    }
+
+    /// Bytes passed from the server to the client so far (answers and downloads).
+    pub fn bytes_down(&self) -> u64 {
+        self.state.down.load(Ordering::SeqCst)
     }
 
     /// Forgets the requests seen so far.
@@ -230,6 +238,9 @@ fn forward(state: &State, direction: Direction, mut from: TcpStream, mut to: Tcp
             }
         }
         let written = to.write_all(&buf[..pass]);
+        if direction == Direction::Down && written.is_ok() {
+            state.down.fetch_add(pass as u64, Ordering::SeqCst);
+        }
         if pass < n {
             conn.cut.store(true, Ordering::SeqCst);
             if stall {
