@@ -412,7 +412,7 @@ const CREDENTIALS_HOME: &str = "give credentials through the environment (AWS_AC
                                 AWS_SESSION_TOKEN) or ~/.aws/credentials instead";
 
 /// Refuses a `scheme://` URL (a remote's, or an S3 endpoint) that carries what looks like a
-/// secret ([`secret_in`]). Such a URL would be written to `.ckpt/remotes` and shown by
+/// secret (`secret_in`). Such a URL would be written to `.ckpt/remotes` and shown by
 /// `ckpt remote -v`; credentials belong in the environment (`AWS_ACCESS_KEY_ID`,
 /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`) or `~/.aws/credentials`, which are never stored.
 pub fn check_no_secrets(url: &str) -> Result<()> {
