@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Dict, Optional, Union
 
-from ckpt import Repo, _bool_arg, _type_error
+from ckpt import CkptError, Repo, _bool_arg, _type_error
 
 _log = logging.getLogger("ckpt")
 
@@ -30,8 +30,13 @@ def open_or_init(repo: Optional[Union[Repo, str, os.PathLike]], default_dir: str
     os.makedirs(path, exist_ok=True)
     try:
         return Repo(path)
-    except Exception:
-        return Repo.init(path)
+    except CkptError as e:
+        # Only "no repository here" makes one: any other error (a damaged repository, one
+        # that cannot be read) is the user's to see, not a reason to start a second
+        # repository inside the first and commit there.
+        if "not a ckpt repository" not in str(e):
+            raise
+    return Repo.init(path)
 
 
 def folder_files(folder: str) -> Dict[str, str]:

@@ -429,3 +429,21 @@ def test_waits_take_a_timeout(repo):
     assert len(handle.wait(timeout=120)) == 64
     repo.wait(timeout=0)
     ckpt.wait(timeout=0)
+
+
+def test_a_callback_never_starts_a_second_repository_inside_a_damaged_one(tmp_path):
+    """The callbacks make a repository only where there is none: a repository that exists but
+    cannot be opened (here its config is not JSON) is an error, not a reason to `init` a nested
+    one that the checkpoints would then go to."""
+    from ckpt._callbacks import open_or_init
+
+    ckpt.Repo.init(str(tmp_path))
+    (tmp_path / ".ckpt" / "config").write_text("{ not json")
+    runs = tmp_path / "runs"
+    with pytest.raises(ckpt.CkptError, match="config"):
+        open_or_init(str(runs), str(runs))
+    assert not (runs / ".ckpt").exists()
+    # Where there is no repository at all, one is made.
+    fresh = tmp_path.parent / (tmp_path.name + "-fresh")
+    assert isinstance(open_or_init(None, str(fresh)), ckpt.Repo)
+    assert (fresh / ".ckpt").is_dir()

@@ -32,6 +32,23 @@ fn repo_with_epoch0(env: &GitEnv, rel: &str) -> PathBuf {
     dir
 }
 
+/// Two repositories at `names` whose `ckpt.store` is `shared`, each with a weight file
+/// committed (epochs 0 and 5).
+fn sharing_a_store(env: &GitEnv, shared: &Path, names: [&str; 2]) -> Vec<PathBuf> {
+    names
+        .into_iter()
+        .zip([0, 5])
+        .map(|(rel, epoch)| {
+            let dir = env.repo(rel);
+            env.git(&dir, &["config", "ckpt.store", shared.to_str().unwrap()]);
+            std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
+            env.git(&dir, &["add", ".gitattributes", "model.safetensors"]);
+            env.git(&dir, &["commit", "-qm", "weights"]);
+            dir
+        })
+        .collect()
+}
+
 fn restores(env: &GitEnv, dir: &Path, file: &str, expected: &[u8]) {
     std::fs::remove_file(dir.join(file)).unwrap();
     env.git(dir, &["checkout", "--", file]);
@@ -74,15 +91,7 @@ fn gc_keeps_what_linked_worktrees_stage_or_commit_on_a_detached_head() {
 fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_missing_ones_until_forgotten() {
     let env = GitEnv::new();
     let shared = env.path("shared");
-    let mut repos = Vec::new();
-    for (rel, epoch) in [("a", 0), ("b", 5)] {
-        let dir = env.repo(rel);
-        env.git(&dir, &["config", "ckpt.store", shared.to_str().unwrap()]);
-        std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
-        env.git(&dir, &["add", ".gitattributes", "model.safetensors"]);
-        env.git(&dir, &["commit", "-qm", "weights"]);
-        repos.push(dir);
-    }
+    let repos = sharing_a_store(&env, &shared, ["a", "b"]);
     let (a, b) = (&repos[0], &repos[1]);
     let b_file = pointer_at(&env, b, "HEAD:model.safetensors");
 
@@ -130,15 +139,7 @@ fn gc_keeps_what_every_repository_sharing_the_store_reaches_and_missing_ones_unt
 fn moving_a_repository_that_shares_the_store_keeps_its_weights() {
     let env = GitEnv::new();
     let shared = env.path("shared");
-    let mut repos = Vec::new();
-    for (rel, epoch) in [("sA", 0), ("sB", 5)] {
-        let dir = env.repo(rel);
-        env.git(&dir, &["config", "ckpt.store", shared.to_str().unwrap()]);
-        std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
-        env.git(&dir, &["add", ".gitattributes", "model.safetensors"]);
-        env.git(&dir, &["commit", "-qm", "weights"]);
-        repos.push(dir);
-    }
+    let repos = sharing_a_store(&env, &shared, ["sA", "sB"]);
     let (a, b) = (&repos[0], &repos[1]);
     let b_file = pointer_at(&env, b, "HEAD:model.safetensors");
     let moved = env.path("sB2");
