@@ -5,9 +5,9 @@
 //! nothing on the remote (item 9b). Each against a directory remote and an S3 server.
 
 use crate::support::layout::{remote_objects, version_blobs, version_objects};
-use crate::support::remote::{directory, json, model, s3, trained, Served, ACCESS_KEY, SECRET_KEY};
+use crate::support::remote::{directory, json, model, s3, trained, NoRecodes, Served, ACCESS_KEY, SECRET_KEY};
 use crate::support::repo_util::{ckpt_command, stderr};
-use ckpt::remote::{self, local::DirRemote, Expect, Remote, UploadMode, Uploaded};
+use ckpt::remote::{self, local::DirRemote, Expect, Remote};
 use ckpt::repo::Repo;
 use ckpt::sync::{self, PushOptions};
 use ckpt::ObjectId;
@@ -187,59 +187,6 @@ fn push_repair_replaces_what_the_remote_holds_damaged(r: &Served) {
     // The words a person reads.
     let out = r.ok(a.path(), &["push", "--repair"]);
     assert!(stderr(&out).contains("checked") && stderr(&out).contains("0 damaged"), "{}", stderr(&out));
-}
-
-/// A remote whose object replacements fail (a mirror push killed after its ref moved, before
-/// its recodes): journals and refs are written as usual.
-struct NoRecodes(Box<dyn Remote>);
-
-impl Remote for NoRecodes {
-    fn url(&self) -> &str {
-        self.0.url()
-    }
-    fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
-        self.0.list(prefix)
-    }
-    fn list_modified(&self, prefix: &str) -> remote::Result<Vec<remote::Listed>> {
-        self.0.list_modified(prefix)
-    }
-    fn modified(&self, key: &str) -> remote::Result<Option<std::time::SystemTime>> {
-        self.0.modified(key)
-    }
-    fn get_small(&self, key: &str) -> remote::Result<Option<remote::Small>> {
-        self.0.get_small(key)
-    }
-    fn put_small(&self, key: &str, bytes: &[u8], expect: &Expect) -> remote::Result<()> {
-        self.0.put_small(key, bytes, expect)
-    }
-    fn upload(
-        &self,
-        key: &str,
-        file: &std::fs::File,
-        path: &Path,
-        len: u64,
-        mode: UploadMode,
-    ) -> remote::Result<Uploaded> {
-        self.0.upload(key, file, path, len, mode)
-    }
-    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> remote::Result<()> {
-        if key.starts_with("objects/") {
-            return Err(remote::Error::NotFound { remote: "killed".into(), key: key.into() });
-        }
-        self.0.replace(key, file, path, len)
-    }
-    fn delete(&self, key: &str) -> remote::Result<()> {
-        self.0.delete(key)
-    }
-    fn read_head(&self, key: &str, len: u64) -> remote::Result<(Vec<u8>, u64)> {
-        self.0.read_head(key, len)
-    }
-    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
-        self.0.download(key, out, limit)
-    }
-    fn requests(&self) -> u64 {
-        self.0.requests()
-    }
 }
 
 /// Item 5, never recode against a reference not verified: a mirror push killed after its ref

@@ -10,10 +10,9 @@
 
 use crate::support::git::{model as git_model, GitEnv};
 use crate::support::layout::{remote_objects, version_blobs, version_objects};
-use crate::support::remote::{directory, json, s3, Served};
+use crate::support::remote::{directory, json, s3, NoRecodes, Served};
 use crate::support::repo_util::{read_tree, stderr, synthetic_checkpoint, TRAINING_MODEL};
 use ckpt::remote::local::DirRemote;
-use ckpt::remote::{self, Expect, Remote, Small, UploadMode, Uploaded};
 use ckpt::repo::Repo;
 use ckpt::sync::PushOptions;
 use ckpt::Dtype;
@@ -242,59 +241,6 @@ fn readers_racing_recodes_always_clone_an_exact_version() {
     });
 }
 
-/// A directory remote whose object replacements fail (a push killed after its ref moved,
-/// before it recoded the parent's blobs).
-struct NoRecodes(DirRemote);
-
-impl Remote for NoRecodes {
-    fn url(&self) -> &str {
-        self.0.url()
-    }
-    fn list(&self, prefix: &str) -> remote::Result<Vec<String>> {
-        self.0.list(prefix)
-    }
-    fn list_modified(&self, prefix: &str) -> remote::Result<Vec<remote::Listed>> {
-        self.0.list_modified(prefix)
-    }
-    fn modified(&self, key: &str) -> remote::Result<Option<std::time::SystemTime>> {
-        self.0.modified(key)
-    }
-    fn get_small(&self, key: &str) -> remote::Result<Option<Small>> {
-        self.0.get_small(key)
-    }
-    fn put_small(&self, key: &str, bytes: &[u8], expect: &Expect) -> remote::Result<()> {
-        self.0.put_small(key, bytes, expect)
-    }
-    fn upload(
-        &self,
-        key: &str,
-        file: &std::fs::File,
-        path: &Path,
-        len: u64,
-        mode: UploadMode,
-    ) -> remote::Result<Uploaded> {
-        self.0.upload(key, file, path, len, mode)
-    }
-    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> remote::Result<()> {
-        if key.starts_with("objects/") {
-            return Err(remote::Error::NotFound { remote: "killed".into(), key: key.into() });
-        }
-        self.0.replace(key, file, path, len)
-    }
-    fn delete(&self, key: &str) -> remote::Result<()> {
-        self.0.delete(key)
-    }
-    fn read_head(&self, key: &str, len: u64) -> remote::Result<(Vec<u8>, u64)> {
-        self.0.read_head(key, len)
-    }
-    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> remote::Result<u64> {
-        self.0.download(key, out, limit)
-    }
-    fn requests(&self) -> u64 {
-        self.0.requests()
-    }
-}
-
 /// A push that dies between uploading the new version and replacing the parent's blobs leaves
 /// a valid remote and a journal; the next push (with nothing new to send) finishes the recode.
 #[test]
@@ -313,7 +259,7 @@ fn a_push_killed_before_its_recodes_leaves_a_valid_remote_and_the_rerun_finishes
             ckpt::sync::push_to(&repo, &remote, &options).unwrap();
         }
     }
-    let killed = NoRecodes(DirRemote::open(&r.url).unwrap());
+    let killed = NoRecodes(Box::new(DirRemote::open(&r.url).unwrap()));
     assert!(ckpt::sync::push_to(&repo, &killed, &options).is_err(), "the push dies at its first recode");
     let tip = repo.resolve("main").unwrap();
     assert_eq!(std::fs::read_to_string(root.join("refs/heads/main")).unwrap(), format!("{tip}\n"));

@@ -249,3 +249,56 @@ impl ckpt::remote::Remote for Recording {
         self.inner.requests()
     }
 }
+
+/// A remote whose object replacements fail (a mirror push killed after its ref moved, before
+/// its recodes): journals and refs are written as usual.
+pub struct NoRecodes(pub Box<dyn ckpt::remote::Remote>);
+
+impl ckpt::remote::Remote for NoRecodes {
+    fn url(&self) -> &str {
+        self.0.url()
+    }
+    fn list(&self, prefix: &str) -> ckpt::remote::Result<Vec<String>> {
+        self.0.list(prefix)
+    }
+    fn list_modified(&self, prefix: &str) -> ckpt::remote::Result<Vec<ckpt::remote::Listed>> {
+        self.0.list_modified(prefix)
+    }
+    fn modified(&self, key: &str) -> ckpt::remote::Result<Option<std::time::SystemTime>> {
+        self.0.modified(key)
+    }
+    fn get_small(&self, key: &str) -> ckpt::remote::Result<Option<ckpt::remote::Small>> {
+        self.0.get_small(key)
+    }
+    fn put_small(&self, key: &str, bytes: &[u8], expect: &ckpt::remote::Expect) -> ckpt::remote::Result<()> {
+        self.0.put_small(key, bytes, expect)
+    }
+    fn upload(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        path: &Path,
+        len: u64,
+        mode: ckpt::remote::UploadMode,
+    ) -> ckpt::remote::Result<ckpt::remote::Uploaded> {
+        self.0.upload(key, file, path, len, mode)
+    }
+    fn replace(&self, key: &str, file: &std::fs::File, path: &Path, len: u64) -> ckpt::remote::Result<()> {
+        if key.starts_with("objects/") {
+            return Err(ckpt::remote::Error::NotFound { remote: "killed".into(), key: key.into() });
+        }
+        self.0.replace(key, file, path, len)
+    }
+    fn delete(&self, key: &str) -> ckpt::remote::Result<()> {
+        self.0.delete(key)
+    }
+    fn read_head(&self, key: &str, len: u64) -> ckpt::remote::Result<(Vec<u8>, u64)> {
+        self.0.read_head(key, len)
+    }
+    fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> ckpt::remote::Result<u64> {
+        self.0.download(key, out, limit)
+    }
+    fn requests(&self) -> u64 {
+        self.0.requests()
+    }
+}
