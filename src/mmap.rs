@@ -139,7 +139,7 @@ fn open_regular_file(path: &Path, follow: bool) -> std::io::Result<File> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let what = |t: std::fs::FileType| {
         if t.is_fifo() {
-            "a named pipe"
+            "a named pipe, a FIFO"
         } else if t.is_socket() {
             "a socket"
         } else if t.is_block_device() || t.is_char_device() {

@@ -399,18 +399,24 @@ fn register(store: &Repo, git: &git2::Repository) -> Result<()> {
         let path = path.to_path_buf();
         move |source| Error::Io { action, path, source }
     };
-    let result = std::fs::create_dir_all(&dir).and_then(|()| {
-        let mut tmp = tempfile::Builder::new().prefix(".user-").tempfile_in(&dir)?;
-        std::io::Write::write_all(&mut tmp, common.as_os_str().as_bytes())?;
-        tmp.as_file().sync_all()?;
-        tmp.persist(&file).map_err(|e| e.error)?;
-        std::fs::File::open(&dir)?.sync_all()
-    });
+    let result = std::fs::create_dir_all(&dir).and_then(|()| write_durably(&file, common.as_os_str().as_bytes()));
     match result {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(30) => Ok(()),
         Err(e) => Err(io("registering this repository in", &dir)(e)),
     }
+}
+
+/// Writes `bytes` as the file `path` of [`USERS_DIR`] atomically and durably: a temporary file
+/// whose name starts with `.` (which [`store_users`] skips), fsynced, renamed into place, and
+/// the directory fsynced.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().expect("a file of USERS_DIR");
+    let mut tmp = tempfile::Builder::new().prefix(".user-").tempfile_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// The git repositories registered as users of `store`: (git common directory, registration
@@ -588,14 +594,11 @@ fn missing_since(file: &Path, dry_run: bool) -> Result<std::time::SystemTime> {
             let now = std::time::SystemTime::now();
             if !dry_run {
                 let secs = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-                let dir = record.parent().expect("a registration is in USERS_DIR");
-                let written = tempfile::Builder::new().prefix(".missing-").tempfile_in(dir).and_then(|mut tmp| {
-                    std::io::Write::write_all(&mut tmp, format!("{secs}\n").as_bytes())?;
-                    tmp.as_file().sync_all()?;
-                    tmp.persist(&record).map_err(|e| e.error)?;
-                    std::fs::File::open(dir)?.sync_all()
-                });
-                written.map_err(|source| Error::Io { action: "writing", path: record.clone(), source })?;
+                write_durably(&record, format!("{secs}\n").as_bytes()).map_err(|source| Error::Io {
+                    action: "writing",
+                    path: record.clone(),
+                    source,
+                })?;
             }
             Ok(now)
         }

@@ -445,53 +445,26 @@ const MAX_REF_FILE_LEN: u64 = 1024;
 /// The text of a ref or `HEAD` file, or `None` when there is no such file. Anything but a
 /// regular file (reached through symbolic links) is an error, never an empty ref: a directory,
 /// a FIFO or a device in place of a ref is damage, and walking it as "no versions" would let gc
-/// delete what the ref held. The file is opened without blocking (a FIFO would wait for a
-/// writer forever) and read up to [`MAX_REF_FILE_LEN`].
+/// delete what the ref held. Opened by [`crate::mmap::open_regular`] (a FIFO never waits for a
+/// writer) and read up to [`MAX_REF_FILE_LEN`].
 fn read_ref_text(path: &Path) -> Result<Option<String>> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
+    let corrupt = |reason: String| Error::CorruptRef { path: path.to_path_buf(), reason };
+    let file = match crate::mmap::open_regular(path) {
         Ok(f) => f,
         // A symbolic link to nothing is a ref whose content is lost, not an absent ref.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && std::fs::symlink_metadata(path).is_err() => {
             return Ok(None)
         }
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(corrupt(e.to_string())),
         Err(source) => return Err(Error::Io { action: "reading", path: path.to_path_buf(), source }),
     };
-    let kind = file.metadata().map_err(io("reading", path))?.file_type();
-    if !kind.is_file() {
-        return Err(Error::CorruptRef {
-            path: path.to_path_buf(),
-            reason: format!("not a file but {}", describe(kind)),
-        });
-    }
     let mut bytes = Vec::new();
     file.take(MAX_REF_FILE_LEN + 1).read_to_end(&mut bytes).map_err(io("reading", path))?;
     if bytes.len() as u64 > MAX_REF_FILE_LEN {
-        return Err(Error::CorruptRef {
-            path: path.to_path_buf(),
-            reason: format!("longer than {MAX_REF_FILE_LEN} bytes"),
-        });
+        return Err(corrupt(format!("longer than {MAX_REF_FILE_LEN} bytes")));
     }
-    String::from_utf8(bytes)
-        .map(Some)
-        .map_err(|_| Error::CorruptRef { path: path.to_path_buf(), reason: "not UTF-8 text".into() })
-}
-
-/// What a file that is not a regular file is, for a message.
-fn describe(kind: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_block_device() || kind.is_char_device() {
-        "a device"
-    } else {
-        "not a regular file"
-    }
+    String::from_utf8(bytes).map(Some).map_err(|_| corrupt("not UTF-8 text".into()))
 }
 
 #[cfg(test)]
