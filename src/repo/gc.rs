@@ -545,8 +545,8 @@ const STALE_STAGING: std::time::Duration = std::time::Duration::from_secs(24 * 3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repo::fixtures::{steps_checkpoint as checkpoint, store_with_steps};
     use crate::repo::{CommitOptions, RepoPath};
-    use crate::test_data::{steps_checkpoint as checkpoint, store_with_steps};
 
     #[test]
     fn gc_keeping_deletes_only_what_the_live_files_do_not_need() {

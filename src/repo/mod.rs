@@ -20,6 +20,8 @@ mod commit_stored;
 mod compact;
 mod config;
 mod error;
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod gc;
 mod index_cache;
 mod inspect;

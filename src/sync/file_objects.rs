@@ -594,8 +594,8 @@ impl Repo {
 mod tests {
     use super::*;
     use crate::remote::local::DirRemote;
+    use crate::repo::fixtures::{steps_checkpoint as checkpoint, store_with_steps};
     use crate::repo::{CommitOptions, RepoPath};
-    use crate::test_data::{steps_checkpoint as checkpoint, store_with_steps};
     use std::path::Path;
 
     #[test]
