@@ -23,6 +23,7 @@ mod error;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod gc;
+pub mod graph;
 mod index_cache;
 mod inspect;
 mod layout;

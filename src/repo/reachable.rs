@@ -6,6 +6,7 @@
 //! roots; `push` sends the part of it the remote lacks; `fetch` walks the same relation on the
 //! remote's side.
 
+use super::graph::{self, Node};
 use super::partial::HistoryCuts;
 use super::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
@@ -126,43 +127,34 @@ impl Repo {
         cut: &HistoryCuts,
         whole: &HashSet<ObjectId>,
     ) -> Result<Vec<Needed>> {
-        let mut seen = HashSet::new();
         let mut out = Vec::new();
-        let mut stack: Vec<VersionId> = roots.to_vec();
-        while let Some(id) = stack.pop() {
-            if skip(&id) || !seen.insert(id) {
-                continue;
-            }
-            let version = self.version(&id)?;
-            out.push(Needed { id, kind: ObjectKind::Version, reference: None });
-            stack.extend(self.parents_here(cut, &id, &version.parents));
-            for file in &version.files {
-                if skip(&file.manifest) || !seen.insert(file.manifest) {
-                    continue;
-                }
-                out.push(Needed { id: file.manifest, kind: ObjectKind::Manifest, reference: None });
-                let manifest = self.manifest(&file.manifest)?;
-                for blob in manifest.blobs() {
-                    let mut next = Some(blob);
-                    while let Some(blob) = next {
-                        if skip(&blob) || !seen.insert(blob) {
-                            break;
-                        }
-                        let header = self.store.header(&blob)?;
-                        if header.kind != ObjectKind::Blob {
-                            return Err(crate::store::Error::WrongKind {
-                                id: blob,
-                                expected: ObjectKind::Blob,
-                                found: header.kind,
-                            }
-                            .into());
-                        }
-                        out.push(Needed { id: blob, kind: ObjectKind::Blob, reference: header.reference });
-                        next = header.reference.filter(|_| chains && !whole.contains(&blob));
+        let roots = roots.iter().map(|id| Node::Version(*id));
+        graph::walk(
+            self,
+            roots,
+            |node| !skip(&node.id()),
+            |node, edges| {
+                let id = node.id();
+                let reference = match node {
+                    Node::Blob(_) => edges.first().map(Node::id),
+                    _ => None,
+                };
+                out.push(Needed { id, kind: node.kind(), reference });
+                Ok(match node {
+                    // A version's files (each with its blobs' chains) before its history.
+                    Node::Version(_) => {
+                        let (parents, manifests): (Vec<Node>, Vec<Node>) =
+                            edges.into_iter().partition(|n| matches!(n, Node::Version(_)));
+                        let parents: Vec<VersionId> = parents.iter().map(Node::id).collect();
+                        let here = self.parents_here(cut, &id, &parents);
+                        manifests.into_iter().chain(here.into_iter().rev().map(Node::Version)).collect()
                     }
-                }
-            }
-        }
+                    Node::Manifest(_) => edges,
+                    Node::Blob(_) if chains && !whole.contains(&id) => edges,
+                    Node::Blob(_) => Vec::new(),
+                })
+            },
+        )?;
         Ok(out)
     }
 
@@ -178,8 +170,7 @@ impl Repo {
             if !seen.insert(*manifest) {
                 continue;
             }
-            let m = self.manifest(manifest)?;
-            for blob in m.blobs() {
+            for blob in graph::edges(self, Node::Manifest(*manifest))?.iter().map(Node::id) {
                 // The chain down to its standalone base (or to a blob already listed), then
                 // listed base first.
                 let mut chain = Vec::new();
@@ -195,17 +186,9 @@ impl Repo {
                         }
                         .into());
                     }
-                    let header = self.store.header(&id)?;
-                    if header.kind != ObjectKind::Blob {
-                        return Err(crate::store::Error::WrongKind {
-                            id,
-                            expected: ObjectKind::Blob,
-                            found: header.kind,
-                        }
-                        .into());
-                    }
-                    chain.push(Needed { id, kind: ObjectKind::Blob, reference: header.reference });
-                    next = header.reference;
+                    let reference = graph::edges(self, Node::Blob(id))?.first().map(Node::id);
+                    chain.push(Needed { id, kind: ObjectKind::Blob, reference });
+                    next = reference;
                 }
                 for n in chain.into_iter().rev() {
                     if seen.insert(n.id) {
