@@ -1,7 +1,7 @@
 //! `commit`: files → blobs (deduplicated, delta-coded where it pays) → manifests → version →
 //! ref. All inputs are parsed before anything is written, so an invalid file changes nothing.
 
-use super::layout::{manifest_of, HashedBundle, HashedSegment, HashedSegments, Input, Rules};
+use super::cut::{manifest_of, HashedBundle, HashedSegment, HashedSegments, Input, Rules};
 use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::pairing::{precision_key, PrecisionIndex, ReferenceFiles, TensorBlobs};
 use super::status::now_ns;
@@ -711,7 +711,7 @@ impl Repo {
         kept: &BTreeMap<String, FileEntry>,
         parent: Option<&Version>,
     ) -> Derivations {
-        fn own_blob(seg: &super::layout::HashedSegment) -> Option<(&super::model::TensorRef, Dtype)> {
+        fn own_blob(seg: &super::cut::HashedSegment) -> Option<(&super::model::TensorRef, Dtype)> {
             let tensor = seg.tensor.as_ref().filter(|_| seg.bundle.is_none() && seg.range.end > seg.range.start)?;
             Some((tensor, seg.dtype?))
         }

@@ -17,7 +17,7 @@
 //! name; the header from [`crate::safetensors::write_header`].
 
 use super::bundle::BundleCache;
-use super::layout::{self, Input, Rules};
+use super::cut::{self, Input, Rules};
 use super::model::{Manifest, TensorRef};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
 use crate::safetensors;
@@ -187,7 +187,7 @@ impl OpenedFile {
     /// Opens `disk` for a later commit: a regular file (a named pipe, socket, device or
     /// directory is refused, naming it).
     pub fn open(disk: &Path) -> Result<OpenedFile> {
-        let (file, metadata) = layout::open_regular(disk, Rules::Commit)?;
+        let (file, metadata) = cut::open_regular(disk, Rules::Commit)?;
         Ok(OpenedFile {
             file,
             disk: disk.to_path_buf(),
@@ -404,7 +404,7 @@ impl Repo {
         let (path, disk, file, metadata, in_working_tree) = match prepared {
             Prepared::Disk { disk, .. } => return self.read_input(disk),
             Prepared::DiskAs { path, disk } => {
-                let (file, metadata) = layout::open_regular(disk, Rules::Commit)?;
+                let (file, metadata) = cut::open_regular(disk, Rules::Commit)?;
                 let in_working_tree = disk.canonicalize().ok() == Some(path.under(self.root()));
                 (path, disk.clone(), file, metadata, in_working_tree)
             }

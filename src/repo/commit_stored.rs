@@ -13,7 +13,7 @@
 //! instead of writing one that could not be read.
 
 use super::commit::hash_file;
-use super::layout::{Input, Rules};
+use super::cut::{Input, Rules};
 use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::pairing::ReferenceFiles;
 use super::pieces::Pieces;

@@ -19,13 +19,13 @@ mod commit_memory;
 mod commit_stored;
 mod compact;
 mod config;
+mod cut;
 mod error;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod gc;
 mod index_cache;
 mod inspect;
-mod layout;
 mod lock;
 mod model;
 mod pairing;

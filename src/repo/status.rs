@@ -3,7 +3,7 @@
 //! a same-tick rewrite cannot hide) is not read; any other file is hashed. `checkout` and
 //! `switch` use the same comparison ([`Repo::observe`]) to find the changes they would destroy.
 
-use super::layout::{Input, Rules};
+use super::cut::{Input, Rules};
 use super::{Head, Repo, RepoPath, Result, VersionId};
 use crate::index::StatRecord;
 use crate::object_id::ObjectId;

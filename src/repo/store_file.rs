@@ -3,7 +3,7 @@
 //! the current branch, so deltas, compaction, `verify` and `show` apply as to any commit), and
 //! [`Repo::write_stored_file`] writes a stored file back by its manifest, verified.
 
-use super::layout::{Input, Rules};
+use super::cut::{Input, Rules};
 use super::model::{FileEntry, Manifest};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
 use crate::object_id::ObjectId;
