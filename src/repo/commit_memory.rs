@@ -17,6 +17,7 @@
 //! name; the header from [`crate::safetensors::write_header`].
 
 use super::bundle::BundleCache;
+use super::commit::Onto;
 use super::cut::{self, Input, Rules};
 use super::model::{Manifest, TensorRef};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
@@ -375,7 +376,7 @@ impl Repo {
         }
         let mut attempts = 1;
         let committed = loop {
-            let committed = self.commit_inputs(inputs, message, options);
+            let committed = self.commit_inputs(inputs, Onto::Head { dropped: &[] }, message, options);
             let renamed = match &committed {
                 Err(Error::FileChanged { path }) => prepared.iter().any(|p| p.only_renamed(path)),
                 _ => false,

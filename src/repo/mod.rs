@@ -13,9 +13,11 @@
 //! unreferenced objects, which `gc` deletes. This module never speaks git or clap.
 
 mod bundle;
+mod chains;
 mod checkout;
 mod commit;
 mod commit_memory;
+mod commit_objects;
 mod commit_stored;
 mod compact;
 mod config;

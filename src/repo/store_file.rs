@@ -3,6 +3,7 @@
 //! the current branch, so deltas, compaction, `verify` and `show` apply as to any commit), and
 //! [`Repo::write_stored_file`] writes a stored file back by its manifest, verified.
 
+use super::commit::Onto;
 use super::cut::{Input, Rules};
 use super::model::{FileEntry, Manifest};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
@@ -54,7 +55,7 @@ impl Repo {
         }
         let _lock = self.lock()?;
         let on = self.stored_before(path)?;
-        let version_id = self.commit_inputs_on(vec![input], &[], message, options, Some(on))?;
+        let version_id = self.commit_inputs(vec![input], Onto::Stored(on), message, options)?;
         self.write_path_records(path.as_str(), &version_id);
         let version = self.version(&version_id)?;
         let entry =
