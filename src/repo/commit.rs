@@ -267,7 +267,7 @@ impl Repo {
         let path = self.repo_path(p)?;
         path.refuse_beyond_symlink(&self.root, "tracked")?;
         let abs = path.under(&self.root);
-        Input::open(&abs, path, Rules::Commit)
+        Input::open(&abs, path, Rules::Commit, None)
     }
 
     /// Remembers size, mtime and hash of the committed files (`entries`, those of `inputs`)

@@ -14,7 +14,9 @@ use super::pairing::{gap_key, precision_key, PrecisionIndex, PrecisionKey, Refer
 use super::pieces::Piece;
 use super::{Error, Repo, Result};
 use crate::object_id::ObjectId;
-use crate::store::{self, BlobForm, DeltaOutcome, DerivedBlob, Feedback, ObjectKind, SourceBytes, Store, Written};
+use crate::store::{
+    self, BlobChain, BlobForm, DeltaOutcome, DerivedBlob, Feedback, ObjectKind, SourceBytes, Store, Written,
+};
 use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -372,17 +374,33 @@ impl Repo {
             if let Ok(chain) = store.open_blob(&r) {
                 if chain.depth() + 1 < base_every && chain.len() == blob.bytes.len() as u64 {
                     let limit = chain.base_stored_len();
-                    match store.write_blob_delta(blob.id, blob.bytes, &chain, limit, &options, feedback) {
-                        Ok(DeltaOutcome::Written(w)) => return Ok((w, BlobForm::delta(&w, &chain))),
-                        Ok(DeltaOutcome::NotSmaller { .. }) => {}
-                        Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
-                        Err(e) => return Err(e.into()),
+                    if let Some(w) = self.write_delta(store, &blob, &chain, limit, feedback)? {
+                        return Ok(w);
                     }
                 }
             }
         }
         let w = store.write_blob(blob.id, blob.bytes, blob.dtype, &options, feedback)?;
         Ok((w, BlobForm::standalone(&w, options.chunk_size)))
+    }
+
+    /// Writes `blob` as a delta against `chain` if that is smaller than `limit` bytes; `None`
+    /// when it is not, or the chain is damaged or missing (the caller stores the blob otherwise).
+    fn write_delta(
+        &self,
+        store: &Store,
+        blob: &Blob<'_>,
+        chain: &BlobChain,
+        limit: u64,
+        feedback: &Feedback<'_>,
+    ) -> Result<Option<(Written, BlobForm)>> {
+        let options = self.config.codec_options();
+        match store.write_blob_delta(blob.id, blob.bytes, chain, limit, &options, feedback) {
+            Ok(DeltaOutcome::Written(w)) => Ok(Some((w, BlobForm::delta(&w, chain)))),
+            Ok(DeltaOutcome::NotSmaller { .. }) => Ok(None),
+            Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Stores `blob` derived from its cross-precision reference (docs/format.md, "Derived
@@ -446,11 +464,8 @@ impl Repo {
             Err(e) => return Err(e.into()),
         };
         if let Some((chain, _)) = version_reference.filter(|(chain, base_every)| chain.depth() + 1 < *base_every) {
-            match store.write_blob_delta(id, bytes, &chain, candidate.stored_len(), &options, feedback) {
-                Ok(DeltaOutcome::Written(w)) => return Ok(Some((w, BlobForm::delta(&w, &chain)))),
-                Ok(DeltaOutcome::NotSmaller { .. }) => {}
-                Err(store::Error::Corrupt { .. } | store::Error::Missing { .. }) => {}
-                Err(e) => return Err(e.into()),
+            if let Some(w) = self.write_delta(store, blob, &chain, candidate.stored_len(), feedback)? {
+                return Ok(Some(w));
             }
         }
         let form = candidate.form();

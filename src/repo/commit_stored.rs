@@ -45,7 +45,7 @@ impl Repo {
         written: Option<&[crate::torch_zip::dcp::Item]>,
         pieces: Option<&Pieces>,
     ) -> Result<FileEntry> {
-        let mut input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
+        let mut input = Input::open(disk, path.clone(), Rules::AnyContent, written)?;
         let mut taken = pieces.map(|p| p.take_file(path.as_str())).unwrap_or_default();
         // Only `reverse` compacts a version after its save, which codes uncoded blobs; under
         // another policy the tensors are coded (against the previous version's) here.
@@ -57,7 +57,7 @@ impl Repo {
                 None => {
                     // The file is whole again before it is cut again, as if nothing was taken.
                     self.restore_pieces(disk, path, std::mem::take(&mut taken))?;
-                    input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
+                    input = Input::open(disk, path.clone(), Rules::AnyContent, written)?;
                 }
             }
         }

@@ -59,15 +59,11 @@ impl Input {
     /// Opens the file at `disk` (refusing a named pipe, socket or device before anything blocks
     /// on it), maps it (a guarded map: a file truncated meanwhile is reported by
     /// [`Input::check_unchanged`], not a SIGBUS) and parses it under `rules`, as the content of
-    /// `path`. A `.distcp` file is cut by the `.metadata` next to `disk` ([`distcp_cut`]).
-    pub(super) fn open(disk: &Path, path: RepoPath, rules: Rules) -> Result<Input> {
-        Input::open_written(disk, path, rules, None)
-    }
-
-    /// [`Input::open`], a `.distcp` file being cut by `written`, the items its writer reports
-    /// having written into it, when given ([`torch_zip::dcp::cut_by_written_items`]): the
-    /// file of a rank of `ckpt.dcp.Writer`, stored before any `.metadata` exists.
-    pub(super) fn open_written(
+    /// `path`. A `.distcp` file is cut by `written`, the items its writer reports having written
+    /// into it, when given ([`torch_zip::dcp::cut_by_written_items`]: the file of a rank of
+    /// `ckpt.dcp.Writer`, stored before any `.metadata` exists), else by the `.metadata` next to
+    /// `disk` ([`distcp_cut`]).
+    pub(super) fn open(
         disk: &Path,
         path: RepoPath,
         rules: Rules,
@@ -80,7 +76,7 @@ impl Input {
     /// Maps the open `file` (with its `metadata`, read from `disk`) and parses it under `rules`.
     /// `disk_is_real`: `disk` is where the file lies (not a name given to bytes from memory), so
     /// the `.metadata` of a `.distcp` file is read next to it. `written`: see
-    /// [`Input::open_written`].
+    /// [`Input::open`].
     pub(super) fn from_file(
         disk: &Path,
         path: RepoPath,

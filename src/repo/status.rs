@@ -279,7 +279,7 @@ pub(super) fn stat_is_fresh(c: &StatRecord, meta: &std::fs::Metadata) -> bool {
 pub fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     // Not `File::open`: a named pipe at a tracked path would block; and a guarded map, so that a
     // file truncated while it is hashed is reported, not a SIGBUS.
-    let input = Input::open(path, RepoPath::parse("file").expect("a valid path"), Rules::Hash)?;
+    let input = Input::open(path, RepoPath::parse("file").expect("a valid path"), Rules::Hash, None)?;
     let hash = input.hash().1;
     if input.check_unchanged().is_err() {
         return Err(super::Error::ChangedWhileRead { path: path.to_path_buf() });

@@ -46,7 +46,7 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<StoredFile> {
-        let input = Input::open(disk, path.clone(), Rules::AnyContent)?;
+        let input = Input::open(disk, path.clone(), Rules::AnyContent, None)?;
         let manifest = input.manifest();
         let bytes = manifest.to_bytes();
         let id = ObjectId::hash(&bytes);
@@ -205,7 +205,7 @@ impl Repo {
 /// (one hash pass): its segments, tensors and blob ids.
 pub fn manifest_of_file(disk: &Path) -> Result<Manifest> {
     let path = RepoPath::parse("file").expect("a valid path");
-    Ok(Input::open(disk, path, Rules::AnyContent)?.manifest())
+    Ok(Input::open(disk, path, Rules::AnyContent, None)?.manifest())
 }
 
 #[cfg(test)]
