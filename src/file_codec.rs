@@ -103,12 +103,13 @@ pub(crate) fn cut<'f>(
 /// Tensors below this many bytes are small: [`plan_segments`] codes runs of them as one segment.
 pub const SMALL_TENSOR_BYTES: u64 = 16 << 10;
 
-/// The kind of `file` read as `format`, and its segments: the file's cut (`cut`), without zero-length tensors, where a
-/// run of small safetensors tensors (below [`SMALL_TENSOR_BYTES`] each) of one dtype that
-/// follow each other without a gap is one segment: each segment costs its chunks' index
-/// entries and each chunk its own Huffman tables, which for 20,000 tensors of 128 bytes made
-/// the container larger than the file (101%). Coded together, their byte groups share chunks
-/// (the container's format is the same: a segment is any run of whole elements of one dtype).
+/// The kind of `file` read as `format`, and its segments: the file's cut (`cut`), without
+/// zero-length tensors, where a run of small safetensors tensors (below
+/// [`SMALL_TENSOR_BYTES`] each) of one dtype that follow each other without a gap is one
+/// segment: each segment costs its chunks' index entries and each chunk its own Huffman
+/// tables, which for 20,000 tensors of 128 bytes made the container larger than the file
+/// (101%). Coded together, their byte groups share chunks (the container's format is the same:
+/// a segment is any run of whole elements of one dtype).
 pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<SegmentPlan>), Error> {
     let header = match format {
         Format::Bytes => None,
