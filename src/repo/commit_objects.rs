@@ -307,25 +307,12 @@ impl Repo {
         unsynced: &Mutex<Vec<DerivedBlob>>,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(Written, BlobForm)> {
-        let (store, input, h) = (coding.store, &coding.inputs[job.file], &coding.hashed[job.file]);
-        let b = match job.target {
+        let s = match job.target {
             Target::Segment(s) => s,
-            Target::Bundle(b) => {
-                let bundle = &h.bundles[b];
-                let reference = coding.deltas.and_then(|every| Some((h.reference.bundle(&bundle.key)?, every)));
-                // The members, gathered (at most `BUNDLE_MAX` bytes); the store checks that
-                // they are the bytes hashed (xxh3), or the file changed meanwhile.
-                let mut bytes = Vec::with_capacity(bundle.len as usize);
-                for &m in &bundle.members {
-                    let r = &h.segments[m].range;
-                    bytes.extend_from_slice(&input.map[r.start as usize..r.end as usize]);
-                }
-                let feedback = Feedback { progress, release_input: &|_| {}, input_xxh3: Some(bundle.xxh3) };
-                let blob = Blob { id: bundle.id, bytes: &bytes, dtype: Some(bundle.dtype) };
-                return self.store_blob(store, blob, reference, &feedback);
-            }
+            Target::Bundle(b) => return self.store_bundle(coding, job.file, b, progress),
         };
-        let seg = &h.segments[b];
+        let (store, input, h) = (coding.store, &coding.inputs[job.file], &coding.hashed[job.file]);
+        let seg = &h.segments[s];
         let blob =
             Blob { id: seg.id, bytes: &input.map[seg.range.start as usize..seg.range.end as usize], dtype: seg.dtype };
         let start = seg.range.start as usize;
@@ -350,13 +337,36 @@ impl Repo {
                 },
                 None => DerivedFrom::Stored(source),
             };
-            let derived = Derived { dtype, source, previous: h.reference_of(b), deltas: coding.deltas };
+            let derived = Derived { dtype, source, previous: h.reference_of(s), deltas: coding.deltas };
             if let Some(w) = self.store_derived(store, &blob, derived, unsynced, &feedback)? {
                 return Ok(w);
             }
         }
-        let reference = coding.deltas.and_then(|every| Some((h.reference_of(b)?, every)));
+        let reference = coding.deltas.and_then(|every| Some((h.reference_of(s)?, every)));
         self.store_blob(store, blob, reference, &feedback)
+    }
+
+    /// Stores bundle `b` of file `file` (see [`Self::store_units`]).
+    fn store_bundle(
+        &self,
+        coding: &Coding<'_>,
+        file: usize,
+        b: usize,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(Written, BlobForm)> {
+        let (input, h) = (&coding.inputs[file], &coding.hashed[file]);
+        let bundle = &h.bundles[b];
+        let reference = coding.deltas.and_then(|every| Some((h.reference.bundle(&bundle.key)?, every)));
+        // The members, gathered (at most `BUNDLE_MAX` bytes); the store checks that they are
+        // the bytes hashed (xxh3), or the file changed meanwhile.
+        let mut bytes = Vec::with_capacity(bundle.len as usize);
+        for &m in &bundle.members {
+            let r = &h.segments[m].range;
+            bytes.extend_from_slice(&input.map[r.start as usize..r.end as usize]);
+        }
+        let feedback = Feedback { progress, release_input: &|_| {}, input_xxh3: Some(bundle.xxh3) };
+        let blob = Blob { id: bundle.id, bytes: &bytes, dtype: Some(bundle.dtype) };
+        self.store_blob(coding.store, blob, reference, &feedback)
     }
 
     /// Stores `blob` in `store`: as a delta against `reference` when that is allowed (its chain
