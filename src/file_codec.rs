@@ -38,26 +38,12 @@ pub enum Format {
 /// A byte range of the original file and the element type it is coded with (`None`: bytes).
 pub type SegmentPlan = (Range<u64>, Option<Dtype>);
 
-/// What one segment of a file's [`cut`] holds.
+/// The tensor (a safetensors tensor, a `torch.save` storage) one segment of a [`cut`] holds.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Holds<'f> {
-    /// Bytes that are no tensor: a header, a gap, an archive's framing, a whole opaque file.
-    Bytes,
-    /// A tensor of a safetensors file.
-    Tensor(&'f safetensors::TensorInfo),
-    /// A storage of a `torch.save` archive (or an item of a `.distcp` file).
-    Storage(&'f torch_zip::Storage),
-}
-
-impl Holds<'_> {
-    /// The element type the segment is coded with (`None`: bytes).
-    pub(crate) fn dtype(&self) -> Option<Dtype> {
-        match self {
-            Holds::Bytes => None,
-            Holds::Tensor(t) => Some(t.dtype),
-            Holds::Storage(s) => Some(s.dtype),
-        }
-    }
+pub(crate) struct CutTensor<'f> {
+    pub(crate) name: &'f str,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: &'f [u64],
 }
 
 /// How a file of `len` bytes is cut into segments, in file order, covering it: a safetensors
@@ -70,32 +56,30 @@ pub(crate) fn cut<'f>(
     len: u64,
     header: Option<&'f safetensors::Header>,
     torch: Option<&'f torch_zip::Layout>,
-) -> Vec<(Range<u64>, Holds<'f>)> {
+) -> Vec<(Range<u64>, Option<CutTensor<'f>>)> {
     if let (None, Some(layout)) = (header, torch) {
-        return layout
-            .segments()
-            .into_iter()
-            .map(|(range, s)| (range, s.map_or(Holds::Bytes, Holds::Storage)))
-            .collect();
+        let storage = |s: &'f torch_zip::Storage| CutTensor { name: &s.name, dtype: s.dtype, shape: &s.shape };
+        return layout.segments().into_iter().map(|(range, s)| (range, s.map(storage))).collect();
     }
     let Some(header) = header else {
-        return vec![(0..len, Holds::Bytes)];
+        return vec![(0..len, None)];
     };
-    let mut out = vec![(0..header.data_start, Holds::Bytes)];
+    let mut out = vec![(0..header.data_start, None)];
     let mut at = header.data_start;
     for t in &header.tensors {
+        let tensor = Some(CutTensor { name: &t.name, dtype: t.dtype, shape: &t.shape });
         if t.is_empty() {
-            out.push((at..at, Holds::Tensor(t)));
+            out.push((at..at, tensor));
             continue;
         }
         if t.begin > at {
-            out.push((at..t.begin, Holds::Bytes));
+            out.push((at..t.begin, None));
         }
-        out.push((t.begin..t.end, Holds::Tensor(t)));
+        out.push((t.begin..t.end, tensor));
         at = t.end;
     }
     if at < len {
-        out.push((at..len, Holds::Bytes));
+        out.push((at..len, None));
     }
     out
 }
@@ -125,18 +109,17 @@ pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<Segme
     let mut segments: Vec<SegmentPlan> = Vec::new();
     // Whether the last segment is a run of small tensors that the next may join.
     let mut small_run = false;
-    for (range, holds) in cut(file.len() as u64, header.as_ref(), torch.as_ref()) {
-        if range.is_empty() && !matches!(holds, Holds::Bytes) {
+    for (range, tensor) in cut(file.len() as u64, header.as_ref(), torch.as_ref()) {
+        let dtype = tensor.map(|t| t.dtype);
+        if range.is_empty() && tensor.is_some() {
             continue;
         }
-        let small = matches!(holds, Holds::Tensor(_)) && range.end - range.start < SMALL_TENSOR_BYTES;
+        let small = header.is_some() && tensor.is_some() && range.end - range.start < SMALL_TENSOR_BYTES;
         match segments.last_mut() {
-            Some((last, Some(dtype)))
-                if small && small_run && Some(*dtype) == holds.dtype() && last.end == range.start =>
-            {
+            Some((last, Some(d))) if small && small_run && Some(*d) == dtype && last.end == range.start => {
                 last.end = range.end;
             }
-            _ => segments.push((range, holds.dtype())),
+            _ => segments.push((range, dtype)),
         }
         small_run = small;
     }

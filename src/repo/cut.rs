@@ -6,7 +6,6 @@
 
 use super::model::{Bundle, FileFormat, Manifest, Segment, TensorRef};
 use super::{Error, RepoPath, Result};
-use crate::file_codec::Holds;
 use crate::mmap::{self, Map};
 use crate::object_id::ObjectId;
 use crate::safetensors;
@@ -420,13 +419,14 @@ fn read_dcp_metadata(path: &Path) -> Option<torch_zip::dcp::Metadata> {
 fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::Layout>) -> Vec<Planned> {
     crate::file_codec::cut(len, header, torch)
         .into_iter()
-        .map(|(range, holds)| {
-            let tensor = match holds {
-                Holds::Bytes => None,
-                Holds::Tensor(t) => Some(TensorRef::of(t)),
-                Holds::Storage(s) => Some(TensorRef::of_storage(s)),
-            };
-            Planned { range, dtype: holds.dtype(), tensor }
+        .map(|(range, tensor)| Planned {
+            range,
+            dtype: tensor.map(|t| t.dtype),
+            tensor: tensor.map(|t| TensorRef {
+                name: t.name.to_string(),
+                dtype: t.dtype.safetensors_name().to_string(),
+                shape: t.shape.to_vec(),
+            }),
         })
         .collect()
 }
