@@ -7,6 +7,7 @@ use crate::codec::container::{is_container, Container, ContainerWriter, FileKind
 use crate::codec::{self, Method, Options};
 use crate::dtype::Dtype;
 use crate::safetensors;
+use crate::torch_zip;
 use std::io::Write;
 use std::ops::Range;
 
@@ -37,53 +38,92 @@ pub enum Format {
 /// A byte range of the original file and the element type it is coded with (`None`: bytes).
 pub type SegmentPlan = (Range<u64>, Option<Dtype>);
 
+/// The tensor (a safetensors tensor, a `torch.save` storage) one segment of a [`cut`] holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CutTensor<'f> {
+    pub(crate) name: &'f str,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: &'f [u64],
+}
+
+/// How a file of `len` bytes is cut into segments, in file order, covering it: a safetensors
+/// file (`header`) as its header, tensors (an empty one as a zero-length segment where it
+/// sits) and the gaps between them; a `torch.save` archive (`torch`, when `header` is `None`)
+/// as its storages and the bytes between them; anything else as one segment of bytes. The one
+/// cut: a commit's segments ([`crate::repo`]) and a container's ([`plan_segments`]) are both
+/// made from it.
+pub(crate) fn cut<'f>(
+    len: u64,
+    header: Option<&'f safetensors::Header>,
+    torch: Option<&'f torch_zip::Layout>,
+) -> Vec<(Range<u64>, Option<CutTensor<'f>>)> {
+    if let (None, Some(layout)) = (header, torch) {
+        let storage = |s: &'f torch_zip::Storage| CutTensor { name: &s.name, dtype: s.dtype, shape: &s.shape };
+        return layout.segments().into_iter().map(|(range, s)| (range, s.map(storage))).collect();
+    }
+    let Some(header) = header else {
+        return vec![(0..len, None)];
+    };
+    let mut out = vec![(0..header.data_start, None)];
+    let mut at = header.data_start;
+    for t in &header.tensors {
+        let tensor = Some(CutTensor { name: &t.name, dtype: t.dtype, shape: &t.shape });
+        if t.is_empty() {
+            out.push((at..at, tensor));
+            continue;
+        }
+        if t.begin > at {
+            out.push((at..t.begin, None));
+        }
+        out.push((t.begin..t.end, tensor));
+        at = t.end;
+    }
+    if at < len {
+        out.push((at..len, None));
+    }
+    out
+}
+
 /// Tensors below this many bytes are small: [`plan_segments`] codes runs of them as one segment.
 pub const SMALL_TENSOR_BYTES: u64 = 16 << 10;
 
-/// The segments of a file of kind `kind`: byte ranges with their element types, covering the
-/// whole file in order. Zero-length tensors produce no segment, and a run of small tensors
-/// (below [`SMALL_TENSOR_BYTES`] each) of one dtype that follow each other without a gap is
-/// one segment: each segment costs its chunks' index entries and each chunk its own Huffman
+/// The kind of `file` read as `format`, and its segments: the file's cut (`cut`), without
+/// zero-length tensors, where a run of small safetensors tensors (below
+/// [`SMALL_TENSOR_BYTES`] each) of one dtype that follow each other without a gap is one
+/// segment: each segment costs its chunks' index entries and each chunk its own Huffman
 /// tables, which for 20,000 tensors of 128 bytes made the container larger than the file
 /// (101%). Coded together, their byte groups share chunks (the container's format is the same:
 /// a segment is any run of whole elements of one dtype).
 pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<SegmentPlan>), Error> {
-    let len = file.len() as u64;
     let header = match format {
         Format::Bytes => None,
         Format::Safetensors => Some(safetensors::parse(file)?),
         Format::Detect => safetensors::parse(file).ok(),
     };
-    let Some(header) = header else {
-        if let Some(layout) = (format == Format::Detect).then(|| crate::torch_zip::parse(file).ok()).flatten() {
-            let segments = layout.segments().into_iter().filter(|(r, _)| r.end > r.start);
-            return Ok((FileKind::Torch, segments.map(|(r, s)| (r, s.map(|s| s.dtype))).collect()));
-        }
-        return Ok((FileKind::Bytes, vec![(0..len, None)]));
+    let torch = (header.is_none() && format == Format::Detect).then(|| torch_zip::parse(file).ok()).flatten();
+    let kind = match (&header, &torch) {
+        (Some(_), _) => FileKind::Safetensors,
+        (None, Some(_)) => FileKind::Torch,
+        (None, None) => FileKind::Bytes,
     };
-    let mut segments = vec![(0..header.data_start, None)];
-    let mut at = header.data_start;
+    let mut segments: Vec<SegmentPlan> = Vec::new();
     // Whether the last segment is a run of small tensors that the next may join.
     let mut small_run = false;
-    for t in header.tensors.iter().filter(|t| t.end > t.begin) {
-        if t.begin > at {
-            segments.push((at..t.begin, None));
-            small_run = false;
+    for (range, tensor) in cut(file.len() as u64, header.as_ref(), torch.as_ref()) {
+        let dtype = tensor.map(|t| t.dtype);
+        if range.is_empty() && tensor.is_some() {
+            continue;
         }
-        let small = t.end - t.begin < SMALL_TENSOR_BYTES;
+        let small = header.is_some() && tensor.is_some() && range.end - range.start < SMALL_TENSOR_BYTES;
         match segments.last_mut() {
-            Some((range, Some(dtype))) if small && small_run && *dtype == t.dtype && range.end == t.begin => {
-                range.end = t.end;
+            Some((last, Some(d))) if small && small_run && Some(*d) == dtype && last.end == range.start => {
+                last.end = range.end;
             }
-            _ => segments.push((t.begin..t.end, Some(t.dtype))),
+            _ => segments.push((range, dtype)),
         }
         small_run = small;
-        at = t.end;
     }
-    if at < len {
-        segments.push((at..len, None));
-    }
-    Ok((FileKind::Safetensors, segments))
+    Ok((kind, segments))
 }
 
 /// Compresses `file` into a container written to `out`; returns the writer and the blake3 hash

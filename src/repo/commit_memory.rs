@@ -17,7 +17,8 @@
 //! name; the header from [`crate::safetensors::write_header`].
 
 use super::bundle::BundleCache;
-use super::layout::{self, Input, Rules};
+use super::commit::Onto;
+use super::cut::{self, Input, Rules};
 use super::model::{Manifest, TensorRef};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
 use crate::safetensors;
@@ -187,7 +188,7 @@ impl OpenedFile {
     /// Opens `disk` for a later commit: a regular file (a named pipe, socket, device or
     /// directory is refused, naming it).
     pub fn open(disk: &Path) -> Result<OpenedFile> {
-        let (file, metadata) = layout::open_regular(disk, Rules::Commit)?;
+        let (file, metadata) = cut::open_regular(disk, Rules::Commit)?;
         Ok(OpenedFile {
             file,
             disk: disk.to_path_buf(),
@@ -197,36 +198,12 @@ impl OpenedFile {
     }
 }
 
-/// A [`CommitSource`] checked (its path parsed, a memory file sealed), from which the commit's
-/// input is made: once, or again when an opened file was renamed while it was read.
-enum Prepared {
-    Disk { path: RepoPath, disk: PathBuf },
-    DiskAs { path: RepoPath, disk: PathBuf },
-    Memory { path: RepoPath, file: File },
-    Opened { path: RepoPath, file: OpenedFile },
-}
-
-impl Prepared {
-    fn path(&self) -> &RepoPath {
-        match self {
-            Prepared::Disk { path, .. }
-            | Prepared::DiskAs { path, .. }
-            | Prepared::Memory { path, .. }
-            | Prepared::Opened { path, .. } => path,
-        }
-    }
-
-    /// Whether this is the opened file committed as `path` and, although the commit saw it
-    /// change, its size and modification time are still those it was opened with: it was only
-    /// deleted, renamed (or its mode changed), which changes the change time the commit
-    /// compares, not its bytes.
-    fn only_renamed(&self, path: &str) -> bool {
-        match self {
-            Prepared::Opened { path: p, file } if p.as_str() == path => {
-                file.file.metadata().is_ok_and(|m| stamp_of(&m) == file.stamp)
-            }
-            _ => false,
-        }
+impl OpenedFile {
+    /// Whether its size and modification time are still those it was opened with: a commit that
+    /// saw it change saw it deleted, renamed (or its mode changed), which changes the change
+    /// time the commit compares, not its bytes.
+    fn only_renamed(&self) -> bool {
+        self.file.metadata().is_ok_and(|m| stamp_of(&m) == self.stamp)
     }
 }
 
@@ -328,32 +305,33 @@ impl Repo {
         exact: bool,
         options: &CommitOptions,
     ) -> Result<VersionId> {
+        // Each source checked (its path parsed, a memory file sealed), from which the commit's
+        // input is made: once, or again when an opened file was renamed while it was read.
         let mut seen = HashSet::new();
         let mut prepared = Vec::with_capacity(sources.len());
         for source in sources {
-            let source = match source {
-                CommitSource::Disk(p) => Prepared::Disk { path: self.repo_path(&p)?, disk: p },
-                CommitSource::DiskAs { path, disk } => Prepared::DiskAs { path: parse_path(&path)?, disk },
+            let path = match &source {
+                CommitSource::Disk(p) => self.repo_path(p)?,
+                CommitSource::DiskAs { path, .. } | CommitSource::Opened { path, .. } => parse_path(path)?,
                 CommitSource::Memory { path, file } => {
-                    let repo_path = parse_path(&path)?;
+                    let repo_path = parse_path(path)?;
                     if file.seal {
                         file.seal().map_err(|source| Error::Io {
                             action: "sealing the memory file of",
-                            path: PathBuf::from(&path),
+                            path: PathBuf::from(path),
                             source,
                         })?;
                     }
-                    Prepared::Memory { path: repo_path, file: file.file }
+                    repo_path
                 }
-                CommitSource::Opened { path, file } => Prepared::Opened { path: parse_path(&path)?, file },
             };
-            if !seen.insert(source.path().clone()) {
+            if !seen.insert(path.clone()) {
                 return Err(Error::InvalidPath {
-                    path: PathBuf::from(source.path().as_str()),
+                    path: PathBuf::from(path.as_str()),
                     reason: "named twice in one commit".into(),
                 });
             }
-            prepared.push(source);
+            prepared.push((path, source));
         }
         let mut inputs = self.inputs_of(&prepared)?;
         let _lock = self.lock()?;
@@ -364,7 +342,7 @@ impl Repo {
             let mut removals = before.clone();
             if let Some(parent) = self.refs.head_version()? {
                 let parent = self.version(&parent)?;
-                let named: HashSet<&str> = prepared.iter().map(|p| p.path().as_str()).collect();
+                let named: HashSet<&str> = prepared.iter().map(|(p, _)| p.as_str()).collect();
                 for f in &parent.files {
                     if !named.contains(f.path.as_str()) && !removals.contains(&f.path) {
                         removals.push(f.path.clone());
@@ -375,9 +353,11 @@ impl Repo {
         }
         let mut attempts = 1;
         let committed = loop {
-            let committed = self.commit_inputs(inputs, message, options);
+            let committed = self.commit_inputs(inputs, Onto::Head { dropped: &[] }, message, options);
             let renamed = match &committed {
-                Err(Error::FileChanged { path }) => prepared.iter().any(|p| p.only_renamed(path)),
+                Err(Error::FileChanged { path }) => prepared.iter().any(|(p, source)| {
+                    p.as_str() == path && matches!(source, CommitSource::Opened { file, .. } if file.only_renamed())
+                }),
                 _ => false,
             };
             if !renamed || attempts == 3 {
@@ -396,26 +376,26 @@ impl Repo {
     }
 
     /// The commit's inputs, opened (a path), mapped and parsed.
-    fn inputs_of(&self, prepared: &[Prepared]) -> Result<Vec<Input>> {
-        prepared.iter().map(|p| self.input_of(p)).collect()
+    fn inputs_of(&self, prepared: &[(RepoPath, CommitSource)]) -> Result<Vec<Input>> {
+        prepared.iter().map(|(path, source)| self.input_of(path, source)).collect()
     }
 
-    fn input_of(&self, prepared: &Prepared) -> Result<Input> {
-        let (path, disk, file, metadata, in_working_tree) = match prepared {
-            Prepared::Disk { disk, .. } => return self.read_input(disk),
-            Prepared::DiskAs { path, disk } => {
-                let (file, metadata) = layout::open_regular(disk, Rules::Commit)?;
+    fn input_of(&self, path: &RepoPath, source: &CommitSource) -> Result<Input> {
+        let (disk, file, metadata, in_working_tree) = match source {
+            CommitSource::Disk(disk) => return self.read_input(disk),
+            CommitSource::DiskAs { disk, .. } => {
+                let (file, metadata) = cut::open_regular(disk, Rules::Commit)?;
                 let in_working_tree = disk.canonicalize().ok() == Some(path.under(self.root()));
-                (path, disk.clone(), file, metadata, in_working_tree)
+                (disk.clone(), file, metadata, in_working_tree)
             }
-            Prepared::Memory { path, file } => {
+            CommitSource::Memory { file, .. } => {
                 let io = |source| Error::Io { action: "reading", path: PathBuf::from(path.as_str()), source };
-                let file = file.try_clone().map_err(io)?;
+                let file = file.file.try_clone().map_err(io)?;
                 let metadata = file.metadata().map_err(io)?;
                 // Not a working-tree file: `status` has no stat record to keep for it.
-                (path, PathBuf::from(path.as_str()), file, metadata, false)
+                (PathBuf::from(path.as_str()), file, metadata, false)
             }
-            Prepared::Opened { path, file } => {
+            CommitSource::Opened { file, .. } => {
                 let io = |source| Error::Io { action: "reading", path: file.disk.clone(), source };
                 let handle = file.file.try_clone().map_err(io)?;
                 let metadata = handle.metadata().map_err(io)?;
@@ -428,11 +408,11 @@ impl Repo {
                     });
                 }
                 let in_working_tree = file.canonical.as_ref() == Some(&path.under(self.root()));
-                (path, file.disk.clone(), handle, metadata, in_working_tree)
+                (file.disk.clone(), handle, metadata, in_working_tree)
             }
         };
         // Bytes from memory have no directory to find a `.distcp` file's `.metadata` in.
-        let disk_is_real = !matches!(prepared, Prepared::Memory { .. });
+        let disk_is_real = !matches!(source, CommitSource::Memory { .. });
         let mut input = Input::from_file(&disk, path.clone(), file, metadata, Rules::Commit, disk_is_real, None)?;
         input.in_working_tree = in_working_tree;
         Ok(input)

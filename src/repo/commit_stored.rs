@@ -12,12 +12,13 @@
 //! the version (it checks that every file's objects are in the store, under the writer lock)
 //! instead of writing one that could not be read.
 
-use super::commit::hash_file;
-use super::layout::{Input, Rules};
-use super::model::{FileEntry, Version, MODEL_FORMAT};
-use super::pairing::ReferenceFiles;
+use super::chains::since_base_after;
+use super::commit::NewVersion;
+use super::commit_objects::ObjectPlan;
+use super::cut::{Input, Rules};
+use super::model::{FileEntry, Version};
 use super::pieces::Pieces;
-use super::{now_secs, CommitOptions, DeltaPolicy, Error, RefKind, Repo, RepoPath, Result, VersionId};
+use super::{CommitOptions, DeltaPolicy, Error, RefKind, Repo, RepoPath, Result, VersionId};
 use crate::object_id::ObjectId;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -44,7 +45,7 @@ impl Repo {
         written: Option<&[crate::torch_zip::dcp::Item]>,
         pieces: Option<&Pieces>,
     ) -> Result<FileEntry> {
-        let mut input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
+        let mut input = Input::open(disk, path.clone(), Rules::AnyContent, written)?;
         let mut taken = pieces.map(|p| p.take_file(path.as_str())).unwrap_or_default();
         // Only `reverse` compacts a version after its save, which codes uncoded blobs; under
         // another policy the tensors are coded (against the previous version's) here.
@@ -56,48 +57,23 @@ impl Repo {
                 None => {
                     // The file is whole again before it is cut again, as if nothing was taken.
                     self.restore_pieces(disk, path, std::mem::take(&mut taken))?;
-                    input = Input::open_written(disk, path.clone(), Rules::AnyContent, written)?;
+                    input = Input::open(disk, path.clone(), Rules::AnyContent, written)?;
                 }
             }
         }
-        let base_every = self.config.base_every.clamp(1, super::config::MAX_BASE_EVERY);
         // Under `reverse`, the new file is stored whole and the previous version's blobs are
         // rewritten later (the version is left pending for `compact`, see `commit_stored`).
-        let deltas = (self.config.delta_policy != DeltaPolicy::Reverse).then_some(base_every);
+        let deltas = (!compacted_later).then(|| self.base_every(None));
         // The reference blobs as a commit finds them (the same path; for a `.distcp` file, each
         // item in any file of the previous version: `ReferenceFiles::blobs_for_input`).
-        let previous_version = match (deltas, previous) {
+        let reference = match (deltas, previous) {
             (Some(_), Some(v)) => Some(self.version(v)?),
             _ => None,
         };
-        let reference = ReferenceFiles::new(previous_version.as_ref()).blobs_for_input(self, &input);
-        let hashed = [hash_file(&input, reference)];
-        let mut jobs = self.jobs_to_store(&hashed);
-        // The pieces are stored below, not coded again from the holes they left.
-        let from_pieces: HashSet<ObjectId> = taken.iter().map(|p| p.id).collect();
-        jobs.retain(|job| match job.target {
-            super::commit::Target::Segment(s) => !from_pieces.contains(&hashed[0].segments[s].id),
-            super::commit::Target::Bundle(_) => true,
-        });
-        let inputs = [input];
-        let (objects, entry) = self.store.with_background_sync(|store| {
-            let mut objects = Vec::with_capacity(taken.len());
-            for blob in taken.into_iter().filter_map(|p| p.blob) {
-                objects.push(store.persist_unsynced(blob)?);
-            }
-            objects.extend(self.store_blobs(store, &inputs, &hashed, &jobs, deltas)?);
-            let (entry, manifest) = self.write_manifest(store, &inputs[0], &hashed[0])?;
-            objects.extend(manifest);
-            Ok::<_, Error>((objects, entry))
-        })?;
-        if inputs[0].check_unchanged().is_err() {
-            return Err(Error::FileChanged { path: path.to_string() });
-        }
-        for w in &objects {
-            self.index_object(w);
-        }
+        let plan = ObjectPlan { reference: reference.as_ref(), deltas, derive: None, pieces: taken, locked: false };
+        let stored = self.store_inputs(std::slice::from_ref(&input), plan)?;
         self.flush_index();
-        Ok(entry)
+        Ok(stored.entries.into_iter().next().expect("one entry per input"))
     }
 
     /// Writes `pieces` back into the file at `disk` (where its writer left holes); their temp
@@ -153,26 +129,7 @@ impl Repo {
         options: &CommitOptions,
     ) -> Result<VersionId> {
         super::check_name(branch)?;
-        if files.is_empty() {
-            return Err(Error::NothingToCommit);
-        }
-        let mut by_path = BTreeMap::new();
-        for f in files {
-            RepoPath::parse(&f.path).map_err(|reason| Error::InvalidPath {
-                path: std::path::PathBuf::from(&f.path),
-                reason: reason.to_string(),
-            })?;
-            let path = f.path.clone();
-            if by_path.insert(path.clone(), f).is_some() {
-                return Err(Error::InvalidPath { path: path.into(), reason: "listed twice in one version".into() });
-            }
-        }
-        if let Some((file, under)) = super::path::prefix_conflict(by_path.keys().map(String::as_str)) {
-            return Err(Error::InvalidPath {
-                path: under.into(),
-                reason: format!("cannot be in the same version as the file {file:?}"),
-            });
-        }
+        let files = files_by_path(files)?;
         let _lock = self.lock()?;
         let tip = self.refs.get(RefKind::Branch, branch)?;
         if tip != expected {
@@ -188,27 +145,51 @@ impl Repo {
             });
         }
         let parent = expected.map(|id| self.version(&id)).transpose()?;
+        let stored_bytes = self.stored_by_save(parent.as_ref(), &files)?;
+        let since_base = since_base_after(parent.as_ref(), self.base_every(None));
+        let new = NewVersion {
+            parents: expected.into_iter().collect(),
+            since_base,
+            files,
+            stored_bytes,
+            message,
+            time: options.time,
+        };
+        let id = self.write_version(new)?;
+        self.refs.set(RefKind::Branch, branch, &id)?;
+        if self.config.delta_policy == DeltaPolicy::Reverse {
+            // In the next `compact` (or the next commit, which runs pending compactions first)
+            // the blobs its writers stored uncoded are coded (`Repo::store_piece`), and the
+            // parent's blobs become deltas against this version's.
+            self.leave_pending(&id)?;
+        }
+        self.flush_index();
+        Ok(id)
+    }
+
+    /// What a save stored for `files` on top of `parent`: the size of each object of the files
+    /// that the parent does not list, once, as a commit counts what it writes. (An object the
+    /// save found already in the store, such as a tensor back at an older value, counts too.)
+    /// A gc during the save may have deleted what it stored (unreferenced until now): an object
+    /// missing is an error naming its file.
+    fn stored_by_save(&self, parent: Option<&Version>, files: &[FileEntry]) -> Result<u64> {
         // The objects the parent lists (manifests and blobs): what this save did not store.
         let mut listed_before: HashSet<ObjectId> = HashSet::new();
         for f in parent.iter().flat_map(|p| &p.files) {
             if listed_before.insert(f.manifest) {
-                // An unreadable manifest of the parent only makes the figure below larger.
+                // An unreadable manifest of the parent only makes the figure larger.
                 if let Ok(m) = self.manifest(&f.manifest) {
                     listed_before.extend(m.blobs());
                 }
             }
         }
-        // A gc during the save may have deleted what it stored (unreferenced until now). The
-        // same pass adds up what the save stored, as `commit` counts what it writes: each
-        // object of the new files that the parent does not list, once. (An object the save
-        // found already in the store, such as a tensor back at an older value, counts too.)
         let missing = |path: &str, id: ObjectId| Error::File {
             path: path.to_string(),
             source: Box::new(Error::Store(crate::store::Error::Missing { id })),
         };
         let mut counted: HashSet<ObjectId> = HashSet::new();
         let mut stored_bytes = 0u64;
-        for f in by_path.values() {
+        for f in files {
             let m = self.manifest(&f.manifest).map_err(|_| missing(&f.path, f.manifest))?;
             for id in std::iter::once(f.manifest).chain(m.blobs()) {
                 if listed_before.contains(&id) || !counted.insert(id) {
@@ -218,36 +199,34 @@ impl Repo {
                 stored_bytes = stored_bytes.saturating_add(len);
             }
         }
-        let base_every = self.config.base_every.clamp(1, super::config::MAX_BASE_EVERY);
-        let since_base = match &parent {
-            Some(p) if p.since_base + 1 < base_every => p.since_base + 1,
-            _ => 0,
-        };
-        let files: Vec<FileEntry> = by_path.into_values().collect();
-        let version = Version {
-            format: MODEL_FORMAT,
-            parents: expected.into_iter().collect(),
-            time: options.time.unwrap_or_else(now_secs),
-            message: message.to_string(),
-            since_base,
-            raw_bytes: files.iter().map(|f| f.len).sum(),
-            stored_bytes,
-            files,
-        };
-        version.check_limits().map_err(|reason| Error::OverLimit { what: "the version".into(), reason })?;
-        let id = self.record_version(&version)?;
-        self.refs.set(RefKind::Branch, branch, &id)?;
-        if self.config.delta_policy == DeltaPolicy::Reverse {
-            // In the next `compact` (or the next commit, which runs pending compactions first)
-            // the blobs its writers stored uncoded are coded (`Repo::store_piece`), and the
-            // parent's blobs become deltas against this version's.
-            let mut pending = self.pending_deltas()?;
-            pending.push(id);
-            self.write_pending_deltas(&pending)?;
-        }
-        self.flush_index();
-        Ok(id)
+        Ok(stored_bytes)
     }
+}
+
+/// `files` sorted by path, each path valid and listed once, none both a file and a directory
+/// of another; at least one.
+fn files_by_path(files: Vec<FileEntry>) -> Result<Vec<FileEntry>> {
+    if files.is_empty() {
+        return Err(Error::NothingToCommit);
+    }
+    let mut by_path = BTreeMap::new();
+    for f in files {
+        RepoPath::parse(&f.path).map_err(|reason| Error::InvalidPath {
+            path: std::path::PathBuf::from(&f.path),
+            reason: reason.to_string(),
+        })?;
+        let path = f.path.clone();
+        if by_path.insert(path.clone(), f).is_some() {
+            return Err(Error::InvalidPath { path: path.into(), reason: "listed twice in one version".into() });
+        }
+    }
+    if let Some((file, under)) = super::path::prefix_conflict(by_path.keys().map(String::as_str)) {
+        return Err(Error::InvalidPath {
+            path: under.into(),
+            reason: format!("cannot be in the same version as the file {file:?}"),
+        });
+    }
+    Ok(by_path.into_values().collect())
 }
 
 #[cfg(test)]

@@ -252,6 +252,25 @@ impl Repo {
         (!text.is_empty()).then_some(text)
     }
 
+    /// Under `reverse`, right after a commit wrote `entries` on top of `parent`: the
+    /// compactions left pending first, oldest first (the parent's own may be among them, and
+    /// it must still be whole when its turn comes), then `parent`'s blobs as deltas against
+    /// the new ones. Returns each object written with the size of the object it replaced.
+    pub(super) fn rewrite_parent_now(&self, entries: &[FileEntry], parent: &Version) -> Result<Vec<(Written, u64)>> {
+        if self.has_pending_deltas() {
+            self.compact_locked(&CompactOptions::default())?;
+        }
+        Ok(self.store.with_background_sync(|store| self.rewrite_parent_blobs(store, entries, parent, &|| false))?.0)
+    }
+
+    /// Leaves version `id` for a later [`Repo::compact`] to rewrite its parent's blobs (and
+    /// code the blobs its save stored uncoded): appended to `.ckpt/pending-deltas`.
+    pub(super) fn leave_pending(&self, id: &VersionId) -> Result<()> {
+        let mut pending = self.pending_deltas()?;
+        pending.push(*id);
+        self.write_pending_deltas(&pending)
+    }
+
     /// The versions in `.ckpt/pending-deltas`, oldest first.
     pub(super) fn pending_deltas(&self) -> Result<Vec<VersionId>> {
         self.read_list(PENDING_FILE, "pending deltas")
@@ -268,7 +287,7 @@ impl Repo {
     /// whole; each parent blob is rewritten once. Stops early, between rewrites, when `stop`
     /// says so. Returns each object written with the size of the object it replaced, and
     /// whether every rewrite was tried.
-    pub(super) fn rewrite_parent_blobs(
+    fn rewrite_parent_blobs(
         &self,
         store: &Store,
         files: &[FileEntry],

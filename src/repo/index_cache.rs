@@ -12,25 +12,7 @@ impl Repo {
     /// Opens the index, rebuilding it when needed; `None` when it is in use elsewhere or cannot
     /// be rebuilt (the repository then works from the store alone).
     pub(super) fn open_index(&self) -> Option<Index> {
-        let path = self.index_path();
-        let ix = match Index::open(&path) {
-            Ok(ix) => ix,
-            Err(index::Error::Locked { .. }) => return None,
-            Err(_) => {
-                // A damaged database: delete and recreate it. Tried a few times: the threads of
-                // sled's failed open may still be winding down and writing into the directory
-                // while it is deleted (seen once in CI, under load, as a missing index).
-                let mut reopened = None;
-                for attempt in 0..3u64 {
-                    std::thread::sleep(std::time::Duration::from_millis(50 * attempt));
-                    if let Ok(ix) = Index::destroy(&path).and_then(|()| Index::open(&path)) {
-                        reopened = Some(ix);
-                        break;
-                    }
-                }
-                reopened?
-            }
-        };
+        let ix = open_or_recreate(&self.index_path()).ok()?;
         if !ix.is_complete() && self.rebuild_into(&ix).is_err() {
             return None;
         }
@@ -50,14 +32,10 @@ impl Repo {
         for entry in entries {
             // The index is a cache: a failed update only costs speed later.
             let _ = match entry {
-                JournalEntry::Object(id) => match (self.store.header(&id), self.store.stored_len(&id)) {
-                    (Ok(h), Ok(stored_len)) => {
-                        ix.put_object(&id, &object_record_of(&h, stored_len)).map_err(Error::from)
-                    }
-                    (Err(store::Error::Missing { .. }), _) | (_, Err(store::Error::Missing { .. })) => {
-                        ix.remove_object(&id).map_err(Error::from)
-                    }
-                    _ => Ok(()),
+                JournalEntry::Object(id) => match self.stored_record(&id) {
+                    Ok(record) => ix.put_object(&id, &record).map_err(Error::from),
+                    Err(store::Error::Missing { .. }) => ix.remove_object(&id).map_err(Error::from),
+                    Err(_) => Ok(()),
                 },
                 JournalEntry::Version(id) => match self.version(&id) {
                     Ok(v) => ix.put_version(&id, &version_record(&v)).map_err(Error::from),
@@ -111,14 +89,7 @@ impl Repo {
         let _lock = self.lock()?;
         let ix = match self.index.take().flatten() {
             Some(ix) => ix,
-            None => match Index::open(&self.index_path()) {
-                Ok(ix) => ix,
-                Err(index::Error::Locked { path }) => return Err(index::Error::Locked { path }.into()),
-                Err(_) => {
-                    Index::destroy(&self.index_path())?;
-                    Index::open(&self.index_path())?
-                }
-            },
+            None => open_or_recreate(&self.index_path())?,
         };
         let result = self.rebuild_into(&ix);
         if result.is_ok() {
@@ -135,9 +106,9 @@ impl Repo {
         let ids = self.store.list()?;
         let mut n = 0;
         for id in &ids {
-            let (Ok(header), Ok(stored_len)) = (self.store.header(id), self.store.stored_len(id)) else { continue };
-            ix.put_object(id, &object_record_of(&header, stored_len))?;
-            if header.kind == ObjectKind::Version {
+            let Ok(record) = self.stored_record(id) else { continue };
+            ix.put_object(id, &record)?;
+            if record.kind == ObjectKind::Version as u8 {
                 if let Ok(v) = self.version(id) {
                     ix.put_version(id, &version_record(&v))?;
                 }
@@ -153,6 +124,11 @@ impl Repo {
         if let Some(Ok(Some(r))) = self.index().map(|ix| ix.object(id)) {
             return Ok(r);
         }
+        Ok(self.stored_record(id)?)
+    }
+
+    /// The record of object `id` read from the store.
+    fn stored_record(&self, id: &ObjectId) -> std::result::Result<ObjectRecord, store::Error> {
         Ok(object_record_of(&self.store.header(id)?, self.store.stored_len(id)?))
     }
 
@@ -175,6 +151,27 @@ impl Repo {
     pub(super) fn append_journal(&self) {
         let entries = std::mem::take(&mut *self.unjournaled.lock().unwrap_or_else(|e| e.into_inner()));
         let _ = self.journal().append(&entries);
+    }
+}
+
+/// Opens the index at `path`, deleting and recreating a damaged database (not one in use
+/// elsewhere: [`index::Error::Locked`]). Tried a few times: the threads of sled's failed open
+/// may still be winding down and writing into the directory while it is deleted (seen once in
+/// CI, under load, as a missing index).
+fn open_or_recreate(path: &Path) -> std::result::Result<Index, index::Error> {
+    match Index::open(path) {
+        Err(locked @ index::Error::Locked { .. }) => Err(locked),
+        Err(_) => {
+            let mut attempt = 0;
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(50 * attempt));
+                match Index::destroy(path).and_then(|()| Index::open(path)) {
+                    Err(_) if attempt < 2 => attempt += 1,
+                    reopened => return reopened,
+                }
+            }
+        }
+        opened => opened,
     }
 }
 

@@ -13,12 +13,15 @@
 //! unreferenced objects, which `gc` deletes. This module never speaks git or clap.
 
 mod bundle;
+mod chains;
 mod checkout;
 mod commit;
 mod commit_memory;
+mod commit_objects;
 mod commit_stored;
 mod compact;
 mod config;
+mod cut;
 mod error;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -26,7 +29,6 @@ mod gc;
 pub mod graph;
 mod index_cache;
 mod inspect;
-mod layout;
 mod lock;
 mod model;
 mod pairing;

@@ -8,7 +8,7 @@
 //! against these, the reverse-delta rewrite (`compact`) rewrites them, and pushes send new
 //! blobs as deltas against them ([`Repo::counterparts`], [`Manifest::same_tensor_blobs`]).
 
-use super::layout::{Input, DISTCP_SUFFIX};
+use super::cut::{Input, DISTCP_SUFFIX};
 use super::model::{FileEntry, FileFormat, Manifest, TensorRef, Version};
 use super::Repo;
 use crate::object_id::ObjectId;

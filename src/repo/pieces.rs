@@ -95,7 +95,7 @@ impl Repo {
 }
 
 /// The pieces' ranges with their ids, if every piece is a tensor segment of `segments` (the
-/// input's tensor segments in file order, [`super::layout::Input::tensor_ranges`]) of the same
+/// input's tensor segments in file order, [`super::cut::Input::tensor_ranges`]) of the same
 /// dtype; `None` if any is not.
 pub(super) fn known_segments(
     pieces: &[Piece],

@@ -3,7 +3,7 @@
 //! a same-tick rewrite cannot hide) is not read; any other file is hashed. `checkout` and
 //! `switch` use the same comparison ([`Repo::observe`]) to find the changes they would destroy.
 
-use super::layout::{Input, Rules};
+use super::cut::{Input, Rules};
 use super::{Head, Repo, RepoPath, Result, VersionId};
 use crate::index::StatRecord;
 use crate::object_id::ObjectId;
@@ -279,7 +279,7 @@ pub(super) fn stat_is_fresh(c: &StatRecord, meta: &std::fs::Metadata) -> bool {
 pub fn hash_file(path: &std::path::Path) -> Result<ObjectId> {
     // Not `File::open`: a named pipe at a tracked path would block; and a guarded map, so that a
     // file truncated while it is hashed is reported, not a SIGBUS.
-    let input = Input::open(path, RepoPath::parse("file").expect("a valid path"), Rules::Hash)?;
+    let input = Input::open(path, RepoPath::parse("file").expect("a valid path"), Rules::Hash, None)?;
     let hash = input.hash().1;
     if input.check_unchanged().is_err() {
         return Err(super::Error::ChangedWhileRead { path: path.to_path_buf() });

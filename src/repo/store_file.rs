@@ -3,7 +3,8 @@
 //! the current branch, so deltas, compaction, `verify` and `show` apply as to any commit), and
 //! [`Repo::write_stored_file`] writes a stored file back by its manifest, verified.
 
-use super::layout::{Input, Rules};
+use super::commit::Onto;
+use super::cut::{Input, Rules};
 use super::model::{FileEntry, Manifest};
 use super::{CommitOptions, Error, Repo, RepoPath, Result, VersionId};
 use crate::object_id::ObjectId;
@@ -45,7 +46,7 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<StoredFile> {
-        let input = Input::open(disk, path.clone(), Rules::AnyContent)?;
+        let input = Input::open(disk, path.clone(), Rules::AnyContent, None)?;
         let manifest = input.manifest();
         let bytes = manifest.to_bytes();
         let id = ObjectId::hash(&bytes);
@@ -54,7 +55,7 @@ impl Repo {
         }
         let _lock = self.lock()?;
         let on = self.stored_before(path)?;
-        let version_id = self.commit_inputs_on(vec![input], &[], message, options, Some(on))?;
+        let version_id = self.commit_inputs(vec![input], Onto::Stored(on), message, options)?;
         self.write_path_records(path.as_str(), &version_id);
         let version = self.version(&version_id)?;
         let entry =
@@ -204,7 +205,7 @@ impl Repo {
 /// (one hash pass): its segments, tensors and blob ids.
 pub fn manifest_of_file(disk: &Path) -> Result<Manifest> {
     let path = RepoPath::parse("file").expect("a valid path");
-    Ok(Input::open(disk, path, Rules::AnyContent)?.manifest())
+    Ok(Input::open(disk, path, Rules::AnyContent, None)?.manifest())
 }
 
 #[cfg(test)]

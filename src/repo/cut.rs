@@ -1,4 +1,4 @@
-//! A file's layout: how an input file is opened and parsed ([`Input`]), cut into segments
+//! A file's cut: how an input file is opened and parsed ([`Input`]), cut into segments
 //! (safetensors header, tensors and gaps; a `torch.save` archive's storages; a `.distcp` file's
 //! tensor items, cut by its directory's `.metadata`; or one opaque segment), grouped into
 //! bundles ([`super::bundle::plan`]), hashed, and described by a manifest. `commit`, `status` (which hashes working files) and the git filter's store all go
@@ -39,7 +39,7 @@ pub(super) struct Input {
     /// The storages of a `torch.save` archive, or the tensor items of a `.distcp` file (when
     /// `header` is `None`).
     pub(super) torch: Option<torch_zip::Layout>,
-    /// Whether `torch` is a `.distcp` file cut into its items ([`distcp_layout`]).
+    /// Whether `torch` is a `.distcp` file cut into its items ([`distcp_cut`]).
     pub(super) distcp: bool,
     pub(super) metadata: Metadata,
     /// The open file, whose metadata is compared with `metadata` once it is read
@@ -58,15 +58,11 @@ impl Input {
     /// Opens the file at `disk` (refusing a named pipe, socket or device before anything blocks
     /// on it), maps it (a guarded map: a file truncated meanwhile is reported by
     /// [`Input::check_unchanged`], not a SIGBUS) and parses it under `rules`, as the content of
-    /// `path`. A `.distcp` file is cut by the `.metadata` next to `disk` ([`distcp_layout`]).
-    pub(super) fn open(disk: &Path, path: RepoPath, rules: Rules) -> Result<Input> {
-        Input::open_written(disk, path, rules, None)
-    }
-
-    /// [`Input::open`], a `.distcp` file being cut by `written`, the items its writer reports
-    /// having written into it, when given ([`torch_zip::dcp::cut_by_written_items`]): the
-    /// file of a rank of `ckpt.dcp.Writer`, stored before any `.metadata` exists.
-    pub(super) fn open_written(
+    /// `path`. A `.distcp` file is cut by `written`, the items its writer reports having written
+    /// into it, when given ([`torch_zip::dcp::cut_by_written_items`]: the file of a rank of
+    /// `ckpt.dcp.Writer`, stored before any `.metadata` exists), else by the `.metadata` next to
+    /// `disk` ([`distcp_cut`]).
+    pub(super) fn open(
         disk: &Path,
         path: RepoPath,
         rules: Rules,
@@ -79,7 +75,7 @@ impl Input {
     /// Maps the open `file` (with its `metadata`, read from `disk`) and parses it under `rules`.
     /// `disk_is_real`: `disk` is where the file lies (not a name given to bytes from memory), so
     /// the `.metadata` of a `.distcp` file is read next to it. `written`: see
-    /// [`Input::open_written`].
+    /// [`Input::open`].
     pub(super) fn from_file(
         disk: &Path,
         path: RepoPath,
@@ -118,10 +114,10 @@ impl Input {
                         Some(items) => {
                             torch_zip::dcp::cut_by_written_items(&input.map, &name, items).ok().map(|cut| cut.layout())
                         }
-                        None => distcp_layout(&input.map, sibling.then_some(disk), &name),
+                        None => distcp_cut(&input.map, sibling.then_some(disk), &name),
                     };
                 }
-                None => input.torch = torch_layout(&input.map, None),
+                None => input.torch = torch_cut(&input.map),
             }
         }
         Ok(input)
@@ -361,12 +357,12 @@ fn hash_segment(map: &Map, range: Range<usize>) -> (ObjectId, u64) {
     (blake3.finalize().into(), xxh3.digest())
 }
 
-/// The storages of `map` if it is a `torch.save` archive and not a safetensors file (`header`).
-/// Anything the reader does not fully understand (a pickle with other globals or opcodes, a
-/// damaged or compressed archive) is `None`: the file is then stored as opaque bytes, never
-/// refused. Commit and `status` both call this, so both cut a file the same way.
-pub(super) fn torch_layout(map: &Map, header: Option<&safetensors::Header>) -> Option<torch_zip::Layout> {
-    if header.is_some() || !torch_zip::looks_like_zip(map) {
+/// The storages of `map` if it is a `torch.save` archive (the caller found no safetensors
+/// header). Anything the reader does not fully understand (a pickle with other globals or
+/// opcodes, a damaged or compressed archive) is `None`: the file is then stored as opaque
+/// bytes, never refused.
+fn torch_cut(map: &Map) -> Option<torch_zip::Layout> {
+    if !torch_zip::looks_like_zip(map) {
         return None;
     }
     torch_zip::parse(map).ok()
@@ -394,7 +390,7 @@ const DCP_METADATA: &str = ".metadata";
 /// unreadable or foreign `.metadata` only changes how the file is cut. Commit and `status` both
 /// call this, so both cut a file the same way; without `.metadata` the cut ranges are the same,
 /// only the names differ (`archive.<n>` instead of fqn and chunk offsets).
-fn distcp_layout(map: &Map, disk: Option<&Path>, name: &str) -> Option<torch_zip::Layout> {
+fn distcp_cut(map: &Map, disk: Option<&Path>, name: &str) -> Option<torch_zip::Layout> {
     use torch_zip::dcp;
     let metadata = disk.and_then(|d| read_dcp_metadata(&d.with_file_name(DCP_METADATA)));
     let cut = metadata
@@ -418,36 +414,19 @@ fn read_dcp_metadata(path: &Path) -> Option<torch_zip::dcp::Metadata> {
     torch_zip::dcp::parse_metadata(&bytes).ok()
 }
 
-/// Segments of a file of `len` bytes: a safetensors file as header, tensors (empty ones as
-/// zero-length segments) and gaps, in file order; a `torch.save` archive as its storages and
-/// the opaque ranges between them; anything else as one opaque segment.
+/// The segments of a file of `len` bytes ([`crate::file_codec::cut`]: the one cut), each with
+/// the tensor it holds as a manifest names it.
 fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::Layout>) -> Vec<Planned> {
-    if let (None, Some(layout)) = (header, torch) {
-        return layout
-            .segments()
-            .into_iter()
-            .map(|(range, s)| Planned { range, dtype: s.map(|s| s.dtype), tensor: s.map(TensorRef::of_storage) })
-            .collect();
-    }
-    let Some(header) = header else {
-        return vec![Planned { range: 0..len, dtype: None, tensor: None }];
-    };
-    let mut out = vec![Planned { range: 0..header.data_start, dtype: None, tensor: None }];
-    let mut at = header.data_start;
-    for t in &header.tensors {
-        let tensor = Some(TensorRef::of(t));
-        if t.is_empty() {
-            out.push(Planned { range: at..at, dtype: Some(t.dtype), tensor });
-            continue;
-        }
-        if t.begin > at {
-            out.push(Planned { range: at..t.begin, dtype: None, tensor: None });
-        }
-        out.push(Planned { range: t.begin..t.end, dtype: Some(t.dtype), tensor });
-        at = t.end;
-    }
-    if at < len {
-        out.push(Planned { range: at..len, dtype: None, tensor: None });
-    }
-    out
+    crate::file_codec::cut(len, header, torch)
+        .into_iter()
+        .map(|(range, tensor)| Planned {
+            range,
+            dtype: tensor.map(|t| t.dtype),
+            tensor: tensor.map(|t| TensorRef {
+                name: t.name.to_string(),
+                dtype: t.dtype.safetensors_name().to_string(),
+                shape: t.shape.to_vec(),
+            }),
+        })
+        .collect()
 }
