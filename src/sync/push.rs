@@ -3,17 +3,17 @@
 //! forward.
 
 use super::checked::{find_damaged_there, replace_there, Checked};
-use super::layout::{
-    finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
-};
+use super::freshness::{check_deadline, is_fresh, upload_object, GcWatch, Moment};
 use super::partial::check_pushable;
-use super::remote_gc::{check_deadline, is_fresh, GcWatch, Moment};
-use super::remotes::{open_remote, parse_ref, put_ref, ref_key, remote_layout, RefUpdate};
-use super::transfer::{parallel, upload_wire_delta};
-use super::wire_delta::WireDelta;
+use super::recode::{finish_journals, journal_key, plan_recodes, recode, write_journal, Journal, Recode};
+use super::remote_view::{put_ref, read_ref, ref_key, remote_refs, tip_blobs, RemoteObjects, RemoteRef};
+use super::remotes::{open_remote, remote_layout, Layout, RefUpdate};
+use super::transfer::parallel;
+use super::wire_delta::{plan_wire_deltas, upload_wire_delta, WireDelta};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Remote, Uploaded};
+use crate::repo::graph::{self, Node};
 use crate::repo::Error as RepoError;
 use crate::repo::{Head, Needed, RefKind, Repo, VersionId};
 use crate::store::ObjectKind;
@@ -181,11 +181,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     let mut remote_known: Vec<VersionId> = Vec::new();
     for (kind, name, id) in wanted {
         let key = ref_key(kind, &name);
-        let current = remote.get_small(&key)?;
-        let old = match &current {
-            Some(small) => Some(parse_ref(remote, &key, &small.bytes)?),
-            None => None,
-        };
+        let (old, tag) = read_ref(remote, &key)?.unzip();
         let what = format!("{} {name}", kind.name());
         match old {
             Some(old) if old == id => {
@@ -217,10 +213,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
             None => {}
         }
-        let expect = match current {
-            Some(small) => Expect::Tag(small.tag),
-            None => Expect::Absent,
-        };
+        let expect = tag.map_or(Expect::Absent, Expect::Tag);
         moves.push((kind, name, key, old, id, expect));
     }
     // A remote ref's version is taken as complete only if the remote still has its version
@@ -324,14 +317,14 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     let need_blobs: HashSet<ObjectId> = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
     let wire = match layout {
         Layout::Deltas => {
-            repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || trusted.contains(id))?
+            plan_wire_deltas(repo, &versions, &need_blobs, &|id| have.contains(id) || trusted.contains(id))?
         }
         Layout::Mirror => HashMap::new(),
     };
     // Mirror: the recodes each moved branch will do, written down before anything goes up.
     let mut journals: Vec<Journal> = Vec::new();
     if layout == Layout::Mirror {
-        let mut protected: Option<HashSet<ObjectId>> = None;
+        let mut protected: Option<Option<HashSet<ObjectId>>> = None;
         for (kind, _, _, _, id, _) in &moves {
             if *kind != RefKind::Branch || journals.iter().any(|j| j.version == *id) {
                 continue;
@@ -344,12 +337,12 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
                 planned.retain(|r| !present.contains(&r.newer));
             }
             if !planned.is_empty() {
-                if protected.is_none() {
-                    let moving: Vec<String> = moves.iter().map(|m| m.2.clone()).collect();
-                    protected = Some(remote_tip_blobs(repo, remote, &moving)?);
+                let moving = |tip: &RemoteRef| moves.iter().any(|m| m.0 == RefKind::Branch && m.1 == tip.name);
+                // A tip that cannot be read: no recode could be shown to spare it, none is done.
+                match protected.get_or_insert_with(|| tip_blobs(&RemoteObjects::new(repo, remote), &moving).ok()) {
+                    Some(protected) => planned.retain(|r| !protected.contains(&r.older)),
+                    None => planned.clear(),
                 }
-                let protected = protected.as_ref().expect("set above");
-                planned.retain(|r| !protected.contains(&r.older));
             }
             let mut all = own_journals.remove(id).unwrap_or_default();
             for r in planned {
@@ -389,7 +382,7 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
         watch.settle(repo, remote, &relied)?;
     }
     // A journal older than the grace period whose version no remote ref reaches is taken as
-    // abandoned by other pushers (layout.rs, `abandoned`): after a long upload, each is
+    // abandoned by other pushers (recode.rs, `abandoned`): after a long upload, each is
     // written again, so that the ref moves less than half the grace period after it was.
     let refresh = Duration::from_secs(repo.config().gc_grace_seconds) / 2;
     for (journal, written) in recodes.values_mut() {
@@ -446,13 +439,7 @@ fn remote_refs_reach(repo: &Repo, remote: &dyn Remote, remote_name: Option<&str>
             }
         }
     }
-    for key in remote.list("refs/")? {
-        let Some(small) = remote.get_small(&key)? else { continue };
-        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
-        if repo.store().contains(&id) {
-            known.push(id);
-        }
-    }
+    known.extend(remote_refs(remote, None)?.into_iter().map(|r| r.id).filter(|id| repo.store().contains(id)));
     Ok(repo.named(&known)?.into_iter().map(|n| n.id).collect())
 }
 
@@ -462,8 +449,8 @@ fn remote_has_version(repo: &Repo, remote: &dyn Remote, id: &VersionId) -> Resul
     if !remote.exists(&remote::object_key(id))? {
         return Ok(false);
     }
-    let version = repo.version(id)?;
-    let mut manifests: Vec<ObjectId> = version.files.iter().map(|f| f.manifest).collect();
+    let edges = graph::edges(repo, Node::Version(*id))?;
+    let mut manifests: Vec<ObjectId> = edges.iter().filter(|n| matches!(n, Node::Manifest(_))).map(Node::id).collect();
     manifests.sort();
     manifests.dedup();
     for m in manifests {
@@ -545,7 +532,7 @@ fn upload(
                     return Ok(());
                 }
             }
-            let (len, uploaded) = repo.upload_object(remote, id)?;
+            let (len, uploaded) = upload_object(repo, remote, id)?;
             match uploaded {
                 Uploaded::Created | Uploaded::Replaced => {
                     // Verified bytes, written there by this push: a recode may code against them.

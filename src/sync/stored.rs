@@ -26,14 +26,18 @@
 //! same cache left unfinished ([`store_file_to_remote`]).
 
 use super::checked::Checked;
-use super::file_objects::OnRemote;
-use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
-use super::remote_gc::{check_deadline, fresh_on, is_fresh, GcWatch, Moment};
-use super::remotes::{parse_ref, put_ref, ref_key};
-use super::transfer::{parallel, receive, reopen};
+use super::file_objects::{fetch_blobs, fetch_file, push_files_paired, OnRemote};
+use super::freshness::{check_deadline, found_on, fresh_on, is_fresh, upload_object, GcWatch, Moment};
+use super::recode::{file_journal, journal_key, recode, write_journal, Journal, Recode, JOURNAL_PREFIX};
+use super::remote_view::{
+    download_data, put_ref, ref_key, remote_branch_tip, tip_blobs, RemoteObjects, RemoteRef, RemoteTip,
+};
+use super::remotes::Layout;
+use super::transfer::parallel;
 use super::{Error, FileTransfer, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Expect, Remote, Uploaded};
+use crate::repo::graph::Objects;
 use crate::repo::Error as RepoError;
 use crate::repo::{
     check_name, CommitOptions, Counterpart, FileEntry, Manifest, Needed, RefKind, Repo, RepoPath, Version, VersionId,
@@ -44,87 +48,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Where a branch of a remote was when a save began: its version and the tag the save's
-/// compare-and-swap expects ([`remote::Small::tag`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RemoteTip {
-    /// The version the branch names (`None`: no such branch yet).
-    pub version: Option<VersionId>,
-    /// The ref's tag as read (`None`: the ref did not exist).
-    pub tag: Option<String>,
-    /// When it was read (`None`: not known, no deadline). [`commit_to_remote`] moves the
-    /// branch only within [`super::WRITE_DEADLINE`] of it (docs/format.md, "Garbage on a
-    /// remote").
-    pub read_at: Option<Moment>,
-}
-
-impl RemoteTip {
-    fn expect(&self) -> Expect {
-        match &self.tag {
-            Some(tag) => Expect::Tag(tag.clone()),
-            None => Expect::Absent,
-        }
-    }
-}
-
-/// Reads where `branch` is on `remote` (one request).
-pub fn remote_branch_tip(remote: &dyn Remote, branch: &str) -> Result<RemoteTip> {
-    check_name(branch)?;
-    let key = ref_key(RefKind::Branch, branch);
-    let read_at = Some(Moment::now());
-    match remote.get_small(&key)? {
-        Some(small) => {
-            Ok(RemoteTip { version: Some(parse_ref(remote, &key, &small.bytes)?), tag: Some(small.tag), read_at })
-        }
-        None => Ok(RemoteTip { version: None, tag: None, read_at }),
-    }
-}
-
-/// The version `rev` names on `remote`: `HEAD` (the branch `clone` checks out: `main`, else
-/// the first branch by name), a branch, a tag, or a full version id the remote holds.
-pub fn resolve_remote(remote: &dyn Remote, rev: &str) -> Result<VersionId> {
-    let unknown = |reason: String| Error::from(RepoError::UnknownRevision { rev: rev.to_string(), reason });
-    if rev == "HEAD" {
-        let mut branches: Vec<String> = remote
-            .list("refs/heads/")?
-            .iter()
-            .filter_map(|k| k.strip_prefix("refs/heads/"))
-            .filter(|b| check_name(b).is_ok())
-            .map(str::to_string)
-            .collect();
-        branches.sort();
-        let branch = match branches.iter().find(|b| *b == crate::repo::DEFAULT_BRANCH) {
-            Some(b) => b.clone(),
-            None => branches.into_iter().next().ok_or_else(|| unknown(format!("{} has no branch", remote.url())))?,
-        };
-        return resolve_remote(remote, &branch);
-    }
-    if rev.len() == 64 {
-        if let Ok(id) = rev.parse::<VersionId>() {
-            if remote.exists(&remote::object_key(&id))? {
-                return Ok(id);
-            }
-            return Err(unknown(format!("{} has no such version", remote.url())));
-        }
-    }
-    check_name(rev)?;
-    for kind in [RefKind::Branch, RefKind::Tag] {
-        let key = ref_key(kind, rev);
-        if let Some(small) = remote.get_small(&key)? {
-            return parse_ref(remote, &key, &small.bytes);
-        }
-    }
-    Err(unknown(format!("not a branch, tag or version of {}", remote.url())))
-}
-
 /// Version `id`, from `cache` or else downloaded from `remote` (verified against its id) into
 /// it.
 pub fn fetch_version(cache: &Repo, remote: &dyn Remote, id: &VersionId) -> Result<Version> {
     if cache.store().contains(id) {
         return Ok(cache.version(id)?);
     }
-    let tmp = reopen(receive(cache, remote, id, &AtomicU64::new(0))?)?;
-    let version = Version::parse(*id, &cache.store().read_received(id, ObjectKind::Version, &tmp)?)?;
+    let (tmp, data) = download_data(cache, remote, id, ObjectKind::Version)?;
+    let version = Version::parse(*id, &data)?;
     // Imports happen under the writer lock (the download did not need it).
     let _lock = cache.lock()?;
     cache.import_version(id, &version, tmp)?;
@@ -140,16 +71,11 @@ pub fn fetch_stored_file(cache: &Repo, remote: &dyn Remote, id: &VersionId, path
         .file(path)
         .cloned()
         .ok_or_else(|| Error::from(RepoError::NotInVersion { path: path.to_string(), version: *id }))?;
-    cache.fetch_file(remote, &entry.manifest)?;
+    fetch_file(cache, remote, &entry.manifest)?;
     Ok(entry)
 }
 
 use crate::torch_zip::dcp::DISTCP_SUFFIX;
-
-/// Whether `v` is pinned: its blobs stay whole on a mirror remote (as in `layout.rs`).
-fn pinned(v: &Version) -> bool {
-    v.since_base == 0 && !v.parents.is_empty()
-}
 
 /// Stores the file at `disk` as the content of `path` in `cache` (whole; a `.distcp` file cut
 /// by `written`, the items its writer reports, as [`Repo::store_objects`] cuts it) and uploads
@@ -217,7 +143,7 @@ pub fn upload_file_to_remote(
     let mut earlier = None;
     if let (Some(v), false) = (&version, distcp) {
         if let Some(f) = v.file(path.as_str()) {
-            cache.fetch_file(remote, &f.manifest)?;
+            fetch_file(cache, remote, &f.manifest)?;
             earlier = Some(f.manifest);
         }
     }
@@ -231,12 +157,12 @@ pub fn upload_file_to_remote(
     };
     // A pinned previous version keeps its blobs whole on a mirror remote: only its unchanged
     // blobs are paired (as known to be there), none is recoded.
-    if layout == Layout::Mirror && version.as_ref().is_some_and(pinned) {
+    if layout == Layout::Mirror && version.as_ref().is_some_and(Version::is_pinned) {
         pairs.retain(|p| p.new == p.old);
     }
     if distcp {
         // Only the blobs a delta may be coded against (not the unchanged ones).
-        cache.fetch_blobs(remote, pairs.iter().filter(|p| p.new != p.old).map(|p| p.old).collect())?;
+        fetch_blobs(cache, remote, pairs.iter().filter(|p| p.new != p.old).map(|p| p.old).collect())?;
     }
     // What the remote holds of the previous version, without listing the remote (whose
     // history a long job makes millions of objects): its files' manifests and the blobs
@@ -248,7 +174,8 @@ pub fn upload_file_to_remote(
     let (transfer, stored_bytes, recodes) = match layout {
         Layout::Deltas => {
             let on_remote = OnRemote::Known(known);
-            let t = cache.push_files_paired(
+            let t = push_files_paired(
+                cache,
                 remote,
                 &[entry.manifest],
                 &HashMap::new(),
@@ -296,7 +223,7 @@ pub fn finish_recodes(
 /// the remote and noted in the rank's cache.
 #[derive(Debug)]
 pub struct PendingRecodes {
-    journal: super::layout::Journal,
+    journal: Journal,
     /// When the upload looked for the new blobs (before uploading them).
     planned: Moment,
     /// What the upload verified here and wrote there (the recodes' newer blobs, so that they
@@ -345,9 +272,10 @@ fn reference_pairs(
     manifest: &Manifest,
     version: &Version,
 ) -> Result<Vec<Counterpart>> {
+    let objects = RemoteObjects::new(cache, remote);
     let mut manifests = HashMap::new();
     if let Some(f) = version.file(path) {
-        let same = fetch_manifest(cache, remote, &f.manifest)?;
+        let same = objects.manifest(&f.manifest)?;
         let complete = manifest.pairs_every_tensor_with(&same);
         manifests.insert(f.manifest, same);
         if complete {
@@ -356,41 +284,10 @@ fn reference_pairs(
     }
     for f in version.files.iter().filter(|f| f.path.ends_with(DISTCP_SUFFIX)) {
         if let std::collections::hash_map::Entry::Vacant(e) = manifests.entry(f.manifest) {
-            e.insert(fetch_manifest(cache, remote, &f.manifest)?);
+            e.insert(objects.manifest(&f.manifest)?);
         }
     }
     Ok(cache.distcp_counterparts_in(path, manifest, version, manifests))
-}
-
-/// Manifest `id` downloaded from `remote` (from `cache` if it holds it), verified against its
-/// id, not stored.
-fn fetch_manifest(cache: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<Manifest> {
-    if cache.store().contains(id) {
-        return Ok(cache.manifest(id)?);
-    }
-    let tmp = reopen(receive(cache, remote, id, &AtomicU64::new(0))?)?;
-    Ok(Manifest::parse(*id, &cache.store().read_received(id, ObjectKind::Manifest, &tmp)?)?)
-}
-
-/// The blobs of the remote's branch tips other than `previous` (the version this save follows:
-/// its own branch's tip): a recode leaves them whole, as a push's recodes leave the tips of the
-/// branches it does not move ([`super::layout::remote_tip_blobs`]), so that a clone of another
-/// branch still finds its newest version whole. Each other tip's version and manifests are
-/// downloaded (verified; the manifests in memory); a ref that does not parse names nothing.
-/// An error: some other tip could not be read.
-fn other_tips_blobs(cache: &Repo, remote: &dyn Remote, previous: Option<&VersionId>) -> Result<HashSet<ObjectId>> {
-    let mut blobs = HashSet::new();
-    for key in remote.list("refs/heads/")? {
-        let Some(small) = remote.get_small(&key)? else { continue };
-        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
-        if Some(&id) == previous {
-            continue;
-        }
-        for f in &fetch_version(cache, remote, &id)?.files {
-            blobs.extend(fetch_manifest(cache, remote, &f.manifest)?.blobs());
-        }
-    }
-    Ok(blobs)
 }
 
 /// The mirror layout's upload of one file ([`upload_file_to_remote`]), with `present` what the
@@ -477,7 +374,10 @@ fn push_whole_then_recode(
         recodes.push(Recode { older, newer });
     }
     if !recodes.is_empty() {
-        match other_tips_blobs(cache, remote, previous) {
+        // The other branches' tips stay whole, as a push leaves the tips of the branches it
+        // does not move; the tip this save follows is `previous`.
+        let followed = |tip: &RemoteRef| Some(&tip.id) == previous;
+        match tip_blobs(&RemoteObjects::new(cache, remote), &followed) {
             Ok(protected) => recodes.retain(|r| !protected.contains(&r.older)),
             // Another tip that cannot be read (a damaged or partial remote): no recode could
             // be shown to spare it, so none is done; the save itself does not need them.
@@ -516,9 +416,9 @@ fn push_whole_then_recode(
     // A large object a retried save left there is found with one request, not sent again
     // (the recodes' counterparts were looked for above).
     let upload = |id: &ObjectId| -> Result<()> {
-        if looked_for.contains(id) || !cache.found_on(remote, id)? {
+        if looked_for.contains(id) || !found_on(cache, remote, id)? {
             // (Found there but not fresh: `upload_object` finds it and writes it again.)
-            count(id, cache.upload_object(remote, id)?);
+            count(id, upload_object(cache, remote, id)?);
         }
         Ok(())
     };
@@ -666,7 +566,7 @@ pub fn commit_to_remote(
     let id = cache.record_version(&version)?;
     let watch = GcWatch::begin(remote)?;
     Checked::default().verify_here(cache, remote, [id])?;
-    cache.upload_object(remote, &id)?;
+    upload_object(cache, remote, &id)?;
     watch.settle(cache, remote, &[id])?;
     let key = ref_key(RefKind::Branch, branch);
     if let Some(read_at) = tip.read_at {
