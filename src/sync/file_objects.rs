@@ -9,16 +9,17 @@
 //! verified against its id before it enters the local store, bases first (`stage.rs`).
 
 use super::checked::Checked;
-use super::freshness::{found_on, fresh_on, mark_git_filter, upload_object, GcWatch};
+use super::freshness::{fresh_on, mark_git_filter, GcWatch};
 use super::recode::{file_journal, finish_journals, journal_key, plan_file_recodes, recode, write_journal, Journal};
 use super::remote_view::remote_header;
 use super::remotes::Layout;
 use super::stage::stage_then_lock;
 use super::transfer::parallel;
-use super::wire_delta::{upload_wire_delta, WireDelta};
+use super::upload::{found_on, upload_needed};
+use super::wire_delta::WireDelta;
 use super::Result;
 use crate::object_id::ObjectId;
-use crate::remote::{self, Remote, Uploaded};
+use crate::remote::{self, Remote};
 use crate::repo::graph::{self, Node};
 use crate::repo::{Counterpart, Needed, Repo};
 use crate::store::{ObjectKind, MAX_CHAIN_DEPTH};
@@ -32,7 +33,7 @@ pub(super) enum OnRemote {
     Listed,
     /// These objects (the blobs of the version a save follows: a version is uploaded after
     /// everything it needs), and no listing: any other object is uploaded create-if-absent,
-    /// one of at least [`super::freshness::LOOK_FIRST`] bytes after one request that finds it
+    /// one of at least [`super::upload::LOOK_FIRST`] bytes after one request that finds it
     /// absent (a save retried after a failure finds its blobs there). What a save sends so
     /// stays within the save's own objects, however long the remote's history.
     Known(HashSet<ObjectId>),
@@ -173,7 +174,11 @@ pub(super) fn push_files_paired(
     if let Some(journal) = &journal {
         write_journal(repo, remote, journal)?;
     }
-    upload_files(repo, remote, &need, &wire, files.look_first, &checked, &mut report)?;
+    let look_first = |id: &ObjectId| Ok(files.look_first && found_on(repo, remote, id)?);
+    let sent = upload_needed(repo, remote, &need, &wire, &look_first, TRANSFERS, &checked)?;
+    report.objects += sent.objects;
+    report.bytes += sent.bytes;
+    report.objects_as_deltas += sent.as_deltas;
     if let Some(watch) = watch {
         // `need` is what the wanted files need and the remote was not known to hold; the
         // files counted on by a fresh manifest add theirs.
@@ -231,53 +236,6 @@ fn sort_files(
         }
     }
     Ok(files)
-}
-
-/// Uploads `need` in order (bases, deltas, manifests last), a blob `wire` plans as a delta
-/// coded so; with `look_first`, a large object is looked for on the remote first
-/// ([`found_on`]). Counts what went up in `report`; the objects uploaded whole are noted good
-/// there in `checked` (a recode may code against them).
-fn upload_files(
-    repo: &Repo,
-    remote: &dyn Remote,
-    need: &[Needed],
-    wire: &HashMap<ObjectId, WireDelta>,
-    look_first: bool,
-    checked: &Checked,
-    report: &mut FileTransfer,
-) -> Result<()> {
-    let total: u64 = need.iter().map(|n| repo.store().stored_len(&n.id).unwrap_or(0)).sum();
-    repo.progress().start("push", total);
-    let mut done = 0;
-    for n in need {
-        if look_first && found_on(repo, remote, &n.id)? {
-            done += repo.store().stored_len(&n.id).unwrap_or(0);
-            repo.progress().set(done);
-            continue;
-        }
-        if let Some(plan) = wire.get(&n.id) {
-            if let Some((len, uploaded)) = upload_wire_delta(repo, remote, &n.id, plan)? {
-                if uploaded != Uploaded::Existed {
-                    report.objects += 1;
-                    report.objects_as_deltas += 1;
-                    report.bytes += len;
-                }
-                done += repo.store().stored_len(&n.id).unwrap_or(len);
-                repo.progress().set(done);
-                continue;
-            }
-        }
-        let (len, uploaded) = upload_object(repo, remote, &n.id)?;
-        if uploaded != Uploaded::Existed {
-            checked.good_there(n.id);
-            report.objects += 1;
-            report.bytes += len;
-        }
-        done += len;
-        repo.progress().set(done);
-    }
-    repo.progress().finish();
-    Ok(())
 }
 
 /// Which blobs of `need` go up as deltas (see [`push_files_against`]): pairs of a blob of a
@@ -395,6 +353,7 @@ pub(super) fn fetch_blobs(repo: &Repo, remote: &dyn Remote, wanted: Vec<ObjectId
 mod tests {
     use super::*;
     use crate::remote::local::DirRemote;
+    use crate::remote::Uploaded;
     use crate::repo::fixtures::{steps_checkpoint as checkpoint, store_with_steps};
     use crate::repo::{CommitOptions, RepoPath};
     use std::path::Path;

@@ -24,11 +24,10 @@
 use super::transfer::{parallel, with_retries};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
-use crate::remote::{self, Expect, Listed, Remote, UploadMode, Uploaded};
+use crate::remote::{self, Expect, Listed, Remote, UploadMode};
 use crate::repo::Repo;
-use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN};
+use crate::store::ObjectKind;
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -369,52 +368,6 @@ pub(super) fn standalone_form(
     let mut from = std::fs::File::open(&path).map_err(io("opening"))?;
     let len = std::io::copy(&mut from, &mut tmp.as_file()).map_err(io("copying"))?;
     Ok((tmp, len))
-}
-
-/// Objects at least this large are looked for on the remote before an upload that does not
-/// list it ([`found_on`]): one request against a megabyte or more, smaller ones go up
-/// create-if-absent directly.
-pub(super) const LOOK_FIRST: u64 = 1 << 20;
-
-/// Whether object `id`, at least [`LOOK_FIRST`] bytes here, is on `remote` already and fresh
-/// (one request); smaller objects are not looked for (false), their upload is
-/// create-if-absent.
-pub(super) fn found_on(repo: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<bool> {
-    if repo.store().stored_len(id).unwrap_or(0) < LOOK_FIRST {
-        return Ok(false);
-    }
-    fresh_on(remote, id)
-}
-
-/// Uploads one object file as it is now; returns its length and whether it was created. Found
-/// there already, it is counted on only if fresh, else written again ([`keep_found`]). Callers
-/// verify it first (`checked.rs`: many at once costs less than one by one, a delta chain being
-/// decoded once).
-pub(super) fn upload_object(repo: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<(u64, Uploaded)> {
-    let path = repo.store().object_path(id);
-    let io = |action| {
-        let path = path.clone();
-        move |source| Error::Io { action, path, source }
-    };
-    let mut file = std::fs::File::open(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::Store(crate::store::Error::Missing { id: *id }),
-        _ => Error::Io { action: "opening", path: path.clone(), source: e },
-    })?;
-    let len = file.metadata().map_err(io("reading"))?.len();
-    // The header of the very file that goes up decides whether it may replace (a compaction
-    // may rename a delta over the path meanwhile; the open file stays as read).
-    let mut head = Vec::with_capacity(HEADER_LEN);
-    (&mut file).take(HEADER_LEN as u64).read_to_end(&mut head).map_err(io("reading"))?;
-    let header = ObjectHeader::decode(*id, &head)?;
-    let mode = if header.reference.is_none() { UploadMode::MayReplace } else { UploadMode::CreateOnly };
-    let uploaded = with_retries(|| Ok(remote.upload(&remote::object_key(id), &file, &path, len, mode)?))?;
-    if uploaded == Uploaded::Existed {
-        let sent = keep_found(repo, remote, id)?;
-        if sent > 0 {
-            return Ok((sent, Uploaded::Replaced));
-        }
-    }
-    Ok((len, uploaded))
 }
 
 /// A running gc's record on the remote (`gc/run-<32 hex>`, [`GC_RECORDS`]): written before the

@@ -29,7 +29,7 @@
 //! versions and manifests as the object graph's walks read them), `transfer` (one object down,
 //! retries, staging directories), `stage` (downloads staged without the lock and stored under
 //! it, bottom-up), `freshness` (what a writer counts on among the objects it finds, deadlines,
-//! gc records; uploads of single objects), `checked` (what is verified before it goes up, checks
+//! gc records), `upload` (what a write sends, in an order that keeps the remote valid), `checked` (what is verified before it goes up, checks
 //! and repairs of remote copies), `push`, `fetch`, `clone` (pull and clone), `partial` (partial
 //! clones), `recode` (a mirror push's recodes and their journal), `wire_delta` (which blobs go
 //! up as deltas in the deltas layout), `file_objects` (transfers by file: the git filter's and
@@ -54,6 +54,7 @@ mod remotes;
 mod stage;
 mod stored;
 mod transfer;
+mod upload;
 mod wire_delta;
 
 pub use clone::{clone_from, clone_with_depth, pull, PullOutcome};
@@ -73,5 +74,5 @@ pub use remotes::{
 };
 pub use stored::{
     commit_to_remote, fetch_stored_file, fetch_version, finish_recodes, store_file_to_remote, upload_file_to_remote,
-    PendingRecodes, RemoteFile, StoredFileReader,
+    FileUpload, PendingRecodes, RemoteCommit, RemoteFile, StoredFileReader,
 };

@@ -27,7 +27,7 @@ use super::transfer::{parallel, with_retries};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote};
-use crate::repo::{RefKind, Repo, VersionId};
+use crate::repo::{Counterpart, RefKind, Repo, VersionId};
 use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN};
 use std::collections::HashSet;
 use std::io::Read;
@@ -83,13 +83,8 @@ pub(super) fn journal_key(version: &VersionId) -> String {
 /// above is `tip`, or the pinned version closest above it if there is one (its blobs stay
 /// whole). Kept only where the older blob is on the remote, the newer is not (so it is
 /// uploaded by this push), the older version is not pinned, and the older blob is not held by
-/// the tip, the whole version, or `protected` (the tips of the remote's other branches).
-pub(super) fn plan_recodes(
-    repo: &Repo,
-    tip: &VersionId,
-    present: &HashSet<ObjectId>,
-    protected: &HashSet<ObjectId>,
-) -> Result<Vec<Recode>> {
+/// the tip or the whole version ([`allowed_recodes`]).
+pub(super) fn plan_recodes(repo: &Repo, tip: &VersionId, present: &HashSet<ObjectId>) -> Result<Vec<Recode>> {
     let tip_version = repo.version(tip)?;
     let mut whole = tip_version.clone();
     let mut current = tip_version.clone();
@@ -108,7 +103,7 @@ pub(super) fn plan_recodes(
     if older.is_pinned() {
         return Ok(Vec::new());
     }
-    let mut keep: HashSet<ObjectId> = protected.clone();
+    let mut keep: HashSet<ObjectId> = HashSet::new();
     for v in [&tip_version, &whole] {
         for f in &v.files {
             keep.extend(repo.manifest(&f.manifest)?.blobs());
@@ -118,23 +113,30 @@ pub(super) fn plan_recodes(
     for f in whole.files.iter().filter(|f| older.file(&f.path).is_none_or(|p| p.manifest != f.manifest)) {
         changed.push((f.path.as_str(), repo.manifest(&f.manifest)?));
     }
+    let pairs = repo.counterparts(changed.iter().map(|(path, m)| (*path, m)), &older);
+    Ok(allowed_recodes(repo, &pairs, &|id| present.contains(id), &keep))
+}
+
+/// Of `pairs` (a blob of an older file and the same tensor's blob of a newer one), the
+/// recodes the rules allow, each older blob once: the older is on the remote (`present`) and
+/// the newer is not (so it goes up now), the older is not held whole by a file that stays
+/// (`keep`), and this store holds both.
+pub(super) fn allowed_recodes(
+    repo: &Repo,
+    pairs: &[Counterpart],
+    present: &dyn Fn(&ObjectId) -> bool,
+    keep: &HashSet<ObjectId>,
+) -> Vec<Recode> {
     let mut seen = HashSet::new();
-    let mut recodes = Vec::new();
-    for pair in repo.counterparts(changed.iter().map(|(path, m)| (*path, m)), &older) {
-        let (newer, older) = (pair.new, pair.old);
-        if newer == older
-            || !present.contains(&older)
-            || present.contains(&newer)
-            || keep.contains(&older)
-            || !repo.store().contains(&older)
-            || !repo.store().contains(&newer)
-            || !seen.insert(older)
-        {
-            continue;
-        }
-        recodes.push(Recode { older, newer });
-    }
-    Ok(recodes)
+    let allowed = |p: &&Counterpart| {
+        p.new != p.old
+            && present(&p.old)
+            && !present(&p.new)
+            && !keep.contains(&p.old)
+            && repo.store().contains(&p.old)
+            && repo.store().contains(&p.new)
+    };
+    pairs.iter().filter(allowed).filter(|p| seen.insert(p.old)).map(|p| Recode { older: p.old, newer: p.new }).collect()
 }
 
 /// Plans the recodes of the git filter's file transfers in the mirror layout: for each file
@@ -154,32 +156,16 @@ pub(super) fn plan_file_recodes(
     for m in wanted {
         keep.extend(repo.manifest(m)?.blobs());
     }
-    let mut seen = HashSet::new();
-    let mut recodes = Vec::new();
+    let mut pairs = Vec::new();
     for m in wanted {
         let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
-        if !repo.store().contains(old) {
-            continue;
-        }
-        let (new_manifest, old_manifest) = (repo.manifest(m)?, repo.manifest(old)?);
-        for pair in new_manifest.same_tensor_blobs(&old_manifest) {
-            let (newer, older) = (pair.new, pair.old);
-            if newer == older
-                || !present.contains(&older)
-                || present.contains(&newer)
-                || keep.contains(&older)
-                || !repo.store().contains(&newer)
-                || !seen.insert(older)
-            {
-                continue;
-            }
-            let compacted =
-                repo.store().contains(&older) && repo.store().header(&older).is_ok_and(|h| h.reference == Some(newer));
-            if compacted {
-                recodes.push(Recode { older, newer });
-            }
+        if repo.store().contains(old) {
+            pairs.extend(repo.manifest(m)?.same_tensor_blobs(&repo.manifest(old)?));
         }
     }
+    let mut recodes = allowed_recodes(repo, &pairs, &|id| present.contains(id), &keep);
+    // Only where local compaction made exactly that delta.
+    recodes.retain(|r| repo.store().header(&r.older).is_ok_and(|h| h.reference == Some(r.newer)));
     Ok(recodes)
 }
 

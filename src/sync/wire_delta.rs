@@ -12,11 +12,8 @@
 //! push creates is at most `base_every` deltas deep (`base_every - 1` after the first interval),
 //! and each push costs what the local store grew by.
 
-use super::freshness::keep_found;
-use super::transfer::with_retries;
 use super::Result;
 use crate::object_id::ObjectId;
-use crate::remote::{self, Remote, UploadMode, Uploaded};
 use crate::repo::{Repo, Version, VersionId};
 use crate::store::ObjectKind;
 use std::collections::hash_map::Entry;
@@ -118,51 +115,5 @@ fn wire_interval(repo: &Repo, v: &Version) -> Option<(u32, Option<VersionId>)> {
             return None;
         }
         current = parent;
-    }
-}
-
-/// Codes blob `id` as planned and uploads it (create-only, with retries): its length on the
-/// wire and whether it was created; `None` when the delta would not be smaller (the caller
-/// then uploads the object as it is).
-pub(super) fn upload_wire_delta(
-    repo: &Repo,
-    remote: &dyn Remote,
-    id: &ObjectId,
-    plan: &WireDelta,
-) -> Result<Option<(u64, Uploaded)>> {
-    let Some((tmp, len)) = encode_wire_delta(repo, id, plan)? else { return Ok(None) };
-    let uploaded = with_retries(|| {
-        Ok(remote.upload(&remote::object_key(id), tmp.as_file(), tmp.path(), len, UploadMode::CreateOnly)?)
-    })?;
-    if uploaded == Uploaded::Existed {
-        // Found there: counted on only if fresh, else written again (standalone).
-        let sent = keep_found(repo, remote, id)?;
-        if sent > 0 {
-            return Ok(Some((sent, Uploaded::Replaced)));
-        }
-    }
-    Ok(Some((len, uploaded)))
-}
-
-/// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
-/// `None` when that would not be smaller than its object here (it then goes up as it is).
-pub(super) fn encode_wire_delta(
-    repo: &Repo,
-    id: &ObjectId,
-    plan: &WireDelta,
-) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
-    let target = repo.store().open_blob(id)?;
-    let reference = repo.store().open_blob(&plan.reference)?;
-    let limit = target.stored_len();
-    match repo.store().encode_delta_for_transfer(&target, &reference, plan.depth, limit, &repo.config().codec_options())
-    {
-        Ok(done) => Ok(done),
-        // A pair the coder refuses (another chunk size since a config change): sent whole.
-        Err(crate::store::Error::Encode { source: crate::codec::Error::InvalidInput(reason), .. })
-            if !reason.starts_with("writing") =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(e.into()),
     }
 }
