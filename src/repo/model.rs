@@ -514,6 +514,13 @@ impl Manifest {
 }
 
 impl Version {
+    /// Whether this version is pinned: a full base with a parent (`since_base == 0`), whose
+    /// blobs stay whole, locally and on a remote, so that no chain reaches past it
+    /// (docs/format.md, "Commit policy").
+    pub fn is_pinned(&self) -> bool {
+        self.since_base == 0 && !self.parents.is_empty()
+    }
+
     /// Canonical bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("plain data serializes")

@@ -11,10 +11,11 @@
 //! - `ckpt push --repair` downloads and checks the remote's copy of everything the pushed refs
 //!   need and replaces each damaged one by an intact copy from here.
 //!
-//! A replacement is the object's standalone form (as [`Repo::keep_found`] writes one): it
+//! A replacement is the object's standalone form (as [`super::freshness::keep_found`] writes one): it
 //! references nothing, so writing it over any form closes no reference cycle, and a remote
 //! delta on it decodes as before (same content).
 
+use super::freshness::standalone_form;
 use super::transfer::{parallel, receive_into, reopen, with_retries, Staging};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
@@ -136,9 +137,9 @@ pub(super) fn check_there(
 }
 
 /// Replaces the remote's copy of `id`, found damaged, by the object's standalone form from
-/// here, verified first ([`Repo::standalone_form`]). Returns the bytes sent.
+/// here, verified first ([`standalone_form`]). Returns the bytes sent.
 pub(super) fn replace_there(repo: &Repo, remote: &dyn Remote, id: &ObjectId, checked: &Checked) -> Result<u64> {
-    let (tmp, len) = repo.standalone_form(remote, id)?;
+    let (tmp, len) = standalone_form(repo, remote, id)?;
     let key = remote::object_key(id);
     with_retries(|| Ok(remote.replace(&key, tmp.as_file(), tmp.path(), len)?))?;
     checked.good_there(*id);

@@ -2,8 +2,8 @@
 //! repository with remote `origin`, fetched, optionally to a depth: a partial clone).
 
 use super::fetch::{fetch, fetch_from, fetch_refs, FetchReport};
-use super::layout::Layout;
-use super::remotes::{absolute_dir_url, add_remote, remote_refs};
+use super::remote_view::{default_branch, remote_refs};
+use super::remotes::{absolute_dir_url, add_remote, Layout};
 use super::{Error, Result};
 use crate::remote::{self, Remote, S3Options};
 use crate::repo::Error as RepoError;
@@ -216,13 +216,7 @@ fn clone_into(
         }
         Some(_) => {
             // Read, not only listed: a branch that cannot be read is an error, not left out.
-            let mut branches: Vec<String> =
-                remote_refs(remote, None)?.into_iter().filter(|r| r.kind == RefKind::Branch).map(|r| r.name).collect();
-            branches.sort();
-            match branches.iter().position(|b| b == crate::repo::DEFAULT_BRANCH) {
-                Some(i) => Some(branches.swap_remove(i)),
-                None => branches.into_iter().next(),
-            }
+            default_branch(remote_refs(remote, None)?.into_iter().filter(|r| r.kind == RefKind::Branch).map(|r| r.name))
         }
         None => None,
     };
@@ -235,18 +229,8 @@ fn clone_into(
         (Some(b), Some(_)) => fetch_refs(&repo, remote, "origin", transfers, Some(b), depth)?,
         _ => fetch_from(&repo, remote, "origin", transfers)?,
     };
-    let branches: Vec<String> = report
-        .updated
-        .iter()
-        .filter(|u| u.kind == "branch")
-        .filter_map(|u| u.name.strip_prefix("origin/").map(str::to_string))
-        .collect();
-    let branch = if branches.iter().any(|b| b == crate::repo::DEFAULT_BRANCH) {
-        Some(crate::repo::DEFAULT_BRANCH.to_string())
-    } else {
-        branches.first().cloned()
-    };
-    if let Some(branch) = branch {
+    let fetched = report.updated.iter().filter(|u| u.kind == "branch");
+    if let Some(branch) = default_branch(fetched.filter_map(|u| u.name.strip_prefix("origin/").map(str::to_string))) {
         let tip = repo.refs().get_remote("origin", &branch)?.expect("just fetched");
         repo.check_out(&tip, false)?;
         repo.refs().set(RefKind::Branch, &branch, &tip)?;

@@ -3,11 +3,12 @@
 //! cut versions itself is the repository core's (`crate::repo`, `.ckpt/partial`).
 
 use super::fetch::{download_then_lock, FetchReport};
+use super::remote_view::RemoteObjects;
 use super::remotes::open_remote;
-use super::transfer::{receive_staged, Staging};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::Remote;
+use crate::repo::graph::Objects;
 use crate::repo::Error as RepoError;
 use crate::repo::{Needed, Repo, VersionId};
 use crate::store::ObjectKind;
@@ -104,22 +105,10 @@ pub fn fetch_revision(repo: &Repo, rev: &str, transfers: usize) -> Result<Versio
 /// `steps` first parents back from `start`, reading versions here while they are here and
 /// from `remote` (checked against their ids, not stored) past the cut.
 fn walk_first_parents(repo: &Repo, remote: &dyn Remote, start: &VersionId, steps: u64, rev: &str) -> Result<VersionId> {
+    let objects = RemoteObjects::new(repo, remote);
     let mut id = *start;
-    // Downloads go to a fetch's own staging directory (no lock is held: gc's clean-up of
-    // tmp/ must not delete them under us).
-    let mut stage = None;
     for n in 0..steps {
-        let version = if repo.store().contains(&id) {
-            repo.version(&id)?
-        } else {
-            let dir = match &stage {
-                Some(s) => s,
-                None => stage.insert(Staging::create(repo.ckpt_dir())?),
-            };
-            let tmp = receive_staged(repo, remote, &id, dir)?;
-            crate::repo::Version::parse(id, &repo.store().read_received(&id, ObjectKind::Version, &tmp)?)?
-        };
-        id = *version.parents.first().ok_or_else(|| {
+        id = *objects.version(&id)?.parents.first().ok_or_else(|| {
             Error::from(RepoError::UnknownRevision {
                 rev: rev.to_string(),
                 reason: format!("it has only {n} version{} before it", if n == 1 { "" } else { "s" }),

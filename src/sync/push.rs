@@ -3,22 +3,21 @@
 //! forward.
 
 use super::checked::{find_damaged_there, replace_there, Checked};
-use super::layout::{
-    finish_journals, journal_key, plan_recodes, recode, remote_tip_blobs, write_journal, Journal, Layout, Recode,
-};
+use super::freshness::{check_deadline, is_fresh, GcWatch, Moment};
 use super::partial::check_pushable;
-use super::remote_gc::{check_deadline, is_fresh, GcWatch, Moment};
-use super::remotes::{open_remote, parse_ref, put_ref, ref_key, remote_layout, RefUpdate};
-use super::transfer::{parallel, upload_wire_delta};
-use super::wire_delta::WireDelta;
+use super::recode::{finish_journals, journal_key, plan_recodes, recode, write_journal, Journal, Recode};
+use super::remote_view::{put_ref, read_ref, ref_key, remote_refs, tip_blobs, RemoteObjects, RemoteRef};
+use super::remotes::{open_remote, remote_layout, Layout, RefUpdate};
+use super::upload::upload_needed;
+use super::wire_delta::{plan_wire_deltas, WireDelta};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
-use crate::remote::{self, Expect, Remote, Uploaded};
+use crate::remote::{self, Expect, Remote};
+use crate::repo::graph::{self, Node};
 use crate::repo::Error as RepoError;
 use crate::repo::{Head, Needed, RefKind, Repo, VersionId};
 use crate::store::ObjectKind;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 /// What `push` should send.
@@ -110,6 +109,65 @@ pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport
     Ok(report)
 }
 
+/// One ref a push moves: where the remote has it and where it goes.
+struct Move {
+    kind: RefKind,
+    name: String,
+    /// Its key on the remote.
+    key: String,
+    /// Where the remote has it.
+    old: Option<VersionId>,
+    /// Where it goes.
+    new: VersionId,
+    /// What its compare-and-swap expects.
+    expect: Expect,
+}
+
+impl Move {
+    /// `branch main`, `tag v1`.
+    fn what(&self) -> String {
+        format!("{} {}", self.kind.name(), self.name)
+    }
+}
+
+/// What a push uploads, and what it counts on the remote holding.
+#[derive(Default)]
+struct Upload {
+    /// The objects that go up (a delta's reference before the delta in `reachable` order).
+    need: Vec<Needed>,
+    /// What the remote's refs already name (the remote holds all of it).
+    have: HashSet<ObjectId>,
+    /// What the remote lists (for the recodes' plan).
+    present: HashSet<ObjectId>,
+    /// Of `present`, what the push counts on: fresh objects, or objects a remote ref reaches
+    /// (docs/format.md, "Garbage on a remote").
+    trusted: HashSet<ObjectId>,
+    /// What the push's versions will name that no remote ref reaches: checked before the refs
+    /// move if a gc ran meanwhile (`GcWatch::settle`, with `watch`).
+    relied: Vec<ObjectId>,
+    watch: Option<GcWatch>,
+    /// Remote copies found damaged (`--repair`), replaced before anything else goes up.
+    damaged: Vec<ObjectId>,
+    /// Blobs that go up as deltas (the deltas layout).
+    wire: HashMap<ObjectId, WireDelta>,
+}
+
+impl Upload {
+    /// Whether the push counts on the remote holding `id` with all it needs.
+    fn counted_on(&self, id: &ObjectId) -> bool {
+        self.have.contains(id) || self.trusted.contains(id)
+    }
+}
+
+/// A push under way: what it pushes with, what it has verified and what it reports.
+struct Pushing<'a> {
+    repo: &'a Repo,
+    remote: &'a dyn Remote,
+    options: &'a PushOptions,
+    checked: Checked,
+    report: PushReport,
+}
+
 /// Pushes refs to `remote`: the objects their versions need that the remote lacks, then
 /// each ref by compare-and-swap. A branch moves only forward from where the remote has it,
 /// a tag is never moved; otherwise, or if the ref changed on the remote during the push,
@@ -127,7 +185,6 @@ pub fn push(repo: &Repo, name: &str, options: &PushOptions) -> Result<PushReport
 /// [`PushOptions::repair`], the remote's copies of everything the refs need are also checked,
 /// and damaged ones replaced.
 pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Result<PushReport> {
-    let url = remote.url().to_string();
     // Pending compactions first, as `gc` runs them: the blobs a distributed save stored
     // uncoded (`Repo::store_piece`) then go up coded, and the parent's as the deltas the mirror
     // layout sends as they are. Best effort: a compaction that fails is recorded in
@@ -138,13 +195,64 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
     let layout = options.layout.unwrap_or_default();
     // The first look at the remote: the refs move within `WRITE_DEADLINE` of it or not at all.
     let started = Moment::now();
-    let mut wanted: Vec<(RefKind, String, VersionId)> = Vec::new();
-    if options.all {
-        for (name, id) in repo.refs().list(RefKind::Branch)? {
-            wanted.push((RefKind::Branch, name, id));
+    let wanted = wanted_refs(repo, options)?;
+    let report = PushReport { remote: remote.url().to_string(), ..PushReport::default() };
+    let mut push = Pushing { repo, remote, options, checked: Checked::default(), report };
+    let (moves, mut remote_known) = push.moves(wanted)?;
+    // A remote ref's version is taken as complete only if the remote still has its version
+    // object and manifests (a HEAD each): a remote that lost one (a failed copy, a
+    // lifecycle rule, a hand-made ref) would otherwise stay unreadable while every push
+    // says "up to date". An incomplete one is pushed again like a new version: its
+    // objects the remote lacks (found by listing) go up.
+    remote_known.sort();
+    remote_known.dedup();
+    let mut incomplete = Vec::new();
+    for id in &remote_known {
+        if !remote_has_version(repo, remote, id)? {
+            incomplete.push(*id);
         }
-        for (name, id) in repo.refs().list(RefKind::Tag)? {
-            wanted.push((RefKind::Tag, name, id));
+    }
+    remote_known.retain(|id| !incomplete.contains(id));
+    push.report.repaired = incomplete.iter().map(|id| id.to_hex()).collect();
+    let own_journals = match layout {
+        Layout::Mirror => push.finish_others_journals(&moves)?,
+        Layout::Deltas => HashMap::new(),
+    };
+    if moves.is_empty() && incomplete.is_empty() && !options.repair {
+        push.report.requests = remote.requests();
+        return Ok(push.report);
+    }
+    let mut roots: Vec<VersionId> = moves.iter().map(|m| m.new).chain(incomplete).collect();
+    if options.repair {
+        roots.extend(remote_known.iter().copied());
+    }
+    let mut upload = push.plan_upload(&roots, &remote_known)?;
+    check_pushable(repo, &upload.need, &|id| upload.counted_on(id), remote.url())?;
+    // New blobs go up as deltas against the parent version's blobs where the remote has
+    // them (wire_delta.rs).
+    if layout == Layout::Deltas {
+        let versions: Vec<VersionId> =
+            upload.need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
+        let need_blobs: HashSet<ObjectId> =
+            upload.need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
+        upload.wire = plan_wire_deltas(repo, &versions, &need_blobs, &|id| upload.counted_on(id))?;
+    }
+    let journals = match layout {
+        Layout::Mirror => push.plan_journals(&moves, &upload, own_journals)?,
+        Layout::Deltas => Vec::new(),
+    };
+    let recodes = push.send(upload, journals)?;
+    push.move_refs(moves, recodes, started)?;
+    push.report.requests = remote.requests();
+    Ok(push.report)
+}
+
+/// The refs `options` names to push, each with the version it names here.
+fn wanted_refs(repo: &Repo, options: &PushOptions) -> Result<Vec<(RefKind, String, VersionId)>> {
+    let mut wanted = Vec::new();
+    if options.all {
+        for kind in [RefKind::Branch, RefKind::Tag] {
+            wanted.extend(repo.refs().list(kind)?.into_iter().map(|(name, id)| (kind, name, id)));
         }
     } else if options.refs.is_empty() {
         let Head::Branch(branch) = repo.refs().head()? else {
@@ -174,260 +282,262 @@ pub fn push_to(repo: &Repo, remote: &dyn Remote, options: &PushOptions) -> Resul
             }
         }
     }
+    Ok(wanted)
+}
 
-    // Where each ref is on the remote, and the tag to compare-and-swap against.
-    let mut report = PushReport { remote: url.clone(), ..PushReport::default() };
-    let mut moves = Vec::new();
-    let mut remote_known: Vec<VersionId> = Vec::new();
-    for (kind, name, id) in wanted {
-        let key = ref_key(kind, &name);
-        let current = remote.get_small(&key)?;
-        let old = match &current {
-            Some(small) => Some(parse_ref(remote, &key, &small.bytes)?),
-            None => None,
-        };
-        let what = format!("{} {name}", kind.name());
-        match old {
-            Some(old) if old == id => {
-                report.up_to_date.push(what);
-                remote_known.push(old);
-                continue;
-            }
-            Some(_) if kind == RefKind::Tag => {
-                return Err(Error::Rejected {
-                    remote: url,
-                    what,
-                    reason: "the remote has this tag at another version (tags do not move)".into(),
-                });
-            }
-            Some(old) => {
-                let known = repo.store().contains(&old);
-                if !known || !repo.is_ancestor(&old, &id)? {
-                    return Err(Error::Rejected {
-                        remote: url,
-                        what,
-                        reason: format!(
+impl Pushing<'_> {
+    fn rejected(&self, what: String, reason: String) -> Error {
+        Error::Rejected { remote: self.remote.url().to_string(), what, reason }
+    }
+
+    /// Where each of the `wanted` refs is on the remote: those already there are reported up
+    /// to date, the others become moves (a tag elsewhere, or a branch that would not move
+    /// forward, rejects the push). Returns the moves and the versions the remote's refs name.
+    fn moves(&mut self, wanted: Vec<(RefKind, String, VersionId)>) -> Result<(Vec<Move>, Vec<VersionId>)> {
+        let mut moves = Vec::new();
+        let mut remote_known = Vec::new();
+        for (kind, name, new) in wanted {
+            let key = ref_key(kind, &name);
+            let (old, tag) = read_ref(self.remote, &key)?.unzip();
+            let what = format!("{} {name}", kind.name());
+            match old {
+                Some(old) if old == new => {
+                    self.report.up_to_date.push(what);
+                    remote_known.push(old);
+                    continue;
+                }
+                Some(_) if kind == RefKind::Tag => {
+                    let reason = "the remote has this tag at another version (tags do not move)";
+                    return Err(self.rejected(what, reason.into()));
+                }
+                Some(old) => {
+                    let known = self.repo.store().contains(&old);
+                    if !known || !self.repo.is_ancestor(&old, &new)? {
+                        let reason = format!(
                             "fetch first: the remote has version {} there, which {}",
                             old.short(12),
                             if known { "is not an ancestor of yours" } else { "you do not have" }
-                        ),
-                    });
+                        );
+                        return Err(self.rejected(what, reason));
+                    }
+                    remote_known.push(old);
                 }
-                remote_known.push(old);
+                None => {}
             }
-            None => {}
+            let expect = tag.map_or(Expect::Absent, Expect::Tag);
+            moves.push(Move { kind, name, key, old, new, expect });
         }
-        let expect = match current {
-            Some(small) => Expect::Tag(small.tag),
-            None => Expect::Absent,
-        };
-        moves.push((kind, name, key, old, id, expect));
+        Ok((moves, remote_known))
     }
-    // A remote ref's version is taken as complete only if the remote still has its version
-    // object and manifests (a HEAD each): a remote that lost one (a failed copy, a
-    // lifecycle rule, a hand-made ref) would otherwise stay unreadable while every push
-    // says "up to date". An incomplete one is pushed again like a new version: its
-    // objects the remote lacks (found by listing) go up.
-    remote_known.sort();
-    remote_known.dedup();
-    let mut incomplete = Vec::new();
-    for id in &remote_known {
-        if !remote_has_version(repo, remote, id)? {
-            incomplete.push(*id);
-        }
-    }
-    remote_known.retain(|id| !incomplete.contains(id));
-    report.repaired = incomplete.iter().map(|id| id.to_hex()).collect();
 
-    // Journals of mirror pushes that were killed or are still running (one listing): those
-    // whose version this push moves a branch to are merged into its own; the others are
-    // finished if their branch holds their version.
-    let checked = Checked::default();
-    let mut own_journals: HashMap<VersionId, Vec<Recode>> = HashMap::new();
-    if layout == Layout::Mirror {
-        let own = |j: &Journal| j.branch.is_some() && moves.iter().any(|m| m.0 == RefKind::Branch && m.4 == j.version);
-        let ((objects, bytes), mine) = finish_journals(repo, remote, &own, options.transfers, &checked)?;
-        report.objects_sent += objects;
-        report.objects_recoded += objects;
-        report.bytes_sent += bytes;
+    /// Journals of mirror pushes that were killed or are still running (one listing): those
+    /// whose version this push moves a branch to are returned, to be merged into its own; the
+    /// others are finished if their branch holds their version.
+    fn finish_others_journals(&mut self, moves: &[Move]) -> Result<HashMap<VersionId, Vec<Recode>>> {
+        let own =
+            |j: &Journal| j.branch.is_some() && moves.iter().any(|m| m.kind == RefKind::Branch && m.new == j.version);
+        let (done, mine) = finish_journals(self.repo, self.remote, &own, self.options.transfers, &self.checked)?;
+        self.add_recodes(done);
+        let mut own_journals: HashMap<VersionId, Vec<Recode>> = HashMap::new();
         for journal in mine {
             own_journals.entry(journal.version).or_default().extend(journal.recodes);
         }
-    }
-    if moves.is_empty() && incomplete.is_empty() && !options.repair {
-        report.requests = remote.requests();
-        return Ok(report);
+        Ok(own_journals)
     }
 
-    // What the pushed versions need, less what the remote's refs already name (the remote
-    // holds all of that, each with its chain: refs move only after their objects). Not
-    // less the local chains of those blobs: after a compaction here, an old blob is a delta
-    // against a new one, which the remote does not have. A repair takes nothing for granted:
-    // everything the remote's refs need too, each object looked for in the listing.
-    let have: HashSet<ObjectId> =
-        if options.repair { HashSet::new() } else { repo.named(&remote_known)?.into_iter().map(|n| n.id).collect() };
-    let mut roots: Vec<VersionId> = moves.iter().map(|m| m.4).chain(incomplete.iter().copied()).collect();
-    if options.repair {
-        roots.extend(remote_known.iter().copied());
+    fn add_recodes(&mut self, (objects, bytes): (u64, u64)) {
+        self.report.objects_sent += objects;
+        self.report.objects_recoded += objects;
+        self.report.bytes_sent += bytes;
     }
-    let mut need = repo.reachable(&roots, &|id| have.contains(id))?;
-    // What the remote lists (for the recodes' plan), and of it what this push counts on being
-    // there: fresh objects, or objects a remote ref reaches (docs/format.md, "Garbage on a
-    // remote"). The others the push needs go up again.
-    let mut present: HashSet<ObjectId> = HashSet::new();
-    let mut trusted: HashSet<ObjectId> = HashSet::new();
-    let mut reached: HashSet<ObjectId> = HashSet::new();
-    // What the push's versions will name that no remote ref reaches: checked before the refs
-    // move if a gc ran meanwhile (`GcWatch::settle`).
-    let mut watch = None;
-    let mut relied: Vec<ObjectId> = Vec::new();
-    // Remote copies found damaged (`--repair`), replaced before anything else goes up.
-    let mut damaged: Vec<ObjectId> = Vec::new();
-    if !need.is_empty() {
-        watch = Some(GcWatch::begin(remote)?);
+
+    /// What the versions `roots` need, less what the remote's refs (`remote_known`) already
+    /// name (the remote holds all of that, each with its chain: refs move only after their
+    /// objects). Not less the local chains of those blobs: after a compaction here, an old blob
+    /// is a delta against a new one, which the remote does not have. A repair takes nothing for
+    /// granted: everything the remote's refs need too, each object looked for in the listing.
+    /// Of the rest, what the remote lists and the push may count on is not sent again.
+    fn plan_upload(&mut self, roots: &[VersionId], remote_known: &[VersionId]) -> Result<Upload> {
+        let (repo, remote, options) = (self.repo, self.remote, self.options);
+        let mut upload = Upload::default();
+        if !options.repair {
+            upload.have = repo.named(remote_known)?.into_iter().map(|n| n.id).collect();
+        }
+        let have = &upload.have;
+        upload.need = repo.reachable(roots, &|id| have.contains(id))?;
+        if upload.need.is_empty() {
+            return Ok(upload);
+        }
+        upload.watch = Some(GcWatch::begin(remote)?);
         // Objects a previous, interrupted push left there (one listing, not a request per
-        // object).
+        // object); the others the push needs go up again.
         let now = SystemTime::now();
         let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
         for listed in remote.list_modified("objects/")? {
             let Some(id) = remote::object_of_key(&listed.key) else { continue };
-            present.insert(id);
+            upload.present.insert(id);
             sizes.insert(id, listed.size);
             if is_fresh(listed.modified, now) {
-                trusted.insert(id);
+                upload.trusted.insert(id);
             }
         }
-        if need.iter().any(|n| present.contains(&n.id) && !trusted.contains(&n.id)) {
+        let mut reached = HashSet::new();
+        if upload.need.iter().any(|n| upload.present.contains(&n.id) && !upload.trusted.contains(&n.id)) {
             // Only what the listing shows: a reached object the remote lost goes up again.
             reached = remote_refs_reach(repo, remote, options.remote_name.as_deref())?;
-            reached.retain(|id| present.contains(id));
-            trusted.extend(reached.iter().copied());
+            reached.retain(|id| upload.present.contains(id));
+            upload.trusted.extend(reached.iter().copied());
         }
         if options.repair {
             let there: Vec<(ObjectId, ObjectKind, u64)> =
-                need.iter().filter_map(|n| sizes.get(&n.id).map(|size| (n.id, n.kind, *size))).collect();
-            let survey = find_damaged_there(repo, remote, &there, &checked, options.transfers)?;
-            report.remote_checked = survey.checked;
-            report.remote_bytes_checked = survey.bytes;
-            report.remote_unchecked = survey.unchecked.len() as u64;
-            damaged = survey.damaged;
+                upload.need.iter().filter_map(|n| sizes.get(&n.id).map(|size| (n.id, n.kind, *size))).collect();
+            let survey = find_damaged_there(repo, remote, &there, &self.checked, options.transfers)?;
+            self.report.remote_checked = survey.checked;
+            self.report.remote_bytes_checked = survey.bytes;
+            self.report.remote_unchecked = survey.unchecked.len() as u64;
+            upload.damaged = survey.damaged;
         }
-        relied = need.iter().map(|n| n.id).filter(|id| !reached.contains(id)).collect();
-        let before = need.len();
-        need.retain(|n| !trusted.contains(&n.id));
-        report.objects_present += (before - need.len()) as u64;
+        upload.relied = upload.need.iter().map(|n| n.id).filter(|id| !reached.contains(id)).collect();
+        let before = upload.need.len();
+        let trusted = &upload.trusted;
+        upload.need.retain(|n| !trusted.contains(&n.id));
+        self.report.objects_present += (before - upload.need.len()) as u64;
+        Ok(upload)
     }
-    check_pushable(repo, &need, &|id| have.contains(id) || trusted.contains(id), &url)?;
-    // New blobs go up as deltas against the parent version's blobs where the remote has
-    // them (wire_delta.rs).
-    let versions: Vec<VersionId> = need.iter().filter(|n| n.kind == ObjectKind::Version).map(|n| n.id).collect();
-    let need_blobs: HashSet<ObjectId> = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| n.id).collect();
-    let wire = match layout {
-        Layout::Deltas => {
-            repo.plan_wire_deltas(&versions, &need_blobs, &|id| have.contains(id) || trusted.contains(id))?
-        }
-        Layout::Mirror => HashMap::new(),
-    };
-    // Mirror: the recodes each moved branch will do, written down before anything goes up.
-    let mut journals: Vec<Journal> = Vec::new();
-    if layout == Layout::Mirror {
-        let mut protected: Option<HashSet<ObjectId>> = None;
-        for (kind, _, _, _, id, _) in &moves {
-            if *kind != RefKind::Branch || journals.iter().any(|j| j.version == *id) {
+
+    /// The recodes each moved branch will do in the mirror layout, each branch's in a journal
+    /// with those of its killed pushes (`own`): the older blobs among what the push counts on,
+    /// the newer ones absent from the whole listing (docs/format.md, "A mirror push", step 2),
+    /// none held by the tip of a branch the push does not move.
+    fn plan_journals(
+        &self,
+        moves: &[Move],
+        upload: &Upload,
+        mut own: HashMap<VersionId, Vec<Recode>>,
+    ) -> Result<Vec<Journal>> {
+        let mut journals: Vec<Journal> = Vec::new();
+        let mut protected: Option<Option<HashSet<ObjectId>>> = None;
+        for m in moves {
+            if m.kind != RefKind::Branch || journals.iter().any(|j| j.version == m.new) {
                 continue;
             }
             let mut planned = Vec::new();
-            if !present.is_empty() {
-                // The older blobs among what the push counts on, the newer ones absent from the
-                // whole listing (docs/format.md, "A mirror push", step 2).
-                planned = plan_recodes(repo, id, &trusted, &HashSet::new())?;
-                planned.retain(|r| !present.contains(&r.newer));
+            if !upload.present.is_empty() {
+                planned = plan_recodes(self.repo, &m.new, &upload.trusted)?;
+                planned.retain(|r| !upload.present.contains(&r.newer));
             }
             if !planned.is_empty() {
-                if protected.is_none() {
-                    let moving: Vec<String> = moves.iter().map(|m| m.2.clone()).collect();
-                    protected = Some(remote_tip_blobs(repo, remote, &moving)?);
+                let moving = |tip: &RemoteRef| moves.iter().any(|m| m.kind == RefKind::Branch && m.name == tip.name);
+                let objects = RemoteObjects::new(self.repo, self.remote);
+                // A tip that cannot be read: no recode could be shown to spare it, none is done.
+                match protected.get_or_insert_with(|| tip_blobs(&objects, &moving).ok()) {
+                    Some(protected) => planned.retain(|r| !protected.contains(&r.older)),
+                    None => planned.clear(),
                 }
-                let protected = protected.as_ref().expect("set above");
-                planned.retain(|r| !protected.contains(&r.older));
             }
-            let mut all = own_journals.remove(id).unwrap_or_default();
+            let mut all = own.remove(&m.new).unwrap_or_default();
             for r in planned {
                 if !all.contains(&r) {
                     all.push(r);
                 }
             }
             if !all.is_empty() {
-                let branch = moves.iter().find(|m| m.4 == *id).map(|m| m.1.clone());
-                journals.push(Journal { branch, version: *id, recodes: all, written: None });
+                let branch = moves.iter().find(|n| n.new == m.new).map(|n| n.name.clone());
+                journals.push(Journal { branch, version: m.new, recodes: all, written: None });
             }
         }
-    }
-    // Everything this push reads here to send, verified before anything goes up (one read of
-    // it, each object decoded about once): what it uploads, what its deltas are coded against
-    // and what its recodes replace remote blobs by. A damaged object refuses the push, so
-    // that bit rot here never spreads to the remote.
-    let mut to_verify: Vec<ObjectId> = need.iter().map(|n| n.id).chain(damaged.iter().copied()).collect();
-    to_verify.extend(wire.values().map(|w| w.reference));
-    for journal in &journals {
-        to_verify
-            .extend(journal.recodes.iter().flat_map(|r| [r.older, r.newer]).filter(|id| repo.store().contains(id)));
-    }
-    checked.verify_here(repo, remote, to_verify)?;
-    let mut recodes: HashMap<VersionId, (Journal, Instant)> = HashMap::new();
-    for journal in journals {
-        write_journal(repo, remote, &journal)?;
-        recodes.insert(journal.version, (journal, Instant::now()));
-    }
-    for id in &damaged {
-        report.bytes_sent += replace_there(repo, remote, id, &checked)?;
-        report.objects_sent += 1;
-        report.replaced_damaged.push(id.to_hex());
-    }
-    upload(repo, remote, &need, &wire, options.transfers, &checked, &mut report)?;
-    if let Some(watch) = watch {
-        watch.settle(repo, remote, &relied)?;
-    }
-    // A journal older than the grace period whose version no remote ref reaches is taken as
-    // abandoned by other pushers (layout.rs, `abandoned`): after a long upload, each is
-    // written again, so that the ref moves less than half the grace period after it was.
-    let refresh = Duration::from_secs(repo.config().gc_grace_seconds) / 2;
-    for (journal, written) in recodes.values_mut() {
-        if !refresh.is_zero() && written.elapsed() >= refresh {
-            write_journal(repo, remote, journal)?;
-            *written = Instant::now();
-        }
+        Ok(journals)
     }
 
-    for (kind, name, key, old, id, expect) in moves {
-        check_deadline(remote, &format!("{} {name}", kind.name()), started)?;
-        match put_ref(remote, &key, &id, &expect) {
-            Ok(()) => {
-                report.updated.push(RefUpdate { kind: kind.name(), name, old, new: id });
-                if let Some((journal, _)) = recodes.remove(&id) {
-                    let (objects, bytes) = recode(repo, remote, &journal.recodes, options.transfers, &checked)?;
-                    report.objects_sent += objects;
-                    report.objects_recoded += objects;
-                    report.bytes_sent += bytes;
-                    remote.delete(&journal_key(&id))?;
-                }
-            }
-            Err(remote::Error::Conflict { .. }) => {
-                // Its recodes are not done: the branch does not hold the version.
-                if recodes.remove(&id).is_some() {
-                    let _ = remote.delete(&journal_key(&id));
-                }
-                return Err(Error::Rejected {
-                    remote: url,
-                    what: format!("{} {name}", kind.name()),
-                    reason: "fetch first: it changed on the remote during this push".into(),
-                });
-            }
-            Err(e) => return Err(e.into()),
+    /// Verifies everything the push reads here to send (one read of it, each object decoded
+    /// about once): what it uploads, what its deltas are coded against and what its recodes
+    /// replace remote blobs by; a damaged object refuses the push, so that bit rot here never
+    /// spreads to the remote. Then writes the `journals`, replaces the damaged remote copies,
+    /// uploads, and settles with any gc that ran. Returns the journals by version, each with
+    /// when it was last written.
+    fn send(&mut self, upload: Upload, journals: Vec<Journal>) -> Result<HashMap<VersionId, (Journal, Instant)>> {
+        let (repo, remote) = (self.repo, self.remote);
+        let mut to_verify: Vec<ObjectId> =
+            upload.need.iter().map(|n| n.id).chain(upload.damaged.iter().copied()).collect();
+        to_verify.extend(upload.wire.values().map(|w| w.reference));
+        for journal in &journals {
+            let recoded = journal.recodes.iter().flat_map(|r| [r.older, r.newer]);
+            to_verify.extend(recoded.filter(|id| repo.store().contains(id)));
         }
+        self.checked.verify_here(repo, remote, to_verify)?;
+        let mut recodes: HashMap<VersionId, (Journal, Instant)> = HashMap::new();
+        for journal in journals {
+            write_journal(repo, remote, &journal)?;
+            recodes.insert(journal.version, (journal, Instant::now()));
+        }
+        for id in &upload.damaged {
+            self.report.bytes_sent += replace_there(repo, remote, id, &self.checked)?;
+            self.report.objects_sent += 1;
+            self.report.replaced_damaged.push(id.to_hex());
+        }
+        let checked = &self.checked;
+        let sent =
+            upload_needed(repo, remote, &upload.need, &upload.wire, &|_| Ok(false), self.options.transfers, checked)?;
+        self.report.objects_sent += sent.objects;
+        self.report.bytes_sent += sent.bytes;
+        self.report.objects_present += sent.existed;
+        self.report.objects_sent_as_deltas += sent.as_deltas;
+        if let Some(watch) = upload.watch {
+            watch.settle(repo, remote, &upload.relied)?;
+        }
+        // A journal older than the grace period whose version no remote ref reaches is taken as
+        // abandoned by other pushers (recode.rs, `abandoned`): after a long upload, each is
+        // written again, so that the ref moves less than half the grace period after it was.
+        let refresh = Duration::from_secs(repo.config().gc_grace_seconds) / 2;
+        for (journal, written) in recodes.values_mut() {
+            if !refresh.is_zero() && written.elapsed() >= refresh {
+                write_journal(repo, remote, journal)?;
+                *written = Instant::now();
+            }
+        }
+        Ok(recodes)
     }
-    report.requests = remote.requests();
-    Ok(report)
+
+    /// Moves each ref by compare-and-swap (within [`super::WRITE_DEADLINE`] of `started`), and
+    /// once a branch has moved, does the recodes of its journal.
+    fn move_refs(
+        &mut self,
+        moves: Vec<Move>,
+        mut recodes: HashMap<VersionId, (Journal, Instant)>,
+        started: Moment,
+    ) -> Result<()> {
+        let (repo, remote) = (self.repo, self.remote);
+        for m in moves {
+            check_deadline(remote, &m.what(), started)?;
+            match put_ref(remote, &m.key, &m.new, &m.expect) {
+                Ok(()) => {
+                    let update = RefUpdate { kind: m.kind.name(), name: m.name.clone(), old: m.old, new: m.new };
+                    self.report.updated.push(update);
+                    if let Some((journal, _)) = recodes.remove(&m.new) {
+                        self.add_recodes(recode(
+                            repo,
+                            remote,
+                            &journal.recodes,
+                            self.options.transfers,
+                            &self.checked,
+                        )?);
+                        remote.delete(&journal_key(&m.new))?;
+                    }
+                }
+                Err(remote::Error::Conflict { .. }) => {
+                    // Its recodes are not done: the branch does not hold the version.
+                    if recodes.remove(&m.new).is_some() {
+                        let _ = remote.delete(&journal_key(&m.new));
+                    }
+                    return Err(
+                        self.rejected(m.what(), "fetch first: it changed on the remote during this push".into())
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The objects the remote's refs reach as far as this store knows their versions: each ref
@@ -446,13 +556,7 @@ fn remote_refs_reach(repo: &Repo, remote: &dyn Remote, remote_name: Option<&str>
             }
         }
     }
-    for key in remote.list("refs/")? {
-        let Some(small) = remote.get_small(&key)? else { continue };
-        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
-        if repo.store().contains(&id) {
-            known.push(id);
-        }
-    }
+    known.extend(remote_refs(remote, None)?.into_iter().map(|r| r.id).filter(|id| repo.store().contains(id)));
     Ok(repo.named(&known)?.into_iter().map(|n| n.id).collect())
 }
 
@@ -462,8 +566,8 @@ fn remote_has_version(repo: &Repo, remote: &dyn Remote, id: &VersionId) -> Resul
     if !remote.exists(&remote::object_key(id))? {
         return Ok(false);
     }
-    let version = repo.version(id)?;
-    let mut manifests: Vec<ObjectId> = version.files.iter().map(|f| f.manifest).collect();
+    let edges = graph::edges(repo, Node::Version(*id))?;
+    let mut manifests: Vec<ObjectId> = edges.iter().filter(|n| matches!(n, Node::Manifest(_))).map(Node::id).collect();
     manifests.sort();
     manifests.dedup();
     for m in manifests {
@@ -472,99 +576,4 @@ fn remote_has_version(repo: &Repo, remote: &dyn Remote, id: &VersionId) -> Resul
         }
     }
     Ok(true)
-}
-
-/// Uploads `need`, a delta's reference before the delta (by levels: objects with no
-/// reference to upload first, then the deltas on them, ...), each level in parallel.
-fn upload(
-    repo: &Repo,
-    remote: &dyn Remote,
-    need: &[Needed],
-    wire: &HashMap<ObjectId, WireDelta>,
-    transfers: usize,
-    checked: &Checked,
-    report: &mut PushReport,
-) -> Result<()> {
-    let index: HashMap<ObjectId, &Needed> = need.iter().map(|n| (n.id, n)).collect();
-    let mut level: HashMap<ObjectId, usize> = HashMap::new();
-    for n in need {
-        // Follow the chain down to the first reference not being uploaded.
-        let mut chain = vec![n.id];
-        let mut base_level = 0;
-        while let Some(r) = index.get(chain.last().expect("non-empty")).and_then(|m| m.reference) {
-            if let Some(l) = level.get(&r) {
-                base_level = l + 1;
-                break;
-            }
-            if !index.contains_key(&r) || chain.len() > crate::store::MAX_CHAIN_DEPTH as usize + 1 {
-                break;
-            }
-            chain.push(r);
-        }
-        let deepest = chain.len() - 1;
-        for (i, id) in chain.iter().enumerate() {
-            level.entry(*id).or_insert(base_level + deepest - i);
-        }
-    }
-    // Manifests after every blob, versions after every manifest: a push killed part way never
-    // leaves a manifest whose blobs are not all there (a writer that finds a manifest takes
-    // its file as there), nor a version whose manifests are not.
-    let top_blob = need.iter().filter(|n| n.kind == ObjectKind::Blob).map(|n| level[&n.id]).max().unwrap_or(0);
-    let mut levels: BTreeMap<usize, Vec<ObjectId>> = BTreeMap::new();
-    for n in need {
-        let at = match n.kind {
-            ObjectKind::Manifest => top_blob + 1,
-            ObjectKind::Version => top_blob + 2,
-            _ => level[&n.id],
-        };
-        levels.entry(at).or_default().push(n.id);
-    }
-    let total: u64 = need.iter().map(|n| repo.store().stored_len(&n.id).unwrap_or(0)).sum();
-    repo.progress().start("push", total);
-    let done = AtomicU64::new(0);
-    let sent = AtomicU64::new(0);
-    let sent_bytes = AtomicU64::new(0);
-    let existed = AtomicU64::new(0);
-    let as_deltas = AtomicU64::new(0);
-    for ids in levels.values() {
-        parallel(ids, transfers, |id| {
-            if let Some(plan) = wire.get(id) {
-                if let Some((len, uploaded)) = upload_wire_delta(repo, remote, id, plan)? {
-                    match uploaded {
-                        Uploaded::Created | Uploaded::Replaced => {
-                            sent.fetch_add(1, Ordering::Relaxed);
-                            sent_bytes.fetch_add(len, Ordering::Relaxed);
-                            as_deltas.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Uploaded::Existed => {
-                            existed.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    let whole = repo.store().stored_len(id).unwrap_or(len);
-                    repo.progress().set(done.fetch_add(whole, Ordering::Relaxed) + whole);
-                    return Ok(());
-                }
-            }
-            let (len, uploaded) = repo.upload_object(remote, id)?;
-            match uploaded {
-                Uploaded::Created | Uploaded::Replaced => {
-                    // Verified bytes, written there by this push: a recode may code against them.
-                    checked.good_there(*id);
-                    sent.fetch_add(1, Ordering::Relaxed);
-                    sent_bytes.fetch_add(len, Ordering::Relaxed);
-                }
-                Uploaded::Existed => {
-                    existed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            repo.progress().set(done.fetch_add(len, Ordering::Relaxed) + len);
-            Ok(())
-        })?;
-    }
-    repo.progress().finish();
-    report.objects_sent += sent.into_inner();
-    report.bytes_sent += sent_bytes.into_inner();
-    report.objects_present += existed.into_inner();
-    report.objects_sent_as_deltas += as_deltas.into_inner();
-    Ok(())
 }

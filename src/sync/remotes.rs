@@ -1,13 +1,10 @@
-//! The remote list (`.ckpt/remotes`: NAME → URL and settings) and the remote's refs
-//! (`refs/heads/NAME`, `refs/tags/NAME` holding a version id), moved by compare-and-swap.
+//! The remote list (`.ckpt/remotes`: NAME → URL and settings, among them the remote's
+//! [`Layout`]). What a remote holds is read in `remote_view.rs`.
 
-use super::layout::Layout;
-use super::transfer::OBJECT_ATTEMPTS;
 use super::{Error, Result};
-use crate::object_id::ObjectId;
-use crate::remote::{self, Expect, Remote, S3Options};
+use crate::remote::{self, Remote, S3Options};
 use crate::repo::Error as RepoError;
-use crate::repo::{check_name, RefKind, Repo, VersionId};
+use crate::repo::{check_name, Repo, VersionId};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -31,6 +28,52 @@ pub struct RemoteConfig {
 
 fn is_default(o: &S3Options) -> bool {
     *o == S3Options::default()
+}
+
+/// How a remote stores versions (the `layout` key of a remote in `.ckpt/remotes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// The newest version of each branch whole, older ones reverse deltas against newer ones,
+    /// as the local store keeps them: a reader of the newest version downloads one checkpoint.
+    #[default]
+    Mirror,
+    /// Forward deltas as the epochs were pushed, nothing on the remote ever replaced: a push
+    /// uploads about what the epoch added.
+    Deltas,
+}
+
+impl Layout {
+    /// Its name in settings and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Mirror => "mirror",
+            Layout::Deltas => "deltas",
+        }
+    }
+
+    /// Whether this is the default ([`Layout::Mirror`]), which the remote list does not write.
+    pub fn is_default(&self) -> bool {
+        *self == Layout::default()
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Layout, String> {
+        match s {
+            "mirror" => Ok(Layout::Mirror),
+            "deltas" => Ok(Layout::Deltas),
+            other => Err(format!("unknown remote layout {other:?} (mirror or deltas)")),
+        }
+    }
 }
 
 /// `url` with a relative directory path (plain or `file://`) made absolute against `base`;
@@ -62,133 +105,6 @@ pub struct RefUpdate {
     pub old: Option<VersionId>,
     /// Where it is now.
     pub new: VersionId,
-}
-
-pub(super) fn ref_key(kind: RefKind, name: &str) -> String {
-    match kind {
-        RefKind::Branch => format!("refs/heads/{name}"),
-        RefKind::Tag => format!("refs/tags/{name}"),
-    }
-}
-
-pub(super) fn parse_ref(remote: &dyn Remote, key: &str, bytes: &[u8]) -> Result<VersionId> {
-    let bad = || Error::BadRemoteRef {
-        remote: remote.url().to_string(),
-        key: key.to_string(),
-        reason: "not a ref (expected 64 hex digits and a newline)".into(),
-    };
-    let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
-    let hex = text.strip_suffix('\n').ok_or_else(bad)?;
-    hex.parse::<ObjectId>().ok().filter(|id| id.to_hex() == hex).ok_or_else(bad)
-}
-
-/// The version the ref `key` of `remote` names; `None` if there is no such key (deleted since
-/// it was listed). A ref that cannot be read (on a directory remote: a directory, a link, a
-/// pipe) or does not hold a version id is an error naming it.
-pub(super) fn read_ref(remote: &dyn Remote, key: &str) -> Result<Option<VersionId>> {
-    match remote.get_small(key)? {
-        Some(small) => Ok(Some(parse_ref(remote, key, &small.bytes)?)),
-        None => Ok(None),
-    }
-}
-
-/// A branch or tag of a remote.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct RemoteRef {
-    /// Branch or tag.
-    pub(super) kind: RefKind,
-    /// Its name.
-    pub(super) name: String,
-    /// The version it names.
-    pub(super) id: VersionId,
-}
-
-/// What a key under `refs/` names: `refs/heads/NAME` or `refs/tags/NAME` with NAME a ref
-/// name ([`check_name`]), and whether the key goes on inside it (`refs/heads/NAME/x`). `None`:
-/// not ckpt's.
-fn ref_of_key(key: &str) -> Option<(RefKind, &str, bool)> {
-    let (kind, rest) = if let Some(n) = key.strip_prefix("refs/heads/") {
-        (RefKind::Branch, n)
-    } else {
-        (RefKind::Tag, key.strip_prefix("refs/tags/")?)
-    };
-    let (name, deeper) = match rest.split_once('/') {
-        Some((name, _)) => (name, true),
-        None => (rest, false),
-    };
-    check_name(name).ok().map(|()| (kind, name, deeper))
-}
-
-/// Refuses a ref of `remote` that is a directory: keys inside a ref's name (`refs/heads/main/x`)
-/// and no key of that name among `keys` (sorted; a directory remote lists an empty directory
-/// as a key, which its read then refuses). With `only_branch`, that branch alone is looked at.
-pub(super) fn refuse_ref_directories(remote: &dyn Remote, keys: &[String], only_branch: Option<&str>) -> Result<()> {
-    for key in keys {
-        let Some((kind, name, true)) = ref_of_key(key) else { continue };
-        if only_branch.is_some_and(|b| kind != RefKind::Branch || b != name) {
-            continue;
-        }
-        let ref_key = ref_key(kind, name);
-        if keys.binary_search(&ref_key).is_err() {
-            return Err(Error::BadRemoteRef {
-                remote: remote.url().to_string(),
-                key: ref_key,
-                reason: format!("not a ref: a directory (of {key})"),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The branches and tags of `remote` (with `only_branch`, that branch alone), sorted by key,
-/// each read with [`read_ref`]: what a fetch or a clone takes. A key under `refs/` that is not
-/// a branch or tag ([`ref_of_key`]) is not ckpt's and is left out; a ref that is a directory
-/// ([`refuse_ref_directories`]) or cannot be read is an error naming it, never a ref that is
-/// not there: a clone would be empty, a fetch would keep a stale remote-tracking ref.
-pub(super) fn remote_refs(remote: &dyn Remote, only_branch: Option<&str>) -> Result<Vec<RemoteRef>> {
-    let mut keys = remote.list("refs/")?;
-    keys.sort();
-    refuse_ref_directories(remote, &keys, only_branch)?;
-    let mut refs = Vec::new();
-    for key in &keys {
-        let Some((kind, name, false)) = ref_of_key(key) else { continue };
-        if only_branch.is_some_and(|b| kind != RefKind::Branch || b != name) {
-            continue;
-        }
-        if let Some(id) = read_ref(remote, key)? {
-            refs.push(RemoteRef { kind, name: name.to_string(), id });
-        }
-    }
-    Ok(refs)
-}
-
-/// Moves the remote ref `key` to `id` by compare-and-swap against `expect`. A failed put is
-/// ambiguous (a dropped connection or a timeout may come after the server moved the ref), so
-/// the ref is read back: if it holds `id`, the put took effect; if it is still as `expect`
-/// says, the put is tried again (up to [`OBJECT_ATTEMPTS`] times; the compare-and-swap keeps
-/// that safe); if it changed, that is [`remote::Error::Conflict`].
-pub(super) fn put_ref(remote: &dyn Remote, key: &str, id: &VersionId, expect: &Expect) -> remote::Result<()> {
-    let text = format!("{id}\n");
-    let mut attempt = 1;
-    loop {
-        let error = match remote.put_small(key, text.as_bytes(), expect) {
-            Ok(()) => return Ok(()),
-            Err(e @ (remote::Error::Backend { .. } | remote::Error::Conflict { .. })) => e,
-            Err(e) => return Err(e),
-        };
-        let Ok(current) = remote.get_small(key) else { return Err(error) };
-        let unchanged = match (expect, &current) {
-            (_, Some(small)) if small.bytes == text.as_bytes() => return Ok(()),
-            (Expect::Absent, None) => true,
-            (Expect::Tag(tag), Some(small)) => small.tag == *tag,
-            _ => false,
-        };
-        if !unchanged || !matches!(error, remote::Error::Backend { .. }) || attempt >= OBJECT_ATTEMPTS {
-            return Err(error);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100 << attempt));
-        attempt += 1;
-    }
 }
 
 /// The configured remotes, by name.
@@ -271,4 +187,20 @@ pub fn default_remote(repo: &Repo) -> Result<String> {
         return Ok("origin".into());
     }
     Ok(remotes.into_keys().next().expect("one remote"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_parse_print_and_serialize_by_name() {
+        for layout in [Layout::Mirror, Layout::Deltas] {
+            assert_eq!(layout.name().parse::<Layout>(), Ok(layout));
+            assert_eq!(serde_json::to_string(&layout).unwrap(), format!("\"{layout}\""));
+        }
+        assert!("forward".parse::<Layout>().is_err());
+        assert_eq!(Layout::default(), Layout::Mirror);
+        assert!(Layout::Mirror.is_default() && !Layout::Deltas.is_default());
+    }
 }

@@ -26,14 +26,19 @@
 //! same cache left unfinished ([`store_file_to_remote`]).
 
 use super::checked::Checked;
-use super::file_objects::OnRemote;
-use super::layout::{file_journal, journal_key, recode, write_journal, Layout, Recode, JOURNAL_PREFIX};
-use super::remote_gc::{check_deadline, fresh_on, is_fresh, GcWatch, Moment};
-use super::remotes::{parse_ref, put_ref, ref_key};
-use super::transfer::{parallel, receive, reopen};
+use super::file_objects::{fetch_blobs, fetch_file, push_files_paired, OnRemote};
+use super::freshness::{check_deadline, fresh_on, is_fresh, GcWatch, Moment};
+use super::recode::{allowed_recodes, file_journal, journal_key, recode, write_journal, Journal, JOURNAL_PREFIX};
+use super::remote_view::{
+    download_data, put_ref, ref_key, remote_branch_tip, tip_blobs, RemoteObjects, RemoteRef, RemoteTip,
+};
+use super::remotes::Layout;
+use super::transfer::parallel;
+use super::upload::{found_on, upload_needed, upload_object};
 use super::{Error, FileTransfer, Result};
 use crate::object_id::ObjectId;
-use crate::remote::{self, Expect, Remote, Uploaded};
+use crate::remote::{self, Expect, Remote};
+use crate::repo::graph::Objects;
 use crate::repo::Error as RepoError;
 use crate::repo::{
     check_name, CommitOptions, Counterpart, FileEntry, Manifest, Needed, RefKind, Repo, RepoPath, Version, VersionId,
@@ -42,80 +47,6 @@ use crate::repo::{
 use crate::store::ObjectKind;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Where a branch of a remote was when a save began: its version and the tag the save's
-/// compare-and-swap expects ([`remote::Small::tag`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RemoteTip {
-    /// The version the branch names (`None`: no such branch yet).
-    pub version: Option<VersionId>,
-    /// The ref's tag as read (`None`: the ref did not exist).
-    pub tag: Option<String>,
-    /// When it was read (`None`: not known, no deadline). [`commit_to_remote`] moves the
-    /// branch only within [`super::WRITE_DEADLINE`] of it (docs/format.md, "Garbage on a
-    /// remote").
-    pub read_at: Option<Moment>,
-}
-
-impl RemoteTip {
-    fn expect(&self) -> Expect {
-        match &self.tag {
-            Some(tag) => Expect::Tag(tag.clone()),
-            None => Expect::Absent,
-        }
-    }
-}
-
-/// Reads where `branch` is on `remote` (one request).
-pub fn remote_branch_tip(remote: &dyn Remote, branch: &str) -> Result<RemoteTip> {
-    check_name(branch)?;
-    let key = ref_key(RefKind::Branch, branch);
-    let read_at = Some(Moment::now());
-    match remote.get_small(&key)? {
-        Some(small) => {
-            Ok(RemoteTip { version: Some(parse_ref(remote, &key, &small.bytes)?), tag: Some(small.tag), read_at })
-        }
-        None => Ok(RemoteTip { version: None, tag: None, read_at }),
-    }
-}
-
-/// The version `rev` names on `remote`: `HEAD` (the branch `clone` checks out: `main`, else
-/// the first branch by name), a branch, a tag, or a full version id the remote holds.
-pub fn resolve_remote(remote: &dyn Remote, rev: &str) -> Result<VersionId> {
-    let unknown = |reason: String| Error::from(RepoError::UnknownRevision { rev: rev.to_string(), reason });
-    if rev == "HEAD" {
-        let mut branches: Vec<String> = remote
-            .list("refs/heads/")?
-            .iter()
-            .filter_map(|k| k.strip_prefix("refs/heads/"))
-            .filter(|b| check_name(b).is_ok())
-            .map(str::to_string)
-            .collect();
-        branches.sort();
-        let branch = match branches.iter().find(|b| *b == crate::repo::DEFAULT_BRANCH) {
-            Some(b) => b.clone(),
-            None => branches.into_iter().next().ok_or_else(|| unknown(format!("{} has no branch", remote.url())))?,
-        };
-        return resolve_remote(remote, &branch);
-    }
-    if rev.len() == 64 {
-        if let Ok(id) = rev.parse::<VersionId>() {
-            if remote.exists(&remote::object_key(&id))? {
-                return Ok(id);
-            }
-            return Err(unknown(format!("{} has no such version", remote.url())));
-        }
-    }
-    check_name(rev)?;
-    for kind in [RefKind::Branch, RefKind::Tag] {
-        let key = ref_key(kind, rev);
-        if let Some(small) = remote.get_small(&key)? {
-            return parse_ref(remote, &key, &small.bytes);
-        }
-    }
-    Err(unknown(format!("not a branch, tag or version of {}", remote.url())))
-}
 
 /// Version `id`, from `cache` or else downloaded from `remote` (verified against its id) into
 /// it.
@@ -123,8 +54,8 @@ pub fn fetch_version(cache: &Repo, remote: &dyn Remote, id: &VersionId) -> Resul
     if cache.store().contains(id) {
         return Ok(cache.version(id)?);
     }
-    let tmp = reopen(receive(cache, remote, id, &AtomicU64::new(0))?)?;
-    let version = Version::parse(*id, &cache.store().read_received(id, ObjectKind::Version, &tmp)?)?;
+    let (tmp, data) = download_data(cache, remote, id, ObjectKind::Version)?;
+    let version = Version::parse(*id, &data)?;
     // Imports happen under the writer lock (the download did not need it).
     let _lock = cache.lock()?;
     cache.import_version(id, &version, tmp)?;
@@ -140,15 +71,27 @@ pub fn fetch_stored_file(cache: &Repo, remote: &dyn Remote, id: &VersionId, path
         .file(path)
         .cloned()
         .ok_or_else(|| Error::from(RepoError::NotInVersion { path: path.to_string(), version: *id }))?;
-    cache.fetch_file(remote, &entry.manifest)?;
+    fetch_file(cache, remote, &entry.manifest)?;
     Ok(entry)
 }
 
 use crate::torch_zip::dcp::DISTCP_SUFFIX;
 
-/// Whether `v` is pinned: its blobs stay whole on a mirror remote (as in `layout.rs`).
-fn pinned(v: &Version) -> bool {
-    v.since_base == 0 && !v.parents.is_empty()
+/// One file a rank stores to a remote ([`store_file_to_remote`], [`upload_file_to_remote`]).
+#[derive(Clone, Copy, Debug)]
+pub struct FileUpload<'a> {
+    /// The file on disk.
+    pub disk: &'a Path,
+    /// Its path in the version.
+    pub path: &'a RepoPath,
+    /// The version the save follows (the new version's parent), if any.
+    pub previous: Option<&'a VersionId>,
+    /// A `.distcp` file's items as its writer reports them.
+    pub written: Option<&'a [crate::torch_zip::dcp::Item]>,
+    /// How the remote stores versions.
+    pub layout: Layout,
+    /// Transfers in flight at once.
+    pub transfers: usize,
 }
 
 /// Stores the file at `disk` as the content of `path` in `cache` (whole; a `.distcp` file cut
@@ -171,23 +114,10 @@ fn pinned(v: &Version) -> bool {
 ///   names.
 ///
 /// Returns the file's entry, what moved, and what the remote stores anew for it.
-#[allow(clippy::too_many_arguments)]
-pub fn store_file_to_remote(
-    cache: &Repo,
-    remote: &dyn Remote,
-    disk: &Path,
-    path: &RepoPath,
-    previous: Option<&VersionId>,
-    written: Option<&[crate::torch_zip::dcp::Item]>,
-    layout: Layout,
-    transfers: usize,
-) -> Result<RemoteFile> {
-    let mut file = upload_file_to_remote(cache, remote, disk, path, previous, written, layout, transfers)?;
+pub fn store_file_to_remote(cache: &Repo, remote: &dyn Remote, upload: &FileUpload) -> Result<RemoteFile> {
+    let mut file = upload_file_to_remote(cache, remote, upload)?;
     if let Some(recodes) = file.recodes.take() {
-        let (objects, bytes) = finish_recodes(cache, remote, vec![recodes], transfers)?;
-        file.transfer.objects += objects;
-        file.transfer.objects_recoded += objects;
-        file.transfer.bytes += bytes;
+        file.transfer.add_recodes(finish_recodes(cache, remote, vec![recodes], upload.transfers)?);
         file.transfer.requests = remote.requests();
     }
     Ok(file)
@@ -200,24 +130,15 @@ pub fn store_file_to_remote(
 /// training job goes on. Left undone (the process ended first), their journal stays on the
 /// remote, noted in `cache`, and the rank's next save through `cache` deletes it: the previous
 /// version's blobs then stay whole, which costs space, never data.
-#[allow(clippy::too_many_arguments)]
-pub fn upload_file_to_remote(
-    cache: &Repo,
-    remote: &dyn Remote,
-    disk: &Path,
-    path: &RepoPath,
-    previous: Option<&VersionId>,
-    written: Option<&[crate::torch_zip::dcp::Item]>,
-    layout: Layout,
-    transfers: usize,
-) -> Result<RemoteFile> {
+pub fn upload_file_to_remote(cache: &Repo, remote: &dyn Remote, upload: &FileUpload) -> Result<RemoteFile> {
+    let FileUpload { disk, path, previous, written, layout, .. } = *upload;
     let version = previous.map(|p| fetch_version(cache, remote, p)).transpose()?;
     let distcp = path.as_str().ends_with(DISTCP_SUFFIX);
     // Another file (`.metadata`): the same path's previous file, downloaded whole (small).
     let mut earlier = None;
     if let (Some(v), false) = (&version, distcp) {
         if let Some(f) = v.file(path.as_str()) {
-            cache.fetch_file(remote, &f.manifest)?;
+            fetch_file(cache, remote, &f.manifest)?;
             earlier = Some(f.manifest);
         }
     }
@@ -231,12 +152,12 @@ pub fn upload_file_to_remote(
     };
     // A pinned previous version keeps its blobs whole on a mirror remote: only its unchanged
     // blobs are paired (as known to be there), none is recoded.
-    if layout == Layout::Mirror && version.as_ref().is_some_and(pinned) {
+    if layout == Layout::Mirror && version.as_ref().is_some_and(Version::is_pinned) {
         pairs.retain(|p| p.new == p.old);
     }
     if distcp {
         // Only the blobs a delta may be coded against (not the unchanged ones).
-        cache.fetch_blobs(remote, pairs.iter().filter(|p| p.new != p.old).map(|p| p.old).collect())?;
+        fetch_blobs(cache, remote, pairs.iter().filter(|p| p.new != p.old).map(|p| p.old).collect())?;
     }
     // What the remote holds of the previous version, without listing the remote (whose
     // history a long job makes millions of objects): its files' manifests and the blobs
@@ -248,7 +169,8 @@ pub fn upload_file_to_remote(
     let (transfer, stored_bytes, recodes) = match layout {
         Layout::Deltas => {
             let on_remote = OnRemote::Known(known);
-            let t = cache.push_files_paired(
+            let t = push_files_paired(
+                cache,
                 remote,
                 &[entry.manifest],
                 &HashMap::new(),
@@ -259,9 +181,7 @@ pub fn upload_file_to_remote(
             let stored = t.bytes;
             (t, stored, None)
         }
-        Layout::Mirror => {
-            push_whole_then_recode(cache, remote, &entry.manifest, &manifest, &pairs, &known, previous, transfers)?
-        }
+        Layout::Mirror => push_whole_then_recode(cache, remote, upload, (&entry.manifest, &manifest), &pairs, &known)?,
     };
     Ok(RemoteFile { entry, transfer, stored_bytes, recodes })
 }
@@ -296,7 +216,7 @@ pub fn finish_recodes(
 /// the remote and noted in the rank's cache.
 #[derive(Debug)]
 pub struct PendingRecodes {
-    journal: super::layout::Journal,
+    journal: Journal,
     /// When the upload looked for the new blobs (before uploading them).
     planned: Moment,
     /// What the upload verified here and wrote there (the recodes' newer blobs, so that they
@@ -345,9 +265,10 @@ fn reference_pairs(
     manifest: &Manifest,
     version: &Version,
 ) -> Result<Vec<Counterpart>> {
+    let objects = RemoteObjects::new(cache, remote);
     let mut manifests = HashMap::new();
     if let Some(f) = version.file(path) {
-        let same = fetch_manifest(cache, remote, &f.manifest)?;
+        let same = objects.manifest(&f.manifest)?;
         let complete = manifest.pairs_every_tensor_with(&same);
         manifests.insert(f.manifest, same);
         if complete {
@@ -356,59 +277,26 @@ fn reference_pairs(
     }
     for f in version.files.iter().filter(|f| f.path.ends_with(DISTCP_SUFFIX)) {
         if let std::collections::hash_map::Entry::Vacant(e) = manifests.entry(f.manifest) {
-            e.insert(fetch_manifest(cache, remote, &f.manifest)?);
+            e.insert(objects.manifest(&f.manifest)?);
         }
     }
     Ok(cache.distcp_counterparts_in(path, manifest, version, manifests))
 }
 
-/// Manifest `id` downloaded from `remote` (from `cache` if it holds it), verified against its
-/// id, not stored.
-fn fetch_manifest(cache: &Repo, remote: &dyn Remote, id: &ObjectId) -> Result<Manifest> {
-    if cache.store().contains(id) {
-        return Ok(cache.manifest(id)?);
-    }
-    let tmp = reopen(receive(cache, remote, id, &AtomicU64::new(0))?)?;
-    Ok(Manifest::parse(*id, &cache.store().read_received(id, ObjectKind::Manifest, &tmp)?)?)
-}
-
-/// The blobs of the remote's branch tips other than `previous` (the version this save follows:
-/// its own branch's tip): a recode leaves them whole, as a push's recodes leave the tips of the
-/// branches it does not move ([`super::layout::remote_tip_blobs`]), so that a clone of another
-/// branch still finds its newest version whole. Each other tip's version and manifests are
-/// downloaded (verified; the manifests in memory); a ref that does not parse names nothing.
-/// An error: some other tip could not be read.
-fn other_tips_blobs(cache: &Repo, remote: &dyn Remote, previous: Option<&VersionId>) -> Result<HashSet<ObjectId>> {
-    let mut blobs = HashSet::new();
-    for key in remote.list("refs/heads/")? {
-        let Some(small) = remote.get_small(&key)? else { continue };
-        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
-        if Some(&id) == previous {
-            continue;
-        }
-        for f in &fetch_version(cache, remote, &id)?.files {
-            blobs.extend(fetch_manifest(cache, remote, &f.manifest)?.blobs());
-        }
-    }
-    Ok(blobs)
-}
-
-/// The mirror layout's upload of one file ([`upload_file_to_remote`]), with `present` what the
-/// remote is known to hold (the previous version's manifests and the blobs paired with this
-/// file's; the remote is not listed): the recodes planned (an older blob paired with a new one
-/// the remote lacks) and written down in a journal; then the upload of what is not known
-/// there, create-if-absent ([`Repo::found_on`] for large objects). Returns what moved, the
-/// bytes of the objects the upload created, and the recodes left to do ([`finish_recodes`]).
-#[allow(clippy::too_many_arguments)]
+/// The mirror layout's upload of one file ([`upload_file_to_remote`]), stored here as
+/// `manifest` (its id and content), with `present` what the remote is known to hold (the
+/// previous version's manifests and the blobs paired with this file's; the remote is not
+/// listed): the recodes planned (an older blob paired with a new one the remote lacks) and
+/// written down in a journal; then the upload of what is not known there, create-if-absent
+/// ([`found_on`] for large objects). Returns what moved, the bytes of the objects the upload
+/// created, and the recodes left to do ([`finish_recodes`]).
 fn push_whole_then_recode(
     cache: &Repo,
     remote: &dyn Remote,
-    manifest: &ObjectId,
-    new_m: &Manifest,
+    upload: &FileUpload,
+    (manifest, new_m): (&ObjectId, &Manifest),
     pairs: &[Counterpart],
     present: &HashSet<ObjectId>,
-    previous: Option<&VersionId>,
-    transfers: usize,
 ) -> Result<(FileTransfer, u64, Option<PendingRecodes>)> {
     let mut report = FileTransfer { remote: remote.url().to_string(), files: 1, ..Default::default() };
     forget_journals_of_failed_saves(cache, remote)?;
@@ -438,46 +326,19 @@ fn push_whole_then_recode(
         .filter(|p| p.new != p.old && !present.contains(&p.new) && cache.store().contains(&p.new))
         .map(|p| p.new)
         .collect();
+    let (found, found_fresh) = look_for(remote, &looked_for, upload.transfers)?;
     // One found there but not fresh (docs/format.md, "Garbage on a remote") is not recoded
-    // against either, but goes up again (`Repo::keep_found`).
-    let candidates: Vec<ObjectId> = looked_for.iter().copied().collect();
-    let found = std::sync::Mutex::new(HashSet::new());
-    let found_fresh = std::sync::Mutex::new(HashSet::new());
-    let now = std::time::SystemTime::now();
-    parallel(&candidates, transfers * LOOKUPS_PER_TRANSFER, |id| {
-        if let Some(modified) = remote.modified(&remote::object_key(id))? {
-            found.lock().unwrap_or_else(|e| e.into_inner()).insert(*id);
-            if is_fresh(modified, now) {
-                found_fresh.lock().unwrap_or_else(|e| e.into_inner()).insert(*id);
-            }
-        }
-        Ok(())
-    })?;
-    let found = found.into_inner().unwrap_or_else(|e| e.into_inner());
-    let found_fresh = found_fresh.into_inner().unwrap_or_else(|e| e.into_inner());
-    let uploaded = |id: &ObjectId| present.contains(id) || found_fresh.contains(id);
-    let present = |id: &ObjectId| present.contains(id) || found.contains(id);
-    let need: Vec<Needed> = objects.into_iter().filter(|n| !uploaded(&n.id)).collect();
-    let mut recodes = Vec::new();
+    // against either, but goes up again (`keep_found`).
+    let need: Vec<Needed> =
+        objects.into_iter().filter(|n| !present.contains(&n.id) && !found_fresh.contains(&n.id)).collect();
     // A blob the new file holds stays whole.
-    let keep: HashSet<ObjectId> = new_m.blobs().collect();
-    let mut seen = HashSet::new();
-    for pair in pairs {
-        let (newer, older) = (pair.new, pair.old);
-        if newer == older
-            || !present(&older)
-            || present(&newer)
-            || keep.contains(&older)
-            || !cache.store().contains(&older)
-            || !cache.store().contains(&newer)
-            || !seen.insert(older)
-        {
-            continue;
-        }
-        recodes.push(Recode { older, newer });
-    }
+    let there = |id: &ObjectId| present.contains(id) || found.contains(id);
+    let mut recodes = allowed_recodes(cache, pairs, &there, &new_m.blobs().collect());
     if !recodes.is_empty() {
-        match other_tips_blobs(cache, remote, previous) {
+        // The other branches' tips stay whole, as a push leaves the tips of the branches it
+        // does not move; the tip this save follows is `previous`.
+        let followed = |tip: &RemoteRef| Some(&tip.id) == upload.previous;
+        match tip_blobs(&RemoteObjects::new(cache, remote), &followed) {
             Ok(protected) => recodes.retain(|r| !protected.contains(&r.older)),
             // Another tip that cannot be read (a damaged or partial remote): no recode could
             // be shown to spare it, so none is done; the save itself does not need them.
@@ -498,40 +359,39 @@ fn push_whole_then_recode(
         note_journal(cache, &journal_key(&journal.version))?;
         write_journal(cache, remote, journal)?;
     }
-    // Objects that reference nothing being uploaded go first, in parallel; then the rest in
-    // `file_objects` order (bases before deltas, the manifest last).
-    let needed: HashSet<ObjectId> = need.iter().map(|n| n.id).collect();
-    let (first, rest): (Vec<&Needed>, Vec<&Needed>) =
-        need.iter().partition(|n| n.kind == ObjectKind::Blob && n.reference.is_none_or(|r| !needed.contains(&r)));
-    let first: Vec<ObjectId> = first.iter().map(|n| n.id).collect();
-    let (objects, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
-    let count = |id: &ObjectId, (len, uploaded): (u64, Uploaded)| {
-        if uploaded != Uploaded::Existed {
-            // Verified bytes, written there now: a recode may code against them.
-            checked.good_there(*id);
-            objects.fetch_add(1, Ordering::Relaxed);
-            bytes.fetch_add(len, Ordering::Relaxed);
-        }
-    };
-    // A large object a retried save left there is found with one request, not sent again
-    // (the recodes' counterparts were looked for above).
-    let upload = |id: &ObjectId| -> Result<()> {
-        if looked_for.contains(id) || !cache.found_on(remote, id)? {
-            // (Found there but not fresh: `upload_object` finds it and writes it again.)
-            count(id, cache.upload_object(remote, id)?);
+    // A large object a retried save left there is found with one request and not sent again
+    // (those `looked_for` were looked for already; found there but not fresh, `upload_object`
+    // writes it again).
+    let left_there = |id: &ObjectId| Ok(!looked_for.contains(id) && found_on(cache, remote, id)?);
+    let no_deltas = HashMap::new();
+    let sent = upload_needed(cache, remote, &need, &no_deltas, &left_there, upload.transfers, &checked)?;
+    watch.settle(cache, remote, &relied)?;
+    report.objects += sent.objects;
+    report.bytes += sent.bytes;
+    report.requests = remote.requests();
+    Ok((report, sent.bytes, journal.map(|journal| PendingRecodes { journal, planned, checked })))
+}
+
+/// Which of `ids` are on `remote`, and which of those are fresh: a `HEAD` each, in parallel.
+fn look_for(
+    remote: &dyn Remote,
+    ids: &HashSet<ObjectId>,
+    transfers: usize,
+) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
+    let ids: Vec<ObjectId> = ids.iter().copied().collect();
+    let found = std::sync::Mutex::new((HashSet::new(), HashSet::new()));
+    let now = std::time::SystemTime::now();
+    parallel(&ids, transfers * LOOKUPS_PER_TRANSFER, |id| {
+        if let Some(modified) = remote.modified(&remote::object_key(id))? {
+            let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+            found.0.insert(*id);
+            if is_fresh(modified, now) {
+                found.1.insert(*id);
+            }
         }
         Ok(())
-    };
-    parallel(&first, transfers, upload)?;
-    for n in rest {
-        upload(&n.id)?;
-    }
-    watch.settle(cache, remote, &relied)?;
-    report.objects += objects.into_inner();
-    let created = bytes.into_inner();
-    report.bytes += created;
-    report.requests = remote.requests();
-    Ok((report, created, journal.map(|journal| PendingRecodes { journal, planned, checked })))
+    })?;
+    Ok(found.into_inner().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Existence checks (one small request each) a mirror save keeps in flight per upload it
@@ -583,6 +443,25 @@ fn remove_journals_note(cache: &Repo) -> Result<()> {
     }
 }
 
+/// One version the ranks of a save stored the files of ([`commit_to_remote`]).
+#[derive(Clone, Debug)]
+pub struct RemoteCommit<'a> {
+    /// The branch it goes on.
+    pub branch: &'a str,
+    /// Where the branch was when the save began ([`remote_branch_tip`]).
+    pub tip: &'a RemoteTip,
+    /// Its files ([`RemoteFile::entry`]).
+    pub files: Vec<FileEntry>,
+    /// What the ranks' uploads created ([`RemoteFile::stored_bytes`], added up).
+    pub stored_bytes: u64,
+    /// Its message.
+    pub message: &'a str,
+    /// Tags to create on it.
+    pub tags: &'a [String],
+    /// Its time, if given.
+    pub options: &'a CommitOptions,
+}
+
 /// Writes one version listing `files` (uploaded by [`store_file_to_remote`]) on top of
 /// `tip.version` to `remote` and moves `branch` there by compare-and-swap against `tip` (as
 /// read by [`remote_branch_tip`] when the save began), then creates `tags` on it. If the
@@ -592,18 +471,8 @@ fn remove_journals_note(cache: &Repo) -> Result<()> {
 /// `cache` holds the version object before it goes up (and the parent's, downloaded). The
 /// version's `stored_bytes` is `stored_bytes`, what the ranks' uploads created
 /// ([`RemoteFile::stored_bytes`], added up).
-#[allow(clippy::too_many_arguments)]
-pub fn commit_to_remote(
-    cache: &Repo,
-    remote: &dyn Remote,
-    branch: &str,
-    tip: &RemoteTip,
-    files: Vec<FileEntry>,
-    stored_bytes: u64,
-    message: &str,
-    tags: &[String],
-    options: &CommitOptions,
-) -> Result<VersionId> {
+pub fn commit_to_remote(cache: &Repo, remote: &dyn Remote, commit: RemoteCommit) -> Result<VersionId> {
+    let RemoteCommit { branch, tip, files, stored_bytes, message, tags, options } = commit;
     check_name(branch)?;
     let url = remote.url().to_string();
     let mut seen_tags = HashSet::new();
@@ -666,7 +535,7 @@ pub fn commit_to_remote(
     let id = cache.record_version(&version)?;
     let watch = GcWatch::begin(remote)?;
     Checked::default().verify_here(cache, remote, [id])?;
-    cache.upload_object(remote, &id)?;
+    upload_object(cache, remote, &id)?;
     watch.settle(cache, remote, &[id])?;
     let key = ref_key(RefKind::Branch, branch);
     if let Some(read_at) = tip.read_at {

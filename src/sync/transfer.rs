@@ -1,11 +1,10 @@
-//! Moving single objects: downloads into a temp file (the store's, or a fetch's staging
-//! directory), uploads of an object as stored or as a wire delta, retries, and the thread pool
-//! the transfers run on.
+//! Moving single objects down: downloads into a temp file (the store's, or a fetch's staging
+//! directory), bounded by the object's header; retries, and the thread pool the transfers run
+//! on.
 
-use super::wire_delta::WireDelta;
 use super::{Error, Result};
 use crate::object_id::ObjectId;
-use crate::remote::{self, Remote, UploadMode, Uploaded};
+use crate::remote::{self, Remote};
 use crate::repo::Repo;
 use crate::store::{ObjectHeader, HEADER_LEN};
 use std::path::Path;
@@ -135,16 +134,6 @@ pub(super) fn receive(
     with_retries(|| download_to(repo, remote, id, received, repo.store().receive_file()?))
 }
 
-/// Downloads one object into `stage`, reopened for reading.
-pub(super) fn receive_staged(
-    repo: &Repo,
-    remote: &dyn Remote,
-    id: &ObjectId,
-    stage: &Staging,
-) -> Result<tempfile::NamedTempFile> {
-    reopen(receive_into(repo, remote, id, &AtomicU64::new(0), stage.dir.path())?)
-}
-
 /// Downloads one object into `tmp`, adds its size to `received` (and the progress), and
 /// keeps only the file's name: a fetch may hold thousands of received objects at once.
 fn download_to(
@@ -272,52 +261,6 @@ pub(super) fn receive_into(
         })?;
         download_to(repo, remote, id, received, tmp)
     })
-}
-
-/// Codes blob `id` as planned and uploads it (create-only, with retries): its length on the
-/// wire and whether it was created; `None` when the delta would not be smaller (the caller
-/// then uploads the object as it is).
-pub(super) fn upload_wire_delta(
-    repo: &Repo,
-    remote: &dyn Remote,
-    id: &ObjectId,
-    plan: &WireDelta,
-) -> Result<Option<(u64, Uploaded)>> {
-    let Some((tmp, len)) = encode_wire_delta(repo, id, plan)? else { return Ok(None) };
-    let uploaded = with_retries(|| {
-        Ok(remote.upload(&remote::object_key(id), tmp.as_file(), tmp.path(), len, UploadMode::CreateOnly)?)
-    })?;
-    if uploaded == Uploaded::Existed {
-        // Found there: counted on only if fresh, else written again (standalone).
-        let sent = repo.keep_found(remote, id)?;
-        if sent > 0 {
-            return Ok(Some((sent, Uploaded::Replaced)));
-        }
-    }
-    Ok(Some((len, uploaded)))
-}
-
-/// Codes blob `id` as planned (a delta against a blob the remote holds) into a temp file;
-/// `None` when that would not be smaller than its object here (it then goes up as it is).
-pub(super) fn encode_wire_delta(
-    repo: &Repo,
-    id: &ObjectId,
-    plan: &WireDelta,
-) -> Result<Option<(tempfile::NamedTempFile, u64)>> {
-    let target = repo.store().open_blob(id)?;
-    let reference = repo.store().open_blob(&plan.reference)?;
-    let limit = target.stored_len();
-    match repo.store().encode_delta_for_transfer(&target, &reference, plan.depth, limit, &repo.config().codec_options())
-    {
-        Ok(done) => Ok(done),
-        // A pair the coder refuses (another chunk size since a config change): sent whole.
-        Err(crate::store::Error::Encode { source: crate::codec::Error::InvalidInput(reason), .. })
-            if !reason.starts_with("writing") =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Deltas on the wire (the deltas layout, `layout.rs`): which blobs a push sends as XOR deltas
+//! Deltas on the wire (the deltas layout, [`super::Layout::Deltas`]): which blobs a push sends as XOR deltas
 //! against blobs the remote already holds, and how deep the remote's chains may grow
 //! (docs/format.md, "Remotes").
 //!
@@ -28,95 +28,92 @@ pub(super) struct WireDelta {
     pub depth: u32,
 }
 
-impl Repo {
-    /// Plans the blobs of the versions in `need` (what a push sends) that go up as deltas: a
-    /// blob the remote lacks, stored whole here, whose tensor (same path or reference file,
-    /// name, dtype and shape, as commit matches them; bundles by their first tensor) the
-    /// version's first parent holds in another blob that the remote has (`on_remote`) and that
-    /// entered history inside the version's interval (`wire_interval`).
-    pub(super) fn plan_wire_deltas(
-        &self,
-        versions: &[VersionId],
-        need_blobs: &HashSet<ObjectId>,
-        on_remote: &dyn Fn(&ObjectId) -> bool,
-    ) -> Result<HashMap<ObjectId, WireDelta>> {
-        let mut plan = HashMap::new();
-        // Blobs held before each interval began (by the id of the version before its start).
-        let mut before_interval: HashMap<Option<VersionId>, HashSet<ObjectId>> = HashMap::new();
-        for id in versions {
-            let v = self.version(id)?;
-            let Some(parent_id) = v.parents.first() else { continue };
-            if !on_remote(parent_id) {
-                continue;
-            }
-            // `depth` 0: the version starts an interval and goes up whole.
-            let Some((depth, before)) = self.wire_interval(&v) else { continue };
-            if depth == 0 {
-                continue;
-            }
-            let older = match before_interval.entry(before) {
-                Entry::Occupied(known) => known.into_mut(),
-                Entry::Vacant(slot) => {
-                    let mut blobs = HashSet::new();
-                    if let Some(b) = before {
-                        for f in &self.version(&b)?.files {
-                            blobs.extend(self.manifest(&f.manifest)?.blobs());
-                        }
+/// Plans the blobs of the versions in `need` (what a push sends) that go up as deltas: a
+/// blob the remote lacks, stored whole here, whose tensor (same path or reference file,
+/// name, dtype and shape, as commit matches them; bundles by their first tensor) the
+/// version's first parent holds in another blob that the remote has (`on_remote`) and that
+/// entered history inside the version's interval (`wire_interval`).
+pub(super) fn plan_wire_deltas(
+    repo: &Repo,
+    versions: &[VersionId],
+    need_blobs: &HashSet<ObjectId>,
+    on_remote: &dyn Fn(&ObjectId) -> bool,
+) -> Result<HashMap<ObjectId, WireDelta>> {
+    let mut plan = HashMap::new();
+    // Blobs held before each interval began (by the id of the version before its start).
+    let mut before_interval: HashMap<Option<VersionId>, HashSet<ObjectId>> = HashMap::new();
+    for id in versions {
+        let v = repo.version(id)?;
+        let Some(parent_id) = v.parents.first() else { continue };
+        if !on_remote(parent_id) {
+            continue;
+        }
+        // `depth` 0: the version starts an interval and goes up whole.
+        let Some((depth, before)) = wire_interval(repo, &v) else { continue };
+        if depth == 0 {
+            continue;
+        }
+        let older = match before_interval.entry(before) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(slot) => {
+                let mut blobs = HashSet::new();
+                if let Some(b) = before {
+                    for f in &repo.version(&b)?.files {
+                        blobs.extend(repo.manifest(&f.manifest)?.blobs());
                     }
-                    slot.insert(blobs)
                 }
-            };
-            let parent = self.version(parent_id)?;
-            // The files `v` changed, paired as the commit and the reverse-delta rewrite pair them.
-            let mut changed = Vec::new();
-            for f in v.files.iter().filter(|f| parent.file(&f.path).is_none_or(|p| p.manifest != f.manifest)) {
-                changed.push((f.path.as_str(), self.manifest(&f.manifest)?));
+                slot.insert(blobs)
             }
-            for pair in self.counterparts(changed.iter().map(|(path, m)| (*path, m)), &parent) {
-                let (new, old) = (pair.new, pair.old);
-                if new == old
-                    || plan.contains_key(&new)
-                    || !need_blobs.contains(&new)
-                    || !on_remote(&old)
-                    || older.contains(&old)
-                {
-                    continue;
-                }
-                // Only blobs stored whole here: one sent as it is needs no chain then, if the
-                // delta does not pay.
-                if self.store().header(&new)?.reference.is_some() || self.store().header(&old)?.kind != ObjectKind::Blob
-                {
-                    continue;
-                }
-                plan.insert(new, WireDelta { reference: old, depth });
-            }
+        };
+        let parent = repo.version(parent_id)?;
+        // The files `v` changed, paired as the commit and the reverse-delta rewrite pair them.
+        let mut changed = Vec::new();
+        for f in v.files.iter().filter(|f| parent.file(&f.path).is_none_or(|p| p.manifest != f.manifest)) {
+            changed.push((f.path.as_str(), repo.manifest(&f.manifest)?));
         }
-        Ok(plan)
+        for pair in repo.counterparts(changed.iter().map(|(path, m)| (*path, m)), &parent) {
+            let (new, old) = (pair.new, pair.old);
+            if new == old
+                || plan.contains_key(&new)
+                || !need_blobs.contains(&new)
+                || !on_remote(&old)
+                || older.contains(&old)
+            {
+                continue;
+            }
+            // Only blobs stored whole here: one sent as it is needs no chain then, if the
+            // delta does not pay.
+            if repo.store().header(&new)?.reference.is_some() || repo.store().header(&old)?.kind != ObjectKind::Blob {
+                continue;
+            }
+            plan.insert(new, WireDelta { reference: old, depth });
+        }
     }
+    Ok(plan)
+}
 
-    /// Where `v` lies in its interval on the wire: the number of first parents between it
-    /// and the interval's first version, and that first version's parent (`None`: the
-    /// interval starts at the root). An interval starts right after a pinned version (one
-    /// with `since_base == 0` and a parent, which the local store keeps whole), or at the
-    /// root; so the remote pays a whole version exactly where the local store does (the
-    /// version after a pin adds a whole copy there, the pin itself only a delta). `None` if
-    /// no start is found within `base_every` steps (a history not written with this
-    /// setting) or a version on the way cannot be read (a partial clone's cut): no deltas.
-    fn wire_interval(&self, v: &Version) -> Option<(u32, Option<VersionId>)> {
-        let limit = self.config().base_every.max(1);
-        let mut current = v.clone();
-        let mut steps = 0;
-        loop {
-            let Some(p) = current.parents.first().copied() else { return Some((steps, None)) };
-            let parent = self.version(&p).ok()?;
-            if parent.since_base == 0 && !parent.parents.is_empty() {
-                return Some((steps, Some(p)));
-            }
-            steps += 1;
-            if steps > limit {
-                return None;
-            }
-            current = parent;
+/// Where `v` lies in its interval on the wire: the number of first parents between it
+/// and the interval's first version, and that first version's parent (`None`: the
+/// interval starts at the root). An interval starts right after a pinned version (one
+/// with `since_base == 0` and a parent, which the local store keeps whole), or at the
+/// root; so the remote pays a whole version exactly where the local store does (the
+/// version after a pin adds a whole copy there, the pin itself only a delta). `None` if
+/// no start is found within `base_every` steps (a history not written with this
+/// setting) or a version on the way cannot be read (a partial clone's cut): no deltas.
+fn wire_interval(repo: &Repo, v: &Version) -> Option<(u32, Option<VersionId>)> {
+    let limit = repo.config().base_every.max(1);
+    let mut current = v.clone();
+    let mut steps = 0;
+    loop {
+        let Some(p) = current.parents.first().copied() else { return Some((steps, None)) };
+        let parent = repo.version(&p).ok()?;
+        if parent.is_pinned() {
+            return Some((steps, Some(p)));
         }
+        steps += 1;
+        if steps > limit {
+            return None;
+        }
+        current = parent;
     }
 }

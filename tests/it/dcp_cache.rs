@@ -52,9 +52,20 @@ impl Setup {
         let coordinator = RankCache::temporary().unwrap();
         let options = CommitOptions::default();
         let entries: Vec<FileEntry> = vec![stored.entry];
-        let id =
-            sync::commit_to_remote(&coordinator.repo(), &self.remote, "main", &tip, entries, 0, "s", &[], &options)
-                .unwrap();
+        let id = sync::commit_to_remote(
+            &coordinator.repo(),
+            &self.remote,
+            sync::RemoteCommit {
+                branch: "main",
+                tip: &tip,
+                files: entries,
+                stored_bytes: 0,
+                message: "s",
+                tags: &[],
+                options: &options,
+            },
+        )
+        .unwrap();
         cache.prune().unwrap();
         id
     }
@@ -70,7 +81,18 @@ impl Setup {
         let disk = self.work.path().join("spool");
         std::fs::write(&disk, rank_file(0, epoch)).unwrap();
         let path = RepoPath::parse(PATH).unwrap();
-        sync::store_file_to_remote(&cache.repo(), &self.remote, &disk, &path, tip.version.as_ref(), None, layout, 4)
+        sync::store_file_to_remote(
+            &cache.repo(),
+            &self.remote,
+            &sync::FileUpload {
+                disk: &disk,
+                path: &path,
+                previous: tip.version.as_ref(),
+                written: None,
+                layout,
+                transfers: 4,
+            },
+        )
     }
 
     /// Every version of `saves` checks out of a clone as rank 0's file of its epoch.
@@ -227,7 +249,18 @@ fn a_damaged_cache_or_one_of_another_remote_still_gives_correct_saves() {
             .with_rebuild(|repo: &Repo| {
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let path = RepoPath::parse(PATH).unwrap();
-                sync::store_file_to_remote(repo, &s.remote, &disk, &path, tip.version.as_ref(), None, layout, 4)
+                sync::store_file_to_remote(
+                    repo,
+                    &s.remote,
+                    &sync::FileUpload {
+                        disk: &disk,
+                        path: &path,
+                        previous: tip.version.as_ref(),
+                        written: None,
+                        layout,
+                        transfers: 4,
+                    },
+                )
             })
             .unwrap();
         assert_eq!(attempts.into_inner(), 2, "{layout}: the damage went unnoticed");
@@ -235,13 +268,15 @@ fn a_damaged_cache_or_one_of_another_remote_still_gives_correct_saves() {
         let v2 = sync::commit_to_remote(
             &coordinator.repo(),
             &s.remote,
-            "main",
-            &tip,
-            vec![stored.entry],
-            0,
-            "2",
-            &[],
-            &CommitOptions::default(),
+            sync::RemoteCommit {
+                branch: "main",
+                tip: &tip,
+                files: vec![stored.entry],
+                stored_bytes: 0,
+                message: "2",
+                tags: &[],
+                options: &CommitOptions::default(),
+            },
         )
         .unwrap();
         drop(cache);

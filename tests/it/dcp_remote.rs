@@ -35,9 +35,19 @@ fn save_rank(
     let cache = Repo::init(cache_dir.path()).unwrap();
     let disk = cache_dir.path().join("spool");
     std::fs::write(&disk, bytes).unwrap();
-    let stored =
-        sync::store_file_to_remote(&cache, remote, &disk, &RepoPath::parse(path).unwrap(), previous, None, layout, 4)
-            .unwrap();
+    let stored = sync::store_file_to_remote(
+        &cache,
+        remote,
+        &sync::FileUpload {
+            disk: &disk,
+            path: &RepoPath::parse(path).unwrap(),
+            previous,
+            written: None,
+            layout,
+            transfers: 4,
+        },
+    )
+    .unwrap();
     (stored.entry, stored.transfer)
 }
 
@@ -59,7 +69,19 @@ fn save(
     }
     let coordinator = tempfile::tempdir_in(work).unwrap();
     let cache = Repo::init(coordinator.path()).unwrap();
-    let id = sync::commit_to_remote(&cache, remote, "main", tip, entries, 0, "save", &[], &CommitOptions::default());
+    let id = sync::commit_to_remote(
+        &cache,
+        remote,
+        sync::RemoteCommit {
+            branch: "main",
+            tip,
+            files: entries,
+            stored_bytes: 0,
+            message: "save",
+            tags: &[],
+            options: &CommitOptions::default(),
+        },
+    );
     (id, transfers)
 }
 
@@ -162,18 +184,53 @@ fn a_version_lists_only_complete_files_and_new_tags() {
     let mut missing = entry.clone();
     missing.path = "__1_0.distcp".into();
     missing.manifest = ckpt::ObjectId::hash(b"not uploaded");
-    let refused =
-        sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone(), missing], 0, "m", &[], &options);
+    let refused = sync::commit_to_remote(
+        &cache,
+        &remote,
+        sync::RemoteCommit {
+            branch: "main",
+            tip: &none,
+            files: vec![entry.clone(), missing],
+            stored_bytes: 0,
+            message: "m",
+            tags: &[],
+            options: &options,
+        },
+    );
     assert!(refused.is_err());
     assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap().version, None);
 
     let tags = vec!["step-1".to_string()];
-    let v1 =
-        sync::commit_to_remote(&cache, &remote, "main", &none, vec![entry.clone()], 0, "m", &tags, &options).unwrap();
+    let v1 = sync::commit_to_remote(
+        &cache,
+        &remote,
+        sync::RemoteCommit {
+            branch: "main",
+            tip: &none,
+            files: vec![entry.clone()],
+            stored_bytes: 0,
+            message: "m",
+            tags: &tags,
+            options: &options,
+        },
+    )
+    .unwrap();
     assert_eq!(sync::resolve_remote(&remote, "step-1").unwrap(), v1);
     // A tag that exists: refused before the branch moves.
     let tip = sync::remote_branch_tip(&remote, "main").unwrap();
-    let again = sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], 0, "m", &tags, &options);
+    let again = sync::commit_to_remote(
+        &cache,
+        &remote,
+        sync::RemoteCommit {
+            branch: "main",
+            tip: &tip,
+            files: vec![entry],
+            stored_bytes: 0,
+            message: "m",
+            tags: &tags,
+            options: &options,
+        },
+    );
     assert!(matches!(again, Err(sync::Error::Rejected { .. })), "{again:?}");
     assert_eq!(sync::remote_branch_tip(&remote, "main").unwrap().tag, tip.tag);
 }
@@ -245,8 +302,20 @@ fn ranks_pair_items_with_any_file_of_the_previous_save_downloading_only_what_pai
         let entries: Vec<FileEntry> = entries.into_iter().map(|f| f.entry).collect();
         let none = RemoteTip { version: None, tag: None, read_at: None };
         let cache = Repo::init(&work.path().join("coordinator")).unwrap();
-        let v1 = sync::commit_to_remote(&cache, &remote, "main", &none, entries, stored, "1", &[], &Default::default())
-            .unwrap();
+        let v1 = sync::commit_to_remote(
+            &cache,
+            &remote,
+            sync::RemoteCommit {
+                branch: "main",
+                tip: &none,
+                files: entries,
+                stored_bytes: stored,
+                message: "1",
+                tags: &[],
+                options: &Default::default(),
+            },
+        )
+        .unwrap();
         let old = sync::fetch_version(&cache, &remote, &v1).unwrap();
         // What the ranks' uploads created: every object of the first save but the version.
         let objects = |dir: &Path| -> u64 {
@@ -303,9 +372,20 @@ fn ranks_pair_items_with_any_file_of_the_previous_save_downloading_only_what_pai
         if swapped && layout == Layout::Deltas {
             // Both saves read back bit-exactly from the remote alone (chains across files).
             let tip = sync::remote_branch_tip(&remote, "main").unwrap();
-            let v2 =
-                sync::commit_to_remote(&cache, &remote, "main", &tip, vec![entry], 0, "2", &[], &Default::default())
-                    .unwrap();
+            let v2 = sync::commit_to_remote(
+                &cache,
+                &remote,
+                sync::RemoteCommit {
+                    branch: "main",
+                    tip: &tip,
+                    files: vec![entry],
+                    stored_bytes: 0,
+                    message: "2",
+                    tags: &[],
+                    options: &Default::default(),
+                },
+            )
+            .unwrap();
             let reader = Repo::init(&work.path().join("reader")).unwrap();
             for (v, path, bytes) in
                 [(v1, "__1_0.distcp", get(&e1, "__1_0.distcp")), (v2, "__0_0.distcp", get(&e2, source))]
@@ -336,12 +416,14 @@ fn save_reported(
     let stored = sync::store_file_to_remote(
         &cache,
         remote,
-        &disk,
-        &RepoPath::parse(path).unwrap(),
-        previous,
-        items.as_deref(),
-        layout,
-        4,
+        &sync::FileUpload {
+            disk: &disk,
+            path: &RepoPath::parse(path).unwrap(),
+            previous,
+            written: items.as_deref(),
+            layout,
+            transfers: 4,
+        },
     )
     .unwrap();
     (stored, cache)
@@ -368,8 +450,20 @@ fn a_mirror_save_leaves_the_blobs_of_another_branchs_tip_whole() {
                 .iter()
                 .map(|(path, bytes)| save_rank(work.path(), &remote, path, bytes, None, Layout::Mirror).0)
                 .collect();
-            sync::commit_to_remote(&cache, &remote, "exp", &exp_tip, entries, 0, "exp", &[], &CommitOptions::default())
-                .unwrap();
+            sync::commit_to_remote(
+                &cache,
+                &remote,
+                sync::RemoteCommit {
+                    branch: "exp",
+                    tip: &exp_tip,
+                    files: entries,
+                    stored_bytes: 0,
+                    message: "exp",
+                    tags: &[],
+                    options: &CommitOptions::default(),
+                },
+            )
+            .unwrap();
         }
         let tip = sync::remote_branch_tip(&remote, "main").unwrap();
         assert_eq!(tip.version, Some(v1));
@@ -505,7 +599,19 @@ fn gc_of_the_remote_takes_a_refused_save_but_not_the_blobs_its_recodes_made_need
     let won = won.unwrap();
     let coordinator = tempfile::tempdir_in(work.path()).unwrap();
     let cache = Repo::init(coordinator.path()).unwrap();
-    let lost = sync::commit_to_remote(&cache, &remote, "main", &tip, b_entries, 0, "B", &[], &CommitOptions::default());
+    let lost = sync::commit_to_remote(
+        &cache,
+        &remote,
+        sync::RemoteCommit {
+            branch: "main",
+            tip: &tip,
+            files: b_entries,
+            stored_bytes: 0,
+            message: "B",
+            tags: &[],
+            options: &CommitOptions::default(),
+        },
+    );
     assert!(matches!(lost, Err(sync::Error::Rejected { .. })), "{lost:?}");
 
     let young = sync::gc_remote(&cache, &remote, &sync::RemoteGcOptions::default()).unwrap();

@@ -1,5 +1,5 @@
-//! The layout of a remote's store (docs/format.md, "Remotes"): which form each object takes
-//! there, and the recodes and journal of a mirror push.
+//! Recodes of a remote's objects between the two layouts a remote may have ([`Layout`],
+//! docs/format.md "Remotes"): the recodes of a mirror push and their journal.
 //!
 //! - **mirror** (the default): the remote mirrors the local store. A push uploads the new
 //!   version's objects as the local store holds them (the newest version whole), then replaces
@@ -17,64 +17,21 @@
 //! the journals a killed push left, and deletes those abandoned: of a version no remote ref
 //! reaches, written more than the grace period ago (`gc_grace_seconds`; a push rewrites its
 //! journal before it moves its ref if its upload took half of that).
+//!
+//! [`Layout`]: super::Layout
 
 use super::checked::Checked;
-use super::remotes::{parse_ref, ref_key};
+use super::freshness::fresh_on;
+use super::remote_view::{read_ref, ref_key, remote_header, remote_refs};
 use super::transfer::{parallel, with_retries};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use crate::remote::{self, Remote};
-use crate::repo::{RefKind, Repo, Version, VersionId};
+use crate::repo::{Counterpart, RefKind, Repo, VersionId};
 use crate::store::{ObjectHeader, ObjectKind, HEADER_LEN};
 use std::collections::HashSet;
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// How a remote stores versions (the `layout` key of a remote in `.ckpt/remotes`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Layout {
-    /// The newest version of each branch whole, older ones reverse deltas against newer ones,
-    /// as the local store keeps them: a reader of the newest version downloads one checkpoint.
-    #[default]
-    Mirror,
-    /// Forward deltas as the epochs were pushed, nothing on the remote ever replaced: a push
-    /// uploads about what the epoch added.
-    Deltas,
-}
-
-impl Layout {
-    /// Its name in settings and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Layout::Mirror => "mirror",
-            Layout::Deltas => "deltas",
-        }
-    }
-
-    /// Whether this is the default ([`Layout::Mirror`]), which the remote list does not write.
-    pub fn is_default(&self) -> bool {
-        *self == Layout::default()
-    }
-}
-
-impl std::fmt::Display for Layout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Layout {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Layout, String> {
-        match s {
-            "mirror" => Ok(Layout::Mirror),
-            "deltas" => Ok(Layout::Deltas),
-            other => Err(format!("unknown remote layout {other:?} (mirror or deltas)")),
-        }
-    }
-}
 
 /// One planned recode: the remote's `older` blob is to become an XOR delta against `newer`
 /// (same tensor, a newer version on the same first-parent line).
@@ -119,12 +76,6 @@ pub(super) fn journal_key(version: &VersionId) -> String {
     format!("{JOURNAL_PREFIX}{}", version.to_hex())
 }
 
-/// Whether `v` is pinned: its blobs stay whole, locally and on a mirror remote (the chain
-/// bound of docs/format.md, "Commit policy").
-fn pinned(v: &Version) -> bool {
-    v.since_base == 0 && !v.parents.is_empty()
-}
-
 /// Plans the recodes of a mirror push of `tip`: the blobs of the newest version on `tip`'s
 /// first-parent line that the remote holds (`present`, the push's listing) which the next
 /// whole version above it changed, each paired with the same tensor's blob there (tensors
@@ -132,13 +83,8 @@ fn pinned(v: &Version) -> bool {
 /// above is `tip`, or the pinned version closest above it if there is one (its blobs stay
 /// whole). Kept only where the older blob is on the remote, the newer is not (so it is
 /// uploaded by this push), the older version is not pinned, and the older blob is not held by
-/// the tip, the whole version, or `protected` (the tips of the remote's other branches).
-pub(super) fn plan_recodes(
-    repo: &Repo,
-    tip: &VersionId,
-    present: &HashSet<ObjectId>,
-    protected: &HashSet<ObjectId>,
-) -> Result<Vec<Recode>> {
+/// the tip or the whole version ([`allowed_recodes`]).
+pub(super) fn plan_recodes(repo: &Repo, tip: &VersionId, present: &HashSet<ObjectId>) -> Result<Vec<Recode>> {
     let tip_version = repo.version(tip)?;
     let mut whole = tip_version.clone();
     let mut current = tip_version.clone();
@@ -149,15 +95,15 @@ pub(super) fn plan_recodes(
         if present.contains(&parent) {
             break parent_version;
         }
-        if pinned(&parent_version) {
+        if parent_version.is_pinned() {
             whole = parent_version.clone();
         }
         current = parent_version;
     };
-    if pinned(&older) {
+    if older.is_pinned() {
         return Ok(Vec::new());
     }
-    let mut keep: HashSet<ObjectId> = protected.clone();
+    let mut keep: HashSet<ObjectId> = HashSet::new();
     for v in [&tip_version, &whole] {
         for f in &v.files {
             keep.extend(repo.manifest(&f.manifest)?.blobs());
@@ -167,23 +113,30 @@ pub(super) fn plan_recodes(
     for f in whole.files.iter().filter(|f| older.file(&f.path).is_none_or(|p| p.manifest != f.manifest)) {
         changed.push((f.path.as_str(), repo.manifest(&f.manifest)?));
     }
+    let pairs = repo.counterparts(changed.iter().map(|(path, m)| (*path, m)), &older);
+    Ok(allowed_recodes(repo, &pairs, &|id| present.contains(id), &keep))
+}
+
+/// Of `pairs` (a blob of an older file and the same tensor's blob of a newer one), the
+/// recodes the rules allow, each older blob once: the older is on the remote (`present`) and
+/// the newer is not (so it goes up now), the older is not held whole by a file that stays
+/// (`keep`), and this store holds both.
+pub(super) fn allowed_recodes(
+    repo: &Repo,
+    pairs: &[Counterpart],
+    present: &dyn Fn(&ObjectId) -> bool,
+    keep: &HashSet<ObjectId>,
+) -> Vec<Recode> {
     let mut seen = HashSet::new();
-    let mut recodes = Vec::new();
-    for pair in repo.counterparts(changed.iter().map(|(path, m)| (*path, m)), &older) {
-        let (newer, older) = (pair.new, pair.old);
-        if newer == older
-            || !present.contains(&older)
-            || present.contains(&newer)
-            || keep.contains(&older)
-            || !repo.store().contains(&older)
-            || !repo.store().contains(&newer)
-            || !seen.insert(older)
-        {
-            continue;
-        }
-        recodes.push(Recode { older, newer });
-    }
-    Ok(recodes)
+    let allowed = |p: &&Counterpart| {
+        p.new != p.old
+            && present(&p.old)
+            && !present(&p.new)
+            && !keep.contains(&p.old)
+            && repo.store().contains(&p.old)
+            && repo.store().contains(&p.new)
+    };
+    pairs.iter().filter(allowed).filter(|p| seen.insert(p.old)).map(|p| Recode { older: p.old, newer: p.new }).collect()
 }
 
 /// Plans the recodes of the git filter's file transfers in the mirror layout: for each file
@@ -203,32 +156,16 @@ pub(super) fn plan_file_recodes(
     for m in wanted {
         keep.extend(repo.manifest(m)?.blobs());
     }
-    let mut seen = HashSet::new();
-    let mut recodes = Vec::new();
+    let mut pairs = Vec::new();
     for m in wanted {
         let Some(old) = previous.get(m).filter(|o| *o != m && present.contains(o)) else { continue };
-        if !repo.store().contains(old) {
-            continue;
-        }
-        let (new_manifest, old_manifest) = (repo.manifest(m)?, repo.manifest(old)?);
-        for pair in new_manifest.same_tensor_blobs(&old_manifest) {
-            let (newer, older) = (pair.new, pair.old);
-            if newer == older
-                || !present.contains(&older)
-                || present.contains(&newer)
-                || keep.contains(&older)
-                || !repo.store().contains(&newer)
-                || !seen.insert(older)
-            {
-                continue;
-            }
-            let compacted =
-                repo.store().contains(&older) && repo.store().header(&older).is_ok_and(|h| h.reference == Some(newer));
-            if compacted {
-                recodes.push(Recode { older, newer });
-            }
+        if repo.store().contains(old) {
+            pairs.extend(repo.manifest(m)?.same_tensor_blobs(&repo.manifest(old)?));
         }
     }
+    let mut recodes = allowed_recodes(repo, &pairs, &|id| present.contains(id), &keep);
+    // Only where local compaction made exactly that delta.
+    recodes.retain(|r| repo.store().header(&r.older).is_ok_and(|h| h.reference == Some(r.newer)));
     Ok(recodes)
 }
 
@@ -284,26 +221,6 @@ pub(super) fn finish_journals(
     Ok((done, mine))
 }
 
-/// The remote tips' blobs this store knows (the versions of `refs/heads/*` on the remote that
-/// are here, except `moving`, the refs this push moves): a recode leaves them whole.
-pub(super) fn remote_tip_blobs(repo: &Repo, remote: &dyn Remote, moving: &[String]) -> Result<HashSet<ObjectId>> {
-    let mut blobs = HashSet::new();
-    for key in remote.list("refs/heads/")? {
-        if moving.contains(&key) {
-            continue;
-        }
-        let Some(small) = remote.get_small(&key)? else { continue };
-        let Ok(id) = parse_ref(remote, &key, &small.bytes) else { continue };
-        let Ok(v) = repo.version(&id) else { continue };
-        for f in &v.files {
-            if let Ok(m) = repo.manifest(&f.manifest) {
-                blobs.extend(m.blobs());
-            }
-        }
-    }
-    Ok(blobs)
-}
-
 /// The current time in seconds since the Unix epoch (0 for a clock before it).
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -314,8 +231,8 @@ fn unix_now() -> u64 {
 /// version, and they were written more than `grace` before `now` (or carry no time at all).
 /// Reachability is decided only where this store knows the whole history of every remote ref:
 /// if any ref's version, or any ancestor of one, is not here (another pusher's version, a
-/// partial clone's cut), nothing is abandoned. A journal of no branch (a file transfer's) is
-/// never waiting, so never abandoned.
+/// partial clone's cut), nothing is abandoned; a remote ref that cannot be read is an error.
+/// A journal of no branch (a file transfer's) is never waiting, so never abandoned.
 pub(super) fn abandoned(
     repo: &Repo,
     remote: &dyn Remote,
@@ -328,17 +245,8 @@ pub(super) fn abandoned(
     if journals.is_empty() {
         return Ok(journals);
     }
-    let mut tips = Vec::new();
-    for prefix in ["refs/heads/", "refs/tags/"] {
-        for key in remote.list(prefix)? {
-            let Some(small) = remote.get_small(&key)? else { continue };
-            // A ref that does not parse names nothing this store could check: unknown.
-            let Ok(id) = parse_ref(remote, &key, &small.bytes) else { return Ok(Vec::new()) };
-            tips.push(id);
-        }
-    }
     let mut reached: HashSet<VersionId> = HashSet::new();
-    let mut stack = tips;
+    let mut stack: Vec<VersionId> = remote_refs(remote, None)?.into_iter().map(|r| r.id).collect();
     while let Some(v) = stack.pop() {
         if !reached.insert(v) {
             continue;
@@ -397,9 +305,7 @@ pub(super) fn finish_journal(
     checked: &Checked,
 ) -> Result<Option<(u64, u64)>> {
     if let Some(branch) = &journal.branch {
-        let key = ref_key(RefKind::Branch, branch);
-        let Some(small) = remote.get_small(&key)? else { return Ok(None) };
-        let Ok(tip) = parse_ref(remote, &key, &small.bytes) else { return Ok(None) };
+        let Some((tip, _)) = read_ref(remote, &ref_key(RefKind::Branch, branch))? else { return Ok(None) };
         let holds = tip == journal.version
             || (repo.store().contains(&tip)
                 && repo.store().contains(&journal.version)
@@ -416,7 +322,7 @@ pub(super) fn finish_journal(
     if journal.branch.is_none() {
         let mut fresh = Vec::new();
         for r in recodes {
-            if super::remote_gc::fresh_on(remote, &r.newer)? {
+            if fresh_on(remote, &r.newer)? {
                 fresh.push(r);
             }
         }
@@ -456,26 +362,24 @@ pub(super) fn recode(
     Ok((objects.into_inner(), bytes.into_inner()))
 }
 
-/// The header of object `id` on the remote and the object's size there (one ranged read);
-/// `None` if it is absent or its header does not decode (then nothing is coded against it or
-/// replaces it).
-fn remote_header(remote: &dyn Remote, id: &ObjectId) -> Result<Option<(ObjectHeader, u64)>> {
-    match remote.read_head(&remote::object_key(id), HEADER_LEN as u64) {
-        Ok((head, size)) => Ok(ObjectHeader::decode(*id, &head).ok().map(|h| (h, size))),
-        Err(remote::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
+/// The header of object `id` on the remote and its size there; `None` if it is absent or its
+/// header does not decode (then nothing is coded against it or replaces it).
+fn header_there(remote: &dyn Remote, id: &ObjectId) -> Result<Option<(ObjectHeader, u64)>> {
+    match remote_header(remote, id) {
+        Err(Error::Store(_)) => Ok(None),
+        found => found,
     }
 }
 
 fn recode_one(repo: &Repo, remote: &dyn Remote, r: &Recode, checked: &Checked) -> Result<Option<u64>> {
     // The newer blob must be standalone at this moment: from then on it can only become a
     // recode against a blob newer still, so no chain from it leads back to the older one.
-    let Some((newer, _)) = remote_header(remote, &r.newer)? else { return Ok(None) };
+    let Some((newer, _)) = header_there(remote, &r.newer)? else { return Ok(None) };
     if newer.kind != ObjectKind::Blob || newer.reference.is_some() {
         return Ok(None);
     }
     // Already a delta (this recode done by an earlier run, or another encoding): left alone.
-    let Some((older, remote_len)) = remote_header(remote, &r.older)? else { return Ok(None) };
+    let Some((older, remote_len)) = header_there(remote, &r.older)? else { return Ok(None) };
     if older.kind != ObjectKind::Blob || older.reference.is_some() {
         return Ok(None);
     }
@@ -523,17 +427,6 @@ fn recode_one(repo: &Repo, remote: &dyn Remote, r: &Recode, checked: &Checked) -
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn layouts_parse_print_and_serialize_by_name() {
-        for layout in [Layout::Mirror, Layout::Deltas] {
-            assert_eq!(layout.name().parse::<Layout>(), Ok(layout));
-            assert_eq!(serde_json::to_string(&layout).unwrap(), format!("\"{layout}\""));
-        }
-        assert!("forward".parse::<Layout>().is_err());
-        assert_eq!(Layout::default(), Layout::Mirror);
-        assert!(Layout::Mirror.is_default() && !Layout::Deltas.is_default());
-    }
 
     #[test]
     fn a_journal_round_trips_and_a_file_journal_is_named_by_its_recodes() {
