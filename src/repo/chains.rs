@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 /// `since_base` of a new version on top of `parent`: one more than the parent's, or 0 (a new
 /// full base) every `base_every` versions and for a root.
-pub(super) fn since_base_after(parent: Option<&Version>, base_every: u32) -> u32 {
+pub(crate) fn since_base_after(parent: Option<&Version>, base_every: u32) -> u32 {
     match parent {
         Some(p) if p.since_base + 1 < base_every => p.since_base + 1,
         _ => 0,
@@ -21,7 +21,7 @@ pub(super) fn since_base_after(parent: Option<&Version>, base_every: u32) -> u32
 impl Repo {
     /// The `base_every` a commit uses: `over` if given, else the config's, clamped like the
     /// config (`Config::check`), so no caller can make chains the reader refuses.
-    pub(super) fn base_every(&self, over: Option<u32>) -> u32 {
+    pub(crate) fn base_every(&self, over: Option<u32>) -> u32 {
         over.unwrap_or(self.config.base_every).clamp(1, super::config::MAX_BASE_EVERY)
     }
 

@@ -230,7 +230,7 @@ impl Repo {
 
     /// The last step of every commit: writes the version `new` describes (its manifests and
     /// blobs stored) and returns its id; no ref moves.
-    pub(super) fn write_version(&self, new: NewVersion<'_>) -> Result<VersionId> {
+    pub(crate) fn write_version(&self, new: NewVersion<'_>) -> Result<VersionId> {
         let version = Version {
             format: MODEL_FORMAT,
             parents: new.parents,
@@ -311,15 +311,15 @@ struct VersionPlan {
 }
 
 /// A version to write ([`Repo::write_version`]), as its entry point decided it.
-pub(super) struct NewVersion<'a> {
-    pub(super) parents: Vec<VersionId>,
-    pub(super) since_base: u32,
-    pub(super) files: Vec<FileEntry>,
+pub(crate) struct NewVersion<'a> {
+    pub(crate) parents: Vec<VersionId>,
+    pub(crate) since_base: u32,
+    pub(crate) files: Vec<FileEntry>,
     /// What the store grew by for it (`log`, `show`).
-    pub(super) stored_bytes: u64,
-    pub(super) message: &'a str,
+    pub(crate) stored_bytes: u64,
+    pub(crate) message: &'a str,
     /// Seconds since the Unix epoch (default: now).
-    pub(super) time: Option<i64>,
+    pub(crate) time: Option<i64>,
 }
 
 /// Why a commit refuses a symbolic link to a directory.

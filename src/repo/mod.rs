@@ -14,6 +14,8 @@
 
 mod bundle;
 mod chains;
+pub(crate) use chains::since_base_after;
+pub(crate) use commit::NewVersion;
 mod checkout;
 mod commit;
 mod commit_memory;

@@ -42,8 +42,8 @@ use crate::repo::graph::Objects;
 use crate::repo::Error as RepoError;
 use crate::repo::{
     check_name, CommitOptions, Counterpart, FileEntry, Manifest, Needed, RefKind, Repo, RepoPath, Version, VersionId,
-    MODEL_FORMAT,
 };
+use crate::repo::{since_base_after, NewVersion};
 use crate::store::ObjectKind;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -511,28 +511,15 @@ pub fn commit_to_remote(cache: &Repo, remote: &dyn Remote, commit: RemoteCommit)
             });
         }
     }
-    let base_every = cache.config().base_every.clamp(1, crate::repo::MAX_BASE_EVERY);
     let parent = tip.version.map(|id| fetch_version(cache, remote, &id)).transpose()?;
-    let since_base = match &parent {
-        Some(p) if p.since_base + 1 < base_every => p.since_base + 1,
-        _ => 0,
-    };
-    let files: Vec<FileEntry> = by_path.into_values().collect();
-    let time = options.time.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-    });
-    let version = Version {
-        format: MODEL_FORMAT,
+    let id = cache.write_version(NewVersion {
         parents: tip.version.into_iter().collect(),
-        time,
-        message: message.to_string(),
-        since_base,
-        raw_bytes: files.iter().map(|f| f.len).sum(),
+        since_base: since_base_after(parent.as_ref(), cache.base_every(None)),
+        files: by_path.into_values().collect(),
         stored_bytes,
-        files,
-    };
-    version.check_limits().map_err(|reason| RepoError::OverLimit { what: "the version".into(), reason })?;
-    let id = cache.record_version(&version)?;
+        message,
+        time: options.time,
+    })?;
     let watch = GcWatch::begin(remote)?;
     Checked::default().verify_here(cache, remote, [id])?;
     upload_object(cache, remote, &id)?;
