@@ -8,6 +8,7 @@
 //! `ckpt prune` cuts history too, for good ([`super::prune`], `.ckpt/pruned`): [`HistoryCuts`]
 //! holds both kinds, so that every walk stops at either.
 
+use super::graph::{self, Node};
 use super::{Error, Repo, Result, VersionId};
 use std::collections::HashSet;
 
@@ -99,18 +100,16 @@ impl Repo {
     /// again), not what keeps them.
     pub fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
         let cut = self.cut_versions()?;
-        let mut seen = HashSet::new();
-        let mut stack = vec![*id];
-        while let Some(v) = stack.pop() {
-            if v == *ancestor {
-                return Ok(true);
-            }
-            if seen.insert(v) {
-                let parents = self.version(&v)?.parents;
-                stack.extend(parents.into_iter().filter(|p| !cut.contains(&v) || self.store.contains(p)));
-            }
-        }
-        Ok(false)
+        let mut found = false;
+        let enter = |n: &Node| {
+            found |= n.id() == *ancestor;
+            !found
+        };
+        graph::walk(self, [Node::Version(*id)], enter, |node, edges| {
+            let here = |p: &VersionId| !cut.contains(&node.id()) || self.store.contains(p);
+            Ok(graph::versions(&edges).into_iter().filter(here).map(Node::Version).collect())
+        })?;
+        Ok(found)
     }
 }
 

@@ -4,6 +4,7 @@
 //! (`refs/remotes/REMOTE/BRANCH`). They are the roots of history: `gc` keeps what any of them
 //! reaches ([`Refs::all`], docs/format.md "What gc keeps").
 
+use super::graph::{self, Node};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use std::io::Write;
@@ -401,17 +402,16 @@ impl super::Repo {
         for k in [RefKind::Branch, RefKind::Tag] {
             starts.extend(self.refs.list(k)?.into_iter().filter(|(n, _)| !(k == kind && n == name)).map(|(_, i)| i));
         }
-        let mut seen = std::collections::HashSet::new();
-        while let Some(v) = starts.pop() {
-            if v == *id {
-                return Ok(true);
-            }
-            if !seen.insert(v) || !self.store.contains(&v) {
-                continue;
-            }
-            starts.extend(self.version_info(&v)?.parents);
-        }
-        Ok(false)
+        let mut found = false;
+        let enter = |n: &Node| {
+            found |= n.id() == *id;
+            !found && self.store.contains(&n.id())
+        };
+        // Last start and last parent first, as this walk always went.
+        let starts = starts.into_iter().rev().map(Node::Version);
+        let parents = |_, edges: Vec<Node>| Ok(graph::versions(&edges).into_iter().rev().map(Node::Version).collect());
+        graph::walk(self, starts, enter, parents)?;
+        Ok(found)
     }
 }
 
