@@ -443,18 +443,8 @@ impl Repo {
 
     /// [`Repo::log`] with history ending at `cut`.
     fn log_within(&self, rev: &str, cut: &partial::HistoryCuts) -> Result<Vec<VersionInfo>> {
-        let mut id = Some(self.resolve(rev)?);
-        let mut out = Vec::new();
-        while let Some(current) = id {
-            let info = self.version_info(&current)?;
-            // History ends at a partial clone's cut version and where it was pruned (partial.rs).
-            id = self.first_parent_here(cut, &current, &info.parents);
-            out.push(info);
-            if out.len() > 10_000_000 {
-                return Err(Error::CorruptMetadata { id: current, reason: "history does not end".into() });
-            }
-        }
-        Ok(out)
+        // History ends at a partial clone's cut version and where it was pruned (partial.rs).
+        self.first_parents(self.resolve(rev)?, cut).collect()
     }
 
     /// Creates tag `name` at `rev` (default `HEAD`).

@@ -67,17 +67,37 @@ impl Repo {
         parents.iter().copied().filter(|p| !cut.partial.contains(id) || self.store.contains(p)).collect()
     }
 
-    /// The first parent of version `id` that a walk along first parents follows
-    /// ([`Self::parents_here`]).
-    pub(super) fn first_parent_here(
-        &self,
-        cut: &HistoryCuts,
-        id: &VersionId,
-        parents: &[VersionId],
-    ) -> Option<VersionId> {
-        let first = parents.first()?;
-        let followed = !cut.pruned.contains(id) && (!cut.partial.contains(id) || self.store.contains(first));
-        followed.then_some(*first)
+    /// [`Self::parents_here`] of version `id`, its parents read through the object graph.
+    pub(super) fn parents_followed(&self, cut: &HistoryCuts, id: &VersionId) -> Result<Vec<VersionId>> {
+        Ok(self.parents_here(cut, id, &graph::versions(&graph::edges(self, Node::Version(*id))?)))
+    }
+
+    /// History from `tip` back along first parents, newest first, each version with its
+    /// `log` metadata (from the index when cached), ending at a cut version whose first parent
+    /// is not followed ([`Self::parents_here`]). An unreadable version is an error; so is a
+    /// history that does not end (a cycle, only in a damaged store).
+    pub(super) fn first_parents<'a>(
+        &'a self,
+        tip: VersionId,
+        cut: &'a HistoryCuts,
+    ) -> impl Iterator<Item = Result<super::VersionInfo>> + 'a {
+        let mut next = Some(tip);
+        let mut steps = 0usize;
+        std::iter::from_fn(move || {
+            let id = next.take()?;
+            steps += 1;
+            if steps > 10_000_000 {
+                return Some(Err(Error::CorruptMetadata { id, reason: "history does not end".into() }));
+            }
+            let info = self.version_info(&id);
+            if let Ok(info) = &info {
+                let first = info.parents.first();
+                let followed = !cut.pruned.contains(&id)
+                    && (!cut.partial.contains(&id) || first.is_some_and(|p| self.store.contains(p)));
+                next = first.copied().filter(|_| followed);
+            }
+            Some(info)
+        })
     }
 
     /// Records `ids` as cut versions of a partial clone of remote `remote`. Written before the
