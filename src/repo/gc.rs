@@ -374,7 +374,7 @@ impl Repo {
     /// Deletes every object of the store that neither the files `live` (manifests: each with
     /// its blobs and their delta chains) nor a tag or branch other than the current one needs
     /// ([`Repo::gc_keeping_with`] with a fixed live set).
-    pub fn gc_keeping(&self, live: &[ObjectId], options: &GcOptions, dry_run: bool) -> Result<KeepReport> {
+    pub(crate) fn gc_keeping(&self, live: &[ObjectId], options: &GcOptions, dry_run: bool) -> Result<KeepReport> {
         self.gc_keeping_with(|| Ok(live.to_vec()), options, dry_run)
     }
 

@@ -21,7 +21,7 @@ mod compact;
 mod config;
 mod error;
 #[cfg(test)]
-pub(crate) mod fixtures;
+pub mod fixtures;
 mod gc;
 pub mod graph;
 mod index_cache;
@@ -92,12 +92,12 @@ pub type VersionId = ObjectId;
 /// Name of the repository directory inside the working tree.
 pub const DIR_NAME: &str = ".ckpt";
 /// Branch a new repository starts on.
-pub const DEFAULT_BRANCH: &str = "main";
+pub(crate) const DEFAULT_BRANCH: &str = "main";
 /// Files `rm`-ed since the last commit, as a JSON list of paths.
 const REMOVALS_FILE: &str = "pending-removals";
 
 /// How long a writer waits for another writer by default.
-pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Receives progress of long operations (commit, checkout, gc, verify). Called from the thread
 /// running the operation. The default methods do nothing.
@@ -376,7 +376,7 @@ impl Repo {
     }
 
     /// The path of `input` (absolute, or relative to the root) as a repository path.
-    pub fn repo_path(&self, input: &Path) -> Result<RepoPath> {
+    pub(crate) fn repo_path(&self, input: &Path) -> Result<RepoPath> {
         RepoPath::from_input(&self.root, input)
     }
 
@@ -504,7 +504,7 @@ impl Repo {
     // ---- rm -----------------------------------------------------------------------------
 
     /// Files `rm`-ed since the last commit.
-    pub fn pending_removals(&self) -> Result<Vec<String>> {
+    pub(crate) fn pending_removals(&self) -> Result<Vec<String>> {
         self.read_list(REMOVALS_FILE, "pending removals")
     }
 

@@ -118,7 +118,7 @@ impl Repo {
     /// history is cut (partial clone or prune), the parents still here are followed: ancestry
     /// is a fact the versions record (a push asks it of a remote's tip that this store holds
     /// again), not what keeps them.
-    pub fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
+    pub(crate) fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
         let cut = self.cut_versions()?;
         let mut found = false;
         let enter = |n: &Node| {
@@ -135,7 +135,7 @@ impl Repo {
 
 /// Where walks over history end ([`Repo::cut_versions`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct HistoryCuts {
+pub struct HistoryCuts {
     /// A partial clone's cut versions (`.ckpt/partial`): their parents are followed when here.
     pub(super) partial: HashSet<VersionId>,
     /// Versions whose history `ckpt prune` dropped (`.ckpt/pruned`): their parents are never

@@ -46,7 +46,7 @@ impl RefKind {
 
 /// The ref files of one repository.
 #[derive(Clone, Debug)]
-pub(crate) struct Refs {
+pub struct Refs {
     dir: PathBuf,
 }
 
@@ -112,7 +112,7 @@ impl Refs {
         parse_id(text).map(Head::Detached).ok_or_else(|| corrupt("neither a branch nor a version id"))
     }
 
-    pub fn set_head(&self, head: &Head) -> Result<()> {
+    pub(crate) fn set_head(&self, head: &Head) -> Result<()> {
         let text = match head {
             Head::Branch(b) => format!("ref: refs/heads/{b}\n"),
             Head::Detached(id) => format!("{id}\n"),
@@ -181,7 +181,7 @@ impl Refs {
 
     /// The remote-tracking ref `refs/remotes/REMOTE/BRANCH`: where `BRANCH` was on `REMOTE` at
     /// the last fetch or push.
-    pub fn get_remote(&self, remote: &str, branch: &str) -> Result<Option<ObjectId>> {
+    pub(crate) fn get_remote(&self, remote: &str, branch: &str) -> Result<Option<ObjectId>> {
         if check_name(remote).is_err() || check_name(branch).is_err() {
             return Ok(None);
         }
