@@ -514,11 +514,17 @@ impl Repo {
 
     /// A JSON list kept in `.ckpt/<name>` (empty when the file is missing).
     fn read_list<T: serde::de::DeserializeOwned>(&self, name: &str, what: &str) -> Result<Vec<T>> {
+        Ok(self.read_record(name, what)?.unwrap_or_default())
+    }
+
+    /// The JSON record `.ckpt/<name>` (`what` it is, for the error), `None` when it is missing.
+    fn read_record<T: serde::de::DeserializeOwned>(&self, name: &str, what: &str) -> Result<Option<T>> {
         let path = self.dir.join(name);
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
                 .map_err(|e| Error::Config { path: path.clone(), reason: format!("{what}: {e}") }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(Error::Io { action: "reading", path, source }),
         }
     }

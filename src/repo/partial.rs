@@ -28,14 +28,7 @@ pub struct PartialClone {
 impl Repo {
     /// The partial-clone record, `None` for a repository that holds its whole history.
     pub fn partial_clone(&self) -> Result<Option<PartialClone>> {
-        let path = self.dir.join(PARTIAL_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| Error::Config { path: path.clone(), reason: format!("partial clone: {e}") }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::Io { action: "reading", path, source }),
-        }
+        self.read_record(PARTIAL_FILE, "partial clone")
     }
 
     /// Where history ends in this repository: a partial clone's cut versions and the versions

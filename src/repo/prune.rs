@@ -136,13 +136,7 @@ struct Plan {
 impl Repo {
     /// The record of pruned history (empty when nothing was pruned).
     pub fn pruned_history(&self) -> Result<PrunedHistory> {
-        let path = self.dir.join(PRUNED_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| Error::Config { path: path.clone(), reason: format!("pruned history: {e}") }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PrunedHistory::default()),
-            Err(source) => Err(Error::Io { action: "reading", path, source }),
-        }
+        Ok(self.read_record(PRUNED_FILE, "pruned history")?.unwrap_or_default())
     }
 
     /// Whether `ckpt prune` dropped the history before version `id` (a version with parents):
