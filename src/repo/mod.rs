@@ -143,15 +143,13 @@ pub struct VersionInfo {
 
 impl VersionInfo {
     fn from_version(id: VersionId, v: &Version) -> VersionInfo {
-        VersionInfo {
-            id,
-            parents: v.parents.clone(),
-            time: v.time,
-            message: v.message.clone(),
-            files: v.files.iter().map(|f| f.path.clone()).collect(),
-            raw_bytes: v.raw_bytes,
-            stored_bytes: v.stored_bytes,
-        }
+        VersionInfo::from_record(id, index_cache::version_record(v))
+    }
+
+    /// Version `id`'s info from its index record.
+    fn from_record(id: VersionId, r: crate::index::VersionRecord) -> VersionInfo {
+        let crate::index::VersionRecord { parents, time, message, files, raw_bytes, stored_bytes } = r;
+        VersionInfo { id, parents, time, message, files, raw_bytes, stored_bytes }
     }
 }
 
@@ -395,15 +393,7 @@ impl Repo {
     /// `log` metadata of one version, from the index if cached.
     pub fn version_info(&self, id: &VersionId) -> Result<VersionInfo> {
         if let Some(Ok(Some(r))) = self.index().map(|ix| ix.version(id)) {
-            return Ok(VersionInfo {
-                id: *id,
-                parents: r.parents,
-                time: r.time,
-                message: r.message,
-                files: r.files,
-                raw_bytes: r.raw_bytes,
-                stored_bytes: r.stored_bytes,
-            });
+            return Ok(VersionInfo::from_record(*id, r));
         }
         let v = self.version(id)?;
         self.index_version(id, &v);
@@ -433,18 +423,14 @@ impl Repo {
         // when it fails and the cut has moved since it began.
         let mut attempts = 0;
         loop {
+            // History ends at a partial clone's cut version and where it was pruned (partial.rs).
             let cut = self.cut_versions()?;
-            match self.log_within(rev, &cut) {
+            let walked = self.resolve(rev).and_then(|tip| self.first_parents(tip, &cut).collect());
+            match walked {
                 Err(_) if attempts < 5 && self.cut_versions().is_ok_and(|now| now != cut) => attempts += 1,
                 result => return result,
             }
         }
-    }
-
-    /// [`Repo::log`] with history ending at `cut`.
-    fn log_within(&self, rev: &str, cut: &partial::HistoryCuts) -> Result<Vec<VersionInfo>> {
-        // History ends at a partial clone's cut version and where it was pruned (partial.rs).
-        self.first_parents(self.resolve(rev)?, cut).collect()
     }
 
     /// Creates tag `name` at `rev` (default `HEAD`).

@@ -133,6 +133,20 @@ struct Plan {
     cuts: HistoryCuts,
 }
 
+/// A branch's newest versions a prune keeps (newest first), under the branch's ref name.
+type KeptChain = (String, Vec<VersionId>);
+
+/// The blobs a prune's recodes concern ([`Repo::recodes_of`]).
+#[derive(Default)]
+struct Recodes {
+    /// The blobs the needed versions list.
+    needed: HashSet<ObjectId>,
+    /// The blobs the dropped versions list.
+    dropped: HashSet<ObjectId>,
+    /// The blobs to recode, each with the reference it loses.
+    todo: Vec<(ObjectId, ObjectId)>,
+}
+
 impl Repo {
     /// The record of pruned history (empty when nothing was pruned).
     pub fn pruned_history(&self) -> Result<PrunedHistory> {
@@ -198,7 +212,7 @@ impl Repo {
             report.kept_by.push(KeptVersion { id: *id, time: v.time, message: v.message, root: root.clone() });
         }
         let dropped: HashSet<ObjectId> = plan.dropped.iter().copied().collect();
-        let (needed_blobs, dropped_blobs, recode) = self.recodes_of(&plan)?;
+        let Recodes { needed: needed_blobs, dropped: dropped_blobs, todo: recode } = self.recodes_of(&plan)?;
         if options.dry_run {
             // The recodes are not done, but their bases are counted as freed (the objects
             // recoded grow, which the preview does not know: `recoded_bytes_after` stays 0).
@@ -391,7 +405,7 @@ impl Repo {
         branches: &[(String, VersionId)],
         cuts: &HistoryCuts,
         needed: &mut HashMap<VersionId, String>,
-    ) -> Result<(Vec<BranchPruned>, Vec<(String, Vec<VersionId>)>)> {
+    ) -> Result<(Vec<BranchPruned>, Vec<KeptChain>)> {
         let mut plans = Vec::new();
         let mut chains = Vec::new();
         for (name, tip) in branches {
@@ -501,9 +515,9 @@ impl Repo {
     /// oldest kept version is coded against the version before it (or an older full base),
     /// and under `reverse` an older version a tag keeps against the version after it; either
     /// would otherwise keep the dropped blobs as bases.
-    fn recodes_of(&self, plan: &Plan) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>, Vec<(ObjectId, ObjectId)>)> {
+    fn recodes_of(&self, plan: &Plan) -> Result<Recodes> {
         if plan.dropped.is_empty() {
-            return Ok(Default::default());
+            return Ok(Recodes::default());
         }
         let needed: HashSet<ObjectId> = self.listed_blobs(plan.needed.keys())?.into_iter().collect();
         let dropped: HashSet<ObjectId> = self.listed_blobs(&plan.dropped)?.into_iter().collect();
@@ -522,7 +536,7 @@ impl Repo {
                 _ => {}
             }
         }
-        Ok((needed, dropped, todo))
+        Ok(Recodes { needed, dropped, todo })
     }
 
     /// Recodes the blobs `todo` (each with the reference it loses): the first of each old
