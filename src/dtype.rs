@@ -96,7 +96,7 @@ impl Dtype {
     }
 
     /// Looks up an on-disk code; `None` for 0 (opaque bytes) and unknown codes.
-    pub fn from_code(code: u8) -> Option<Dtype> {
+    pub(crate) fn from_code(code: u8) -> Option<Dtype> {
         ALL_DTYPES.iter().copied().find(|d| d.code() == code)
     }
 }

@@ -110,7 +110,7 @@ pub fn map(file: &File) -> std::io::Result<Map> {
 /// Maps an input file (a checkpoint being committed, hashed or compressed) read-only, guarded
 /// against the file shrinking meanwhile: a read past its new end gives zeros and sets
 /// [`Map::truncated`] instead of killing the process with SIGBUS.
-pub fn map_input(file: &File) -> std::io::Result<Map> {
+pub(crate) fn map_input(file: &File) -> std::io::Result<Map> {
     let mut map = map(file)?;
     if let Some(m) = &map.map {
         install_handler()?;
@@ -124,14 +124,14 @@ pub fn map_input(file: &File) -> std::io::Result<Map> {
 /// waiting for a writer (`O_NONBLOCK`), so it is refused instead of blocking forever; the type is
 /// checked on the open descriptor, so a file swapped for a pipe after a first look cannot block
 /// either. (`O_NONBLOCK` does not change reads of regular files.)
-pub fn open_regular(path: &Path) -> std::io::Result<File> {
+pub(crate) fn open_regular(path: &Path) -> std::io::Result<File> {
     open_regular_file(path, true)
 }
 
 /// [`open_regular`], except that a symbolic link is refused too (`O_NOFOLLOW`): for a tree whose
 /// every entry must be a file of its own, such as a directory remote, where a link could stand
 /// for `/dev/zero` or a file outside it.
-pub fn open_regular_no_follow(path: &Path) -> std::io::Result<File> {
+pub(crate) fn open_regular_no_follow(path: &Path) -> std::io::Result<File> {
     open_regular_file(path, false)
 }
 

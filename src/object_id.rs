@@ -35,7 +35,7 @@ impl ObjectId {
 /// large enough to split (1 MiB and up); below that the fork-join costs more than it saves.
 /// Every bulk hash of a whole buffer goes through here, so the threshold lives in one place
 /// (workers hashing what they just decoded use [`RangeHashes`] instead).
-pub fn hash_update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
+pub(crate) fn hash_update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
     if rayon::current_num_threads() > 1 && bytes.len() >= 1 << 20 {
         hasher.update_rayon(bytes);
     } else {
@@ -101,7 +101,7 @@ impl RangeHashes {
     /// whose bytes are `bytes`, and appends them to `out` (for an input of one blake3 chunk or
     /// less, when `range` is all of it: the root hash). Nothing when `bytes` is not `range`'s
     /// length.
-    pub fn hash_range(&self, range: std::ops::Range<u64>, bytes: &[u8], out: &mut Vec<NodeHash>) {
+    pub(crate) fn hash_range(&self, range: std::ops::Range<u64>, bytes: &[u8], out: &mut Vec<NodeHash>) {
         if bytes.len() as u64 != range.end.saturating_sub(range.start) || range.end > self.total_len {
             return;
         }

@@ -161,6 +161,20 @@ fn escape_controls(s: &str, multiline: bool) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Prints `value` as pretty JSON on stdout (the `--json` output of every command).
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
+    Ok(())
+}
+
+/// The remote a command names, or the repository's default one.
+pub fn remote_or_default(repo: &ckpt::repo::Repo, remote: Option<String>) -> Result<String> {
+    Ok(match remote {
+        Some(r) => r,
+        None => ckpt::sync::default_remote(repo)?,
+    })
+}
+
 /// Human-readable byte count (binary units).
 pub fn bytes(n: u64) -> String {
     indicatif::HumanBytes(n).to_string()

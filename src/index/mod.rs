@@ -310,14 +310,14 @@ impl Index {
 
     /// Whether the index was completely built by this layout version (otherwise the caller
     /// rebuilds it).
-    pub fn is_complete(&self) -> bool {
+    pub(crate) fn is_complete(&self) -> bool {
         let format = self.meta.get(META_FORMAT).ok().flatten();
         let complete = self.meta.get(META_COMPLETE).ok().flatten();
         format.as_deref() == Some(&INDEX_FORMAT.to_le_bytes()[..]) && complete.is_some()
     }
 
     /// Empties every tree and marks the index incomplete (durably) before a rebuild.
-    pub fn begin_rebuild(&self) -> Result<()> {
+    pub(crate) fn begin_rebuild(&self) -> Result<()> {
         self.meta.remove(META_COMPLETE).map_err(db_err("clearing"))?;
         self.flush()?;
         for tree in [&self.objects, &self.versions, &self.stat, &self.meta] {
@@ -327,7 +327,7 @@ impl Index {
     }
 
     /// Marks a rebuild finished and flushes it to disk.
-    pub fn finish_rebuild(&self) -> Result<()> {
+    pub(crate) fn finish_rebuild(&self) -> Result<()> {
         self.meta.insert(META_FORMAT, &INDEX_FORMAT.to_le_bytes()[..]).map_err(db_err("writing"))?;
         self.meta.insert(META_COMPLETE, &[1u8][..]).map_err(db_err("writing"))?;
         self.flush()
@@ -340,7 +340,7 @@ impl Index {
     }
 
     /// Records an object.
-    pub fn put_object(&self, id: &ObjectId, record: &ObjectRecord) -> Result<()> {
+    pub(crate) fn put_object(&self, id: &ObjectId, record: &ObjectRecord) -> Result<()> {
         self.objects.insert(id.as_bytes(), &record.encode()[..]).map_err(db_err("writing"))?;
         Ok(())
     }
@@ -351,7 +351,7 @@ impl Index {
     }
 
     /// Forgets an object.
-    pub fn remove_object(&self, id: &ObjectId) -> Result<()> {
+    pub(crate) fn remove_object(&self, id: &ObjectId) -> Result<()> {
         self.objects.remove(id.as_bytes()).map_err(db_err("writing"))?;
         Ok(())
     }
@@ -369,7 +369,7 @@ impl Index {
     }
 
     /// Records a version's metadata.
-    pub fn put_version(&self, id: &ObjectId, record: &VersionRecord) -> Result<()> {
+    pub(crate) fn put_version(&self, id: &ObjectId, record: &VersionRecord) -> Result<()> {
         let bytes = serde_json::to_vec(record).expect("plain data serializes");
         self.versions.insert(id.as_bytes(), bytes).map_err(db_err("writing"))?;
         Ok(())
@@ -382,34 +382,13 @@ impl Index {
     }
 
     /// Forgets a version.
-    pub fn remove_version(&self, id: &ObjectId) -> Result<()> {
+    pub(crate) fn remove_version(&self, id: &ObjectId) -> Result<()> {
         self.versions.remove(id.as_bytes()).map_err(db_err("writing"))?;
         Ok(())
     }
 
-    /// Ids of cached versions whose hex form starts with `hex_prefix` (lowercase).
-    pub fn versions_with_prefix(&self, hex_prefix: &str) -> Result<Vec<ObjectId>> {
-        // Scan the keys whose first byte matches; the rest is compared as hex.
-        let first = hex_prefix.get(..2).and_then(|h| u8::from_str_radix(h, 16).ok());
-        let iter = match first {
-            Some(b) => self.versions.scan_prefix([b]),
-            None => self.versions.scan_prefix([]),
-        };
-        let mut out = Vec::new();
-        for item in iter.keys() {
-            let k = item.map_err(db_err("reading"))?;
-            if let Ok(k) = <[u8; 32]>::try_from(&k[..]) {
-                let id = ObjectId(k);
-                if id.to_hex().starts_with(hex_prefix) {
-                    out.push(id);
-                }
-            }
-        }
-        Ok(out)
-    }
-
     /// Records the identity of a working file.
-    pub fn put_stat(&self, path: &str, record: &StatRecord) -> Result<()> {
+    pub(crate) fn put_stat(&self, path: &str, record: &StatRecord) -> Result<()> {
         self.stat.insert(path.as_bytes(), &record.encode()[..]).map_err(db_err("writing"))?;
         Ok(())
     }
@@ -432,7 +411,7 @@ impl Index {
     }
 
     /// Forgets the identity of a working file.
-    pub fn remove_stat(&self, path: &str) -> Result<()> {
+    pub(crate) fn remove_stat(&self, path: &str) -> Result<()> {
         self.stat.remove(path.as_bytes()).map_err(db_err("writing"))?;
         Ok(())
     }
@@ -507,8 +486,6 @@ mod tests {
         };
         ix.put_version(&id, &v).unwrap();
         assert_eq!(ix.version(&id).unwrap(), Some(v));
-        assert_eq!(ix.versions_with_prefix(&id.short(5)).unwrap(), vec![id]);
-        assert_eq!(ix.versions_with_prefix("0000000").unwrap(), vec![]);
         let s = StatRecord { len: 1, mtime_ns: -5, ctime_ns: 6, ino: 1 << 40, recorded_ns: 7, hash: id };
         ix.put_stat("a/b", &s).unwrap();
         assert_eq!(ix.stat("a/b").unwrap(), Some(s));

@@ -21,16 +21,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Largest ref file a reader accepts (a ref is 65 bytes).
-pub const MAX_REF_LEN: u64 = 4096;
+pub(crate) const MAX_REF_LEN: u64 = 4096;
 
 /// Most keys one listing returns (docs/format.md, "Caps on untrusted sizes"): a listing is
 /// held in memory (about 100 bytes a key), and a remote, or whatever answers in its name, could
 /// otherwise page out keys forever. 4 Mi keys: a thousand-tensor model with 4,000 versions.
-pub const MAX_LIST_KEYS: usize = 1 << 22;
+pub(crate) const MAX_LIST_KEYS: usize = 1 << 22;
 
 /// Longest key a listing keeps (S3's own limit); longer ones are not ckpt's and are skipped
 /// (they still count towards [`MAX_LIST_KEYS`]).
-pub const MAX_KEY_LEN: usize = 1024;
+pub(crate) const MAX_KEY_LEN: usize = 1024;
 
 /// Counts one more key of a listing of `prefix` on `remote` into `seen`: past
 /// [`MAX_LIST_KEYS`], [`Error::TooManyKeys`].
@@ -168,7 +168,7 @@ impl std::error::Error for Masked {}
 /// ckpt did not write (another library's error messages). A URL runs to the next white space,
 /// quote or angle bracket; closing punctuation at its end (`).,;]`) is kept out of it, so that a
 /// URL in parentheses keeps its closing one.
-pub fn mask_urls(text: &str) -> String {
+pub(crate) fn mask_urls(text: &str) -> String {
     let in_scheme = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -190,9 +190,9 @@ pub fn mask_urls(text: &str) -> String {
 /// The environment variable that sets the stall timeout of remote reads, in seconds (decimals
 /// allowed): how long an S3 request, or a read of a directory remote, may wait without
 /// progress before it is abandoned (and, for S3, retried).
-pub const TIMEOUT_ENV: &str = "CKPT_REMOTE_TIMEOUT";
+pub(crate) const TIMEOUT_ENV: &str = "CKPT_REMOTE_TIMEOUT";
 /// The stall timeout when [`TIMEOUT_ENV`] is not set.
-pub const DEFAULT_TIMEOUT_SECS: u64 = 30;
+pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 30;
 
 /// The stall timeout: [`TIMEOUT_ENV`], or [`DEFAULT_TIMEOUT_SECS`]; a value that is not a
 /// positive number is an error naming the remote at `url`.

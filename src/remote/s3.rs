@@ -32,11 +32,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Objects at least this large (and allowed to: [`UploadMode::MayReplace`]) go up as multipart
-/// uploads of [`PART_SIZE`] parts (4 parts: smaller ones gain little from parallel parts).
-pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
 /// Part size of multipart uploads (S3 allows 5 MiB to 5 GiB, at most 10,000 parts).
-pub const PART_SIZE: usize = 16 << 20;
+pub(crate) const PART_SIZE: usize = 16 << 20;
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
 
@@ -81,12 +78,14 @@ impl StoreRemote {
     }
 
     /// Multipart uploads in parts of `part_size` bytes (S3's minimum is 5 MiB), from objects
-    /// of 4 parts on (default: [`PART_SIZE`], from [`MULTIPART_THRESHOLD`]).
+    /// of 4 parts on (default: [`PART_SIZE`], from 64 MiB).
     pub fn with_part_size(mut self, part_size: usize) -> StoreRemote {
         self.part_size = part_size.max(1);
         self
     }
 
+    /// Objects at least this large (and allowed to: [`UploadMode::MayReplace`]) go up as
+    /// multipart uploads (4 parts: smaller ones gain little from parallel parts).
     fn multipart_threshold(&self) -> u64 {
         4 * self.part_size as u64
     }

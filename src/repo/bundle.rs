@@ -21,7 +21,7 @@ pub(super) const FS_BLOCK: u64 = 4096;
 /// Stored alone such a tensor takes a whole block, and a reverse-delta rewrite of it never frees
 /// one, so it would stay whole in every version that changes it. (Larger tensors keep their own
 /// blob: a delta of their own, `show` and `diff` per object.)
-pub const BUNDLE_BELOW: u64 = FS_BLOCK;
+pub(crate) const BUNDLE_BELOW: u64 = FS_BLOCK;
 
 /// Largest bundle, in bytes (a cap every manifest read is checked against, hence defined with
 /// the manifest).
@@ -29,7 +29,7 @@ pub(super) use super::model::BUNDLE_MAX;
 
 /// Fewest small tensors of one dtype worth a bundle: a single one is stored as its own blob,
 /// as before (a bundle of one would only add a level of indirection).
-pub const BUNDLE_MIN_MEMBERS: usize = 2;
+pub(crate) const BUNDLE_MIN_MEMBERS: usize = 2;
 
 /// Which planned segments go into which bundle: `(dtype, member indices in file order)` per
 /// bundle, in the order of their first member. `segments` gives each segment's length and, for

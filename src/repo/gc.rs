@@ -258,9 +258,9 @@ impl Repo {
         let doomed_set: HashSet<ObjectId> = doomed.iter().copied().collect();
         let mut chained = HashSet::new();
         for id in unreferenced.iter().filter(|id| !doomed_set.contains(id)) {
-            let mut next = self.store.header(id).ok().and_then(|h| h.reference);
+            let mut next = self.reference_of(id);
             while let Some(r) = next.filter(|r| doomed_set.contains(r) && chained.insert(*r)) {
-                next = self.store.header(&r).ok().and_then(|h| h.reference);
+                next = self.reference_of(&r);
             }
         }
         doomed.retain(|id| !chained.contains(id));
@@ -329,7 +329,7 @@ impl Repo {
             if spared.contains(id) || self.store.modified(id).is_ok_and(|m| m >= judged) {
                 let mut next = Some(*id);
                 while let Some(r) = next.filter(|r| spared.insert(*r)) {
-                    next = self.store.header(&r).ok().and_then(|h| h.reference);
+                    next = self.reference_of(&r);
                 }
                 continue;
             }
@@ -374,7 +374,7 @@ impl Repo {
     /// Deletes every object of the store that neither the files `live` (manifests: each with
     /// its blobs and their delta chains) nor a tag or branch other than the current one needs
     /// ([`Repo::gc_keeping_with`] with a fixed live set).
-    pub fn gc_keeping(&self, live: &[ObjectId], options: &GcOptions, dry_run: bool) -> Result<KeepReport> {
+    pub(crate) fn gc_keeping(&self, live: &[ObjectId], options: &GcOptions, dry_run: bool) -> Result<KeepReport> {
         self.gc_keeping_with(|| Ok(live.to_vec()), options, dry_run)
     }
 

@@ -101,6 +101,20 @@ pub fn edges<O: Objects + ?Sized>(objects: &O, node: Node) -> Result<Vec<Node>, 
     })
 }
 
+/// The versions among `edges`: of a version's edges, its parents (first parent first).
+pub fn versions(edges: &[Node]) -> Vec<VersionId> {
+    edges.iter().filter_map(|n| if let Node::Version(id) = n { Some(*id) } else { None }).collect()
+}
+
+impl Repo {
+    /// The blob that blob `id` is coded against (its edge), `None` for a standalone blob and
+    /// for an object that cannot be read as a blob: for walks that keep more, never less, when
+    /// a header is unreadable (gc's sparing of chains).
+    pub(super) fn reference_of(&self, id: &ObjectId) -> Option<ObjectId> {
+        edges(self, Node::Blob(*id)).ok()?.first().map(Node::id)
+    }
+}
+
 /// Walks the graph from `roots` depth first, each node once, in the order a node is found:
 /// a node before the nodes it points to, in [`edges`] order. `enter` is asked before a node is
 /// read: a node it refuses is left out, with whatever is reached only through it. `visit` is

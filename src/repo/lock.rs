@@ -72,13 +72,13 @@ impl Drop for Held {
 
 impl WriterLock {
     /// Takes the lock at `path`, waiting up to `timeout`.
-    pub fn acquire(path: &Path, timeout: Duration) -> Result<WriterLock> {
+    pub(crate) fn acquire(path: &Path, timeout: Duration) -> Result<WriterLock> {
         acquire(path, timeout, false).map(|file| WriterLock { _file: Held(file) })
     }
 
     /// Whether another process is waiting for the lock at `path`. A marker left by a waiter that
     /// is gone is deleted (and does not count).
-    pub fn is_wanted(path: &Path) -> bool {
+    pub(crate) fn is_wanted(path: &Path) -> bool {
         let marker = waiting_path(path);
         let Ok(file) = File::open(&marker) else { return false };
         match file.try_lock() {
@@ -102,7 +102,7 @@ impl WriterLock {
 impl ReaderLock {
     /// Takes the shared side of the lock at `path`, waiting up to `timeout` for a writer to
     /// finish (and saying so in `.ckpt/lock.waiting`, so a background compaction steps aside).
-    pub fn acquire(path: &Path, timeout: Duration) -> Result<ReaderLock> {
+    pub(crate) fn acquire(path: &Path, timeout: Duration) -> Result<ReaderLock> {
         acquire(path, timeout, true).map(|file| ReaderLock { _file: Held(file) })
     }
 }

@@ -26,7 +26,7 @@ mod config;
 mod cut;
 mod error;
 #[cfg(test)]
-pub(crate) mod fixtures;
+pub mod fixtures;
 mod gc;
 pub mod graph;
 mod index_cache;
@@ -96,12 +96,12 @@ pub type VersionId = ObjectId;
 /// Name of the repository directory inside the working tree.
 pub const DIR_NAME: &str = ".ckpt";
 /// Branch a new repository starts on.
-pub const DEFAULT_BRANCH: &str = "main";
+pub(crate) const DEFAULT_BRANCH: &str = "main";
 /// Files `rm`-ed since the last commit, as a JSON list of paths.
 const REMOVALS_FILE: &str = "pending-removals";
 
 /// How long a writer waits for another writer by default.
-pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Receives progress of long operations (commit, checkout, gc, verify). Called from the thread
 /// running the operation. The default methods do nothing.
@@ -147,15 +147,13 @@ pub struct VersionInfo {
 
 impl VersionInfo {
     fn from_version(id: VersionId, v: &Version) -> VersionInfo {
-        VersionInfo {
-            id,
-            parents: v.parents.clone(),
-            time: v.time,
-            message: v.message.clone(),
-            files: v.files.iter().map(|f| f.path.clone()).collect(),
-            raw_bytes: v.raw_bytes,
-            stored_bytes: v.stored_bytes,
-        }
+        VersionInfo::from_record(id, index_cache::version_record(v))
+    }
+
+    /// Version `id`'s info from its index record.
+    fn from_record(id: VersionId, r: crate::index::VersionRecord) -> VersionInfo {
+        let crate::index::VersionRecord { parents, time, message, files, raw_bytes, stored_bytes } = r;
+        VersionInfo { id, parents, time, message, files, raw_bytes, stored_bytes }
     }
 }
 
@@ -380,7 +378,7 @@ impl Repo {
     }
 
     /// The path of `input` (absolute, or relative to the root) as a repository path.
-    pub fn repo_path(&self, input: &Path) -> Result<RepoPath> {
+    pub(crate) fn repo_path(&self, input: &Path) -> Result<RepoPath> {
         RepoPath::from_input(&self.root, input)
     }
 
@@ -399,15 +397,7 @@ impl Repo {
     /// `log` metadata of one version, from the index if cached.
     pub fn version_info(&self, id: &VersionId) -> Result<VersionInfo> {
         if let Some(Ok(Some(r))) = self.index().map(|ix| ix.version(id)) {
-            return Ok(VersionInfo {
-                id: *id,
-                parents: r.parents,
-                time: r.time,
-                message: r.message,
-                files: r.files,
-                raw_bytes: r.raw_bytes,
-                stored_bytes: r.stored_bytes,
-            });
+            return Ok(VersionInfo::from_record(*id, r));
         }
         let v = self.version(id)?;
         self.index_version(id, &v);
@@ -437,28 +427,14 @@ impl Repo {
         // when it fails and the cut has moved since it began.
         let mut attempts = 0;
         loop {
+            // History ends at a partial clone's cut version and where it was pruned (partial.rs).
             let cut = self.cut_versions()?;
-            match self.log_within(rev, &cut) {
+            let walked = self.resolve(rev).and_then(|tip| self.first_parents(tip, &cut).collect());
+            match walked {
                 Err(_) if attempts < 5 && self.cut_versions().is_ok_and(|now| now != cut) => attempts += 1,
                 result => return result,
             }
         }
-    }
-
-    /// [`Repo::log`] with history ending at `cut`.
-    fn log_within(&self, rev: &str, cut: &partial::HistoryCuts) -> Result<Vec<VersionInfo>> {
-        let mut id = Some(self.resolve(rev)?);
-        let mut out = Vec::new();
-        while let Some(current) = id {
-            let info = self.version_info(&current)?;
-            // History ends at a partial clone's cut version and where it was pruned (partial.rs).
-            id = self.first_parent_here(cut, &current, &info.parents);
-            out.push(info);
-            if out.len() > 10_000_000 {
-                return Err(Error::CorruptMetadata { id: current, reason: "history does not end".into() });
-            }
-        }
-        Ok(out)
     }
 
     /// Creates tag `name` at `rev` (default `HEAD`).
@@ -518,7 +494,7 @@ impl Repo {
     // ---- rm -----------------------------------------------------------------------------
 
     /// Files `rm`-ed since the last commit.
-    pub fn pending_removals(&self) -> Result<Vec<String>> {
+    pub(crate) fn pending_removals(&self) -> Result<Vec<String>> {
         self.read_list(REMOVALS_FILE, "pending removals")
     }
 
@@ -528,11 +504,17 @@ impl Repo {
 
     /// A JSON list kept in `.ckpt/<name>` (empty when the file is missing).
     fn read_list<T: serde::de::DeserializeOwned>(&self, name: &str, what: &str) -> Result<Vec<T>> {
+        Ok(self.read_record(name, what)?.unwrap_or_default())
+    }
+
+    /// The JSON record `.ckpt/<name>` (`what` it is, for the error), `None` when it is missing.
+    fn read_record<T: serde::de::DeserializeOwned>(&self, name: &str, what: &str) -> Result<Option<T>> {
         let path = self.dir.join(name);
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
                 .map_err(|e| Error::Config { path: path.clone(), reason: format!("{what}: {e}") }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(Error::Io { action: "reading", path, source }),
         }
     }

@@ -40,25 +40,25 @@ pub mod limits {
     /// Segments in one manifest: a million tensors and gaps (a 70B-parameter model has about
     /// 1,000 tensors). Parsed, a segment takes about 150 bytes, so this bounds a manifest to
     /// some 300 MB of memory however its JSON is laid out.
-    pub const MAX_SEGMENTS: usize = 1 << 20;
+    pub(crate) const MAX_SEGMENTS: usize = 1 << 20;
     /// Bundles in one manifest (at least 2 members each, so never more than half the segments).
-    pub const MAX_BUNDLES: usize = MAX_SEGMENTS / 2;
+    pub(crate) const MAX_BUNDLES: usize = MAX_SEGMENTS / 2;
     /// Dimensions of a tensor's shape (numpy allows 64; safetensors and torch files in practice
     /// use at most a handful).
-    pub const MAX_DIMS: usize = 64;
+    pub(crate) const MAX_DIMS: usize = 64;
     /// Bytes of a tensor name (names are dotted module paths, typically under 100 bytes).
-    pub const MAX_NAME_LEN: usize = 64 << 10;
+    pub(crate) const MAX_NAME_LEN: usize = 64 << 10;
     /// Bytes of a dtype name (the longest safetensors name is 7 bytes).
-    pub const MAX_DTYPE_LEN: usize = 16;
+    pub(crate) const MAX_DTYPE_LEN: usize = 16;
     /// Length of one file (a pebibyte: far beyond any checkpoint, small enough that sums of a
     /// million of them cannot overflow).
-    pub const MAX_FILE_LEN: u64 = 1 << 50;
+    pub(crate) const MAX_FILE_LEN: u64 = 1 << 50;
     /// Files in one version.
-    pub const MAX_FILES: usize = 1 << 20;
+    pub(crate) const MAX_FILES: usize = 1 << 20;
     /// Parents of one version (ckpt writes at most one).
-    pub const MAX_PARENTS: usize = 16;
+    pub(crate) const MAX_PARENTS: usize = 16;
     /// Bytes of a commit message (git has no limit; a megabyte is a long log).
-    pub const MAX_MESSAGE_LEN: usize = 1 << 20;
+    pub(crate) const MAX_MESSAGE_LEN: usize = 1 << 20;
 }
 
 /// A `Vec` deserialized element by element that refuses more than `max` elements, allocating
@@ -250,7 +250,7 @@ impl TensorRef {
     }
 
     /// The reference to a storage of a `torch.save` archive.
-    pub fn of_storage(s: &crate::torch_zip::Storage) -> TensorRef {
+    pub(crate) fn of_storage(s: &crate::torch_zip::Storage) -> TensorRef {
         TensorRef { name: s.name.clone(), dtype: s.dtype.safetensors_name().to_string(), shape: s.shape.clone() }
     }
 
@@ -388,7 +388,7 @@ impl Manifest {
 
     /// Checks the caps of [`limits`] that parsing does not (string and file lengths); the
     /// reason if one is exceeded. A commit calls this before writing a manifest.
-    pub fn check_limits(&self) -> std::result::Result<(), String> {
+    pub(crate) fn check_limits(&self) -> std::result::Result<(), String> {
         if self.segments.len() > limits::MAX_SEGMENTS || self.bundles.len() > limits::MAX_BUNDLES {
             return Err(format!(
                 "{} segments and {} bundles (at most {} and {})",
@@ -528,7 +528,7 @@ impl Version {
 
     /// Checks the caps of [`limits`] that parsing does not (string and file lengths); the
     /// reason if one is exceeded. A commit calls this before writing a version.
-    pub fn check_limits(&self) -> std::result::Result<(), String> {
+    pub(crate) fn check_limits(&self) -> std::result::Result<(), String> {
         if self.files.len() > limits::MAX_FILES || self.parents.len() > limits::MAX_PARENTS {
             return Err(format!(
                 "{} files and {} parents (at most {} and {})",
@@ -579,7 +579,7 @@ impl Version {
 
     /// The entry for `path`, or if the version has no file there, the entries under the
     /// directory `path` (what `commit`, `checkout` and `rm` of a directory take).
-    pub fn files_at(&self, path: &str) -> Vec<&FileEntry> {
+    pub(crate) fn files_at(&self, path: &str) -> Vec<&FileEntry> {
         match self.file(path) {
             Some(f) => vec![f],
             None => self.files.iter().filter(|f| is_under(&f.path, path)).collect(),

@@ -8,6 +8,7 @@
 //! `ckpt prune` cuts history too, for good ([`super::prune`], `.ckpt/pruned`): [`HistoryCuts`]
 //! holds both kinds, so that every walk stops at either.
 
+use super::graph::{self, Node};
 use super::{Error, Repo, Result, VersionId};
 use std::collections::HashSet;
 
@@ -27,14 +28,7 @@ pub struct PartialClone {
 impl Repo {
     /// The partial-clone record, `None` for a repository that holds its whole history.
     pub fn partial_clone(&self) -> Result<Option<PartialClone>> {
-        let path = self.dir.join(PARTIAL_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| Error::Config { path: path.clone(), reason: format!("partial clone: {e}") }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::Io { action: "reading", path, source }),
-        }
+        self.read_record(PARTIAL_FILE, "partial clone")
     }
 
     /// Where history ends in this repository: a partial clone's cut versions and the versions
@@ -66,17 +60,37 @@ impl Repo {
         parents.iter().copied().filter(|p| !cut.partial.contains(id) || self.store.contains(p)).collect()
     }
 
-    /// The first parent of version `id` that a walk along first parents follows
-    /// ([`Self::parents_here`]).
-    pub(super) fn first_parent_here(
-        &self,
-        cut: &HistoryCuts,
-        id: &VersionId,
-        parents: &[VersionId],
-    ) -> Option<VersionId> {
-        let first = parents.first()?;
-        let followed = !cut.pruned.contains(id) && (!cut.partial.contains(id) || self.store.contains(first));
-        followed.then_some(*first)
+    /// [`Self::parents_here`] of version `id`, its parents read through the object graph.
+    pub(super) fn parents_followed(&self, cut: &HistoryCuts, id: &VersionId) -> Result<Vec<VersionId>> {
+        Ok(self.parents_here(cut, id, &graph::versions(&graph::edges(self, Node::Version(*id))?)))
+    }
+
+    /// History from `tip` back along first parents, newest first, each version with its
+    /// `log` metadata (from the index when cached), ending at a cut version whose first parent
+    /// is not followed ([`Self::parents_here`]). An unreadable version is an error; so is a
+    /// history that does not end (a cycle, only in a damaged store).
+    pub(super) fn first_parents<'a>(
+        &'a self,
+        tip: VersionId,
+        cut: &'a HistoryCuts,
+    ) -> impl Iterator<Item = Result<super::VersionInfo>> + 'a {
+        let mut next = Some(tip);
+        let mut steps = 0usize;
+        std::iter::from_fn(move || {
+            let id = next.take()?;
+            steps += 1;
+            if steps > 10_000_000 {
+                return Some(Err(Error::CorruptMetadata { id, reason: "history does not end".into() }));
+            }
+            let info = self.version_info(&id);
+            if let Ok(info) = &info {
+                let first = info.parents.first();
+                let followed = !cut.pruned.contains(&id)
+                    && (!cut.partial.contains(&id) || first.is_some_and(|p| self.store.contains(p)));
+                next = first.copied().filter(|_| followed);
+            }
+            Some(info)
+        })
     }
 
     /// Records `ids` as cut versions of a partial clone of remote `remote`. Written before the
@@ -97,26 +111,24 @@ impl Repo {
     /// history is cut (partial clone or prune), the parents still here are followed: ancestry
     /// is a fact the versions record (a push asks it of a remote's tip that this store holds
     /// again), not what keeps them.
-    pub fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
+    pub(crate) fn is_ancestor(&self, ancestor: &VersionId, id: &VersionId) -> Result<bool> {
         let cut = self.cut_versions()?;
-        let mut seen = HashSet::new();
-        let mut stack = vec![*id];
-        while let Some(v) = stack.pop() {
-            if v == *ancestor {
-                return Ok(true);
-            }
-            if seen.insert(v) {
-                let parents = self.version(&v)?.parents;
-                stack.extend(parents.into_iter().filter(|p| !cut.contains(&v) || self.store.contains(p)));
-            }
-        }
-        Ok(false)
+        let mut found = false;
+        let enter = |n: &Node| {
+            found |= n.id() == *ancestor;
+            !found
+        };
+        graph::walk(self, [Node::Version(*id)], enter, |node, edges| {
+            let here = |p: &VersionId| !cut.contains(&node.id()) || self.store.contains(p);
+            Ok(graph::versions(&edges).into_iter().filter(here).map(Node::Version).collect())
+        })?;
+        Ok(found)
     }
 }
 
 /// Where walks over history end ([`Repo::cut_versions`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct HistoryCuts {
+pub struct HistoryCuts {
     /// A partial clone's cut versions (`.ckpt/partial`): their parents are followed when here.
     pub(super) partial: HashSet<VersionId>,
     /// Versions whose history `ckpt prune` dropped (`.ckpt/pruned`): their parents are never

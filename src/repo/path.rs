@@ -39,7 +39,7 @@ impl RepoPath {
     /// `input` is taken relative to `root`. `.` and `..` are resolved lexically; if the result
     /// is not under `root`, the parent directory is canonicalized (to see through symlinks such
     /// as `/tmp` -> `/private/tmp`) and tried again.
-    pub fn from_input(root: &Path, input: &Path) -> Result<RepoPath> {
+    pub(crate) fn from_input(root: &Path, input: &Path) -> Result<RepoPath> {
         let invalid = |reason: &str| Error::InvalidPath { path: input.to_path_buf(), reason: reason.to_string() };
         let absolute = if input.is_absolute() { input.to_path_buf() } else { root.join(input) };
         let normal = normalize(&absolute).ok_or_else(|| invalid("'..' goes above the file system root"))?;
@@ -85,7 +85,7 @@ impl RepoPath {
     /// it, possibly): as git refuses such a path ("beyond a symbolic link"), nothing is tracked,
     /// written or deleted through it, and a tracked file there counts as missing. One `lstat`
     /// per directory, stopping at the first that is not there.
-    pub fn symlinked_dir(&self, dir: &Path) -> Option<PathBuf> {
+    pub(crate) fn symlinked_dir(&self, dir: &Path) -> Option<PathBuf> {
         let mut at = dir.to_path_buf();
         let (parents, _) = self.0.rsplit_once('/')?;
         for part in parents.split('/') {
@@ -125,7 +125,7 @@ impl std::fmt::Display for RepoPath {
 /// The first pair of paths among `paths` that cannot both exist in one tree: a file `a` and a
 /// file `a/b` under it (`a` would have to be a file and a directory). Returned as (file,
 /// path under it). Linear in the total number of path components.
-pub fn prefix_conflict<'a>(paths: impl IntoIterator<Item = &'a str>) -> Option<(String, String)> {
+pub(crate) fn prefix_conflict<'a>(paths: impl IntoIterator<Item = &'a str>) -> Option<(String, String)> {
     let all: std::collections::BTreeSet<&str> = paths.into_iter().collect();
     for p in &all {
         for (i, _) in p.match_indices('/') {

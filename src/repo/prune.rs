@@ -11,6 +11,7 @@
 //! thing) nor delete anything a root it was not asked to prune still needs.
 
 use super::gc::{GcOptions, GcReport};
+use super::graph::{self, Node};
 use super::partial::HistoryCuts;
 use super::{Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
@@ -132,16 +133,24 @@ struct Plan {
     cuts: HistoryCuts,
 }
 
+/// A branch's newest versions a prune keeps (newest first), under the branch's ref name.
+type KeptChain = (String, Vec<VersionId>);
+
+/// The blobs a prune's recodes concern ([`Repo::recodes_of`]).
+#[derive(Default)]
+struct Recodes {
+    /// The blobs the needed versions list.
+    needed: HashSet<ObjectId>,
+    /// The blobs the dropped versions list.
+    dropped: HashSet<ObjectId>,
+    /// The blobs to recode, each with the reference it loses.
+    todo: Vec<(ObjectId, ObjectId)>,
+}
+
 impl Repo {
     /// The record of pruned history (empty when nothing was pruned).
     pub fn pruned_history(&self) -> Result<PrunedHistory> {
-        let path = self.dir.join(PRUNED_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| Error::Config { path: path.clone(), reason: format!("pruned history: {e}") }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PrunedHistory::default()),
-            Err(source) => Err(Error::Io { action: "reading", path, source }),
-        }
+        Ok(self.read_record(PRUNED_FILE, "pruned history")?.unwrap_or_default())
     }
 
     /// Whether `ckpt prune` dropped the history before version `id` (a version with parents):
@@ -203,24 +212,7 @@ impl Repo {
             report.kept_by.push(KeptVersion { id: *id, time: v.time, message: v.message, root: root.clone() });
         }
         let dropped: HashSet<ObjectId> = plan.dropped.iter().copied().collect();
-        let (needed_blobs, dropped_blobs) = if plan.dropped.is_empty() {
-            (HashSet::new(), HashSet::new())
-        } else {
-            (self.blobs_of(plan.needed.keys())?, self.blobs_of(plan.dropped.iter())?)
-        };
-        let recode = if plan.dropped.is_empty() {
-            Vec::new()
-        } else {
-            // Every version still needed, not only the branches' newest: under `reverse` an
-            // older version a tag keeps is a delta against the next one, which is dropped.
-            let mut order: Vec<VersionId> = plan.kept_by.iter().map(|(id, _)| *id).collect();
-            order.extend(plan.kept_oldest_first.iter().copied());
-            let listed: HashSet<VersionId> = order.iter().copied().collect();
-            let mut others: Vec<VersionId> = plan.needed.keys().filter(|id| !listed.contains(id)).copied().collect();
-            others.sort_unstable();
-            order.extend(others);
-            self.recode_candidates(&order, &needed_blobs)?
-        };
+        let Recodes { needed: needed_blobs, dropped: dropped_blobs, todo: recode } = self.recodes_of(&plan)?;
         if options.dry_run {
             // The recodes are not done, but their bases are counted as freed (the objects
             // recoded grow, which the preview does not know: `recoded_bytes_after` stays 0).
@@ -304,54 +296,11 @@ impl Repo {
     /// Decides what a prune of `branches` to their newest `keep_last` versions drops.
     fn plan_prune(&self, keep_last: usize, branches: &[(String, VersionId)]) -> Result<Plan> {
         let cuts = self.cut_versions()?;
-        let pruned_refs: HashSet<String> = branches.iter().map(|(b, _)| format!("refs/heads/{b}")).collect();
-        // Every other branch, a detached HEAD and a partial clone's cut keep their whole
-        // history (as far as it is held here): each is a line of work of its own. A tag and a
-        // remote-tracking ref keep their own version, not its history: a tag marks one
-        // checkpoint (tagging each save, or the best one, must not make `keep_last` keep
-        // everything), and a remote-tracking ref's history is on its remote (what was not
-        // pushed there yet stays: `mark_unpushed`). Pending delta rewrites are no reason to
-        // keep a version: those of dropped versions are forgotten.
-        let mut needed: HashMap<VersionId, String> = HashMap::new();
-        let mut other_roots = Vec::new();
-        let mut other_roots_named = Vec::new();
-        for root in self.roots() {
-            let root = root?;
-            if pruned_refs.contains(&root.name) || root.name == ".ckpt/pending-deltas" {
-                continue;
-            }
-            other_roots.push(root.id);
-            other_roots_named.push(root.clone());
-            if root.name.starts_with("refs/tags/") || root.name.starts_with("refs/remotes/") {
-                needed.entry(root.id).or_insert_with(|| root.name.clone());
-            } else {
-                self.mark_history(&[root.id], &cuts, &root.name, &mut needed)?;
-            }
-        }
-        // Each branch keeps its newest versions along first parents, and whatever they merged.
-        let mut kept = HashSet::new();
-        let mut kept_chains = Vec::new();
-        let mut plans = Vec::new();
-        for (name, tip) in branches {
-            let root = format!("refs/heads/{name}");
-            let mut chain = Vec::new();
-            let mut next = Some(*tip);
-            while let Some(id) = next.filter(|_| chain.len() < keep_last) {
-                let parents = self.version_info(&id)?.parents;
-                next = self.first_parent_here(&cuts, &id, &parents);
-                chain.push((id, parents));
-            }
-            // Marked before the kept versions themselves, whose own history is not needed.
-            let oldest = chain.len().saturating_sub(1);
-            for (id, parents) in &chain[..oldest] {
-                let merged: Vec<VersionId> = self.parents_here(&cuts, id, parents).into_iter().skip(1).collect();
-                self.mark_history(&merged, &cuts, &root, &mut needed)?;
-            }
-            plans.push(BranchPruned { name: name.clone(), kept: chain.len(), cut: None });
-            kept_chains.push((root, chain.into_iter().map(|(id, _)| id).collect::<Vec<_>>()));
-        }
+        let (mut needed, others) = self.needed_by_others(branches, &cuts)?;
+        let (mut plans, chains) = self.newest_of(keep_last, branches, &cuts, &mut needed)?;
         let mut kept_oldest_first = Vec::new();
-        for (root, chain) in &kept_chains {
+        let mut kept = HashSet::new();
+        for (root, chain) in &chains {
             for id in chain {
                 if kept.insert(*id) {
                     kept_oldest_first.push(*id);
@@ -359,51 +308,49 @@ impl Repo {
                 needed.entry(*id).or_insert_with(|| root.clone());
             }
         }
+        kept_oldest_first.reverse();
         // What the branches hold beyond that: dropped unless another root needs it.
         // (Per branch: one branch's older version may be among another's newest.)
-        let tips: Vec<VersionId> = branches.iter().map(|(_, tip)| *tip).collect();
         let mut older = Vec::new();
         let mut listed = HashSet::new();
-        for (_, chain) in &kept_chains {
+        for (_, chain) in &chains {
             let own: HashSet<&VersionId> = chain.iter().collect();
             let history = self.mark_history(&chain[..1], &cuts, "", &mut HashMap::new())?;
             older.extend(history.into_iter().filter(|id| !own.contains(id) && listed.insert(*id)));
         }
-        self.mark_unpushed(&older, &other_roots_named, &cuts, &mut needed)?;
-        let mut dropped = Vec::new();
-        let mut kept_by = Vec::new();
-        for id in older {
-            match needed.get(&id) {
-                Some(root) => kept_by.push((id, root.clone())),
-                None => dropped.push(id),
-            }
-        }
+        self.mark_unpushed(&older, &others, &cuts, &mut needed)?;
+        let (kept_by, dropped): (Vec<VersionId>, Vec<VersionId>) =
+            older.into_iter().partition(|id| needed.contains_key(id));
+        let kept_by: Vec<(VersionId, String)> = kept_by.into_iter().map(|id| (id, needed[&id].clone())).collect();
         let dropped_set: HashSet<VersionId> = dropped.iter().copied().collect();
         // History now ends at each kept version with a dropped parent (only versions the
         // branches hold can have one: a version a tag or remote-tracking ref keeps alone, or
         // one of the branches' newest).
         let mut new_cuts = Vec::new();
-        for id in kept.iter().chain(kept_by.iter().map(|(id, _)| id)) {
-            let parents = self.version_info(id)?.parents;
-            if self.parents_here(&cuts, id, &parents).iter().any(|p| dropped_set.contains(p)) {
+        for id in kept_oldest_first.iter().chain(kept_by.iter().map(|(id, _)| id)) {
+            if self.parents_followed(&cuts, id)?.iter().any(|p| dropped_set.contains(p)) {
                 new_cuts.push(*id);
             }
         }
         new_cuts.sort();
         new_cuts.dedup();
         for (plan, (_, tip)) in plans.iter_mut().zip(branches) {
-            plan.cut = self.first_cut_along(tip, &new_cuts, &cuts)?;
+            for info in self.first_parents(*tip, &cuts) {
+                let id = info?.id;
+                if new_cuts.contains(&id) {
+                    plan.cut = Some(id);
+                    break;
+                }
+            }
         }
         let pending_before = self.pending_deltas()?;
-        let pending: Vec<VersionId> =
-            pending_before.iter().copied().filter(|v| !dropped_set.contains(v) && !new_cuts.contains(v)).collect();
-        let cuts_to_code: Vec<VersionId> = pending_before.iter().copied().filter(|v| new_cuts.contains(v)).collect();
-        let mut roots = other_roots;
-        roots.extend(tips);
+        let (cuts_to_code, pending): (Vec<VersionId>, Vec<VersionId>) =
+            pending_before.iter().filter(|v| !dropped_set.contains(v)).partition(|v| new_cuts.contains(v));
+        let mut roots: Vec<VersionId> = others.iter().map(|r| r.id).collect();
+        roots.extend(branches.iter().map(|(_, tip)| *tip));
         roots.extend(pending.iter().copied().filter(|v| self.store.contains(v)));
         let mut after = cuts.clone();
         after.pruned.extend(new_cuts.iter().copied());
-        kept_oldest_first.reverse();
         Ok(Plan {
             branches: plans,
             kept_oldest_first,
@@ -419,6 +366,63 @@ impl Repo {
         })
     }
 
+    /// What the roots other than `branches` (and the pending delta rewrites) keep, each
+    /// version with the first root found keeping it, and those roots. Every other branch, a
+    /// detached HEAD and a partial clone's cut keep their whole history (as far as it is held
+    /// here): each is a line of work of its own. A tag and a remote-tracking ref keep their own
+    /// version, not its history: a tag marks one checkpoint (tagging each save, or the best
+    /// one, must not make `keep_last` keep everything), and a remote-tracking ref's history is
+    /// on its remote (what was not pushed there yet stays: `mark_unpushed`). Pending delta
+    /// rewrites are no reason to keep a version: those of dropped versions are forgotten.
+    fn needed_by_others(
+        &self,
+        branches: &[(String, VersionId)],
+        cuts: &HistoryCuts,
+    ) -> Result<(HashMap<VersionId, String>, Vec<super::Root>)> {
+        let pruned_refs: HashSet<String> = branches.iter().map(|(b, _)| format!("refs/heads/{b}")).collect();
+        let mut needed: HashMap<VersionId, String> = HashMap::new();
+        let mut others = Vec::new();
+        for root in self.roots() {
+            let root = root?;
+            if pruned_refs.contains(&root.name) || root.name == ".ckpt/pending-deltas" {
+                continue;
+            }
+            if root.name.starts_with("refs/tags/") || root.name.starts_with("refs/remotes/") {
+                needed.entry(root.id).or_insert_with(|| root.name.clone());
+            } else {
+                self.mark_history(&[root.id], cuts, &root.name, &mut needed)?;
+            }
+            others.push(root);
+        }
+        Ok((needed, others))
+    }
+
+    /// Each branch's newest `keep_last` versions along first parents (newest first, with the
+    /// branch's ref name), marking in `needed` whatever they merged.
+    fn newest_of(
+        &self,
+        keep_last: usize,
+        branches: &[(String, VersionId)],
+        cuts: &HistoryCuts,
+        needed: &mut HashMap<VersionId, String>,
+    ) -> Result<(Vec<BranchPruned>, Vec<KeptChain>)> {
+        let mut plans = Vec::new();
+        let mut chains = Vec::new();
+        for (name, tip) in branches {
+            let root = format!("refs/heads/{name}");
+            let chain: Vec<super::VersionInfo> =
+                self.first_parents(*tip, cuts).take(keep_last).collect::<Result<_>>()?;
+            // Marked before the kept versions themselves, whose own history is not needed.
+            for v in &chain[..chain.len().saturating_sub(1)] {
+                let merged: Vec<VersionId> = self.parents_here(cuts, &v.id, &v.parents).into_iter().skip(1).collect();
+                self.mark_history(&merged, cuts, &root, needed)?;
+            }
+            plans.push(BranchPruned { name: name.clone(), kept: chain.len(), cut: None });
+            chains.push((root, chain.into_iter().map(|v| v.id).collect()));
+        }
+        Ok((plans, chains))
+    }
+
     /// Adds every version of the history of `starts` (stopping at `cuts`) to `into`, named
     /// `root`, down to versions already there; returns those added, in the order found (along
     /// first parents, newest first).
@@ -430,18 +434,15 @@ impl Repo {
         into: &mut HashMap<VersionId, String>,
     ) -> Result<Vec<VersionId>> {
         let mut added = Vec::new();
-        let mut stack: Vec<VersionId> = starts.iter().rev().copied().collect();
-        while let Some(id) = stack.pop() {
-            // A version already marked has its history marked too (same cuts).
-            if into.contains_key(&id) {
-                continue;
-            }
-            into.insert(id, root.to_string());
-            added.push(id);
-            let parents = self.version_info(&id)?.parents;
-            // First parent popped first: a linear history comes out newest first.
-            stack.extend(self.parents_here(cuts, &id, &parents).into_iter().rev());
-        }
+        // A version already marked has its history marked too (same cuts).
+        let enter = |n: &Node| !into.contains_key(&n.id());
+        graph::walk(self, starts.iter().map(|id| Node::Version(*id)), enter, |node, edges| {
+            added.push(node.id());
+            // First parent first: a linear history comes out newest first.
+            let parents = self.parents_here(cuts, &node.id(), &graph::versions(&edges));
+            Ok(parents.into_iter().map(Node::Version).collect())
+        })?;
+        into.extend(added.iter().map(|id| (*id, root.to_string())));
         Ok(added)
     }
 
@@ -463,7 +464,7 @@ impl Repo {
         let older_set: HashSet<VersionId> = older.iter().copied().collect();
         let mut children: HashMap<VersionId, Vec<VersionId>> = HashMap::new();
         for id in older {
-            for p in self.parents_here(cuts, id, &self.version_info(id)?.parents) {
+            for p in self.parents_followed(cuts, id)? {
                 children.entry(p).or_default().push(*id);
             }
         }
@@ -484,66 +485,58 @@ impl Repo {
         Ok(())
     }
 
-    /// The first of `new_cuts` along first parents from `tip`.
-    fn first_cut_along(
-        &self,
-        tip: &VersionId,
-        new_cuts: &[VersionId],
-        cuts: &HistoryCuts,
-    ) -> Result<Option<VersionId>> {
-        let mut next = Some(*tip);
-        let mut steps = 0usize;
-        while let Some(id) = next {
-            if new_cuts.contains(&id) {
-                return Ok(Some(id));
-            }
-            steps += 1;
-            if steps > 10_000_000 {
-                return Err(Error::CorruptMetadata { id, reason: "history does not end".into() });
-            }
-            next = self.first_parent_here(cuts, &id, &self.version_info(&id)?.parents);
-        }
-        Ok(None)
-    }
-
-    /// The blobs the files of `versions` list (not their delta references).
-    fn blobs_of<'a>(&self, versions: impl Iterator<Item = &'a VersionId>) -> Result<HashSet<ObjectId>> {
-        let mut manifests = HashSet::new();
-        let mut blobs = HashSet::new();
-        for id in versions {
-            for f in self.version(id)?.files {
-                if manifests.insert(f.manifest) {
-                    blobs.extend(self.manifest(&f.manifest)?.blobs());
-                }
-            }
-        }
+    /// The blobs the files of `versions` list (not their delta references), each once, in
+    /// the order listed.
+    fn listed_blobs<'a>(&self, versions: impl IntoIterator<Item = &'a VersionId>) -> Result<Vec<ObjectId>> {
+        let mut blobs = Vec::new();
+        let mut seen = HashSet::new();
+        graph::walk(
+            self,
+            versions.into_iter().map(|id| Node::Version(*id)),
+            |_| true,
+            |node, edges| {
+                Ok(match node {
+                    // Its files, not its history.
+                    Node::Version(_) => edges.into_iter().filter(|n| matches!(n, Node::Manifest(_))).collect(),
+                    _ => {
+                        blobs.extend(edges.iter().map(Node::id).filter(|b| seen.insert(*b)));
+                        Vec::new()
+                    }
+                })
+            },
+        )?;
         Ok(blobs)
     }
 
-    /// The blobs of the versions `kept` (older versions other roots keep, then the branches'
-    /// kept versions oldest first, then any other needed version) whose delta reference no
-    /// needed version lists (`needed`), each with that reference: under `previous` (and
-    /// `base`, `skip`) the oldest kept version is coded against the version before it (or an
-    /// older full base), and under `reverse` an older version a tag keeps against the version
-    /// after it; either would otherwise keep the dropped blobs as bases.
-    fn recode_candidates(&self, kept: &[VersionId], needed: &HashSet<ObjectId>) -> Result<Vec<(ObjectId, ObjectId)>> {
+    /// The blobs the needed versions list, those the dropped ones list, and the recodes: the
+    /// blobs of the needed versions (older versions other roots keep, then the branches' kept
+    /// versions oldest first, then any other needed version) whose delta reference no needed
+    /// version lists, each with that reference. Under `previous` (and `base`, `skip`) the
+    /// oldest kept version is coded against the version before it (or an older full base),
+    /// and under `reverse` an older version a tag keeps against the version after it; either
+    /// would otherwise keep the dropped blobs as bases.
+    fn recodes_of(&self, plan: &Plan) -> Result<Recodes> {
+        if plan.dropped.is_empty() {
+            return Ok(Recodes::default());
+        }
+        let needed: HashSet<ObjectId> = self.listed_blobs(plan.needed.keys())?.into_iter().collect();
+        let dropped: HashSet<ObjectId> = self.listed_blobs(&plan.dropped)?.into_iter().collect();
+        // Every version still needed, not only the branches' newest: under `reverse` an
+        // older version a tag keeps is a delta against the next one, which is dropped.
+        let mut order: Vec<VersionId> = plan.kept_by.iter().map(|(id, _)| *id).collect();
+        order.extend(plan.kept_oldest_first.iter().copied());
+        let listed: HashSet<VersionId> = order.iter().copied().collect();
+        let mut others: Vec<VersionId> = plan.needed.keys().filter(|id| !listed.contains(id)).copied().collect();
+        others.sort_unstable();
+        order.extend(others);
         let mut todo = Vec::new();
-        let mut seen = HashSet::new();
-        for id in kept {
-            for f in self.version(id)?.files {
-                for blob in self.manifest(&f.manifest)?.blobs() {
-                    if !seen.insert(blob) {
-                        continue;
-                    }
-                    let header = self.store.header(&blob)?;
-                    match header.reference {
-                        Some(r) if header.kind == ObjectKind::Blob && !needed.contains(&r) => todo.push((blob, r)),
-                        _ => {}
-                    }
-                }
+        for blob in self.listed_blobs(&order)? {
+            match graph::edges(self, Node::Blob(blob))?.first() {
+                Some(r) if !needed.contains(&r.id()) => todo.push((blob, r.id())),
+                _ => {}
             }
         }
-        Ok(todo)
+        Ok(Recodes { needed, dropped, todo })
     }
 
     /// Recodes the blobs `todo` (each with the reference it loses): the first of each old

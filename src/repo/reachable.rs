@@ -143,11 +143,9 @@ impl Repo {
                 Ok(match node {
                     // A version's files (each with its blobs' chains) before its history.
                     Node::Version(_) => {
-                        let (parents, manifests): (Vec<Node>, Vec<Node>) =
-                            edges.into_iter().partition(|n| matches!(n, Node::Version(_)));
-                        let parents: Vec<VersionId> = parents.iter().map(Node::id).collect();
-                        let here = self.parents_here(cut, &id, &parents);
-                        manifests.into_iter().chain(here.into_iter().rev().map(Node::Version)).collect()
+                        let here = self.parents_here(cut, &id, &graph::versions(&edges));
+                        let manifests = edges.into_iter().filter(|n| matches!(n, Node::Manifest(_)));
+                        manifests.chain(here.into_iter().rev().map(Node::Version)).collect()
                     }
                     Node::Manifest(_) => edges,
                     Node::Blob(_) if chains && !whole.contains(&id) => edges,
@@ -163,7 +161,7 @@ impl Repo {
     /// against it and a manifest after its blobs (the order an upload must follow). Every
     /// object is read (manifests whole, blobs' headers): a missing or unreadable one is an
     /// error naming it.
-    pub fn file_objects(&self, manifests: &[ObjectId]) -> Result<Vec<Needed>> {
+    pub(crate) fn file_objects(&self, manifests: &[ObjectId]) -> Result<Vec<Needed>> {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         for manifest in manifests {

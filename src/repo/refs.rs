@@ -4,6 +4,7 @@
 //! (`refs/remotes/REMOTE/BRANCH`). They are the roots of history: `gc` keeps what any of them
 //! reaches ([`Refs::all`], docs/format.md "What gc keeps").
 
+use super::graph::{self, Node};
 use super::{Error, Result};
 use crate::object_id::ObjectId;
 use std::io::Write;
@@ -45,7 +46,7 @@ impl RefKind {
 
 /// The ref files of one repository.
 #[derive(Clone, Debug)]
-pub(crate) struct Refs {
+pub struct Refs {
     dir: PathBuf,
 }
 
@@ -111,7 +112,7 @@ impl Refs {
         parse_id(text).map(Head::Detached).ok_or_else(|| corrupt("neither a branch nor a version id"))
     }
 
-    pub fn set_head(&self, head: &Head) -> Result<()> {
+    pub(crate) fn set_head(&self, head: &Head) -> Result<()> {
         let text = match head {
             Head::Branch(b) => format!("ref: refs/heads/{b}\n"),
             Head::Detached(id) => format!("{id}\n"),
@@ -180,7 +181,7 @@ impl Refs {
 
     /// The remote-tracking ref `refs/remotes/REMOTE/BRANCH`: where `BRANCH` was on `REMOTE` at
     /// the last fetch or push.
-    pub fn get_remote(&self, remote: &str, branch: &str) -> Result<Option<ObjectId>> {
+    pub(crate) fn get_remote(&self, remote: &str, branch: &str) -> Result<Option<ObjectId>> {
         if check_name(remote).is_err() || check_name(branch).is_err() {
             return Ok(None);
         }
@@ -401,17 +402,16 @@ impl super::Repo {
         for k in [RefKind::Branch, RefKind::Tag] {
             starts.extend(self.refs.list(k)?.into_iter().filter(|(n, _)| !(k == kind && n == name)).map(|(_, i)| i));
         }
-        let mut seen = std::collections::HashSet::new();
-        while let Some(v) = starts.pop() {
-            if v == *id {
-                return Ok(true);
-            }
-            if !seen.insert(v) || !self.store.contains(&v) {
-                continue;
-            }
-            starts.extend(self.version_info(&v)?.parents);
-        }
-        Ok(false)
+        let mut found = false;
+        let enter = |n: &Node| {
+            found |= n.id() == *id;
+            !found && self.store.contains(&n.id())
+        };
+        // Last start and last parent first, as this walk always went.
+        let starts = starts.into_iter().rev().map(Node::Version);
+        let parents = |_, edges: Vec<Node>| Ok(graph::versions(&edges).into_iter().rev().map(Node::Version).collect());
+        graph::walk(self, starts, enter, parents)?;
+        Ok(found)
     }
 }
 

@@ -9,7 +9,6 @@ use super::model::{Manifest, Version};
 use super::{Repo, Result, VersionId};
 use crate::object_id::ObjectId;
 use crate::store::ObjectKind;
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 
 /// An object that failed verification.
@@ -142,42 +141,58 @@ impl Repo {
                 }
             }
         }
-
-        // Every version the roots reach, each with the first root that reached it.
-        let present: HashSet<ObjectId> = ids.iter().copied().collect();
-        let kind_of = |id: &ObjectId| self.store.header(id).ok().map(|h| h.kind);
-        let cut = self.cut_versions()?;
-        let mut stack: Vec<(VersionId, String)> = Vec::new();
-        for root in roots.into_iter().rev() {
-            if !present.contains(&root.id) || kind_of(&root.id) != Some(ObjectKind::Version) {
+        let present: HashSet<ObjectId> = ids.into_iter().collect();
+        for root in roots.iter().rev() {
+            if !present.contains(&root.id) || self.store_kind(&root.id) != Some(ObjectKind::Version) {
                 report.bad_refs.push(format!("{} points to {}, which is not a stored version", root.name, root.id));
             }
-            stack.push((root.id, root.name));
         }
-        let mut reached: BTreeMap<VersionId, String> = BTreeMap::new();
-        let mut order = Vec::new();
-        let mut files: BTreeMap<VersionId, Vec<ObjectId>> = BTreeMap::new();
-        // Per manifest read: its length, file hash and blobs (`None`: unreadable).
-        let mut manifests: BTreeMap<ObjectId, Option<(u64, ObjectId, Vec<ObjectId>)>> = BTreeMap::new();
-        let mut missing: BTreeMap<ObjectId, String> = BTreeMap::new();
-        while let Some((id, root)) = stack.pop() {
-            if reached.contains_key(&id) {
+        let (cut, mut walk) = (self.cut_versions()?, Reached::default());
+        for root in roots {
+            self.reach_versions(root, &cut, &present, &mut walk, &mut bad);
+        }
+        walk.report_needs(&present, &mut bad, &mut report);
+        report.bad_objects = bad.into_iter().map(|(id, problem)| BadObject { id, problem }).collect();
+        Ok(report)
+    }
+
+    /// The kind the header of object `id` gives, `None` when it cannot be read.
+    fn store_kind(&self, id: &ObjectId) -> Option<ObjectKind> {
+        self.store.header(id).ok().map(|h| h.kind)
+    }
+
+    /// Walks the versions `root` reaches that no earlier root reached (a partial clone's or a
+    /// prune's history ends at its cut versions: partial.rs), checking what each names: its
+    /// parents are versions, its files' manifests are manifests of the file's length and hash
+    /// whose blobs have the lengths they list. Unlike [`super::graph::walk`] it reports what it
+    /// cannot read and goes on: a version that cannot be read ends its line.
+    fn reach_versions(
+        &self,
+        root: super::Root,
+        cut: &super::partial::HistoryCuts,
+        present: &HashSet<ObjectId>,
+        walk: &mut Reached,
+        bad: &mut BTreeMap<ObjectId, String>,
+    ) {
+        let mut stack = vec![root.id];
+        while let Some(id) = stack.pop() {
+            if walk.reached.contains_key(&id) {
                 continue;
             }
-            reached.insert(id, root.clone());
-            order.push(id);
+            walk.reached.insert(id, root.name.clone());
+            walk.order.push(id);
             let Ok(version) = self.version(&id) else { continue };
-            // A partial clone's history ends at its cut versions (partial.rs).
-            let parents = self.parents_here(&cut, &id, &version.parents);
+            let parents = self.parents_here(cut, &id, &version.parents);
             let mut problems = Vec::new();
+            // Pushed in order: the last parent is walked first.
             for p in &parents {
-                match kind_of(p) {
-                    Some(ObjectKind::Version) | None => stack.push((*p, root.clone())),
+                match self.store_kind(p) {
+                    Some(ObjectKind::Version) | None => stack.push(*p),
                     Some(kind) => problems.push(format!("its parent {p} is a {kind}, not a version")),
                 }
             }
             for f in &version.files {
-                match kind_of(&f.manifest) {
+                match self.store_kind(&f.manifest) {
                     Some(ObjectKind::Manifest) => {}
                     None => continue,
                     Some(kind) => {
@@ -185,69 +200,31 @@ impl Repo {
                         continue;
                     }
                 }
-                let summary = match manifests.entry(f.manifest) {
-                    Entry::Occupied(known) => known.into_mut(),
-                    Entry::Vacant(slot) => {
-                        // An unreadable manifest was found bad (or missing) by the object check.
-                        let read = self.manifest(&f.manifest).ok();
-                        if let Some(Err(problem)) = read.as_ref().map(|m| self.check_manifest_blobs(m)) {
-                            bad.entry(f.manifest).or_insert(problem);
-                        }
-                        slot.insert(read.map(|m| (m.len, m.hash, m.blobs().collect())))
+                let summary = walk.manifests.entry(f.manifest).or_insert_with(|| {
+                    // An unreadable manifest was found bad (or missing) by the object check.
+                    let read = self.manifest(&f.manifest).ok();
+                    if let Some(Err(problem)) = read.as_ref().map(|m| self.check_manifest_blobs(m)) {
+                        bad.entry(f.manifest).or_insert(problem);
                     }
-                };
-                if let Some((len, hash, _)) = summary {
-                    if (*len, *hash) != (f.len, f.hash) {
-                        problems.push(format!(
-                            "file {:?}: its length or hash differs from its manifest {}'s",
-                            f.path, f.manifest
-                        ));
-                    }
+                    read.map(|m| (m.len, m.hash, m.blobs().collect()))
+                });
+                if summary.as_ref().is_some_and(|(len, hash, _)| (*len, *hash) != (f.len, f.hash)) {
+                    problems.push(format!(
+                        "file {:?}: its length or hash differs from its manifest {}'s",
+                        f.path, f.manifest
+                    ));
                 }
             }
-            files.insert(id, version.files.iter().map(|f| f.manifest).collect());
+            walk.files.insert(id, version.files.iter().map(|f| f.manifest).collect());
             if !problems.is_empty() {
                 bad.entry(id).or_insert_with(|| problems.join("; "));
             }
             // Missing parents are named below, by the version that needs them.
             for p in parents.iter().filter(|p| !present.contains(p)) {
-                missing
-                    .entry(*p)
-                    .or_insert_with(|| format!("missing (the parent of version {id}, reached from {root})"));
+                let reason = format!("missing (the parent of version {id}, reached from {})", root.name);
+                walk.missing.entry(*p).or_insert(reason);
             }
         }
-        // Then which of them need a damaged or missing object (all structural problems are
-        // known now, whichever version reached a shared manifest first).
-        for id in order {
-            report.versions_checked += 1;
-            let root = &reached[&id];
-            let mut needs = Vec::new();
-            let mut check = |oid: ObjectId, missing: &mut BTreeMap<ObjectId, String>| {
-                if bad.contains_key(&oid) {
-                    needs.push(oid);
-                } else if !present.contains(&oid) {
-                    missing
-                        .entry(oid)
-                        .or_insert_with(|| format!("missing (needed by version {id}, reached from {root})"));
-                    needs.push(oid);
-                }
-            };
-            check(id, &mut missing);
-            for m in files.get(&id).into_iter().flatten() {
-                check(*m, &mut missing);
-                for blob in manifests.get(m).into_iter().flatten().flat_map(|(_, _, blobs)| blobs) {
-                    check(*blob, &mut missing);
-                }
-            }
-            if !needs.is_empty() {
-                needs.sort();
-                needs.dedup();
-                report.bad_versions.push(BadVersion { id, reached_from: root.clone(), objects: needs });
-            }
-        }
-        bad.extend(missing);
-        report.bad_objects = bad.into_iter().map(|(id, problem)| BadObject { id, problem }).collect();
-        Ok(report)
     }
 
     /// Checks that every blob `manifest` names (that is stored) is a blob of the length the
@@ -343,6 +320,59 @@ impl Repo {
             ObjectKind::Blob => {}
         }
         Ok(())
+    }
+}
+
+/// What [`Repo::verify`] found walking the versions the roots reach.
+#[derive(Default)]
+struct Reached {
+    /// Each version reached, with the first root that reached it.
+    reached: BTreeMap<VersionId, String>,
+    /// The versions in the order reached.
+    order: Vec<VersionId>,
+    /// Each readable version's manifests.
+    files: BTreeMap<VersionId, Vec<ObjectId>>,
+    /// Per manifest read: its length, file hash and blobs (`None`: unreadable).
+    manifests: BTreeMap<ObjectId, Option<(u64, ObjectId, Vec<ObjectId>)>>,
+    /// Objects needed and not stored, each with who needs it.
+    missing: BTreeMap<ObjectId, String>,
+}
+
+impl Reached {
+    /// Names the versions reached that need a damaged or missing object (every structural
+    /// problem is known by now, whichever version reached a shared manifest first), and adds
+    /// the missing objects to `bad`.
+    fn report_needs(
+        mut self,
+        present: &HashSet<ObjectId>,
+        bad: &mut BTreeMap<ObjectId, String>,
+        report: &mut VerifyReport,
+    ) {
+        for id in &self.order {
+            report.versions_checked += 1;
+            let root = &self.reached[id];
+            let mut needs = Vec::new();
+            let mut check = |oid: &ObjectId| {
+                if bad.contains_key(oid) {
+                    needs.push(*oid);
+                } else if !present.contains(oid) {
+                    let reason = format!("missing (needed by version {id}, reached from {root})");
+                    self.missing.entry(*oid).or_insert(reason);
+                    needs.push(*oid);
+                }
+            };
+            check(id);
+            for m in self.files.get(id).into_iter().flatten() {
+                check(m);
+                self.manifests.get(m).into_iter().flatten().flat_map(|(_, _, blobs)| blobs).for_each(&mut check);
+            }
+            if !needs.is_empty() {
+                needs.sort();
+                needs.dedup();
+                report.bad_versions.push(BadVersion { id: *id, reached_from: root.clone(), objects: needs });
+            }
+        }
+        bad.extend(self.missing);
     }
 }
 

@@ -46,7 +46,7 @@ impl ObjectKind {
     }
 
     /// The kind with on-disk tag `tag`.
-    pub fn from_tag(tag: u8) -> Option<ObjectKind> {
+    pub(crate) fn from_tag(tag: u8) -> Option<ObjectKind> {
         ObjectKind::ALL.into_iter().find(|k| *k as u8 == tag)
     }
 }
@@ -79,7 +79,7 @@ pub struct ObjectHeader {
 impl ObjectHeader {
     /// The header of a standalone blob of `dtype` elements (`None`: opaque bytes), `raw_len`
     /// bytes long.
-    pub fn standalone_blob(dtype: Option<Dtype>, raw_len: u64) -> ObjectHeader {
+    pub(crate) fn standalone_blob(dtype: Option<Dtype>, raw_len: u64) -> ObjectHeader {
         ObjectHeader { kind: ObjectKind::Blob, dtype, reference: None, depth: 0, conversion: None, raw_len }
     }
 
@@ -108,7 +108,7 @@ impl ObjectHeader {
 
     /// The most bytes the object file of this header takes: the header and a container of
     /// `raw_len` bytes ([`crate::codec::container::max_len`]). A download stops there.
-    pub fn max_stored_len(&self) -> u64 {
+    pub(crate) fn max_stored_len(&self) -> u64 {
         crate::codec::container::max_len(self.raw_len).saturating_add(HEADER_LEN as u64)
     }
 
@@ -116,7 +116,7 @@ impl ObjectHeader {
     /// [`super::MAX_DATA_OBJECT_LEN`] (the object of `id`): read whole and parsed, it is capped
     /// before a byte of it is decoded (or downloaded past the header). Blobs are streamed, never
     /// held whole: no cap.
-    pub fn check_data_len(&self, id: &ObjectId) -> Result<()> {
+    pub(crate) fn check_data_len(&self, id: &ObjectId) -> Result<()> {
         if self.kind != ObjectKind::Blob && self.raw_len > super::MAX_DATA_OBJECT_LEN {
             return Err(Error::Corrupt {
                 id: *id,

@@ -13,7 +13,7 @@ impl Store {
     }
 
     /// The header of a received object (the first bytes of its temp file), checked.
-    pub fn received_header(&self, id: &ObjectId, tmp: &tempfile::NamedTempFile) -> Result<ObjectHeader> {
+    pub(crate) fn received_header(&self, id: &ObjectId, tmp: &tempfile::NamedTempFile) -> Result<ObjectHeader> {
         let mut buf = Vec::with_capacity(HEADER_LEN);
         let mut file = tmp.reopen().map_err(super::io("reading", tmp.path()))?;
         (&mut file).take(HEADER_LEN as u64).read_to_end(&mut buf).map_err(super::io("reading", tmp.path()))?;
@@ -35,7 +35,7 @@ impl Store {
     /// store (their content, whatever form they have here), a manifest or version as data.
     /// With `kind`, the object must be of that kind. Also what a push uses to tell whether a
     /// remote's copy of an object is intact.
-    pub fn check_received(
+    pub(crate) fn check_received(
         &self,
         id: &ObjectId,
         kind: Option<ObjectKind>,

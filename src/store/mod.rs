@@ -134,7 +134,7 @@ pub struct RawObject {
 
 impl RawObject {
     /// Drops the object's mapped pages from the resident set (`mmap::Map::release`).
-    pub fn release_pages(&self) {
+    pub(crate) fn release_pages(&self) {
         self.map.release(0..self.map.len());
     }
 
@@ -258,7 +258,7 @@ impl Store {
     /// Returns once every object written inside is durable: `f`'s error if it failed, else the
     /// first sync error, else `f`'s value. `f` must not keep a clone of the view (the syncing
     /// threads end when the last one is dropped).
-    pub fn with_background_sync<T, E: From<Error>>(
+    pub(crate) fn with_background_sync<T, E: From<Error>>(
         &self,
         f: impl FnOnce(&Store) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
@@ -422,7 +422,7 @@ impl Store {
     /// any object write does: by the syncing threads inside [`Store::with_background_sync`],
     /// else before returning. An object of that id already in place is replaced by it (same
     /// content).
-    pub fn persist_unsynced(&self, blob: UnsyncedBlob) -> Result<Written> {
+    pub(crate) fn persist_unsynced(&self, blob: UnsyncedBlob) -> Result<Written> {
         let UnsyncedBlob { tmp, written } = blob;
         self.make_durable(TempObject::Closed(tmp), written.id)?;
         Ok(written)
@@ -560,7 +560,7 @@ impl Store {
     /// Callers hold the repository's writer lock, which keeps out every writer but those that
     /// store objects without it (the ranks of a distributed save): a temp file younger than
     /// `older_than` may be one of theirs, still being written. Returns how many were deleted.
-    pub fn clean_tmp(&self, older_than: std::time::Duration) -> Result<usize> {
+    pub(crate) fn clean_tmp(&self, older_than: std::time::Duration) -> Result<usize> {
         let mut n = 0;
         for entry in std::fs::read_dir(&self.tmp).map_err(io("listing", &self.tmp))? {
             let entry = entry.map_err(io("listing", &self.tmp))?;

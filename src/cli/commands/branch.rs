@@ -48,9 +48,7 @@ pub fn run(ui: &Ui, base: &Path, args: BranchArgs) -> Result<()> {
             outln!("branch {name} -> {}", id.short(12))?;
         }
         None if args.json => {
-            let mut out = std::io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, &repo.branches()?)?;
-            outln!()?;
+            crate::cli::ui::print_json(&repo.branches()?)?;
         }
         None => {
             for b in repo.branches()? {

@@ -34,7 +34,7 @@ pub fn run(ui: &Ui, base: &Path, args: CompactArgs) -> Result<()> {
     }
     let r = r?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&r)?)?;
+        crate::cli::ui::print_json(&r)?;
     } else if r.versions == 0 && r.pending == 0 {
         outln!("nothing to compact")?;
     } else {

@@ -24,8 +24,7 @@ pub fn run(ui: &Ui, base: &Path, args: DiffArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
         // Serialized first: a closed pipe then surfaces as an io::Error (exit 0, like log).
-        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
-        return Ok(());
+        return crate::cli::ui::print_json(&r);
     }
     writeln!(out, "diff {} {}", r.from.short(12), r.to.short(12))?;
     // Sizes of the files added, removed or changed, from the two versions.

@@ -18,13 +18,9 @@ pub struct FetchArgs {
 /// Prints what a fetch did (stderr), or its JSON (stdout).
 pub fn print(report: &FetchReport, json: bool) -> Result<()> {
     if json {
-        outln!("{}", serde_json::to_string_pretty(report)?)?;
-        return Ok(());
+        return crate::cli::ui::print_json(report);
     }
-    for u in &report.updated {
-        let from = u.old.map_or_else(|| "(new)".to_string(), |o| o.short(12));
-        eprintln!("{} {}: {} -> {}", u.kind, u.name, from, u.new.short(12));
-    }
+    print_updated(&report.updated);
     eprintln!(
         "{}: received {} objects ({}), {} requests",
         report.remote,
@@ -35,13 +31,18 @@ pub fn print(report: &FetchReport, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Names each ref a fetch or push moved, with where it was (stderr).
+pub fn print_updated(updated: &[ckpt::sync::RefUpdate]) {
+    for u in updated {
+        let from = u.old.map_or_else(|| "(new)".to_string(), |o| o.short(12));
+        eprintln!("{} {}: {} -> {}", u.kind, u.name, from, u.new.short(12));
+    }
+}
+
 /// Runs `ckpt fetch`.
 pub fn run(ui: &Ui, base: &Path, args: FetchArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
-    let remote = match args.remote {
-        Some(r) => r,
-        None => ckpt::sync::default_remote(&repo)?,
-    };
+    let remote = crate::cli::ui::remote_or_default(&repo, args.remote)?;
     let report = ckpt::sync::fetch(&repo, &remote, super::push::transfers())
         .with_context(|| format!("fetching from {remote}"))?;
     print(&report, args.json)

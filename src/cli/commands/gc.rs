@@ -55,7 +55,7 @@ pub fn run(ui: &Ui, base: &Path, args: GcArgs) -> Result<()> {
     };
     let r = repo.gc_with(&options)?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&r)?)?;
+        crate::cli::ui::print_json(&r)?;
     } else {
         outln!(
             "{} versions reachable; kept {} objects, deleted {} ({}), removed {} temp files",
@@ -93,8 +93,7 @@ fn run_remote(repo: &ckpt::repo::Repo, remote: &dyn ckpt::remote::Remote, args: 
     };
     let r = ckpt::sync::gc_remote(repo, remote, &options)?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&r)?)?;
-        return Ok(());
+        return crate::cli::ui::print_json(&r);
     }
     outln!(
         "{}: {} refs reach {} versions; kept {} of {} objects, {} {} ({})",

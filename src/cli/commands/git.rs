@@ -23,30 +23,10 @@ enum GitCommand {
     /// (chained with any other tool's: both get the pushed refs, either failing fails the
     /// push). Other repositories get the hook the first time the filter runs in them.
     /// Idempotent.
-    Install {
-        /// The user's global git config (the default).
-        #[arg(long, conflicts_with = "local")]
-        global: bool,
-        /// This repository's git config only.
-        #[arg(long)]
-        local: bool,
-        /// Do not touch the current repository's hook (with the global config).
-        #[arg(long, conflicts_with = "local")]
-        skip_repo: bool,
-    },
+    Install(ConfigScope),
     /// Remove what `install` wrote: the global config entries (or with --local this
     /// repository's), and ckpt's part of the current repository's pre-push hook.
-    Uninstall {
-        /// The user's global git config (the default).
-        #[arg(long, conflicts_with = "local")]
-        global: bool,
-        /// This repository's git config only.
-        #[arg(long)]
-        local: bool,
-        /// Do not touch the current repository's hook (with the global config).
-        #[arg(long, conflicts_with = "local")]
-        skip_repo: bool,
-    },
+    Uninstall(ConfigScope),
     /// Store files matching PATTERN through ckpt (adds `PATTERN filter=ckpt diff=ckpt -text` to
     /// .gitattributes); without a pattern, list the tracked patterns.
     Track {
@@ -138,11 +118,25 @@ enum GitCommand {
     },
 }
 
+/// Where `ckpt git install` and `uninstall` write.
+#[derive(clap::Args, Debug)]
+pub struct ConfigScope {
+    /// The user's global git config (the default).
+    #[arg(long, conflicts_with = "local")]
+    global: bool,
+    /// This repository's git config only.
+    #[arg(long)]
+    local: bool,
+    /// Do not touch the current repository's hook (with the global config).
+    #[arg(long, conflicts_with = "local")]
+    skip_repo: bool,
+}
+
 /// Runs `ckpt git`.
 pub fn run(ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
     match args.command {
-        GitCommand::Install { global: _, local, skip_repo } => install(base, local, skip_repo),
-        GitCommand::Uninstall { global: _, local, skip_repo } => {
+        GitCommand::Install(ConfigScope { local, skip_repo, .. }) => install(base, local, skip_repo),
+        GitCommand::Uninstall(ConfigScope { local, skip_repo, .. }) => {
             let scope = if local { git_filter::Scope::Local } else { git_filter::Scope::Global };
             git_filter::uninstall(base, scope)?;
             if local || !skip_repo {
@@ -431,7 +425,7 @@ fn gc(ui: &Ui, base: &Path, dry_run: bool, prune: Option<std::time::Duration>, j
         }
     }
     if json {
-        outln!("{}", serde_json::to_string_pretty(&r)?)?;
+        crate::cli::ui::print_json(&r)?;
     } else {
         outln!(
             "{} files reachable from git ({} not in the store); kept {} objects, {} {} ({})",
@@ -483,7 +477,7 @@ fn pre_push(ui: &Ui, base: &Path, remote_name: &str, url: Option<&str>, json: bo
             )
         })?;
     if json {
-        outln!("{}", serde_json::to_string_pretty(&report)?)?;
+        crate::cli::ui::print_json(&report)?;
     } else {
         let t = &report.transfer;
         eprintln!(

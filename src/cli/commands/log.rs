@@ -90,8 +90,7 @@ pub fn run(ui: &Ui, base: &Path, args: LogArgs) -> Result<()> {
                 refs: refs.get(&v.id).cloned().unwrap_or_default(),
             })
             .collect();
-        serde_json::to_writer_pretty(&mut out, &list)?;
-        writeln!(out)?;
+        crate::cli::ui::print_json(&list)?;
         return Ok(());
     }
     for (v, &now) in versions.iter().zip(&sizes) {

@@ -38,8 +38,7 @@ pub fn run(ui: &Ui, base: &Path, args: PruneArgs, quiet: bool) -> Result<()> {
     };
     let r = repo.prune(args.keep_last, &options)?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&r)?)?;
-        return Ok(());
+        return crate::cli::ui::print_json(&r);
     }
     if !quiet {
         print_details(&r)?;

@@ -22,10 +22,7 @@ pub struct PullArgs {
 /// Runs `ckpt pull`.
 pub fn run(ui: &Ui, base: &Path, args: PullArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
-    let remote = match args.remote {
-        Some(r) => r,
-        None => ckpt::sync::default_remote(&repo)?,
-    };
+    let remote = crate::cli::ui::remote_or_default(&repo, args.remote)?;
     let (report, outcome) = ckpt::sync::pull(&repo, &remote, super::push::transfers(), args.rebase)
         .with_context(|| format!("pulling from {remote}"))?;
     super::fetch::print(&report, args.json)?;

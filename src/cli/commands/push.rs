@@ -32,10 +32,7 @@ pub fn transfers() -> usize {
 /// Runs `ckpt push`.
 pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
-    let remote = match args.remote {
-        Some(r) => r,
-        None => ckpt::sync::default_remote(&repo)?,
-    };
+    let remote = crate::cli::ui::remote_or_default(&repo, args.remote)?;
     let options = PushOptions {
         refs: args.refs,
         all: args.all,
@@ -45,13 +42,9 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     };
     let report = ckpt::sync::push(&repo, &remote, &options).with_context(|| format!("pushing to {remote}"))?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?)?;
-        return Ok(());
+        return crate::cli::ui::print_json(&report);
     }
-    for u in &report.updated {
-        let from = u.old.map_or_else(|| "(new)".to_string(), |o| o.short(12));
-        eprintln!("{} {}: {} -> {}", u.kind, u.name, from, u.new.short(12));
-    }
+    super::fetch::print_updated(&report.updated);
     for name in &report.up_to_date {
         eprintln!("{name}: up to date");
     }

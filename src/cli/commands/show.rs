@@ -57,8 +57,7 @@ pub fn run(ui: &Ui, base: &Path, args: ShowArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
         // Serialized first: a closed pipe then surfaces as an io::Error (exit 0, like log).
-        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
-        return Ok(());
+        return crate::cli::ui::print_json(&r);
     }
     writeln!(out, "version {}", r.id)?;
     let parents: Vec<String> = r.parents.iter().map(|p| p.to_hex()).collect();

@@ -43,8 +43,7 @@ pub fn run(_ui: &Ui, args: StatsArgs) -> Result<()> {
     let report = report.with_context(|| format!("{}", args.file.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::cli::ui::print_json(&report)?;
     } else {
         print_table(&mut out, &report)?;
     }

@@ -20,8 +20,7 @@ pub fn run(ui: &Ui, base: &Path, args: StatusArgs) -> Result<()> {
     let status = repo.status()?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &status)?;
-        writeln!(out)?;
+        crate::cli::ui::print_json(&status)?;
         return Ok(());
     }
     match (&status.branch, &status.head) {

@@ -53,9 +53,7 @@ pub fn run(ui: &Ui, base: &Path, args: TagArgs) -> Result<()> {
         None if args.json => {
             let tags: Vec<JsonTag> =
                 repo.tags()?.into_iter().map(|(name, id)| JsonTag { name, id: id.to_hex() }).collect();
-            let mut out = std::io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, &tags)?;
-            outln!()?;
+            crate::cli::ui::print_json(&tags)?;
         }
         None => {
             for (name, id) in repo.tags()? {

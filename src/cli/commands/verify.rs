@@ -17,7 +17,7 @@ pub fn run(ui: &Ui, base: &Path, args: VerifyArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let r = repo.verify()?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&r)?)?;
+        crate::cli::ui::print_json(&r)?;
     } else {
         for o in &r.bad_objects {
             outln!("bad object {}: {}", o.id, crate::cli::ui::printable(&o.problem))?;
