@@ -167,6 +167,19 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
+/// Transfers in flight: network-bound, so four per worker thread (`-j`).
+pub fn transfers() -> usize {
+    4 * rayon::current_num_threads()
+}
+
+/// Names each ref a fetch or push moved, with where it was (stderr).
+pub fn print_updated(updated: &[ckpt::sync::RefUpdate]) {
+    for u in updated {
+        let from = u.old.map_or_else(|| "(new)".to_string(), |o| o.short(12));
+        eprintln!("{} {}: {} -> {}", u.kind, u.name, from, u.new.short(12));
+    }
+}
+
 /// The remote a command names, or the repository's default one.
 pub fn remote_or_default(repo: &ckpt::repo::Repo, remote: Option<String>) -> Result<String> {
     Ok(match remote {

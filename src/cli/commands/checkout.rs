@@ -41,7 +41,7 @@ pub fn run(ui: &Ui, base: &Path, args: CheckoutArgs) -> Result<()> {
     };
     // In a partial clone, a version outside its history is downloaded first.
     let rev = if repo.partial_clone()?.is_some() {
-        ckpt::sync::fetch_revision(&repo, &args.rev, super::push::transfers())?.to_hex()
+        ckpt::sync::fetch_revision(&repo, &args.rev, crate::cli::ui::transfers())?.to_hex()
     } else {
         args.rev.clone()
     };

@@ -66,8 +66,9 @@ pub fn run(ui: &Ui, base: &Path, args: CloneArgs) -> Result<()> {
     let depth = args.depth.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
     // A relative directory remote is relative to where the command runs (`-C` included).
     let url = ckpt::sync::absolute_dir_url(&args.url, base);
-    let (repo, report) = ckpt::sync::clone_with_depth(&url, &dir, s3, super::push::transfers(), Some(progress), depth)
-        .with_context(|| format!("cloning {}", ckpt::remote::redact_url(&args.url)))?;
+    let (repo, report) =
+        ckpt::sync::clone_with_depth(&url, &dir, s3, crate::cli::ui::transfers(), Some(progress), depth)
+            .with_context(|| format!("cloning {}", ckpt::remote::redact_url(&args.url)))?;
     super::fetch::print(&report, args.json)?;
     eprintln!("cloned into {}", repo.root().display());
     Ok(())

@@ -20,7 +20,7 @@ pub fn print(report: &FetchReport, json: bool) -> Result<()> {
     if json {
         return crate::cli::ui::print_json(report);
     }
-    print_updated(&report.updated);
+    crate::cli::ui::print_updated(&report.updated);
     eprintln!(
         "{}: received {} objects ({}), {} requests",
         report.remote,
@@ -31,19 +31,11 @@ pub fn print(report: &FetchReport, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Names each ref a fetch or push moved, with where it was (stderr).
-pub fn print_updated(updated: &[ckpt::sync::RefUpdate]) {
-    for u in updated {
-        let from = u.old.map_or_else(|| "(new)".to_string(), |o| o.short(12));
-        eprintln!("{} {}: {} -> {}", u.kind, u.name, from, u.new.short(12));
-    }
-}
-
 /// Runs `ckpt fetch`.
 pub fn run(ui: &Ui, base: &Path, args: FetchArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let remote = crate::cli::ui::remote_or_default(&repo, args.remote)?;
-    let report = ckpt::sync::fetch(&repo, &remote, super::push::transfers())
+    let report = ckpt::sync::fetch(&repo, &remote, crate::cli::ui::transfers())
         .with_context(|| format!("fetching from {remote}"))?;
     print(&report, args.json)
 }

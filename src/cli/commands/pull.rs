@@ -23,7 +23,7 @@ pub struct PullArgs {
 pub fn run(ui: &Ui, base: &Path, args: PullArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let remote = crate::cli::ui::remote_or_default(&repo, args.remote)?;
-    let (report, outcome) = ckpt::sync::pull(&repo, &remote, super::push::transfers(), args.rebase)
+    let (report, outcome) = ckpt::sync::pull(&repo, &remote, crate::cli::ui::transfers(), args.rebase)
         .with_context(|| format!("pulling from {remote}"))?;
     super::fetch::print(&report, args.json)?;
     match outcome {

@@ -24,11 +24,6 @@ pub struct PushArgs {
     json: bool,
 }
 
-/// Transfers in flight: network-bound, so four per worker thread (`-j`).
-pub fn transfers() -> usize {
-    4 * rayon::current_num_threads()
-}
-
 /// Runs `ckpt push`.
 pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
@@ -37,14 +32,14 @@ pub fn run(ui: &Ui, base: &Path, args: PushArgs) -> Result<()> {
         refs: args.refs,
         all: args.all,
         repair: args.repair,
-        transfers: transfers(),
+        transfers: crate::cli::ui::transfers(),
         ..PushOptions::default()
     };
     let report = ckpt::sync::push(&repo, &remote, &options).with_context(|| format!("pushing to {remote}"))?;
     if args.json {
         return crate::cli::ui::print_json(&report);
     }
-    super::fetch::print_updated(&report.updated);
+    crate::cli::ui::print_updated(&report.updated);
     for name in &report.up_to_date {
         eprintln!("{name}: up to date");
     }
