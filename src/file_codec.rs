@@ -55,8 +55,8 @@ pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<Segme
         Format::Detect => safetensors::parse(file).ok(),
     };
     let Some(header) = header else {
-        if let Some(layout) = (format == Format::Detect).then(|| crate::torch_zip::parse(file).ok()).flatten() {
-            let segments = layout.segments().into_iter().filter(|(r, _)| r.end > r.start);
+        if let Some(map) = (format == Format::Detect).then(|| crate::torch_zip::parse(file).ok()).flatten() {
+            let segments = map.segments().into_iter().filter(|(r, _)| r.end > r.start);
             return Ok((FileKind::Torch, segments.map(|(r, s)| (r, s.map(|s| s.dtype))).collect()));
         }
         return Ok((FileKind::Bytes, vec![(0..len, None)]));
@@ -197,7 +197,7 @@ pub struct Report {
 /// Decodes every chunk of `container` (in parallel) and reports, per dtype and byte group, the
 /// methods chosen, stored bytes and the order-0 and order-1 entropy of the original group bytes.
 pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
-    use crate::codec::{byte_group, select::GroupStats, Layout};
+    use crate::codec::{byte_group, select::GroupStats, Grouping};
     use rayon::prelude::*;
     use std::collections::BTreeMap;
     type Key = (u8, usize);
@@ -205,12 +205,12 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         .into_par_iter()
         .map(|i| -> Result<Vec<(Key, GroupReport)>, Error> {
             let (segment, range, header) = container.chunk(i);
-            let layout = Layout::for_dtype(segment.dtype);
+            let grouping = Grouping::for_dtype(segment.dtype);
             let mut original = vec![0u8; (range.end - range.start) as usize];
             container.decode_chunk_into(i, &mut original)?;
             let mut grouped = vec![0u8; original.len()];
-            byte_group::split(&original, None, layout, &mut grouped)?;
-            let n = original.len() / layout.width;
+            byte_group::split(&original, None, grouping, &mut grouped)?;
+            let n = original.len() / grouping.width;
             let code = segment.dtype.map_or(0, Dtype::code);
             Ok(header
                 .groups()

@@ -1,6 +1,6 @@
 //! The container: one compressed file. A fixed header, the chunk payloads, a chunk index and a
 //! footer (docs/format.md, "Container"). The original file is a sequence of segments (the
-//! safetensors header, each tensor, any gap), each coded in chunks with its own element layout.
+//! safetensors header, each tensor, any gap), each coded in chunks with its own element grouping.
 //!
 //! The index sits at the end so compression streams: payloads are written as chunks finish and
 //! only the small index is kept in memory. The index lists every chunk's methods and stored
@@ -17,7 +17,7 @@ use super::chunk::{
     STRIPE_CHUNKS,
 };
 use super::select::Options;
-use super::{decode_chunk, Error, Layout, Method, Result};
+use super::{decode_chunk, Error, Grouping, Method, Result};
 use crate::dtype::Dtype;
 use crate::object_id::{NodeHash, RangeHashJoin, RangeHashes};
 use rayon::prelude::*;
@@ -272,7 +272,7 @@ impl<W: Write> ContainerWriter<W> {
         // Work units: one stripe of one part (an empty part is one empty unit, for its record).
         let mut units: Vec<(usize, Range<usize>)> = Vec::new();
         for (p, part) in parts.iter().enumerate() {
-            let width = Layout::for_dtype(part.dtype).width;
+            let width = Grouping::for_dtype(part.dtype).width;
             if !part.data.len().is_multiple_of(width) {
                 return Err(Error::InvalidInput(format!(
                     "segment of {} bytes is not a whole number of {} elements",
@@ -322,7 +322,7 @@ impl<W: Write> ContainerWriter<W> {
                         let coded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             let data = part.data.slice(range.clone());
                             let reference = part.reference.map(|r| r.slice(range.clone()));
-                            let chunks = encode_chunks(data, reference, Layout::for_dtype(part.dtype), options);
+                            let chunks = encode_chunks(data, reference, Grouping::for_dtype(part.dtype), options);
                             let mut nodes = Vec::new();
                             if let (Some(shape), Some(bytes)) = (hash_shape, data.bytes()) {
                                 let at = start + range.start as u64;
@@ -548,7 +548,7 @@ impl<'a> Container<'a> {
                         .ok_or_else(|| Error::Corrupt(format!("segment {s}: unknown dtype code {c}")))?,
                 ),
             };
-            let width = Layout::for_dtype(dtype).width;
+            let width = Grouping::for_dtype(dtype).width;
             let end = original_offset
                 .checked_add(len)
                 .filter(|&e| e <= original_len)
@@ -628,7 +628,7 @@ impl<'a> Container<'a> {
     pub fn chunk(&self, i: usize) -> (&Segment, Range<u64>, ChunkHeader) {
         let slot = self.chunks[i];
         let segment = &self.segments[slot.segment as usize];
-        let width = Layout::for_dtype(segment.dtype).width;
+        let width = Grouping::for_dtype(segment.dtype).width;
         let header = parse_chunk_header(self.index, slot.index_offset as usize, width).expect("validated in open");
         (segment, slot.original_offset..slot.original_offset + slot.original_len as u64, header)
     }
@@ -648,7 +648,7 @@ impl<'a> Container<'a> {
         if reference.is_some_and(|r| r.len() != out.len()) {
             return Err(Error::InvalidInput("reference length differs from the chunk length".into()));
         }
-        decode_chunk(payload, &header, Layout::for_dtype(segment.dtype), reference, out)
+        decode_chunk(payload, &header, Grouping::for_dtype(segment.dtype), reference, out)
             .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
     }
 
@@ -660,7 +660,7 @@ impl<'a> Container<'a> {
         if grouped.len() as u64 != range.end - range.start {
             return Err(Error::InvalidInput("output length differs from the chunk length".into()));
         }
-        super::chunk::decode_chunk_groups(payload, &header, Layout::for_dtype(segment.dtype), grouped, xor_into)
+        super::chunk::decode_chunk_groups(payload, &header, Grouping::for_dtype(segment.dtype), grouped, xor_into)
             .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
     }
 
@@ -913,7 +913,7 @@ mod tests {
     impl crate::codec::chunk::GroupedReference for Split<'_> {
         fn grouped(&self, offset: usize, grouped: &mut [u8]) -> Result<()> {
             let plain = &self.0[offset..offset + grouped.len()];
-            crate::codec::byte_group::split(plain, None, Layout::for_dtype(Some(Dtype::Bf16)), grouped)
+            crate::codec::byte_group::split(plain, None, Grouping::for_dtype(Some(Dtype::Bf16)), grouped)
         }
     }
 
@@ -999,7 +999,7 @@ mod tests {
             let mut segments = Vec::new();
             for (code, elems, seed) in parts {
                 let dtype = Dtype::from_code(code as u8);
-                let len = elems * Layout::for_dtype(dtype).width;
+                let len = elems * Grouping::for_dtype(dtype).width;
                 let start = data.len();
                 let stream = crate::test_data::xorshift(seed).take(len).enumerate();
                 data.extend(stream.map(|(i, s)| if i % 3 == 0 { 0 } else { (s % 7) as u8 }));

@@ -335,8 +335,8 @@ pub fn decode_elements(upper_stored: &[u8], lower_stored: &[u8], scratch: &mut [
     let (symbols, lower) = (&mut symbols[done..], &mut lower[done..]);
     let packed = &lower_stored[done * (8 - k as usize) / 8..];
     decode_from_symbols(k, &present, symbols, lower, packed);
-    let layout = super::Layout { width: 2, extract_exponent: true };
-    super::byte_group::regroup(&[&*lower, &*symbols], None, layout, &mut out[2 * done..])
+    let grouping = super::Grouping { width: 2, extract_exponent: true };
+    super::byte_group::regroup(&[&*lower, &*symbols], None, grouping, &mut out[2 * done..])
 }
 
 /// [`decode`] after [`decode_symbols`]: the upper values and lower bytes from the symbols (in
@@ -1066,8 +1066,8 @@ mod tests {
             let mut scratch = vec![0u8; 2 * n];
             decode_elements(&up, &low, &mut scratch, &mut elements).unwrap();
             let mut regrouped = vec![0u8; 2 * n];
-            let layout = super::super::Layout { width: 2, extract_exponent: true };
-            super::super::byte_group::regroup(&[&lower, &upper], None, layout, &mut regrouped).unwrap();
+            let grouping = super::super::Grouping { width: 2, extract_exponent: true };
+            super::super::byte_group::regroup(&[&lower, &upper], None, grouping, &mut regrouped).unwrap();
             prop_assert_eq!(elements, regrouped);
         }
 

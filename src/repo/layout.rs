@@ -38,7 +38,7 @@ pub(super) struct Input {
     pub(super) header: Option<safetensors::Header>,
     /// The storages of a `torch.save` archive, or the tensor items of a `.distcp` file (when
     /// `header` is `None`).
-    pub(super) torch: Option<torch_zip::Layout>,
+    pub(super) torch: Option<torch_zip::StorageMap>,
     /// Whether `torch` is a `.distcp` file cut into its items ([`distcp_layout`]).
     pub(super) distcp: bool,
     pub(super) metadata: Metadata,
@@ -115,9 +115,9 @@ impl Input {
                     input.distcp = true;
                     let sibling = disk_is_real && disk.file_name().is_some_and(|n| n.to_str() == Some(name.as_str()));
                     input.torch = match written {
-                        Some(items) => {
-                            torch_zip::dcp::cut_by_written_items(&input.map, &name, items).ok().map(|cut| cut.layout())
-                        }
+                        Some(items) => torch_zip::dcp::cut_by_written_items(&input.map, &name, items)
+                            .ok()
+                            .map(|cut| cut.storage_map()),
                         None => distcp_layout(&input.map, sibling.then_some(disk), &name),
                     };
                 }
@@ -273,7 +273,7 @@ pub(super) fn manifest_of(
 pub(super) fn hash_content(
     map: &Map,
     header: Option<&safetensors::Header>,
-    torch: Option<&torch_zip::Layout>,
+    torch: Option<&torch_zip::StorageMap>,
     known: &[(Range<u64>, ObjectId)],
 ) -> (HashedSegments, ObjectId) {
     let planned = plan(map.len() as u64, header, torch);
@@ -365,7 +365,7 @@ fn hash_segment(map: &Map, range: Range<usize>) -> (ObjectId, u64) {
 /// Anything the reader does not fully understand (a pickle with other globals or opcodes, a
 /// damaged or compressed archive) is `None`: the file is then stored as opaque bytes, never
 /// refused. Commit and `status` both call this, so both cut a file the same way.
-pub(super) fn torch_layout(map: &Map, header: Option<&safetensors::Header>) -> Option<torch_zip::Layout> {
+pub(super) fn torch_layout(map: &Map, header: Option<&safetensors::Header>) -> Option<torch_zip::StorageMap> {
     if header.is_some() || !torch_zip::looks_like_zip(map) {
         return None;
     }
@@ -394,14 +394,14 @@ const DCP_METADATA: &str = ".metadata";
 /// unreadable or foreign `.metadata` only changes how the file is cut. Commit and `status` both
 /// call this, so both cut a file the same way; without `.metadata` the cut ranges are the same,
 /// only the names differ (`archive.<n>` instead of fqn and chunk offsets).
-fn distcp_layout(map: &Map, disk: Option<&Path>, name: &str) -> Option<torch_zip::Layout> {
+fn distcp_layout(map: &Map, disk: Option<&Path>, name: &str) -> Option<torch_zip::StorageMap> {
     use torch_zip::dcp;
     let metadata = disk.and_then(|d| read_dcp_metadata(&d.with_file_name(DCP_METADATA)));
     let cut = metadata
-        .and_then(|m| dcp::file_layout(map, &m, name).ok())
+        .and_then(|m| dcp::file_items(map, &m, name).ok())
         .filter(|l| !l.items.is_empty())
         .or_else(|| dcp::walk_archives(map).ok())?;
-    Some(cut.layout())
+    Some(cut.storage_map())
 }
 
 /// The parsed `.metadata` at `path`, if it is a regular file of at most
@@ -421,7 +421,7 @@ fn read_dcp_metadata(path: &Path) -> Option<torch_zip::dcp::Metadata> {
 /// Segments of a file of `len` bytes: a safetensors file as header, tensors (empty ones as
 /// zero-length segments) and gaps, in file order; a `torch.save` archive as its storages and
 /// the opaque ranges between them; anything else as one opaque segment.
-fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::Layout>) -> Vec<Planned> {
+fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::StorageMap>) -> Vec<Planned> {
     if let (None, Some(layout)) = (header, torch) {
         return layout
             .segments()

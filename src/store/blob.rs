@@ -18,7 +18,7 @@ use crate::codec::chunk::{Data, GroupedReference, Reference};
 use crate::codec::container::{Container, ContainerWriter, FileKind, SegmentInput};
 use crate::codec::cross_precision::{self, Conversion};
 use crate::codec::select::Selection;
-use crate::codec::{byte_group, Layout, Method, Options};
+use crate::codec::{byte_group, Grouping, Method, Options};
 use crate::dtype::Dtype;
 use crate::object_id::{hash_update, ObjectId};
 use rayon::prelude::*;
@@ -228,7 +228,7 @@ struct Prediction<'a> {
     source: &'a [u8],
     source_dtype: Dtype,
     dtype: Dtype,
-    layout: Layout,
+    grouping: Grouping,
     release: &'a (dyn Fn(Range<usize>) + Sync),
 }
 
@@ -255,7 +255,7 @@ impl GroupedReference for Prediction<'_> {
             let mut predicted = scratch.borrow_mut();
             predicted.resize(grouped.len(), 0);
             cross_precision::predict(self.conversion, wide, self.source_dtype, self.dtype, &mut predicted)?;
-            byte_group::split(&predicted, None, self.layout, grouped)
+            byte_group::split(&predicted, None, self.grouping, grouped)
         })
     }
 }
@@ -273,7 +273,7 @@ pub enum DeltaOutcome {
 }
 
 /// A blob opened with its whole reference chain, checked for consistency (kinds, lengths,
-/// dtypes, chunk sizes and layout, depths). Decoding verifies the result against the blob's id.
+/// dtypes, chunk sizes and grouping, depths). Decoding verifies the result against the blob's id.
 pub struct BlobChain {
     /// `[target, its reference, ..., standalone base]`, or down to a derived blob.
     objects: Vec<RawObject>,
@@ -627,7 +627,7 @@ impl Store {
             source: source.bytes,
             source_dtype,
             dtype,
-            layout: Layout::for_dtype(Some(dtype)),
+            grouping: Grouping::for_dtype(Some(dtype)),
             release: source.release,
         };
         let against = Against::Predicted(&prediction);
@@ -1125,7 +1125,7 @@ impl BlobChain {
     }
 
     fn own_containers(&self) -> Result<Vec<Container<'_>>> {
-        let layout = Layout::for_dtype(self.dtype());
+        let grouping = Grouping::for_dtype(self.dtype());
         let len = self.len();
         self.objects
             .iter()
@@ -1146,7 +1146,7 @@ impl BlobChain {
                         self.chunk_count
                     )));
                 }
-                if let Some(s) = c.segments().iter().find(|s| Layout::for_dtype(s.dtype) != layout) {
+                if let Some(s) = c.segments().iter().find(|s| Grouping::for_dtype(s.dtype) != grouping) {
                     return Err(corrupt(format!("a segment of {:?} in a blob of {:?}", s.dtype, self.dtype())));
                 }
                 for i in 0..c.chunk_count() {
@@ -1232,7 +1232,7 @@ impl BlobChain {
         };
         let mut predicted = vec![0u8; grouped.len()];
         cross_precision::predict(conversion, &plain, from, to, &mut predicted).map_err(corrupt)?;
-        byte_group::split(&predicted, None, Layout::for_dtype(self.dtype()), grouped).map_err(corrupt)
+        byte_group::split(&predicted, None, Grouping::for_dtype(self.dtype()), grouped).map_err(corrupt)
     }
 
     /// Applies chunk `i`'s byte groups of chain `members` (indices into the chain, oldest =
@@ -1268,10 +1268,10 @@ impl BlobChain {
 
     /// Regroups one chunk from its grouped form into `dst`; errors blame chain member `blame`.
     fn regroup_chunk(&self, grouped: &[u8], dst: &mut [u8], blame: usize) -> Result<()> {
-        let layout = Layout::for_dtype(self.dtype());
-        let group_len = dst.len() / layout.width;
-        let groups: Vec<&[u8]> = (0..layout.width).map(|g| &grouped[g * group_len..(g + 1) * group_len]).collect();
-        byte_group::regroup(&groups, None, layout, dst)
+        let grouping = Grouping::for_dtype(self.dtype());
+        let group_len = dst.len() / grouping.width;
+        let groups: Vec<&[u8]> = (0..grouping.width).map(|g| &grouped[g * group_len..(g + 1) * group_len]).collect();
+        byte_group::regroup(&groups, None, grouping, dst)
             .map_err(|e| Error::Corrupt { id: self.objects[blame].id, reason: e.to_string() })
     }
 
