@@ -7,7 +7,9 @@ use super::pairing::{precision_key, PrecisionIndex, ReferenceFiles, TensorBlobs}
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
 use crate::object_id::ObjectId;
-use crate::store::{self, BlobForm, DeltaOutcome, DerivedBlob, Feedback, ObjectKind, SourceBytes, Store, Written};
+use crate::store::{
+    self, BlobForm, DeltaOutcome, DerivedBlob, DerivedTarget, Feedback, ObjectKind, SourceBytes, Store, Written,
+};
 use crate::Dtype;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -650,10 +652,11 @@ impl Repo {
             .filter(|chain| chain.derived_from().is_none())
             .map_or(bytes.len() as u64 + store::HEADER_LEN as u64, |chain| chain.base_stored_len());
         let version_reference = previous.zip(deltas);
+        let target = DerivedTarget { id, data: bytes, dtype, limit: standalone };
         let coded = match source {
             DerivedFrom::Stored(source) => {
                 let Ok(source) = store.open_blob(&source) else { return Ok(None) };
-                store.code_blob_derived(id, bytes, dtype, &source, None, standalone, &options, feedback)
+                store.code_blob_derived(target, &source, &options, feedback)
             }
             DerivedFrom::AtHand { id: source, bytes: source_bytes, form, release } => {
                 // Stored before this commit: its form is read from the store (nothing decoded).
@@ -669,7 +672,7 @@ impl Repo {
                     },
                 };
                 let source = SourceBytes { bytes: source_bytes, form, release };
-                store.code_blob_derived_from_bytes(id, bytes, dtype, &source, standalone, &options, feedback)
+                store.code_blob_derived_from_bytes(target, &source, &options, feedback)
             }
         };
         let candidate = match coded {

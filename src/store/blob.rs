@@ -143,6 +143,19 @@ impl BlobForm {
     }
 }
 
+/// A tensor to code as a derived blob ([`Store::code_blob_derived`]).
+#[derive(Clone, Copy)]
+pub struct DerivedTarget<'a> {
+    /// The blake3 of `data`: the blob's id.
+    pub id: ObjectId,
+    /// The tensor's bytes.
+    pub data: &'a [u8],
+    /// Its element type.
+    pub dtype: Dtype,
+    /// No object is kept when it would take this many bytes or more.
+    pub limit: u64,
+}
+
 /// The content of a derived blob's reference at hand ([`Store::code_blob_derived_from_bytes`]).
 pub struct SourceBytes<'a> {
     /// The reference's content (a tensor of a file being committed).
@@ -154,9 +167,10 @@ pub struct SourceBytes<'a> {
     pub release: &'a (dyn Fn(Range<usize>) + Sync),
 }
 
-/// Checks that `data` (`dtype` elements, blob `id`) can be derived from the blob `form`
-/// describes; returns the reference's dtype and the derived blob's chunk size.
-fn derivable(id: ObjectId, data: &[u8], dtype: Dtype, form: &BlobForm) -> Result<(Dtype, usize)> {
+/// Checks that `target` can be derived from the blob `form` describes; returns the reference's
+/// dtype and the derived blob's chunk size.
+fn derivable(target: &DerivedTarget<'_>, form: &BlobForm) -> Result<(Dtype, usize)> {
+    let DerivedTarget { id, data, dtype, .. } = *target;
     let invalid = |reason: String| Error::Encode { id, source: crate::codec::Error::InvalidInput(reason) };
     let source_dtype = form.dtype.ok_or_else(|| invalid("an opaque reference".into()))?;
     let chunk_size = form.chunk_size * dtype.size() / source_dtype.size();
@@ -513,7 +527,6 @@ impl Store {
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<DeltaOutcome> {
-        let dtype = reference.dtype();
         if data.len() as u64 != reference.len() {
             return Err(Error::Encode {
                 id,
@@ -524,65 +537,39 @@ impl Store {
                 )),
             });
         }
-        let header = ObjectHeader {
-            kind: ObjectKind::Blob,
-            dtype,
-            reference: Some(reference.id()),
-            depth: reference.depth() + 1,
-            conversion: None,
-            raw_len: data.len() as u64,
-        };
-        self.write_delta_object(id, header, BlobData::Bytes(data), reference, limit, options, feedback)
+        self.write_delta_object(id, BlobData::Bytes(data), reference, limit, options, feedback)
     }
 
-    /// Codes `data` (whose blake3 is `id`, `dtype` elements) as a derived blob, not stored yet:
-    /// the XOR residual against the prediction of it from `reference` (a blob of another float
-    /// dtype with as many elements) by `conversion`, or when `None` by the conversion
-    /// [`cross_precision::choose`] finds; `None` when the object would take `limit` bytes or
-    /// more. [`Store::keep`] stores the result. The reference is decoded whole and checked
+    /// Codes `target` as a derived blob, not stored yet: the XOR residual against the prediction
+    /// of it from `reference` (a blob of another float dtype with as many elements) by the
+    /// conversion [`cross_precision::choose`] finds; `None` when the object would take
+    /// `target.limit` bytes or more. [`Store::keep`] stores the result. The reference is decoded whole and checked
     /// against its id first, so a damaged reference is an error naming it. The object's chunk
     /// size is the reference's scaled by the ratio of element widths (chunk `i` holds the
     /// elements of the reference's chunk `i`); when that is not a valid chunk size, or the
     /// dtypes do not pair, the blob cannot be derived (an [`Error::Encode`]).
     /// [`Self::code_blob_derived_from_bytes`] codes the same object from the reference's bytes
     /// at hand, without decoding it.
-    #[allow(clippy::too_many_arguments)]
     pub fn code_blob_derived(
         &self,
-        id: ObjectId,
-        data: &[u8],
-        dtype: Dtype,
+        target: DerivedTarget<'_>,
         reference: &BlobChain,
-        conversion: Option<Conversion>,
-        limit: u64,
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<Option<DerivedBlob>> {
+        let DerivedTarget { id, data, dtype, .. } = target;
         let form = reference.form();
-        let (source_dtype, chunk_size) = derivable(id, data, dtype, &form)?;
+        let (source_dtype, chunk_size) = derivable(&target, &form)?;
         let mut plain = Vec::with_capacity(reference.len() as usize);
         reference.copy_to(&mut plain)?;
-        let conversion = match conversion {
-            Some(c) => c,
-            None => cross_precision::choose(&plain, source_dtype, data, dtype)
-                .ok_or_else(|| cannot_predict(id, source_dtype, dtype))?,
-        };
+        let conversion = cross_precision::choose(&plain, source_dtype, data, dtype)
+            .ok_or_else(|| cannot_predict(id, source_dtype, dtype))?;
         let mut predicted = vec![0u8; data.len()];
         cross_precision::predict(conversion, &plain, source_dtype, dtype, &mut predicted)
             .map_err(|source| Error::Encode { id, source })?;
         drop(plain);
-        self.code_derived(
-            id,
-            data,
-            dtype,
-            &form,
-            conversion,
-            chunk_size,
-            Against::Bytes(&predicted),
-            limit,
-            options,
-            feedback,
-        )
+        let options = Options { chunk_size, ..options.clone() };
+        self.code_derived(&target, &form, conversion, Against::Bytes(&predicted), &options, feedback)
     }
 
     /// [`Self::code_blob_derived`] (conversion chosen by [`cross_precision::choose`]) from the
@@ -597,19 +584,16 @@ impl Store {
     /// that are not the reference's content decodes to other bytes than `id`'s, so a caller
     /// whose bytes may have changed meanwhile (a file rewritten during a commit) must check
     /// them afterwards and remove the object if they did.
-    #[allow(clippy::too_many_arguments)]
     pub fn code_blob_derived_from_bytes(
         &self,
-        id: ObjectId,
-        data: &[u8],
-        dtype: Dtype,
+        target: DerivedTarget<'_>,
         source: &SourceBytes<'_>,
-        limit: u64,
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<Option<DerivedBlob>> {
+        let DerivedTarget { id, data, dtype, .. } = target;
         let form = source.form;
-        let (source_dtype, chunk_size) = derivable(id, data, dtype, form)?;
+        let (source_dtype, chunk_size) = derivable(&target, form)?;
         if source.bytes.len() as u64 != form.len {
             return Err(Error::Encode {
                 id,
@@ -630,26 +614,24 @@ impl Store {
             grouping: Grouping::for_dtype(Some(dtype)),
             release: source.release,
         };
-        let against = Against::Predicted(&prediction);
-        self.code_derived(id, data, dtype, form, conversion, chunk_size, against, limit, options, feedback)
+        let options = Options { chunk_size, ..options.clone() };
+        self.code_derived(&target, form, conversion, Against::Predicted(&prediction), &options, feedback)
     }
 
-    /// Codes the derived object of `data` against `against`, the prediction of it from the
-    /// blob `form` describes by `conversion`, in chunks of `chunk_size`.
-    #[allow(clippy::too_many_arguments)]
+    /// Codes the derived object of `target` against `against`, the prediction of it from the
+    /// blob `form` describes by `conversion`, in chunks of `options.chunk_size` (the derived
+    /// chunk size [`derivable`] gives).
     fn code_derived(
         &self,
-        id: ObjectId,
-        data: &[u8],
-        dtype: Dtype,
+        target: &DerivedTarget<'_>,
         form: &BlobForm,
         conversion: Conversion,
-        chunk_size: usize,
         against: Against<'_>,
-        limit: u64,
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<Option<DerivedBlob>> {
+        let DerivedTarget { id, data, dtype, limit } = *target;
+        let chunk_size = options.chunk_size;
         let header = ObjectHeader {
             kind: ObjectKind::Blob,
             dtype: Some(dtype),
@@ -658,9 +640,8 @@ impl Store {
             conversion: Some(conversion),
             raw_len: data.len() as u64,
         };
-        let options = Options { chunk_size, ..options.clone() };
         let coded = self.write_temp_object(id, header, Some(limit), |out| {
-            encode_blob(id, out, BlobData::Bytes(data), against, header.dtype, &options, feedback)
+            encode_blob(id, out, BlobData::Bytes(data), against, header.dtype, options, feedback)
         })?;
         let chain = std::iter::once(id).chain(form.chain.iter().copied()).collect();
         Ok(coded.map(|(tmp, stored_len)| DerivedBlob { id, header, tmp, stored_len, chunk_size, chain }))
@@ -711,17 +692,9 @@ impl Store {
         if let Some(reason) = mismatch {
             return Err(Error::Encode { id: older.id(), source: crate::codec::Error::InvalidInput(reason) });
         }
-        let header = ObjectHeader {
-            kind: ObjectKind::Blob,
-            dtype: older.dtype(),
-            reference: Some(newer.id()),
-            depth: 1,
-            conversion: None,
-            raw_len: older.len(),
-        };
         let limit = limit.min(older.stored_len());
         let feedback = Feedback { progress, release_input: &|_| {}, input_xxh3: None };
-        self.write_delta_object(older.id(), header, BlobData::Stored(older), newer, limit, options, &feedback)
+        self.write_delta_object(older.id(), BlobData::Stored(older), newer, limit, options, &feedback)
     }
 
     /// Codes blob `target` standalone (no reference) for another store, whatever form it has
@@ -803,22 +776,29 @@ impl Store {
         })
     }
 
-    /// Writes object `id` with `header`, its container coding `data` XORed with `xor_with`,
-    /// unless the object would take `limit` bytes or more. The container records `id` as its
+    /// Writes object `id`, an XOR delta against `xor_with` (of `data`'s length and dtype), its
+    /// container coding `data` XORed with `xor_with`, unless the object would take `limit`
+    /// bytes or more. The container records `id` as its
     /// content hash: for stored data it is taken as given; for bytes with
     /// `feedback.input_xxh3` it is taken as given and the bytes are checked against the xxh3,
     /// else they are hashed and must be `id`.
-    #[allow(clippy::too_many_arguments)]
     fn write_delta_object(
         &self,
         id: ObjectId,
-        header: ObjectHeader,
         data: BlobData<'_>,
         xor_with: &BlobChain,
         limit: u64,
         options: &Options,
         feedback: &Feedback<'_>,
     ) -> Result<DeltaOutcome> {
+        let header = ObjectHeader {
+            kind: ObjectKind::Blob,
+            dtype: xor_with.dtype(),
+            reference: Some(xor_with.id()),
+            depth: xor_with.depth() + 1,
+            conversion: None,
+            raw_len: data.len() as u64,
+        };
         // The delta must use the reference's chunk size so chunk i lines up with chunk i.
         let options = Options { chunk_size: xor_with.chunk_size, ..options.clone() };
         let mut stored = 0;
