@@ -2,7 +2,7 @@
 //! hash-checked, then renamed into place. A damaged object makes the file fail; nothing wrong is
 //! ever left under the target name.
 
-use super::model::{FileEntry, FileFormat, Manifest};
+use super::model::{FileEntry, FileFormat, Manifest, Version};
 use super::status::now_ns;
 use super::{Error, Repo, RepoPath, Result, VersionId};
 use crate::safetensors;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 mod whole_file;
 mod working_tree;
 
-use working_tree::{refuse_overwriting, Changes, Cleared};
+use working_tree::{place_staged, refuse_overwriting, Cleared, Staged};
 
 /// Selects tensors by name for `checkout --tensor`.
 ///
@@ -154,67 +154,15 @@ impl Repo {
         self.checkout_version(&id, &target)
     }
 
+    /// Writes the files of version `id` as `target` says: selects them, plans their paths,
+    /// guards the target directory, stages every file (verified), then puts them all in place
+    /// or none.
     pub(super) fn checkout_version(&self, id: &VersionId, target: &Target<'_>) -> Result<CheckoutSummary> {
         let filter = target.filter;
         let version = self.version(id)?;
-        let selected: Vec<&FileEntry> = match target.files {
-            None => version.files.iter().collect(),
-            Some(paths) => {
-                // A path the version holds no file at may be a directory: every file under it
-                // (as `ckpt commit DIR` took them).
-                let mut selected = Vec::new();
-                let mut seen = std::collections::HashSet::new();
-                for p in paths {
-                    let rp = self.repo_path(p)?;
-                    let files = version.files_at(rp.as_str());
-                    if files.is_empty() {
-                        return Err(Error::NotInVersion { path: rp.to_string(), version: *id });
-                    }
-                    selected.extend(files.into_iter().filter(|f| seen.insert(f.path.as_str())));
-                }
-                selected
-            }
-        };
-        let (out_dir, in_tree) = match target.output_dir {
-            None => (self.root.clone(), true),
-            Some(d) => {
-                // Checked before anything is created: `refs/` or `objects/` overwritten by a
-                // checkout would break the repository.
-                if super::path::resolve_prospective(d).is_some_and(|r| r.starts_with(&self.dir)) {
-                    return Err(Error::OutputInRepository { path: d.to_path_buf(), ckpt_dir: self.dir.clone() });
-                }
-                super::path::create_dirs(d)?;
-                let d = std::fs::canonicalize(d).map_err(|source| Error::Io {
-                    action: "resolving",
-                    path: d.to_path_buf(),
-                    source,
-                })?;
-                let in_tree = d == self.root;
-                (d, in_tree)
-            }
-        };
-        let mut planned = Vec::with_capacity(selected.len());
-        for entry in selected {
-            let rp = RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
-                id: *id,
-                reason: format!("path {:?}: {reason}", entry.path),
-            })?;
-            // An output directory above the root must not reach `.ckpt` through a stored path
-            // such as `repo/.ckpt/HEAD` (out_dir is canonical; symlinked directories below it
-            // are refused below).
-            if rp.under(&out_dir).starts_with(&self.dir) {
-                return Err(Error::OutputInRepository { path: rp.under(&out_dir), ckpt_dir: self.dir.clone() });
-            }
-            planned.push((entry, rp));
-        }
-        // A file `a` and a file `a/b` cannot both be written: a version holding both was not
-        // written by ckpt (commit refuses it), and is refused before anything is written.
-        if let Some((file, under)) = super::path::prefix_conflict(planned.iter().map(|(e, _)| e.path.as_str())) {
-            return Err(Error::CorruptMetadata {
-                id: *id,
-                reason: format!("it holds both the file {file:?} and {under:?} under it; no tree can hold both"),
-            });
-        }
+        let selected = self.selected_files(&version, id, target.files)?;
+        let (out_dir, in_tree) = self.checkout_dir(target.output_dir)?;
+        let planned = self.plan_paths(id, selected, &out_dir)?;
         if in_tree && !target.force {
             if let Some(f) = filter {
                 return Err(Error::PartialCheckoutInTree {
@@ -245,20 +193,7 @@ impl Repo {
             .prefix(".ckpt-checkout-")
             .tempdir_in(&staging_parent)
             .map_err(|source| Error::Io { action: "creating a directory in", path: staging_parent.clone(), source })?;
-        let total = planned.iter().map(|(f, _)| f.len).sum();
-        self.progress.start("checkout", total);
-        let mut staged = Vec::with_capacity(planned.len());
-        let mut bytes = 0u64;
-        for (entry, rp) in planned {
-            let written = self
-                .stage_file(entry, staging.path(), filter, bytes)
-                .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
-            if let Some((tmp, n)) = written {
-                bytes += n;
-                staged.push((entry, rp, tmp, n));
-            }
-        }
-        self.progress.finish();
+        let staged = self.stage_files(planned, staging.path(), filter)?;
         if !in_tree && !target.force && filter.is_some() {
             // Subsets of tensors could not be compared before they were written.
             let differing = self.differing_outputs(
@@ -269,19 +204,7 @@ impl Repo {
             )?;
             refuse_overwriting(&out_dir, differing)?;
         }
-        let mut changes = Changes::new(&out_dir, staging.path().join("aside"));
-        let placed = match Self::apply(&mut changes, &cleared, staged) {
-            Ok(placed) => placed,
-            Err(e) => {
-                let (error, kept) = changes.undo(e);
-                if kept {
-                    // It holds what could not be put back.
-                    let _ = staging.keep();
-                }
-                return Err(error);
-            }
-        };
-        changes.finish();
+        let placed = place_staged(&out_dir, staging, &cleared, staged)?;
         let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
         for (entry, rp, len) in placed {
             summary.bytes += len;
@@ -292,6 +215,106 @@ impl Repo {
         }
         self.flush_index();
         Ok(summary)
+    }
+
+    /// The files of `version` (id `id`) a checkout writes: all, or those at `paths`. A path the
+    /// version holds no file at may be a directory: every file under it (as `ckpt commit DIR`
+    /// took them).
+    fn selected_files<'v>(
+        &self,
+        version: &'v Version,
+        id: &VersionId,
+        paths: Option<&[PathBuf]>,
+    ) -> Result<Vec<&'v FileEntry>> {
+        let Some(paths) = paths else { return Ok(version.files.iter().collect()) };
+        let mut selected = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for p in paths {
+            let rp = self.repo_path(p)?;
+            let files = version.files_at(rp.as_str());
+            if files.is_empty() {
+                return Err(Error::NotInVersion { path: rp.to_string(), version: *id });
+            }
+            selected.extend(files.into_iter().filter(|f| seen.insert(f.path.as_str())));
+        }
+        Ok(selected)
+    }
+
+    /// The directory a checkout writes under (canonical, created if missing), and whether it
+    /// is the working tree.
+    fn checkout_dir(&self, output_dir: Option<&Path>) -> Result<(PathBuf, bool)> {
+        let Some(d) = output_dir else { return Ok((self.root.clone(), true)) };
+        // Checked before anything is created: `refs/` or `objects/` overwritten by a
+        // checkout would break the repository.
+        if super::path::resolve_prospective(d).is_some_and(|r| r.starts_with(&self.dir)) {
+            return Err(Error::OutputInRepository { path: d.to_path_buf(), ckpt_dir: self.dir.clone() });
+        }
+        super::path::create_dirs(d)?;
+        let d = std::fs::canonicalize(d).map_err(|source| Error::Io {
+            action: "resolving",
+            path: d.to_path_buf(),
+            source,
+        })?;
+        let in_tree = d == self.root;
+        Ok((d, in_tree))
+    }
+
+    /// The repository path of each selected file of version `id`, checked to stay out of
+    /// `.ckpt` under `out_dir` and to be writable together.
+    fn plan_paths<'e>(
+        &self,
+        id: &VersionId,
+        selected: Vec<&'e FileEntry>,
+        out_dir: &Path,
+    ) -> Result<Vec<(&'e FileEntry, RepoPath)>> {
+        let mut planned = Vec::with_capacity(selected.len());
+        for entry in selected {
+            let rp = RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
+                id: *id,
+                reason: format!("path {:?}: {reason}", entry.path),
+            })?;
+            // An output directory above the root must not reach `.ckpt` through a stored path
+            // such as `repo/.ckpt/HEAD` (out_dir is canonical; symlinked directories below it
+            // are refused below).
+            if rp.under(out_dir).starts_with(&self.dir) {
+                return Err(Error::OutputInRepository { path: rp.under(out_dir), ckpt_dir: self.dir.clone() });
+            }
+            planned.push((entry, rp));
+        }
+        // A file `a` and a file `a/b` cannot both be written: a version holding both was not
+        // written by ckpt (commit refuses it), and is refused before anything is written.
+        if let Some((file, under)) = super::path::prefix_conflict(planned.iter().map(|(e, _)| e.path.as_str())) {
+            return Err(Error::CorruptMetadata {
+                id: *id,
+                reason: format!("it holds both the file {file:?} and {under:?} under it; no tree can hold both"),
+            });
+        }
+        Ok(planned)
+    }
+
+    /// Writes every planned file, verified, into `staging`, reporting progress over them all;
+    /// a file the filter selects nothing in is left out.
+    fn stage_files<'e>(
+        &self,
+        planned: Vec<(&'e FileEntry, RepoPath)>,
+        staging: &Path,
+        filter: Option<&TensorFilter>,
+    ) -> Result<Vec<Staged<'e>>> {
+        let total = planned.iter().map(|(f, _)| f.len).sum();
+        self.progress.start("checkout", total);
+        let mut staged = Vec::with_capacity(planned.len());
+        let mut bytes = 0u64;
+        for (entry, rp) in planned {
+            let written = self
+                .stage_file(entry, staging, filter, bytes)
+                .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
+            if let Some((tmp, n)) = written {
+                bytes += n;
+                staged.push((entry, rp, tmp, n));
+            }
+        }
+        self.progress.finish();
+        Ok(staged)
     }
 
     /// Writes one file (to `out_dir`, through a temporary file renamed into place once

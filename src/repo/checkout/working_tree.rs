@@ -102,7 +102,7 @@ fn move_into_place(tmp: tempfile::TempPath, dest: &Path) -> Result<()> {
 /// immutable file, a directory without write permission, a full disk in another file system)
 /// puts everything back with [`Changes::undo`]; once every step succeeded [`Changes::finish`]
 /// deletes what was set aside.
-pub(super) struct Changes<'a> {
+struct Changes<'a> {
     /// The target directory (the working tree, or `--output`).
     root: &'a Path,
     /// Where entries are set aside (in the staging directory, deleted with it).
@@ -123,7 +123,7 @@ enum Change {
 
 impl<'a> Changes<'a> {
     /// No change yet to `root`; entries set aside go to `aside`.
-    pub(super) fn new(root: &'a Path, aside: PathBuf) -> Self {
+    fn new(root: &'a Path, aside: PathBuf) -> Self {
         Changes { root, aside, done: Vec::new() }
     }
 
@@ -192,7 +192,7 @@ impl<'a> Changes<'a> {
     /// Every step succeeded: deletes what was set aside (best effort: what is left in the
     /// staging directory goes with it), then the directories that removals left empty, up to
     /// the target directory (as `git switch` does).
-    pub(super) fn finish(self) {
+    fn finish(self) {
         for change in &self.done {
             let Change::SetAside { from, to } = change else { continue };
             let _ = match std::fs::symlink_metadata(to) {
@@ -213,7 +213,7 @@ impl<'a> Changes<'a> {
     /// A step failed with `error`: undoes every step done, newest first. Returns `error`, said
     /// to be undone, or naming what could not be put back and where it is (the staging
     /// directory is then kept, for the caller to leave in place).
-    pub(super) fn undo(self, error: Error) -> (Error, bool) {
+    fn undo(self, error: Error) -> (Error, bool) {
         let mut left = Vec::new();
         // Written files that could not be removed: fine where what was there is renamed back
         // over them.
@@ -261,50 +261,79 @@ fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
     Ok(())
 }
 
-impl Repo {
-    /// Changes the target directory of `changes` as planned: `cleared` removed, then each
-    /// staged file renamed into place. The first failure stops it, for the caller to undo.
-    /// Returns what was placed, with its length.
-    pub(super) fn apply<'e>(
-        changes: &mut Changes<'_>,
-        cleared: &Cleared,
-        staged: Vec<(&'e FileEntry, RepoPath, tempfile::TempPath, u64)>,
-    ) -> Result<Vec<(&'e FileEntry, RepoPath, u64)>> {
-        let root = changes.root;
-        // Checked again as each goes: nothing is deleted or written through a link to a
-        // directory, even one made since the checks.
-        for rp in &cleared.files {
-            rp.refuse_beyond_symlink(root, "deleted")?;
-            changes.set_aside(&rp.under(root))?;
-        }
-        for rp in &cleared.dirs {
-            rp.refuse_beyond_symlink(root, "deleted")?;
-            let dir = rp.under(root);
-            if !cleared.force {
-                // Only the directories the removals emptied (checked before; again in case a
-                // file was put there since).
-                let mut inside = Vec::new();
-                files_under(root, &dir, &mut inside)?;
-                if let Some(file) = inside.first() {
-                    return Err(Error::InvalidPath {
-                        path: dir,
-                        reason: format!("is a directory where the version has a file, and holds {file}"),
-                    });
-                }
-            }
-            changes.set_aside(&dir)?;
-        }
-        let mut placed = Vec::with_capacity(staged.len());
-        for (entry, rp, tmp, len) in staged {
-            rp.refuse_beyond_symlink(root, "written")?;
-            let dest = rp.under(root);
-            changes.create_dirs(dest.parent().expect("a file path under a directory"))?;
-            changes.place(tmp, &dest)?;
-            placed.push((entry, rp, len));
-        }
-        Ok(placed)
-    }
+/// A file staged for a checkout: its entry, where it goes, the verified temp file, its length.
+pub(super) type Staged<'e> = (&'e FileEntry, RepoPath, tempfile::TempPath, u64);
 
+/// Puts the `staged` files in place under `out_dir`, `cleared` removed first, all or nothing:
+/// a failure undoes every change ([`Changes::undo`]), keeping `staging` if it holds what could
+/// not be put back. Returns what was placed, with its length.
+pub(super) fn place_staged<'e>(
+    out_dir: &Path,
+    staging: tempfile::TempDir,
+    cleared: &Cleared,
+    staged: Vec<Staged<'e>>,
+) -> Result<Vec<(&'e FileEntry, RepoPath, u64)>> {
+    let mut changes = Changes::new(out_dir, staging.path().join("aside"));
+    match apply(&mut changes, cleared, staged) {
+        Ok(placed) => {
+            changes.finish();
+            Ok(placed)
+        }
+        Err(e) => {
+            let (error, kept) = changes.undo(e);
+            if kept {
+                // It holds what could not be put back.
+                let _ = staging.keep();
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Changes the target directory of `changes` as planned: `cleared` removed, then each staged
+/// file renamed into place. The first failure stops it, for the caller to undo. Returns what
+/// was placed, with its length.
+fn apply<'e>(
+    changes: &mut Changes<'_>,
+    cleared: &Cleared,
+    staged: Vec<Staged<'e>>,
+) -> Result<Vec<(&'e FileEntry, RepoPath, u64)>> {
+    let root = changes.root;
+    // Checked again as each goes: nothing is deleted or written through a link to a
+    // directory, even one made since the checks.
+    for rp in &cleared.files {
+        rp.refuse_beyond_symlink(root, "deleted")?;
+        changes.set_aside(&rp.under(root))?;
+    }
+    for rp in &cleared.dirs {
+        rp.refuse_beyond_symlink(root, "deleted")?;
+        let dir = rp.under(root);
+        if !cleared.force {
+            // Only the directories the removals emptied (checked before; again in case a
+            // file was put there since).
+            let mut inside = Vec::new();
+            files_under(root, &dir, &mut inside)?;
+            if let Some(file) = inside.first() {
+                return Err(Error::InvalidPath {
+                    path: dir,
+                    reason: format!("is a directory where the version has a file, and holds {file}"),
+                });
+            }
+        }
+        changes.set_aside(&dir)?;
+    }
+    let mut placed = Vec::with_capacity(staged.len());
+    for (entry, rp, tmp, len) in staged {
+        rp.refuse_beyond_symlink(root, "written")?;
+        let dest = rp.under(root);
+        changes.create_dirs(dest.parent().expect("a file path under a directory"))?;
+        changes.place(tmp, &dest)?;
+        placed.push((entry, rp, len));
+    }
+    Ok(placed)
+}
+
+impl Repo {
     /// Of the files planned for `out_dir`, those a checkout would change: any non-regular
     /// file, and a file whose content differs: for whole files, by length and file hash before
     /// anything is written; with a tensor `filter` (whose bytes are known only once written),
