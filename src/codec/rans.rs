@@ -608,7 +608,34 @@ pub fn encode_with_sources(
     if u32::try_from(group.len()).is_err() || group.is_empty() {
         return Ok(false);
     }
-    let max_contexts = max_contexts.min(MAX_CONTEXTS);
+    let (model, estimate, source_bytes) = choose_model(group, max_contexts.min(MAX_CONTEXTS), candidates)?;
+    if estimate >= group.len() {
+        return Ok(false);
+    }
+    let start = out.len();
+    write_model(&model, out);
+    let streams = encode_lanes(group, &model, source_bytes);
+    for s in &streams[..LANES - 1] {
+        put_varint(s.len() as u64, out);
+    }
+    for s in &streams {
+        out.extend_from_slice(s);
+    }
+    if out.len() - start >= group.len() {
+        out.truncate(start);
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// The model with the smallest estimated payload for `group`, from the previous byte or one of
+/// `candidates`, with that estimate and the chosen source's bytes (`None` for the previous
+/// byte).
+fn choose_model<'a>(
+    group: &[u8],
+    max_contexts: usize,
+    candidates: &[(Source, &'a [u8])],
+) -> Result<(Model, usize, Option<&'a [u8]>)> {
     let (mut model, mut estimate) = build_model(group, Source::Previous, None, max_contexts);
     let mut source_bytes: Option<&[u8]> = None;
     if max_contexts > 0 {
@@ -627,10 +654,11 @@ pub fn encode_with_sources(
             }
         }
     }
-    if estimate >= group.len() {
-        return Ok(false);
-    }
-    let start = out.len();
+    Ok((model, estimate, source_bytes))
+}
+
+/// Writes the payload's head, source, context map, alphabet and frequency tables.
+fn write_model(model: &Model, out: &mut Vec<u8>) {
     out.push(model.head());
     if model.source != Source::Previous {
         out.push(model.source.tag());
@@ -666,6 +694,12 @@ pub fn encode_with_sources(
             }
         }
     }
+}
+
+/// The rANS stream of each lane of `group` under `model` (final state, then the renormalization
+/// words in decoding order), its contexts from `source_bytes` or else the previous byte. The
+/// encoder's kernel.
+fn encode_lanes(group: &[u8], model: &Model, source_bytes: Option<&[u8]>) -> Vec<Vec<u8>> {
     // Frequencies and cumulative frequencies per context, per byte value.
     let freqs: Vec<[u16; 256]> = (0..model.tables.len()).map(|c| model.symbol_freqs(c)).collect();
     let cums: Vec<[u16; 256]> = freqs
@@ -714,17 +748,7 @@ pub fn encode_with_sources(
             streams.push(stream);
         }
     });
-    for s in &streams[..LANES - 1] {
-        put_varint(s.len() as u64, out);
-    }
-    for s in &streams {
-        out.extend_from_slice(s);
-    }
-    if out.len() - start >= group.len() {
-        out.truncate(start);
-        return Ok(false);
-    }
-    Ok(true)
+    streams
 }
 
 /// Reads a LEB128 varint of at most `max` from `input` at `*at`.
@@ -801,20 +825,46 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
     let head = *stored.first().ok_or_else(|| corrupt("empty payload"))?;
     let mut at = 1usize;
     let k = (head & 0x0F) as usize;
-    let source_bytes = if head & FLAG_SOURCE != 0 {
-        let tag = *stored.get(at).ok_or_else(|| corrupt("cut short in its source"))?;
-        at += 1;
-        let source = Source::from_tag(tag)?;
-        let bytes =
-            sources.get(source).ok_or_else(|| corrupt(&format!("context source {source:?} is not available")))?;
-        if bytes.len() != out.len() {
-            return Err(corrupt("context source and group lengths differ"));
-        }
-        Some(bytes)
-    } else {
-        None
-    };
-    // context_of maps a context byte to its table's offset in `slots`.
+    let source_bytes = read_source(stored, &mut at, head, sources, out.len())?;
+    let context_of = read_context_map(stored, &mut at, head, k)?;
+    let tables = read_tables(stored, &mut at, head, k)?;
+    SLOTS.with(|cell| {
+        let mut slots = cell.borrow_mut();
+        // Sized once per thread: each table used is written whole below (its frequencies add
+        // up to 4096), so what other groups left in the rest is never read.
+        slots.resize(SLOT_COUNT, 0);
+        fill_slots(&mut slots, &tables)?;
+        let state = read_lanes(stored, at)?;
+        let slots: &[u32; SLOT_COUNT] = slots[..].try_into().expect("slots are SLOT_COUNT long");
+        decode_lanes(slots, &context_of, state, source_bytes, out)
+    })
+}
+
+/// The bytes of the payload's context source, if its head says it has one: read from
+/// `sources`, checked to be `len` long (the group's length).
+fn read_source<'s>(
+    stored: &[u8],
+    at: &mut usize,
+    head: u8,
+    sources: &Sources<'s>,
+    len: usize,
+) -> Result<Option<&'s [u8]>> {
+    if head & FLAG_SOURCE == 0 {
+        return Ok(None);
+    }
+    let tag = *stored.get(*at).ok_or_else(|| corrupt("cut short in its source"))?;
+    *at += 1;
+    let source = Source::from_tag(tag)?;
+    let bytes = sources.get(source).ok_or_else(|| corrupt(&format!("context source {source:?} is not available")))?;
+    if bytes.len() != len {
+        return Err(corrupt("context source and group lengths differ"));
+    }
+    Ok(Some(bytes))
+}
+
+/// The context map of a payload with `k` dedicated contexts: for each context byte, its
+/// table's offset in the slot tables.
+fn read_context_map(stored: &[u8], at: &mut usize, head: u8, k: usize) -> Result<[u32; 256]> {
     let mut context_of = [0u32; 256];
     if head & FLAG_NIBBLE != 0 {
         if k != MAX_CONTEXTS {
@@ -824,28 +874,41 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
             *slot = ((b >> 4) as u32) << SCALE_BITS;
         }
     } else {
-        let context_bytes = stored.get(at..at + k).ok_or_else(|| corrupt("cut short in its contexts"))?;
-        at += k;
+        let context_bytes = stored.get(*at..*at + k).ok_or_else(|| corrupt("cut short in its contexts"))?;
+        *at += k;
         for (i, &b) in context_bytes.iter().enumerate() {
             context_of[b as usize] = ((i + 1) as u32) << SCALE_BITS;
         }
     }
+    Ok(context_of)
+}
+
+/// A payload's frequency tables as stored: the alphabet and each table's frequency per
+/// alphabet entry, context 0 first.
+struct Tables {
+    alphabet: Vec<usize>,
+    values: Vec<u32>,
+    /// Symbols per alphabet entry: 1, or [`BIN`] when binned.
+    per_entry: usize,
+}
+
+/// Reads the alphabet and the `k + 1` frequency tables, bit-packed or as varints.
+fn read_tables(stored: &[u8], at: &mut usize, head: u8, k: usize) -> Result<Tables> {
     let binned = head & FLAG_BINNED != 0;
     let (entries, per_entry, entry_max) = if binned { (256 / BIN, BIN, BIN_TOTAL) } else { (256, 1, TOTAL) };
     let alphabet: Vec<usize>;
-    // Every table's frequency per alphabet entry, context 0 first.
     let mut values: Vec<u32> = Vec::new();
     if head & FLAG_PACKED != 0 {
         let [first, last] = *stored
-            .get(at..at + 2)
+            .get(*at..*at + 2)
             .and_then(|b| b.first_chunk::<2>())
             .ok_or_else(|| corrupt("cut short in its alphabet"))?;
-        at += 2;
+        *at += 2;
         let (first, last) = (first as usize, last as usize);
         if first > last || last >= entries {
             return Err(corrupt("bad alphabet span"));
         }
-        let mut bits = BitReader { bytes: &stored[at..], bit: 0 };
+        let mut bits = BitReader { bytes: &stored[*at..], bit: 0 };
         let mut present = Vec::new();
         for a in first..=last {
             if bits.get(1)? == 1 {
@@ -862,116 +925,135 @@ pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>)
                 values.push(bits.get_eg(order, entry_max)?);
             }
         }
-        at += bits.bytes_used();
+        *at += bits.bytes_used();
     } else {
-        let bitmap = stored.get(at..at + entries / 8).ok_or_else(|| corrupt("cut short in its alphabet"))?;
-        at += entries / 8;
+        let bitmap = stored.get(*at..*at + entries / 8).ok_or_else(|| corrupt("cut short in its alphabet"))?;
+        *at += entries / 8;
         alphabet = (0..entries).filter(|&a| bitmap[a / 8] & (1 << (a % 8)) != 0).collect();
         for _ in 0..=k {
             for _ in &alphabet {
-                values.push(get_varint(stored, &mut at, u64::from(entry_max))? as u32);
+                values.push(get_varint(stored, at, u64::from(entry_max))? as u32);
             }
         }
     }
     if alphabet.is_empty() {
         return Err(corrupt("empty alphabet"));
     }
-    SLOTS.with(|cell| {
-        let mut slots = cell.borrow_mut();
-        // Sized once per thread: each table used is written whole below (its frequencies add
-        // up to 4096), so what other groups left in the rest is never read.
-        slots.resize(SLOT_COUNT, 0);
-        for (c, table_values) in values.chunks_exact(alphabet.len()).enumerate() {
-            let table = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
-            let mut cum = 0u32;
-            for (&a, &f) in alphabet.iter().zip(table_values) {
-                for s in a * per_entry..(a + 1) * per_entry {
-                    if cum + f > TOTAL {
-                        return Err(corrupt("frequencies over the total"));
-                    }
-                    for (bias, slot) in table[cum as usize..(cum + f) as usize].iter_mut().enumerate() {
-                        *slot = ((s as u32) << 24) | ((bias as u32) << 12) | (f.max(1) - 1);
-                    }
-                    cum += f;
+    Ok(Tables { alphabet, values, per_entry })
+}
+
+/// Writes each table's decoding slots (symbol, bias, frequency) into `slots`, checking that its
+/// frequencies add up to the total.
+fn fill_slots(slots: &mut [u32], tables: &Tables) -> Result<()> {
+    let Tables { alphabet, values, per_entry } = tables;
+    for (c, table_values) in values.chunks_exact(alphabet.len()).enumerate() {
+        let table = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
+        let mut cum = 0u32;
+        for (&a, &f) in alphabet.iter().zip(table_values) {
+            for s in a * per_entry..(a + 1) * per_entry {
+                if cum + f > TOTAL {
+                    return Err(corrupt("frequencies over the total"));
                 }
-            }
-            if cum != TOTAL {
-                return Err(corrupt("frequencies do not add up to the total"));
+                for (bias, slot) in table[cum as usize..(cum + f) as usize].iter_mut().enumerate() {
+                    *slot = ((s as u32) << 24) | ((bias as u32) << 12) | (f.max(1) - 1);
+                }
+                cum += f;
             }
         }
-        let mut lengths = [0usize; LANES];
-        for len in &mut lengths[..LANES - 1] {
-            *len = get_varint(stored, &mut at, stored.len() as u64)? as usize;
+        if cum != TOTAL {
+            return Err(corrupt("frequencies do not add up to the total"));
         }
-        let mut rest = &stored[at..];
-        let used: usize = lengths[..LANES - 1].iter().sum();
-        lengths[LANES - 1] = rest.len().checked_sub(used).ok_or_else(|| corrupt("lanes longer than the payload"))?;
-        let mut lanes_state: Vec<Lane<'_>> = Vec::with_capacity(LANES);
-        for len in lengths {
-            let (stream, tail) = rest.split_at(len);
-            rest = tail;
-            let (x, words) = stream.split_first_chunk::<4>().ok_or_else(|| corrupt("lane without a state"))?;
-            lanes_state.push(Lane { x: u32::from_le_bytes(*x), words, at: 0, table: 0 });
+    }
+    Ok(())
+}
+
+/// The four lanes at `at` in `stored` (the lane lengths, then the streams), each checked to
+/// start in a valid state.
+fn read_lanes(stored: &[u8], mut at: usize) -> Result<[Lane<'_>; LANES]> {
+    let mut lengths = [0usize; LANES];
+    for len in &mut lengths[..LANES - 1] {
+        *len = get_varint(stored, &mut at, stored.len() as u64)? as usize;
+    }
+    let mut rest = &stored[at..];
+    let used: usize = lengths[..LANES - 1].iter().sum();
+    lengths[LANES - 1] = rest.len().checked_sub(used).ok_or_else(|| corrupt("lanes longer than the payload"))?;
+    let mut lanes = [Lane { x: 0, words: &[], at: 0, table: 0 }; LANES];
+    for (lane, len) in lanes.iter_mut().zip(lengths) {
+        let (stream, tail) = rest.split_at(len);
+        rest = tail;
+        let (x, words) = stream.split_first_chunk::<4>().ok_or_else(|| corrupt("lane without a state"))?;
+        *lane = Lane { x: u32::from_le_bytes(*x), words, at: 0, table: 0 };
+    }
+    for lane in &lanes {
+        if !(L..=u32::MAX).contains(&lane.x) || lane.words.len() % 2 != 0 {
+            return Err(corrupt("bad lane state"));
         }
-        for lane in &lanes_state {
-            if !(L..=u32::MAX).contains(&lane.x) || lane.words.len() % 2 != 0 {
-                return Err(corrupt("bad lane state"));
+    }
+    Ok(lanes)
+}
+
+/// Decodes the four lanes from their starting `state` into `out`, their contexts from `source_bytes` or else each lane's
+/// previous symbol, and checks that every lane ends where its stream does. The decoder's
+/// kernel: one function, so the lanes' states stay in registers through the loops.
+fn decode_lanes(
+    slots: &[u32; SLOT_COUNT],
+    context_of: &[u32; 256],
+    state: [Lane<'_>; LANES],
+    source_bytes: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<()> {
+    let ranges = lanes(out.len());
+    // Lane lengths do not increase from lane 0 to lane 3.
+    let (o0, rest_out) = out.split_at_mut(ranges[0].len());
+    let (o1, rest_out) = rest_out.split_at_mut(ranges[1].len());
+    let (o2, o3) = rest_out.split_at_mut(ranges[2].len());
+    let shortest = o3.len();
+    // The lanes as locals, so their states can live in registers through the loops.
+    let [mut l0, mut l1, mut l2, mut l3] = state;
+    // All four lanes in lockstep while the last (shortest) has symbols, then the rest. The
+    // lockstep slices are cut to one length first, which takes the bounds checks out of it.
+    let (s0, s1, s2, s3) = (&mut o0[..shortest], &mut o1[..shortest], &mut o2[..shortest], &mut o3[..]);
+    match source_bytes {
+        None => {
+            let start = context_of[0] as usize;
+            for lane in [&mut l0, &mut l1, &mut l2, &mut l3] {
+                lane.table = start;
+            }
+            for i in 0..shortest {
+                s0[i] = l0.step(slots, context_of)?;
+                s1[i] = l1.step(slots, context_of)?;
+                s2[i] = l2.step(slots, context_of)?;
+                s3[i] = l3.step(slots, context_of)?;
+            }
+            for (lane, o) in [(&mut l0, o0), (&mut l1, o1), (&mut l2, o2)] {
+                for b in o[shortest..].iter_mut() {
+                    *b = lane.step(slots, context_of)?;
+                }
             }
         }
-        let ranges = lanes(out.len());
-        // Lane lengths do not increase from lane 0 to lane 3.
-        let (o0, rest_out) = out.split_at_mut(ranges[0].len());
-        let (o1, rest_out) = rest_out.split_at_mut(ranges[1].len());
-        let (o2, o3) = rest_out.split_at_mut(ranges[2].len());
-        let shortest = o3.len();
-        // The lanes as locals, so their states can live in registers through the loops.
-        let [mut l0, mut l1, mut l2, mut l3] = [lanes_state[0], lanes_state[1], lanes_state[2], lanes_state[3]];
-        let slots: &[u32; SLOT_COUNT] = slots[..].try_into().expect("slots are SLOT_COUNT long");
-        // All four lanes in lockstep while the last (shortest) has symbols, then the rest. The
-        // lockstep slices are cut to one length first, which takes the bounds checks out of it.
-        let (s0, s1, s2, s3) = (&mut o0[..shortest], &mut o1[..shortest], &mut o2[..shortest], &mut o3[..]);
-        match source_bytes {
-            None => {
-                let start = context_of[0] as usize;
-                for lane in [&mut l0, &mut l1, &mut l2, &mut l3] {
-                    lane.table = start;
-                }
-                for i in 0..shortest {
-                    s0[i] = l0.step(slots, &context_of)?;
-                    s1[i] = l1.step(slots, &context_of)?;
-                    s2[i] = l2.step(slots, &context_of)?;
-                    s3[i] = l3.step(slots, &context_of)?;
-                }
-                for (lane, o) in [(&mut l0, o0), (&mut l1, o1), (&mut l2, o2)] {
-                    for b in o[shortest..].iter_mut() {
-                        *b = lane.step(slots, &context_of)?;
-                    }
-                }
+        Some(src) => {
+            // Contexts are known ahead: no lane waits for its previous symbol's context.
+            let [c0, c1, c2, c3] = ranges.map(|r| &src[r]);
+            let (t0, t1, t2, t3) = (&c0[..shortest], &c1[..shortest], &c2[..shortest], &c3[..shortest]);
+            for i in 0..shortest {
+                s0[i] = l0.step_in(slots, context_of[t0[i] as usize] as usize)?;
+                s1[i] = l1.step_in(slots, context_of[t1[i] as usize] as usize)?;
+                s2[i] = l2.step_in(slots, context_of[t2[i] as usize] as usize)?;
+                s3[i] = l3.step_in(slots, context_of[t3[i] as usize] as usize)?;
             }
-            Some(src) => {
-                // Contexts are known ahead: no lane waits for its previous symbol's context.
-                let [c0, c1, c2, c3] = ranges.map(|r| &src[r]);
-                let (t0, t1, t2, t3) = (&c0[..shortest], &c1[..shortest], &c2[..shortest], &c3[..shortest]);
-                for i in 0..shortest {
-                    s0[i] = l0.step_in(slots, context_of[t0[i] as usize] as usize)?;
-                    s1[i] = l1.step_in(slots, context_of[t1[i] as usize] as usize)?;
-                    s2[i] = l2.step_in(slots, context_of[t2[i] as usize] as usize)?;
-                    s3[i] = l3.step_in(slots, context_of[t3[i] as usize] as usize)?;
-                }
-                for (lane, o, c) in [(&mut l0, o0, c0), (&mut l1, o1, c1), (&mut l2, o2, c2)] {
-                    for (b, &cb) in o[shortest..].iter_mut().zip(&c[shortest..]) {
-                        *b = lane.step_in(slots, context_of[cb as usize] as usize)?;
-                    }
+            for (lane, o, c) in [(&mut l0, o0, c0), (&mut l1, o1, c1), (&mut l2, o2, c2)] {
+                for (b, &cb) in o[shortest..].iter_mut().zip(&c[shortest..]) {
+                    *b = lane.step_in(slots, context_of[cb as usize] as usize)?;
                 }
             }
         }
-        for lane in [&l0, &l1, &l2, &l3] {
-            if lane.x != L || lane.at != lane.words.len() {
-                return Err(corrupt("lane does not end in the initial state"));
-            }
+    }
+    for lane in [&l0, &l1, &l2, &l3] {
+        if lane.x != L || lane.at != lane.words.len() {
+            return Err(corrupt("lane does not end in the initial state"));
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 #[cfg(test)]
