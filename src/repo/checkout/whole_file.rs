@@ -60,6 +60,9 @@ impl WholeFile<'_> {
     }
 }
 
+/// A segment stored as its own blob, with where it starts in the file.
+type SegmentAt<'m> = (u64, &'m Segment);
+
 /// A blob of a batch, opened, with where its segment starts in the file.
 type Placed = (u64, std::sync::Arc<store::BlobChain>);
 
@@ -237,7 +240,7 @@ impl Repo {
 
 /// (file offset, segment) of every non-empty segment of `manifest` stored as its own blob, and
 /// the file offset of every segment (read for the bundled ones), checked to cover the file.
-fn segment_offsets<'m>(entry: &FileEntry, manifest: &'m Manifest) -> Result<(Vec<(u64, &'m Segment)>, Vec<u64>)> {
+fn segment_offsets<'m>(entry: &FileEntry, manifest: &'m Manifest) -> Result<(Vec<SegmentAt<'m>>, Vec<u64>)> {
     let mut placed = Vec::new();
     let mut bundled_at = vec![0u64; manifest.segments.len()];
     let mut offset = 0u64;
