@@ -5,7 +5,7 @@
 use ckpt::codec::chunk::{encode_chunks, Data, Reference, SkipState};
 use ckpt::codec::container::{Container, ContainerWriter, FileKind};
 use ckpt::codec::select::{predict, Options};
-use ckpt::codec::{byte_group, encode_chunk, Layout};
+use ckpt::codec::{byte_group, encode_chunk, Grouping};
 use ckpt::Dtype;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
@@ -40,8 +40,8 @@ fn stages(c: &mut Criterion) {
     let weights = normal_f32(8 * MIB, 1);
     let bf16 = bf16_bytes(&weights);
     let f32b = f32_bytes(&weights[..4 * MIB]);
-    let bf16_layout = Layout::for_dtype(Some(Dtype::Bf16));
-    let f32_layout = Layout::for_dtype(Some(Dtype::F32));
+    let bf16_grouping = Grouping::for_dtype(Some(Dtype::Bf16));
+    let f32_grouping = Grouping::for_dtype(Some(Dtype::F32));
     // A "next epoch": every weight nudged by a tiny relative step.
     let next: Vec<f32> =
         weights.iter().enumerate().map(|(i, w)| if i % 3 == 0 { w * (1.0 + 1e-3) } else { *w }).collect();
@@ -50,33 +50,33 @@ fn stages(c: &mut Criterion) {
     let mut g = c.benchmark_group("byte_group");
     g.throughput(Throughput::Bytes(bf16.len() as u64));
     let mut grouped = vec![0u8; bf16.len()];
-    g.bench_function("split_bf16", |b| b.iter(|| byte_group::split(&bf16, None, bf16_layout, &mut grouped).unwrap()));
+    g.bench_function("split_bf16", |b| b.iter(|| byte_group::split(&bf16, None, bf16_grouping, &mut grouped).unwrap()));
     g.bench_function("split_bf16_xor", |b| {
-        b.iter(|| byte_group::split(&bf16_next, Some(&bf16), bf16_layout, &mut grouped).unwrap())
+        b.iter(|| byte_group::split(&bf16_next, Some(&bf16), bf16_grouping, &mut grouped).unwrap())
     });
     let n = bf16.len() / 2;
     let mut out = vec![0u8; bf16.len()];
     g.bench_function("regroup_bf16", |b| {
-        b.iter(|| byte_group::regroup(&[&grouped[..n], &grouped[n..]], None, bf16_layout, &mut out).unwrap())
+        b.iter(|| byte_group::regroup(&[&grouped[..n], &grouped[n..]], None, bf16_grouping, &mut out).unwrap())
     });
     let mut grouped32 = vec![0u8; f32b.len()];
     g.throughput(Throughput::Bytes(f32b.len() as u64));
-    g.bench_function("split_f32", |b| b.iter(|| byte_group::split(&f32b, None, f32_layout, &mut grouped32).unwrap()));
+    g.bench_function("split_f32", |b| b.iter(|| byte_group::split(&f32b, None, f32_grouping, &mut grouped32).unwrap()));
     let n32 = f32b.len() / 4;
     let mut out32 = vec![0u8; f32b.len()];
     g.bench_function("regroup_f32", |b| {
         let groups: Vec<&[u8]> = grouped32.chunks(n32).collect();
-        b.iter(|| byte_group::regroup(&groups, None, f32_layout, &mut out32).unwrap())
+        b.iter(|| byte_group::regroup(&groups, None, f32_grouping, &mut out32).unwrap())
     });
     // One chunk (256 KiB), as the decoder runs it: in cache.
     let chunk = 256 << 10;
     g.throughput(Throughput::Bytes(chunk as u64));
     g.bench_function("regroup_f32_256k", |b| {
         let groups: Vec<&[u8]> = grouped32[..chunk].chunks(chunk / 4).collect();
-        b.iter(|| byte_group::regroup(&groups, None, f32_layout, &mut out32[..chunk]).unwrap())
+        b.iter(|| byte_group::regroup(&groups, None, f32_grouping, &mut out32[..chunk]).unwrap())
     });
     g.bench_function("split_f32_256k", |b| {
-        b.iter(|| byte_group::split(&f32b[..chunk], None, f32_layout, &mut grouped32[..chunk]).unwrap())
+        b.iter(|| byte_group::split(&f32b[..chunk], None, f32_grouping, &mut grouped32[..chunk]).unwrap())
     });
     g.finish();
 
@@ -95,7 +95,8 @@ fn stages(c: &mut Criterion) {
         let mut payload = Vec::with_capacity(chunk.len());
         b.iter(|| {
             payload.clear();
-            encode_chunk(Data::Bytes(chunk), None, bf16_layout, &opts, &mut SkipState::default(), &mut payload).unwrap()
+            encode_chunk(Data::Bytes(chunk), None, bf16_grouping, &opts, &mut SkipState::default(), &mut payload)
+                .unwrap()
         })
     });
     g.finish();
@@ -125,8 +126,13 @@ fn stages(c: &mut Criterion) {
     g.bench_function("xor_delta_bf16_1thread", |b| {
         b.iter(|| {
             pool.install(|| {
-                encode_chunks(Data::Bytes(&bf16_next), Some(Reference::Bytes(&bf16)), bf16_layout, &Options::default())
-                    .unwrap()
+                encode_chunks(
+                    Data::Bytes(&bf16_next),
+                    Some(Reference::Bytes(&bf16)),
+                    bf16_grouping,
+                    &Options::default(),
+                )
+                .unwrap()
             })
         })
     });

@@ -29,8 +29,8 @@ fn bf16_groups(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
         })
         .collect();
     let mut grouped = vec![0u8; elements.len()];
-    let layout = ckpt::codec::Layout::for_dtype(Some(ckpt::dtype::Dtype::Bf16));
-    ckpt::codec::byte_group::split(&elements, None, layout, &mut grouped).expect("whole elements");
+    let grouping = ckpt::codec::Grouping::for_dtype(Some(ckpt::dtype::Dtype::Bf16));
+    ckpt::codec::byte_group::split(&elements, None, grouping, &mut grouped).expect("whole elements");
     let (mantissa, exponent) = grouped.split_at(n);
     (exponent.to_vec(), mantissa.to_vec())
 }

@@ -11,7 +11,7 @@
 //! `cargo run --release --example delta_matrix -- EPOCH_0.safetensors EPOCH_1.safetensors ...`
 
 use ckpt::codec::chunk::{encode_chunks, Data, Reference};
-use ckpt::codec::{Layout, Options};
+use ckpt::codec::{Grouping, Options};
 use rayon::prelude::*;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -25,10 +25,10 @@ fn stored_size(new: &[u8], old: Option<&[u8]>, options: &Options) -> Result<u64,
         .par_iter()
         .map(|t| -> Result<u64, BoxError> {
             let data = &new[t.begin as usize..t.end as usize];
-            let layout = Layout::for_dtype(Some(t.dtype));
+            let grouping = Grouping::for_dtype(Some(t.dtype));
             let cost = |r: Option<&[u8]>| -> Result<u64, BoxError> {
-                let chunks = encode_chunks(Data::Bytes(data), r.map(Reference::Bytes), layout, options)?;
-                Ok(chunks.iter().map(|c| c.payload.len() as u64 + 5 * layout.width as u64).sum())
+                let chunks = encode_chunks(Data::Bytes(data), r.map(Reference::Bytes), grouping, options)?;
+                Ok(chunks.iter().map(|c| c.payload.len() as u64 + 5 * grouping.width as u64).sum())
             };
             let reference = match (&old_header, old) {
                 (Some(h), Some(o)) => h

@@ -10,7 +10,7 @@
 
 use ckpt::codec::chunk::{encode_chunks, Data, Reference};
 use ckpt::codec::select::Selection;
-use ckpt::codec::{Layout, Method, Options};
+use ckpt::codec::{Grouping, Method, Options};
 use std::time::Instant;
 
 struct Job {
@@ -35,10 +35,10 @@ fn code(job: &Job, options: &Options) -> Result<(u64, u64, f64), Box<dyn std::er
                 .map(|o| &old[o.begin as usize..o.end as usize]),
             _ => None,
         };
-        let layout = Layout::for_dtype(Some(t.dtype));
-        let chunks = encode_chunks(Data::Bytes(data), reference.map(Reference::Bytes), layout, options)?;
+        let grouping = Grouping::for_dtype(Some(t.dtype));
+        let chunks = encode_chunks(Data::Bytes(data), reference.map(Reference::Bytes), grouping, options)?;
         original += data.len() as u64;
-        stored += chunks.iter().map(|c| c.payload.len() as u64 + 5 * layout.width as u64).sum::<u64>();
+        stored += chunks.iter().map(|c| c.payload.len() as u64 + 5 * grouping.width as u64).sum::<u64>();
     }
     Ok((original, stored, start.elapsed().as_secs_f64()))
 }

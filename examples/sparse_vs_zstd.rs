@@ -9,7 +9,7 @@
 
 use ckpt::codec::byte_group::split;
 use ckpt::codec::select::predict;
-use ckpt::codec::{sparse, zstd_block, Layout, Method, Options};
+use ckpt::codec::{sparse, zstd_block, Grouping, Method, Options};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -72,13 +72,13 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             else {
                 continue;
             };
-            let layout = Layout::for_dtype(Some(tensor.dtype));
+            let grouping = Grouping::for_dtype(Some(tensor.dtype));
             let new_bytes = &new[tensor.begin as usize..tensor.end as usize];
             let old_bytes = &old[o.begin as usize..o.end as usize];
             for (a, b) in new_bytes.chunks(options.chunk_size).zip(old_bytes.chunks(options.chunk_size)) {
                 let mut grouped = vec![0u8; a.len()];
-                split(a, Some(b), layout, &mut grouped)?;
-                let n = a.len() / layout.width;
+                split(a, Some(b), grouping, &mut grouped)?;
+                let n = a.len() / grouping.width;
                 for group in grouped.chunks_exact(n.max(1)) {
                     if predict(group, &options) == Method::Sparse {
                         measure(group, &options, &mut t)?;

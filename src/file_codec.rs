@@ -55,7 +55,7 @@ pub(crate) struct CutTensor<'f> {
 pub(crate) fn cut<'f>(
     len: u64,
     header: Option<&'f safetensors::Header>,
-    torch: Option<&'f torch_zip::Layout>,
+    torch: Option<&'f torch_zip::StorageMap>,
 ) -> Vec<(Range<u64>, Option<CutTensor<'f>>)> {
     if let (None, Some(layout)) = (header, torch) {
         let storage = |s: &'f torch_zip::Storage| CutTensor { name: &s.name, dtype: s.dtype, shape: &s.shape };
@@ -237,7 +237,7 @@ pub struct Report {
 /// Decodes every chunk of `container` (in parallel) and reports, per dtype and byte group, the
 /// methods chosen, stored bytes and the order-0 and order-1 entropy of the original group bytes.
 pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
-    use crate::codec::{byte_group, select::GroupStats, Layout};
+    use crate::codec::{byte_group, select::GroupStats, Grouping};
     use rayon::prelude::*;
     use std::collections::BTreeMap;
     type Key = (u8, usize);
@@ -245,12 +245,12 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         .into_par_iter()
         .map(|i| -> Result<Vec<(Key, GroupReport)>, Error> {
             let (segment, range, header) = container.chunk(i);
-            let layout = Layout::for_dtype(segment.dtype);
+            let grouping = Grouping::for_dtype(segment.dtype);
             let mut original = vec![0u8; (range.end - range.start) as usize];
             container.decode_chunk_into(i, &mut original)?;
             let mut grouped = vec![0u8; original.len()];
-            byte_group::split(&original, None, layout, &mut grouped)?;
-            let n = original.len() / layout.width;
+            byte_group::split(&original, None, grouping, &mut grouped)?;
+            let n = original.len() / grouping.width;
             let code = segment.dtype.map_or(0, Dtype::code);
             Ok(header
                 .groups()

@@ -9,7 +9,7 @@
 
 use ckpt::codec::paired::{self, Plan};
 use ckpt::codec::select::GroupStats;
-use ckpt::codec::{byte_group, Layout};
+use ckpt::codec::{byte_group, Grouping};
 
 /// Largest group length tried, so one run stays fast.
 const MAX_OUT: usize = 1 << 20;
@@ -53,8 +53,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             let mut scratch = vec![0u8; 2 * n];
             paired::decode_elements(&up[1..], &low[1..], &mut scratch, &mut elements).expect("own payload decodes");
             let mut regrouped = vec![0u8; 2 * n];
-            let layout = Layout { width: 2, extract_exponent: true };
-            byte_group::regroup(&[b, group], None, layout, &mut regrouped).expect("regroup");
+            let grouping = Grouping { width: 2, extract_exponent: true };
+            byte_group::regroup(&[b, group], None, grouping, &mut regrouped).expect("regroup");
             assert!(elements == regrouped, "elements differ from the regrouped groups");
         } else {
             assert_eq!((up, low), (vec![0xEE], vec![0xEE]), "out changed although encode returned false");

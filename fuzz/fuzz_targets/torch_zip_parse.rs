@@ -1,4 +1,4 @@
-//! Fuzzes the `torch.save` archive reader: it must never panic, and every layout it accepts must
+//! Fuzzes the `torch.save` archive reader: it must never panic, and every storage map it accepts must
 //! cover the input in order with storages whose byte lengths match their dtype and shape.
 #![no_main]
 
@@ -7,15 +7,15 @@ use std::collections::HashSet;
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     // Also the pickle reader on its own, with any bytes.
     let _ = ckpt::torch_zip::pickle::read(data);
-    let Ok(layout) = ckpt::torch_zip::parse(data) else {
+    let Ok(map) = ckpt::torch_zip::parse(data) else {
         return;
     };
-    assert_eq!(layout.len, data.len() as u64);
+    assert_eq!(map.len, data.len() as u64);
     let mut at = 0;
     let mut names = HashSet::new();
-    for (range, storage) in layout.segments() {
+    for (range, storage) in map.segments() {
         assert_eq!(range.start, at);
-        assert!(range.end <= layout.len);
+        assert!(range.end <= map.len);
         if let Some(s) = storage {
             assert!(names.insert(s.name.clone()), "duplicate name {:?}", s.name);
             let elements = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
@@ -25,5 +25,5 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         }
         at = range.end;
     }
-    assert_eq!(at, layout.len);
+    assert_eq!(at, map.len);
 });

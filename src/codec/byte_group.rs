@@ -14,7 +14,7 @@
 //! Layout of the grouped buffer: group `g` (byte `g` of every element, least significant first)
 //! occupies `grouped[g * n .. (g + 1) * n]` where `n` is the element count.
 
-use super::{Error, Layout, Result};
+use super::{Error, Grouping, Result};
 
 /// The exponent extraction permutation on one element of type `$int` (see the module doc):
 /// bits `top-1 .. top-8` move up one place into the top byte, the sign (top bit) moves down to
@@ -373,14 +373,14 @@ fn split_groups_mut<const W: usize>(grouped: &mut [u8], n: usize) -> [&mut [u8];
     })
 }
 
-fn check_lengths(layout: Layout, len: usize, reference: Option<&[u8]>, other: usize) -> Result<()> {
-    if !matches!(layout.width, 1 | 2 | 4 | 8) {
-        return Err(Error::InvalidInput(format!("element width {} is not 1, 2, 4 or 8", layout.width)));
+fn check_lengths(grouping: Grouping, len: usize, reference: Option<&[u8]>, other: usize) -> Result<()> {
+    if !matches!(grouping.width, 1 | 2 | 4 | 8) {
+        return Err(Error::InvalidInput(format!("element width {} is not 1, 2, 4 or 8", grouping.width)));
     }
-    if !len.is_multiple_of(layout.width) {
+    if !len.is_multiple_of(grouping.width) {
         return Err(Error::InvalidInput(format!(
             "{len} bytes is not a whole number of {}-byte elements",
-            layout.width
+            grouping.width
         )));
     }
     if reference.is_some_and(|r| r.len() != len) || other != len {
@@ -391,10 +391,10 @@ fn check_lengths(layout: Layout, len: usize, reference: Option<&[u8]>, other: us
 
 /// Splits `input` (optionally XORed with `reference`) into byte groups written to `grouped`,
 /// which must have the same length as `input`.
-pub fn split(input: &[u8], reference: Option<&[u8]>, layout: Layout, grouped: &mut [u8]) -> Result<()> {
-    check_lengths(layout, input.len(), reference, grouped.len())?;
-    let extract = layout.extract_exponent;
-    match layout.width {
+pub fn split(input: &[u8], reference: Option<&[u8]>, grouping: Grouping, grouped: &mut [u8]) -> Result<()> {
+    check_lengths(grouping, input.len(), reference, grouped.len())?;
+    let extract = grouping.extract_exponent;
+    match grouping.width {
         1 => match reference {
             Some(r) => super::xor_delta::xor_into(input, r, grouped)?,
             None => grouped.copy_from_slice(input),
@@ -408,14 +408,14 @@ pub fn split(input: &[u8], reference: Option<&[u8]>, layout: Layout, grouped: &m
 
 /// Inverse of [`split`]: rebuilds elements from `groups` (one slice of `out.len() / width` bytes
 /// per byte position) into `out`, XORing with `reference` if given.
-pub fn regroup(groups: &[&[u8]], reference: Option<&[u8]>, layout: Layout, out: &mut [u8]) -> Result<()> {
-    check_lengths(layout, out.len(), reference, out.len())?;
-    let n = out.len() / layout.width;
-    if groups.len() != layout.width || groups.iter().any(|g| g.len() != n) {
+pub fn regroup(groups: &[&[u8]], reference: Option<&[u8]>, grouping: Grouping, out: &mut [u8]) -> Result<()> {
+    check_lengths(grouping, out.len(), reference, out.len())?;
+    let n = out.len() / grouping.width;
+    if groups.len() != grouping.width || groups.iter().any(|g| g.len() != n) {
         return Err(Error::InvalidInput("group count or group length does not match the output".into()));
     }
-    let extract = layout.extract_exponent;
-    match layout.width {
+    let extract = grouping.extract_exponent;
+    match grouping.width {
         1 => match reference {
             Some(r) => super::xor_delta::xor_into(groups[0], r, out)?,
             None => out.copy_from_slice(groups[0]),
@@ -432,9 +432,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn layouts() -> impl Strategy<Value = Layout> {
+    fn groupings() -> impl Strategy<Value = Grouping> {
         (prop_oneof![Just(1usize), Just(2), Just(4), Just(8)], any::<bool>())
-            .prop_map(|(width, x)| Layout { width, extract_exponent: x && width > 1 })
+            .prop_map(|(width, x)| Grouping { width, extract_exponent: x && width > 1 })
     }
 
     #[test]
@@ -442,7 +442,7 @@ mod tests {
         // -1.5 in bf16 = 0xBFC0: sign 1, exponent 0x7F, mantissa 0x40.
         let input = 0xBFC0u16.to_le_bytes();
         let mut grouped = [0u8; 2];
-        split(&input, None, Layout { width: 2, extract_exponent: true }, &mut grouped).unwrap();
+        split(&input, None, Grouping { width: 2, extract_exponent: true }, &mut grouped).unwrap();
         assert_eq!(grouped[1], 0x7F, "exponent byte");
         assert_eq!(grouped[0], 0x80 | 0x40, "sign in bit 7, then the mantissa");
     }
@@ -454,7 +454,7 @@ mod tests {
         input.extend_from_slice(&1.0f32.to_le_bytes());
         input.extend_from_slice(&(-2.0f32).to_le_bytes());
         let mut grouped = [0u8; 8];
-        split(&input, None, Layout { width: 4, extract_exponent: true }, &mut grouped).unwrap();
+        split(&input, None, Grouping { width: 4, extract_exponent: true }, &mut grouped).unwrap();
         // 1.0: exponent 0x7F, sign 0 -> 0x7F000000; -2.0: exponent 0x80, sign 1 -> 0x80800000.
         // Groups 0 and 1 (the low mantissa bytes) stay zero: the sign does not land there.
         assert_eq!(grouped, [0, 0, 0, 0, 0x00, 0x80, 0x7F, 0x80]);
@@ -462,18 +462,18 @@ mod tests {
 
     proptest! {
         #[test]
-        fn split_regroup_round_trip(layout in layouts(), elems in 0usize..300, seed in any::<u64>(), with_ref in any::<bool>()) {
-            let len = elems * layout.width;
+        fn split_regroup_round_trip(grouping in groupings(), elems in 0usize..300, seed in any::<u64>(), with_ref in any::<bool>()) {
+            let len = elems * grouping.width;
             let mut state = seed | 1;
             let mut next = || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state as u8 };
             let input: Vec<u8> = (0..len).map(|_| next()).collect();
             let reference: Vec<u8> = (0..len).map(|_| next()).collect();
             let r = with_ref.then_some(reference.as_slice());
             let mut grouped = vec![0u8; len];
-            split(&input, r, layout, &mut grouped).unwrap();
-            let groups: Vec<&[u8]> = if len == 0 { vec![&[][..]; layout.width] } else { grouped.chunks(elems).collect() };
+            split(&input, r, grouping, &mut grouped).unwrap();
+            let groups: Vec<&[u8]> = if len == 0 { vec![&[][..]; grouping.width] } else { grouped.chunks(elems).collect() };
             let mut out = vec![0u8; len];
-            regroup(&groups, r, layout, &mut out).unwrap();
+            regroup(&groups, r, grouping, &mut out).unwrap();
             prop_assert_eq!(out, input);
         }
     }
@@ -481,8 +481,8 @@ mod tests {
     /// The definition, one element at a time, bit by bit, independent of both the scalar and
     /// the vector loops: byte `g` of element `i` (XORed; then, if extracting the exponent, with
     /// bit `p` moved to `new_position(p)`) lands at `grouped[g * n + i]`.
-    fn split_by_definition(input: &[u8], reference: Option<&[u8]>, layout: Layout) -> Vec<u8> {
-        let w = layout.width;
+    fn split_by_definition(input: &[u8], reference: Option<&[u8]>, grouping: Grouping) -> Vec<u8> {
+        let w = grouping.width;
         let n = input.len() / w;
         let bits = 8 * w as u32;
         // The sign (top bit) goes just below the top byte; the 8 bits below it move up one.
@@ -498,7 +498,7 @@ mod tests {
                 let x = input[i * w + b] ^ reference.map_or(0, |r| r[i * w + b]);
                 v |= u64::from(x) << (8 * b);
             }
-            if layout.extract_exponent {
+            if grouping.extract_exponent {
                 v = (0..bits).filter(|&p| v >> p & 1 == 1).map(|p| 1u64 << new_position(p)).sum();
             }
             for g in 0..w {
@@ -512,20 +512,20 @@ mod tests {
         /// Lengths around the 16-element vector block, so both the vector loop and the scalar
         /// tail are compared with the definition, in both directions.
         #[test]
-        fn split_and_regroup_match_the_definition(layout in layouts(), elems in 0usize..200, seed in any::<u64>(), with_ref in any::<bool>()) {
-            let len = elems * layout.width;
+        fn split_and_regroup_match_the_definition(grouping in groupings(), elems in 0usize..200, seed in any::<u64>(), with_ref in any::<bool>()) {
+            let len = elems * grouping.width;
             let mut state = seed | 1;
             let mut next = || { state ^= state << 13; state ^= state >> 7; state ^= state << 17; state as u8 };
             let input: Vec<u8> = (0..len).map(|_| next()).collect();
             let reference: Vec<u8> = (0..len).map(|_| next()).collect();
             let r = with_ref.then_some(reference.as_slice());
-            let expected = split_by_definition(&input, r, layout);
+            let expected = split_by_definition(&input, r, grouping);
             let mut grouped = vec![0u8; len];
-            split(&input, r, layout, &mut grouped).unwrap();
+            split(&input, r, grouping, &mut grouped).unwrap();
             prop_assert_eq!(&grouped, &expected);
-            let groups: Vec<&[u8]> = (0..layout.width).map(|g| &expected[g * elems..(g + 1) * elems]).collect();
+            let groups: Vec<&[u8]> = (0..grouping.width).map(|g| &expected[g * elems..(g + 1) * elems]).collect();
             let mut out = vec![0u8; len];
-            regroup(&groups, r, layout, &mut out).unwrap();
+            regroup(&groups, r, grouping, &mut out).unwrap();
             prop_assert_eq!(out, input);
         }
     }
@@ -533,6 +533,6 @@ mod tests {
     #[test]
     fn rejects_partial_elements() {
         let mut g = [0u8; 3];
-        assert!(split(&[1, 2, 3], None, Layout { width: 2, extract_exponent: false }, &mut g).is_err());
+        assert!(split(&[1, 2, 3], None, Grouping { width: 2, extract_exponent: false }, &mut g).is_err());
     }
 }

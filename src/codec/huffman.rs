@@ -545,8 +545,8 @@ mod tests {
         let elements: Vec<u8> =
             (0..n).flat_map(|_| ((((rng.normal() * 0.02) as f32).to_bits() >> 16) as u16).to_le_bytes()).collect();
         let mut grouped = vec![0u8; elements.len()];
-        let layout = crate::codec::Layout::for_dtype(Some(crate::dtype::Dtype::Bf16));
-        crate::codec::byte_group::split(&elements, None, layout, &mut grouped).expect("whole elements");
+        let grouping = crate::codec::Grouping::for_dtype(Some(crate::dtype::Dtype::Bf16));
+        crate::codec::byte_group::split(&elements, None, grouping, &mut grouped).expect("whole elements");
         let (mantissa, exponent) = grouped.split_at(n);
         (exponent.to_vec(), mantissa.to_vec())
     }

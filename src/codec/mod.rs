@@ -181,25 +181,26 @@ impl TryFrom<u8> for Method {
     }
 }
 
-/// How elements are laid out for grouping: element width in bytes and whether the exponent is
-/// extracted (the sign moves below the top byte so the exponent fills it; docs/format.md).
+/// How a tensor's elements are cut into byte groups: element width in bytes and whether the
+/// exponent is extracted (the sign moves below the top byte so the exponent fills it;
+/// docs/format.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Layout {
+pub struct Grouping {
     /// Element width in bytes: 1, 2, 4 or 8. Also the number of byte groups.
     pub width: usize,
     /// Rotate each element left by one bit before grouping (floats).
     pub extract_exponent: bool,
 }
 
-impl Layout {
+impl Grouping {
     /// Plain bytes: one group, no transform.
-    pub const BYTES: Layout = Layout { width: 1, extract_exponent: false };
+    pub const BYTES: Grouping = Grouping { width: 1, extract_exponent: false };
 
-    /// The layout for a tensor of `dtype`, or plain bytes for `None`.
-    pub fn for_dtype(dtype: Option<Dtype>) -> Layout {
+    /// The grouping for a tensor of `dtype`, or plain bytes for `None`.
+    pub fn for_dtype(dtype: Option<Dtype>) -> Grouping {
         match dtype {
-            None => Layout::BYTES,
-            Some(d) => Layout { width: d.size(), extract_exponent: d.extracts_exponent() },
+            None => Grouping::BYTES,
+            Some(d) => Grouping { width: d.size(), extract_exponent: d.extracts_exponent() },
         }
     }
 }

@@ -41,6 +41,10 @@
 use super::{Error, Result};
 use std::cell::RefCell;
 
+mod decode;
+
+pub use decode::{decode, decode_with_sources};
+
 /// Bits of the frequency total: tables sum to 4096.
 pub const SCALE_BITS: u32 = 12;
 const TOTAL: u32 = 1 << SCALE_BITS;
@@ -608,7 +612,34 @@ pub fn encode_with_sources(
     if u32::try_from(group.len()).is_err() || group.is_empty() {
         return Ok(false);
     }
-    let max_contexts = max_contexts.min(MAX_CONTEXTS);
+    let (model, estimate, source_bytes) = choose_model(group, max_contexts.min(MAX_CONTEXTS), candidates)?;
+    if estimate >= group.len() {
+        return Ok(false);
+    }
+    let start = out.len();
+    write_model(&model, out);
+    let streams = encode_lanes(group, &model, source_bytes);
+    for s in &streams[..LANES - 1] {
+        put_varint(s.len() as u64, out);
+    }
+    for s in &streams {
+        out.extend_from_slice(s);
+    }
+    if out.len() - start >= group.len() {
+        out.truncate(start);
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// The model with the smallest estimated payload for `group`, from the previous byte or one of
+/// `candidates`, with that estimate and the chosen source's bytes (`None` for the previous
+/// byte).
+fn choose_model<'a>(
+    group: &[u8],
+    max_contexts: usize,
+    candidates: &[(Source, &'a [u8])],
+) -> Result<(Model, usize, Option<&'a [u8]>)> {
     let (mut model, mut estimate) = build_model(group, Source::Previous, None, max_contexts);
     let mut source_bytes: Option<&[u8]> = None;
     if max_contexts > 0 {
@@ -627,10 +658,11 @@ pub fn encode_with_sources(
             }
         }
     }
-    if estimate >= group.len() {
-        return Ok(false);
-    }
-    let start = out.len();
+    Ok((model, estimate, source_bytes))
+}
+
+/// Writes the payload's head, source, context map, alphabet and frequency tables.
+fn write_model(model: &Model, out: &mut Vec<u8>) {
     out.push(model.head());
     if model.source != Source::Previous {
         out.push(model.source.tag());
@@ -666,6 +698,12 @@ pub fn encode_with_sources(
             }
         }
     }
+}
+
+/// The rANS stream of each lane of `group` under `model` (final state, then the renormalization
+/// words in decoding order), its contexts from `source_bytes` or else the previous byte. The
+/// encoder's kernel.
+fn encode_lanes(group: &[u8], model: &Model, source_bytes: Option<&[u8]>) -> Vec<Vec<u8>> {
     // Frequencies and cumulative frequencies per context, per byte value.
     let freqs: Vec<[u16; 256]> = (0..model.tables.len()).map(|c| model.symbol_freqs(c)).collect();
     let cums: Vec<[u16; 256]> = freqs
@@ -714,639 +752,12 @@ pub fn encode_with_sources(
             streams.push(stream);
         }
     });
-    for s in &streams[..LANES - 1] {
-        put_varint(s.len() as u64, out);
-    }
-    for s in &streams {
-        out.extend_from_slice(s);
-    }
-    if out.len() - start >= group.len() {
-        out.truncate(start);
-        return Ok(false);
-    }
-    Ok(true)
-}
-
-/// Reads a LEB128 varint of at most `max` from `input` at `*at`.
-fn get_varint(input: &[u8], at: &mut usize, max: u64) -> Result<u64> {
-    let mut v = 0u64;
-    for shift in (0..).step_by(7).take(10) {
-        let b = *input.get(*at).ok_or_else(|| corrupt("cut short in its tables"))?;
-        *at += 1;
-        v |= u64::from(b & 0x7F) << shift;
-        if b & 0x80 == 0 {
-            break;
-        }
-        if shift >= 56 {
-            return Err(corrupt("varint too long"));
-        }
-    }
-    if v > max {
-        return Err(corrupt("value out of range"));
-    }
-    Ok(v)
+    streams
 }
 
 fn corrupt(what: &str) -> Error {
     Error::Corrupt(format!("rANS group: {what}"))
 }
 
-/// One lane being decoded.
-#[derive(Clone, Copy)]
-struct Lane<'a> {
-    x: u32,
-    words: &'a [u8],
-    at: usize,
-    /// Offset of the current context's table in the slot tables (previous-byte contexts).
-    table: usize,
-}
-
-impl Lane<'_> {
-    /// Decodes one symbol with the table at offset `table`.
-    #[inline(always)]
-    fn step_in(&mut self, slots: &[u32; SLOT_COUNT], table: usize) -> Result<u8> {
-        // `table` is a multiple of 4096 below SLOT_COUNT: the mask only drops the bounds check.
-        let e = slots[(table | (self.x & (TOTAL - 1)) as usize) & (SLOT_COUNT - 1)];
-        let s = (e >> 24) as u8;
-        self.x = ((e & 0xFFF) + 1) * (self.x >> SCALE_BITS) + ((e >> 12) & 0xFFF);
-        if self.x < L {
-            let w = self.words.get(self.at..self.at + 2).ok_or_else(|| corrupt("stream cut short"))?;
-            self.x = (self.x << 16) | u32::from(u16::from_le_bytes([w[0], w[1]]));
-            self.at += 2;
-        }
-        Ok(s)
-    }
-
-    /// Decodes one symbol in the context of the lane's previous one.
-    #[inline(always)]
-    fn step(&mut self, slots: &[u32; SLOT_COUNT], context_of: &[u32; 256]) -> Result<u8> {
-        let s = self.step_in(slots, self.table)?;
-        self.table = context_of[s as usize] as usize;
-        Ok(s)
-    }
-}
-
-/// Decodes a rANS payload whose contexts are the previous byte (any format-4 payload) into
-/// `out`; see [`decode_with_sources`].
-pub fn decode(stored: &[u8], out: &mut [u8]) -> Result<()> {
-    decode_with_sources(stored, out, &Sources::default())
-}
-
-/// Decodes a rANS payload into `out` (the group; its length is the caller's), taking a context
-/// source's bytes from `sources`. Every count and length read from `stored` is checked before
-/// use; tables are bounded (16 × 4096 entries); a source that `sources` lacks, or of another
-/// length than the group, is an error; and a payload that does not end exactly where its final
-/// states say is corrupt.
-pub fn decode_with_sources(stored: &[u8], out: &mut [u8], sources: &Sources<'_>) -> Result<()> {
-    let head = *stored.first().ok_or_else(|| corrupt("empty payload"))?;
-    let mut at = 1usize;
-    let k = (head & 0x0F) as usize;
-    let source_bytes = if head & FLAG_SOURCE != 0 {
-        let tag = *stored.get(at).ok_or_else(|| corrupt("cut short in its source"))?;
-        at += 1;
-        let source = Source::from_tag(tag)?;
-        let bytes =
-            sources.get(source).ok_or_else(|| corrupt(&format!("context source {source:?} is not available")))?;
-        if bytes.len() != out.len() {
-            return Err(corrupt("context source and group lengths differ"));
-        }
-        Some(bytes)
-    } else {
-        None
-    };
-    // context_of maps a context byte to its table's offset in `slots`.
-    let mut context_of = [0u32; 256];
-    if head & FLAG_NIBBLE != 0 {
-        if k != MAX_CONTEXTS {
-            return Err(corrupt("nibble contexts need 16 tables"));
-        }
-        for (b, slot) in context_of.iter_mut().enumerate() {
-            *slot = ((b >> 4) as u32) << SCALE_BITS;
-        }
-    } else {
-        let context_bytes = stored.get(at..at + k).ok_or_else(|| corrupt("cut short in its contexts"))?;
-        at += k;
-        for (i, &b) in context_bytes.iter().enumerate() {
-            context_of[b as usize] = ((i + 1) as u32) << SCALE_BITS;
-        }
-    }
-    let binned = head & FLAG_BINNED != 0;
-    let (entries, per_entry, entry_max) = if binned { (256 / BIN, BIN, BIN_TOTAL) } else { (256, 1, TOTAL) };
-    let alphabet: Vec<usize>;
-    // Every table's frequency per alphabet entry, context 0 first.
-    let mut values: Vec<u32> = Vec::new();
-    if head & FLAG_PACKED != 0 {
-        let [first, last] = *stored
-            .get(at..at + 2)
-            .and_then(|b| b.first_chunk::<2>())
-            .ok_or_else(|| corrupt("cut short in its alphabet"))?;
-        at += 2;
-        let (first, last) = (first as usize, last as usize);
-        if first > last || last >= entries {
-            return Err(corrupt("bad alphabet span"));
-        }
-        let mut bits = BitReader { bytes: &stored[at..], bit: 0 };
-        let mut present = Vec::new();
-        for a in first..=last {
-            if bits.get(1)? == 1 {
-                present.push(a);
-            }
-        }
-        alphabet = present;
-        for _ in 0..=k {
-            let order = bits.get(4)?;
-            if order > MAX_EG_ORDER {
-                return Err(corrupt("Exp-Golomb order out of range"));
-            }
-            for _ in &alphabet {
-                values.push(bits.get_eg(order, entry_max)?);
-            }
-        }
-        at += bits.bytes_used();
-    } else {
-        let bitmap = stored.get(at..at + entries / 8).ok_or_else(|| corrupt("cut short in its alphabet"))?;
-        at += entries / 8;
-        alphabet = (0..entries).filter(|&a| bitmap[a / 8] & (1 << (a % 8)) != 0).collect();
-        for _ in 0..=k {
-            for _ in &alphabet {
-                values.push(get_varint(stored, &mut at, u64::from(entry_max))? as u32);
-            }
-        }
-    }
-    if alphabet.is_empty() {
-        return Err(corrupt("empty alphabet"));
-    }
-    SLOTS.with(|cell| {
-        let mut slots = cell.borrow_mut();
-        // Sized once per thread: each table used is written whole below (its frequencies add
-        // up to 4096), so what other groups left in the rest is never read.
-        slots.resize(SLOT_COUNT, 0);
-        for (c, table_values) in values.chunks_exact(alphabet.len()).enumerate() {
-            let table = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
-            let mut cum = 0u32;
-            for (&a, &f) in alphabet.iter().zip(table_values) {
-                for s in a * per_entry..(a + 1) * per_entry {
-                    if cum + f > TOTAL {
-                        return Err(corrupt("frequencies over the total"));
-                    }
-                    for (bias, slot) in table[cum as usize..(cum + f) as usize].iter_mut().enumerate() {
-                        *slot = ((s as u32) << 24) | ((bias as u32) << 12) | (f.max(1) - 1);
-                    }
-                    cum += f;
-                }
-            }
-            if cum != TOTAL {
-                return Err(corrupt("frequencies do not add up to the total"));
-            }
-        }
-        let mut lengths = [0usize; LANES];
-        for len in &mut lengths[..LANES - 1] {
-            *len = get_varint(stored, &mut at, stored.len() as u64)? as usize;
-        }
-        let mut rest = &stored[at..];
-        let used: usize = lengths[..LANES - 1].iter().sum();
-        lengths[LANES - 1] = rest.len().checked_sub(used).ok_or_else(|| corrupt("lanes longer than the payload"))?;
-        let mut lanes_state: Vec<Lane<'_>> = Vec::with_capacity(LANES);
-        for len in lengths {
-            let (stream, tail) = rest.split_at(len);
-            rest = tail;
-            let (x, words) = stream.split_first_chunk::<4>().ok_or_else(|| corrupt("lane without a state"))?;
-            lanes_state.push(Lane { x: u32::from_le_bytes(*x), words, at: 0, table: 0 });
-        }
-        for lane in &lanes_state {
-            if !(L..=u32::MAX).contains(&lane.x) || lane.words.len() % 2 != 0 {
-                return Err(corrupt("bad lane state"));
-            }
-        }
-        let ranges = lanes(out.len());
-        // Lane lengths do not increase from lane 0 to lane 3.
-        let (o0, rest_out) = out.split_at_mut(ranges[0].len());
-        let (o1, rest_out) = rest_out.split_at_mut(ranges[1].len());
-        let (o2, o3) = rest_out.split_at_mut(ranges[2].len());
-        let shortest = o3.len();
-        // The lanes as locals, so their states can live in registers through the loops.
-        let [mut l0, mut l1, mut l2, mut l3] = [lanes_state[0], lanes_state[1], lanes_state[2], lanes_state[3]];
-        let slots: &[u32; SLOT_COUNT] = slots[..].try_into().expect("slots are SLOT_COUNT long");
-        // All four lanes in lockstep while the last (shortest) has symbols, then the rest. The
-        // lockstep slices are cut to one length first, which takes the bounds checks out of it.
-        let (s0, s1, s2, s3) = (&mut o0[..shortest], &mut o1[..shortest], &mut o2[..shortest], &mut o3[..]);
-        match source_bytes {
-            None => {
-                let start = context_of[0] as usize;
-                for lane in [&mut l0, &mut l1, &mut l2, &mut l3] {
-                    lane.table = start;
-                }
-                for i in 0..shortest {
-                    s0[i] = l0.step(slots, &context_of)?;
-                    s1[i] = l1.step(slots, &context_of)?;
-                    s2[i] = l2.step(slots, &context_of)?;
-                    s3[i] = l3.step(slots, &context_of)?;
-                }
-                for (lane, o) in [(&mut l0, o0), (&mut l1, o1), (&mut l2, o2)] {
-                    for b in o[shortest..].iter_mut() {
-                        *b = lane.step(slots, &context_of)?;
-                    }
-                }
-            }
-            Some(src) => {
-                // Contexts are known ahead: no lane waits for its previous symbol's context.
-                let [c0, c1, c2, c3] = ranges.map(|r| &src[r]);
-                let (t0, t1, t2, t3) = (&c0[..shortest], &c1[..shortest], &c2[..shortest], &c3[..shortest]);
-                for i in 0..shortest {
-                    s0[i] = l0.step_in(slots, context_of[t0[i] as usize] as usize)?;
-                    s1[i] = l1.step_in(slots, context_of[t1[i] as usize] as usize)?;
-                    s2[i] = l2.step_in(slots, context_of[t2[i] as usize] as usize)?;
-                    s3[i] = l3.step_in(slots, context_of[t3[i] as usize] as usize)?;
-                }
-                for (lane, o, c) in [(&mut l0, o0, c0), (&mut l1, o1, c1), (&mut l2, o2, c2)] {
-                    for (b, &cb) in o[shortest..].iter_mut().zip(&c[shortest..]) {
-                        *b = lane.step_in(slots, context_of[cb as usize] as usize)?;
-                    }
-                }
-            }
-        }
-        for lane in [&l0, &l1, &l2, &l3] {
-            if lane.x != L || lane.at != lane.words.len() {
-                return Err(corrupt("lane does not end in the initial state"));
-            }
-        }
-        Ok(())
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn round_trip(group: &[u8], contexts: usize) -> Option<usize> {
-        let mut out = Vec::new();
-        if !encode(group, contexts, &mut out).unwrap() {
-            assert!(out.is_empty());
-            return None;
-        }
-        assert!(out.len() < group.len());
-        let mut back = vec![0xA5; group.len()];
-        decode(&out, &mut back).unwrap();
-        assert!(back == group, "round trip");
-        Some(out.len())
-    }
-
-    /// Adversarial distributions: empty, one byte, all one symbol, all distinct, alternating,
-    /// and one rare symbol among zeros (sub-one-bit coding).
-    #[test]
-    fn adversarial_distributions_round_trip() {
-        assert_eq!(round_trip(&[], 15), None);
-        assert_eq!(round_trip(&[7], 15), None, "one byte never shrinks");
-        let same = vec![0x3Cu8; 100_000];
-        let n = round_trip(&same, 15).unwrap();
-        assert!(n < 100, "one symbol costs almost nothing: {n}");
-        let distinct: Vec<u8> = (0..=255u8).collect();
-        assert_eq!(round_trip(&distinct, 15), None);
-        let distinct_long: Vec<u8> = (0..65536u32).map(|i| i as u8).collect();
-        // Order-0 cannot shrink it; order-1 (next = previous + 1) only if the tables pay.
-        let _ = round_trip(&distinct_long, 15);
-        let _ = round_trip(&distinct_long, 0);
-        let alternating: Vec<u8> = (0..50_000).map(|i| if i % 2 == 0 { 1 } else { 200 }).collect();
-        let order0 = round_trip(&alternating, 0).unwrap();
-        let order1 = round_trip(&alternating, 15).unwrap();
-        assert!(order0 > 50_000 / 8 - 100, "order-0 pays a bit per byte: {order0}");
-        assert!(order1 < 200, "order-1 predicts every byte: {order1}");
-    }
-
-    /// A group that is 99.5% zeros costs well below Huffman's floor of one bit per byte.
-    #[test]
-    fn sparse_groups_code_below_one_bit_per_byte() {
-        let group: Vec<u8> = crate::test_data::xorshift(5)
-            .take(131_072)
-            .map(|s| if s % 200 == 0 { (s >> 40) as u8 | 1 } else { 0 })
-            .collect();
-        let n = round_trip(&group, 0).unwrap();
-        assert!(n * 8 < group.len() / 4, "{n} bytes for {} bytes", group.len());
-    }
-
-    /// Exponent-like bytes whose value follows the previous one: order-1 beats order-0.
-    #[test]
-    fn context_beats_order_zero_on_correlated_bytes() {
-        let mut prev = 120u8;
-        let group: Vec<u8> = crate::test_data::xorshift(11)
-            .take(131_072)
-            .map(|s| {
-                prev = match s % 16 {
-                    0 => prev.saturating_sub(1).max(110),
-                    1 => (prev + 1).min(125),
-                    _ => prev,
-                };
-                prev
-            })
-            .collect();
-        let order0 = round_trip(&group, 0).unwrap();
-        let order1 = round_trip(&group, 15).unwrap();
-        assert!((order1 as f64) < 0.7 * order0 as f64, "order-1 {order1} vs order-0 {order0}");
-    }
-
-    #[test]
-    fn order1_entropy_sees_what_order0_cannot() {
-        let alternating: Vec<u8> = (0..1000).map(|i| if i % 2 == 0 { 1 } else { 2 }).collect();
-        assert!(order1_entropy_bits(&alternating) < 1e-9, "each byte follows from the one before");
-        let stats = crate::codec::select::GroupStats::of(&alternating);
-        assert!((stats.entropy_bits() - 1000.0).abs() < 1e-9);
-        assert_eq!(order1_entropy_bits(&[]), 0.0);
-    }
-
-    #[test]
-    fn quantized_tables_add_up() {
-        let mut counts = [0u32; 256];
-        counts[3] = 1;
-        counts[9] = 1_000_000;
-        counts[200] = 2;
-        let alphabet = [3u8, 9, 200];
-        let f = quantize(&counts, &alphabet, TOTAL);
-        assert_eq!(f.iter().map(|&v| u32::from(v)).sum::<u32>(), TOTAL);
-        assert!(f[3] >= 1 && f[200] >= 1);
-        let all: Vec<u8> = (0..=255).collect();
-        let mut flat = [1u32; 256];
-        flat[0] = 1 << 30;
-        let f = quantize(&flat, &all, TOTAL);
-        assert_eq!(f.iter().map(|&v| u32::from(v)).sum::<u32>(), TOTAL);
-        assert!(f.iter().all(|&v| v >= 1));
-    }
-
-    /// Pins the format: a fixed input gives exactly these payload bytes.
-    #[test]
-    fn golden_vector() {
-        let group = b"aaaaaaaabbbbccdeaaaaaaaabbbbccdfaaaaaaaabbbbccdeaaaaaaaabbbbccdg".repeat(4);
-        let mut out = Vec::new();
-        assert!(encode(&group, 0, &mut out).unwrap());
-        let hex: String = out.iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(hex, GOLDEN);
-        let mut back = vec![0; group.len()];
-        decode(&out, &mut back).unwrap();
-        assert_eq!(back, group);
-    }
-
-    const GOLDEN: &str = "00000000000000000000000000fe000000000000000000000000000000000000008010800880048002800140401212127f01a84228ecbf02a8ecbf0354ec0700c0fc7f01a84228ecbf02a8ecbf0354ec0700c0fc7f01a84228ecbf02a8ecbf0354ec0700c0fc7f01a84228ecbf02a8ecbf0354ec0700c0fc";
-
-    #[test]
-    fn corrupt_payloads_are_rejected_or_decode_without_panic() {
-        let group: Vec<u8> =
-            crate::test_data::xorshift(3).take(20_000).map(|s| (s % 5) as u8 * (s % 3) as u8).collect();
-        let mut out = Vec::new();
-        assert!(encode(&group, 15, &mut out).unwrap());
-        let mut back = vec![0; group.len()];
-        for cut in 0..out.len() {
-            assert!(decode(&out[..cut], &mut back).is_err(), "cut at {cut}");
-        }
-        let mut flips = 0;
-        for i in (0..out.len()).step_by(7) {
-            let mut bad = out.clone();
-            bad[i] ^= 0x10;
-            if decode(&bad, &mut back).is_err() || back != group {
-                flips += 1;
-            }
-        }
-        assert!(flips > 0);
-    }
-
-    /// Codes `group` with `source` offered as context bytes in slot `source`, decodes it with
-    /// only that source available, and returns the payload.
-    fn round_trip_sourced(group: &[u8], source: Source, bytes: &[u8]) -> Option<Vec<u8>> {
-        let mut out = Vec::new();
-        if !encode_with_sources(group, MAX_CONTEXTS, &[(source, bytes)], &mut out).unwrap() {
-            assert!(out.is_empty());
-            return None;
-        }
-        assert!(out.len() < group.len());
-        let mut sources = Sources::default();
-        match source {
-            Source::Group(j) => sources.groups[j as usize] = Some(bytes),
-            Source::Reference(j) => sources.reference[j as usize] = Some(bytes),
-            Source::Previous => unreachable!("not a candidate"),
-        }
-        let mut back = vec![0x5A; group.len()];
-        decode_with_sources(&out, &mut back, &sources).unwrap();
-        assert!(back == group, "round trip with {source:?}");
-        Some(out)
-    }
-
-    /// Exponent-like context bytes and a mantissa-like group whose spread depends on them: the
-    /// same element's byte as context wins, is recorded in the payload, and is needed to decode.
-    #[test]
-    fn a_context_source_wins_where_it_predicts_the_group() {
-        let mut rng = crate::test_data::xorshift(17);
-        let exponents: Vec<u8> = (0..131_072).map(|_| 120 + (rng.next().unwrap() % 8) as u8).collect();
-        let group: Vec<u8> = exponents
-            .iter()
-            .zip(crate::test_data::xorshift(18))
-            .map(|(&e, s)| if e % 2 == 0 { (s % 16) as u8 } else { s as u8 })
-            .collect();
-        let plain = round_trip(&group, MAX_CONTEXTS).unwrap();
-        let sourced = round_trip_sourced(&group, Source::Group(1), &exponents).unwrap();
-        assert_eq!(payload_source(&sourced), Some(Source::Group(1)));
-        // Order-0 costs about 7 bits a byte here, the exponent as context 6.
-        assert!(sourced.len() * 10 < plain * 9, "{} vs {plain} bytes", sourced.len());
-        let mut back = vec![0; group.len()];
-        let err = decode(&sourced, &mut back).unwrap_err().to_string();
-        assert!(err.contains("not available"), "{err}");
-        let short = &exponents[1..];
-        let sources = Sources { groups: [None, Some(short), None, None, None, None, None, None], ..Sources::default() };
-        assert!(decode_with_sources(&sourced, &mut back, &sources).is_err(), "source of another length");
-        let sources =
-            Sources { reference: [None, Some(&exponents), None, None, None, None, None, None], ..Sources::default() };
-        assert!(decode_with_sources(&sourced, &mut back, &sources).is_err(), "the reference is not the group");
-        // The same bytes offered as a reference's work the same way, with their own tag.
-        let by_reference = round_trip_sourced(&group, Source::Reference(3), &exponents).unwrap();
-        assert_eq!(payload_source(&by_reference), Some(Source::Reference(3)));
-        assert_eq!(by_reference.len(), sourced.len());
-    }
-
-    /// A skewed but wide group (a Gaussian's sign and mantissa bits: more small mantissas) codes
-    /// smaller with binned tables than with a full table per context, and round-trips.
-    #[test]
-    fn binned_tables_pay_on_wide_skewed_groups() {
-        let exponents: Vec<u8> = crate::test_data::xorshift(31).take(131_072).map(|s| 100 + (s % 12) as u8).collect();
-        let group: Vec<u8> = exponents
-            .iter()
-            .zip(crate::test_data::xorshift(32))
-            .map(|(&e, s)| {
-                // Bin `b` of 16 is drawn with weight 16 - b, more so for odd exponents.
-                let r = (s % 136) as u32;
-                let mut bin = 0u32;
-                let mut acc = 16;
-                while r >= acc && bin < 15 {
-                    bin += 1;
-                    acc += 16 - bin;
-                }
-                let bin = if e % 2 == 1 { bin / 2 } else { bin };
-                (bin * 16) as u8 | ((s >> 20) as u8 & 15)
-            })
-            .collect();
-        let payload = round_trip_sourced(&group, Source::Group(1), &exponents).unwrap();
-        assert!(payload[0] & FLAG_BINNED != 0, "binned tables: head {:#x}", payload[0]);
-        assert_eq!(payload_source(&payload), Some(Source::Group(1)));
-    }
-
-    /// Sources that carry no information (one value; every value in turn) still round-trip, and
-    /// the coder falls back to the previous byte or order-0 when they do not pay.
-    #[test]
-    fn uninformative_sources_round_trip() {
-        let group: Vec<u8> = crate::test_data::xorshift(5).take(50_000).map(|s| (s % 7) as u8).collect();
-        let one = vec![9u8; group.len()];
-        let distinct: Vec<u8> = (0..group.len()).map(|i| i as u8).collect();
-        for bytes in [&one, &distinct] {
-            let payload = round_trip_sourced(&group, Source::Group(2), bytes).unwrap();
-            assert_eq!(payload_source(&payload), None, "no gain, no source");
-        }
-        // The source is all one value and the group all distinct, or both constant.
-        let _ = round_trip_sourced(&distinct, Source::Reference(0), &one);
-        let _ = round_trip_sourced(&one, Source::Reference(0), &one);
-        let _ = round_trip_sourced(&distinct, Source::Group(1), &distinct);
-    }
-
-    /// Packed tables: chosen at the max level where they are smaller, and their Exp-Golomb
-    /// codes round-trip at every order, up to the largest frequency.
-    #[test]
-    fn packed_tables_round_trip() {
-        for k in 0..=MAX_EG_ORDER {
-            let values: Vec<u32> = (0..=TOTAL).step_by(7).chain([0, 1, TOTAL]).collect();
-            let mut out = Vec::new();
-            let mut w = BitWriter { out: &mut out, acc: 0, len: 0 };
-            for &v in &values {
-                w.put_eg(v, k);
-            }
-            w.finish();
-            let bits: u32 = values.iter().map(|&v| eg_bits(v, k)).sum();
-            assert_eq!(out.len(), bits.div_ceil(8) as usize);
-            let mut r = BitReader { bytes: &out, bit: 0 };
-            for &v in &values {
-                assert_eq!(r.get_eg(k, TOTAL).unwrap(), v);
-            }
-            assert!(BitReader { bytes: &out, bit: 0 }.get_eg(k, 0).is_err() || values[0] == 0);
-        }
-        // An exponent-like group with contexts: packed, smaller than the same model unpacked.
-        let mut prev = 120u8;
-        let group: Vec<u8> = crate::test_data::xorshift(12)
-            .take(131_072)
-            .map(|s| {
-                prev = match s % 16 {
-                    0 => prev.saturating_sub(1).max(100),
-                    1 => (prev + 1).min(130),
-                    _ => prev,
-                };
-                prev
-            })
-            .collect();
-        let mut out = Vec::new();
-        assert!(encode(&group, MAX_CONTEXTS, &mut out).unwrap());
-        assert!(out[0] & FLAG_PACKED != 0, "head {:#x}", out[0]);
-        let mut back = vec![0; group.len()];
-        decode(&out, &mut back).unwrap();
-        assert!(back == group);
-        // The default level's order-0 payloads are never packed (format 4's bytes).
-        out.clear();
-        assert!(encode(&group, 0, &mut out).unwrap());
-        assert_eq!(out[0], 0);
-    }
-
-    #[test]
-    fn bad_flags_and_sources_are_rejected() {
-        let mut back = [0u8; 100];
-        for payload in [&[0x80u8, 0][..], &[0x10], &[0x10, 0x00], &[0x10, 0x38], &[0x10, 0x48], &[0x43]] {
-            assert!(decode(payload, &mut back).is_err(), "{payload:?}");
-        }
-    }
-
-    /// Pins the format of a sourced, binned payload.
-    #[test]
-    fn golden_vector_with_a_source() {
-        let exponents: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 5) as u8).collect();
-        let group: Vec<u8> =
-            exponents.iter().enumerate().map(|(i, &e)| (e * 40) | ((i * 13 % 16) as u8 >> (e % 3))).collect();
-        let payload = round_trip_sourced(&group, Source::Group(3), &exponents).unwrap();
-        let hex: String = payload[..40].iter().map(|b| format!("{b:02x}")).collect();
-        let summary = (hex.as_str(), payload.len(), xxhash_rust::xxh3::xxh3_64(&payload));
-        assert_eq!(summary, (GOLDEN_SOURCED, 1700, GOLDEN_SOURCED_XXH3));
-    }
-
-    /// The payload's first 40 bytes: head 0x94 (packed tables, a source byte follows, 4
-    /// dedicated contexts), source 0x13 (group 3), the 4 context values, the alphabet's span
-    /// (0x00 ..= 0xa7) and its bits, then the tables' orders and codes.
-    const GOLDEN_SOURCED: &str = "94130004030200a7ffff000000ff000000000f00000000ff00000000fff0ff0ff01fe03fc07f0009";
-    const GOLDEN_SOURCED_XXH3: u64 = 14109669590494710870;
-
-    fn sources_of(len: usize, seed: u64, kind: u8) -> Vec<u8> {
-        match kind % 4 {
-            0 => vec![(seed % 256) as u8; len],
-            1 => (0..len).map(|i| i as u8).collect(),
-            2 => crate::test_data::xorshift(seed).take(len).map(|s| (s % 6) as u8).collect(),
-            _ => crate::test_data::xorshift(seed).take(len).map(|s| s as u8).collect(),
-        }
-    }
-
-    fn distributions() -> impl Strategy<Value = Vec<u8>> {
-        prop_oneof![
-            proptest::collection::vec(any::<u8>(), 0..3000),
-            (any::<u8>(), 0usize..5000).prop_map(|(b, n)| vec![b; n]),
-            (any::<u8>(), any::<u8>(), 0usize..5000)
-                .prop_map(|(a, b, n)| (0..n).map(|i| if i % 2 == 0 { a } else { b }).collect()),
-            (0usize..5000).prop_map(|n| (0..n).map(|i| i as u8).collect()),
-            (any::<u64>(), 0usize..20_000, 1u64..1000).prop_map(|(seed, n, every)| crate::test_data::xorshift(seed)
-                .take(n)
-                .map(|s| if s % every == 0 { (s >> 33) as u8 } else { 0 })
-                .collect()),
-            (any::<u64>(), 0usize..20_000).prop_map(|(seed, n)| {
-                let mut prev = 120u8;
-                crate::test_data::xorshift(seed)
-                    .take(n)
-                    .map(|s| {
-                        prev = prev.wrapping_add((s % 5) as u8).wrapping_sub(2);
-                        prev
-                    })
-                    .collect()
-            }),
-        ]
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-        #[test]
-        fn round_trips(group in distributions(), contexts in 0usize..=16) {
-            round_trip(&group, contexts);
-        }
-
-        /// Every context source round-trips arbitrary and adversarial groups, whatever the source
-        /// bytes are (one value, all distinct, few values, noise) or how they relate to the group.
-        #[test]
-        fn round_trips_with_sources(group in distributions(), seed in any::<u64>(), kind in any::<u8>(),
-                                    reference in any::<bool>(), j in 0u8..8, derived in any::<bool>()) {
-            let bytes = if derived {
-                group.iter().map(|&b| b >> 3).collect()
-            } else {
-                sources_of(group.len(), seed, kind)
-            };
-            let source = if reference { Source::Reference(j) } else { Source::Group(j) };
-            round_trip_sourced(&group, source, &bytes);
-        }
-
-        /// Arbitrary payloads with arbitrary sources available never panic.
-        #[test]
-        fn arbitrary_sourced_payloads_do_not_panic(mut payload in proptest::collection::vec(any::<u8>(), 0..400),
-                                                    n in 0usize..300, head in any::<u8>(), tag in any::<u8>(), seed in any::<u64>()) {
-            if payload.len() >= 2 {
-                payload[0] = head;
-                payload[1] = tag;
-            }
-            let bytes = sources_of(n, seed, head);
-            let sources = Sources { groups: [Some(&bytes[..]); 8], reference: [Some(&bytes[..]); 8] };
-            let mut out = vec![0; n];
-            let _ = decode_with_sources(&payload, &mut out, &sources);
-        }
-
-        /// Arbitrary payloads never panic and never write outside the group.
-        #[test]
-        fn arbitrary_payloads_do_not_panic(payload in proptest::collection::vec(any::<u8>(), 0..400), n in 0usize..300) {
-            let mut out = vec![0; n];
-            let _ = decode(&payload, &mut out);
-        }
-    }
-}
+mod tests;

@@ -2,47 +2,18 @@
 //! hash-checked, then renamed into place. A damaged object makes the file fail; nothing wrong is
 //! ever left under the target name.
 
-use super::model::{FileEntry, FileFormat, Manifest};
-use super::status::{now_ns, Observed};
+use super::model::{FileEntry, FileFormat, Manifest, Version};
+use super::status::now_ns;
 use super::{Error, Repo, RepoPath, Result, VersionId};
-use crate::object_id::ObjectId;
-use crate::object_id::{NodeHash, RangeHashes};
 use crate::safetensors;
 use crate::store;
-use rayon::prelude::*;
 use std::io::Write;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// Chunks decoded per work unit of a parallel checkout (2 MiB with the default chunk size):
-/// small enough to balance two cores on a 2 MiB tensor.
-const UNIT_CHUNKS: usize = 8;
-/// Bytes per window of a whole-file checkout, per worker thread: decoded in parallel, then
-/// hashed and written by one thread while the next window decodes. Two such buffers are live.
-/// 2 MiB per thread (one unit of 8 default chunks each; 4 MiB on two cores) rather than a
-/// fixed 16 MiB: the buffers are fresh memory the kernel faults in and zeroes, which on a
-/// 45 MB file was half of the checkout (0.08 s against 0.04 s on two cores, medians of 11, A/B;
-/// 52 against 100 ms with transparent huge pages on);
-/// on a 2 GiB file HEAD checked out in 1.09 s against 1.22 s, with 22 MiB of RSS instead of 53
-/// (docs/BENCHMARKS.md, "Fixed costs again"). Per thread, so that many cores still find a unit
-/// each in every window.
-const WINDOW_BYTES_PER_THREAD: usize = 2 << 20;
-/// The smallest window, whatever the thread count.
-const MIN_WINDOW_BYTES: usize = 4 << 20;
-/// Original bytes of the segments decoded together (at least one segment per batch).
-const BATCH_BYTES: u64 = 64 << 20;
+mod whole_file;
+mod working_tree;
 
-/// A run of chunks of one blob, decoded as one task of a whole-file checkout.
-struct Unit {
-    /// Index of the blob's decoder in the batch.
-    decoder: usize,
-    /// The blob's chunks.
-    chunks: Range<usize>,
-    /// Where the run's bytes go in the file.
-    offset: u64,
-    /// Length of the run's bytes.
-    len: usize,
-}
+use working_tree::{place_staged, refuse_overwriting, Cleared, Staged};
 
 /// Selects tensors by name for `checkout --tensor`.
 ///
@@ -84,256 +55,6 @@ pub(super) struct Target<'a> {
     pub force: bool,
     /// `switch`: also remove the current version's files that the target lacks.
     pub switching: bool,
-}
-
-/// The directory file `path` (a repository path) goes into under `root`.
-fn rp_parent(root: &Path, path: &str) -> PathBuf {
-    let mut p = root.to_path_buf();
-    p.extend(path.split('/'));
-    p.pop();
-    p
-}
-
-/// What a checkout into the working tree deletes before renaming its files into place.
-#[derive(Debug, Default)]
-pub(super) struct Cleared {
-    /// Files to delete (with the directories this empties).
-    pub files: Vec<RepoPath>,
-    /// Directories standing where a file is to be written.
-    pub dirs: Vec<RepoPath>,
-    /// Whether `dirs` go with whatever they hold (`--force`), or only once emptied by `files`.
-    pub force: bool,
-}
-
-/// Fails naming the files of `out_dir` a checkout would overwrite with other content.
-fn refuse_overwriting(out_dir: &Path, mut differing: Vec<String>) -> Result<()> {
-    if differing.is_empty() {
-        return Ok(());
-    }
-    differing.sort();
-    Err(Error::InvalidPath {
-        path: out_dir.to_path_buf(),
-        reason: format!(
-            "already holds {} with other content than the version's: {}; nothing was written \
-             (pass --force to overwrite, or choose another --output directory)",
-            if differing.len() == 1 { "a file" } else { "files" },
-            differing.join(", ")
-        ),
-    })
-}
-
-/// Whether the files at `a` and `b` hold the same bytes.
-fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
-    use std::io::Read;
-    let open = |p: &Path| {
-        crate::mmap::open_regular(p).map_err(|source| Error::Io { action: "reading", path: p.to_path_buf(), source })
-    };
-    let (fa, fb) = (open(a)?, open(b)?);
-    let len = |f: &std::fs::File, p: &Path| {
-        f.metadata().map(|m| m.len()).map_err(|source| Error::Io { action: "reading", path: p.to_path_buf(), source })
-    };
-    if len(&fa, a)? != len(&fb, b)? {
-        return Ok(false);
-    }
-    let (mut ra, mut rb) = (std::io::BufReader::new(fa), std::io::BufReader::new(fb));
-    let (mut ba, mut bb) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
-    loop {
-        let n = ra.read(&mut ba).map_err(|source| Error::Io { action: "reading", path: a.to_path_buf(), source })?;
-        if n == 0 {
-            return Ok(true);
-        }
-        rb.read_exact(&mut bb[..n]).map_err(|source| Error::Io { action: "reading", path: b.to_path_buf(), source })?;
-        if ba[..n] != bb[..n] {
-            return Ok(false);
-        }
-    }
-}
-
-/// Renames a staged file to `dest`; across file systems (a mount point inside the target), by
-/// a copy into a temporary file next to `dest` renamed in turn.
-fn move_into_place(tmp: tempfile::TempPath, dest: &Path) -> Result<()> {
-    let rename_err = |source| Error::Io { action: "renaming to", path: dest.to_path_buf(), source };
-    let tmp = match tmp.persist(dest) {
-        Ok(()) => return Ok(()),
-        Err(e) if e.error.raw_os_error() == Some(libc::EXDEV) => e.path,
-        Err(e) => return Err(rename_err(e.error)),
-    };
-    let dir = dest.parent().expect("a file path under a directory");
-    let copy = tempfile::Builder::new()
-        .prefix(".ckpt-tmp-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .tempfile_in(dir)
-        .map_err(|source| Error::Io { action: "creating a file in", path: dir.to_path_buf(), source })?;
-    let mut from =
-        std::fs::File::open(&tmp).map_err(|source| Error::Io { action: "reading", path: tmp.to_path_buf(), source })?;
-    std::io::copy(&mut from, &mut copy.as_file()).map_err(|source| Error::Io {
-        action: "writing",
-        path: copy.path().to_path_buf(),
-        source,
-    })?;
-    copy.persist(dest).map_err(|e| rename_err(e.error))?;
-    Ok(())
-}
-
-/// What a checkout does to its target directory once every file is staged, each step undoable
-/// (checkout and switch are all or nothing, README): a file or directory that goes or is
-/// replaced is first renamed aside, into the staging directory (or beside itself, in another
-/// file system), and every file and directory created is remembered. A failure part-way (an
-/// immutable file, a directory without write permission, a full disk in another file system)
-/// puts everything back with [`Changes::undo`]; once every step succeeded [`Changes::finish`]
-/// deletes what was set aside.
-struct Changes<'a> {
-    /// The target directory (the working tree, or `--output`).
-    root: &'a Path,
-    /// Where entries are set aside (in the staging directory, deleted with it).
-    aside: PathBuf,
-    /// What was done, in order.
-    done: Vec<Change>,
-}
-
-/// One step of [`Changes`].
-enum Change {
-    /// The file or directory at `from` was renamed to `to`.
-    SetAside { from: PathBuf, to: PathBuf },
-    /// A file was written at this path, where nothing was left.
-    Placed(PathBuf),
-    /// This directory was created.
-    Created(PathBuf),
-}
-
-impl Changes<'_> {
-    /// Renames what stands at `path` (a file, a symbolic link, or a directory with whatever it
-    /// holds) aside; nothing there is no step.
-    fn set_aside(&mut self, path: &Path) -> Result<()> {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let n = self.done.len();
-        std::fs::create_dir_all(&self.aside).map_err(super::error::io("creating", &self.aside))?;
-        let mut to = self.aside.join(format!("{n}-{name}"));
-        let mut result = std::fs::rename(path, &to);
-        if result.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EXDEV)) {
-            // A mount point inside the target: beside itself, under a name no other file has.
-            let dir = path.parent().expect("a path under the target directory");
-            let mut k = 0;
-            to = loop {
-                let beside = dir.join(format!(".ckpt-aside-{}-{n}-{k}-{name}", std::process::id()));
-                if std::fs::symlink_metadata(&beside).is_err() {
-                    break beside;
-                }
-                k += 1;
-            };
-            result = std::fs::rename(path, &to);
-        }
-        match result {
-            Ok(()) => {
-                self.done.push(Change::SetAside { from: path.to_path_buf(), to });
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(Error::Io { action: "moving aside", path: path.to_path_buf(), source }),
-        }
-    }
-
-    /// Creates directory `dir` and those above it that are missing, remembering each.
-    fn create_dirs(&mut self, dir: &Path) -> Result<()> {
-        let missing: Vec<PathBuf> = dir
-            .ancestors()
-            .take_while(|d| *d != self.root && std::fs::symlink_metadata(d).is_err())
-            .map(Path::to_path_buf)
-            .collect();
-        let result = super::path::create_dirs(dir);
-        // Also those made before a failure.
-        for d in missing.into_iter().rev() {
-            if std::fs::symlink_metadata(&d).is_ok() {
-                self.done.push(Change::Created(d));
-            }
-        }
-        result
-    }
-
-    /// Renames the staged file `tmp` to `dest`, setting aside what stands there first.
-    fn place(&mut self, tmp: tempfile::TempPath, dest: &Path) -> Result<()> {
-        match std::fs::symlink_metadata(dest) {
-            Ok(m) if m.is_dir() => {
-                return Err(Error::InvalidPath { path: dest.to_path_buf(), reason: "is a directory".into() })
-            }
-            Ok(_) => self.set_aside(dest)?,
-            Err(_) => {}
-        }
-        move_into_place(tmp, dest)?;
-        self.done.push(Change::Placed(dest.to_path_buf()));
-        Ok(())
-    }
-
-    /// Every step succeeded: deletes what was set aside (best effort: what is left in the
-    /// staging directory goes with it), then the directories that removals left empty, up to
-    /// the target directory (as `git switch` does).
-    fn finish(self) {
-        for change in &self.done {
-            let Change::SetAside { from, to } = change else { continue };
-            let _ = match std::fs::symlink_metadata(to) {
-                Ok(m) if m.is_dir() => std::fs::remove_dir_all(to),
-                _ => std::fs::remove_file(to),
-            };
-            let mut dir = from.parent();
-            // Stops at the first directory that is not empty.
-            while let Some(d) = dir.filter(|d| *d != self.root && d.starts_with(self.root)) {
-                if std::fs::remove_dir(d).is_err() {
-                    break;
-                }
-                dir = d.parent();
-            }
-        }
-    }
-
-    /// A step failed with `error`: undoes every step done, newest first. Returns `error`, said
-    /// to be undone, or naming what could not be put back and where it is (the staging
-    /// directory is then kept, for the caller to leave in place).
-    fn undo(self, error: Error) -> (Error, bool) {
-        let mut left = Vec::new();
-        // Written files that could not be removed: fine where what was there is renamed back
-        // over them.
-        let mut stray = Vec::new();
-        for change in self.done.into_iter().rev() {
-            match change {
-                Change::Placed(p) => {
-                    if let Err(e) = std::fs::remove_file(&p) {
-                        stray.push((p, e));
-                    }
-                }
-                // Fails harmlessly when something else was put inside meanwhile.
-                Change::Created(d) => {
-                    let _ = std::fs::remove_dir(&d);
-                }
-                Change::SetAside { from, to } => match std::fs::rename(&to, &from) {
-                    Ok(()) => stray.retain(|(p, _)| *p != from),
-                    Err(e) => left.push(format!("{} (left at {}: {e})", from.display(), to.display())),
-                },
-            }
-        }
-        left.extend(stray.into_iter().map(|(p, e)| format!("{} (written, not removed: {e})", p.display())));
-        let kept = !left.is_empty();
-        let error = Error::CheckoutUndone { dir: self.root.to_path_buf(), source: Box::new(error), left };
-        (error, kept)
-    }
-}
-
-/// The files (anything but directories) under `dir`, as repository paths relative to `root`,
-/// without following symbolic links.
-fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|source| Error::Io { action: "listing", path: dir.to_path_buf(), source })?;
-    for entry in entries {
-        let entry = entry.map_err(|source| Error::Io { action: "listing", path: dir.to_path_buf(), source })?;
-        let path = entry.path();
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if is_dir {
-            files_under(root, &path, out)?;
-        } else {
-            let rel = path.strip_prefix(root).unwrap_or(&path);
-            out.push(rel.to_string_lossy().into_owned());
-        }
-    }
-    Ok(())
 }
 
 /// Iterative glob matching with backtracking to the last `*` (linear in practice).
@@ -433,67 +154,15 @@ impl Repo {
         self.checkout_version(&id, &target)
     }
 
+    /// Writes the files of version `id` as `target` says: selects them, plans their paths,
+    /// guards the target directory, stages every file (verified), then puts them all in place
+    /// or none.
     pub(super) fn checkout_version(&self, id: &VersionId, target: &Target<'_>) -> Result<CheckoutSummary> {
         let filter = target.filter;
         let version = self.version(id)?;
-        let selected: Vec<&FileEntry> = match target.files {
-            None => version.files.iter().collect(),
-            Some(paths) => {
-                // A path the version holds no file at may be a directory: every file under it
-                // (as `ckpt commit DIR` took them).
-                let mut selected = Vec::new();
-                let mut seen = std::collections::HashSet::new();
-                for p in paths {
-                    let rp = self.repo_path(p)?;
-                    let files = version.files_at(rp.as_str());
-                    if files.is_empty() {
-                        return Err(Error::NotInVersion { path: rp.to_string(), version: *id });
-                    }
-                    selected.extend(files.into_iter().filter(|f| seen.insert(f.path.as_str())));
-                }
-                selected
-            }
-        };
-        let (out_dir, in_tree) = match target.output_dir {
-            None => (self.root.clone(), true),
-            Some(d) => {
-                // Checked before anything is created: `refs/` or `objects/` overwritten by a
-                // checkout would break the repository.
-                if super::path::resolve_prospective(d).is_some_and(|r| r.starts_with(&self.dir)) {
-                    return Err(Error::OutputInRepository { path: d.to_path_buf(), ckpt_dir: self.dir.clone() });
-                }
-                super::path::create_dirs(d)?;
-                let d = std::fs::canonicalize(d).map_err(|source| Error::Io {
-                    action: "resolving",
-                    path: d.to_path_buf(),
-                    source,
-                })?;
-                let in_tree = d == self.root;
-                (d, in_tree)
-            }
-        };
-        let mut planned = Vec::with_capacity(selected.len());
-        for entry in selected {
-            let rp = RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
-                id: *id,
-                reason: format!("path {:?}: {reason}", entry.path),
-            })?;
-            // An output directory above the root must not reach `.ckpt` through a stored path
-            // such as `repo/.ckpt/HEAD` (out_dir is canonical; symlinked directories below it
-            // are refused below).
-            if rp.under(&out_dir).starts_with(&self.dir) {
-                return Err(Error::OutputInRepository { path: rp.under(&out_dir), ckpt_dir: self.dir.clone() });
-            }
-            planned.push((entry, rp));
-        }
-        // A file `a` and a file `a/b` cannot both be written: a version holding both was not
-        // written by ckpt (commit refuses it), and is refused before anything is written.
-        if let Some((file, under)) = super::path::prefix_conflict(planned.iter().map(|(e, _)| e.path.as_str())) {
-            return Err(Error::CorruptMetadata {
-                id: *id,
-                reason: format!("it holds both the file {file:?} and {under:?} under it; no tree can hold both"),
-            });
-        }
+        let selected = self.selected_files(&version, id, target.files)?;
+        let (out_dir, in_tree) = self.checkout_dir(target.output_dir)?;
+        let planned = self.plan_paths(id, selected, &out_dir)?;
         if in_tree && !target.force {
             if let Some(f) = filter {
                 return Err(Error::PartialCheckoutInTree {
@@ -524,20 +193,7 @@ impl Repo {
             .prefix(".ckpt-checkout-")
             .tempdir_in(&staging_parent)
             .map_err(|source| Error::Io { action: "creating a directory in", path: staging_parent.clone(), source })?;
-        let total = planned.iter().map(|(f, _)| f.len).sum();
-        self.progress.start("checkout", total);
-        let mut staged = Vec::with_capacity(planned.len());
-        let mut bytes = 0u64;
-        for (entry, rp) in planned {
-            let written = self
-                .stage_file(entry, staging.path(), filter, bytes)
-                .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
-            if let Some((tmp, n)) = written {
-                bytes += n;
-                staged.push((entry, rp, tmp, n));
-            }
-        }
-        self.progress.finish();
+        let staged = self.stage_files(planned, staging.path(), filter)?;
         if !in_tree && !target.force && filter.is_some() {
             // Subsets of tensors could not be compared before they were written.
             let differing = self.differing_outputs(
@@ -548,19 +204,7 @@ impl Repo {
             )?;
             refuse_overwriting(&out_dir, differing)?;
         }
-        let mut changes = Changes { root: &out_dir, aside: staging.path().join("aside"), done: Vec::new() };
-        let placed = match Self::apply(&mut changes, &cleared, staged) {
-            Ok(placed) => placed,
-            Err(e) => {
-                let (error, kept) = changes.undo(e);
-                if kept {
-                    // It holds what could not be put back.
-                    let _ = staging.keep();
-                }
-                return Err(error);
-            }
-        };
-        changes.finish();
+        let placed = place_staged(&out_dir, staging, &cleared, staged)?;
         let mut summary = CheckoutSummary { version: *id, files: Vec::new(), bytes: 0 };
         for (entry, rp, len) in placed {
             summary.bytes += len;
@@ -573,85 +217,104 @@ impl Repo {
         Ok(summary)
     }
 
-    /// Changes the target directory of `changes` as planned: `cleared` removed, then each
-    /// staged file renamed into place. The first failure stops it, for the caller to undo.
-    /// Returns what was placed, with its length.
-    fn apply<'e>(
-        changes: &mut Changes<'_>,
-        cleared: &Cleared,
-        staged: Vec<(&'e FileEntry, RepoPath, tempfile::TempPath, u64)>,
-    ) -> Result<Vec<(&'e FileEntry, RepoPath, u64)>> {
-        let root = changes.root;
-        // Checked again as each goes: nothing is deleted or written through a link to a
-        // directory, even one made since the checks.
-        for rp in &cleared.files {
-            rp.refuse_beyond_symlink(root, "deleted")?;
-            changes.set_aside(&rp.under(root))?;
-        }
-        for rp in &cleared.dirs {
-            rp.refuse_beyond_symlink(root, "deleted")?;
-            let dir = rp.under(root);
-            if !cleared.force {
-                // Only the directories the removals emptied (checked before; again in case a
-                // file was put there since).
-                let mut inside = Vec::new();
-                files_under(root, &dir, &mut inside)?;
-                if let Some(file) = inside.first() {
-                    return Err(Error::InvalidPath {
-                        path: dir,
-                        reason: format!("is a directory where the version has a file, and holds {file}"),
-                    });
-                }
+    /// The files of `version` (id `id`) a checkout writes: all, or those at `paths`. A path the
+    /// version holds no file at may be a directory: every file under it (as `ckpt commit DIR`
+    /// took them).
+    fn selected_files<'v>(
+        &self,
+        version: &'v Version,
+        id: &VersionId,
+        paths: Option<&[PathBuf]>,
+    ) -> Result<Vec<&'v FileEntry>> {
+        let Some(paths) = paths else { return Ok(version.files.iter().collect()) };
+        let mut selected = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for p in paths {
+            let rp = self.repo_path(p)?;
+            let files = version.files_at(rp.as_str());
+            if files.is_empty() {
+                return Err(Error::NotInVersion { path: rp.to_string(), version: *id });
             }
-            changes.set_aside(&dir)?;
+            selected.extend(files.into_iter().filter(|f| seen.insert(f.path.as_str())));
         }
-        let mut placed = Vec::with_capacity(staged.len());
-        for (entry, rp, tmp, len) in staged {
-            rp.refuse_beyond_symlink(root, "written")?;
-            let dest = rp.under(root);
-            changes.create_dirs(dest.parent().expect("a file path under a directory"))?;
-            changes.place(tmp, &dest)?;
-            placed.push((entry, rp, len));
-        }
-        Ok(placed)
+        Ok(selected)
     }
 
-    /// Of the files planned for `out_dir`, those a checkout would change: any non-regular
-    /// file, and a file whose content differs: for whole files, by length and file hash before
-    /// anything is written; with a tensor `filter` (whose bytes are known only once written),
-    /// byte for byte with `staged` (the staged copies, in the same order).
-    fn differing_outputs(
+    /// The directory a checkout writes under (canonical, created if missing), and whether it
+    /// is the working tree.
+    fn checkout_dir(&self, output_dir: Option<&Path>) -> Result<(PathBuf, bool)> {
+        let Some(d) = output_dir else { return Ok((self.root.clone(), true)) };
+        // Checked before anything is created: `refs/` or `objects/` overwritten by a
+        // checkout would break the repository.
+        if super::path::resolve_prospective(d).is_some_and(|r| r.starts_with(&self.dir)) {
+            return Err(Error::OutputInRepository { path: d.to_path_buf(), ckpt_dir: self.dir.clone() });
+        }
+        super::path::create_dirs(d)?;
+        let d = std::fs::canonicalize(d).map_err(|source| Error::Io {
+            action: "resolving",
+            path: d.to_path_buf(),
+            source,
+        })?;
+        let in_tree = d == self.root;
+        Ok((d, in_tree))
+    }
+
+    /// The repository path of each selected file of version `id`, checked to stay out of
+    /// `.ckpt` under `out_dir` and to be writable together.
+    fn plan_paths<'e>(
         &self,
+        id: &VersionId,
+        selected: Vec<&'e FileEntry>,
         out_dir: &Path,
-        planned: &[(&FileEntry, RepoPath)],
-        filtered: bool,
-        staged: Option<&[PathBuf]>,
-    ) -> Result<Vec<String>> {
-        let mut differing = Vec::new();
-        for (i, (entry, rp)) in planned.iter().enumerate() {
-            let dest = rp.under(out_dir);
-            let meta = match std::fs::symlink_metadata(&dest) {
-                Ok(m) => m,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
-                    continue
-                }
-                Err(source) => return Err(Error::Io { action: "reading", path: dest, source }),
-            };
-            if meta.is_dir() {
-                return Err(Error::InvalidPath { path: dest, reason: "is a directory".into() });
+    ) -> Result<Vec<(&'e FileEntry, RepoPath)>> {
+        let mut planned = Vec::with_capacity(selected.len());
+        for entry in selected {
+            let rp = RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
+                id: *id,
+                reason: format!("path {:?}: {reason}", entry.path),
+            })?;
+            // An output directory above the root must not reach `.ckpt` through a stored path
+            // such as `repo/.ckpt/HEAD` (out_dir is canonical; symlinked directories below it
+            // are refused below).
+            if rp.under(out_dir).starts_with(&self.dir) {
+                return Err(Error::OutputInRepository { path: rp.under(out_dir), ckpt_dir: self.dir.clone() });
             }
-            let differs = match staged {
-                _ if !meta.is_file() => true,
-                // A whole file: its length, then the file hash a commit of it would record.
-                None if !filtered => meta.len() != entry.len || super::status::hash_file(&dest)? != entry.hash,
-                None => false,
-                Some(staged) => !same_bytes(&dest, &staged[i])?,
-            };
-            if differs {
-                differing.push(entry.path.clone());
+            planned.push((entry, rp));
+        }
+        // A file `a` and a file `a/b` cannot both be written: a version holding both was not
+        // written by ckpt (commit refuses it), and is refused before anything is written.
+        if let Some((file, under)) = super::path::prefix_conflict(planned.iter().map(|(e, _)| e.path.as_str())) {
+            return Err(Error::CorruptMetadata {
+                id: *id,
+                reason: format!("it holds both the file {file:?} and {under:?} under it; no tree can hold both"),
+            });
+        }
+        Ok(planned)
+    }
+
+    /// Writes every planned file, verified, into `staging`, reporting progress over them all;
+    /// a file the filter selects nothing in is left out.
+    fn stage_files<'e>(
+        &self,
+        planned: Vec<(&'e FileEntry, RepoPath)>,
+        staging: &Path,
+        filter: Option<&TensorFilter>,
+    ) -> Result<Vec<Staged<'e>>> {
+        let total = planned.iter().map(|(f, _)| f.len).sum();
+        self.progress.start("checkout", total);
+        let mut staged = Vec::with_capacity(planned.len());
+        let mut bytes = 0u64;
+        for (entry, rp) in planned {
+            let written = self
+                .stage_file(entry, staging, filter, bytes)
+                .map_err(|e| Error::File { path: entry.path.clone(), source: Box::new(e) })?;
+            if let Some((tmp, n)) = written {
+                bytes += n;
+                staged.push((entry, rp, tmp, n));
             }
         }
-        Ok(differing)
+        self.progress.finish();
+        Ok(staged)
     }
 
     /// Writes one file (to `out_dir`, through a temporary file renamed into place once
@@ -674,130 +337,6 @@ impl Repo {
         let Some((tmp, written)) = self.stage_file(entry, dir, filter, progress_base)? else { return Ok(None) };
         tmp.persist(&dest).map_err(|e| Error::Io { action: "renaming to", path: dest.clone(), source: e.error })?;
         Ok(Some(written))
-    }
-
-    /// Checks, before a checkout into the working tree writes anything, that it destroys no
-    /// bytes the repository does not hold, the way git's checkout does: a working file may be
-    /// replaced when its content is the current version's (committed) or the one about to be
-    /// written, or when nothing is there. When `switching`, the current version's files the
-    /// target lacks are to be removed, and may be when unmodified (files `rm`-ed since the last
-    /// commit are left alone: they are the user's now). Returns those files to remove. With
-    /// `force`, every conflict is overwritten or removed instead of refused.
-    fn protect_working_tree(&self, targets: &[&FileEntry], switching: bool, force: bool) -> Result<Cleared> {
-        let current = match self.refs.head_version()? {
-            Some(head) => Some(self.version(&head)?),
-            None => None,
-        };
-        let committed = |path: &str| current.as_ref().and_then(|v| v.file(path));
-        let (mut modified, mut untracked) = (Vec::new(), Vec::new());
-        let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
-        // Directories standing where a file is to be written.
-        let mut dirs = Vec::new();
-        for entry in targets {
-            let rp = self.stored_path(entry)?;
-            if is_dir(&rp.under(&self.root)) {
-                dirs.push(rp);
-                continue;
-            }
-            let mut candidates = vec![(entry.len, entry.hash)];
-            candidates.extend(committed(&entry.path).map(|c| (c.len, c.hash)));
-            // With force the content does not matter (nothing is refused): not hashed.
-            let seen = if force { self.observe_kind(&rp) } else { self.observe(&rp, &candidates)? };
-            match seen {
-                Observed::Missing | Observed::Matches(_) => {}
-                Observed::NotAFile | Observed::Differs => match committed(&entry.path) {
-                    Some(_) => modified.push(entry.path.clone()),
-                    None => untracked.push(entry.path.clone()),
-                },
-            }
-        }
-        let mut to_remove = Vec::new();
-        if let (true, Some(current)) = (switching, &current) {
-            let removals = self.pending_removals()?;
-            for old in &current.files {
-                if targets.iter().any(|t| t.path == old.path) || removals.contains(&old.path) {
-                    continue;
-                }
-                let rp = self.stored_path(old)?;
-                let seen = if force { self.observe_kind(&rp) } else { self.observe(&rp, &[(old.len, old.hash)])? };
-                match seen {
-                    Observed::Missing => {}
-                    Observed::Matches(_) => to_remove.push(rp),
-                    // A directory now stands where the file was: not the file, not removed.
-                    Observed::NotAFile if is_dir(&rp.under(&self.root)) => {}
-                    Observed::NotAFile | Observed::Differs => {
-                        modified.push(old.path.clone());
-                        to_remove.push(rp);
-                    }
-                }
-            }
-        }
-        // A file standing where a directory is needed (a checked-out path under it) must
-        // be on its way out (or, with force, goes), or the renames would fail half-way; a
-        // symbolic link there is refused (checkout never writes through one).
-        for entry in targets {
-            let mut at = self.root.clone();
-            let parts: Vec<&str> = entry.path.split('/').collect();
-            for (i, part) in parts[..parts.len() - 1].iter().enumerate() {
-                at.push(part);
-                let Ok(meta) = std::fs::symlink_metadata(&at) else { break };
-                if meta.file_type().is_symlink() {
-                    // Refused here rather than when the file is written, after others were.
-                    return Err(Error::InvalidPath {
-                        path: at,
-                        reason: "is a symbolic link; not writing through it".into(),
-                    });
-                }
-                let prefix = parts[..=i].join("/");
-                let removed = to_remove.iter().any(|r| r.as_str() == prefix);
-                if !meta.is_dir() && !removed {
-                    match RepoPath::parse(&prefix) {
-                        Ok(rp) if force => {
-                            to_remove.push(rp);
-                            break;
-                        }
-                        _ => {
-                            return Err(Error::NotADirectory { path: at, creating: rp_parent(&self.root, &entry.path) })
-                        }
-                    }
-                }
-            }
-        }
-        let conflicts = !(modified.is_empty() && untracked.is_empty());
-        if conflicts && !force {
-            modified.sort();
-            untracked.sort();
-            return Err(Error::DirtyWorkingTree { paths: modified, untracked });
-        }
-        // A directory in the way goes when the files removed above were all it held (as with
-        // git, which also refuses when it holds untracked files), or with force whatever it holds.
-        if !force {
-            for dir in &dirs {
-                let mut inside = Vec::new();
-                files_under(&self.root, &dir.under(&self.root), &mut inside)?;
-                inside.retain(|f| !to_remove.iter().any(|r| r.as_str() == f));
-                if !inside.is_empty() {
-                    inside.sort();
-                    return Err(Error::InvalidPath {
-                        path: dir.under(&self.root),
-                        reason: format!(
-                            "is a directory where the version has a file, and holds files that would be lost: {}; \
-                             move them, or pass --force to delete the directory",
-                            inside.join(", ")
-                        ),
-                    });
-                }
-            }
-        }
-        Ok(Cleared { files: to_remove, dirs, force })
-    }
-
-    /// The validated path of a version's file entry.
-    fn stored_path(&self, entry: &FileEntry) -> Result<RepoPath> {
-        RepoPath::parse(&entry.path).map_err(|reason| Error::CorruptMetadata {
-            id: entry.manifest,
-            reason: format!("path {:?}: {reason}", entry.path),
-        })
     }
 
     /// Writes one file, verified, into a temporary file in `dir`; returns it (deleted when
@@ -896,185 +435,6 @@ impl Repo {
         Ok(chain)
     }
 
-    /// Writes every segment of `manifest` into `tmp` at its offset, decoding chunks of all
-    /// blobs in parallel (a file of many small tensors keeps every core busy, and the copy into
-    /// the page cache is spread over the workers too). Each worker hashes the run of chunks it
-    /// decoded, while the bytes are in cache, as part of the blob's blake3 ([`RangeHashes`]);
-    /// once a blob's parts are in, its hash is checked against its id (naming the damaged
-    /// chain if it differs). The file's hash is then derived from those ids and checked against
-    /// the recorded one ([`super::model::file_hash`]).
-    fn write_whole_file(
-        &self,
-        entry: &FileEntry,
-        manifest: &Manifest,
-        tmp: &tempfile::NamedTempFile,
-        progress_base: u64,
-    ) -> Result<u64> {
-        use std::os::unix::fs::FileExt;
-        let io_err = |action, source| Error::Io { action, path: tmp.path().to_path_buf(), source };
-        // (file offset, segment) of every non-empty segment stored as its own blob; the file
-        // offset of every bundled one.
-        let mut placed = Vec::new();
-        let mut bundled_at = vec![0u64; manifest.segments.len()];
-        let mut offset = 0u64;
-        for (i, s) in manifest.segments.iter().enumerate() {
-            if s.bundle.is_some() {
-                bundled_at[i] = offset;
-            } else if s.len > 0 {
-                placed.push((offset, s));
-            }
-            offset = offset.checked_add(s.len).ok_or_else(|| Error::CorruptMetadata {
-                id: entry.manifest,
-                reason: "segment lengths overflow".into(),
-            })?;
-        }
-        if offset != manifest.len {
-            return Err(Error::CorruptMetadata {
-                id: entry.manifest,
-                reason: format!("segments cover {offset} bytes of a {}-byte file", manifest.len),
-            });
-        }
-        let file = tmp.as_file();
-        file.set_len(manifest.len).map_err(|e| io_err("writing", e))?;
-        // The subtree hashes of the blob being checked, so far.
-        let mut blob_nodes: Vec<NodeHash> = Vec::new();
-        let mut done = 0u64;
-        // Two window buffers: the pool decodes into one while this thread checks and writes
-        // the other (reused across batches: fresh buffers cost page faults).
-        let mut buffers = [Vec::new(), Vec::new()];
-        // Segments are opened a batch at a time: the objects of a batch's delta chains are
-        // mapped (and count in the resident set) only while the batch is decoded.
-        for batch in crate::codec::runs_within(placed.iter().map(|(_, s)| s.len), BATCH_BYTES) {
-            // Each blob is opened (mapped) once, however many segments name it: a forged
-            // manifest naming one blob 70,000 times ran out of maps (`vm.max_map_count`).
-            let mut opened: std::collections::HashMap<ObjectId, std::sync::Arc<store::BlobChain>> =
-                std::collections::HashMap::new();
-            let chains = placed[batch]
-                .iter()
-                .map(|(o, s)| {
-                    let blob = manifest.location(s).0;
-                    let chain = match opened.get(&blob) {
-                        Some(chain) if chain.len() == s.len => chain.clone(),
-                        _ => {
-                            let chain = std::sync::Arc::new(self.open_segment(entry, manifest, s)?);
-                            opened.insert(blob, chain.clone());
-                            chain
-                        }
-                    };
-                    Ok((*o, chain))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let decoders = chains.iter().map(|(_, c)| c.decoder()).collect::<Result<Vec<_>, _>>()?;
-            // Units start on blake3's 1 KiB grid: a chain's chunk size is a power of two of at
-            // least 4 KiB (`Container::open` rejects any other), so the units' subtree hashes
-            // cover each blob and join without its bytes.
-            let blob_hashes: Vec<RangeHashes> = chains.iter().map(|(_, chain)| RangeHashes::new(chain.len())).collect();
-            // Work units in file order.
-            let units: Vec<Unit> = decoders
-                .iter()
-                .enumerate()
-                .flat_map(|(d, dec)| {
-                    let offset = chains[d].0;
-                    (0..dec.chunk_count()).step_by(UNIT_CHUNKS).map(move |first| {
-                        let chunks = first..(first + UNIT_CHUNKS).min(dec.chunk_count());
-                        let range = dec.byte_range(chunks.clone());
-                        Unit { decoder: d, chunks, offset: offset + range.start as u64, len: range.len() }
-                    })
-                })
-                .collect();
-            // Windows: runs of consecutive units (in file order) of about this many bytes.
-            let window_bytes = (rayon::current_num_threads() * WINDOW_BYTES_PER_THREAD).max(MIN_WINDOW_BYTES);
-            let windows = crate::codec::runs_within(units.iter().map(|u| u.len as u64), window_bytes as u64);
-            // Decodes window `w` into `buf` and returns the hash of each of its units.
-            let decode_window = |w: &Range<usize>, buf: &mut Vec<u8>| -> Result<Vec<Vec<NodeHash>>> {
-                let len: usize = units[w.clone()].iter().map(|u| u.len).sum();
-                buf.resize(len, 0);
-                let mut rest = &mut buf[..];
-                let mut work = Vec::with_capacity(w.len());
-                for u in &units[w.clone()] {
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(u.len);
-                    rest = tail;
-                    work.push((u, head));
-                }
-                let hashes = work
-                    .into_par_iter()
-                    .map(|(u, dst)| -> Result<Vec<NodeHash>> {
-                        decoders[u.decoder].decode_into(u.chunks.clone(), dst)?;
-                        // Where the unit starts within its blob (the blob starts at chains[d].0).
-                        let start = u.offset - chains[u.decoder].0;
-                        let mut nodes = Vec::new();
-                        blob_hashes[u.decoder].hash_range(start..start + dst.len() as u64, dst, &mut nodes);
-                        Ok(nodes)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                // The chain objects' pages of a decoded window are not read again: drop them
-                // from the resident set, or a deep delta chain keeps (depth + 1) compressed
-                // copies of the batch resident (measured: 319 MiB RSS at depth 10 on a 91 MB
-                // fp32 file).
-                let mut last = None;
-                for u in &units[w.clone()] {
-                    if last != Some(u.decoder) {
-                        chains[u.decoder].1.release_pages();
-                        last = Some(u.decoder);
-                    }
-                }
-                Ok(hashes)
-            };
-            // While the pool decodes window k, this thread checks and writes window k-1.
-            crate::codec::double_buffered(
-                windows.len(),
-                &mut buffers,
-                |k, buf| decode_window(&windows[k], buf),
-                |p, decoded, hashes| {
-                    for (u, nodes) in units[windows[p].clone()].iter().zip(hashes) {
-                        blob_nodes.extend(nodes);
-                        if u.chunks.end == decoders[u.decoder].chunk_count() {
-                            let (_, chain) = &chains[u.decoder];
-                            let joined = blob_hashes[u.decoder]
-                                .join(std::mem::take(&mut blob_nodes), None)
-                                .expect("the blob's units cover it on blake3's grid");
-                            chain.check_hash(ObjectId(*joined.as_bytes()))?;
-                        }
-                    }
-                    // One pwrite per run of units contiguous in the file: bundled tensors
-                    // (written below) leave holes between the blobs' segments.
-                    let mut at = 0;
-                    let window = &units[windows[p].clone()];
-                    for run in window.chunk_by(|a, b| a.offset + a.len as u64 == b.offset) {
-                        let len: usize = run.iter().map(|u| u.len).sum();
-                        file.write_all_at(&decoded[at..at + len], run[0].offset).map_err(|e| io_err("writing", e))?;
-                        at += len;
-                    }
-                    done += decoded.len() as u64;
-                    self.progress.set(progress_base + done);
-                    Ok(())
-                },
-            )?;
-        }
-        // Every non-empty segment matched its blob id above; empty ones are the empty blob.
-        let empty = ObjectId::hash(&[]);
-        let mut ids: Vec<ObjectId> =
-            manifest.segments.iter().map(|s| if s.len == 0 { empty } else { s.blob.unwrap_or(empty) }).collect();
-        // Bundles: each decoded whole (at most `BUNDLE_MAX` bytes, checked against its id), its
-        // tensors written where they belong and hashed: their ids are not recorded, the file
-        // hash below binds them.
-        for (bundle, members) in manifest.bundles.iter().zip(manifest.bundle_members()) {
-            let bytes = super::bundle::read_bundle(self, bundle)?;
-            for i in members {
-                let slice = &bytes[super::bundle::slice(manifest, &manifest.segments[i])];
-                ids[i] = ObjectId::hash(slice);
-                file.write_all_at(slice, bundled_at[i]).map_err(|e| io_err("writing", e))?;
-            }
-            done += bundle.len;
-            self.progress.set(progress_base + done);
-        }
-        let hash = super::model::file_hash(manifest.len, manifest.segments.iter().map(|s| s.len).zip(ids));
-        if hash != entry.hash {
-            return Err(Error::HashMismatch { path: entry.path.clone(), expected: entry.hash, actual: hash });
-        }
-        Ok(manifest.len)
-    }
-
     /// A safetensors header for the tensors of `segments`, in file order, keeping the original
     /// `__metadata__`.
     fn filtered_header(&self, manifest: &Manifest, segments: &[usize]) -> Result<Vec<u8>> {
@@ -1112,71 +472,6 @@ impl Repo {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every entry under `root` (directories too, as `/`), sorted, with its bytes.
-    fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
-        let mut out = Vec::new();
-        let mut stack = vec![root.to_path_buf()];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let path = e.unwrap().path();
-                let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-                if path.is_dir() {
-                    out.push((rel, b"/".to_vec()));
-                    stack.push(path);
-                } else {
-                    out.push((rel, std::fs::read(&path).unwrap()));
-                }
-            }
-        }
-        out.sort();
-        out
-    }
-
-    /// A file staged in `dir` holding `bytes`.
-    fn staged(dir: &Path, bytes: &[u8]) -> tempfile::TempPath {
-        let tmp = tempfile::NamedTempFile::new_in(dir).unwrap();
-        std::fs::write(tmp.path(), bytes).unwrap();
-        tmp.into_temp_path()
-    }
-
-    #[test]
-    fn changes_are_undone_newest_first_or_finished() {
-        let dir = tempfile::tempdir().unwrap();
-        let (root, staging) = (dir.path().join("root"), dir.path().join("staging"));
-        std::fs::create_dir_all(root.join("gone/deep")).unwrap();
-        std::fs::create_dir(&staging).unwrap();
-        std::fs::write(root.join("gone/deep/f"), b"removed").unwrap();
-        std::fs::write(root.join("kept"), b"replaced").unwrap();
-        std::fs::create_dir_all(root.join("in-the-way/sub")).unwrap();
-        let before = tree(&root);
-        let run = |finish: bool| {
-            let mut c = Changes { root: &root, aside: staging.join("aside"), done: Vec::new() };
-            c.set_aside(&root.join("gone/deep/f")).unwrap();
-            c.set_aside(&root.join("in-the-way")).unwrap();
-            c.set_aside(&root.join("not-there")).unwrap();
-            c.place(staged(&staging, b"new"), &root.join("in-the-way")).unwrap();
-            c.place(staged(&staging, b"new"), &root.join("kept")).unwrap();
-            c.create_dirs(&root.join("a/b")).unwrap();
-            c.place(staged(&staging, b"new"), &root.join("a/b/c")).unwrap();
-            assert_eq!(c.done.len(), 8, "nothing set aside where nothing was");
-            if finish {
-                c.finish();
-            } else {
-                let (err, kept) = c.undo(Error::NothingToCommit);
-                assert!(!kept && err.to_string().contains("was undone"), "{err}");
-            }
-        };
-        run(false);
-        assert_eq!(tree(&root), before, "undone");
-        run(true);
-        let after = tree(&root);
-        let names: Vec<&str> = after.iter().map(|(p, _)| p.as_str()).collect();
-        // The removal emptied gone/deep and gone: both went; what was set aside went too.
-        assert_eq!(names, ["a", "a/b", "a/b/c", "in-the-way", "kept"]);
-        assert_eq!(after[2].1, b"new");
-        assert!(std::fs::read_dir(staging.join("aside")).unwrap().next().is_none());
-    }
 
     #[test]
     fn tensor_patterns() {

@@ -15,7 +15,8 @@ use super::pieces::Piece;
 use super::{Error, Repo, Result};
 use crate::object_id::ObjectId;
 use crate::store::{
-    self, BlobChain, BlobForm, DeltaOutcome, DerivedBlob, Feedback, ObjectKind, SourceBytes, Store, Written,
+    self, BlobChain, BlobForm, DeltaOutcome, DerivedBlob, DerivedTarget, Feedback, ObjectKind, SourceBytes, Store,
+    Written,
 };
 use crate::Dtype;
 use rayon::prelude::*;
@@ -443,10 +444,11 @@ impl Repo {
             .filter(|chain| chain.derived_from().is_none())
             .map_or(bytes.len() as u64 + store::HEADER_LEN as u64, |chain| chain.base_stored_len());
         let version_reference = previous.zip(derived.deltas);
+        let target = DerivedTarget { id, data: bytes, dtype, limit: standalone };
         let coded = match derived.source {
             DerivedFrom::Stored(source) => {
                 let Ok(source) = store.open_blob(&source) else { return Ok(None) };
-                store.code_blob_derived(id, bytes, dtype, &source, None, standalone, &options, feedback)
+                store.code_blob_derived(target, &source, &options, feedback)
             }
             DerivedFrom::AtHand { id: source, bytes: source_bytes, form, release } => {
                 // Stored before this commit: its form is read from the store (nothing decoded).
@@ -462,7 +464,7 @@ impl Repo {
                     },
                 };
                 let source = SourceBytes { bytes: source_bytes, form, release };
-                store.code_blob_derived_from_bytes(id, bytes, dtype, &source, standalone, &options, feedback)
+                store.code_blob_derived_from_bytes(target, &source, &options, feedback)
             }
         };
         let candidate = match coded {

@@ -38,7 +38,7 @@ pub(super) struct Input {
     pub(super) header: Option<safetensors::Header>,
     /// The storages of a `torch.save` archive, or the tensor items of a `.distcp` file (when
     /// `header` is `None`).
-    pub(super) torch: Option<torch_zip::Layout>,
+    pub(super) torch: Option<torch_zip::StorageMap>,
     /// Whether `torch` is a `.distcp` file cut into its items ([`distcp_cut`]).
     pub(super) distcp: bool,
     pub(super) metadata: Metadata,
@@ -111,9 +111,9 @@ impl Input {
                     input.distcp = true;
                     let sibling = disk_is_real && disk.file_name().is_some_and(|n| n.to_str() == Some(name.as_str()));
                     input.torch = match written {
-                        Some(items) => {
-                            torch_zip::dcp::cut_by_written_items(&input.map, &name, items).ok().map(|cut| cut.layout())
-                        }
+                        Some(items) => torch_zip::dcp::cut_by_written_items(&input.map, &name, items)
+                            .ok()
+                            .map(|cut| cut.storage_map()),
                         None => distcp_cut(&input.map, sibling.then_some(disk), &name),
                     };
                 }
@@ -269,7 +269,7 @@ pub(super) fn manifest_of(
 pub(super) fn hash_content(
     map: &Map,
     header: Option<&safetensors::Header>,
-    torch: Option<&torch_zip::Layout>,
+    torch: Option<&torch_zip::StorageMap>,
     known: &[(Range<u64>, ObjectId)],
 ) -> (HashedSegments, ObjectId) {
     let planned = plan(map.len() as u64, header, torch);
@@ -361,7 +361,7 @@ fn hash_segment(map: &Map, range: Range<usize>) -> (ObjectId, u64) {
 /// header). Anything the reader does not fully understand (a pickle with other globals or
 /// opcodes, a damaged or compressed archive) is `None`: the file is then stored as opaque
 /// bytes, never refused.
-fn torch_cut(map: &Map) -> Option<torch_zip::Layout> {
+fn torch_cut(map: &Map) -> Option<torch_zip::StorageMap> {
     if !torch_zip::looks_like_zip(map) {
         return None;
     }
@@ -390,14 +390,14 @@ const DCP_METADATA: &str = ".metadata";
 /// unreadable or foreign `.metadata` only changes how the file is cut. Commit and `status` both
 /// call this, so both cut a file the same way; without `.metadata` the cut ranges are the same,
 /// only the names differ (`archive.<n>` instead of fqn and chunk offsets).
-fn distcp_cut(map: &Map, disk: Option<&Path>, name: &str) -> Option<torch_zip::Layout> {
+fn distcp_cut(map: &Map, disk: Option<&Path>, name: &str) -> Option<torch_zip::StorageMap> {
     use torch_zip::dcp;
     let metadata = disk.and_then(|d| read_dcp_metadata(&d.with_file_name(DCP_METADATA)));
     let cut = metadata
-        .and_then(|m| dcp::file_layout(map, &m, name).ok())
+        .and_then(|m| dcp::file_items(map, &m, name).ok())
         .filter(|l| !l.items.is_empty())
         .or_else(|| dcp::walk_archives(map).ok())?;
-    Some(cut.layout())
+    Some(cut.storage_map())
 }
 
 /// The parsed `.metadata` at `path`, if it is a regular file of at most
@@ -416,7 +416,7 @@ fn read_dcp_metadata(path: &Path) -> Option<torch_zip::dcp::Metadata> {
 
 /// The segments of a file of `len` bytes ([`crate::file_codec::cut`]: the one cut), each with
 /// the tensor it holds as a manifest names it.
-fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::Layout>) -> Vec<Planned> {
+fn plan(len: u64, header: Option<&safetensors::Header>, torch: Option<&torch_zip::StorageMap>) -> Vec<Planned> {
     crate::file_codec::cut(len, header, torch)
         .into_iter()
         .map(|(range, tensor)| Planned {

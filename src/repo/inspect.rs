@@ -3,7 +3,7 @@
 
 use super::model::{FileFormat, Manifest, Segment, TensorRef, Version};
 use super::{Repo, Result, VersionId};
-use crate::codec::{byte_group, Layout, Method};
+use crate::codec::{byte_group, Grouping, Method};
 use crate::dtype::Dtype;
 use crate::object_id::ObjectId;
 use crate::store::{BlobReader, ObjectKind};
@@ -477,7 +477,7 @@ impl Repo {
         }
         let container = raw.container()?;
         let mut methods = MethodCounts::default();
-        let mut groups_per_chunk = Layout::for_dtype(raw.header.dtype).width as u64;
+        let mut groups_per_chunk = Grouping::for_dtype(raw.header.dtype).width as u64;
         for c in 0..container.chunk_count() {
             let (_, _, header) = container.chunk(c);
             groups_per_chunk = header.groups().len() as u64;
@@ -788,7 +788,7 @@ fn is_float(d: Dtype) -> bool {
 /// Running counts of a tensor diff.
 struct DiffAcc {
     dtype: Dtype,
-    layout: Layout,
+    grouping: Grouping,
     changed: u64,
     groups: Vec<u64>,
     max_abs: f64,
@@ -797,15 +797,15 @@ struct DiffAcc {
 
 impl DiffAcc {
     fn new(dtype: Dtype) -> DiffAcc {
-        let layout = Layout::for_dtype(Some(dtype));
-        DiffAcc { dtype, layout, changed: 0, groups: vec![0; layout.width], max_abs: 0.0, non_finite: 0 }
+        let grouping = Grouping::for_dtype(Some(dtype));
+        DiffAcc { dtype, grouping, changed: 0, groups: vec![0; grouping.width], max_abs: 0.0, non_finite: 0 }
     }
 
     /// Adds aligned slices (a whole number of elements) of the old and new tensor.
     fn add(&mut self, a: &[u8], b: &[u8], grouped: &mut Vec<u8>) -> crate::codec::Result<()> {
-        let w = self.layout.width;
+        let w = self.grouping.width;
         grouped.resize(a.len(), 0);
-        byte_group::split(a, Some(b), self.layout, grouped)?;
+        byte_group::split(a, Some(b), self.grouping, grouped)?;
         let n = a.len() / w;
         for (g, count) in self.groups.iter_mut().enumerate() {
             *count += grouped[g * n..(g + 1) * n].iter().filter(|&&x| x != 0).count() as u64;

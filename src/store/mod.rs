@@ -17,7 +17,9 @@ mod blob;
 mod header;
 mod import;
 
-pub use blob::{BlobChain, BlobForm, BlobReader, ChainDecoder, DeltaOutcome, DerivedBlob, Feedback, SourceBytes};
+pub use blob::{
+    BlobChain, BlobForm, BlobReader, ChainDecoder, DeltaOutcome, DerivedBlob, DerivedTarget, Feedback, SourceBytes,
+};
 
 pub use header::{ObjectHeader, ObjectKind, HEADER_LEN, MAX_CHAIN_DEPTH, OBJECT_FORMAT_VERSION, OBJECT_MAGIC};
 

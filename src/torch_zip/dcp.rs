@@ -7,12 +7,12 @@
 //! and cuts one `.distcp` file into its items and, inside each, the tensor payloads that
 //! [`super::parse`] finds, so a caller can store each shard as a tensor named by its fqn and
 //! chunk offsets. Without `.metadata`, [`walk_archives`] finds the archives by their zip
-//! structure alone. Pure: bytes in, layout out, never a path or I/O. Anything it does not fully
+//! structure alone. Pure: bytes in, items out, never a path or I/O. Anything it does not fully
 //! understand is an error (the whole file) or an opaque item (one archive), never a panic, and
 //! callers keep such bytes as they are.
 
 use super::pickle::{self, Value};
-use super::{Layout, Storage};
+use super::{Storage, StorageMap};
 use crate::dtype::Dtype;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -516,7 +516,7 @@ pub fn parse_metadata(bytes: &[u8]) -> Result<Metadata, Error> {
 
 /// One item of a `.distcp` file as found in its bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ItemLayout {
+pub struct FileItem {
     /// The item's name ([`Item::name`]; `archive.<n>` for the n-th archive when read without
     /// metadata).
     pub name: String,
@@ -535,35 +535,35 @@ pub struct ItemLayout {
 
 /// The items of one `.distcp` file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileLayout {
+pub struct FileItems {
     /// File length.
     pub len: u64,
     /// The items, in file order, pairwise disjoint.
-    pub items: Vec<ItemLayout>,
+    pub items: Vec<FileItem>,
 }
 
-impl FileLayout {
-    /// The file's tensor payloads as one `torch.save`-style layout (storages in file order,
-    /// named as in [`ItemLayout::storages`]): what a commit plans segments from, as for a
+impl FileItems {
+    /// The file's tensor payloads as one `torch.save`-style storage map (storages in file order,
+    /// named as in [`FileItem::storages`]): what a commit plans segments from, as for a
     /// single `torch.save` archive. Bytes between storages (zip framing, pickles, non-tensor
     /// items, gaps between items) are its opaque ranges.
-    pub fn layout(&self) -> Layout {
-        Layout { len: self.len, storages: self.items.iter().flat_map(|i| i.storages.iter().cloned()).collect() }
+    pub fn storage_map(&self) -> StorageMap {
+        StorageMap { len: self.len, storages: self.items.iter().flat_map(|i| i.storages.iter().cloned()).collect() }
     }
 
     /// The file cut into consecutive ranges covering it exactly once, in order: tensor payloads
-    /// (with `Some`) and the bytes between them (`None`), as [`Layout::segments`].
+    /// (with `Some`) and the bytes between them (`None`), as [`StorageMap::segments`].
     pub fn segments(&self) -> Vec<(Range<u64>, Option<Storage>)> {
-        self.layout().segments().into_iter().map(|(r, s)| (r, s.cloned())).collect()
+        self.storage_map().segments().into_iter().map(|(r, s)| (r, s.cloned())).collect()
     }
 }
 
 /// The storages of the `torch.save` archive `bytes` (at `base` in its file), renamed under
 /// `item`: a lone tensor (`torch.save(t)` names it `tensor`) takes the item's name.
 fn item_storages(bytes: &[u8], base: u64, item: &str) -> Result<Vec<Storage>, super::Error> {
-    let layout = super::parse(bytes)?;
-    let lone = layout.storages.len() == 1 && layout.storages[0].name == "tensor";
-    Ok(layout
+    let map = super::parse(bytes)?;
+    let lone = map.storages.len() == 1 && map.storages[0].name == "tensor";
+    Ok(map
         .storages
         .into_iter()
         .map(|s| Storage {
@@ -580,17 +580,12 @@ fn item_storages(bytes: &[u8], base: u64, item: &str) -> Result<Vec<Storage>, su
 /// outside the file or overlap (or two tensors of one name) make the whole file an error; an
 /// item whose archive is not understood, or whose tensor does not match `.metadata` (dtype,
 /// element count), is kept as an opaque item.
-pub fn file_layout(file: &[u8], metadata: &Metadata, relative_path: &str) -> Result<FileLayout, Error> {
-    file_layout_cells(file, metadata, relative_path, CELL_MIN_BYTES)
+pub fn file_items(file: &[u8], metadata: &Metadata, relative_path: &str) -> Result<FileItems, Error> {
+    file_items_cells(file, metadata, relative_path, CELL_MIN_BYTES)
 }
 
-/// [`file_layout`] with cells of at least `cell_min` bytes ([`cell_rows`]).
-fn file_layout_cells(
-    file: &[u8],
-    metadata: &Metadata,
-    relative_path: &str,
-    cell_min: u64,
-) -> Result<FileLayout, Error> {
+/// [`file_items`] with cells of at least `cell_min` bytes ([`cell_rows`]).
+fn file_items_cells(file: &[u8], metadata: &Metadata, relative_path: &str, cell_min: u64) -> Result<FileItems, Error> {
     let len = file.len() as u64;
     let fail = |reason: String| Error::Items { file: relative_path.to_string(), reason };
     let mut out = Vec::new();
@@ -617,7 +612,7 @@ fn file_layout_cells(
             Ok(s) => (s, None),
             Err(reason) => (Vec::new(), Some(reason)),
         };
-        out.push(ItemLayout { name, range: item.range.clone(), storages, opaque });
+        out.push(FileItem { name, range: item.range.clone(), storages, opaque });
     }
     // Tensor names identify tensors across versions: a bytes item's inner storage named like
     // another item's (only contrived fqns such as `a/b` next to `a` can) makes the file an error.
@@ -625,21 +620,21 @@ fn file_layout_cells(
     if let Some(s) = out.iter().flat_map(|i| &i.storages).find(|s| !names.insert(s.name.as_str())) {
         return Err(fail(format!("two tensors named {:?}", s.name)));
     }
-    Ok(FileLayout { len, items: out })
+    Ok(FileItems { len, items: out })
 }
 
 /// Cuts `file`, the `.distcp` file at `relative_path`, by the items its writer reports having
 /// written into it (`ckpt.dcp.Writer`: DCP's write results, before any `.metadata` exists), as
-/// [`file_layout`] cuts it by `.metadata`, so both name the items alike. The report is
+/// [`file_items`] cuts it by `.metadata`, so both name the items alike. The report is
 /// untrusted: if its items are not valid items (chunk geometry, names given twice, too many)
 /// or do not tile the file from its first byte to its last (overlap, a gap, out of bounds), or
 /// one of them is not an archive that matches it while the file walks as a run of archives,
 /// the file is cut by [`walk_archives`] instead (items named `archive.<n>`). An error only if
 /// neither reads it.
-pub fn cut_by_written_items(file: &[u8], relative_path: &str, items: &[Item]) -> Result<FileLayout, Error> {
-    let by_items = written_layout(file, relative_path, items);
+pub fn cut_by_written_items(file: &[u8], relative_path: &str, items: &[Item]) -> Result<FileItems, Error> {
+    let by_items = written_items(file, relative_path, items);
     match by_items {
-        Ok(layout) if layout.items.iter().all(|i| i.opaque.is_none()) => Ok(layout),
+        Ok(found) if found.items.iter().all(|i| i.opaque.is_none()) => Ok(found),
         // An archive not understood (or not where the report says) is better found by the walk;
         // a file the walk cannot read keeps the reported cut, its odd items opaque, as a
         // `.metadata` cut keeps them.
@@ -648,7 +643,7 @@ pub fn cut_by_written_items(file: &[u8], relative_path: &str, items: &[Item]) ->
 }
 
 /// The cut of [`cut_by_written_items`] by the items alone, or why they do not fit the file.
-fn written_layout(file: &[u8], relative_path: &str, items: &[Item]) -> Result<FileLayout, Error> {
+fn written_items(file: &[u8], relative_path: &str, items: &[Item]) -> Result<FileItems, Error> {
     let fail = |reason: String| Error::Items { file: relative_path.to_string(), reason };
     if items.len() > MAX_ITEMS {
         return Err(fail(format!("{} items (at most {MAX_ITEMS})", items.len())));
@@ -686,7 +681,7 @@ fn written_layout(file: &[u8], relative_path: &str, items: &[Item]) -> Result<Fi
     if at != file.len() as u64 {
         return Err(fail(format!("the items end at {at}, the file at {}", file.len())));
     }
-    file_layout(file, &Metadata { items: sorted }, relative_path)
+    file_items(file, &Metadata { items: sorted }, relative_path)
 }
 
 /// A tensor chunk's one storage (checked by [`check_chunk`]) cut into the cells of
@@ -781,7 +776,7 @@ fn archive_end(file: &[u8], start: usize, from: usize) -> Option<(usize, usize)>
 /// starts where the previous one ends and ends with its zip end record. Items are named
 /// `archive.<n>` in file order. Any byte not inside an archive that [`super::parse`] reads makes
 /// the file an error.
-pub fn walk_archives(file: &[u8]) -> Result<FileLayout, Error> {
+pub fn walk_archives(file: &[u8]) -> Result<FileItems, Error> {
     let mut items = Vec::new();
     let mut start = 0usize;
     while start < file.len() {
@@ -805,10 +800,10 @@ pub fn walk_archives(file: &[u8]) -> Result<FileLayout, Error> {
             from = next;
         }
         let (end, storages) = found.ok_or_else(|| fail(last))?;
-        items.push(ItemLayout { name, range: start as u64..end as u64, storages, opaque: None });
+        items.push(FileItem { name, range: start as u64..end as u64, storages, opaque: None });
         start = end;
     }
-    Ok(FileLayout { len: file.len() as u64, items })
+    Ok(FileItems { len: file.len() as u64, items })
 }
 
 #[cfg(test)]

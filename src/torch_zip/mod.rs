@@ -1,9 +1,9 @@
 //! `torch.save` archives read as tensors: this module finds the storages of a zip-format
-//! `torch.save` file (PyTorch ≥ 1.6) and returns its layout, a list of byte ranges covering the
+//! `torch.save` file (PyTorch ≥ 1.6) and returns its storage map, a list of byte ranges covering the
 //! file in order: each storage's raw bytes (a `data/<key>` entry stored uncompressed) with its
 //! dtype, shape and a name, and everything else (zip headers, `data.pkl`, other entries,
 //! padding) as opaque ranges. The pickle is read by a restricted interpreter that never executes
-//! anything ([`pickle`]). It is pure (bytes in, layout out, no paths, no I/O) and must never
+//! anything ([`pickle`]). It is pure (bytes in, storage map out, no paths, no I/O) and must never
 //! panic or allocate beyond fixed bounds on hostile input: any archive it does not fully
 //! understand is an error, and callers keep such a file as opaque bytes.
 
@@ -59,14 +59,14 @@ pub struct Storage {
 
 /// Where a `torch.save` archive's storages lie.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct StorageMap {
     /// File length.
     pub len: u64,
     /// The storages, in file order, pairwise disjoint.
     pub storages: Vec<Storage>,
 }
 
-impl Layout {
+impl StorageMap {
     /// The file cut into consecutive ranges: storages (with `Some`) and the opaque bytes
     /// between them (`None`). Empty storages are zero-length ranges; no opaque range is empty.
     pub fn segments(&self) -> Vec<(Range<u64>, Option<&Storage>)> {
@@ -92,8 +92,8 @@ pub fn looks_like_zip(file: &[u8]) -> bool {
     file.starts_with(b"PK\x03\x04")
 }
 
-/// Reads the layout of a `torch.save` archive.
-pub fn parse(file: &[u8]) -> Result<Layout, Error> {
+/// Reads the storage map of a `torch.save` archive.
+pub fn parse(file: &[u8]) -> Result<StorageMap, Error> {
     if !looks_like_zip(file) {
         return Err(Error::Zip("no zip signature at the start".into()));
     }
@@ -156,7 +156,7 @@ pub fn parse(file: &[u8]) -> Result<Layout, Error> {
             }
         }
     }
-    Ok(Layout { len: file.len() as u64, storages })
+    Ok(StorageMap { len: file.len() as u64, storages })
 }
 
 /// For each storage of `pickle`, the path and shape of the first tensor viewing it (depth

@@ -371,189 +371,217 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// Interprets the pickle up to STOP, one opcode at a time, each by the family that knows
+    /// it.
     fn run(mut self) -> Result<Pickle, Error> {
         loop {
             let op_at = self.at;
             let op = self.u8()?;
-            match op {
-                0x80 => {
-                    // PROTO
-                    let p = self.u8()?;
-                    if p > 5 {
-                        return Err(bad(op_at, format!("pickle protocol {p}")));
-                    }
-                }
-                0x95 => {
-                    // FRAME: a length hint only.
-                    self.take(8)?;
-                }
-                b'.' => {
-                    // STOP
-                    let root = self.pop()?;
-                    return Ok(Pickle { root, storages: self.storages });
-                }
-                b'(' => {
-                    self.charge(1)?;
-                    self.marks.push(self.stack.len());
-                }
-                b'}' => self.push(Value::Dict(Vec::new(), 1))?,
-                b']' | b')' => self.push(Value::Seq(Vec::new(), 1))?,
-                b'N' | 0x88 | 0x89 => self.push(Value::Leaf)?,
-                b'G' => {
-                    self.take(8)?;
-                    self.push(Value::Leaf)?;
-                }
-                b'K' => {
-                    let n = self.uint(1)? as i64;
-                    self.push(Value::Int(n))?;
-                }
-                b'M' => {
-                    let n = self.uint(2)? as i64;
-                    self.push(Value::Int(n))?;
-                }
-                b'J' => {
-                    let n = self.uint(4)? as u32 as i32;
-                    self.push(Value::Int(i64::from(n)))?;
-                }
-                0x8a => {
-                    // LONG1: little-endian two's complement of n bytes.
-                    let n = usize::from(self.u8()?);
-                    let b = self.take(n)?;
-                    let v = if n == 0 {
-                        Value::Int(0)
-                    } else if n <= 8 {
-                        let mut buf = if b[n - 1] & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
-                        buf[..n].copy_from_slice(b);
-                        Value::Int(i64::from_le_bytes(buf))
-                    } else {
-                        Value::Leaf
-                    };
-                    self.push(v)?;
-                }
-                b'X' | 0x8c | 0x8d => {
-                    // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8
-                    let n = match op {
-                        b'X' => self.uint(4)?,
-                        0x8c => self.uint(1)?,
-                        _ => self.uint(8)?,
-                    };
-                    let s = self.string(n)?;
-                    self.push(Value::Str(s))?;
-                }
-                b'C' | b'B' | 0x8e => {
-                    // SHORT_BINBYTES, BINBYTES, BINBYTES8: skipped, a leaf.
-                    let n = match op {
-                        b'C' => self.uint(1)?,
-                        b'B' => self.uint(4)?,
-                        _ => self.uint(8)?,
-                    };
-                    self.take(usize::try_from(n).map_err(|_| bad(op_at, "bytes length"))?)?;
-                    self.push(Value::Leaf)?;
-                }
-                b'q' | b'r' => {
-                    let key = self.uint(if op == b'q' { 1 } else { 4 })?;
-                    self.memo_put(key)?;
-                }
-                0x94 => {
-                    // MEMOIZE
-                    let key = self.memo.len() as u64;
-                    self.memo_put(key)?;
-                }
-                b'h' | b'j' => {
-                    let key = self.uint(if op == b'h' { 1 } else { 4 })?;
-                    self.memo_get(key)?;
-                }
-                b't' => {
-                    let items = self.pop_mark()?;
-                    let v = seq(items, op_at)?;
-                    self.push(v)?;
-                }
-                0x85..=0x87 => {
-                    // TUPLE1..3
-                    let n = usize::from(op - 0x84);
-                    let mut items = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        items.push(self.pop()?);
-                    }
-                    items.reverse();
-                    let v = seq(items, op_at)?;
-                    self.push(v)?;
-                }
-                b'a' => {
-                    let v = self.pop()?;
-                    self.extend_list(vec![v])?;
-                }
-                b'e' => {
-                    let items = self.pop_mark()?;
-                    self.extend_list(items)?;
-                }
-                b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    self.set_items(vec![k, v])?;
-                }
-                b'u' => {
-                    let items = self.pop_mark()?;
-                    self.set_items(items)?;
-                }
-                b'c' | 0x93 => {
-                    // GLOBAL (two lines) or STACK_GLOBAL (two strings on the stack).
-                    let (module, name) = if op == b'c' {
-                        (self.line()?.to_string(), self.line()?.to_string())
-                    } else {
-                        match (self.pop()?, self.pop()?) {
-                            (Value::Str(n), Value::Str(m)) => (m, n),
-                            _ => return Err(bad(op_at, "STACK_GLOBAL of non-strings")),
-                        }
-                    };
-                    let g = Global::lookup(&module, &name, self.classes)
-                        .ok_or_else(|| bad(op_at, format!("unknown global {module}.{name}")))?;
-                    self.push(Value::Global(GlobalRef(g)))?;
-                }
-                b'Q' => {
-                    // BINPERSID
-                    let pid = self.pop()?;
-                    let v = self.persistent_load(pid)?;
-                    self.push(v)?;
-                }
-                b'R' => {
-                    let args = self.pop()?;
-                    let callable = self.pop()?;
-                    let v = self.reduce(callable, args)?;
-                    self.push(v)?;
-                }
-                b'b' => {
-                    // BUILD: state set on an OrderedDict (torch's `_metadata`); no tensors live
-                    // there that matter for naming, so the state is dropped. On an object of the
-                    // caller's classes, the state is kept (a dataclass's fields).
-                    let state = self.pop()?;
-                    let child = 1 + depth_of(&state);
-                    match self.top()? {
-                        Value::Dict(..) => {}
-                        Value::Object { state: slot @ None, depth, .. } => {
-                            if child > MAX_DEPTH {
-                                return Err(bad(op_at, format!("values nested deeper than {MAX_DEPTH}")));
-                            }
-                            *slot = Some(Box::new(state));
-                            *depth = (*depth).max(child);
-                        }
-                        Value::Object { .. } => return Err(bad(op_at, "BUILD of an object twice")),
-                        _ => return Err(bad(op_at, "BUILD of a non-dict")),
-                    }
-                }
-                0x81 => {
-                    // NEWOBJ: `cls.__new__(cls, *args)`, only for the caller's classes.
-                    let args = self.pop()?;
-                    let cls = self.pop()?;
-                    let (Value::Global(GlobalRef(Global::Class(class))), Value::Seq(args, depth)) = (cls, args) else {
-                        return Err(bad(op_at, "NEWOBJ of a class not listed or without an argument tuple"));
-                    };
-                    let v = object(class, args, depth, op_at)?;
-                    self.push(v)?;
-                }
-                _ => return Err(bad(op_at, format!("unsupported opcode 0x{op:02x}"))),
+            if op == b'.' {
+                // STOP
+                let root = self.pop()?;
+                return Ok(Pickle { root, storages: self.storages });
+            }
+            if !(self.literal(op, op_at)? || self.collection(op, op_at)? || self.call(op, op_at)?) {
+                return Err(bad(op_at, format!("unsupported opcode 0x{op:02x}")));
             }
         }
+    }
+
+    /// Opcodes that read a value from the stream and push it, or set the protocol, a frame or a
+    /// mark; `false` for any other.
+    fn literal(&mut self, op: u8, op_at: usize) -> Result<bool, Error> {
+        match op {
+            0x80 => {
+                // PROTO
+                let p = self.u8()?;
+                if p > 5 {
+                    return Err(bad(op_at, format!("pickle protocol {p}")));
+                }
+            }
+            0x95 => {
+                // FRAME: a length hint only.
+                self.take(8)?;
+            }
+            b'(' => {
+                self.charge(1)?;
+                self.marks.push(self.stack.len());
+            }
+            b'}' => self.push(Value::Dict(Vec::new(), 1))?,
+            b']' | b')' => self.push(Value::Seq(Vec::new(), 1))?,
+            b'N' | 0x88 | 0x89 => self.push(Value::Leaf)?,
+            b'G' => {
+                self.take(8)?;
+                self.push(Value::Leaf)?;
+            }
+            b'K' => {
+                let n = self.uint(1)? as i64;
+                self.push(Value::Int(n))?;
+            }
+            b'M' => {
+                let n = self.uint(2)? as i64;
+                self.push(Value::Int(n))?;
+            }
+            b'J' => {
+                let n = self.uint(4)? as u32 as i32;
+                self.push(Value::Int(i64::from(n)))?;
+            }
+            0x8a => {
+                // LONG1: little-endian two's complement of n bytes.
+                let n = usize::from(self.u8()?);
+                let b = self.take(n)?;
+                let v = if n == 0 {
+                    Value::Int(0)
+                } else if n <= 8 {
+                    let mut buf = if b[n - 1] & 0x80 != 0 { [0xff; 8] } else { [0; 8] };
+                    buf[..n].copy_from_slice(b);
+                    Value::Int(i64::from_le_bytes(buf))
+                } else {
+                    Value::Leaf
+                };
+                self.push(v)?;
+            }
+            b'X' | 0x8c | 0x8d => {
+                // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8
+                let n = match op {
+                    b'X' => self.uint(4)?,
+                    0x8c => self.uint(1)?,
+                    _ => self.uint(8)?,
+                };
+                let s = self.string(n)?;
+                self.push(Value::Str(s))?;
+            }
+            b'C' | b'B' | 0x8e => {
+                // SHORT_BINBYTES, BINBYTES, BINBYTES8: skipped, a leaf.
+                let n = match op {
+                    b'C' => self.uint(1)?,
+                    b'B' => self.uint(4)?,
+                    _ => self.uint(8)?,
+                };
+                self.take(usize::try_from(n).map_err(|_| bad(op_at, "bytes length"))?)?;
+                self.push(Value::Leaf)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Opcodes that build tuples, lists and dicts, or use the memo; `false` for any other.
+    fn collection(&mut self, op: u8, op_at: usize) -> Result<bool, Error> {
+        match op {
+            b'q' | b'r' => {
+                let key = self.uint(if op == b'q' { 1 } else { 4 })?;
+                self.memo_put(key)?;
+            }
+            0x94 => {
+                // MEMOIZE
+                let key = self.memo.len() as u64;
+                self.memo_put(key)?;
+            }
+            b'h' | b'j' => {
+                let key = self.uint(if op == b'h' { 1 } else { 4 })?;
+                self.memo_get(key)?;
+            }
+            b't' => {
+                let items = self.pop_mark()?;
+                let v = seq(items, op_at)?;
+                self.push(v)?;
+            }
+            0x85..=0x87 => {
+                // TUPLE1..3
+                let n = usize::from(op - 0x84);
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.pop()?);
+                }
+                items.reverse();
+                let v = seq(items, op_at)?;
+                self.push(v)?;
+            }
+            b'a' => {
+                let v = self.pop()?;
+                self.extend_list(vec![v])?;
+            }
+            b'e' => {
+                let items = self.pop_mark()?;
+                self.extend_list(items)?;
+            }
+            b's' => {
+                let v = self.pop()?;
+                let k = self.pop()?;
+                self.set_items(vec![k, v])?;
+            }
+            b'u' => {
+                let items = self.pop_mark()?;
+                self.set_items(items)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Opcodes that name globals and call them: GLOBAL, BINPERSID, REDUCE, BUILD, NEWOBJ;
+    /// `false` for any other.
+    fn call(&mut self, op: u8, op_at: usize) -> Result<bool, Error> {
+        match op {
+            b'c' | 0x93 => {
+                // GLOBAL (two lines) or STACK_GLOBAL (two strings on the stack).
+                let (module, name) = if op == b'c' {
+                    (self.line()?.to_string(), self.line()?.to_string())
+                } else {
+                    match (self.pop()?, self.pop()?) {
+                        (Value::Str(n), Value::Str(m)) => (m, n),
+                        _ => return Err(bad(op_at, "STACK_GLOBAL of non-strings")),
+                    }
+                };
+                let g = Global::lookup(&module, &name, self.classes)
+                    .ok_or_else(|| bad(op_at, format!("unknown global {module}.{name}")))?;
+                self.push(Value::Global(GlobalRef(g)))?;
+            }
+            b'Q' => {
+                // BINPERSID
+                let pid = self.pop()?;
+                let v = self.persistent_load(pid)?;
+                self.push(v)?;
+            }
+            b'R' => {
+                let args = self.pop()?;
+                let callable = self.pop()?;
+                let v = self.reduce(callable, args)?;
+                self.push(v)?;
+            }
+            b'b' => {
+                // BUILD: state set on an OrderedDict (torch's `_metadata`); no tensors live
+                // there that matter for naming, so the state is dropped. On an object of the
+                // caller's classes, the state is kept (a dataclass's fields).
+                let state = self.pop()?;
+                let child = 1 + depth_of(&state);
+                match self.top()? {
+                    Value::Dict(..) => {}
+                    Value::Object { state: slot @ None, depth, .. } => {
+                        if child > MAX_DEPTH {
+                            return Err(bad(op_at, format!("values nested deeper than {MAX_DEPTH}")));
+                        }
+                        *slot = Some(Box::new(state));
+                        *depth = (*depth).max(child);
+                    }
+                    Value::Object { .. } => return Err(bad(op_at, "BUILD of an object twice")),
+                    _ => return Err(bad(op_at, "BUILD of a non-dict")),
+                }
+            }
+            0x81 => {
+                // NEWOBJ: `cls.__new__(cls, *args)`, only for the caller's classes.
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                let (Value::Global(GlobalRef(Global::Class(class))), Value::Seq(args, depth)) = (cls, args) else {
+                    return Err(bad(op_at, "NEWOBJ of a class not listed or without an argument tuple"));
+                };
+                let v = object(class, args, depth, op_at)?;
+                self.push(v)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 }
 

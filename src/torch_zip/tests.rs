@@ -11,8 +11,8 @@ const MALICIOUS: &[u8] = include_bytes!("../../tests/fixtures/torch/malicious.pt
 const LEGACY: &[u8] = include_bytes!("../../tests/fixtures/torch/legacy.pt");
 
 /// The storages as (name, dtype, shape), sorted by name (the file order is torch's choice).
-fn table(layout: &Layout) -> Vec<(String, Dtype, Vec<u64>)> {
-    let mut t: Vec<_> = layout.storages.iter().map(|s| (s.name.clone(), s.dtype, s.shape.clone())).collect();
+fn table(map: &StorageMap) -> Vec<(String, Dtype, Vec<u64>)> {
+    let mut t: Vec<_> = map.storages.iter().map(|s| (s.name.clone(), s.dtype, s.shape.clone())).collect();
     t.sort();
     t
 }
@@ -27,9 +27,9 @@ fn row(name: &str, dtype: Dtype, shape: &[u64]) -> (String, Dtype, Vec<u64>) {
 }
 
 /// The segments cover the file in order, and each storage's bytes are its zip entry's data.
-fn check_cover(file: &[u8], layout: &Layout) {
+fn check_cover(file: &[u8], map: &StorageMap) {
     let mut at = 0;
-    for (range, storage) in layout.segments() {
+    for (range, storage) in map.segments() {
         assert_eq!(range.start, at);
         if let Some(s) = storage {
             let elements: u64 = s.shape.iter().product();
@@ -44,10 +44,10 @@ fn check_cover(file: &[u8], layout: &Layout) {
 
 #[test]
 fn model_state_dict_storages_are_named_by_their_keys() {
-    let layout = parse(MODEL).unwrap();
-    check_cover(MODEL, &layout);
+    let map = parse(MODEL).unwrap();
+    check_cover(MODEL, &map);
     assert_eq!(
-        table(&layout),
+        table(&map),
         sorted(vec![
             row("embed.weight", Dtype::F32, &[16, 8]),
             row("fc1.weight", Dtype::F32, &[32, 8]),
@@ -61,9 +61,9 @@ fn model_state_dict_storages_are_named_by_their_keys() {
 
 #[test]
 fn adamw_state_is_named_by_parameter_index() {
-    let layout = parse(OPTIMIZER).unwrap();
-    check_cover(OPTIMIZER, &layout);
-    let mut names: Vec<String> = layout.storages.iter().map(|s| s.name.clone()).collect();
+    let map = parse(OPTIMIZER).unwrap();
+    check_cover(OPTIMIZER, &map);
+    let mut names: Vec<String> = map.storages.iter().map(|s| s.name.clone()).collect();
     names.sort();
     let mut expected = Vec::new();
     for p in 0..5 {
@@ -73,17 +73,17 @@ fn adamw_state_is_named_by_parameter_index() {
     }
     expected.sort();
     assert_eq!(names, expected);
-    let exp_avg = layout.storages.iter().find(|s| s.name == "state.0.exp_avg").unwrap();
+    let exp_avg = map.storages.iter().find(|s| s.name == "state.0.exp_avg").unwrap();
     assert_eq!(exp_avg.shape, vec![16, 8]);
-    assert!(layout.storages.iter().all(|s| s.dtype == Dtype::F32));
+    assert!(map.storages.iter().all(|s| s.dtype == Dtype::F32));
 }
 
 #[test]
 fn every_storage_type_maps_to_its_dtype() {
-    let layout = parse(DTYPES).unwrap();
-    check_cover(DTYPES, &layout);
+    let map = parse(DTYPES).unwrap();
+    check_cover(DTYPES, &map);
     assert_eq!(
-        table(&layout),
+        table(&map),
         sorted(vec![
             row("bf16", Dtype::Bf16, &[5, 3]),
             row("fp16", Dtype::F16, &[7]),
@@ -101,9 +101,9 @@ fn every_storage_type_maps_to_its_dtype() {
 
 #[test]
 fn lightning_checkpoint_with_plain_values_is_read() {
-    let layout = parse(LIGHTNING).unwrap();
-    check_cover(LIGHTNING, &layout);
-    let names: Vec<&str> = layout.storages.iter().map(|s| s.name.as_str()).collect();
+    let map = parse(LIGHTNING).unwrap();
+    check_cover(LIGHTNING, &map);
+    let names: Vec<&str> = map.storages.iter().map(|s| s.name.as_str()).collect();
     assert!(names.contains(&"state_dict.fc1.weight"), "{names:?}");
     assert!(names.contains(&"optimizer_states.0.state.4.exp_avg_sq"), "{names:?}");
     assert_eq!(names.len(), 6 + 15);
@@ -111,9 +111,9 @@ fn lightning_checkpoint_with_plain_values_is_read() {
 
 #[test]
 fn shared_storage_is_one_storage_named_by_its_first_tensor() {
-    let layout = parse(SHARED).unwrap();
-    check_cover(SHARED, &layout);
-    assert_eq!(table(&layout), vec![row("whole", Dtype::F32, &[24])]);
+    let map = parse(SHARED).unwrap();
+    check_cover(SHARED, &map);
+    assert_eq!(table(&map), vec![row("whole", Dtype::F32, &[24])]);
 }
 
 #[test]
@@ -135,8 +135,8 @@ fn truncations_and_byte_flips_never_panic() {
         for i in 0..copy.len() {
             for bit in [0x01, 0x80] {
                 copy[i] ^= bit;
-                if let Ok(layout) = parse(&copy) {
-                    check_cover(&copy, &layout);
+                if let Ok(map) = parse(&copy) {
+                    check_cover(&copy, &map);
                 }
                 copy[i] ^= bit;
             }
@@ -151,9 +151,9 @@ fn zip64_archives_are_read() {
     let files: Vec<(&str, &[u8])> =
         entries.iter().map(|e| (e.name.as_str(), &MODEL[e.data.start as usize..e.data.end as usize])).collect();
     let repacked = zip::tests::archive(&files, true);
-    let layout = parse(&repacked).unwrap();
-    check_cover(&repacked, &layout);
-    assert_eq!(table(&layout), table(&parse(MODEL).unwrap()));
+    let map = parse(&repacked).unwrap();
+    check_cover(&repacked, &map);
+    assert_eq!(table(&map), table(&parse(MODEL).unwrap()));
 }
 
 proptest::proptest! {
@@ -175,8 +175,8 @@ proptest::proptest! {
                     *b = byte;
                 }
             }
-            if let Ok(layout) = parse(&file) {
-                check_cover(&file, &layout);
+            if let Ok(map) = parse(&file) {
+                check_cover(&file, &map);
             }
         }
     }

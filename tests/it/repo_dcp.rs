@@ -259,7 +259,7 @@ fn hugging_face_storage_writer_shards_are_committed_tensor_by_tensor() {
 /// checkpoint whose `.metadata` is `metadata`), under their item names.
 fn as_safetensors(file: &[u8], metadata: &[u8], name: &str) -> Vec<u8> {
     use ckpt::torch_zip::dcp;
-    let layout = dcp::file_layout(file, &dcp::parse_metadata(metadata).unwrap(), name).unwrap().layout();
+    let layout = dcp::file_items(file, &dcp::parse_metadata(metadata).unwrap(), name).unwrap().storage_map();
     let mut header = serde_json::Map::new();
     let mut data = Vec::new();
     for s in &layout.storages {

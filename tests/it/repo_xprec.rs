@@ -322,7 +322,7 @@ fn float_bytes(values: &[f32], dtype: Dtype) -> Vec<u8> {
 #[test]
 fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     use ckpt::codec::Options;
-    use ckpt::store::{DeltaOutcome, Feedback};
+    use ckpt::store::{DeltaOutcome, DerivedTarget, Feedback};
     let t = TestRepo::init();
     let repo = t.open();
     let store = repo.store();
@@ -349,7 +349,12 @@ fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     let derive = |data: &[u8], dtype, reference: ObjectId| {
         let id = ObjectId::hash(data);
         let chain = store.open_blob(&reference).unwrap();
-        let coded = store.code_blob_derived(id, data, dtype, &chain, None, u64::MAX, &options, &Feedback::NONE);
+        let coded = store.code_blob_derived(
+            DerivedTarget { id, data, dtype, limit: u64::MAX },
+            &chain,
+            &options,
+            &Feedback::NONE,
+        );
         store.keep(coded.unwrap().unwrap()).unwrap();
         id
     };
@@ -387,7 +392,12 @@ fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     // The f32 content of a blob in dh's own chain cannot be derived from it (a cycle).
     let wide = float_bytes(&a0, Dtype::F32);
     let chain = store.open_blob(&dh).unwrap();
-    let refused = store.code_blob_derived(f0, &wide, Dtype::F32, &chain, None, u64::MAX, &options, &Feedback::NONE);
+    let refused = store.code_blob_derived(
+        DerivedTarget { id: f0, data: &wide, dtype: Dtype::F32, limit: u64::MAX },
+        &chain,
+        &options,
+        &Feedback::NONE,
+    );
     assert!(matches!(refused, Err(ckpt::store::Error::Encode { .. })));
     let a2: Vec<f32> = a1.iter().map(|x| x * 0.999).collect();
     let wide = float_bytes(&a2, Dtype::F32);
@@ -401,12 +411,8 @@ fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     store.write_blob(g, &float_bytes(&other, Dtype::F32), Some(Dtype::F32), &small, &Feedback::NONE).unwrap();
     let narrow = float_bytes(&other, Dtype::Bf16);
     let refused = store.code_blob_derived(
-        ObjectId::hash(&narrow),
-        &narrow,
-        Dtype::Bf16,
+        DerivedTarget { id: ObjectId::hash(&narrow), data: &narrow, dtype: Dtype::Bf16, limit: u64::MAX },
         &store.open_blob(&g).unwrap(),
-        None,
-        u64::MAX,
         &options,
         &Feedback::NONE,
     );
@@ -415,12 +421,8 @@ fn chains_through_derived_blobs_decode_exactly_in_every_direction() {
     let short = &narrow[..narrow.len() - 2];
     let chain = store.open_blob(&f1).unwrap();
     let refused = store.code_blob_derived(
-        ObjectId::hash(short),
-        short,
-        Dtype::Bf16,
+        DerivedTarget { id: ObjectId::hash(short), data: short, dtype: Dtype::Bf16, limit: u64::MAX },
         &chain,
-        None,
-        u64::MAX,
         &options,
         &Feedback::NONE,
     );
@@ -444,7 +446,7 @@ fn truncated_copy(fp32: &[u8]) -> Vec<u8> {
 /// they predicted from the input's bytes): recoded that way over the same id, the object file
 /// is unchanged. Returns the header depths of the blobs compared.
 fn derived_objects_match_decoded_path(repo: &Repo, config: &Config, file: &str) -> Vec<u32> {
-    use ckpt::store::Feedback;
+    use ckpt::store::{DerivedTarget, Feedback};
     let store = repo.store();
     let mut depths = Vec::new();
     for (name, blob) in tensor_blobs(repo, "HEAD", file) {
@@ -459,8 +461,12 @@ fn derived_objects_match_decoded_path(repo: &Repo, config: &Config, file: &str) 
         let reference = store.open_blob(&header.reference.unwrap()).unwrap();
         let options = config.codec_options();
         let dtype = header.dtype.unwrap();
-        let coded =
-            store.code_blob_derived(blob, &content, dtype, &reference, None, u64::MAX, &options, &Feedback::NONE);
+        let coded = store.code_blob_derived(
+            DerivedTarget { id: blob, data: &content, dtype, limit: u64::MAX },
+            &reference,
+            &options,
+            &Feedback::NONE,
+        );
         store.remove(&blob).unwrap();
         store.keep(coded.unwrap().unwrap()).unwrap();
         assert!(std::fs::read(&path).unwrap() == written, "{file} {name}: the object differs");

@@ -9,7 +9,7 @@
 //! Usage: make_seeds OUT_DIR CKPT_BINARY (fuzz/make_seeds.sh builds both and passes them).
 
 use ckpt::codec::container::{ContainerWriter, FileKind};
-use ckpt::codec::{byte_group, huffman, paired, rans, select::GroupStats, sparse, Layout, Options};
+use ckpt::codec::{byte_group, huffman, paired, rans, select::GroupStats, sparse, Grouping, Options};
 use ckpt::file_codec::{self, Format};
 use ckpt::repo::{CommitOptions, Repo};
 use ckpt::store::{ObjectHeader, ObjectKind, Store, HEADER_LEN};
@@ -155,11 +155,11 @@ fn compress(file: &[u8], format: Format, chunk_size: usize) -> Result<Vec<u8>, E
     Ok(file_codec::compress(file, format, &options, Vec::new(), &mut |_| {})?.0)
 }
 
-/// Byte groups of `bytes` laid out as `layout` (each group `len / width` bytes).
-fn groups(bytes: &[u8], reference: Option<&[u8]>, layout: Layout) -> Result<Vec<Vec<u8>>, Error> {
+/// Byte groups of `bytes` grouped as `grouping` (each group `len / width` bytes).
+fn groups(bytes: &[u8], reference: Option<&[u8]>, grouping: Grouping) -> Result<Vec<Vec<u8>>, Error> {
     let mut grouped = vec![0u8; bytes.len()];
-    byte_group::split(bytes, reference, layout, &mut grouped)?;
-    Ok(grouped.chunks(bytes.len() / layout.width).map(<[u8]>::to_vec).collect())
+    byte_group::split(bytes, reference, grouping, &mut grouped)?;
+    Ok(grouped.chunks(bytes.len() / grouping.width).map(<[u8]>::to_vec).collect())
 }
 
 /// An object of `kind` whose content is `len` zero bytes, in 4 MiB chunks: a few bytes per
@@ -351,11 +351,11 @@ fn main() -> Result<(), Error> {
     corpus.put("remote_objects", "zeros-64mib-manifest.object", &zeros_object(ObjectKind::Manifest, 64 << 20)?)?;
 
     // Huffman streams: byte groups of real tensors (the exponent group is skewed, so it codes).
-    let bf16 = Layout::for_dtype(Some(Dtype::Bf16));
-    let f32 = Layout::for_dtype(Some(Dtype::F32));
+    let bf16 = Grouping::for_dtype(Some(Dtype::Bf16));
+    let f32 = Grouping::for_dtype(Some(Dtype::F32));
     let mut coded_groups = 0;
-    for (tname, bytes, layout) in [("embed", e1, bf16), ("fc", &m1[2].bytes, f32)] {
-        for (g, group) in groups(bytes, None, layout)?.iter().enumerate() {
+    for (tname, bytes, grouping) in [("embed", e1, bf16), ("fc", &m1[2].bytes, f32)] {
+        for (g, group) in groups(bytes, None, grouping)?.iter().enumerate() {
             let mut coded = Vec::new();
             if huffman::encode(group, &mut coded)? {
                 corpus.put(
@@ -379,8 +379,8 @@ fn main() -> Result<(), Error> {
 
     // Sparse streams: the XOR of two epochs' byte groups (mostly zero).
     let mut sparse_groups = 0;
-    for (tname, a, b, layout) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
-        for (g, group) in groups(b, Some(a), layout)?.iter().enumerate() {
+    for (tname, a, b, grouping) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
+        for (g, group) in groups(b, Some(a), grouping)?.iter().enumerate() {
             let mut coded = Vec::new();
             if sparse::encode(group, 1, &mut coded)? {
                 corpus.put(
@@ -398,9 +398,9 @@ fn main() -> Result<(), Error> {
 
     // rANS streams: plain byte groups (exponents: with contexts) and XOR groups (order-0).
     let mut rans_groups = 0;
-    for (tname, a, b, layout) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
+    for (tname, a, b, grouping) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
         for (kind, reference, contexts) in [("plain", None, rans::MAX_CONTEXTS), ("xor", Some(&a[..]), 0)] {
-            for (g, group) in groups(b, reference, layout)?.iter().enumerate() {
+            for (g, group) in groups(b, reference, grouping)?.iter().enumerate() {
                 let mut coded = Vec::new();
                 if rans::encode(group, contexts, &mut coded)? {
                     corpus.put(
@@ -419,11 +419,11 @@ fn main() -> Result<(), Error> {
     // rANS streams whose contexts come from a source (format 5): the max level's candidates,
     // the same element's higher groups and, for XOR groups, the reference's groups.
     let mut sourced = 0;
-    for (tname, a, b, layout) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
+    for (tname, a, b, grouping) in [("embed", e1, e2, bf16), ("fc", &m1[2].bytes, &m2[2].bytes, f32)] {
         for (kind, reference) in [("plain", None), ("xor", Some(&a[..]))] {
-            let own = groups(b, reference, layout)?;
+            let own = groups(b, reference, grouping)?;
             let reference_groups = match reference {
-                Some(r) => groups(r, None, layout)?,
+                Some(r) => groups(r, None, grouping)?,
                 None => Vec::new(),
             };
             for (g, group) in own.iter().enumerate() {
@@ -478,8 +478,8 @@ fn main() -> Result<(), Error> {
     // Pairs (format 6): the exponent group and the group below it of the bf16 and f32 tensors
     // coded together, with the `k` their values give and with every smaller one.
     let mut pairs = 0;
-    for (tname, bytes, layout) in [("embed", e1, bf16), ("fc", &m1[2].bytes, f32)] {
-        let own = groups(bytes, None, layout)?;
+    for (tname, bytes, grouping) in [("embed", e1, bf16), ("fc", &m1[2].bytes, f32)] {
+        let own = groups(bytes, None, grouping)?;
         let (upper, lower) = (&own[own.len() - 1], &own[own.len() - 2]);
         let histogram = GroupStats::of(upper).histogram;
         let Some(plan) = paired::Plan::for_histogram(&histogram) else { continue };

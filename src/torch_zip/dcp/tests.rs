@@ -63,9 +63,9 @@ fn expected_name(t: &Json) -> String {
 fn storages(f: &Fixture, metadata: &Metadata) -> HashMap<String, (Dtype, Vec<u64>, &'static [u8])> {
     let mut out = HashMap::new();
     for (name, bytes) in f.files {
-        let layout = file_layout(bytes, metadata, name).expect("layout");
-        check_cover(bytes, &layout);
-        for s in layout.items.iter().flat_map(|i| &i.storages) {
+        let found = file_items(bytes, metadata, name).expect("found");
+        check_cover(bytes, &found);
+        for s in found.items.iter().flat_map(|i| &i.storages) {
             let previous = out.insert(
                 s.name.clone(),
                 (s.dtype, s.shape.clone(), &bytes[s.range.start as usize..s.range.end as usize]),
@@ -78,10 +78,10 @@ fn storages(f: &Fixture, metadata: &Metadata) -> HashMap<String, (Dtype, Vec<u64
 
 /// Items in order and disjoint, segments covering the file exactly once, storages inside their
 /// items with byte lengths matching dtype and shape.
-fn check_cover(file: &[u8], layout: &FileLayout) {
-    assert_eq!(layout.len, file.len() as u64);
+fn check_cover(file: &[u8], found: &FileItems) {
+    assert_eq!(found.len, file.len() as u64);
     let mut at = 0;
-    for item in &layout.items {
+    for item in &found.items {
         assert!(item.range.start >= at, "{}", item.name);
         for s in &item.storages {
             assert!(item.range.start <= s.range.start && s.range.end <= item.range.end, "{}", s.name);
@@ -89,7 +89,7 @@ fn check_cover(file: &[u8], layout: &FileLayout) {
         at = item.range.end;
     }
     let mut at = 0;
-    for (range, storage) in layout.segments() {
+    for (range, storage) in found.segments() {
         assert_eq!(range.start, at);
         match storage {
             Some(s) => {
@@ -128,15 +128,15 @@ fn check_fixture(f: &Fixture) {
     // Every item is understood (none opaque), and walking the archives without `.metadata`
     // finds the same items and the same tensor bytes.
     for (name, bytes) in f.files {
-        let layout = file_layout(bytes, &metadata, name).expect("layout");
-        assert!(layout.items.iter().all(|i| i.opaque.is_none()), "{name}");
+        let found = file_items(bytes, &metadata, name).expect("found");
+        assert!(found.items.iter().all(|i| i.opaque.is_none()), "{name}");
         let walked = walk_archives(bytes).expect("walk");
         check_cover(bytes, &walked);
-        let ranges = |l: &FileLayout| l.items.iter().map(|i| i.range.clone()).collect::<Vec<_>>();
-        assert_eq!(ranges(&walked), ranges(&layout), "{name}");
+        let ranges = |l: &FileItems| l.items.iter().map(|i| i.range.clone()).collect::<Vec<_>>();
+        assert_eq!(ranges(&walked), ranges(&found), "{name}");
         let payloads =
-            |l: &FileLayout| l.layout().storages.iter().map(|s| (s.range.clone(), s.dtype)).collect::<Vec<_>>();
-        assert_eq!(payloads(&walked), payloads(&layout), "{name}");
+            |l: &FileItems| l.storage_map().storages.iter().map(|s| (s.range.clone(), s.dtype)).collect::<Vec<_>>();
+        assert_eq!(payloads(&walked), payloads(&found), "{name}");
     }
 }
 
@@ -163,8 +163,8 @@ fn non_tensor_values_are_bytes_items() {
     check_fixture(&f);
     let metadata = parse_metadata(f.metadata).expect("metadata");
     let step = metadata.items.iter().find(|i| i.fqn == "step").expect("step");
-    let layout = file_layout(f.file(&step.file), &metadata, &step.file).expect("layout");
-    let item = layout.items.iter().find(|i| i.name == "step").expect("step item");
+    let found = file_items(f.file(&step.file), &metadata, &step.file).expect("found");
+    let item = found.items.iter().find(|i| i.name == "step").expect("step item");
     assert!(item.storages.is_empty() && item.opaque.is_none());
 }
 
@@ -205,9 +205,9 @@ fn cells(f: &Fixture, cell_min: u64) -> HashMap<String, (Vec<u64>, &'static [u8]
     let metadata = parse_metadata(f.metadata).expect("metadata");
     let mut out = HashMap::new();
     for (name, bytes) in f.files {
-        let layout = file_layout_cells(bytes, &metadata, name, cell_min).expect("layout");
-        check_cover(bytes, &layout);
-        for s in layout.items.iter().flat_map(|i| &i.storages) {
+        let found = file_items_cells(bytes, &metadata, name, cell_min).expect("found");
+        check_cover(bytes, &found);
+        for s in found.items.iter().flat_map(|i| &i.storages) {
             let previous =
                 out.insert(s.name.clone(), (s.shape.clone(), &bytes[s.range.start as usize..s.range.end as usize]));
             assert!(previous.is_none(), "{} twice", s.name);
@@ -367,15 +367,15 @@ fn items_past_the_end_or_overlapping_are_errors() {
     let file = f.file("__0_0.distcp");
     // Truncated file: the last item runs past its end.
     for cut in [1, 100, file.len() / 2] {
-        assert!(matches!(file_layout(&file[..file.len() - cut], &metadata, "__0_0.distcp"), Err(Error::Items { .. })));
+        assert!(matches!(file_items(&file[..file.len() - cut], &metadata, "__0_0.distcp"), Err(Error::Items { .. })));
     }
     let mut damaged = metadata.clone();
     let second = damaged.items.iter().position(|i| i.file == "__0_0.distcp" && i.range.start > 0).expect("second item");
     damaged.items[second].range.start -= 1;
-    assert!(matches!(file_layout(file, &damaged, "__0_0.distcp"), Err(Error::Items { .. })));
+    assert!(matches!(file_items(file, &damaged, "__0_0.distcp"), Err(Error::Items { .. })));
     let mut huge = metadata.clone();
     huge.items[second].range.end = u64::MAX;
-    assert!(matches!(file_layout(file, &huge, "__0_0.distcp"), Err(Error::Items { .. })));
+    assert!(matches!(file_items(file, &huge, "__0_0.distcp"), Err(Error::Items { .. })));
     // Two items of one name (parse_metadata refuses them; a caller's table might not).
     let mut twice = metadata.clone();
     for item in twice.items.iter_mut().filter(|i| i.file == "__0_0.distcp") {
@@ -383,10 +383,10 @@ fn items_past_the_end_or_overlapping_are_errors() {
             item.fqn = format!("{moment}exp_avg");
         }
     }
-    assert!(matches!(file_layout(file, &twice, "__0_0.distcp"), Err(Error::Items { .. })));
+    assert!(matches!(file_items(file, &twice, "__0_0.distcp"), Err(Error::Items { .. })));
     // A file the metadata does not mention has no items: all of it is opaque.
-    let layout = file_layout(file, &metadata, "__9_0.distcp").expect("layout");
-    assert_eq!(layout.segments(), vec![(0..file.len() as u64, None)]);
+    let found = file_items(file, &metadata, "__9_0.distcp").expect("found");
+    assert_eq!(found.segments(), vec![(0..file.len() as u64, None)]);
 }
 
 #[test]
@@ -397,10 +397,10 @@ fn a_damaged_or_mismatched_item_is_opaque_and_the_rest_still_found() {
     let first = metadata.items_in("__0_0.distcp").next().expect("item").clone();
     let mut damaged = file.to_vec();
     damaged[first.range.start as usize] ^= 0xff;
-    let layout = file_layout(&damaged, &metadata, "__0_0.distcp").expect("layout");
-    assert!(layout.items[0].opaque.is_some() && layout.items[0].storages.is_empty());
-    assert!(layout.items[1..].iter().all(|i| i.opaque.is_none() && i.storages.len() == 1));
-    check_cover(&damaged, &layout);
+    let found = file_items(&damaged, &metadata, "__0_0.distcp").expect("found");
+    assert!(found.items[0].opaque.is_some() && found.items[0].storages.is_empty());
+    assert!(found.items[1..].iter().all(|i| i.opaque.is_none() && i.storages.len() == 1));
+    check_cover(&damaged, &found);
     // .metadata saying another dtype or shape than the archive holds: opaque too.
     let mut other = metadata.clone();
     let i = other.items.iter().position(|i| i.name() == first.name()).expect("first");
@@ -408,12 +408,12 @@ fn a_damaged_or_mismatched_item_is_opaque_and_the_rest_still_found() {
         *dtype = Some(Dtype::Bf16);
         sizes[0] += 1;
     }
-    let layout = file_layout(file, &other, "__0_0.distcp").expect("layout");
-    assert!(layout.items[0].opaque.is_some());
+    let found = file_items(file, &other, "__0_0.distcp").expect("found");
+    assert!(found.items[0].opaque.is_some());
     // Transformed items (a storage extension such as compression) are opaque.
     let mut transformed = metadata.clone();
     transformed.items[i].transformed = true;
-    assert!(file_layout(file, &transformed, "__0_0.distcp").expect("layout").items[0].opaque.is_some());
+    assert!(file_items(file, &transformed, "__0_0.distcp").expect("found").items[0].opaque.is_some());
 }
 
 #[test]
@@ -457,7 +457,7 @@ fn a_writers_report_cuts_and_names_a_file_as_its_metadata_does() {
                 i.file = "elsewhere".into();
             }
             let cut = cut_by_written_items(bytes, name, &items).expect("cut");
-            assert_eq!(cut, file_layout(bytes, &metadata, name).expect("layout"), "{name}");
+            assert_eq!(cut, file_items(bytes, &metadata, name).expect("found"), "{name}");
             assert!(cut.items.iter().all(|i| !i.name.starts_with("archive.")), "{name}");
         }
     }
@@ -546,7 +546,7 @@ fn a_report_that_does_not_fit_the_file_falls_back_to_the_walk() {
     damaged[honest[0].range.start as usize] ^= 0xff;
     assert!(walk_archives(&damaged).is_err());
     let cut = cut_by_written_items(&damaged, name, &honest).expect("cut");
-    assert_eq!(cut, file_layout(&damaged, &metadata, name).expect("layout"));
+    assert_eq!(cut, file_items(&damaged, &metadata, name).expect("found"));
     assert!(cut.items[0].opaque.is_some() && cut.items[1..].iter().all(|i| i.opaque.is_none()));
     assert!(cut_by_written_items(&damaged, name, &honest[1..]).is_err());
 }
@@ -578,7 +578,7 @@ fn random_reports_never_panic() {
         }
         let cut = cut_by_written_items(file, name, &items).expect("the walk reads the file");
         if cut != walked {
-            assert_eq!(cut, file_layout(file, &metadata, name).expect("layout"));
+            assert_eq!(cut, file_items(file, &metadata, name).expect("found"));
         }
     }
 }
