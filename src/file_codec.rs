@@ -36,7 +36,7 @@ pub enum Format {
 }
 
 /// A byte range of the original file and the element type it is coded with (`None`: bytes).
-pub type SegmentPlan = (Range<u64>, Option<Dtype>);
+pub(crate) type SegmentPlan = (Range<u64>, Option<Dtype>);
 
 /// The tensor (a safetensors tensor, a `torch.save` storage) one segment of a [`cut`] holds.
 #[derive(Clone, Copy, Debug)]

@@ -63,7 +63,7 @@ impl fmt::Debug for ObjectId {
 
 /// The blake3 hash of an input that is produced in contiguous ranges with arbitrary boundaries,
 /// by different threads in any order: each worker hashes the parts of blake3's tree that lie
-/// wholly inside its range ([`RangeHashes::hash_range`]) right after producing the bytes, and
+/// wholly inside its range (`RangeHashes::hash_range`) right after producing the bytes, and
 /// [`RangeHashes::join`] combines them, hashing only the blake3 chunks (1 KiB) that straddle two
 /// ranges. The result is exactly `blake3::hash` of the whole input.
 ///
@@ -179,7 +179,7 @@ impl RangeHashJoin {
     }
 
     /// Adds the next range of the input: its bytes and the subtree hashes a worker took of it
-    /// with [`RangeHashes::hash_range`]. Ranges must come in order, each starting where the
+    /// with `RangeHashes::hash_range`. Ranges must come in order, each starting where the
     /// previous ended; anything else makes [`Self::finish`] return `None`.
     pub fn add(&mut self, range: std::ops::Range<u64>, bytes: &[u8], nodes: Vec<NodeHash>) {
         let total = self.shape.total_len;

@@ -13,6 +13,6 @@ pub fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
 }
 
 /// `len` pseudo-random bytes from `seed` (the low byte of each step).
-pub fn random_bytes(seed: u64, len: u64) -> Vec<u8> {
+pub(crate) fn random_bytes(seed: u64, len: u64) -> Vec<u8> {
     xorshift(seed).take(len as usize).map(|s| s as u8).collect()
 }

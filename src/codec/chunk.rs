@@ -944,7 +944,7 @@ pub fn is_valid_chunk_size(c: usize) -> bool {
 
 /// Validates `options.chunk_size` and returns it. (A valid size is a power of two of at least
 /// 4 KiB, so a whole number of elements of every width.)
-pub fn checked_chunk_size(options: &Options) -> Result<usize> {
+pub(crate) fn checked_chunk_size(options: &Options) -> Result<usize> {
     let c = options.chunk_size;
     if !is_valid_chunk_size(c) {
         return Err(Error::InvalidInput(format!("chunk size {c} is not a power of two between 4 KiB and 4 MiB")));

@@ -25,9 +25,9 @@ use std::io::Write;
 use std::ops::Range;
 
 /// First bytes of every container (PNG-style: catches text-mode and 7-bit mangling).
-pub const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
+pub(crate) const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
 /// Last bytes of every container.
-pub const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
+pub(crate) const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
 /// The container format version this code writes.
 pub const FORMAT_VERSION: u16 = 6;
 /// The oldest container format version this code reads. Format 3 only added the `Sparse`
@@ -35,7 +35,7 @@ pub const FORMAT_VERSION: u16 = 6;
 /// (flags in a rANS payload's first byte, which format 4 kept zero) and format 6 the `Paired`
 /// and `Remainder` tags, so every container of an older format is a valid format-6 container
 /// (checked by decoding the checked-in containers of `tests/fixtures/containers`).
-pub const MIN_READ_VERSION: u16 = 2;
+pub(crate) const MIN_READ_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
 /// Size of the fixed footer.
@@ -92,7 +92,7 @@ impl FileKind {
 
 /// One segment to code: its bytes, element type and, for an XOR delta, its reference.
 #[derive(Clone, Copy)]
-pub struct SegmentInput<'a> {
+pub(crate) struct SegmentInput<'a> {
     /// The segment's original bytes. Grouped data (bytes already stored) needs a writer that
     /// was given the original's hash ([`ContainerWriter::with_given_hash`]): there are no plain
     /// bytes to hash.
@@ -266,7 +266,7 @@ impl<W: Write> ContainerWriter<W> {
     /// Everything else ([`Self::segment`], [`Self::segments`], [`Self::segment_delta`]) is
     /// this with fewer options. `progress` is called with the original bytes covered so far,
     /// after their payloads are written.
-    pub fn segment_inputs(&mut self, parts: &[SegmentInput<'_>], progress: &mut dyn FnMut(u64)) -> Result<()> {
+    pub(crate) fn segment_inputs(&mut self, parts: &[SegmentInput<'_>], progress: &mut dyn FnMut(u64)) -> Result<()> {
         let chunk_size = self.options.chunk_size;
         let stripe = chunk_size * STRIPE_CHUNKS;
         // Work units: one stripe of one part (an empty part is one empty unit, for its record).
@@ -634,13 +634,13 @@ impl<'a> Container<'a> {
     }
 
     /// Decodes chunk `i` into `out`, which must be exactly its original length.
-    pub fn decode_chunk_into(&self, i: usize, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn decode_chunk_into(&self, i: usize, out: &mut [u8]) -> Result<()> {
         self.decode_delta_chunk_into(i, None, out)
     }
 
     /// Decodes chunk `i` of a delta container, XORing with `reference` (the reference bytes of
     /// the same original range), into `out`.
-    pub fn decode_delta_chunk_into(&self, i: usize, reference: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn decode_delta_chunk_into(&self, i: usize, reference: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
         let (payload, segment, range, header) = self.checked_payload(i)?;
         if out.len() as u64 != range.end - range.start {
             return Err(Error::InvalidInput("output length differs from the chunk length".into()));
@@ -655,7 +655,7 @@ impl<'a> Container<'a> {
     /// Decodes chunk `i`'s byte groups (not regrouped) into `grouped`, or XORs them into it
     /// with `xor_into` (see [`super::chunk::decode_chunk_groups`]). The payload checksum is
     /// verified first.
-    pub fn decode_chunk_groups_into(&self, i: usize, grouped: &mut [u8], xor_into: bool) -> Result<()> {
+    pub(crate) fn decode_chunk_groups_into(&self, i: usize, grouped: &mut [u8], xor_into: bool) -> Result<()> {
         let (payload, segment, range, header) = self.checked_payload(i)?;
         if grouped.len() as u64 != range.end - range.start {
             return Err(Error::InvalidInput("output length differs from the chunk length".into()));

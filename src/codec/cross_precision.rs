@@ -32,7 +32,7 @@ pub enum Conversion {
 
 impl Conversion {
     /// The conversion with on-disk tag `tag`.
-    pub fn from_tag(tag: u8) -> Option<Conversion> {
+    pub(crate) fn from_tag(tag: u8) -> Option<Conversion> {
         [Conversion::NarrowNearestEven, Conversion::NarrowTruncate, Conversion::Widen]
             .into_iter()
             .find(|c| *c as u8 == tag)
@@ -73,7 +73,7 @@ impl std::fmt::Display for Conversion {
 }
 
 /// The narrow format of a 2-byte float dtype.
-pub fn narrow_of(dtype: Dtype) -> Option<Narrow> {
+pub(crate) fn narrow_of(dtype: Dtype) -> Option<Narrow> {
     match dtype {
         Dtype::Bf16 => Some(Narrow::Bf16),
         Dtype::F16 => Some(Narrow::F16),
@@ -194,12 +194,12 @@ pub fn f32_to_f16(x: u32, rule: Rounding) -> u16 {
 }
 
 /// bf16 bits to f32 bits (exact).
-pub fn bf16_to_f32(h: u16) -> u32 {
+pub(crate) fn bf16_to_f32(h: u16) -> u32 {
     u32::from(h) << 16
 }
 
 /// f16 bits to f32 bits (exact).
-pub fn f16_to_f32(h: u16) -> u32 {
+pub(crate) fn f16_to_f32(h: u16) -> u32 {
     let sign = u32::from(h & 0x8000) << 16;
     let exp = u32::from((h >> 10) & 0x1F);
     let mant = u32::from(h & 0x3FF);
@@ -267,7 +267,7 @@ pub fn detect_rule(wide: &[u8], narrow_bytes: &[u8], target: Narrow) -> Result<O
 
 /// Whether every element of `narrow_bytes` (`target`) is the element of `wide` (f32) rounded
 /// by `rule`: [`detect_rule`] for one rule, on any part of two tensors.
-pub fn is_rounding(wide: &[u8], narrow_bytes: &[u8], target: Narrow, rule: Rounding) -> Result<bool> {
+pub(crate) fn is_rounding(wide: &[u8], narrow_bytes: &[u8], target: Narrow, rule: Rounding) -> Result<bool> {
     check_lengths(wide, narrow_bytes.len())?;
     let convert = match target {
         Narrow::Bf16 => f32_to_bf16,

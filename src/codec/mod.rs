@@ -37,7 +37,7 @@ use std::ops::Range;
 /// (an item longer than `budget` is a run of its own). Every bounded-memory loop over chunks,
 /// stripes or windows (compression batches, fused decode-and-hash batches, checkout batches and
 /// windows) cuts its work this way.
-pub fn runs_within(lens: impl IntoIterator<Item = u64>, budget: u64) -> Vec<Range<usize>> {
+pub(crate) fn runs_within(lens: impl IntoIterator<Item = u64>, budget: u64) -> Vec<Range<usize>> {
     let mut runs = Vec::new();
     let (mut start, mut count, mut total) = (0, 0, 0u64);
     for len in lens {
@@ -62,7 +62,7 @@ pub fn runs_within(lens: impl IntoIterator<Item = u64>, budget: u64) -> Vec<Rang
 /// and the pool never waits for the write. The buffers are the caller's so a caller with several
 /// runs reuses them (fresh buffers cost page faults). An error from `consume` is returned
 /// before one from the batch being produced alongside it.
-pub fn double_buffered<T: Send, E: Send>(
+pub(crate) fn double_buffered<T: Send, E: Send>(
     count: usize,
     buffers: &mut [Vec<u8>; 2],
     produce: impl Fn(usize, &mut Vec<u8>) -> Result<T, E> + Sync,
@@ -91,7 +91,7 @@ pub fn double_buffered<T: Send, E: Send>(
 }
 
 /// A reusable per-thread byte buffer: a `thread_local!` slot for [`with_thread_buffer`].
-pub type ThreadBuffer = std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>;
+pub(crate) type ThreadBuffer = std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>;
 
 /// Runs `f` with the first `len` bytes of this thread's buffer in `slot`, grown on first need and
 /// kept for the next call: the per-chunk loops of coding and decoding would otherwise allocate
@@ -194,7 +194,7 @@ pub struct Grouping {
 
 impl Grouping {
     /// Plain bytes: one group, no transform.
-    pub const BYTES: Grouping = Grouping { width: 1, extract_exponent: false };
+    pub(crate) const BYTES: Grouping = Grouping { width: 1, extract_exponent: false };
 
     /// The grouping for a tensor of `dtype`, or plain bytes for `None`.
     pub fn for_dtype(dtype: Option<Dtype>) -> Grouping {

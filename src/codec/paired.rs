@@ -37,10 +37,10 @@ use super::select::GroupStats;
 use super::{huffman, Error, Result};
 
 /// Length of the fixed head of a Paired payload: `k` and the 256-bit value set.
-pub const HEAD_LEN: usize = 33;
+pub(crate) const HEAD_LEN: usize = 33;
 
 /// Largest `k`.
-pub const MAX_K: u32 = 3;
+pub(crate) const MAX_K: u32 = 3;
 
 /// How a pair of groups would be coded: `k`, the upper values symbols may name, and each
 /// value's index among them.
@@ -76,14 +76,14 @@ impl Plan {
 
     /// The plan for an upper group whose values lie in `low..=high`, known without its histogram:
     /// the whole range, with the largest `k` it allows, or `None` for a range over 128 values.
-    pub fn for_range(low: u8, high: u8) -> Option<Plan> {
+    pub(crate) fn for_range(low: u8, high: u8) -> Option<Plan> {
         let range = (low as usize)..=(high as usize);
         let k = (1..=MAX_K).rev().find(|&k| range.clone().count() <= 256 >> k)?;
         Some(Plan::with_k(|v| range.contains(&v), k))
     }
 
     /// The upper group's histogram from the symbols' (each symbol names one upper value).
-    pub fn upper_histogram(&self, symbol_histogram: &[u32; 256]) -> [u32; 256] {
+    pub(crate) fn upper_histogram(&self, symbol_histogram: &[u32; 256]) -> [u32; 256] {
         let mut values = [0u8; 256];
         for v in 0..256 {
             if self.present[v / 8] & (1 << (v % 8)) != 0 {
@@ -238,7 +238,7 @@ pub fn encode(
 /// The Paired half of [`encode`]: appends the Paired payload of `symbols` to `upper_out`, or
 /// returns false (leaving it as it was) when the pair would not pay: its payload not smaller
 /// than the group, or the Remainder payload not smaller than its group.
-pub fn encode_upper(
+pub(crate) fn encode_upper(
     plan: &Plan,
     symbols: &[u8],
     histogram: Option<&[u32; 256]>,

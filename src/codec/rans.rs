@@ -46,7 +46,7 @@ mod decode;
 pub use decode::{decode, decode_with_sources};
 
 /// Bits of the frequency total: tables sum to 4096.
-pub const SCALE_BITS: u32 = 12;
+pub(crate) const SCALE_BITS: u32 = 12;
 const TOTAL: u32 = 1 << SCALE_BITS;
 /// Decoding slots of the largest model (16 tables of 4096): the decoder keeps them this size,
 /// so a slot index masked to it needs no bounds check in the decoding loop.
@@ -54,7 +54,7 @@ const SLOT_COUNT: usize = (MAX_CONTEXTS + 1) << SCALE_BITS;
 /// Lower bound of the normalized state interval `[L, L << 16)`.
 const L: u32 = 1 << 16;
 /// Lanes per group.
-pub const LANES: usize = 4;
+pub(crate) const LANES: usize = 4;
 /// Most dedicated contexts a payload may have (so at most 16 tables).
 pub const MAX_CONTEXTS: usize = 15;
 /// Context counts the encoder tries (the default level only 0; the max level all of them).
@@ -557,7 +557,7 @@ pub fn estimate(group: &[u8], max_contexts: usize) -> usize {
 /// Order-1 entropy of `group` in bits: the information of each byte given the byte before it
 /// (the first byte given a 0), with one table per previous byte value and table costs not
 /// counted: the bound for any coder whose context is the previous byte (`ckpt stats`).
-pub fn order1_entropy_bits(group: &[u8]) -> f64 {
+pub(crate) fn order1_entropy_bits(group: &[u8]) -> f64 {
     PAIRS.with(|cell| {
         let mut pairs = cell.borrow_mut();
         pairs.clear();
@@ -580,7 +580,7 @@ pub fn order1_entropy_bits(group: &[u8]) -> f64 {
 
 /// Estimated order-0 payload size in bytes from a group's histogram: the entropy, the tables
 /// (about 1.5 bytes per symbol present) and the fixed fields. Cheap: no model is built.
-pub fn order0_estimate(stats: &super::select::GroupStats) -> f64 {
+pub(crate) fn order0_estimate(stats: &super::select::GroupStats) -> f64 {
     let distinct = stats.histogram.iter().filter(|&&c| c > 0).count();
     stats.entropy_bits() / 8.0 + 1.5 * distinct as f64 + (1 + 32 + LANE_BYTES) as f64
 }

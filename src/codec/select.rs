@@ -100,9 +100,9 @@ pub struct Options {
 }
 
 /// Largest chunk size the container accepts; bounds every decode buffer.
-pub const MAX_CHUNK_SIZE: usize = 4 << 20;
+pub(crate) const MAX_CHUNK_SIZE: usize = 4 << 20;
 /// Smallest chunk size.
-pub const MIN_CHUNK_SIZE: usize = 4 << 10;
+pub(crate) const MIN_CHUNK_SIZE: usize = 4 << 10;
 
 impl Default for Options {
     fn default() -> Self {
@@ -166,7 +166,7 @@ impl GroupStats {
     }
 
     /// Order-0 entropy of the group in bits (the bound for any per-byte coder).
-    pub fn entropy_bits(&self) -> f64 {
+    pub(crate) fn entropy_bits(&self) -> f64 {
         let n = self.len as f64;
         self.histogram
             .iter()
@@ -180,7 +180,7 @@ impl GroupStats {
 
     /// Estimated Huffman size in bytes: entropy with a floor of one bit per symbol (a prefix code
     /// cannot do better), plus the code table.
-    pub fn huffman_estimate(&self) -> f64 {
+    pub(crate) fn huffman_estimate(&self) -> f64 {
         let n = self.len as f64;
         let mut bits = 0.0;
         let mut distinct = 0usize;
@@ -213,7 +213,7 @@ pub const MIN_ZERO_RUN: usize = super::sparse::MIN_ZERO_RUN;
 /// Works on 64-byte blocks turned into a bit mask (bit `i` set: byte `i` is zero) and counts
 /// runs with bit operations. A byte-at-a-time loop branches on every byte, and on XOR deltas
 /// (zeros and non-zeros interleaved at random) mispredicted branches made it 40% of commit time.
-pub fn zero_runs(group: &[u8]) -> ZeroRuns {
+pub(crate) fn zero_runs(group: &[u8]) -> ZeroRuns {
     let mut r = ZeroRuns::default();
     // Length of the zero run still open at the end of what has been scanned.
     let mut open = 0usize;
@@ -357,7 +357,7 @@ pub fn predict_with_stats(group: &[u8], options: &Options) -> (Method, Option<Gr
 
 /// [`predict_with_stats`] for a group whose statistics the caller has already (a pair's upper
 /// group, counted through the pair's symbols).
-pub fn predict_from_stats(group: &[u8], stats: GroupStats, options: &Options) -> (Method, Option<GroupStats>) {
+pub(crate) fn predict_from_stats(group: &[u8], stats: GroupStats, options: &Options) -> (Method, Option<GroupStats>) {
     let n = group.len();
     let method = match stats.zeros() {
         zeros if zeros == n => Method::Zero,
@@ -373,7 +373,7 @@ const ZERO_SAMPLE: usize = 4096;
 
 /// Whether the first 4 KiB of `group` are at least half zeros: the cheap test
 /// that sends a group (a delta's exponents) down the zero-count path instead of a histogram.
-pub fn sample_is_half_zero(group: &[u8]) -> bool {
+pub(crate) fn sample_is_half_zero(group: &[u8]) -> bool {
     let sample = &group[..group.len().min(ZERO_SAMPLE)];
     count_zeros(sample) * 2 >= sample.len()
 }

@@ -82,7 +82,7 @@ pub const MIN_ZERO_RUN: usize = 4;
 /// Appends the token stream of `group` to `out`. Returns `false` (with `out` as it was) when the
 /// stream would not be shorter than `limit` bytes, i.e. when the group is not sparse enough for
 /// the transform to pay.
-pub fn tokenize(group: &[u8], limit: usize, out: &mut Vec<u8>) -> bool {
+pub(crate) fn tokenize(group: &[u8], limit: usize, out: &mut Vec<u8>) -> bool {
     let start = out.len();
     let mut at = 0;
     let n = group.len();

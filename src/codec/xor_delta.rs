@@ -29,7 +29,7 @@ pub fn xor_into(a: &[u8], b: &[u8], out: &mut [u8]) -> Result<()> {
 
 /// XORs `other` into `acc` in place, over the shorter of the two (callers pass equal lengths).
 /// Used wherever a decoded delta group is applied to what a chain has decoded so far.
-pub fn xor_in_place(acc: &mut [u8], other: &[u8]) {
+pub(crate) fn xor_in_place(acc: &mut [u8], other: &[u8]) {
     for (a, b) in acc.iter_mut().zip(other) {
         *a ^= b;
     }

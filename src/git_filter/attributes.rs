@@ -11,10 +11,10 @@ use super::{Error, Result};
 use std::path::Path;
 
 /// The attributes ckpt gives a tracked pattern.
-pub const ATTRIBUTES: &str = "filter=ckpt diff=ckpt merge=binary -text";
+pub(crate) const ATTRIBUTES: &str = "filter=ckpt diff=ckpt merge=binary -text";
 
 /// Checks that `pattern` can be written as one `.gitattributes` pattern.
-pub fn check_pattern(pattern: &str) -> Result<()> {
+pub(crate) fn check_pattern(pattern: &str) -> Result<()> {
     let bad = |reason| Err(Error::Pattern { pattern: pattern.to_string(), reason });
     if pattern.is_empty() {
         return bad("empty");

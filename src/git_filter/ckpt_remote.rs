@@ -20,7 +20,7 @@ use std::io::BufRead;
 use std::path::Path;
 
 /// The committed configuration file read for `ckpt.remote`.
-pub const CONFIG_FILE: &str = ".ckptconfig";
+pub(crate) const CONFIG_FILE: &str = ".ckptconfig";
 
 /// Where a ckpt remote URL came from.
 #[derive(Debug, Clone, PartialEq, Eq)]

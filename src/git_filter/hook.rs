@@ -65,7 +65,7 @@ fn block() -> String {
 }
 
 /// The whole hook ckpt writes where there is none, with Git LFS's part if `lfs`.
-pub fn own_hook(lfs: bool) -> String {
+pub(crate) fn own_hook(lfs: bool) -> String {
     let mut s = format!("#!/bin/sh\n{}", block());
     if lfs {
         s.push_str(LFS_LINES);
@@ -75,7 +75,7 @@ pub fn own_hook(lfs: bool) -> String {
 
 /// Where git looks for hooks: `core.hooksPath` (relative to the working tree), else `hooks/`
 /// in the common git directory.
-pub fn hooks_dir(git: &git2::Repository) -> Result<PathBuf> {
+pub(crate) fn hooks_dir(git: &git2::Repository) -> Result<PathBuf> {
     let config = git.config().map_err(super::git("reading git config"))?;
     if let Ok(p) = config.get_path("core.hooksPath") {
         return Ok(git.workdir().unwrap_or_else(|| git.path()).join(p));

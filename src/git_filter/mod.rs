@@ -25,15 +25,12 @@ pub use pointer::Pointer;
 use users::register;
 pub use users::{forget_user, live_set, store_users, LiveSet, MissingUser, MISSING_USER_GRACE, USERS_DIR};
 
-/// The filter and diff driver name in git config and `.gitattributes`.
-pub const DRIVER: &str = "ckpt";
-
 /// Git config entries `ckpt git install` writes: the filter (`filter.ckpt.*`) and the diff
 /// driver: an external diff command (`diff.ckpt.command`, which `git diff` runs with both sides
 /// and which shows per-tensor statistics; `git log -p` and `git show` run it with
 /// `--ext-diff`) and a textconv (`diff.ckpt.textconv`, one line per tensor, what `git log -p`
 /// shows without `--ext-diff`).
-pub const FILTER_CONFIG: [(&str, &str); 5] = [
+pub(crate) const FILTER_CONFIG: [(&str, &str); 5] = [
     ("filter.ckpt.process", "ckpt git filter-process"),
     ("filter.ckpt.clean", "ckpt git clean %f"),
     ("filter.ckpt.smudge", "ckpt git smudge %f"),
@@ -329,7 +326,7 @@ pub fn discover(start: &Path) -> Result<git2::Repository> {
 /// Where `git`'s ckpt store lives: `git config ckpt.store` (absolute, or relative to the main
 /// working tree, so that every linked worktree finds the same store) if set, else `ckpt` under
 /// git's common directory (shared by linked worktrees).
-pub fn store_root(git: &git2::Repository) -> Result<PathBuf> {
+pub(crate) fn store_root(git: &git2::Repository) -> Result<PathBuf> {
     let config = git.config().map_err(self::git("reading git config"))?;
     if let Ok(p) = config.get_path("ckpt.store") {
         // The main working tree, from the common directory alone: not the linked worktree's

@@ -44,7 +44,7 @@ pub enum Error {
 
 /// One packet read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Packet<'a> {
+pub(crate) enum Packet<'a> {
     /// `0000`.
     Flush,
     /// A data packet (possibly empty: `0004`).
@@ -52,7 +52,7 @@ pub enum Packet<'a> {
 }
 
 /// Reads packets from a byte stream, reusing one buffer.
-pub struct PacketReader<R> {
+pub(crate) struct PacketReader<R> {
     inner: R,
     buf: Vec<u8>,
 }
@@ -94,7 +94,7 @@ impl<R: Read> PacketReader<R> {
 
 impl<R> PacketReader<R> {
     /// The data of the last packet read, if it was a data packet (unspecified otherwise).
-    pub fn last_data(&self) -> &[u8] {
+    pub(crate) fn last_data(&self) -> &[u8] {
         &self.buf
     }
 }

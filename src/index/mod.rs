@@ -6,7 +6,7 @@
 //! This is the only module that names sled. Nothing in it is authoritative: the object store and
 //! the ref files are the truth, and callers treat every answer as a hint that may be missing
 //! (they fall back to the store) — so the index can be deleted at any time and rebuilt by
-//! scanning the store ([`Index::begin_rebuild`] / [`Index::finish_rebuild`]). A rebuild that is
+//! scanning the store (`Index::begin_rebuild` / `Index::finish_rebuild`). A rebuild that is
 //! interrupted leaves the index marked incomplete, and the next open rebuilds again.
 //!
 //! sled allows one process at a time. [`Index::open`] takes `index.lock` next to the database

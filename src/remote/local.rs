@@ -10,7 +10,7 @@
 //! such entries (and empty directories other than the layout's own) as keys, so that a ref that
 //! is one is an error when it is read, never a ref that silently is not there. Every read runs
 //! on a thread of its own and is abandoned when it makes no progress for the stall timeout
-//! ([`super::TIMEOUT_ENV`], as for S3): a hung network file system or a file lease
+//! (`super::TIMEOUT_ENV`, as for S3): a hung network file system or a file lease
 //! (`F_SETLEASE`) costs that long, not forever.
 
 use super::{Error, Expect, Listed, Remote, Result, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};

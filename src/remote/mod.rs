@@ -86,7 +86,7 @@ pub enum Error {
         /// The key.
         key: String,
     },
-    /// A file larger than the reader's limit ([`MAX_REF_LEN`] for a ref).
+    /// A file larger than the reader's limit (`MAX_REF_LEN` for a ref).
     #[error("{remote}: {key} is larger than {limit} bytes")]
     TooLarge {
         /// The remote.
@@ -96,7 +96,7 @@ pub enum Error {
         /// The limit.
         limit: u64,
     },
-    /// A listing with more keys than [`MAX_LIST_KEYS`].
+    /// A listing with more keys than `MAX_LIST_KEYS`.
     #[error("{remote}: listing {prefix} gave more than {limit} keys")]
     TooManyKeys {
         /// The remote.
@@ -120,7 +120,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An error of another layer (the object store's, its HTTP client's) as text: its message and
-/// those of its causes, with every URL in them masked ([`mask_urls`]). It has no source of its
+/// those of its causes, with every URL in them masked (`mask_urls`). It has no source of its
 /// own, so nothing that prints an error with its causes (the CLI, `anyhow`) can reach the
 /// unmasked text: an endpoint's `user:password@` or a query token would be printed with every
 /// failed request ("Error performing GET http://user:password@host/...").
@@ -223,7 +223,7 @@ pub enum Expect {
 /// A small file read from a remote, with the tag that identifies this version of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Small {
-    /// Its bytes (at most [`MAX_REF_LEN`]).
+    /// Its bytes (at most `MAX_REF_LEN`).
     pub bytes: Vec<u8>,
     /// Opaque version tag (an ETag, or the content itself for a directory remote).
     pub tag: String,
@@ -274,8 +274,8 @@ pub trait Remote: Send + Sync {
     /// The URL it was opened from, without credentials (for messages).
     fn url(&self) -> &str;
     /// Every key under `prefix` (a `/`-terminated directory such as `objects/`), relative to
-    /// the remote's root, in no particular order; more than [`MAX_LIST_KEYS`] is
-    /// [`Error::TooManyKeys`], and keys longer than [`MAX_KEY_LEN`] are left out.
+    /// the remote's root, in no particular order; more than `MAX_LIST_KEYS` is
+    /// [`Error::TooManyKeys`], and keys longer than `MAX_KEY_LEN` are left out.
     fn list(&self, prefix: &str) -> Result<Vec<String>>;
     /// Whether object `key` exists (one HEAD request). The default downloads nothing past
     /// the first byte.

@@ -9,8 +9,8 @@
 //! within 6 × the stall timeout, 3 minutes by default); what is left is reported with the
 //! remote, the key and the backend's message (which carries the HTTP status).
 //!
-//! Stalls: a request that makes no progress for [`super::TIMEOUT_ENV`] seconds (default
-//! [`super::DEFAULT_TIMEOUT_SECS`]) is abandoned and retried: connecting, waiting for the answer to a
+//! Stalls: a request that makes no progress for `super::TIMEOUT_ENV` seconds (default
+//! `super::DEFAULT_TIMEOUT_SECS`) is abandoned and retried: connecting, waiting for the answer to a
 //! request (its upload included) and between two reads of an answer's body. There is no cap on
 //! a whole download, which `object_store`'s default (30 s per request, body included) would
 //! put on every blob however fast it is arriving.
@@ -78,7 +78,7 @@ impl StoreRemote {
     }
 
     /// Multipart uploads in parts of `part_size` bytes (S3's minimum is 5 MiB), from objects
-    /// of 4 parts on (default: [`PART_SIZE`], from 64 MiB).
+    /// of 4 parts on (default: `PART_SIZE`, from 64 MiB).
     pub fn with_part_size(mut self, part_size: usize) -> StoreRemote {
         self.part_size = part_size.max(1);
         self

@@ -93,7 +93,7 @@ struct Grace {
     saves: usize,
 }
 
-/// What [`Repo::gc_keeping`] did or, with `dry_run`, would do.
+/// What `Repo::gc_keeping` did or, with `dry_run`, would do.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct KeepReport {
     /// Files kept (live manifests present in the store).

@@ -41,7 +41,7 @@ impl Node {
 
     /// The node of object `id` of kind `kind` (a header read tells the kind of an object no
     /// referrer names, as remote gc's young roots).
-    pub fn of_kind(kind: ObjectKind, id: ObjectId) -> Node {
+    pub(crate) fn of_kind(kind: ObjectKind, id: ObjectId) -> Node {
         match kind {
             ObjectKind::Version => Node::Version(id),
             ObjectKind::Manifest => Node::Manifest(id),

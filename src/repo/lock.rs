@@ -39,7 +39,7 @@ pub fn parse_lock_timeout(text: &str) -> Option<Duration> {
 }
 
 /// The writer-lock timeout `CKPT_LOCK_TIMEOUT` asks for: `Ok(None)` when it is unset (the
-/// default is [`super::DEFAULT_LOCK_TIMEOUT`]), `Err(value)` when it is set to something
+/// default is `super::DEFAULT_LOCK_TIMEOUT`), `Err(value)` when it is set to something
 /// [`parse_lock_timeout`] refuses (the caller names the variable and the value in its error).
 pub fn lock_timeout_from_env() -> std::result::Result<Option<Duration>, String> {
     let Some(raw) = std::env::var_os(LOCK_TIMEOUT_VAR) else { return Ok(None) };

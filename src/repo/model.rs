@@ -517,7 +517,7 @@ impl Version {
     /// Whether this version is pinned: a full base with a parent (`since_base == 0`), whose
     /// blobs stay whole, locally and on a remote, so that no chain reaches past it
     /// (docs/format.md, "Commit policy").
-    pub fn is_pinned(&self) -> bool {
+    pub(crate) fn is_pinned(&self) -> bool {
         self.since_base == 0 && !self.parents.is_empty()
     }
 

@@ -181,7 +181,7 @@ impl Repo {
     /// keeps working without it. Each object is checked against its id before it lands, as a
     /// download is (bases first, the manifest last): a damaged copy in `other` is an error
     /// naming it, and nothing of it is stored.
-    pub fn copy_file_objects_from(&self, other: &Repo, manifest: &ObjectId) -> Result<usize> {
+    pub(crate) fn copy_file_objects_from(&self, other: &Repo, manifest: &ObjectId) -> Result<usize> {
         let needed = other.file_objects(&[*manifest])?;
         let mut copied = 0;
         for n in &needed {

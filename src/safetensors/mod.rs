@@ -120,7 +120,7 @@ pub fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, Error> {
 
 /// Parses and validates a header, given at least the first 8 + N bytes of the file (bytes after
 /// the header are ignored) and the total file length.
-pub fn parse_header(prefix: &[u8], file_len: u64) -> Result<Header, Error> {
+pub(crate) fn parse_header(prefix: &[u8], file_len: u64) -> Result<Header, Error> {
     let n = header_len(prefix, file_len)?;
     let data_start = LEN_PREFIX + n;
     let too_short = Error::PrefixTooShort { needed: data_start, available: prefix.len() as u64 };

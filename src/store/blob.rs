@@ -119,7 +119,7 @@ impl Store {
     /// the blake3 computed on the way. A save that defers coding writes its tensors so
     /// (`Repo::store_piece`), and compaction codes them later
     /// ([`Store::recode_standalone`]): an uncoded blob reads like any other. The object is
-    /// left in a temp file for [`Store::persist_unsynced`].
+    /// left in a temp file for `Store::persist_unsynced`.
     pub fn write_blob_uncoded(&self, data: &[u8], dtype: Option<Dtype>, chunk_size: usize) -> Result<UnsyncedBlob> {
         let header = ObjectHeader::standalone_blob(dtype, data.len() as u64);
         let options = Options { chunk_size, selection: Selection::Only(Method::Raw), ..Options::default() };
@@ -229,7 +229,7 @@ impl Store {
     /// object of the remote that `ckpt gc --remote` may already count as garbage: a standalone
     /// form references nothing, so replacing any form by it closes no reference cycle
     /// (docs/format.md, "Garbage on a remote"). Returns the temp file and its length.
-    pub fn encode_standalone_for_transfer(
+    pub(crate) fn encode_standalone_for_transfer(
         &self,
         target: &BlobChain,
         options: &Options,
@@ -258,7 +258,7 @@ impl Store {
     /// by chunk in grouped form (payload checksums checked), as a reverse-delta rewrite reads
     /// them. Returns `None` when the object would take `limit` bytes or more; the temp file and
     /// its length otherwise.
-    pub fn encode_delta_for_transfer(
+    pub(crate) fn encode_delta_for_transfer(
         &self,
         target: &BlobChain,
         reference: &BlobChain,

@@ -21,7 +21,7 @@ impl Store {
     }
 
     /// Checks the received object in `tmp` against `id` and stores it. The whole object is
-    /// decoded and hashed ([`Store::check_received`]); on any error `tmp` is deleted and nothing
+    /// decoded and hashed (`Store::check_received`); on any error `tmp` is deleted and nothing
     /// is stored.
     pub fn import(&self, id: &ObjectId, kind: Option<ObjectKind>, tmp: tempfile::NamedTempFile) -> Result<Written> {
         let stored_len = tmp.as_file().metadata().map_err(super::io("reading", tmp.path()))?.len();

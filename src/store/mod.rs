@@ -8,7 +8,7 @@
 //!
 //! Objects appear atomically: written to `.ckpt/tmp/`, fsynced, renamed into place and the
 //! directory fsynced, so a crash never leaves a partial object under its final name. A commit
-//! hands these steps to syncing threads ([`Store::with_background_sync`]) and waits for them
+//! hands these steps to syncing threads (`Store::with_background_sync`) and waits for them
 //! before anything points to the new objects. Every read
 //! checks what it reads and reports damage as [`Error::Corrupt`] naming the object; nothing here
 //! panics on bad bytes. The store knows nothing of versions' meaning, refs or the index.
@@ -192,7 +192,7 @@ enum TempObject {
 }
 
 /// A blob written to a temp file in `tmp/`, not yet durable nor under its name: what
-/// [`Store::write_blob_uncoded`] leaves for [`Store::persist_unsynced`]. Dropped, its temp file
+/// [`Store::write_blob_uncoded`] leaves for `Store::persist_unsynced`. Dropped, its temp file
 /// is deleted.
 #[derive(Debug)]
 pub struct UnsyncedBlob {

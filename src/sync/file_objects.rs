@@ -79,7 +79,7 @@ impl FileTransfer {
 }
 
 /// Uploads to `remote` what the files `manifests` (manifest ids) need and the remote lacks:
-/// one listing of the remote's objects, then the missing objects in [`Repo::file_objects`]
+/// one listing of the remote's objects, then the missing objects in `Repo::file_objects`
 /// order (bases, deltas, manifest last). A file whose manifest the remote already has is
 /// skipped whole, including when the local store does not hold it (a clone that never smudged
 /// it); a file neither side holds is listed in [`FileTransfer::missing`]. The git filter's

@@ -53,7 +53,7 @@ impl Layout {
     }
 
     /// Whether this is the default ([`Layout::Mirror`]), which the remote list does not write.
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         *self == Layout::default()
     }
 }

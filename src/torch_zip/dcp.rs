@@ -25,10 +25,10 @@ pub const MAX_METADATA_LEN: usize = 64 << 20;
 pub const DISTCP_SUFFIX: &str = ".distcp";
 
 /// Most items accepted in one `.metadata`.
-pub const MAX_ITEMS: usize = 1 << 20;
+pub(crate) const MAX_ITEMS: usize = 1 << 20;
 
 /// Most tensor dimensions accepted (torch allows 64).
-pub const MAX_DIMS: usize = 64;
+pub(crate) const MAX_DIMS: usize = 64;
 
 /// Most cells a tensor's rows are cut into (a power of two; see [`cell_rows`]).
 pub const MAX_CELLS: u64 = 64;

@@ -18,7 +18,7 @@ use std::ops::Range;
 
 /// Largest `data.pkl` read. The pickle of a state dict takes about 100 bytes per tensor, so this
 /// is far beyond real checkpoints and bounds what a hostile archive can make the reader do.
-pub const MAX_PICKLE_LEN: u64 = 64 << 20;
+pub(crate) const MAX_PICKLE_LEN: u64 = 64 << 20;
 
 /// Why a file is not read as a `torch.save` archive.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +88,7 @@ impl StorageMap {
 
 /// Whether `file` starts like a zip archive (a local file header). Cheap: callers test this
 /// before [`parse`].
-pub fn looks_like_zip(file: &[u8]) -> bool {
+pub(crate) fn looks_like_zip(file: &[u8]) -> bool {
     file.starts_with(b"PK\x03\x04")
 }
 

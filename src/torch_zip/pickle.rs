@@ -18,7 +18,7 @@ use std::collections::HashMap;
 /// Values built or copied (from the memo) at most, marks included, a string counting one per 16
 /// bytes: bounds time and memory (a few hundred MiB at worst) for any input. A state dict
 /// costs about 10 per tensor, so this allows some 400,000 tensors.
-pub const MAX_NODES: usize = 1 << 22;
+pub(crate) const MAX_NODES: usize = 1 << 22;
 /// Deepest nesting of containers accepted (also bounds the recursion of walking and dropping).
 pub const MAX_DEPTH: usize = 256;
 /// Most memo entries.

@@ -26,10 +26,10 @@ const MAX_COMMENT: usize = 0xffff;
 const FLAG_ENCRYPTED: u16 = 1;
 /// Most entries accepted. A torch archive has one per storage plus a handful; a million is far
 /// beyond any real checkpoint and keeps the entry table of a hostile file small.
-pub const MAX_ENTRIES: usize = 1 << 20;
+pub(crate) const MAX_ENTRIES: usize = 1 << 20;
 /// Largest central directory read (its names are copied): about 100 bytes per entry in a torch
 /// archive, so this is far beyond real checkpoints.
-pub const MAX_DIRECTORY_LEN: u64 = 64 << 20;
+pub(crate) const MAX_DIRECTORY_LEN: u64 = 64 << 20;
 
 /// One archive entry.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -325,7 +325,7 @@ impl BlobChain {
     }
     /// Size of the standalone base's object file: an estimate of what this content costs
     /// stored on its own.
-    pub fn base_stored_len(&self) -> u64 {
+    pub(crate) fn base_stored_len(&self) -> u64 {
         self.objects.last().expect("at least the target").bytes().len() as u64
     }
     /// Whether this is a standalone tensor blob whose every byte group is stored raw: what
@@ -576,7 +576,7 @@ impl BlobChain {
 
     /// Checks that `hash`, the blake3 of the blob's content as a caller decoded it, is the
     /// blob's id; names the chain when it is not.
-    pub fn check_hash(&self, hash: ObjectId) -> Result<()> {
+    pub(crate) fn check_hash(&self, hash: ObjectId) -> Result<()> {
         if hash == self.id() {
             return Ok(());
         }
@@ -615,7 +615,7 @@ impl BlobChain {
     }
 
     /// [`Self::copy_to`], calling `progress` with the bytes written so far after each window.
-    pub fn copy_to_with_progress(&self, out: &mut dyn Write, progress: &dyn Fn(u64)) -> Result<u64> {
+    pub(crate) fn copy_to_with_progress(&self, out: &mut dyn Write, progress: &dyn Fn(u64)) -> Result<u64> {
         let mut reader = self.reader()?;
         let mut done = 0u64;
         while let Some(window) = reader.next_window()? {

@@ -300,7 +300,7 @@ impl Store {
     }
 
     /// Stores a blob coded by [`Self::code_blob_derived`] (through the background sync of a
-    /// [`Store::with_background_sync`] view, as every write).
+    /// `Store::with_background_sync` view, as every write).
     pub fn keep(&self, blob: DerivedBlob) -> Result<Written> {
         let DerivedBlob { id, header, tmp, stored_len, .. } = blob;
         self.make_durable(super::super::TempObject::Open(tmp), id)?;
