@@ -229,6 +229,15 @@ pub struct Binning {
     pub note: String,
 }
 
+/// What a `FROM..TO` report compares `TO` with directly ([`Report::comparison`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareWith {
+    /// The first column (`ckpt report FROM..TO` shows `FROM`).
+    FirstColumn,
+    /// The state before the first column (git's `FROM..TO` starts after `FROM`).
+    Before,
+}
+
 /// One state a report reads: a version (or git commit) and its files.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -281,19 +290,20 @@ pub fn report(repo: &Repo, range: &str, options: &Options) -> Result<Report> {
             .position(|s| s.id == start)
             .ok_or_else(|| Error::NotAnAncestor { from: a.to_string(), to: to.to_string() })?;
     }
-    build(repo, range, &snapshots, shown, from.is_some(), options)
+    let compare = from.is_some().then_some(CompareWith::FirstColumn);
+    build(repo, range, &snapshots, shown, compare, options)
 }
 
 /// The report of `snapshots[shown]` (oldest first): `snapshots` back to the history's root, so
 /// that stored sizes count each object once, where it first appears, as `ckpt log` does; the one
-/// before `shown` (if any) is what its first column is compared with. With `compare_ends`, the
-/// first and last shown are also compared directly ([`Report::comparison`]).
+/// before `shown` (if any) is what its first column is compared with. With `compare`, the last
+/// shown is also compared directly with the first, or the one before it ([`Report::comparison`]).
 pub fn build(
     repo: &Repo,
     title: &str,
     snapshots: &[Snapshot],
     mut shown: Range<usize>,
-    compare_ends: bool,
+    compare: Option<CompareWith>,
     options: &Options,
 ) -> Result<Report> {
     if let Some(n) = options.max_versions {
@@ -353,9 +363,17 @@ pub fn build(
             });
         }
     }
-    let comparison = match (compare_ends, columns.len()) {
-        (true, 2..) => Some(compare(repo, &reader, &rows, &order, (hidden, states - 1), &columns)?),
+    let first = match compare {
+        Some(CompareWith::Before) if hidden == 1 => Some(0),
+        Some(_) if columns.len() >= 2 => Some(hidden),
         _ => None,
+    };
+    let comparison = match first {
+        Some(first) => {
+            let ids = (snapshots[base + first].id.clone(), snapshots[shown.end - 1].id.clone());
+            Some(compare_ends(repo, &reader, (&rows, &order), (first, states - 1), ids)?)
+        }
+        None => None,
     };
     let report = Report {
         title: title.to_string(),
@@ -371,14 +389,13 @@ pub fn build(
     Ok(binning::fit(report, options.budget))
 }
 
-/// The first and last shown states compared directly, one bar per tensor both hold.
-fn compare(
+/// States `first` and `last` (ids `from`, `to`) compared directly, one bar per tensor both hold.
+fn compare_ends(
     repo: &Repo,
     reader: &Reader,
-    rows: &[Row],
-    order: &[usize],
+    (rows, order): (&[Row], &[usize]),
     (first, last): (usize, usize),
-    columns: &[Column],
+    (from, to): (String, String),
 ) -> Result<Comparison> {
     let pairs: Vec<Vec<Option<TensorAt>>> =
         order.iter().map(|&r| vec![reader.series[r][first].clone(), reader.series[r][last].clone()]).collect();
@@ -396,8 +413,7 @@ fn compare(
             non_finite: change.map_or(0, |c| c.non_finite),
         });
     }
-    let ends = (columns.first().expect("two columns"), columns.last().expect("two columns"));
-    Ok(Comparison { from: ends.0.id.clone(), to: ends.1.id.clone(), bars })
+    Ok(Comparison { from, to, bars })
 }
 
 /// What one snapshot takes in the store ([`Column`]'s sizes).

@@ -211,3 +211,44 @@ fn a_real_browser_draws_one_cell_per_tensor_and_version_fetches_nothing_and_pain
     let (ours, empty) = (size(&page_path, "r.png"), size(&blank, "blank.png"));
     assert!(ours > 4 * empty, "screenshot of {ours} bytes against {empty} for a blank page");
 }
+
+#[test]
+fn git_report_has_a_column_per_commit_that_changed_weight_files() {
+    use crate::support::git::{model, GitEnv};
+    let env = GitEnv::new();
+    let dir = env.repo("r");
+    env.git(&dir, &["add", ".gitattributes"]);
+    env.git(&dir, &["commit", "-qm", "attributes"]);
+    let mut commits = Vec::new();
+    for epoch in 0..3 {
+        std::fs::write(dir.join("model.safetensors"), model(epoch)).unwrap();
+        env.git(&dir, &["add", "model.safetensors"]);
+        env.git(&dir, &["commit", "-qm", &format!("epoch {epoch}")]);
+        commits.push(env.git(&dir, &["rev-parse", "HEAD"]).trim().to_string());
+        // A commit that touches no weight file: no column.
+        std::fs::write(dir.join("README"), format!("{epoch}")).unwrap();
+        env.git(&dir, &["add", "README"]);
+        env.git(&dir, &["commit", "-qm", "docs"]);
+    }
+    let r: Value = serde_json::from_str(&env.ckpt(&dir, &["git", "report", "--json"])).unwrap();
+    let ids: Vec<&str> = r["columns"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, commits.iter().map(String::as_str).collect::<Vec<_>>());
+    let cells = r["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2 * 3);
+    let moved = cells.iter().filter(|c| c["column"] == 2 && c["status"] == "compared").count();
+    assert_eq!(moved, 2);
+    assert!(cells.iter().any(|c| c["rel_change"].as_f64().is_some_and(|x| x > 0.0)));
+
+    // git's FROM..TO: the commits after FROM, compared with it.
+    let range = format!("{}..HEAD", commits[0]);
+    let r: Value = serde_json::from_str(&env.ckpt(&dir, &["git", "report", "--json", &range])).unwrap();
+    assert_eq!(r["columns"].as_array().unwrap().len(), 2);
+    assert!(r["cells"].as_array().unwrap().iter().all(|c| c["status"] == "compared"));
+    assert_eq!(
+        (r["comparison"]["from"].as_str(), r["comparison"]["to"].as_str()),
+        (Some(&*commits[0]), Some(&*commits[2]))
+    );
+    env.ckpt(&dir, &["git", "report", "-o", "git-report.html"]);
+    let page = std::fs::read_to_string(dir.join("git-report.html")).unwrap();
+    assert_eq!(page.matches(" data-tensor=").count(), 6);
+}

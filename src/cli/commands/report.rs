@@ -2,8 +2,9 @@
 
 use crate::cli::ui::{bytes, open_repo, write_atomically, Ui};
 use anyhow::Result;
-use ckpt::repo::TensorFilter;
-use ckpt::report::{self, Options, Report};
+use ckpt::git_filter;
+use ckpt::repo::{FileEntry, TensorFilter};
+use ckpt::report::{self, Options, Report, Snapshot};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,33 @@ impl ReportArgs {
 pub fn run(ui: &Ui, base: &Path, args: ReportArgs) -> Result<()> {
     let repo = open_repo(ui, base)?;
     let r = report::report(&repo, &args.range, &args.options())?;
+    emit(base, &r, args.json, args.output.as_deref())
+}
+
+/// Runs `ckpt git report`: the columns are the git commits that changed weight files.
+pub fn run_git(base: &Path, args: ReportArgs) -> Result<()> {
+    let git = git_filter::discover(base)?;
+    let store = git_filter::open_store(&git)?;
+    let (commits, shown) = git_filter::history::pointer_commits(&git, &args.range)?;
+    let snapshots: Vec<Snapshot> = commits
+        .into_iter()
+        .map(|c| Snapshot {
+            short: c.id.get(..12).unwrap_or(&c.id).to_string(),
+            id: c.id,
+            time: c.time,
+            message: c.message,
+            tags: Vec::new(),
+            files: c
+                .pointers
+                .into_iter()
+                .map(|(path, p)| FileEntry { path, manifest: p.manifest, len: p.size, hash: p.hash })
+                .collect(),
+            object: None,
+        })
+        .collect();
+    let range = shown..snapshots.len();
+    let compare = args.range.contains("..").then_some(report::CompareWith::Before);
+    let r = report::build(&store, &args.range, &snapshots, range, compare, &args.options())?;
     emit(base, &r, args.json, args.output.as_deref())
 }
 
