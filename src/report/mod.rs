@@ -338,7 +338,13 @@ pub fn build(
     let hidden = usize::from(shown.start > base);
     let states = reader.states;
     let changes = compute::compute(repo, &reader.series, 1..states)?;
-    let (rows, order) = reader.rows.ordered();
+    let (mut rows, mut order) = reader.rows.ordered();
+    // A tensor only the state before the first column holds has no cell: no row either.
+    let drawn: Vec<bool> = order.iter().map(|&r| reader.series[r][hidden..].iter().any(Option::is_some)).collect();
+    let mut keep = drawn.iter();
+    rows.retain(|_| *keep.next().expect("one flag per row"));
+    let mut keep = drawn.iter();
+    order.retain(|_| *keep.next().expect("one flag per row"));
     let mut cells = Vec::new();
     for (row, &r) in order.iter().enumerate() {
         for s in hidden..states {

@@ -280,6 +280,8 @@ fn a_large_report_is_binned_to_fit_its_budget() {
     assert!(binning::estimate(&report) > 50_000_000);
     let fitted = binning::fit(report, HTML_BUDGET);
     let page = html::render(&fitted);
+    // The figure docs/BENCHMARKS.md quotes (`cargo test --lib a_large_report -- --nocapture`).
+    println!("200 versions x 2,000 tensors: {} bytes of HTML, {:?}", page.len(), fitted.binning);
     assert!(page.len() as u64 <= HTML_BUDGET, "{} bytes", page.len());
     assert!(page.len() as u64 >= binning::estimate(&fitted) / 2, "the estimate is far off: {}", page.len());
     let b = fitted.binning.as_ref().unwrap();
