@@ -13,6 +13,7 @@
 //! - [`remote`] (a directory or S3-compatible object storage), which knows neither;
 //! - [`repo`]: commit, checkout, log, refs, gc, verify;
 //! - [`sync`]: remotes (push, fetch, pull, clone, partial clones), above [`repo`];
+//! - [`report`]: `ckpt report`'s numbers and page (store over time, layer drift), above [`repo`];
 //! - `watch` (feature `watch`, on by default): commits each checkpoint that appears in a
 //!   directory, through [`repo::Repo`]'s public methods;
 //! - [`git_filter`]: the git filter driver (pointers, git's filter protocol, set-up).
@@ -51,6 +52,7 @@ mod mmap;
 pub mod object_id;
 pub mod remote;
 pub mod repo;
+pub mod report;
 pub mod safetensors;
 pub mod store;
 pub mod sync;

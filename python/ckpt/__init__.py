@@ -34,7 +34,7 @@ from ckpt import _native as _ext
 from ckpt._native import CkptError, CommitHandle
 from ckpt._native import Repo as _NativeRepo
 
-__all__ = ["Repo", "CkptError", "CommitHandle", "wait"]
+__all__ = ["Repo", "ReportPage", "CkptError", "CommitHandle", "wait"]
 
 _log = logging.getLogger("ckpt")
 
@@ -418,6 +418,31 @@ def _exit_with_failure() -> None:
         os._exit(1)
 
 
+class ReportPage:
+    """A ``ckpt report`` page (self-contained HTML). Jupyter shows it inline, in a sandboxed
+    iframe so that its styles and script stay its own; ``str()`` is the page itself."""
+
+    def __init__(self, html: str):
+        self.html = html
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return (
+            '<iframe sandbox="allow-scripts" style="width:100%;height:760px;border:0" srcdoc="'
+            + html.escape(self.html, quote=True)
+            + '"></iframe>'
+        )
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the page to `path`."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html)
+
+    def __str__(self) -> str:
+        return self.html
+
+
 class Repo:
     """A ckpt repository.
 
@@ -564,6 +589,34 @@ class Repo:
         """The history from `rev`, newest first: dicts as ``ckpt log --json`` prints them."""
         _settle(self._key)
         return json.loads(self._native.log_json(rev))
+
+    def report(
+        self, range: str = "HEAD", tensor: Optional[str] = None, max_versions: Optional[int] = None
+    ) -> List[Dict[str, Any]]:
+        """The numbers of ``ckpt report`` for `range` (``"HEAD"``, a version, or ``"FROM..TO"``):
+        one dict per (tensor, version) with ``file``, ``tensor``, ``version`` (full id),
+        ``short``, ``dtype``, ``shape``, ``status`` (``"compared"``, ``"first"`` or
+        ``"reshaped"``), ``rel_change`` (‖w_v − w_{v−1}‖₂ / ‖w_{v−1}‖₂; None for non-float
+        dtypes and when not compared), ``frac_changed``, ``non_finite`` (elements that are NaN or
+        infinite) and ``stored_bytes``. `tensor` selects tensors as ``ckpt checkout --tensor``;
+        `max_versions` keeps the newest."""
+        _settle(self._key)
+        rng = _str_arg(range, "range")
+        pattern = _str_arg(tensor, "tensor", optional=True)
+        limit = None if max_versions is None else _count_arg(max_versions, "max_versions")
+        return json.loads(self._native.report_text(rng, pattern, limit, False))
+
+    def report_html(
+        self, range: str = "HEAD", tensor: Optional[str] = None, max_versions: Optional[int] = None
+    ) -> "ReportPage":
+        """The ``ckpt report`` page of `range` (arguments as :meth:`report`): a
+        :class:`ReportPage`, which a Jupyter cell shows inline and :meth:`ReportPage.save`
+        writes to a file."""
+        _settle(self._key)
+        rng = _str_arg(range, "range")
+        pattern = _str_arg(tensor, "tensor", optional=True)
+        limit = None if max_versions is None else _count_arg(max_versions, "max_versions")
+        return ReportPage(self._native.report_text(rng, pattern, limit, True))
 
     def prune(
         self,

@@ -206,6 +206,14 @@ class Repo:
     def log_json(self, rev: str = "HEAD") -> str:
         """The history from `rev`, newest first, as ``ckpt log --json`` prints it (a JSON
         string)."""
+    def report_text(
+        self,
+        range: str = "HEAD",
+        tensor: Optional[str] = None,
+        max_versions: Optional[int] = None,
+        html: bool = False,
+    ) -> str:
+        """``ckpt report`` of `range`: with `html` the page, otherwise the cells as a JSON list."""
     def files(self, rev: str = "HEAD") -> List[Tuple[str, str, int, str, str]]:
         """The files of version `rev`: ``(path, format, length, file hash, manifest id)``,
         format ``"safetensors"``, ``"torch"`` or ``"bytes"``."""

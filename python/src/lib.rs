@@ -862,6 +862,38 @@ impl Repo {
         self.run(py, move |repo| log_json(repo, &rev))
     }
 
+    /// `ckpt report` of `range` (`REV` or `FROM..TO`): with `html`, the page; otherwise one
+    /// JSON object per (tensor, version) cell (file, tensor, version, relative change, fraction
+    /// changed, stored bytes...), as a JSON list.
+    #[pyo3(signature = (range="HEAD", tensor=None, max_versions=None, html=false))]
+    fn report_text(
+        &self,
+        py: Python<'_>,
+        range: &str,
+        tensor: Option<String>,
+        max_versions: Option<usize>,
+        html: bool,
+    ) -> PyResult<String> {
+        let range = range.to_string();
+        let options = ckpt::report::Options {
+            tensor: tensor.as_deref().map(repo::TensorFilter::new),
+            max_versions,
+            ..ckpt::report::Options::default()
+        };
+        let repo = self.repo()?;
+        let pool = child_pool()?;
+        let made = py.detach(move || in_pool(pool.as_deref(), || ckpt::report::report(&repo, &range, &options)));
+        let r = made.map_err(|e| match e {
+            ckpt::report::Error::Repo(e) => to_py(e),
+            other => err(other.to_string()),
+        })?;
+        Ok(if html {
+            ckpt::report::html::render(&r)
+        } else {
+            serde_json::Value::Array(ckpt::report::flat_cells(&r)).to_string()
+        })
+    }
+
     /// The files of version `rev`: `(path, format, length, file hash, manifest id)`, format
     /// `"safetensors"`, `"torch"` or `"bytes"`.
     #[pyo3(signature = (rev="HEAD"))]

@@ -54,6 +54,8 @@ enum Command {
     Show(commands::show::ShowArgs),
     /// Compare two versions tensor by tensor: elements and bytes changed, max |Δ|.
     Diff(commands::diff::DiffArgs),
+    /// Draw a run as one self-contained HTML page: the store over time, which layers moved.
+    Report(commands::report::ReportArgs),
     /// Compare the working files with the current version.
     Status(commands::status::StatusArgs),
     /// Create a tag, or list tags.
@@ -122,6 +124,7 @@ pub fn main() -> ExitCode {
                 Command::Log(args) => commands::log::run(&ui, base, args),
                 Command::Show(args) => commands::show::run(&ui, base, args),
                 Command::Diff(args) => commands::diff::run(&ui, base, args),
+                Command::Report(args) => commands::report::run(&ui, base, args),
                 Command::Status(args) => commands::status::run(&ui, base, args),
                 Command::Tag(args) => commands::tag::run(&ui, base, args),
                 Command::Branch(args) => commands::branch::run(&ui, base, args),

@@ -10,6 +10,7 @@
 pub mod attributes;
 pub mod ckpt_remote;
 pub mod driver;
+pub mod history;
 pub mod hook;
 pub mod pktline;
 pub mod pointer;

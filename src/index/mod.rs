@@ -1,7 +1,8 @@
 //! The index: a sled database under `.ckpt/index/` caching what is slow to recompute from the
 //! object store: per object its kind, lengths, delta reference and chain depth; per version the
-//! metadata `log` shows; and per working file its size, mtime, ctime, inode and hash (for
-//! `status`, `checkout` and `switch`).
+//! metadata `log` shows; per working file its size, mtime, ctime, inode and hash (for
+//! `status`, `checkout` and `switch`); and per pair of tensor contents the sums `ckpt report`
+//! draws ([`ChangeRecord`]).
 //!
 //! This is the only module that names sled. Nothing in it is authoritative: the object store and
 //! the ref files are the truth, and callers treat every answer as a hint that may be missing
@@ -193,6 +194,51 @@ impl StatRecord {
     }
 }
 
+/// How one tensor changed between two contents (`ckpt report`): sums over its elements, keyed
+/// by what was compared (the caller's key, derived from both contents' blob ids and ranges), so
+/// any report that compares the same bytes again reads them here instead of decoding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChangeRecord {
+    /// Elements compared.
+    pub elements: u64,
+    /// Elements whose bits differ.
+    pub changed: u64,
+    /// Elements where either value is NaN or infinite (left out of both sums).
+    pub non_finite: u64,
+    /// Σ (new − old)² over the finite elements (float dtypes; 0 otherwise).
+    pub sum_sq_diff: f64,
+    /// Σ old² over the finite elements (float dtypes; 0 otherwise).
+    pub sum_sq_prev: f64,
+}
+
+const CHANGE_RECORD_LEN: usize = 8 * 5;
+
+impl ChangeRecord {
+    fn encode(&self) -> [u8; CHANGE_RECORD_LEN] {
+        let mut b = [0u8; CHANGE_RECORD_LEN];
+        b[..8].copy_from_slice(&self.elements.to_le_bytes());
+        b[8..16].copy_from_slice(&self.changed.to_le_bytes());
+        b[16..24].copy_from_slice(&self.non_finite.to_le_bytes());
+        b[24..32].copy_from_slice(&self.sum_sq_diff.to_le_bytes());
+        b[32..].copy_from_slice(&self.sum_sq_prev.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<ChangeRecord> {
+        let word = |i: usize| b.get(i * 8..i * 8 + 8).and_then(|w| <[u8; 8]>::try_from(w).ok());
+        if b.len() != CHANGE_RECORD_LEN {
+            return None;
+        }
+        Some(ChangeRecord {
+            elements: u64::from_le_bytes(word(0)?),
+            changed: u64::from_le_bytes(word(1)?),
+            non_finite: u64::from_le_bytes(word(2)?),
+            sum_sq_diff: f64::from_le_bytes(word(3)?),
+            sum_sq_prev: f64::from_le_bytes(word(4)?),
+        })
+    }
+}
+
 /// An open index.
 pub struct Index {
     db: sled::Db,
@@ -200,6 +246,7 @@ pub struct Index {
     objects: sled::Tree,
     versions: sled::Tree,
     stat: sled::Tree,
+    changes: sled::Tree,
     // Held for as long as the index is open; dropping it (after the database: the last field)
     // releases the lock.
     _lock: HeldLock,
@@ -289,6 +336,7 @@ impl Index {
             objects: tree("objects")?,
             versions: tree("versions")?,
             stat: tree("stat")?,
+            changes: tree("changes")?,
             db,
             _lock: HeldLock(lock),
         })
@@ -320,7 +368,7 @@ impl Index {
     pub(crate) fn begin_rebuild(&self) -> Result<()> {
         self.meta.remove(META_COMPLETE).map_err(db_err("clearing"))?;
         self.flush()?;
-        for tree in [&self.objects, &self.versions, &self.stat, &self.meta] {
+        for tree in [&self.objects, &self.versions, &self.stat, &self.changes, &self.meta] {
             tree.clear().map_err(db_err("clearing"))?;
         }
         Ok(())
@@ -415,6 +463,17 @@ impl Index {
         self.stat.remove(path.as_bytes()).map_err(db_err("writing"))?;
         Ok(())
     }
+
+    /// Records how a tensor changed between two contents, under the caller's `key`.
+    pub fn put_change(&self, key: &ObjectId, record: &ChangeRecord) -> Result<()> {
+        self.changes.insert(key.as_bytes(), &record.encode()[..]).map_err(db_err("writing"))?;
+        Ok(())
+    }
+
+    /// The change recorded under `key`, if any (an undecodable record counts as absent).
+    pub fn change(&self, key: &ObjectId) -> Result<Option<ChangeRecord>> {
+        Ok(self.changes.get(key.as_bytes()).map_err(db_err("reading"))?.and_then(|v| ChangeRecord::decode(&v)))
+    }
 }
 
 #[cfg(test)]
@@ -489,6 +548,9 @@ mod tests {
         let s = StatRecord { len: 1, mtime_ns: -5, ctime_ns: 6, ino: 1 << 40, recorded_ns: 7, hash: id };
         ix.put_stat("a/b", &s).unwrap();
         assert_eq!(ix.stat("a/b").unwrap(), Some(s));
+        let c = ChangeRecord { elements: 9, changed: 4, non_finite: 1, sum_sq_diff: 0.25, sum_sq_prev: 2.5 };
+        ix.put_change(&id, &c).unwrap();
+        assert_eq!(ix.change(&id).unwrap(), Some(c));
         // A record of the earlier 72-byte layout (no ctime, no inode) is not trusted.
         ix.stat.insert(b"old", &[0u8; 72][..]).unwrap();
         assert_eq!(ix.stat("old").unwrap(), None);
@@ -498,6 +560,7 @@ mod tests {
         ix.begin_rebuild().unwrap();
         assert!(!ix.is_complete());
         assert_eq!(ix.object(&id).unwrap(), None);
+        assert_eq!(ix.change(&id).unwrap(), None);
         drop(ix);
         Index::destroy(&path).unwrap();
         let ix = Index::open(&path).unwrap();

@@ -335,6 +335,12 @@ impl Repo {
         &self.refs
     }
 
+    /// The index (opened on first use), for the caches of the layers above: `crate::report`
+    /// keeps its per-tensor figures there. `None` when another process holds it.
+    pub(crate) fn shared_index(&self) -> Option<&Index> {
+        self.index()
+    }
+
     /// Where progress of long operations goes.
     pub(crate) fn progress(&self) -> &dyn Progress {
         self.progress.as_ref()

@@ -35,6 +35,7 @@ mod repo_model;
 mod repo_prune;
 mod repo_small;
 mod repo_xprec;
+mod report;
 
 mod repo_torch;
 mod repo_watch;

@@ -58,6 +58,9 @@ enum GitCommand {
         #[arg(default_value = "HEAD")]
         rev: String,
     },
+    /// `ckpt report` of the weight files kept through the filter: one column per git commit
+    /// (along first parents) that changed them; REV or git's FROM..TO.
+    Report(crate::cli::commands::report::ReportArgs),
     /// Delete the store's objects that no ckpt pointer git still reaches needs (reached: from any
     /// ref, reflog entry, the stash or the index; delta bases of what is kept stay).
     Gc {
@@ -179,6 +182,7 @@ pub fn run(ui: &Ui, base: &Path, args: GitArgs) -> Result<()> {
             }
             Ok(())
         }
+        GitCommand::Report(args) => crate::cli::commands::report::run_git(base, args),
         GitCommand::Fsck => fsck(base),
         GitCommand::FilterProcess => filter_process(base),
         GitCommand::Clean { path } => one_shot(base, process::Command::Clean, &path),

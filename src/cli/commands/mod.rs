@@ -18,6 +18,7 @@ pub mod prune;
 pub mod pull;
 pub mod push;
 pub mod remote;
+pub mod report;
 pub mod rm;
 pub mod show;
 pub mod stats;
