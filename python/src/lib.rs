@@ -1383,7 +1383,11 @@ impl RemoteStore {
         let mut stored = self.run_retrying(py, move |remote, cache| {
             let store = if defer_recodes { sync::upload_file_to_remote } else { sync::store_file_to_remote };
             let written = items.as_deref();
-            store(cache, remote, &sync::FileUpload { disk: &disk, path: &rp, previous: previous.as_ref(), written, layout, transfers })
+            store(
+                cache,
+                remote,
+                &sync::FileUpload { disk: &disk, path: &rp, previous: previous.as_ref(), written, layout, transfers },
+            )
         })?;
         if let Some(recodes) = stored.recodes.take() {
             self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(recodes);
@@ -1417,7 +1421,15 @@ impl RemoteStore {
         let files = files.into_iter().map(entry_of_stored).collect::<PyResult<Vec<_>>>()?;
         let id = self.run(py, move |remote, cache| {
             let options = CommitOptions::default();
-            let commit = sync::RemoteCommit { branch: &branch, tip: &tip, files, stored_bytes, message: &message, tags: &tags, options: &options };
+            let commit = sync::RemoteCommit {
+                branch: &branch,
+                tip: &tip,
+                files,
+                stored_bytes,
+                message: &message,
+                tags: &tags,
+                options: &options,
+            };
             sync::commit_to_remote(cache, remote, commit)
         })?;
         Ok(id.to_hex())
