@@ -20,7 +20,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let len = u32::from_le_bytes(*len) as usize % (MAX_OUT + 1);
     let mut out = vec![0u8; len];
     let _ = rans::decode(payload, &mut out);
-    let context: Vec<u8> = (0..len).map(|i| payload.get(i % payload.len().max(1)).copied().unwrap_or(0) ^ (i >> 8) as u8).collect();
+    let context: Vec<u8> =
+        (0..len).map(|i| payload.get(i % payload.len().max(1)).copied().unwrap_or(0) ^ (i >> 8) as u8).collect();
     let all = Sources { groups: [Some(&context[..]); 8], reference: [Some(&context[..]); 8] };
     let _ = rans::decode_with_sources(payload, &mut out, &all);
 

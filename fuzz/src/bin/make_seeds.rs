@@ -429,7 +429,9 @@ fn main() -> Result<(), Error> {
             for (g, group) in own.iter().enumerate() {
                 let mut candidates: Vec<(rans::Source, &[u8])> =
                     (g + 1..own.len()).map(|j| (rans::Source::Group(j as u8), &own[j][..])).collect();
-                candidates.extend(reference_groups.iter().enumerate().map(|(j, r)| (rans::Source::Reference(j as u8), &r[..])));
+                candidates.extend(
+                    reference_groups.iter().enumerate().map(|(j, r)| (rans::Source::Reference(j as u8), &r[..])),
+                );
                 let mut coded = Vec::new();
                 if rans::encode_with_sources(group, rans::MAX_CONTEXTS, &candidates, &mut coded)?
                     && rans::payload_source(&coded).is_some()
