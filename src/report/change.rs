@@ -157,22 +157,6 @@ fn f16_table() -> &'static [f32] {
 mod tests {
     use super::*;
 
-    /// The straightforward computation: every element as f64, the two norms, their ratio.
-    fn reference(dtype: Dtype, old: &[u8], new: &[u8]) -> (Option<f64>, f64) {
-        let w = dtype.size();
-        let (mut diff, mut prev, mut changed, mut n) = (0.0f64, 0.0f64, 0usize, 0usize);
-        for (a, b) in old.chunks_exact(w).zip(new.chunks_exact(w)) {
-            n += 1;
-            changed += usize::from(a != b);
-            if let (Some(x), Some(y)) = (crate::repo::to_f64(dtype, a), crate::repo::to_f64(dtype, b)) {
-                diff += (y - x) * (y - x);
-                prev += x * x;
-            }
-        }
-        let rel = is_float(dtype).then(|| diff.sqrt() / prev.sqrt());
-        (rel, changed as f64 / n as f64)
-    }
-
     fn encode(dtype: Dtype, values: &[f64]) -> Vec<u8> {
         values
             .iter()
@@ -208,7 +192,7 @@ mod tests {
             let cut = 1000 * dtype.size();
             c.add(dtype, &a[..cut], &b[..cut]);
             c.add(dtype, &a[cut..], &b[cut..]);
-            let (rel, frac) = reference(dtype, &a, &b);
+            let (rel, frac) = crate::report::tests::expected(dtype, &a, &b);
             let got = c.rel_change(dtype).unwrap();
             assert!((got - rel.unwrap()).abs() <= 1e-12 * rel.unwrap(), "{dtype:?}: {got} vs {rel:?}");
             assert_eq!(c.frac_changed(), Some(frac), "{dtype:?}");

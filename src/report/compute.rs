@@ -16,7 +16,6 @@ use crate::dtype::Dtype;
 use crate::object_id::ObjectId;
 use crate::repo::Repo;
 use crate::store::{BlobChain, ChainDecoder};
-use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -161,10 +160,10 @@ impl Source<'_> {
         let span = self.decoder.byte_range(chunks.clone());
         out.resize(len, 0);
         if span.start as u64 == at && span.len() == len {
-            decode_parallel(&self.decoder, chunks, out)?;
+            self.decoder.decode_into_parallel(chunks, out)?;
         } else {
             scratch.resize(span.len(), 0);
-            decode_parallel(&self.decoder, chunks, scratch)?;
+            self.decoder.decode_into_parallel(chunks, scratch)?;
             let from = (at - span.start as u64) as usize;
             let slice = scratch.get(from..from + len).ok_or_else(|| crate::store::Error::Corrupt {
                 id: self.chain.id(),
@@ -176,20 +175,6 @@ impl Source<'_> {
         self.chain.release_pages();
         Ok(())
     }
-}
-
-/// Decodes `chunks` into `out` (exactly their bytes), a chunk per task.
-fn decode_parallel(decoder: &ChainDecoder<'_>, chunks: Range<usize>, out: &mut [u8]) -> Result<()> {
-    let mut rest = out;
-    let mut work = Vec::with_capacity(chunks.len());
-    for c in chunks {
-        let n = decoder.byte_range(c..c + 1).len().min(rest.len());
-        let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
-        work.push((c, head));
-        rest = tail;
-    }
-    work.into_par_iter().try_for_each(|(c, dst)| decoder.decode_into(c..c + 1, dst))?;
-    Ok(())
 }
 
 /// The changes between consecutive contents of `places` (one tensor in consecutive versions,

@@ -84,7 +84,7 @@ fn checkpoint(epoch: u32) -> (Vec<u8>, Vec<Vec<u8>>) {
 }
 
 /// The straightforward figures: every element as f64, both norms, their ratio.
-fn expected(dtype: Dtype, old: &[u8], new: &[u8]) -> (Option<f64>, f64) {
+pub(super) fn expected(dtype: Dtype, old: &[u8], new: &[u8]) -> (Option<f64>, f64) {
     let w = dtype.size();
     let (mut diff, mut prev, mut changed, mut n) = (0.0f64, 0.0f64, 0usize, 0usize);
     for (a, b) in old.chunks_exact(w).zip(new.chunks_exact(w)) {

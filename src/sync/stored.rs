@@ -759,19 +759,8 @@ impl StoredFileReader {
 /// Decodes the whole content of `chain` into `out` (exactly its length): its chunks in parallel,
 /// each straight into its place, then the blake3 of `out` checked against the blob's id.
 fn decode_whole(chain: &crate::store::BlobChain, out: &mut [u8]) -> Result<()> {
-    use rayon::prelude::*;
     let decoder = chain.decoder()?;
-    {
-        let mut rest = &mut *out;
-        let mut work = Vec::with_capacity(decoder.chunk_count());
-        for c in 0..decoder.chunk_count() {
-            let at = decoder.byte_range(c..c + 1).len().min(rest.len());
-            let (head, tail) = std::mem::take(&mut rest).split_at_mut(at);
-            work.push((c, head));
-            rest = tail;
-        }
-        work.into_par_iter().try_for_each(|(c, dst)| decoder.decode_into(c..c + 1, dst))?;
-    }
+    decoder.decode_into_parallel(0..decoder.chunk_count(), out)?;
     let mut hasher = blake3::Hasher::new();
     crate::object_id::hash_update(&mut hasher, out);
     Ok(chain.check_hash(ObjectId(*hasher.finalize().as_bytes()))?)

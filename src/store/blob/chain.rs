@@ -663,6 +663,25 @@ impl ChainDecoder<'_> {
         }
         Ok(())
     }
+
+    /// [`Self::decode_into`] with one chunk per rayon task, each decoded straight into its
+    /// place in `out`.
+    pub fn decode_into_parallel(&self, chunks: Range<usize>, out: &mut [u8]) -> Result<()> {
+        if chunks.end > self.chain.chunk_count || out.len() != self.byte_range(chunks.clone()).len() {
+            return Err(Error::Output {
+                id: self.chain.id(),
+                source: std::io::Error::other(format!("chunks {chunks:?} do not fit the request")),
+            });
+        }
+        let mut rest = out;
+        let mut work = Vec::with_capacity(chunks.len());
+        for i in chunks {
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(self.chain.chunk_range(i).len());
+            rest = tail;
+            work.push((i, dst));
+        }
+        work.into_par_iter().try_for_each(|(i, dst)| self.chain.decode_chunk(&self.containers, i, dst))
+    }
 }
 
 /// Decodes a blob window by window ([`BlobChain::reader`]): memory is one window.
