@@ -5,9 +5,11 @@
 //! nothing on the remote (item 9b). Each against a directory remote and an S3 server.
 
 use crate::support::layout::{remote_objects, version_blobs, version_objects};
-use crate::support::remote::{directory, json, model, s3, trained, NoRecodes, Served, ACCESS_KEY, SECRET_KEY};
+use crate::support::remote::{
+    clone_reads, directory, json, model, open_remote, s3, trained, NoRecodes, Served, SECRET_KEY,
+};
 use crate::support::repo_util::{ckpt_command, stderr};
-use ckpt::remote::{self, local::DirRemote, Expect, Remote};
+use ckpt::remote::Expect;
 use ckpt::repo::Repo;
 use ckpt::sync::{self, PushOptions};
 use ckpt::ObjectId;
@@ -56,32 +58,6 @@ fn remote_ref(r: &Served, branch: &str) -> String {
 fn head(dir: &Path) -> String {
     let repo = Repo::open(dir).unwrap();
     repo.resolve("main").unwrap().to_hex()
-}
-
-/// A fresh clone of the remote reads every version as `expected` says, and verifies.
-fn clone_reads(r: &Served, expected: &[(&str, Vec<u8>)]) {
-    let parent = tempfile::tempdir().unwrap();
-    r.ok(parent.path(), &["clone", &r.url, "c"]);
-    let c = parent.path().join("c");
-    r.ok(&c, &["verify"]);
-    for (rev, bytes) in expected {
-        let out = tempfile::tempdir().unwrap();
-        r.ok(&c, &["checkout", rev, "--output", out.path().to_str().unwrap()]);
-        assert_eq!(&std::fs::read(out.path().join("model.safetensors")).unwrap(), bytes, "{rev}");
-    }
-}
-
-/// The remote `r` opened in this process.
-fn open(r: &Served) -> Box<dyn Remote> {
-    let env = |k: &str| r.env.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
-    match env("AWS_ENDPOINT_URL") {
-        None => Box::new(DirRemote::open(&r.url).unwrap()),
-        Some(endpoint) => {
-            let options =
-                remote::S3Options { endpoint: Some(endpoint), region: Some("us-east-1".into()), allow_http: true };
-            Box::new(remote::s3::StoreRemote::s3_with_credentials(&r.url, &options, ACCESS_KEY, SECRET_KEY).unwrap())
-        }
-    }
 }
 
 /// Item 5, the repro: after a push of v0, v1 is committed and one of its new blobs rots in
@@ -202,7 +178,7 @@ fn a_journal_is_not_finished_against_a_damaged_blob(r: &Served) {
     r.ok(a.path(), &["commit", "-m", "epoch 1", "model.safetensors"]);
     let repo = Repo::open(a.path()).unwrap();
     let options = PushOptions { transfers: 2, ..PushOptions::default() };
-    assert!(sync::push_to(&repo, &NoRecodes(open(r)), &options).is_err(), "the recodes fail");
+    assert!(sync::push_to(&repo, &NoRecodes(open_remote(r)), &options).is_err(), "the recodes fail");
     assert_eq!(remote_ref(r, "main"), head(a.path()), "the ref moved");
     let journals = files_under(&root(r).join("pending"));
     assert_eq!(journals.len(), 1, "the journal is left");
@@ -246,7 +222,7 @@ fn a_push_waiting_for_a_remote_gc_says_so(r: &Served) {
     r.ok(a.path(), &["remote", "add", "origin", &r.url]);
     r.ok(a.path(), &["push"]);
     let record = "gc/run-0123456789abcdef0123456789abcdef";
-    open(r).put_small(record, b"ckpt gc --remote running (pid 1, beat 0)\n", &Expect::Absent).unwrap();
+    open_remote(r).put_small(record, b"ckpt gc --remote running (pid 1, beat 0)\n", &Expect::Absent).unwrap();
     std::fs::write(a.path().join("model.safetensors"), model(5, 1)).unwrap();
     r.ok(a.path(), &["commit", "-m", "epoch 1", "model.safetensors"]);
 

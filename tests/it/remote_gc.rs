@@ -5,8 +5,8 @@
 //! Against a directory remote (whose object ages the tests can set) and, where `s3s-fs` is
 //! installed, a real S3-protocol server (with `--prune=now`: its ages cannot be set).
 
-use crate::support::remote::{directory, json, model, s3, trained, Served, ACCESS_KEY, SECRET_KEY};
-use ckpt::remote::{local::DirRemote, Listed, Remote, S3Options};
+use crate::support::remote::{clone_reads, directory, json, model, open_remote, s3, trained, Served};
+use ckpt::remote::{local::DirRemote, Listed, Remote};
 use ckpt::repo::Repo;
 use ckpt::sync::{self, PushOptions, RemoteGcOptions};
 use std::collections::BTreeSet;
@@ -46,34 +46,6 @@ fn age_objects(objects: &Path, age: Duration) {
     }
 }
 
-/// Every version of `branch`'s history checks out of a fresh clone as `expected` says, and
-/// the clone verifies.
-fn clone_reads(r: &Served, expected: &[(&str, Vec<u8>)]) {
-    let parent = tempfile::tempdir().unwrap();
-    r.ok(parent.path(), &["clone", &r.url, "c"]);
-    let c = parent.path().join("c");
-    r.ok(&c, &["verify"]);
-    for (rev, bytes) in expected {
-        let out = tempfile::tempdir().unwrap();
-        r.ok(&c, &["checkout", rev, "--output", out.path().to_str().unwrap()]);
-        assert_eq!(&std::fs::read(out.path().join("model.safetensors")).unwrap(), bytes, "{rev} after gc");
-    }
-}
-
-/// The remote `r` opened in this process.
-fn open(r: &Served) -> Box<dyn Remote> {
-    let env = |k: &str| r.env.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
-    match env("AWS_ENDPOINT_URL") {
-        None => Box::new(DirRemote::open(&r.url).unwrap()),
-        Some(endpoint) => {
-            let options = S3Options { endpoint: Some(endpoint), region: Some("us-east-1".into()), allow_http: true };
-            Box::new(
-                ckpt::remote::s3::StoreRemote::s3_with_credentials(&r.url, &options, ACCESS_KEY, SECRET_KEY).unwrap(),
-            )
-        }
-    }
-}
-
 /// a pushes two versions; b clones them, commits its own third and pushes it, and the push
 /// dies before its ref moves (its compare-and-swap fails, as a kill or a lost race leaves
 /// it): b's new objects are on the remote, unreferenced. Then a pushes its own third. Returns
@@ -88,7 +60,7 @@ fn dead_push(r: &Served) -> (tempfile::TempDir, tempfile::TempDir, BTreeSet<Stri
     let before = object_keys(r);
     std::fs::write(b_dir.join("model.safetensors"), model(77, 2)).unwrap();
     r.ok(&b_dir, &["commit", "-m", "b's epoch 2", "model.safetensors"]);
-    let dies = Hooked::new(open(r), Hooks { refs_fail: true, ..Hooks::default() });
+    let dies = Hooked::new(open_remote(r), Hooks { refs_fail: true, ..Hooks::default() });
     let b_repo = Repo::open(&b_dir).unwrap();
     assert!(sync::push_to(&b_repo, &dies, &PushOptions { transfers: 4, ..PushOptions::default() }).is_err());
     assert!(object_keys(r).len() > before.len(), "the dead push left objects");
@@ -308,7 +280,7 @@ fn a_push_does_not_count_on_old_garbage_a_gc_may_take_meanwhile() {
 
     let repo = Repo::open(&b_dir).unwrap();
     let gc_from = Repo::open(a.path()).unwrap();
-    let remote = Hooked::new(open(&r), Hooks { gc_after_listing: Some(&gc_from), ..Hooks::default() });
+    let remote = Hooked::new(open_remote(&r), Hooks { gc_after_listing: Some(&gc_from), ..Hooks::default() });
     let report = sync::push_to(&repo, &remote, &PushOptions { transfers: 4, ..PushOptions::default() }).unwrap();
     assert!(remote.gc_ran.load(SeqCst));
     assert!(report.objects_sent as usize >= garbage.len(), "{report:?}");
@@ -334,12 +306,13 @@ fn gc_with_pushes_in_between(r: &Served, dies: &[bool]) -> (sync::RemoteGcReport
             wait_for(at_delete, Instant::now());
             for &dies_at_settle in dies {
                 let hooks = Hooks { settling: Some(settling), dies_at_settle, ..Hooks::default() };
-                let writer = Hooked::new(open(r), hooks);
+                let writer = Hooked::new(open_remote(r), hooks);
                 let report = sync::push_to(b_repo, &writer, &PushOptions { transfers: 4, ..PushOptions::default() });
                 pushes.lock().unwrap().push(report.map(|r| r.objects_sent).map_err(|e| e.to_string()));
             }
         });
-        let gc_remote = Hooked::new(open(r), Hooks { pause_deletes: Some((at_delete, settling)), ..Hooks::default() });
+        let gc_remote =
+            Hooked::new(open_remote(r), Hooks { pause_deletes: Some((at_delete, settling)), ..Hooks::default() });
         sync::gc_remote(&gc_from, &gc_remote, &RemoteGcOptions::default()).unwrap()
     });
     assert!(report.deleted > 0, "{report:?}");
@@ -436,7 +409,7 @@ fn an_interrupted_gc_stops_between_deletes_and_removes_its_record() {
     age_objects(&r.objects, Duration::from_secs(2 * 86400));
     let repo = Repo::open(a.path()).unwrap();
     let interrupt = std::sync::Arc::new(AtomicBool::new(false));
-    let remote = Hooked::new(open(&r), Hooks { interrupt_at_delete: Some(&interrupt), ..Hooks::default() });
+    let remote = Hooked::new(open_remote(&r), Hooks { interrupt_at_delete: Some(&interrupt), ..Hooks::default() });
     // One request at a time: the delete that sets the flag is the last one sent.
     let options = RemoteGcOptions { transfers: 1, interrupt: Some(interrupt.clone()), ..RemoteGcOptions::default() };
     let err = sync::gc_remote(&repo, &remote, &options).unwrap_err();

@@ -302,3 +302,34 @@ impl ckpt::remote::Remote for NoRecodes {
         self.0.requests()
     }
 }
+
+/// A fresh clone of the remote reads every version as `expected` says, and verifies.
+pub(crate) fn clone_reads(r: &Served, expected: &[(&str, Vec<u8>)]) {
+    let parent = tempfile::tempdir().unwrap();
+    r.ok(parent.path(), &["clone", &r.url, "c"]);
+    let c = parent.path().join("c");
+    r.ok(&c, &["verify"]);
+    for (rev, bytes) in expected {
+        let out = tempfile::tempdir().unwrap();
+        r.ok(&c, &["checkout", rev, "--output", out.path().to_str().unwrap()]);
+        assert_eq!(&std::fs::read(out.path().join("model.safetensors")).unwrap(), bytes, "{rev}");
+    }
+}
+
+/// The remote `r` opened in this process.
+pub(crate) fn open_remote(r: &Served) -> Box<dyn ckpt::remote::Remote> {
+    let env = |k: &str| r.env.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
+    match env("AWS_ENDPOINT_URL") {
+        None => Box::new(ckpt::remote::local::DirRemote::open(&r.url).unwrap()),
+        Some(endpoint) => {
+            let options = ckpt::remote::S3Options {
+                endpoint: Some(endpoint),
+                region: Some("us-east-1".into()),
+                allow_http: true,
+            };
+            Box::new(
+                ckpt::remote::s3::StoreRemote::s3_with_credentials(&r.url, &options, ACCESS_KEY, SECRET_KEY).unwrap(),
+            )
+        }
+    }
+}
