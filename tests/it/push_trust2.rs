@@ -256,18 +256,7 @@ fn a_push_waiting_for_a_remote_gc_says_so(r: &Served) {
     assert!(!said.contains(SECRET_KEY));
 }
 
-macro_rules! suite {
-    ($($test:ident),*) => {
-        mod directory {
-            $(#[test] fn $test() { super::$test(&super::directory().unwrap()) })*
-        }
-        mod s3s_fs {
-            $(#[test] fn $test() { if let Some(r) = super::s3() { super::$test(&r) } })*
-        }
-    };
-}
-
-suite!(
+crate::support::remote::remote_suite!(
     a_push_never_sends_an_object_damaged_here,
     a_recode_from_a_blob_damaged_here_is_refused,
     push_repair_replaces_what_the_remote_holds_damaged,

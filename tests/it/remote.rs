@@ -167,18 +167,12 @@ fn damaged_object_is_refused(r: &Served) {
     assert!(!parent.path().join("b/.ckpt/refs/remotes/origin/main").exists());
 }
 
-macro_rules! suite {
-    ($($test:ident),*) => {
-        mod directory {
-            $(#[test] fn $test() { super::$test(&super::directory().unwrap()) })*
-        }
-        mod s3s_fs {
-            $(#[test] fn $test() { if let Some(r) = super::s3() { super::$test(&r) } })*
-        }
-    };
-}
-
-suite!(push_clone_and_round_trip, fetch_and_pull, two_pushers_one_branch, damaged_object_is_refused);
+crate::support::remote::remote_suite!(
+    push_clone_and_round_trip,
+    fetch_and_pull,
+    two_pushers_one_branch,
+    damaged_object_is_refused
+);
 
 // ---- interrupted transfers, in-process ------------------------------------------------------
 

@@ -215,18 +215,7 @@ fn partial_clone_fetches_older_versions_on_checkout(r: &Served) {
     assert!(stderr(&out).contains("remote origin"), "{}", stderr(&out));
 }
 
-macro_rules! suite {
-    ($($test:ident),*) => {
-        mod directory {
-            $(#[test] fn $test() { super::$test(&super::directory().unwrap()) })*
-        }
-        mod s3s_fs {
-            $(#[test] fn $test() { if let Some(r) = super::s3() { super::$test(&r) } })*
-        }
-    };
-}
-
-suite!(
+crate::support::remote::remote_suite!(
     epoch_after_epoch_goes_up_as_deltas,
     damaged_delta_and_missing_base_are_refused,
     chains_on_the_remote_stay_bounded,

@@ -333,3 +333,17 @@ pub(crate) fn open_remote(r: &Served) -> Box<dyn ckpt::remote::Remote> {
         }
     }
 }
+
+/// Each named test of a remote module, run against a directory remote (`directory`) and
+/// against S3 (`s3s_fs`, which skips without the server unless `CKPT_REQUIRE_S3S` is set).
+macro_rules! remote_suite {
+    ($($test:ident),*) => {
+        mod directory {
+            $(#[test] fn $test() { super::$test(&super::directory().unwrap()) })*
+        }
+        mod s3s_fs {
+            $(#[test] fn $test() { if let Some(r) = super::s3() { super::$test(&r) } })*
+        }
+    };
+}
+pub(crate) use remote_suite;
