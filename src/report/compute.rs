@@ -1,11 +1,15 @@
 //! Computing the changes a report draws, from the store, without a whole checkpoint in memory.
 //!
-//! A tensor's contents across consecutive versions are read as one run: window by window (16 MiB
-//! of whole chunks), each version's window is decoded through its delta chain, compared with the
-//! previous version's window, and dropped, so each content is decoded once however many columns
-//! it takes part in, and memory is two windows. Contents that are the same blob (a frozen layer)
-//! are not decoded at all. Small tensors kept in bundles are read version by version instead,
-//! each bundle decoded once per version. Every content read whole is checked against its id.
+//! A tensor's contents across consecutive versions are read as one run, in passes of up to 16
+//! contents: window by window (64 MiB of whole chunks for the whole pass), each version's window
+//! is decoded and compared with the previous version's, so each content is decoded once however
+//! many columns it takes part in. A content stored as a delta on its neighbour in the run (the
+//! parent a reverse-delta commit rewrote as a delta on the new content, or a forward delta's
+//! child) is decoded from that neighbour's window with only its own delta, not through its whole
+//! chain. A content that stays the same blob across versions (a frozen layer) is decoded once,
+//! for its NaN and Inf count. Small tensors kept in bundles are read version by version
+//! instead, each bundle decoded once per version. Every content read whole is checked against
+//! its id.
 //!
 //! Sums already in the index (keyed by both contents and the dtype) are not computed again:
 //! a report after one more commit decodes only the new column's pairs.
@@ -18,9 +22,6 @@ use crate::repo::Repo;
 use crate::store::{BlobChain, ChainDecoder};
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// Bytes of one window of a run (rounded to whole chunks of the first content's chain).
-const WINDOW: u64 = if cfg!(test) { 64 << 10 } else { 16 << 20 };
 
 /// Largest content read whole for a comparison with a bundled tensor (bundles hold tensors of
 /// under a file-system block; this leaves room for a tensor bundled on one side only).
@@ -89,11 +90,8 @@ pub(crate) fn compute(repo: &Repo, series: &[Vec<Option<TensorAt>>], states: Ran
             if !a.comparable(b) {
                 continue;
             }
-            if a.same_bytes(b) {
-                let elements = a.len() / a.dtype.size() as u64;
-                out.by_cell.insert((row, s), Change { elements, ..Change::default() });
-                continue;
-            }
+            // Contents that are the same blob (a frozen layer) are computed too, once (then
+            // cached as any pair): nothing moved, but NaN or Inf in them must still show.
             if let Some(Ok(Some(r))) = index.map(|ix| ix.change(&cache_key(a, b))) {
                 out.by_cell.insert((row, s), Change::from_record(&r));
                 out.cached += 1;
@@ -144,23 +142,48 @@ pub(crate) fn compute(repo: &Repo, series: &[Vec<Option<TensorAt>>], states: Ran
     Ok(out)
 }
 
+/// Bytes of the windows of one pass of a run, all its contents together (rounded down to whole
+/// chunks of the first content's chain, at least one chunk per content).
+const PASS_WINDOWS: u64 = if cfg!(test) { 256 << 10 } else { 64 << 20 };
+
+/// Most contents read side by side in one pass of a run: a longer run is read in passes that
+/// share their boundary content (decoded once more per pass).
+const PASS_CONTENTS: usize = 16;
+
 /// One content of a run being read window by window.
 struct Source<'a> {
     chain: &'a BlobChain,
     decoder: ChainDecoder<'a>,
     hasher: blake3::Hasher,
+    /// The content of the pass this one is stored as a delta on, if it is read from that
+    /// content's grouped window ([`ChainDecoder::decode_over`]) instead of through its chain.
+    over: Option<usize>,
+    /// Whether another content is read over this one (so its grouped window is kept).
+    keep_groups: bool,
+    /// The current window: its bytes and, when kept, their grouped form.
+    bytes: Vec<u8>,
+    grouped: Vec<u8>,
 }
 
 impl Source<'_> {
-    /// Decodes bytes `at..at + len` of the content into `out` (resized), hashing them: windows
-    /// must come in order and cover the content.
-    fn read(&mut self, at: u64, len: usize, out: &mut Vec<u8>, scratch: &mut Vec<u8>) -> Result<()> {
+    /// Decodes bytes `at..at + len` of the content into `self.bytes`, hashing them: windows must
+    /// come in order and cover the content. `reference` is the grouped window of the content
+    /// this one is read over (same window), when it is.
+    fn read(&mut self, at: u64, len: usize, reference: Option<&[u8]>, scratch: &mut Vec<u8>) -> Result<()> {
         let cs = self.chain.chunk_size().max(1) as u64;
         let chunks = (at / cs) as usize..(at + len as u64).div_ceil(cs).min(self.decoder.chunk_count() as u64) as usize;
         let span = self.decoder.byte_range(chunks.clone());
-        out.resize(len, 0);
-        if span.start as u64 == at && span.len() == len {
-            self.decoder.decode_into_parallel(chunks, out)?;
+        self.bytes.resize(len, 0);
+        let aligned = span.start as u64 == at && span.len() == len;
+        if self.keep_groups || reference.is_some() {
+            // Only contents whose chunks the pass's windows align with are linked (`link`).
+            self.grouped.resize(len, 0);
+            match reference {
+                Some(reference) => self.decoder.decode_over(reference, chunks, &mut self.grouped, &mut self.bytes)?,
+                None => self.decoder.decode_keeping_groups(chunks, &mut self.grouped, &mut self.bytes)?,
+            }
+        } else if aligned {
+            self.decoder.decode_into_parallel(chunks, &mut self.bytes)?;
         } else {
             scratch.resize(span.len(), 0);
             self.decoder.decode_into_parallel(chunks, scratch)?;
@@ -169,22 +192,83 @@ impl Source<'_> {
                 id: self.chain.id(),
                 reason: "shorter than its manifest says".into(),
             })?;
-            out.copy_from_slice(slice);
+            self.bytes.copy_from_slice(slice);
         }
-        crate::object_id::hash_update(&mut self.hasher, out);
+        crate::object_id::hash_update(&mut self.hasher, &self.bytes);
         self.chain.release_pages();
         Ok(())
     }
 }
 
 /// The changes between consecutive contents of `places` (one tensor in consecutive versions,
-/// each its own blob): `places.len() − 1` of them. Each content is decoded once, window by
-/// window, and checked against its id at the end.
+/// each its own blob): `places.len() − 1` of them, read in passes of at most
+/// [`PASS_CONTENTS`] contents.
 fn stream_run(repo: &Repo, places: &[&TensorAt]) -> Result<Vec<Change>> {
+    let mut changes = Vec::with_capacity(places.len() - 1);
+    let mut start = 0;
+    while start + 1 < places.len() {
+        let end = (start + PASS_CONTENTS).min(places.len());
+        changes.extend(stream_pass(repo, &places[start..end])?);
+        start = end - 1;
+    }
+    Ok(changes)
+}
+
+/// The contents of a pass that are stored as a delta on a neighbour in the pass whose chunks
+/// line up with the windows (chunk size `chunk`): read over that neighbour's grouped window.
+/// A reverse-delta series links each content to the next; a forward one, to the previous.
+fn link(sources: &mut [Source], chunk: usize) {
+    for k in 0..sources.len() {
+        let neighbours = [k.checked_sub(1), Some(k + 1).filter(|&j| j < sources.len())];
+        let over = neighbours.into_iter().flatten().find(|&j| {
+            sources[k].chain.chunk_size() == chunk
+                && sources[j].over != Some(k)
+                && sources[k].chain.is_delta_on(sources[j].chain)
+        });
+        sources[k].over = over;
+        if let Some(j) = over {
+            sources[j].keep_groups = true;
+        }
+    }
+}
+
+/// The order in which a pass's contents are read per window: each after the content it is
+/// read over.
+fn read_order(sources: &[Source]) -> Vec<usize> {
+    fn visit(k: usize, sources: &[Source], done: &mut Vec<bool>, order: &mut Vec<usize>) {
+        if done[k] {
+            return;
+        }
+        done[k] = true;
+        if let Some(j) = sources[k].over {
+            visit(j, sources, done, order);
+        }
+        order.push(k);
+    }
+    let mut done = vec![false; sources.len()];
+    let mut order = Vec::with_capacity(sources.len());
+    for k in 0..sources.len() {
+        visit(k, sources, &mut done, &mut order);
+    }
+    order
+}
+
+/// [`stream_run`] of at most [`PASS_CONTENTS`] contents: each decoded once, window by window,
+/// all of the pass's windows held at once, and checked against its id at the end.
+fn stream_pass(repo: &Repo, places: &[&TensorAt]) -> Result<Vec<Change>> {
     let dtype = places[0].dtype;
-    let chains: Vec<BlobChain> = places.iter().map(|p| repo.store().open_blob(&p.blob)).collect::<Result<_, _>>()?;
+    // The same content in consecutive places (a frozen layer) is read once.
+    let mut content_of = Vec::with_capacity(places.len());
+    let mut distinct: Vec<&TensorAt> = Vec::new();
+    for (k, p) in places.iter().enumerate() {
+        if k == 0 || !p.same_bytes(places[k - 1]) {
+            distinct.push(p);
+        }
+        content_of.push(distinct.len() - 1);
+    }
+    let chains: Vec<BlobChain> = distinct.iter().map(|p| repo.store().open_blob(&p.blob)).collect::<Result<_, _>>()?;
     let len = places[0].len();
-    for (c, p) in chains.iter().zip(places) {
+    for (c, p) in chains.iter().zip(&distinct) {
         if c.len() != p.len() {
             return Err(crate::store::Error::Corrupt {
                 id: p.blob,
@@ -195,20 +279,38 @@ fn stream_run(repo: &Repo, places: &[&TensorAt]) -> Result<Vec<Change>> {
     }
     let mut sources: Vec<Source> = chains
         .iter()
-        .map(|chain| Ok(Source { chain, decoder: chain.decoder()?, hasher: blake3::Hasher::new() }))
+        .map(|chain| {
+            Ok(Source {
+                chain,
+                decoder: chain.decoder()?,
+                hasher: blake3::Hasher::new(),
+                over: None,
+                keep_groups: false,
+                bytes: Vec::new(),
+                grouped: Vec::new(),
+            })
+        })
         .collect::<Result<_>>()?;
-    let chunk = chains[0].chunk_size().max(1) as u64;
-    let window = (WINDOW / chunk).max(1) * chunk;
+    let chunk = chains[0].chunk_size().max(1);
+    link(&mut sources, chunk);
+    let order = read_order(&sources);
+    let chunk = chunk as u64;
+    let window = (PASS_WINDOWS / sources.len() as u64 / chunk).max(1) * chunk;
     let mut changes = vec![Change::default(); places.len() - 1];
-    let (mut prev, mut cur, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scratch = Vec::new();
     let mut at = 0u64;
     while at < len {
         let n = window.min(len - at) as usize;
-        sources[0].read(at, n, &mut prev, &mut scratch)?;
-        for (k, source) in sources.iter_mut().enumerate().skip(1) {
-            source.read(at, n, &mut cur, &mut scratch)?;
-            changes[k - 1].add(dtype, &prev, &cur);
-            std::mem::swap(&mut prev, &mut cur);
+        for &k in &order {
+            let reference = sources[k].over.map(|j| std::mem::take(&mut sources[j].grouped));
+            let read = sources[k].read(at, n, reference.as_deref(), &mut scratch);
+            if let (Some(j), Some(grouped)) = (sources[k].over, reference) {
+                sources[j].grouped = grouped;
+            }
+            read?;
+        }
+        for k in 1..places.len() {
+            changes[k - 1].add(dtype, &sources[content_of[k - 1]].bytes, &sources[content_of[k]].bytes);
         }
         at += n as u64;
     }

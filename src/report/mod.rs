@@ -229,15 +229,6 @@ pub struct Binning {
     pub note: String,
 }
 
-/// What a `FROM..TO` report compares `TO` with directly ([`Report::comparison`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompareWith {
-    /// The first column (`ckpt report FROM..TO` shows `FROM`).
-    FirstColumn,
-    /// The state before the first column (git's `FROM..TO` starts after `FROM`).
-    Before,
-}
-
 /// One state a report reads: a version (or git commit) and its files.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -257,8 +248,8 @@ pub struct Snapshot {
     pub object: Option<ObjectId>,
 }
 
-/// The report of `range` (`REV`: its first-parent history; `FROM..TO`: from `FROM` to `TO`
-/// along `TO`'s first parents, both included).
+/// The report of `range` (`REV`: its first-parent history; `FROM..TO`, as git reads it: the
+/// versions after `FROM` up to `TO` along `TO`'s first parents, and `TO` compared with `FROM`).
 pub fn report(repo: &Repo, range: &str, options: &Options) -> Result<Report> {
     let (from, to) = match range.split_once("..") {
         Some((a, b)) => (Some(a), if b.is_empty() { "HEAD" } else { b }),
@@ -285,25 +276,25 @@ pub fn report(repo: &Repo, range: &str, options: &Options) -> Result<Report> {
     let mut shown = 0..snapshots.len();
     if let Some(a) = from.filter(|a| !a.is_empty()) {
         let start = repo.resolve(a)?.to_hex();
-        shown.start = snapshots
+        shown.start = 1 + snapshots
             .iter()
             .position(|s| s.id == start)
             .ok_or_else(|| Error::NotAnAncestor { from: a.to_string(), to: to.to_string() })?;
     }
-    let compare = from.is_some().then_some(CompareWith::FirstColumn);
-    build(repo, range, &snapshots, shown, compare, options)
+    build(repo, range, &snapshots, shown, from.is_some(), options)
 }
 
 /// The report of `snapshots[shown]` (oldest first): `snapshots` back to the history's root, so
 /// that stored sizes count each object once, where it first appears, as `ckpt log` does; the one
-/// before `shown` (if any) is what its first column is compared with. With `compare`, the last
-/// shown is also compared directly with the first, or the one before it ([`Report::comparison`]).
+/// before `shown` (if any) is what its first column is compared with. With `compare` (a
+/// `FROM..TO` range, which shows the states after `FROM`), the last shown is also compared
+/// directly with the one before the first ([`Report::comparison`]).
 pub fn build(
     repo: &Repo,
     title: &str,
     snapshots: &[Snapshot],
     mut shown: Range<usize>,
-    compare: Option<CompareWith>,
+    compare: bool,
     options: &Options,
 ) -> Result<Report> {
     if let Some(n) = options.max_versions {
@@ -369,11 +360,7 @@ pub fn build(
             });
         }
     }
-    let first = match compare {
-        Some(CompareWith::Before) if hidden == 1 => Some(0),
-        Some(_) if columns.len() >= 2 => Some(hidden),
-        _ => None,
-    };
+    let first = (compare && hidden == 1 && !columns.is_empty()).then_some(0);
     let comparison = match first {
         Some(first) => {
             let ids = (snapshots[base + first].id.clone(), snapshots[shown.end - 1].id.clone());

@@ -176,10 +176,11 @@ fn stored_sizes_add_up_to_ckpt_logs() {
         assert_eq!(col.cumulative_stored, cumulative);
     }
     // A range keeps the sizes of the whole history (objects counted where they first appear).
+    // FROM..TO as git reads it: the versions after FROM.
     let ranged = report(&repo, &format!("{}..HEAD", history[2].id), &Options::default()).unwrap();
-    assert_eq!(ranged.columns.len(), 3);
-    assert_eq!(ranged.columns[0].stored_bytes, now[2]);
-    assert_eq!(ranged.columns[2].cumulative_stored, cumulative);
+    assert_eq!(ranged.columns.len(), 2);
+    assert_eq!(ranged.columns[0].stored_bytes, now[1]);
+    assert_eq!(ranged.columns[1].cumulative_stored, cumulative);
 }
 
 #[test]
@@ -188,14 +189,15 @@ fn the_index_caches_figures_so_only_new_columns_are_computed() {
     let repo = repo_in(dir.path(), DeltaPolicy::Reverse);
     commit_epochs(&repo, 0..3);
     let first = report(&repo, "HEAD", &Options::default()).unwrap();
-    // Two columns compared, six changing tensors each (the frozen one costs nothing).
-    assert_eq!((first.computed, first.cached), (12, 0));
+    // Two columns compared, seven tensors each (the frozen one too: for its NaN count).
+    assert_eq!((first.computed, first.cached), (14, 0));
     let again = report(&repo, "HEAD", &Options::default()).unwrap();
-    assert_eq!((again.computed, again.cached), (0, 12));
+    assert_eq!((again.computed, again.cached), (0, 14));
     assert_eq!(again.cells, first.cells);
     commit_epochs(&repo, 3..4);
     let next = report(&repo, "HEAD", &Options::default()).unwrap();
-    assert_eq!((next.computed, next.cached), (6, 12));
+    // The six changing tensors' new pairs; the frozen one's pair is the same contents as before.
+    assert_eq!((next.computed, next.cached), (6, 15));
 }
 
 #[test]
@@ -306,4 +308,34 @@ fn names_are_escaped_and_the_page_names_no_url() {
     assert!(page.contains(html::CSP));
     assert_eq!(page.matches(" data-tensor=").count(), r.cells.len());
     assert_eq!(page.matches("class=\"store-bar\"").count(), 2);
+}
+
+/// A frozen tensor holding NaN and Inf is still flagged in every column, next to one that moves.
+#[test]
+fn non_finite_values_in_a_frozen_tensor_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo_in(dir.path(), DeltaPolicy::Reverse);
+    let spec = vec![("frozen".to_string(), Dtype::F32, vec![4096]), ("moving".to_string(), Dtype::F32, vec![4096])];
+    for epoch in 0..3u32 {
+        let mut file = crate::safetensors::write_header(&spec, None).unwrap();
+        for i in 0..4096u32 {
+            let v = match i {
+                5 => f32::NAN,
+                9 => f32::INFINITY,
+                _ => i as f32 / 4096.0,
+            };
+            file.extend_from_slice(&v.to_le_bytes());
+        }
+        for i in 0..4096u32 {
+            file.extend_from_slice(&(i as f32 + epoch as f32).to_le_bytes());
+        }
+        std::fs::write(dir.path().join("m.safetensors"), file).unwrap();
+        repo.commit(&["m.safetensors"], &format!("epoch {epoch}"), &CommitOptions::default()).unwrap();
+    }
+    let r = report(&repo, "HEAD", &Options::default()).unwrap();
+    for column in 1..3 {
+        let frozen = cell(&r, "frozen", column);
+        assert_eq!((frozen.non_finite, frozen.rel_change, frozen.frac_changed), (2, Some(0.0), Some(0.0)));
+        assert_eq!(cell(&r, "moving", column).non_finite, 0);
+    }
 }

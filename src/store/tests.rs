@@ -90,6 +90,36 @@ fn blob_round_trip_standalone_and_chain() {
     assert_eq!(store.list().unwrap().len(), 4);
 }
 
+/// A blob stored as a delta on another decodes from that blob's grouped chunks alone
+/// (`ChainDecoder::decode_over`), to the same bytes as through its chain; anything else is refused.
+#[test]
+fn a_delta_decodes_over_its_references_grouped_chunks() {
+    let (_dir, store, v0, v1, id0, id1) = store_with_base(5, 40_000 * 2, 5);
+    let reference = store.open_blob(&id0).unwrap();
+    let outcome = store.write_blob_delta(id1, &v1, &reference, u64::MAX, &options(), &Feedback::NONE).unwrap();
+    assert!(matches!(outcome, DeltaOutcome::Written(_)));
+    let (top, base) = (store.open_blob(&id1).unwrap(), store.open_blob(&id0).unwrap());
+    assert!(top.is_delta_on(&base) && !base.is_delta_on(&top));
+    let (top_decoder, base_decoder) = (top.decoder().unwrap(), base.decoder().unwrap());
+    let n = base_decoder.chunk_count();
+    // Two pieces of chunks, as a report's windows read them.
+    for chunks in [0..n / 2, n / 2..n] {
+        let span = base_decoder.byte_range(chunks.clone());
+        let (mut grouped, mut bytes) = (vec![0; span.len()], vec![0; span.len()]);
+        base_decoder.decode_keeping_groups(chunks.clone(), &mut grouped, &mut bytes).unwrap();
+        assert_eq!(bytes, v0[span.clone()]);
+        let (mut top_grouped, mut top_bytes) = (vec![0; span.len()], vec![0; span.len()]);
+        top_decoder.decode_over(&grouped, chunks.clone(), &mut top_grouped, &mut top_bytes).unwrap();
+        assert_eq!(top_bytes, v1[span.clone()]);
+        let mut whole = vec![0; span.len()];
+        top_decoder.decode_keeping_groups(chunks.clone(), &mut vec![0; span.len()], &mut whole).unwrap();
+        assert_eq!(whole, top_bytes);
+        // A standalone blob is a delta on nothing; a reference of the wrong length is refused.
+        assert!(base_decoder.decode_over(&grouped, chunks.clone(), &mut top_grouped, &mut top_bytes).is_err());
+        assert!(top_decoder.decode_over(&grouped[1..], chunks, &mut top_grouped, &mut top_bytes).is_err());
+    }
+}
+
 #[test]
 fn data_objects_and_kinds() {
     let dir = tempfile::tempdir().unwrap();

@@ -14,8 +14,8 @@ const DEFAULT_PAGE: &str = "ckpt-report.html";
 /// Arguments of `ckpt report`.
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
-    /// A version (the report covers its first-parent history) or FROM..TO (from FROM to TO along
-    /// TO's first parents, both included; also compared directly).
+    /// A version (the report covers its first-parent history) or FROM..TO (as git reads it: the
+    /// versions after FROM up to TO along TO's first parents; TO is also compared with FROM).
     #[arg(default_value = "HEAD")]
     range: String,
     /// Write the page (or with --json the numbers) to FILE; `-` for stdout. Default: the page to
@@ -72,8 +72,7 @@ pub fn run_git(base: &Path, args: ReportArgs) -> Result<()> {
         })
         .collect();
     let range = shown..snapshots.len();
-    let compare = args.range.contains("..").then_some(report::CompareWith::Before);
-    let r = report::build(&store, &args.range, &snapshots, range, compare, &args.options())?;
+    let r = report::build(&store, &args.range, &snapshots, range, args.range.contains(".."), &args.options())?;
     emit(base, &r, args.json, args.output.as_deref())
 }
 

@@ -315,6 +315,11 @@ impl BlobChain {
         }
     }
 
+    /// Whether this blob is stored as a delta on `other` (`other` is its reference).
+    pub fn is_delta_on(&self, other: &BlobChain) -> bool {
+        self.objects.get(1).is_some_and(|reference| reference.id == other.id())
+    }
+
     /// Ids of the chain, target first, standalone base last.
     pub fn ids(&self) -> Vec<ObjectId> {
         let mut ids: Vec<ObjectId> = self.objects.iter().map(|o| o.id).collect();
@@ -667,20 +672,82 @@ impl ChainDecoder<'_> {
     /// [`Self::decode_into`] with one chunk per rayon task, each decoded straight into its
     /// place in `out`.
     pub fn decode_into_parallel(&self, chunks: Range<usize>, out: &mut [u8]) -> Result<()> {
-        if chunks.end > self.chain.chunk_count || out.len() != self.byte_range(chunks.clone()).len() {
+        let mut no_groups = [];
+        self.for_each_chunk(chunks, out, &mut no_groups, |i, dst, _| self.chain.decode_chunk(&self.containers, i, dst))
+    }
+
+    /// [`Self::decode_into_parallel`], also leaving the chunks' grouped form (the XOR of the
+    /// chain's byte groups, chunk after chunk) in `grouped` (`out`'s length): what
+    /// [`Self::decode_over`] decodes a blob stored as a delta on this one from.
+    pub fn decode_keeping_groups(&self, chunks: Range<usize>, grouped: &mut [u8], out: &mut [u8]) -> Result<()> {
+        let members = self.chain.objects.len();
+        self.for_each_chunk(chunks, out, grouped, |i, dst, grouped| {
+            self.chain.apply_member_groups(&self.containers, i, 0..members, grouped)?;
+            self.chain.regroup_chunk(grouped, dst, members - 1)
+        })
+    }
+
+    /// Decodes chunks `chunks` of a blob stored as a delta on another ([`BlobChain::is_delta_on`])
+    /// from `reference`, the grouped form of the same chunks of that other blob (from
+    /// [`Self::decode_keeping_groups`] or this method): only this blob's own delta is decoded,
+    /// not the chain below it. Leaves this blob's grouped form in `grouped`.
+    ///
+    /// Why: with reverse deltas a commit stores the new content whole and rewrites its parent
+    /// as a delta on it, so reading both (`ckpt report` comparing them) would otherwise decode
+    /// the new content twice.
+    pub fn decode_over(
+        &self,
+        reference: &[u8],
+        chunks: Range<usize>,
+        grouped: &mut [u8],
+        out: &mut [u8],
+    ) -> Result<()> {
+        if self.chain.objects.len() < 2 || reference.len() != grouped.len() {
+            return Err(Error::Output {
+                id: self.chain.id(),
+                source: std::io::Error::other("not a delta on the reference given"),
+            });
+        }
+        grouped.copy_from_slice(reference);
+        self.for_each_chunk(chunks, out, grouped, |i, dst, grouped| {
+            self.chain.apply_member_groups(&self.containers, i, 0..1, grouped)?;
+            self.chain.regroup_chunk(grouped, dst, 0)
+        })
+    }
+
+    /// Runs `decode(i, out_i, grouped_i)` for every chunk `i` of `chunks`, one rayon task each,
+    /// with `out_i` its place in `out` and `grouped_i` its place in `grouped` (empty when
+    /// `grouped` is). A chunk index past the end or a buffer of the wrong length is an error.
+    fn for_each_chunk(
+        &self,
+        chunks: Range<usize>,
+        out: &mut [u8],
+        grouped: &mut [u8],
+        decode: impl Fn(usize, &mut [u8], &mut [u8]) -> Result<()> + Sync,
+    ) -> Result<()> {
+        let len = self.byte_range(chunks.clone()).len();
+        if chunks.end > self.chain.chunk_count || out.len() != len || !(grouped.is_empty() || grouped.len() == len) {
             return Err(Error::Output {
                 id: self.chain.id(),
                 source: std::io::Error::other(format!("chunks {chunks:?} do not fit the request")),
             });
         }
-        let mut rest = out;
+        let (mut rest, mut rest_grouped) = (out, grouped);
         let mut work = Vec::with_capacity(chunks.len());
         for i in chunks {
-            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(self.chain.chunk_range(i).len());
+            let n = self.chain.chunk_range(i).len();
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(n);
             rest = tail;
-            work.push((i, dst));
+            let g = if rest_grouped.is_empty() {
+                &mut [][..]
+            } else {
+                let (g, tail) = std::mem::take(&mut rest_grouped).split_at_mut(n);
+                rest_grouped = tail;
+                g
+            };
+            work.push((i, dst, g));
         }
-        work.into_par_iter().try_for_each(|(i, dst)| self.chain.decode_chunk(&self.containers, i, dst))
+        work.into_par_iter().try_for_each(|(i, dst, g)| decode(i, dst, g))
     }
 }
 
