@@ -40,13 +40,15 @@ DATA="$DIR/data"
 # One epoch more than the series: the commit after the first report.
 "$ROOT/target/release/examples/synthetic_series" "$DATA" "$SIZE" "$((EPOCHS + 1))" "$DECAY" >&2
 
-# Wall seconds and peak RSS (KiB) of a command, from /usr/bin/time -v.
+# Wall seconds, peak RSS (KiB) and CPU seconds (user + system, all threads) of a command, from
+# /usr/bin/time -v. CPU seconds are the steadier figure on a shared machine.
 measure() {
     /usr/bin/time -v "$@" >/dev/null 2>"$DIR/time.txt"
-    local wall rss
+    local wall rss cpu
     wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,t,":"); s=0; for(i=1;i<=n;i++) s=s*60+t[i]; print s}' "$DIR/time.txt")
     rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$DIR/time.txt")
-    echo "$wall $rss"
+    cpu=$(awk -F': ' '/(User|System) time \(seconds\)/ {s+=$2} END {print s}' "$DIR/time.txt")
+    echo "$wall $rss $cpu"
 }
 
 cd "$DIR/repo"
@@ -58,35 +60,37 @@ done
 rm -f model.safetensors
 sync
 
-checkout_one() { # rev -> seconds
+checkout_one() { # rev -> "wall cpu" seconds
     rm -rf "$DIR/out"
-    local r
-    r=$(measure "$CKPT" checkout -q "$1" --output "$DIR/out")
+    local wall rss cpu
+    read -r wall rss cpu < <(measure "$CKPT" checkout -q "$1" --output "$DIR/out")
     rm -rf "$DIR/out"
-    echo "${r%% *}"
+    echo "$wall $cpu"
 }
 all=0
+all_cpu=0
 for ((k = EPOCHS - 1; k >= 0; k--)); do
-    s=$(checkout_one "HEAD~$k")
+    read -r s c < <(checkout_one "HEAD~$k")
     all=$(echo "$all + $s" | bc -l)
+    all_cpu=$(echo "$all_cpu + $c" | bc -l)
 done
-read -r first first_rss < <(measure "$CKPT" report -q -o "$DIR/r1.html")
-read -r again again_rss < <(measure "$CKPT" report -q -o "$DIR/r2.html")
+read -r first first_rss first_cpu < <(measure "$CKPT" report -q -o "$DIR/r1.html")
+read -r again again_rss again_cpu < <(measure "$CKPT" report -q -o "$DIR/r2.html")
 mv "$DATA/epoch_$EPOCHS.safetensors" model.safetensors
 "$CKPT" commit -q -m "epoch $EPOCHS" model.safetensors >/dev/null
 rm -f model.safetensors
-one=$(checkout_one HEAD)
-read -r next next_rss < <(measure "$CKPT" report -q -o "$DIR/r3.html")
+read -r one one_cpu < <(checkout_one HEAD)
+read -r next next_rss next_cpu < <(measure "$CKPT" report -q -o "$DIR/r3.html")
 html=$(stat -c %s "$DIR/r3.html")
 
 ratio() { echo "scale=2; $1 / $2" | bc -l; }
-echo "checkout of every version once: ${all}s"
-echo "first report: ${first}s = $(ratio "$first" "$all")x; peak RSS $((first_rss / 1024)) MiB"
-echo "second report (cached): ${again}s; peak RSS $((again_rss / 1024)) MiB"
-echo "after one more commit: report ${next}s = $(ratio "$next" "$one")x one checkout (${one}s); peak RSS $((next_rss / 1024)) MiB"
+echo "checkout of every version once: ${all}s (CPU ${all_cpu}s)"
+echo "first report: ${first}s = $(ratio "$first" "$all")x (CPU ${first_cpu}s = $(ratio "$first_cpu" "$all_cpu")x); peak RSS $((first_rss / 1024)) MiB"
+echo "second report (cached): ${again}s (CPU ${again_cpu}s); peak RSS $((again_rss / 1024)) MiB"
+echo "after one more commit: report ${next}s = $(ratio "$next" "$one")x one checkout (${one}s) (CPU ${next_cpu}s = $(ratio "$next_cpu" "$one_cpu")x of ${one_cpu}s); peak RSS $((next_rss / 1024)) MiB"
 echo "page: $html bytes"
 if [[ -n "$JSON" ]]; then
-    printf '{"size":"%s","epochs":%d,"checkout_all_s":%s,"first_s":%s,"first_rss_kib":%s,"cached_s":%s,"one_checkout_s":%s,"next_s":%s,"next_rss_kib":%s,"html_bytes":%s}\n' \
-        "$SIZE" "$EPOCHS" "$all" "$first" "$first_rss" "$again" "$one" "$next" "$next_rss" "$html" >"$JSON"
+    printf '{"size":"%s","epochs":%d,"checkout_all_s":%s,"checkout_all_cpu_s":%s,"first_s":%s,"first_cpu_s":%s,"first_rss_kib":%s,"cached_s":%s,"one_checkout_s":%s,"one_checkout_cpu_s":%s,"next_s":%s,"next_cpu_s":%s,"next_rss_kib":%s,"html_bytes":%s}\n' \
+        "$SIZE" "$EPOCHS" "$all" "$all_cpu" "$first" "$first_cpu" "$first_rss" "$again" "$one" "$one_cpu" "$next" "$next_cpu" "$next_rss" "$html" >"$JSON"
 fi
 rm -rf "$DIR"
