@@ -487,7 +487,8 @@ impl Remote for DirRemote {
                         let (remote, key) = (dir.url.clone(), owned_key.clone());
                         return Err(Error::Shorter { remote, key, offset, size });
                     }
-                    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset)).map_err(dir.io("reading", &path))?;
+                    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset))
+                        .map_err(dir.io("reading", &path))?;
                 }
                 // At most one byte past `limit`, offset included.
                 let mut file = file.take(limit.saturating_sub(offset).saturating_add(1));

@@ -38,17 +38,17 @@ pub(crate) const PART_SIZE: usize = 16 << 20;
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
 
-/// The environment variable that sets the part size of multipart uploads, in bytes (at least
-/// [`MIN_PART_SIZE`]; S3 itself wants 5 MiB or more for every part but the last).
+/// The environment variable that sets the part size of multipart uploads, in bytes.
 pub(crate) const PART_SIZE_ENV: &str = "CKPT_PART_SIZE";
-/// The smallest part size [`PART_SIZE_ENV`] may set.
-const MIN_PART_SIZE: usize = 1 << 20;
+/// The smallest part size [`PART_SIZE_ENV`] may set: S3's minimum for every part but the last.
+const MIN_PART_SIZE: usize = 5 << 20;
 
 /// The part size: [`PART_SIZE_ENV`], or [`PART_SIZE`]; a value that is not a number of bytes
 /// from [`MIN_PART_SIZE`] to 5 GiB is an error naming the remote at `url`.
 fn part_size(url: &str) -> Result<usize> {
     let Some(value) = std::env::var_os(PART_SIZE_ENV) else { return Ok(PART_SIZE) };
-    match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| (MIN_PART_SIZE..=5 << 30).contains(n)) {
+    match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| (MIN_PART_SIZE..=5 << 30).contains(n))
+    {
         Some(n) => Ok(n),
         None => Err(Error::BadUrl {
             url: super::redact_url(url),
@@ -178,11 +178,11 @@ impl StoreRemote {
             .with_config(client(ClientConfigKey::Timeout), "24h")
             .with_retry(RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() });
         // The builder's errors quote settings (masked: an endpoint), never the secret key.
-        let store = Arc::new(
-            builder
-                .build()
-                .map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: super::Masked::new(&e).to_string() })?,
-        );
+        let store =
+            Arc::new(builder.build().map_err(|e| Error::BadUrl {
+                url: super::redact_url(url),
+                reason: super::Masked::new(&e).to_string(),
+            })?);
         Ok(StoreRemote {
             url: super::redact_url(url),
             store: store.clone(),
@@ -505,8 +505,7 @@ impl Remote for StoreRemote {
                 if_match: meta.e_tag.clone(),
                 ..object_store::GetOptions::default()
             };
-            let got =
-                self.store.get_opts(&location, options).await.map_err(|e| self.backend("downloading", key, e))?;
+            let got = self.store.get_opts(&location, options).await.map_err(|e| self.backend("downloading", key, e))?;
             self.stream_into(key, got, offset, out, limit).await
         })
     }
@@ -545,7 +544,8 @@ impl StoreRemote {
         let len = data.len() as u64;
         let part_size = self.part_size as u64;
         let kept = self.transfers.as_deref().and_then(|dir| Kept::lock(dir, &self.url, key));
-        let prior = kept.as_ref().map_or(Prior::None, |k| upload_state::read_prior(&k.path, &self.url, key, len, part_size));
+        let prior =
+            kept.as_ref().map_or(Prior::None, |k| upload_state::read_prior(&k.path, &self.url, key, len, part_size));
         let (mut resume, mut stale) = match prior {
             Prior::Resume(state) => match state.parts.iter().all(|p| {
                 let range = state.part_range(p.index);
@@ -631,7 +631,10 @@ impl StoreRemote {
                 async move {
                     let blake3 = upload_state::hash_hex(&bytes);
                     let size = bytes.len() as u64;
-                    let part = self.multipart.put_part(location, upload_id, index as usize, PutPayload::from_bytes(bytes)).await?;
+                    let part = self
+                        .multipart
+                        .put_part(location, upload_id, index as usize, PutPayload::from_bytes(bytes))
+                        .await?;
                     let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
                     state.parts.push(PartDone { index, size, etag: part.content_id, blake3 });
                     if let Some(k) = kept {

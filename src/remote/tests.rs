@@ -226,11 +226,17 @@ fn a_multipart_upload_resumes_or_starts_over_from_its_state() {
     let path = state_path(&transfers, "memory://", &key);
     let cases: Vec<(&str, Option<Vec<u8>>)> = vec![
         ("no state", None),
-        ("an upload the remote does not have", Some(serde_json::to_vec(&state(330, vec![part(0, &data[..64])])).unwrap())),
+        (
+            "an upload the remote does not have",
+            Some(serde_json::to_vec(&state(330, vec![part(0, &data[..64])])).unwrap()),
+        ),
         ("another length", Some(serde_json::to_vec(&state(331, vec![])).unwrap())),
         ("a part whose bytes changed", Some(serde_json::to_vec(&state(330, vec![part(1, b"other")])).unwrap())),
         ("garbage", Some(b"\x00{not json".to_vec())),
-        ("another key", Some(serde_json::to_vec(&UploadState { key: "objects/00/x".into(), ..state(330, vec![]) }).unwrap())),
+        (
+            "another key",
+            Some(serde_json::to_vec(&UploadState { key: "objects/00/x".into(), ..state(330, vec![]) }).unwrap()),
+        ),
     ];
     for (what, bytes) in cases {
         let mut remote = s3::StoreRemote::memory().with_part_size(64);

@@ -118,9 +118,16 @@ impl UploadState {
             }
             let range = self.part_range(part.index);
             if part.size != range.end - range.start {
-                return Err(format!("part {} has {} bytes, expected {}", part.index, part.size, range.end - range.start));
+                return Err(format!(
+                    "part {} has {} bytes, expected {}",
+                    part.index,
+                    part.size,
+                    range.end - range.start
+                ));
             }
-            if !printable_id(&part.etag) || part.blake3.len() != 64 || !part.blake3.bytes().all(|b| b.is_ascii_hexdigit())
+            if !printable_id(&part.etag)
+                || part.blake3.len() != 64
+                || !part.blake3.bytes().all(|b| b.is_ascii_hexdigit())
             {
                 return Err(format!("part {} has an invalid ETag or hash", part.index));
             }
@@ -235,8 +242,14 @@ pub(crate) fn abandoned(dir: &Path, remote: &str) -> Vec<(PathBuf, UploadState, 
     let Ok(entries) = std::fs::read_dir(dir) else { return found };
     for entry in entries.flatten() {
         let path = entry.path();
-        let is_state = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("up-") && n.ends_with(".json"));
-        let old = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).is_some_and(|a| a > ABANDONED_AFTER);
+        let is_state =
+            path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("up-") && n.ends_with(".json"));
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|a| a > ABANDONED_AFTER);
         if !is_state || !old {
             continue;
         }
