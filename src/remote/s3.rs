@@ -15,6 +15,10 @@
 //! a whole download, which `object_store`'s default (30 s per request, body included) would
 //! put on every blob however fast it is arriving.
 //!
+//! Multipart uploads go through `object_store`'s lower-level `MultipartStore`, whose upload and
+//! part ids can be kept: with a state directory ([`Remote::resume_uploads_in`]) a killed upload
+//! is resumed by the next one from the parts that arrived (`upload_state.rs`).
+//!
 //! Secrets: the backend's errors quote the URLs of its requests, so each one is kept as
 //! [`super::Masked`] text; an endpoint with user information or a query string in the
 //! environment is refused as `remote add --endpoint` refuses one.
