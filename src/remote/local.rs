@@ -466,6 +466,11 @@ impl Remote for DirRemote {
     }
 
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64> {
+        self.download_from(key, 0, out, limit)
+    }
+
+    /// A directory remote resumes a download by seeking past what the caller has.
+    fn download_from(&self, key: &str, offset: u64, out: &mut dyn Write, limit: u64) -> Result<u64> {
         self.count();
         let path = self.path(key)?;
         // A thread reads (at most one byte past `limit`) and hands over chunks, which come back
@@ -475,8 +480,18 @@ impl Remote for DirRemote {
         let (dir, owned_key) = (self.dir.clone(), key.to_string());
         std::thread::spawn(move || {
             let read = || -> Result<()> {
-                let (file, path) = dir.open_existing(&owned_key)?;
-                let mut file = file.take(limit.saturating_add(1));
+                let (mut file, path) = dir.open_existing(&owned_key)?;
+                if offset > 0 {
+                    let size = file.metadata().map_err(dir.io("reading", &path))?.len();
+                    if size < offset {
+                        let (remote, key) = (dir.url.clone(), owned_key.clone());
+                        return Err(Error::Shorter { remote, key, offset, size });
+                    }
+                    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset))
+                        .map_err(dir.io("reading", &path))?;
+                }
+                // At most one byte past `limit`, offset included.
+                let mut file = file.take(limit.saturating_sub(offset).saturating_add(1));
                 loop {
                     let mut buf = returned.try_recv().unwrap_or_default();
                     buf.resize(DOWNLOAD_CHUNK, 0);
@@ -505,7 +520,7 @@ impl Remote for DirRemote {
                 }
             };
             n += chunk.len() as u64;
-            if n > limit {
+            if offset.saturating_add(n) > limit {
                 return Err(Error::TooLarge { remote: self.dir.url.clone(), key: key.into(), limit });
             }
             out.write_all(&chunk).map_err(|e| Error::Io {

@@ -16,6 +16,7 @@
 
 pub mod local;
 pub mod s3;
+pub(crate) mod upload_state;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -105,6 +106,19 @@ pub enum Error {
         prefix: String,
         /// The limit.
         limit: usize,
+    },
+    /// A resumed download asked for bytes past the object's end: the object is shorter than
+    /// what a killed run already had of it (it was replaced meanwhile).
+    #[error("{remote}: {key} has {size} bytes, fewer than the {offset} a resumed download holds")]
+    Shorter {
+        /// The remote.
+        remote: String,
+        /// The key.
+        key: String,
+        /// Where the download resumed.
+        offset: u64,
+        /// The object's size.
+        size: u64,
     },
     /// A URL or setting that does not describe a remote.
     #[error("remote {url:?}: {reason}")]
@@ -319,6 +333,48 @@ pub trait Remote: Send + Sync {
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64>;
     /// Requests sent so far (for tests and `--json` summaries).
     fn requests(&self) -> u64;
+    /// Streams the object `key` from byte `offset` on into `out`: the rest of a download that
+    /// a killed run kept the first `offset` bytes of. `limit` caps the whole object, `offset`
+    /// included (more is [`Error::TooLarge`]); an object shorter than `offset` is
+    /// [`Error::Shorter`]. Returns the bytes written. The default downloads the whole object
+    /// and drops its first `offset` bytes.
+    fn download_from(&self, key: &str, offset: u64, out: &mut dyn Write, limit: u64) -> Result<u64> {
+        let mut rest = SkipFirst { out, skip: offset, written: 0 };
+        let size = self.download(key, &mut rest, limit)?;
+        if size < offset {
+            return Err(Error::Shorter { remote: self.url().into(), key: key.into(), offset, size });
+        }
+        Ok(rest.written)
+    }
+    /// Keeps the state of multipart uploads in `dir` (a repository's `.ckpt/transfers/`), so
+    /// that an upload killed part way is resumed by the next upload of the same object from the
+    /// parts that arrived (docs/format.md, "Transfer state"); uploads left there a week
+    /// untouched are aborted. The default keeps nothing: a directory remote copies a file
+    /// whole.
+    fn resume_uploads_in(&mut self, dir: &Path) {
+        let _ = dir;
+    }
+}
+
+/// A writer that drops the first `skip` bytes written to it and passes the rest to `out`.
+struct SkipFirst<'a> {
+    out: &'a mut dyn Write,
+    skip: u64,
+    written: u64,
+}
+
+impl Write for SkipFirst<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let drop = usize::try_from(self.skip).unwrap_or(usize::MAX).min(buf.len());
+        self.skip -= drop as u64;
+        self.out.write_all(&buf[drop..])?;
+        self.written += (buf.len() - drop) as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// The key of an object: `objects/ab/<62 hex>`, the local store's layout.

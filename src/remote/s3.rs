@@ -15,20 +15,25 @@
 //! a whole download, which `object_store`'s default (30 s per request, body included) would
 //! put on every blob however fast it is arriving.
 //!
+//! Multipart uploads go through `object_store`'s lower-level `MultipartStore`, whose upload and
+//! part ids can be kept: with a state directory ([`Remote::resume_uploads_in`]) a killed upload
+//! is resumed by the next one from the parts that arrived (`upload_state.rs`).
+//!
 //! Secrets: the backend's errors quote the URLs of its requests, so each one is kept as
 //! [`super::Masked`] text; an endpoint with user information or a query string in the
 //! environment is refused as `remote add --endpoint` refuses one.
 
+use super::upload_state::{self, PartDone, Prior, UploadState};
 use super::{Error, Expect, Listed, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::aws::AmazonS3ConfigKey;
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as StorePath;
 use object_store::{
     ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
-    WriteMultipart,
 };
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -37,10 +42,31 @@ pub(crate) const PART_SIZE: usize = 16 << 20;
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
 
+/// The environment variable that sets the part size of multipart uploads, in bytes.
+pub(crate) const PART_SIZE_ENV: &str = "CKPT_PART_SIZE";
+/// The smallest part size [`PART_SIZE_ENV`] may set: S3's minimum for every part but the last.
+const MIN_PART_SIZE: usize = 5 << 20;
+
+/// The part size: [`PART_SIZE_ENV`], or [`PART_SIZE`]; a value that is not a number of bytes
+/// from [`MIN_PART_SIZE`] to 5 GiB is an error naming the remote at `url`.
+fn part_size(url: &str) -> Result<usize> {
+    let Some(value) = std::env::var_os(PART_SIZE_ENV) else { return Ok(PART_SIZE) };
+    match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| (MIN_PART_SIZE..=5 << 30).contains(n))
+    {
+        Some(n) => Ok(n),
+        None => Err(Error::BadUrl {
+            url: super::redact_url(url),
+            reason: format!("{PART_SIZE_ENV}={value:?}: expected a number of bytes from {MIN_PART_SIZE} to 5 GiB"),
+        }),
+    }
+}
+
 /// A remote on an `object_store` backend.
 pub struct StoreRemote {
     url: String,
     store: Arc<dyn ObjectStore>,
+    /// The same store's multipart API, whose upload and part ids can be kept between runs.
+    multipart: Arc<dyn MultipartStore>,
     prefix: String,
     runtime: tokio::runtime::Runtime,
     requests: AtomicU64,
@@ -49,6 +75,9 @@ pub struct StoreRemote {
     keeps_buffers: bool,
     /// Part size of multipart uploads ([`PART_SIZE`] unless set).
     part_size: usize,
+    /// Where multipart uploads keep their state so that a rerun resumes them
+    /// ([`Remote::resume_uploads_in`]); `None`: they are not kept.
+    transfers: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for StoreRemote {
@@ -153,30 +182,37 @@ impl StoreRemote {
             .with_config(client(ClientConfigKey::Timeout), "24h")
             .with_retry(RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() });
         // The builder's errors quote settings (masked: an endpoint), never the secret key.
-        let store = builder
-            .build()
-            .map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: super::Masked::new(&e).to_string() })?;
+        let store =
+            Arc::new(builder.build().map_err(|e| Error::BadUrl {
+                url: super::redact_url(url),
+                reason: super::Masked::new(&e).to_string(),
+            })?);
         Ok(StoreRemote {
             url: super::redact_url(url),
-            store: Arc::new(store),
+            store: store.clone(),
+            multipart: store,
             prefix: prefix.trim_matches('/').to_string(),
             runtime: runtime(url)?,
             requests: AtomicU64::new(0),
             keeps_buffers: false,
-            part_size: PART_SIZE,
+            part_size: part_size(url)?,
+            transfers: None,
         })
     }
 
     /// A fresh, empty in-memory remote (tests).
     pub fn memory() -> StoreRemote {
+        let store = Arc::new(object_store::memory::InMemory::new());
         StoreRemote {
             url: "memory://".into(),
-            store: Arc::new(object_store::memory::InMemory::new()),
+            store: store.clone(),
+            multipart: store,
             prefix: String::new(),
             runtime: runtime("memory://").expect("a runtime starts"),
             requests: AtomicU64::new(0),
             keeps_buffers: true,
             part_size: PART_SIZE,
+            transfers: None,
         }
     }
 
@@ -218,6 +254,39 @@ impl StoreRemote {
             return Ok(bytes::Bytes::copy_from_slice(&map));
         }
         Ok(bytes::Bytes::from_owner(MapBytes(map)))
+    }
+}
+
+impl StoreRemote {
+    /// Writes the body of `got` (the object `key` from byte `offset` on) into `out`, the whole
+    /// object at most `limit` bytes; returns the bytes written.
+    async fn stream_into(
+        &self,
+        key: &str,
+        got: object_store::GetResult,
+        offset: u64,
+        out: &mut dyn Write,
+        limit: u64,
+    ) -> Result<u64> {
+        if got.meta.size > limit {
+            return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });
+        }
+        let mut stream = got.into_stream();
+        let mut n = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.backend("downloading", key, e))?;
+            n += chunk.len() as u64;
+            if offset.saturating_add(n) > limit {
+                return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });
+            }
+            out.write_all(&chunk).map_err(|e| Error::Io {
+                remote: self.url.clone(),
+                action: "writing what was downloaded of",
+                path: key.into(),
+                source: e,
+            })?;
+        }
+        Ok(n)
     }
 }
 
@@ -336,24 +405,8 @@ impl Remote for StoreRemote {
     fn upload(&self, key: &str, file: &std::fs::File, path: &Path, len: u64, mode: UploadMode) -> Result<Uploaded> {
         let location = self.location(key);
         let data = self.map(file, path, len)?;
-        let part_size = self.part_size;
         if mode == UploadMode::MayReplace && len >= self.multipart_threshold() {
-            let parts = len.div_ceil(part_size as u64);
-            self.count(parts + 2);
-            return self.runtime.block_on(async {
-                let fail = |e| self.backend("uploading", key, e);
-                let upload = self.store.put_multipart(&location).await.map_err(fail)?;
-                let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
-                let mut offset = 0;
-                while offset < data.len() {
-                    writer.wait_for_capacity(PARTS_IN_FLIGHT).await.map_err(fail)?;
-                    let end = (offset + part_size).min(data.len());
-                    writer.put(data.slice(offset..end));
-                    offset = end;
-                }
-                writer.finish().await.map_err(fail)?;
-                Ok(Uploaded::Replaced)
-            });
+            return self.upload_parts(key, &location, data);
         }
         self.count(1);
         self.runtime.block_on(async {
@@ -428,29 +481,225 @@ impl Remote for StoreRemote {
         let location = self.location(key);
         self.runtime.block_on(async {
             let got = self.store.get(&location).await.map_err(|e| self.backend("downloading", key, e))?;
-            if got.meta.size > limit {
+            self.stream_into(key, got, 0, out, limit).await
+        })
+    }
+
+    fn download_from(&self, key: &str, offset: u64, out: &mut dyn Write, limit: u64) -> Result<u64> {
+        if offset == 0 {
+            return self.download(key, out, limit);
+        }
+        // The size first: a range past the end is an error S3 words in many ways.
+        self.count(2);
+        let location = self.location(key);
+        self.runtime.block_on(async {
+            let meta = self.store.head(&location).await.map_err(|e| self.backend("downloading", key, e))?;
+            if meta.size < offset {
+                return Err(Error::Shorter { remote: self.url.clone(), key: key.into(), offset, size: meta.size });
+            }
+            if meta.size > limit {
                 return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });
             }
-            let mut stream = got.into_stream();
-            let mut n = 0u64;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| self.backend("downloading", key, e))?;
-                n += chunk.len() as u64;
-                if n > limit {
-                    return Err(Error::TooLarge { remote: self.url.clone(), key: key.into(), limit });
-                }
-                out.write_all(&chunk).map_err(|e| Error::Io {
-                    remote: self.url.clone(),
-                    action: "writing what was downloaded of",
-                    path: key.into(),
-                    source: e,
-                })?;
+            if meta.size == offset {
+                return Ok(0);
             }
-            Ok(n)
+            let options = object_store::GetOptions {
+                range: Some(object_store::GetRange::Offset(offset)),
+                // The same object as the one sized (a mirror push may recode it meanwhile).
+                if_match: meta.e_tag.clone(),
+                ..object_store::GetOptions::default()
+            };
+            let got = self.store.get_opts(&location, options).await.map_err(|e| self.backend("downloading", key, e))?;
+            self.stream_into(key, got, offset, out, limit).await
         })
+    }
+
+    fn resume_uploads_in(&mut self, dir: &Path) {
+        self.transfers = Some(dir.to_path_buf());
+        // Uploads nobody resumed for a week: aborted, so that their parts are not billed
+        // forever (best effort; a remote that cannot be reached now is asked next time).
+        for (path, state, lock) in upload_state::abandoned(dir, &self.url) {
+            let location = self.location(&state.key);
+            self.count(1);
+            let gone = match self.runtime.block_on(self.multipart.abort_multipart(&location, &state.upload_id)) {
+                Ok(()) => true,
+                Err(e) => dead_upload(&e),
+            };
+            if gone {
+                upload_state::remove(&path, lock);
+            }
+        }
     }
 
     fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+}
+
+/// Resumable multipart uploads (docs/format.md, "Transfer state"): the upload id and each
+/// part that arrived are kept in a state file (`upload_state.rs`) when the remote was given a
+/// directory for them ([`Remote::resume_uploads_in`]); a rerun sends only the parts missing.
+impl StoreRemote {
+    /// Uploads `data` under `key` (at `location`) in parts of `self.part_size`, resuming the
+    /// upload a killed run left if its state says it sends these bytes. An upload that cannot
+    /// be resumed (its state names other bytes or is damaged; the remote aborted or expired
+    /// it) is aborted and started over, once.
+    fn upload_parts(&self, key: &str, location: &StorePath, data: bytes::Bytes) -> Result<Uploaded> {
+        let len = data.len() as u64;
+        let part_size = self.part_size as u64;
+        let kept = self.transfers.as_deref().and_then(|dir| Kept::lock(dir, &self.url, key));
+        let prior =
+            kept.as_ref().map_or(Prior::None, |k| upload_state::read_prior(&k.path, &self.url, key, len, part_size));
+        let (mut resume, mut stale) = match prior {
+            Prior::Resume(state) => match state.parts.iter().all(|p| {
+                let range = state.part_range(p.index);
+                upload_state::hash_hex(&data[range.start as usize..range.end as usize]) == p.blake3
+            }) {
+                true => (Some(state), None),
+                // The object's bytes there changed since: none of that upload is kept.
+                false => (None, Some(state.upload_id)),
+            },
+            Prior::Abort { upload_id } => (None, Some(upload_id)),
+            Prior::None | Prior::Unreadable => (None, None),
+        };
+        let fail = |e| self.backend("uploading", key, e);
+        let uploaded = self.runtime.block_on(async {
+            loop {
+                let resumed = resume.is_some();
+                let state = match resume.take() {
+                    Some(state) => state,
+                    None => {
+                        self.count(1);
+                        let upload_id = self.multipart.create_multipart(location).await.map_err(fail)?;
+                        let state = UploadState {
+                            format: upload_state::FORMAT,
+                            remote: self.url.clone(),
+                            key: key.to_string(),
+                            len,
+                            part_size,
+                            upload_id,
+                            parts: Vec::new(),
+                        };
+                        // Kept before any part goes: a run killed now still knows what to abort.
+                        if let Some(k) = &kept {
+                            k.write(&state);
+                        }
+                        if let Some(old) = stale.take() {
+                            // Best effort: the remote may have dropped it already.
+                            self.count(1);
+                            let _ = self.multipart.abort_multipart(location, &old).await;
+                        }
+                        state
+                    }
+                };
+                let upload_id = state.upload_id.clone();
+                match self.send_parts(location, &data, state, kept.as_ref()).await {
+                    Ok(()) => return Ok(()),
+                    // A resumed upload the remote no longer has (aborted, expired) or whose
+                    // parts it refuses: started over once, the old one aborted.
+                    Err(e) if resumed && dead_upload(&e) => stale = Some(upload_id),
+                    Err(e) => return Err(fail(e)),
+                }
+            }
+        });
+        if let Some(k) = kept {
+            match uploaded {
+                Ok(()) => k.remove(),
+                // Kept for the rerun (a network error); it resumes from the parts that arrived.
+                Err(_) => drop(k),
+            }
+        }
+        uploaded.map(|()| Uploaded::Replaced)
+    }
+
+    /// Sends the parts of `data` that `state` lacks, [`PARTS_IN_FLIGHT`] at a time, each noted
+    /// in `kept` as it arrives, then completes the upload.
+    async fn send_parts(
+        &self,
+        location: &StorePath,
+        data: &bytes::Bytes,
+        state: UploadState,
+        kept: Option<&Kept>,
+    ) -> object_store::Result<()> {
+        let count = UploadState::part_count(state.len, state.part_size);
+        let have: std::collections::HashSet<u64> = state.parts.iter().map(|p| p.index).collect();
+        let missing: Vec<u64> = (0..count).filter(|i| !have.contains(i)).collect();
+        let upload_id = state.upload_id.clone();
+        let ranges: Vec<_> = missing.iter().map(|&i| (i, state.part_range(i))).collect();
+        let state = std::sync::Mutex::new(state);
+        self.count(ranges.len() as u64 + 1);
+        futures_util::stream::iter(ranges)
+            .map(|(index, range)| {
+                let (state, upload_id) = (&state, &upload_id);
+                let bytes = data.slice(range.start as usize..range.end as usize);
+                async move {
+                    let blake3 = upload_state::hash_hex(&bytes);
+                    let size = bytes.len() as u64;
+                    let part = self
+                        .multipart
+                        .put_part(location, upload_id, index as usize, PutPayload::from_bytes(bytes))
+                        .await?;
+                    let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+                    state.parts.push(PartDone { index, size, etag: part.content_id, blake3 });
+                    if let Some(k) = kept {
+                        k.write(&state);
+                    }
+                    Ok::<(), object_store::Error>(())
+                }
+            })
+            .buffer_unordered(PARTS_IN_FLIGHT)
+            .try_collect::<()>()
+            .await?;
+        let mut parts = state.into_inner().unwrap_or_else(|e| e.into_inner()).parts;
+        parts.sort_by_key(|p| p.index);
+        let ids = parts.into_iter().map(|p| PartId { content_id: p.etag }).collect();
+        self.multipart.complete_multipart(location, &upload_id, ids).await?;
+        Ok(())
+    }
+}
+
+/// Whether an error of a resumed upload says the upload itself is gone or refuses its parts
+/// (S3: 404 `NoSuchUpload`, 400 `InvalidPart`; s3s-fs answers 403 for an upload it does not
+/// know), rather than that the remote could not be reached: only then is it started over. A
+/// 403 for want of permission is safe to take for one too: starting over needs a new upload,
+/// which fails the same way, and the state is kept until a new upload exists.
+fn dead_upload(e: &object_store::Error) -> bool {
+    match e {
+        object_store::Error::NotFound { .. } | object_store::Error::PermissionDenied { .. } => true,
+        // The in-memory store's errors for an unknown upload or a missing part.
+        object_store::Error::Generic { store: "InMemory", .. } => true,
+        e => {
+            let text = super::Masked::new(e).to_string();
+            ["status code: 400", "InvalidPart", "NoSuchUpload"].iter().any(|s| text.contains(s))
+        }
+    }
+}
+
+/// The state file of one upload with its lock held (`upload_state.rs`).
+struct Kept {
+    path: PathBuf,
+    lock: std::fs::File,
+}
+
+impl Kept {
+    /// Locks the state of the upload of `key` to `url` in `dir` (created if missing); `None`
+    /// (the upload is then not kept) if another process drives that upload now or the
+    /// directory cannot be used.
+    fn lock(dir: &Path, url: &str, key: &str) -> Option<Kept> {
+        std::fs::create_dir_all(dir).ok()?;
+        let path = upload_state::state_path(dir, url, key);
+        let lock = upload_state::try_lock_path(&upload_state::lock_path(&path)).ok()??;
+        Some(Kept { path, lock })
+    }
+
+    /// Replaces the state file by `state`. Best effort: a state that could not be written
+    /// leaves the previous one, which names fewer parts (sent again by a rerun).
+    fn write(&self, state: &UploadState) {
+        let _ = upload_state::write_state(&self.path, state);
+    }
+
+    /// Removes the state file (the upload completed).
+    fn remove(self) {
+        upload_state::remove(&self.path, self.lock);
     }
 }

@@ -24,6 +24,13 @@ fn contract(remote: &dyn Remote) {
     let mut out = Vec::new();
     remote.download(&key, &mut out, 100).unwrap();
     assert_eq!(out, b"object bytes", "an existing object is never replaced");
+    // A resumed download: the bytes after those a killed one kept.
+    let mut rest = Vec::new();
+    assert_eq!(remote.download_from(&key, 7, &mut rest, 100).unwrap(), 5);
+    assert_eq!(rest, b"bytes");
+    assert_eq!(remote.download_from(&key, 12, &mut Vec::new(), 100).unwrap(), 0, "nothing was missing");
+    assert!(matches!(remote.download_from(&key, 13, &mut Vec::new(), 100), Err(Error::Shorter { size: 12, .. })));
+    assert!(matches!(remote.download_from(&key, 7, &mut Vec::new(), 11), Err(Error::TooLarge { .. })));
     assert!(matches!(remote.download(&key, &mut Vec::new(), 5), Err(Error::TooLarge { .. })));
     assert!(matches!(remote.download("objects/00/none", &mut Vec::new(), 5), Err(Error::NotFound { .. })));
     assert_eq!(remote.list("objects/").unwrap(), vec![key.clone()]);
@@ -187,4 +194,71 @@ fn a_directory_remote_lists_what_is_not_a_file_and_refuses_to_read_it() {
     std::os::unix::fs::symlink(&elsewhere, root.join("refs/tags")).unwrap();
     assert!(remote.list("refs/").unwrap().contains(&"refs/tags/v1".to_string()));
     assert!(!remote.exists("refs/heads/none").unwrap());
+}
+
+/// A multipart upload resumes the upload its state file names, or, when that cannot be done
+/// (the upload is gone, the state describes other bytes or is garbage), starts over; either
+/// way the object arrives whole and the state file is removed.
+#[test]
+fn a_multipart_upload_resumes_or_starts_over_from_its_state() {
+    use super::upload_state::{state_path, write_state, PartDone, UploadState, FORMAT};
+    let dir = tempfile::tempdir().unwrap();
+    let transfers = dir.path().join("transfers");
+    let file = dir.path().join("obj");
+    let data: Vec<u8> = (0..330u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let key = object_key(&crate::ObjectId::hash(b"big"));
+    let part = |index: u64, bytes: &[u8]| PartDone {
+        index,
+        size: bytes.len() as u64,
+        etag: "\"e\"".into(),
+        blake3: blake3::hash(bytes).to_hex().to_string(),
+    };
+    let state = |len: u64, parts: Vec<PartDone>| UploadState {
+        format: FORMAT,
+        remote: "memory://".into(),
+        key: key.clone(),
+        len,
+        part_size: 64,
+        upload_id: "999".into(),
+        parts,
+    };
+    let path = state_path(&transfers, "memory://", &key);
+    let cases: Vec<(&str, Option<Vec<u8>>)> = vec![
+        ("no state", None),
+        (
+            "an upload the remote does not have",
+            Some(serde_json::to_vec(&state(330, vec![part(0, &data[..64])])).unwrap()),
+        ),
+        ("another length", Some(serde_json::to_vec(&state(331, vec![])).unwrap())),
+        ("a part whose bytes changed", Some(serde_json::to_vec(&state(330, vec![part(1, b"other")])).unwrap())),
+        ("garbage", Some(b"\x00{not json".to_vec())),
+        (
+            "another key",
+            Some(serde_json::to_vec(&UploadState { key: "objects/00/x".into(), ..state(330, vec![]) }).unwrap()),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let mut remote = s3::StoreRemote::memory().with_part_size(64);
+        remote.resume_uploads_in(&transfers);
+        if let Some(bytes) = bytes {
+            std::fs::create_dir_all(&transfers).unwrap();
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let f = std::fs::File::open(&file).unwrap();
+        let uploaded = remote.upload(&key, &f, &file, 330, UploadMode::MayReplace).unwrap();
+        assert_eq!(uploaded, Uploaded::Replaced, "{what}");
+        let mut back = Vec::new();
+        remote.download(&key, &mut back, 1000).unwrap();
+        assert_eq!(back, data, "{what}");
+        assert!(!path.exists(), "{what}: the state stays");
+    }
+    // A state written by a run that is then refused (a part of another length) never
+    // resumes: checked before use.
+    write_state(&path, &state(330, vec![PartDone { size: 63, ..part(0, &data[..64]) }])).unwrap();
+    let mut remote = s3::StoreRemote::memory().with_part_size(64);
+    remote.resume_uploads_in(&transfers);
+    let f = std::fs::File::open(&file).unwrap();
+    remote.upload(&key, &f, &file, 330, UploadMode::MayReplace).unwrap();
+    assert!(!path.exists());
 }

@@ -154,6 +154,12 @@ pub fn clone_with_depth(
     let remote = remote::open(url, &s3)?;
     // As `git clone`: into a new or empty directory only, and a failed clone removes what
     // it created (the directories it made, or what it put in the empty one).
+    // A clone of the same URL killed in this directory: resumed (its downloads too).
+    if let Some(marker) = interrupted_clone(dir) {
+        if marker == (Cloning { url: url.clone(), depth }) {
+            return clone_into(url, remote.as_ref(), dir, s3, transfers, progress, depth);
+        }
+    }
     let created = match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -197,7 +203,35 @@ pub fn clone_with_depth(
     result
 }
 
-/// The body of [`clone_with_depth`], once `dir` is known to be new or empty.
+/// What `.ckpt/cloning` holds while a clone runs (docs/format.md, "Transfer state").
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cloning {
+    /// The URL cloned, as stored for `origin`.
+    url: String,
+    /// `--depth`, if given.
+    depth: Option<usize>,
+}
+
+/// The marker file of a clone in progress.
+const CLONING_FILE: &str = "cloning";
+
+/// What `dir` holds if it is a clone that was killed: only `.ckpt`, with a readable
+/// `.ckpt/cloning` (at most 64 KiB).
+fn interrupted_clone(dir: &Path) -> Option<Cloning> {
+    let mut entries = std::fs::read_dir(dir).ok()?;
+    let only = entries.next()?.ok()?;
+    if only.file_name() != ".ckpt" || entries.next().is_some() {
+        return None;
+    }
+    let file = std::fs::File::open(only.path().join(CLONING_FILE)).ok()?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, 64 << 10), &mut bytes).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The body of [`clone_with_depth`], once `dir` is known to be new or empty, or to hold a
+/// killed clone of the same URL and depth (which is resumed).
 fn clone_into(
     url: &str,
     remote: &dyn Remote,
@@ -220,11 +254,21 @@ fn clone_into(
         }
         None => None,
     };
-    let mut repo = Repo::init(dir)?;
+    let resume = dir.join(".ckpt").join(CLONING_FILE).is_file();
+    let mut repo = if resume { Repo::open(dir)? } else { Repo::init(dir)? };
     if let Some(p) = progress {
         repo.set_progress(p);
     }
-    add_remote(&repo, "origin", url, s3, Layout::default())?;
+    let marker = repo.ckpt_dir().join(CLONING_FILE);
+    if !resume {
+        let mut text = serde_json::to_string(&Cloning { url: url.to_string(), depth }).expect("serializes");
+        text.push('\n');
+        repo.refs().write(&marker, &text)?;
+    }
+    // Killed before it was added, a resumed clone adds it now.
+    if !resume || !super::remotes::remotes(&repo)?.contains_key("origin") {
+        add_remote(&repo, "origin", url, s3, Layout::default())?;
+    }
     let report = match (&only_branch, depth) {
         (Some(b), Some(_)) => fetch_refs(&repo, remote, "origin", transfers, Some(b), depth)?,
         _ => fetch_from(&repo, remote, "origin", transfers)?,
@@ -236,5 +280,6 @@ fn clone_into(
         repo.refs().set(RefKind::Branch, &branch, &tip)?;
         repo.refs().set_head(&Head::Branch(branch))?;
     }
+    std::fs::remove_file(&marker).map_err(|e| Error::Io { action: "removing", path: marker, source: e })?;
     Ok((repo, report))
 }

@@ -171,7 +171,11 @@ pub fn open_remote(repo: &Repo, name: &str) -> Result<Box<dyn Remote>> {
     let config = remotes.get(name).ok_or_else(|| Error::NoSuchRemote { name: name.into() })?;
     // A relative directory path (stored by an older ckpt) means the same wherever the
     // command runs: relative to the working tree's root.
-    Ok(remote::open(&absolute_dir_url(&config.url, repo.root()), &config.s3)?)
+    let mut remote = remote::open(&absolute_dir_url(&config.url, repo.root()), &config.s3)?;
+    // Multipart uploads killed part way are resumed by the next push (docs/format.md,
+    // "Transfer state").
+    remote.resume_uploads_in(&repo.ckpt_dir().join(super::transfer::TRANSFERS_DIR));
+    Ok(remote)
 }
 
 /// The layout of the remote `name`.

@@ -75,6 +75,7 @@ pub(super) struct Staging {
 
 impl Staging {
     pub(super) fn create(ckpt_dir: &Path) -> Result<Staging> {
+        sweep_kept(ckpt_dir);
         let incoming = ckpt_dir.join(INCOMING_DIR);
         std::fs::create_dir_all(&incoming).map_err(|e| Error::Io {
             action: "creating",
@@ -131,52 +132,167 @@ pub(super) fn receive(
     id: &ObjectId,
     received: &AtomicU64,
 ) -> Result<tempfile::TempPath> {
-    with_retries(|| download_to(repo, remote, id, received, repo.store().receive_file()?))
+    with_retries(|| download_to(repo, remote, id, received, &|| Ok(repo.store().receive_file()?)))
 }
 
-/// Downloads one object into `tmp`, adds its size to `received` (and the progress), and
-/// keeps only the file's name: a fetch may hold thousands of received objects at once.
+/// Downloads one object into a new temp file made by `new_tmp` (resuming what a killed
+/// download kept: [`download_kept`]), adds its size to `received` (and the progress, resumed
+/// bytes included), and keeps only the file's name: a fetch may hold thousands of received
+/// objects at once.
 fn download_to(
     repo: &Repo,
     remote: &dyn Remote,
     id: &ObjectId,
     received: &AtomicU64,
-    tmp: tempfile::NamedTempFile,
+    new_tmp: &dyn Fn() -> Result<tempfile::NamedTempFile>,
 ) -> Result<tempfile::TempPath> {
-    let n = download_object(remote, id, &tmp)?;
+    let (path, n) = download_kept(repo, remote, id, new_tmp)?;
     received.fetch_add(n, Ordering::Relaxed);
     repo.progress().set(received.load(Ordering::Relaxed));
-    Ok(tmp.into_temp_path())
+    Ok(path)
 }
 
-/// Downloads object `id` into `tmp` (a new, empty file): at most what its header states
+/// Where downloads keep what arrived and uploads their state: `.ckpt/transfers/`
+/// (docs/format.md, "Transfer state").
+pub(super) const TRANSFERS_DIR: &str = "transfers";
+
+/// A kept download prefix untouched this long is removed by the next fetch.
+const KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Downloads object `id` through `.ckpt/transfers/down-<64 hex>`, which keeps what arrived if
+/// this process is killed: a download that finds such a prefix (and its lock free) asks the
+/// remote only for the bytes after it. The object then moves into a temp file made by
+/// `new_tmp`. A resumed object is checked against its id at once where it can be (a
+/// standalone blob, a delta whose reference is here, a manifest or version): one that does
+/// not match is downloaded again whole, once. Never trusted otherwise either: the store
+/// checks every object before keeping it. Returns the temp file and the object's length.
+fn download_kept(
+    repo: &Repo,
+    remote: &dyn Remote,
+    id: &ObjectId,
+    new_tmp: &dyn Fn() -> Result<tempfile::NamedTempFile>,
+) -> Result<(tempfile::TempPath, u64)> {
+    let dir = repo.ckpt_dir().join(TRANSFERS_DIR);
+    let kept_path = dir.join(format!("down-{}", id.to_hex()));
+    let locked = std::fs::create_dir_all(&dir).and_then(|()| crate::remote::upload_state::try_lock_path(&kept_path));
+    let Ok(Some(kept)) = locked else {
+        // Another process downloads it now (or the directory is unusable): a download of
+        // our own, not kept.
+        let tmp = new_tmp()?;
+        let n = download_object(remote, id, tmp.as_file(), tmp.path(), 0)?;
+        return Ok((tmp.into_temp_path(), n));
+    };
+    let io = |action| {
+        let path = kept_path.clone();
+        move |source| Error::Io { action, path, source }
+    };
+    let have = kept.metadata().map_err(io("reading"))?.len();
+    let len = match download_object(remote, id, &kept, &kept_path, have) {
+        Ok(len) => len,
+        // A prefix the remote's object does not continue (shorter, or what it holds is not
+        // the start of this object): dropped, and the object downloaded whole.
+        Err(Error::Store(_) | Error::Remote(remote::Error::Shorter { .. } | remote::Error::TooLarge { .. }))
+            if have > 0 =>
+        {
+            kept.set_len(0).map_err(io("truncating"))?;
+            download_object(remote, id, &kept, &kept_path, 0)?
+        }
+        Err(e @ (Error::Store(_) | Error::Remote(remote::Error::TooLarge { .. }))) => {
+            // Nothing of it is worth keeping.
+            let _ = std::fs::remove_file(&kept_path);
+            return Err(e);
+        }
+        // Kept for the retry or the rerun.
+        Err(e) => return Err(e),
+    };
+    let tmp = new_tmp()?;
+    std::fs::rename(&kept_path, tmp.path()).map_err(io("moving"))?;
+    drop(kept);
+    let tmp = reopen(tmp.into_temp_path())?;
+    if have == 0 || prefix_matches(repo, id, &tmp) {
+        return Ok((tmp.into_temp_path(), len));
+    }
+    drop(tmp);
+    let tmp = new_tmp()?;
+    let n = download_object(remote, id, tmp.as_file(), tmp.path(), 0)?;
+    Ok((tmp.into_temp_path(), n))
+}
+
+/// Whether the resumed object at `path` is object `id`, as far as it can be told now: decoded
+/// and hashed if it needs nothing that is not here (a delta whose reference is still to come
+/// is checked when stored, like every object).
+fn prefix_matches(repo: &Repo, id: &ObjectId, tmp: &tempfile::NamedTempFile) -> bool {
+    let checked = match repo.store().received_header(id, tmp) {
+        Ok(h) if h.reference.is_some_and(|r| !repo.store().contains(&r)) => Ok(h),
+        Ok(_) => repo.store().check_received(id, None, tmp),
+        Err(e) => Err(e),
+    };
+    !matches!(checked, Err(e) if !matches!(e, crate::store::Error::Missing { .. }))
+}
+
+/// Removes the kept download prefixes in `ckpt_dir`'s transfers directory that nobody
+/// touched for [`KEPT_FOR`] (and that no download holds).
+pub(super) fn sweep_kept(ckpt_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(ckpt_dir.join(TRANSFERS_DIR)) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let old = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if name.to_str().is_some_and(|n| n.starts_with("down-")) && old.is_some_and(|age| age > KEPT_FOR) {
+            if let Ok(Some(_held)) = crate::remote::upload_state::try_lock_path(&entry.path()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// Downloads object `id` into `file` (`path` names it), which holds its first `have` bytes
+/// already (a kept prefix; 0: an empty file): at most what its header states
 /// ([`ObjectHeader::max_stored_len`]; a manifest or version no longer than the store reads,
 /// [`ObjectHeader::check_data_len`]), checked as the first bytes arrive, so that an object padded
 /// behind its container, or a header claiming more than the store would read, stops the
-/// transfer there instead of filling the disk. Returns the bytes written.
-pub(super) fn download_object(remote: &dyn Remote, id: &ObjectId, tmp: &tempfile::NamedTempFile) -> Result<u64> {
+/// transfer there instead of filling the disk. Returns the object's length.
+pub(super) fn download_object(
+    remote: &dyn Remote,
+    id: &ObjectId,
+    file: &std::fs::File,
+    path: &Path,
+    have: u64,
+) -> Result<u64> {
+    let io = |action| move |source| Error::Io { action, path: path.into(), source };
+    use std::io::{Read, Seek};
+    let mut head = Vec::with_capacity(HEADER_LEN);
+    let mut reader = file;
+    if have > 0 {
+        reader.seek(std::io::SeekFrom::Start(0)).map_err(io("reading"))?;
+        reader.take(HEADER_LEN.min(have as usize) as u64).read_to_end(&mut head).map_err(io("reading"))?;
+    }
+    // Also for 0: a file truncated after a bad prefix is written from its start.
+    reader.seek(std::io::SeekFrom::Start(have)).map_err(io("reading"))?;
     let mut out = Capped {
-        out: std::io::BufWriter::with_capacity(1 << 20, tmp.as_file()),
+        out: std::io::BufWriter::with_capacity(1 << 20, file),
         id: *id,
         remote: remote.url(),
-        head: Vec::with_capacity(HEADER_LEN),
+        head: Vec::new(),
         limit: MAX_OBJECT_LEN,
         written: 0,
         refused: None,
     };
-    let result = remote.download(&remote::object_key(id), &mut out, MAX_OBJECT_LEN);
+    // The kept prefix goes through the same checks as arriving bytes, without being written.
+    if out.admit(&head).is_err() || have > out.limit {
+        let reason = format!("the {have} bytes kept of it in {} are not the start of an object", path.display());
+        return Err(out.refused.take().unwrap_or(crate::store::Error::Corrupt { id: *id, reason }).into());
+    }
+    out.written = have;
+    let key = remote::object_key(id);
+    let result = remote.download_from(&key, have, &mut out, MAX_OBJECT_LEN);
     if let Some(refused) = out.refused.take() {
         // The download stopped because the writer refused: that is the error, not how the
         // remote reported the stop.
         return Err(refused.into());
     }
     let n = result?;
-    std::io::Write::flush(&mut out.out).map_err(|e| Error::Io {
-        action: "writing",
-        path: tmp.path().into(),
-        source: e,
-    })?;
-    Ok(n)
+    std::io::Write::flush(&mut out.out).map_err(io("writing"))?;
+    Ok(have + n)
 }
 
 /// What an object download writes through: once the object's header is in, at most the length
@@ -203,8 +319,10 @@ impl<W: std::io::Write> Capped<'_, W> {
     }
 }
 
-impl<W: std::io::Write> std::io::Write for Capped<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+impl<W: std::io::Write> Capped<'_, W> {
+    /// Checks that `buf` may come next (the header, once in, decodes; the length stays within
+    /// what it allows) and counts it, without writing it.
+    fn admit(&mut self, buf: &[u8]) -> std::io::Result<()> {
         if self.refused.is_some() {
             return Err(std::io::Error::other("refused"));
         }
@@ -229,8 +347,15 @@ impl<W: std::io::Write> std::io::Write for Capped<'_, W> {
             );
             return Err(self.refuse(crate::store::Error::Corrupt { id: self.id, reason }));
         }
-        self.out.write_all(buf)?;
         self.written += buf.len() as u64;
+        Ok(())
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for Capped<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.admit(buf)?;
+        self.out.write_all(buf)?;
         Ok(buf.len())
     }
 
@@ -253,14 +378,14 @@ pub(super) fn receive_into(
     received: &AtomicU64,
     dir: &Path,
 ) -> Result<tempfile::TempPath> {
-    with_retries(|| {
-        let tmp = tempfile::Builder::new().prefix("obj-").tempfile_in(dir).map_err(|e| Error::Io {
+    let new_tmp = || {
+        tempfile::Builder::new().prefix("obj-").tempfile_in(dir).map_err(|e| Error::Io {
             action: "creating a file in",
             path: dir.into(),
             source: e,
-        })?;
-        download_to(repo, remote, id, received, tmp)
-    })
+        })
+    };
+    with_retries(|| download_to(repo, remote, id, received, &new_tmp))
 }
 
 #[cfg(test)]

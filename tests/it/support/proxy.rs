@@ -71,6 +71,8 @@ struct State {
     requests: Mutex<Vec<String>>,
     /// Bytes passed from the server to the client so far.
     down: AtomicU64,
+    /// Bytes passed from the client to the server so far.
+    up: AtomicU64,
     /// Set to let stalled connections go (they are then closed).
     released: AtomicBool,
     stopped: AtomicBool,
@@ -95,6 +97,7 @@ impl Proxy {
             hits: AtomicUsize::new(0),
             requests: Mutex::new(Vec::new()),
             down: AtomicU64::new(0),
+            up: AtomicU64::new(0),
             released: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         });
@@ -165,6 +168,11 @@ impl Proxy {
     /// Bytes passed from the server to the client so far (answers and downloads).
     pub fn bytes_down(&self) -> u64 {
         self.state.down.load(Ordering::SeqCst)
+    }
+
+    /// Bytes passed from the client to the server so far (requests and uploads).
+    pub fn bytes_up(&self) -> u64 {
+        self.state.up.load(Ordering::SeqCst)
     }
 
     /// Forgets the requests seen so far.
@@ -238,8 +246,9 @@ fn forward(state: &State, direction: Direction, mut from: TcpStream, mut to: Tcp
             }
         }
         let written = to.write_all(&buf[..pass]);
-        if direction == Direction::Down && written.is_ok() {
-            state.down.fetch_add(pass as u64, Ordering::SeqCst);
+        if written.is_ok() {
+            let counter = if direction == Direction::Down { &state.down } else { &state.up };
+            counter.fetch_add(pass as u64, Ordering::SeqCst);
         }
         if pass < n {
             conn.cut.store(true, Ordering::SeqCst);
