@@ -101,7 +101,10 @@ def main() -> None:
 
         def plain_get():
             subprocess.run(
-                ["curl", "-sf", "-o", "/dev/null", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", f"{KEY}:{SECRET}", f"{endpoint}/{key}"],
+                [
+                    "curl", "-sf", "-o", "/dev/null", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", f"{KEY}:{SECRET}",
+                    "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", f"{endpoint}/{key}",
+                ],
                 check=True,
             )
 
