@@ -21,6 +21,7 @@ parent's to wait for. See "How Python commits survive exit and fork" in docs/arc
 from __future__ import annotations
 
 import atexit
+import builtins
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from ckpt import _native as _ext
 from ckpt._native import CkptError, CommitHandle
 from ckpt._native import Repo as _NativeRepo
 
-__all__ = ["Repo", "ReportPage", "CkptError", "CommitHandle", "wait"]
+__all__ = ["Repo", "ReportPage", "CkptError", "CommitHandle", "wait", "open", "safe_open", "RemoteRepo", "SafeOpen"]
 
 _log = logging.getLogger("ckpt")
 
@@ -436,7 +437,7 @@ class ReportPage:
 
     def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Writes the page to `path`."""
-        with open(path, "w", encoding="utf-8") as f:
+        with builtins.open(path, "w", encoding="utf-8") as f:
             f.write(self.html)
 
     def __str__(self) -> str:
@@ -740,3 +741,7 @@ def _to_torch(arr, dtype: str):
     if isinstance(target, str):
         target = getattr(torch, target)
     return t.view(target)
+
+
+# Last: `open` is ckpt.open from here on (this module uses builtins.open).
+from ckpt._remote import RemoteRepo, SafeOpen, open, safe_open  # noqa: E402

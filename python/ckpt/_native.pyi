@@ -4,7 +4,7 @@ modules turn tensors into the layout it asks for and copy their bytes; everythin
 
 import os
 import pathlib
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 _Path = Union[str, os.PathLike[str]]
 
@@ -351,3 +351,35 @@ class RemoteStore:
     def open_file(self, version: str, path: str) -> StoredFile:
         """A reader of byte ranges of `path` in `version` (a full id), after downloading that
         file's objects (only that file's) into the cache."""
+
+class RemoteReader:
+    """A read-only handle on a remote without a repository (``ckpt.open``, ``ckpt.safe_open``):
+    only what a read needs is downloaded, through a cache."""
+
+    @staticmethod
+    def open(
+        url: str,
+        cache: Optional[_Path] = None,
+        temporary: bool = False,
+        endpoint: Optional[str] = None,
+        region: Optional[str] = None,
+        allow_http: bool = False,
+    ) -> "RemoteReader": ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def cache_dir(self) -> str: ...
+    def requests(self) -> int: ...
+    def resolve(self, rev: str) -> str: ...
+    def refs(self) -> List[Tuple[str, str, str]]: ...
+    def log(
+        self, rev: str, max: Optional[int] = None
+    ) -> List[Tuple[str, List[str], int, str, List[str], int, int]]: ...
+    def files(self, version: str) -> List[Tuple[str, int, str]]: ...
+    def holds_tensors(self, version: str, path: str) -> bool: ...
+    def tensors(self, version: str, path: str) -> List[Tuple[str, str, List[int]]]: ...
+    def metadata(self, version: str, path: str) -> Optional[Dict[str, str]]: ...
+    def read(
+        self, version: str, path: str, name: str, start: Optional[int] = None, stop: Optional[int] = None
+    ) -> Tuple[str, List[int], bytearray]: ...
+    def close(self, prune: bool = False) -> None: ...

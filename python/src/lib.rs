@@ -17,6 +17,7 @@
 //! ([`child_pool`]): rayon's global pool, copied from the parent, has no threads in the child.
 
 mod pieces;
+mod reader;
 
 use ckpt::remote::{self, Remote};
 use ckpt::repo::{
@@ -1701,5 +1702,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ReadAhead>()?;
     m.add_class::<RemoteStore>()?;
     m.add_class::<pieces::PieceSink>()?;
+    m.add_class::<reader::RemoteReader>()?;
     Ok(())
 }

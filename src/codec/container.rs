@@ -595,6 +595,36 @@ impl<'a> Container<'a> {
         Ok(Container { bytes, kind, chunk_size, original_len, original_hash, index, segments, chunks })
     }
 
+    /// Where the chunk index and footer of a container of `total` bytes lie (from the index's
+    /// first byte to the end), read from its last [`FOOTER_LEN`] bytes `footer` alone: what a
+    /// reader of a remote container fetches before any payload. [`Container::open`] checks
+    /// them again, with their checksum, once they are in place.
+    pub fn tail_range(footer: &[u8], total: u64) -> Result<Range<u64>> {
+        let corrupt = |what: &str| Error::Corrupt(what.to_string());
+        if footer.len() != FOOTER_LEN || footer[56..] != END_MAGIC {
+            return Err(corrupt("truncated container (end marker missing)"));
+        }
+        let index_offset = read_u64(footer, 0).expect("in footer");
+        let index_len = read_u64(footer, 8).expect("in footer");
+        let end = total.checked_sub(FOOTER_LEN as u64).ok_or_else(|| corrupt("too short for a container"))?;
+        if index_offset < HEADER_LEN as u64 || index_offset.checked_add(index_len) != Some(end) {
+            return Err(corrupt("index position does not match the file length"));
+        }
+        Ok(index_offset..total)
+    }
+
+    /// Where the stored payloads of chunks `chunks` lie in the container's bytes (one run:
+    /// chunks are stored in order); `None` for chunks past the end.
+    pub fn payload_range(&self, chunks: Range<usize>) -> Option<Range<u64>> {
+        if chunks.is_empty() {
+            return Some(0..0);
+        }
+        let first = self.chunks.get(chunks.start)?;
+        let last = self.chunks.get(chunks.end - 1)?;
+        let (_, _, header) = self.chunk(chunks.end - 1);
+        Some(first.payload_offset..last.payload_offset + header.stored_len())
+    }
+
     /// What the original file was.
     pub fn kind(&self) -> FileKind {
         self.kind

@@ -465,6 +465,19 @@ impl Remote for DirRemote {
         })
     }
 
+    fn read_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        self.count();
+        let (owned, url) = (key.to_string(), self.dir.url.clone());
+        self.bounded("reading", &self.path(key)?, move |dir, _| {
+            let (mut file, path) = dir.open_existing(&owned)?;
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(range.start)).map_err(dir.io("reading", &path))?;
+            let want = range.end.saturating_sub(range.start);
+            let mut bytes = Vec::new();
+            file.take(want).read_to_end(&mut bytes).map_err(dir.io("reading", &path))?;
+            super::checked_range(&url, &owned, &range, bytes, false)
+        })
+    }
+
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64> {
         self.download_from(key, 0, out, limit)
     }

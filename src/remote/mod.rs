@@ -120,6 +120,24 @@ pub enum Error {
         /// The object's size.
         size: u64,
     },
+    /// A ranged read answered with another number of bytes than asked for
+    /// ([`Remote::read_range`]): the object is shorter than the range, or the remote (or what
+    /// answers in its name) sent more.
+    #[error("{remote}: {key}: asked for bytes {start}..{end}, got {got}{}", if *got_more { " or more" } else { "" })]
+    WrongRange {
+        /// The remote.
+        remote: String,
+        /// The key.
+        key: String,
+        /// First byte asked for.
+        start: u64,
+        /// End of the range asked for.
+        end: u64,
+        /// Bytes received (counting stopped one past the range when `got_more`).
+        got: u64,
+        /// Whether more bytes than asked were coming.
+        got_more: bool,
+    },
     /// A URL or setting that does not describe a remote.
     #[error("remote {url:?}: {reason}")]
     BadUrl {
@@ -328,6 +346,17 @@ pub trait Remote: Send + Sync {
     /// The first `len` bytes of the object `key` (fewer if it is shorter) and the object's
     /// whole size: a ranged read, such as an object's header.
     fn read_head(&self, key: &str, len: u64) -> Result<(Vec<u8>, u64)>;
+    /// Bytes `range` of the object `key`, exactly: an answer shorter (the object ends inside the
+    /// range) or longer than the range is [`Error::WrongRange`], and no more than the range's
+    /// length (and one byte) is ever held. The default reads the object's first `range.end`
+    /// bytes ([`Remote::read_head`]); the directory and `object_store` remotes send one ranged
+    /// read of the range alone.
+    fn read_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        let (head, _) = self.read_head(key, range.end)?;
+        let start = usize::try_from(range.start).unwrap_or(usize::MAX);
+        let got = head.get(start..).unwrap_or_default();
+        checked_range(self.url(), key, &range, got.to_vec(), false)
+    }
     /// Streams the object `key` into `out`, at most `limit` bytes (more is an error naming the
     /// key); returns the bytes written.
     fn download(&self, key: &str, out: &mut dyn Write, limit: u64) -> Result<u64>;
@@ -375,6 +404,29 @@ impl Write for SkipFirst<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
     }
+}
+
+/// `bytes`, received for `range` of `key` on `remote` (`more`: bytes past them were coming),
+/// if it is exactly the range; else [`Error::WrongRange`]. The one rule of a ranged read's answer.
+pub(crate) fn checked_range(
+    remote: &str,
+    key: &str,
+    range: &std::ops::Range<u64>,
+    bytes: Vec<u8>,
+    more: bool,
+) -> Result<Vec<u8>> {
+    let want = range.end.saturating_sub(range.start);
+    if bytes.len() as u64 == want && !more {
+        return Ok(bytes);
+    }
+    Err(Error::WrongRange {
+        remote: remote.into(),
+        key: key.into(),
+        start: range.start,
+        end: range.end,
+        got: bytes.len() as u64,
+        got_more: more || bytes.len() as u64 > want,
+    })
 }
 
 /// The key of an object: `objects/ab/<62 hex>`, the local store's layout.

@@ -59,6 +59,13 @@ fn contract(remote: &dyn Remote) {
     assert_eq!(remote.read_head(&key, 5).unwrap(), (b"repla".to_vec(), 19));
     assert_eq!(remote.read_head(&key, 100).unwrap(), (b"replacement, longer".to_vec(), 19));
     assert!(matches!(remote.read_head("objects/00/none", 5), Err(Error::NotFound { .. })));
+    // Ranged reads: exactly the range, or an error (never fewer bytes).
+    assert_eq!(remote.read_range(&key, 3..9).unwrap(), b"laceme");
+    assert_eq!(remote.read_range(&key, 0..19).unwrap(), b"replacement, longer");
+    assert_eq!(remote.read_range(&key, 4..4).unwrap(), b"");
+    let past = remote.read_range(&key, 15..25);
+    assert!(matches!(past, Err(Error::WrongRange { start: 15, end: 25, got: 4, .. })), "{past:?}");
+    assert!(matches!(remote.read_range("objects/00/none", 0..5), Err(Error::NotFound { .. })));
     remote.replace("pending/x", &std::fs::File::open(&file).unwrap(), &file, 19).unwrap();
     assert_eq!(remote.list("pending/").unwrap(), vec!["pending/x".to_string()]);
     remote.delete("pending/x").unwrap();
@@ -261,4 +268,14 @@ fn a_multipart_upload_resumes_or_starts_over_from_its_state() {
     let f = std::fs::File::open(&file).unwrap();
     remote.upload(&key, &f, &file, 330, UploadMode::MayReplace).unwrap();
     assert!(!path.exists());
+}
+
+#[test]
+fn a_range_answer_of_another_length_is_an_error() {
+    let range = 10..20;
+    assert_eq!(checked_range("r", "k", &range, vec![1; 10], false).unwrap(), vec![1; 10]);
+    for (bytes, more) in [(vec![1; 9], false), (vec![1; 11], false), (vec![1; 10], true)] {
+        let e = checked_range("r", "k", &range, bytes, more).unwrap_err().to_string();
+        assert!(e.contains("asked for bytes 10..20"), "{e}");
+    }
 }

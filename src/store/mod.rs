@@ -359,6 +359,17 @@ impl Store {
         Ok(RawObject { id: *id, header, map })
     }
 
+    /// Object `id` read from `path`, a copy outside the store that may hold only some of its
+    /// bytes (a remote reader's partial copy: header, chunk index and the chunk payloads it
+    /// fetched, the rest a hole): mapped, its header decoded. Containers opened on it check
+    /// their index and footer as any; a payload that is not there fails its checksum.
+    pub fn raw_at(id: &ObjectId, path: &Path) -> Result<RawObject> {
+        let file = File::open(path).map_err(io("opening", path))?;
+        let map = mmap::map(&file).map_err(io("reading", path))?;
+        let header = ObjectHeader::decode(*id, &map)?;
+        Ok(RawObject { id: *id, header, map })
+    }
+
     /// Reads only the header of object `id`.
     pub fn header(&self, id: &ObjectId) -> Result<ObjectHeader> {
         use std::io::Read;

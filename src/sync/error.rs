@@ -108,6 +108,15 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A read through a [`crate::sync::RemoteReader`] that cannot be answered: no such tensor,
+    /// rows past its end, a tensor whose bytes are not its shape's.
+    #[error("{what}: {reason}")]
+    Unreadable {
+        /// What was read (a file, a tensor).
+        what: String,
+        /// Why it cannot be.
+        reason: String,
+    },
     /// A pull whose branch and remote branch have both moved.
     #[error("branch {branch:?} and {remote}/{branch} have diverged (local {local}, remote {theirs}); ckpt pull --rebase puts your versions (same files) on top of the remote's; or push yours to another branch")]
     Diverged {

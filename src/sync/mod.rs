@@ -35,8 +35,11 @@
 //! up as deltas in the deltas layout), `file_objects` (transfers by file: the git filter's and
 //! a rank's), `stored` (versions written straight to a remote by the ranks of a distributed
 //! save, and byte ranges of stored files read back), `rank_cache` (the cache a rank keeps
-//! between such saves), `remote_gc` (`ckpt gc --remote`).
+//! between such saves), `remote_gc` (`ckpt gc --remote`), `reader` (a read-only handle on a
+//! remote without a repository) and `blob_ranges` (its partial copies of remote blobs, filled
+//! by ranged reads).
 
+mod blob_ranges;
 mod checked;
 mod clone;
 mod error;
@@ -47,6 +50,7 @@ mod partial;
 mod push;
 mod rank_cache;
 mod read_ahead;
+mod reader;
 mod recode;
 mod remote_gc;
 mod remote_view;
@@ -66,6 +70,7 @@ pub use partial::fetch_revision;
 pub use push::{push, push_to, PushOptions, PushReport};
 pub use rank_cache::{default_cache_root, rank_cache_dir, RankCache, CACHE_DIR_VAR};
 pub use read_ahead::{ReadAhead, ReadAheadLimits};
+pub use reader::{ReaderCache, RemoteReader, RemoteTensor};
 pub use remote_gc::{gc_remote, RemoteGcOptions, RemoteGcReport};
 pub use remote_view::{remote_branch_tip, resolve_remote, RemoteTip};
 pub use remotes::{

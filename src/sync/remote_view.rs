@@ -206,7 +206,9 @@ pub fn remote_branch_tip(remote: &dyn Remote, branch: &str) -> Result<RemoteTip>
 }
 
 /// The version `rev` names on `remote`: `HEAD` (the branch `clone` checks out: `main`, else
-/// the first branch by name), a branch, a tag, or a full version id the remote holds.
+/// the first branch by name), a branch, a tag, a full version id the remote holds, or a unique
+/// prefix of one (at least 4 hex digits, looked up after branches and tags, as a repository
+/// resolves one).
 pub fn resolve_remote(remote: &dyn Remote, rev: &str) -> Result<VersionId> {
     let unknown = |reason: String| Error::from(RepoError::UnknownRevision { rev: rev.to_string(), reason });
     if rev == "HEAD" {
@@ -224,13 +226,45 @@ pub fn resolve_remote(remote: &dyn Remote, rev: &str) -> Result<VersionId> {
             return Err(unknown(format!("{} has no such version", remote.url())));
         }
     }
-    check_name(rev)?;
-    for kind in [RefKind::Branch, RefKind::Tag] {
-        if let Some((id, _)) = read_ref(remote, &ref_key(kind, rev))? {
-            return Ok(id);
+    let is_prefix = (4..64).contains(&rev.len()) && rev.bytes().all(|b| b.is_ascii_hexdigit());
+    if !is_prefix {
+        check_name(rev)?;
+    }
+    if check_name(rev).is_ok() {
+        for kind in [RefKind::Branch, RefKind::Tag] {
+            if let Some((id, _)) = read_ref(remote, &ref_key(kind, rev))? {
+                return Ok(id);
+            }
         }
     }
+    if is_prefix {
+        return match versions_with_prefix(remote, &rev.to_ascii_lowercase())?.as_slice() {
+            [id] => Ok(*id),
+            [] => Err(unknown(format!("not a branch, tag or version of {}", remote.url()))),
+            many => Err(unknown(format!(
+                "ambiguous: {} versions of {} start with it ({})",
+                many.len(),
+                remote.url(),
+                many.iter().take(4).map(|i| i.short(12)).collect::<Vec<_>>().join(", ")
+            ))),
+        };
+    }
     Err(unknown(format!("not a branch, tag or version of {}", remote.url())))
+}
+
+/// The versions of `remote` whose id starts with `prefix` (lowercase hex, at least 4 digits),
+/// as a repository resolves a short id: the objects listed under its fan-out directory, each
+/// a version by its header.
+fn versions_with_prefix(remote: &dyn Remote, prefix: &str) -> Result<Vec<VersionId>> {
+    let mut found = Vec::new();
+    for key in remote.list(&format!("objects/{}/", &prefix[..2]))? {
+        let Some(id) = remote::object_of_key(&key).filter(|id| id.to_hex().starts_with(prefix)) else { continue };
+        if remote_header(remote, &id)?.is_some_and(|(h, _)| h.kind == ObjectKind::Version) {
+            found.push(id);
+        }
+    }
+    found.sort();
+    Ok(found)
 }
 
 /// The header of object `id` on `remote` and the object's size there (one ranged read: its

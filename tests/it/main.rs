@@ -23,6 +23,7 @@ mod remote_faults;
 mod remote_gc;
 mod remote_layout;
 mod remote_resume;
+mod remote_read;
 mod remote_trust;
 mod remote_trust2;
 mod remote_wire;

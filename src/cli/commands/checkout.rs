@@ -1,7 +1,8 @@
-//! `ckpt checkout REV [FILE...] [--output DIR] [--tensor PATTERN] [--force]`.
+//! `ckpt checkout REV [FILE...] [--output DIR] [--tensor PATTERN] [--force]`, and
+//! `ckpt checkout --from URL REV [FILE...] --output DIR [--tensor PATTERN]` (no repository).
 
 use crate::cli::ui::{bytes, one_line, open_repo, Ui};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use ckpt::repo::CheckoutOptions;
 use std::path::{Path, PathBuf};
 
@@ -26,10 +27,20 @@ pub struct CheckoutArgs {
     /// (into the working tree only with --force: it replaces the whole files).
     #[arg(long, value_name = "PATTERN")]
     tensor: Option<String>,
+    /// Read REV from this remote (a directory or s3://BUCKET/PREFIX) instead of a repository:
+    /// only what the files (or tensors) need is downloaded, through a cache kept under
+    /// $CKPT_CACHE_DIR (else ~/.cache/ckpt). Needs --output.
+    #[arg(long, value_name = "URL", requires = "output")]
+    from: Option<String>,
+    #[command(flatten)]
+    s3: super::remote::S3Args,
 }
 
 /// Runs `ckpt checkout`.
 pub fn run(ui: &Ui, base: &Path, args: CheckoutArgs) -> Result<()> {
+    if args.from.is_some() {
+        return run_from(base, args);
+    }
     let repo = open_repo(ui, base)?;
     let files: Vec<PathBuf> = args.files.iter().map(|f| base.join(f)).collect();
     let output = args.output.map(|o| base.join(o));
@@ -46,8 +57,34 @@ pub fn run(ui: &Ui, base: &Path, args: CheckoutArgs) -> Result<()> {
         args.rev.clone()
     };
     let summary = repo.checkout_with(&rev, &options).map_err(one_line)?;
-    if summary.files.is_empty() && args.tensor.is_some() {
-        anyhow::bail!("no tensor matches {:?}", args.tensor.unwrap_or_default());
+    report(&summary, args.tensor)
+}
+
+/// `ckpt checkout --from URL`: the files of REV on the remote, with no repository.
+fn run_from(base: &Path, args: CheckoutArgs) -> Result<()> {
+    let url = args.from.unwrap_or_default();
+    ckpt::remote::check_no_secrets(&url)?;
+    let output = args.output.map(|o| base.join(o)).context("--from needs --output DIR")?;
+    let paths: Vec<String> = args
+        .files
+        .iter()
+        .map(|f| f.to_str().map(|p| p.trim_start_matches("./").to_string()).context("a path that is not UTF-8"))
+        .collect::<Result<_>>()?;
+    // A relative directory remote is relative to where the command runs (`-C` included).
+    let absolute = ckpt::sync::absolute_dir_url(&url, base);
+    let shown = ckpt::remote::redact_url(&url);
+    let reader = ckpt::sync::RemoteReader::open(&absolute, &args.s3.into(), ckpt::sync::ReaderCache::Kept)
+        .with_context(|| format!("opening {shown}"))?;
+    let options = CheckoutOptions { files: None, output: Some(output), tensor: args.tensor.clone(), force: args.force };
+    let summary = reader.checkout(&args.rev, &paths, &options).with_context(|| format!("reading {shown}"))?;
+    reader.close(false)?;
+    report(&summary, args.tensor)
+}
+
+/// Prints what a checkout wrote; no file written for a tensor pattern is an error.
+fn report(summary: &ckpt::repo::CheckoutSummary, tensor: Option<String>) -> Result<()> {
+    if summary.files.is_empty() && tensor.is_some() {
+        anyhow::bail!("no tensor matches {:?}", tensor.unwrap_or_default());
     }
     eprintln!(
         "checked out {} file{} ({}) of version {}",

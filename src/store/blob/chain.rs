@@ -56,140 +56,155 @@ impl Store {
         self.open_chain_from(None, id)
     }
 
+    /// Opens blob `id` and its chain as [`Store::open_blob`] does, each object read by `read`
+    /// instead of from the store: what a remote reader uses to decode chunks of partial copies
+    /// of a remote's objects ([`Store::raw_at`]) with the store's own checks and decoder.
+    pub fn open_blob_with(id: &ObjectId, read: &dyn Fn(&ObjectId) -> Result<RawObject>) -> Result<BlobChain> {
+        open_chain_within(read, None, id, MAX_CHAIN_DEPTH)
+    }
+
     /// Opens the chain of blob `id`, whose own object is `first` when given (an object not in
     /// the store yet: `Store::import` checks a received object this way), else read from the
     /// store; its references are read from the store.
     pub(in crate::store) fn open_chain_from(&self, first: Option<RawObject>, id: &ObjectId) -> Result<BlobChain> {
-        self.open_chain_within(first, id, MAX_CHAIN_DEPTH)
+        open_chain_within(&|id| self.raw(id), first, id, MAX_CHAIN_DEPTH)
     }
+}
 
-    /// [`Self::open_chain_from`] following at most `budget` references in all (through derived
-    /// blobs too), so that a damaged store with a cycle of references ends in an error.
-    fn open_chain_within(&self, first: Option<RawObject>, id: &ObjectId, budget: u32) -> Result<BlobChain> {
-        let mut objects: Vec<RawObject> = Vec::new();
-        let mut first = first;
-        let mut next = Some(*id);
-        while let Some(current) = next {
-            let read = match first.take() {
-                Some(raw) => Ok(raw),
-                None => self.raw(&current),
-            };
-            let raw = match (read, objects.last()) {
-                (Ok(raw), _) => raw,
-                (Err(Error::Missing { id: missing }), Some(referrer)) => {
-                    return Err(Error::Corrupt {
-                        id: referrer.id,
-                        reason: format!("its delta reference {missing} is missing"),
-                    })
-                }
-                (Err(e), _) => return Err(e),
-            };
-            if raw.header.kind != ObjectKind::Blob {
-                return Err(match objects.last() {
-                    None => Error::WrongKind { id: current, expected: ObjectKind::Blob, found: raw.header.kind },
-                    Some(referrer) => Error::Corrupt {
-                        id: referrer.id,
-                        reason: format!("its delta reference {current} is a {}", raw.header.kind),
-                    },
-                });
-            }
-            if let Some(referrer) = objects.last() {
-                let h = &referrer.header;
-                // The header's depth is not compared with the reference's: a reverse-delta
-                // commit turns a standalone reference into a delta, which deepens the chains
-                // above it without rewriting them (docs/format.md, "Objects"). The chain's
-                // real depth is its length, bounded below.
-                let problem = if raw.header.raw_len != h.raw_len {
-                    Some(format!("{} bytes over a reference of {} bytes", h.raw_len, raw.header.raw_len))
-                } else if raw.header.dtype != h.dtype {
-                    Some("dtype differs from its reference".to_string())
-                } else {
-                    None
-                };
-                if let Some(reason) = problem {
-                    return Err(Error::Corrupt { id: referrer.id, reason });
-                }
-            }
-            if objects.len() as u32 > budget {
-                return Err(Error::Corrupt { id: *id, reason: "delta chain too long".into() });
-            }
-            next = raw.header.reference;
-            let derived = raw.header.conversion.is_some();
-            objects.push(raw);
-            if derived {
-                break;
-            }
-        }
-        let base = objects.last().expect("at least the target");
-        let chunk_size = base.container()?.chunk_size();
-        let len = base.header.raw_len;
-        let chunk_count = usize::try_from(len.div_ceil(chunk_size as u64))
-            .map_err(|_| Error::Corrupt { id: base.id, reason: "too many chunks".into() })?;
-        let derived = match (base.header.conversion, base.header.reference) {
-            (Some(conversion), Some(reference)) => {
-                let rest = budget.saturating_sub(objects.len() as u32);
-                Some((conversion, Box::new(self.open_derived_reference(base, conversion, reference, rest)?)))
-            }
-            _ => None,
+/// Opens the chain of blob `id` (its own object `first` when given, else read by `read`, as
+/// are its references), following at most `budget` references in all (through derived blobs
+/// too), so that a damaged store with a cycle of references ends in an error.
+fn open_chain_within(
+    read: &dyn Fn(&ObjectId) -> Result<RawObject>,
+    first: Option<RawObject>,
+    id: &ObjectId,
+    budget: u32,
+) -> Result<BlobChain> {
+    let mut objects: Vec<RawObject> = Vec::new();
+    let mut first = first;
+    let mut next = Some(*id);
+    while let Some(current) = next {
+        let got = match first.take() {
+            Some(raw) => Ok(raw),
+            None => read(&current),
         };
-        if let Some((_, source)) = &derived {
-            // Chunk i of the derived blob holds the elements of its reference's chunk i.
-            let width = |d: Option<Dtype>| d.map_or(1, Dtype::size);
-            let (w, ws) = (width(base.header.dtype), width(source.dtype()));
-            if source.chunk_size * w != chunk_size * ws || source.chunk_count != chunk_count {
+        let raw = match (got, objects.last()) {
+            (Ok(raw), _) => raw,
+            (Err(Error::Missing { id: missing }), Some(referrer)) => {
                 return Err(Error::Corrupt {
-                    id: base.id,
-                    reason: format!(
-                        "chunks of {chunk_size} bytes do not line up with its cross-precision reference's {}",
-                        source.chunk_size
-                    ),
-                });
+                    id: referrer.id,
+                    reason: format!("its delta reference {missing} is missing"),
+                })
             }
-        }
-        let chain = BlobChain { objects, chunk_size, chunk_count, derived };
-        // Opening every container checks its layout; decoding re-opens them (cheap: the index).
-        chain.containers()?;
-        Ok(chain)
-    }
-
-    /// Opens the chain of `reference`, the cross-precision reference of the derived blob `base`
-    /// (whose conversion is `conversion`), following at most `budget` references; checks that
-    /// the two pair (dtypes fit the conversion, equal element counts). Errors blame `base`.
-    fn open_derived_reference(
-        &self,
-        base: &RawObject,
-        conversion: Conversion,
-        reference: ObjectId,
-        budget: u32,
-    ) -> Result<BlobChain> {
-        let corrupt = |reason: String| Error::Corrupt { id: base.id, reason };
-        if budget == 0 {
-            return Err(corrupt("delta chain too long".into()));
-        }
-        let source = match self.open_chain_within(None, &reference, budget - 1) {
-            Ok(source) => source,
-            Err(Error::Missing { id }) if id == reference => {
-                return Err(corrupt(format!("its cross-precision reference {reference} is missing")))
-            }
-            Err(Error::WrongKind { found, .. }) => {
-                return Err(corrupt(format!("its cross-precision reference {reference} is a {found}")))
-            }
-            Err(e) => return Err(e),
+            (Err(e), _) => return Err(e),
         };
-        let target = base.header.dtype.ok_or_else(|| corrupt("a derived blob without a dtype".into()))?;
-        let fits = source.dtype().is_some_and(|d| conversion.fits(d, target));
-        let elements = |len: u64, d: Option<Dtype>| d.map(|d| (len / d.size() as u64, len % d.size() as u64));
-        if !fits || elements(source.len(), source.dtype()) != elements(base.header.raw_len, Some(target)) {
-            return Err(corrupt(format!(
-                "{} bytes of {target:?} cannot be derived by {conversion} from {} bytes of {:?}",
-                base.header.raw_len,
-                source.len(),
-                source.dtype()
-            )));
+        if raw.header.kind != ObjectKind::Blob {
+            return Err(match objects.last() {
+                None => Error::WrongKind { id: current, expected: ObjectKind::Blob, found: raw.header.kind },
+                Some(referrer) => Error::Corrupt {
+                    id: referrer.id,
+                    reason: format!("its delta reference {current} is a {}", raw.header.kind),
+                },
+            });
         }
-        Ok(source)
+        if let Some(referrer) = objects.last() {
+            let h = &referrer.header;
+            // The header's depth is not compared with the reference's: a reverse-delta
+            // commit turns a standalone reference into a delta, which deepens the chains
+            // above it without rewriting them (docs/format.md, "Objects"). The chain's
+            // real depth is its length, bounded below.
+            let problem = if raw.header.raw_len != h.raw_len {
+                Some(format!("{} bytes over a reference of {} bytes", h.raw_len, raw.header.raw_len))
+            } else if raw.header.dtype != h.dtype {
+                Some("dtype differs from its reference".to_string())
+            } else {
+                None
+            };
+            if let Some(reason) = problem {
+                return Err(Error::Corrupt { id: referrer.id, reason });
+            }
+        }
+        if objects.len() as u32 > budget {
+            return Err(Error::Corrupt { id: *id, reason: "delta chain too long".into() });
+        }
+        next = raw.header.reference;
+        let derived = raw.header.conversion.is_some();
+        objects.push(raw);
+        if derived {
+            break;
+        }
     }
+    let base = objects.last().expect("at least the target");
+    let chunk_size = base.container()?.chunk_size();
+    let len = base.header.raw_len;
+    let chunk_count = usize::try_from(len.div_ceil(chunk_size as u64))
+        .map_err(|_| Error::Corrupt { id: base.id, reason: "too many chunks".into() })?;
+    let derived = match (base.header.conversion, base.header.reference) {
+        (Some(conversion), Some(reference)) => {
+            let rest = budget.saturating_sub(objects.len() as u32);
+            Some((conversion, Box::new(open_derived_reference(read, base, conversion, reference, rest)?)))
+        }
+        _ => None,
+    };
+    if let Some((_, source)) = &derived {
+        // Chunk i of the derived blob holds the elements of its reference's chunk i.
+        let width = |d: Option<Dtype>| d.map_or(1, Dtype::size);
+        let (w, ws) = (width(base.header.dtype), width(source.dtype()));
+        if source.chunk_size * w != chunk_size * ws || source.chunk_count != chunk_count {
+            return Err(Error::Corrupt {
+                id: base.id,
+                reason: format!(
+                    "chunks of {chunk_size} bytes do not line up with its cross-precision reference's {}",
+                    source.chunk_size
+                ),
+            });
+        }
+    }
+    let chain = BlobChain { objects, chunk_size, chunk_count, derived };
+    // Opening every container checks its layout; decoding re-opens them (cheap: the index).
+    chain.containers()?;
+    Ok(chain)
+}
 
+/// Opens the chain of `reference`, the cross-precision reference of the derived blob `base`
+/// (whose conversion is `conversion`), following at most `budget` references; checks that
+/// the two pair (dtypes fit the conversion, equal element counts). Errors blame `base`.
+fn open_derived_reference(
+    read: &dyn Fn(&ObjectId) -> Result<RawObject>,
+    base: &RawObject,
+    conversion: Conversion,
+    reference: ObjectId,
+    budget: u32,
+) -> Result<BlobChain> {
+    let corrupt = |reason: String| Error::Corrupt { id: base.id, reason };
+    if budget == 0 {
+        return Err(corrupt("delta chain too long".into()));
+    }
+    let source = match open_chain_within(read, None, &reference, budget - 1) {
+        Ok(source) => source,
+        Err(Error::Missing { id }) if id == reference => {
+            return Err(corrupt(format!("its cross-precision reference {reference} is missing")))
+        }
+        Err(Error::WrongKind { found, .. }) => {
+            return Err(corrupt(format!("its cross-precision reference {reference} is a {found}")))
+        }
+        Err(e) => return Err(e),
+    };
+    let target = base.header.dtype.ok_or_else(|| corrupt("a derived blob without a dtype".into()))?;
+    let fits = source.dtype().is_some_and(|d| conversion.fits(d, target));
+    let elements = |len: u64, d: Option<Dtype>| d.map(|d| (len / d.size() as u64, len % d.size() as u64));
+    if !fits || elements(source.len(), source.dtype()) != elements(base.header.raw_len, Some(target)) {
+        return Err(corrupt(format!(
+            "{} bytes of {target:?} cannot be derived by {conversion} from {} bytes of {:?}",
+            base.header.raw_len,
+            source.len(),
+            source.dtype()
+        )));
+    }
+    Ok(source)
+}
+
+impl Store {
     /// How many deltas lie between blob `id` and its standalone base now, read from the
     /// headers along its chain. (A header's own depth field is the depth when it was written,
     /// which a reverse-delta commit may have deepened since.)
