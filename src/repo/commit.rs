@@ -114,7 +114,7 @@ impl Repo {
     ) -> Result<VersionId> {
         let beside = match onto {
             Onto::Stored { beside, .. } => beside,
-            Onto::Head { .. } => &[],
+            Onto::Head { .. } => None,
         };
         let mut plan = self.plan_version(&inputs, onto, options)?;
         let stored = self.store_inputs(
@@ -296,11 +296,13 @@ pub(super) enum Onto<'d> {
     /// The git filter's store (docs/format.md, "The git filter's store versions"): the version
     /// lists only the inputs, its first parent (what its deltas and `since_base` follow) is
     /// this version, and `HEAD`'s version, when another, is its last parent, so that every
-    /// version stays reachable from the branch. `beside`: manifests of files stored beside it
-    /// (the git filter's: files cleaned earlier by the same process, the files of git's
+    /// version stays reachable from the branch. `beside` (the git filter's): manifests of
+    /// files stored beside it (cleaned earlier by the same process, the files of git's
     /// `HEAD`), whose F32 tensors its BF16 and F16 tensors may be derived from, as from a file
-    /// of the same version.
-    Stored { on: Option<VersionId>, beside: &'d [ObjectId] },
+    /// of the same version; its F32 tensors are then never widened from narrow ones (their
+    /// narrow copies are derived from them instead, if need be later:
+    /// [`Repo::derive_copies_from`]).
+    Stored { on: Option<VersionId>, beside: Option<&'d [ObjectId]> },
 }
 
 /// What [`Repo::plan_version`] decided.

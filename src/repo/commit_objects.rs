@@ -37,7 +37,7 @@ pub(super) struct ObjectPlan<'a> {
     pub(super) derive: Option<(&'a BTreeMap<String, FileEntry>, Option<&'a Version>)>,
     /// Manifests of files stored beside the version ([`super::commit::Onto::Stored`]): their
     /// F32 tensors predict the inputs' BF16 and F16 ones, after the version's own files.
-    pub(super) beside: &'a [ObjectId],
+    pub(super) beside: Option<&'a [ObjectId]>,
     /// Tensors stored while their file was written ([`super::pieces`]): taken as stored, not
     /// coded again from the holes they left.
     pub(super) pieces: Vec<Piece>,
@@ -183,15 +183,16 @@ impl Repo {
     /// stores a new narrow namesake, which is then derived from it: a reference is always a
     /// blob stored before the one derived from it, so no two blobs refer to each other. The
     /// files `beside` the version (manifests) offer their F32 tensors to narrow ones, after
-    /// the version's own files and before the parent's; never their narrow tensors to F32
-    /// ones (a wide tensor widened from a narrow copy stored earlier costs half its size for
-    /// good, where whole it becomes a reverse delta).
+    /// the version's own files and before the parent's; with them (the git filter) F32 tensors
+    /// are never widened from narrow ones: a narrow copy cleaned first is derived from its
+    /// master once that is stored ([`Repo::derive_copies_from`]), as one commit of both
+    /// stores them.
     fn plan_derivations(
         &self,
         inputs: &[Input],
         hashed: &[HashedFile],
         kept: &BTreeMap<String, FileEntry>,
-        (beside, parent): (&[ObjectId], Option<&Version>),
+        (beside, parent): (Option<&[ObjectId]>, Option<&Version>),
     ) -> Derivations {
         // Off only for benchmarks (benches/mixed_precision.py): what a build without derived
         // blobs stores, from the same binary.
@@ -220,7 +221,8 @@ impl Repo {
         // Read only when there is a narrow tensor to derive (a `git add` of many files that
         // have none reads no manifest of the others).
         let mut near = PrecisionIndex::default();
-        for m in beside.iter().filter(|_| !new_narrow.is_empty()).filter_map(|id| self.manifest(id).ok()) {
+        let near_files = beside.unwrap_or_default().iter().filter(|_| !new_narrow.is_empty());
+        for m in near_files.filter_map(|id| self.manifest(id).ok()) {
             near.add_manifest(&m);
         }
         let mut sources = HashMap::new();
@@ -230,7 +232,7 @@ impl Repo {
                     .source(&t.name, &t.shape, dtype)
                     .or_else(|| near.source(&t.name, &t.shape, dtype))
                     .or_else(|| previous.source(&t.name, &t.shape, dtype)),
-                Dtype::F32 if !new_narrow.contains(&precision_key(&t.name, &t.shape)) => this
+                Dtype::F32 if beside.is_none() && !new_narrow.contains(&precision_key(&t.name, &t.shape)) => this
                     .source(&t.name, &t.shape, dtype)
                     .filter(|narrow| self.store.contains(narrow))
                     .or_else(|| previous.source(&t.name, &t.shape, dtype)),

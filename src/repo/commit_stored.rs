@@ -74,7 +74,7 @@ impl Repo {
             reference: reference.as_ref(),
             deltas,
             derive: None,
-            beside: &[],
+            beside: None,
             pieces: taken,
             locked: false,
         };

@@ -52,6 +52,8 @@ fn assert_derived(store: &Repo, bf16: &BTreeMap<String, ObjectId>, fp32: &BTreeM
 #[test]
 fn a_bf16_copy_derives_from_its_master_cleaned_before_it_or_in_head() {
     let env = GitEnv::new();
+    // Global install: a clone has the filter before its first checkout.
+    env.ckpt(env.tmp.path(), &["git", "install", "--global"]);
     let dir = env.repo("r");
     env.git(&dir, &["add", ".gitattributes"]);
     env.git(&dir, &["commit", "-qm", "attributes"]);
@@ -60,7 +62,7 @@ fn a_bf16_copy_derives_from_its_master_cleaned_before_it_or_in_head() {
     std::fs::write(dir.join("b_copy.safetensors"), model(Dtype::Bf16, 0)).unwrap();
     env.git(&dir, &["add", "a_master.safetensors", "b_copy.safetensors"]);
     env.git(&dir, &["commit", "-qm", "epoch 0"]);
-    let store = Repo::open(dir.join(".git/ckpt")).unwrap();
+    let store = Repo::open(&dir.join(".git/ckpt")).unwrap();
     let fp32 = blobs(&env, &dir, &store, "HEAD:a_master.safetensors");
     assert_derived(&store, &blobs(&env, &dir, &store, "HEAD:b_copy.safetensors"), &fp32);
 
@@ -97,7 +99,7 @@ fn a_bf16_copy_derives_from_its_master_cleaned_before_it_or_in_head() {
     env.git(&dir, &["reflog", "expire", "--expire-unreachable=now", "--all"]);
     env.git(&dir, &["gc", "-q", "--prune=now"]);
     env.ckpt(&dir, &["git", "gc", "--prune=now"]);
-    let store = Repo::open(dir.join(".git/ckpt")).unwrap();
+    let store = Repo::open(&dir.join(".git/ckpt")).unwrap();
     assert!(store.manifest(&master.manifest).is_err(), "the master's file is dead and collected");
     assert!(fp32.values().all(|b| store.store().header(b).is_ok()), "its blobs are kept");
     env.ckpt(&dir.join(".git/ckpt"), &["verify"]);
@@ -112,13 +114,13 @@ fn a_bf16_copy_cleaned_before_its_master_is_derived_once_the_master_is_stored() 
     let dir = env.repo("r");
     env.git(&dir, &["add", ".gitattributes"]);
     env.git(&dir, &["commit", "-qm", "attributes"]);
-    let store = Repo::open(dir.join(".git/ckpt")).unwrap();
     for epoch in 0..3 {
         // git cleans model_bf16 first: its master comes later in the same `git add`.
         std::fs::write(dir.join("model_bf16.safetensors"), model(Dtype::Bf16, epoch)).unwrap();
         std::fs::write(dir.join("model_fp32.safetensors"), model(Dtype::F32, epoch)).unwrap();
         env.git(&dir, &["add", "model_bf16.safetensors", "model_fp32.safetensors"]);
         env.git(&dir, &["commit", "-qm", &format!("epoch {epoch}")]);
+        let store = Repo::open(&dir.join(".git/ckpt")).unwrap();
         let fp32 = blobs(&env, &dir, &store, "HEAD:model_fp32.safetensors");
         assert_derived(&store, &blobs(&env, &dir, &store, "HEAD:model_bf16.safetensors"), &fp32);
     }
