@@ -8,6 +8,9 @@
 # It needs about 4x SIZE_MIB of free space in $TMPDIR (file, clean's spool, store, smudged copy).
 # Opt-in many-files run (issue #24): N (default 1000) small tracked files in one `git add`:
 #   ONLY_MANY=1 N=1000 bash benches/git_filter.sh
+# Opt-in mixed-precision run (issue #43 item 4): fp32 master + bf16 copy per epoch through git
+# against `ckpt commit` (BEFORE=an older ckpt binary adds its figures):
+#   ONLY_MIXED=1 bash benches/git_filter.sh
 # Opt-in push run (issue #21 item 5): the series committed and `git push`ed epoch by epoch, the
 # pre-push hook uploading to a directory ckpt remote; bytes uploaded per epoch vs the local store,
 # then a fresh clone smudging the newest epoch and the first from the remote (cmp-checked):
@@ -67,6 +70,41 @@ if [ -n "${ONLY_PUSH:-}" ]; then
     cd "$WORK/clone" && t=$(now) && git checkout -q "HEAD~$(( ${#epochs[@]} - 1 ))" && first_s=$(since "$t")
     cmp model.safetensors "${epochs[0]}"
     echo "checkout of the first epoch: $first_s s, store now $(size .git/ckpt/.ckpt/objects) bytes"
+    exit 0
+fi
+if [ -n "${ONLY_MIXED:-}" ]; then
+    # Mixed precision (issue #43 item 4): each epoch's fp32 master weights and their bf16 copy
+    # (series/fp32 and series/bf16) in one `git add` + `git commit`, against `ckpt commit` of
+    # the same two files per epoch; git cleans in path order, so both orders are measured:
+    # master first (master_fp32 < model_bf16) and copy first (model_bf16 < model_fp32).
+    # BEFORE=path/to/older/ckpt adds that binary's git store (e.g. main's) for comparison.
+    CORPUS_SERIES=$(dirname "$SERIES")
+    fp32s=("$CORPUS_SERIES"/fp32/epoch_*.safetensors); bf16s=("$CORPUS_SERIES"/bf16/epoch_*.safetensors)
+    mkdir "$WORK/ckpt" && cd "$WORK/ckpt" && ckpt init -q . >/dev/null
+    for i in "${!fp32s[@]}"; do
+        cp "${fp32s[$i]}" model_fp32.safetensors; cp "${bf16s[$i]}" model_bf16.safetensors
+        ckpt -q commit -m e model_fp32.safetensors model_bf16.safetensors >/dev/null
+    done
+    ckpt_store=$(size .ckpt/objects)
+    echo "ckpt commit: $ckpt_store bytes"
+    through_git() { # $1: binary dir, $2: label, $3: master's file name
+        local bin=$1 label=$2 master=$3
+        mkdir "$WORK/$label" && cd "$WORK/$label" && git init -q -b main
+        PATH="$bin:$PATH" ckpt git install --local 2>/dev/null && PATH="$bin:$PATH" ckpt git track '*.safetensors' 2>/dev/null
+        git add .gitattributes && git commit -qm attributes
+        for i in "${!fp32s[@]}"; do
+            cp "${fp32s[$i]}" "$master"; cp "${bf16s[$i]}" model_bf16.safetensors
+            PATH="$bin:$PATH" git add "$master" model_bf16.safetensors; PATH="$bin:$PATH" git commit -qm e
+        done
+        git_store=$(size .git/ckpt/.ckpt/objects)
+        PATH="$bin:$PATH" git checkout -q HEAD~5
+        cmp model_bf16.safetensors "${bf16s[-6]}" && cmp "$master" "${fp32s[-6]}"
+        echo "git + ckpt ($label, $(basename "$bin")): $git_store bytes, $(echo "scale=3; $git_store / $ckpt_store" | bc)x ckpt commit"
+    }
+    for order in master_fp32.safetensors:master-first model_fp32.safetensors:copy-first; do
+        through_git "$(dirname "$CKPT")" "${order#*:}" "${order%%:*}"
+        [ -n "${BEFORE:-}" ] && through_git "$(dirname "$BEFORE")" "${order#*:}-before" "${order%%:*}"
+    done
     exit 0
 fi
 if [ -z "${ONLY_RSS:-}" ]; then

@@ -3,13 +3,17 @@
 //! archive storage by storage (zip headers, pickle and other entries as plain bytes), any other
 //! file as plain bytes. Pure: bytes in, bytes out, so the CLI and the fuzzers share it.
 
-use crate::codec::container::{is_container, Container, ContainerWriter, FileKind};
-use crate::codec::{self, Method, Options};
+use crate::codec::chunk::Reference;
+use crate::codec::container::{is_container, Container, ContainerWriter, FileKind, SegmentInput};
+use crate::codec::{self, cross_precision, Method, Options};
 use crate::dtype::Dtype;
 use crate::safetensors;
 use crate::torch_zip;
 use std::io::Write;
 use std::ops::Range;
+
+mod dups;
+pub(crate) use dups::precision_key;
 
 /// Errors of whole-file compression.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +99,21 @@ pub const SMALL_TENSOR_BYTES: u64 = 16 << 10;
 /// (101%). Coded together, their byte groups share chunks (the container's format is the same:
 /// a segment is any run of whole elements of one dtype).
 pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<SegmentPlan>), Error> {
+    let (kind, planned) = plan(file, format)?;
+    Ok((kind, planned.into_iter().map(|p| (p.range, p.dtype)).collect()))
+}
+
+/// A segment [`plan_segments`] plans, with the name and shape of its tensor when it holds
+/// exactly one (not a run of small tensors, a header or a gap).
+#[derive(Clone, Debug)]
+pub(crate) struct Planned {
+    pub(crate) range: Range<u64>,
+    pub(crate) dtype: Option<Dtype>,
+    pub(crate) tensor: Option<(String, Vec<u64>)>,
+}
+
+/// [`plan_segments`] with each segment's tensor.
+fn plan(file: &[u8], format: Format) -> Result<(FileKind, Vec<Planned>), Error> {
     let header = match format {
         Format::Bytes => None,
         Format::Safetensors => Some(safetensors::parse(file)?),
@@ -106,7 +125,7 @@ pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<Segme
         (None, Some(_)) => FileKind::Torch,
         (None, None) => FileKind::Bytes,
     };
-    let mut segments: Vec<SegmentPlan> = Vec::new();
+    let mut segments: Vec<Planned> = Vec::new();
     // Whether the last segment is a run of small tensors that the next may join.
     let mut small_run = false;
     for (range, tensor) in cut(file.len() as u64, header.as_ref(), torch.as_ref()) {
@@ -116,10 +135,19 @@ pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<Segme
         }
         let small = header.is_some() && tensor.is_some() && range.end - range.start < SMALL_TENSOR_BYTES;
         match segments.last_mut() {
-            Some((last, Some(d))) if small && small_run && Some(*d) == dtype && last.end == range.start => {
-                last.end = range.end;
+            Some(last)
+                if small
+                    && small_run
+                    && last.dtype.is_some()
+                    && last.dtype == dtype
+                    && last.range.end == range.start =>
+            {
+                last.range.end = range.end;
+                last.tensor = None;
             }
-            _ => segments.push((range, dtype)),
+            _ => {
+                segments.push(Planned { range, dtype, tensor: tensor.map(|t| (t.name.to_string(), t.shape.to_vec())) })
+            }
         }
         small_run = small;
     }
@@ -128,6 +156,11 @@ pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<Segme
 
 /// Compresses `file` into a container written to `out`; returns the writer and the blake3 hash
 /// of `file`. `progress` is called with the number of input bytes done after each batch.
+///
+/// A tensor whose bytes equal an earlier tensor's is stored as a copy of it, and a float tensor
+/// that is the rounding of an earlier one of another precision (or whose rounding an earlier one
+/// is) as derived from it (docs/format.md, "Reference segments"); [`compress_with`] can turn
+/// both off.
 pub fn compress<W: Write>(
     file: &[u8],
     format: Format,
@@ -135,11 +168,52 @@ pub fn compress<W: Write>(
     out: W,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(W, blake3::Hash), Error> {
-    let (kind, segments) = plan_segments(file, format)?;
-    let mut writer = ContainerWriter::new(out, kind, file.len() as u64, options.clone())?;
-    let parts: Vec<(&[u8], Option<Dtype>)> =
-        segments.iter().map(|(range, dtype)| (&file[range.start as usize..range.end as usize], *dtype)).collect();
-    writer.segments(&parts, progress)?;
+    compress_with(file, format, options, true, out, progress)
+}
+
+/// [`compress`], with reference segments (copies and derived tensors) only when `references`.
+pub fn compress_with<W: Write>(
+    file: &[u8],
+    format: Format,
+    options: &Options,
+    references: bool,
+    out: W,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(W, blake3::Hash), Error> {
+    let (kind, segments) = plan(file, format)?;
+    let links = if references { dups::plan_links(file, &segments) } else { vec![None; segments.len()] };
+    let bytes = |range: &Range<u64>| &file[range.start as usize..range.end as usize];
+    let predictors: Vec<Option<cross_precision::Predictor<'_>>> = segments
+        .iter()
+        .zip(&links)
+        .map(|(segment, link)| {
+            let (link, dtype) = (link.as_ref()?, segment.dtype?);
+            let source = &segments[link.source as usize];
+            let conversion = link.conversion?;
+            Some(cross_precision::Predictor {
+                conversion,
+                source: bytes(&source.range),
+                source_dtype: source.dtype?,
+                dtype,
+            })
+        })
+        .collect();
+    let parts: Vec<SegmentInput<'_>> = segments
+        .iter()
+        .zip(&links)
+        .zip(&predictors)
+        .map(|((segment, link), predictor)| {
+            let data = bytes(&segment.range);
+            let reference = predictor.as_ref().map(|p| Reference::Grouped { source: p, offset: 0, len: data.len() });
+            SegmentInput { data: Reference::Bytes(data), dtype: segment.dtype, reference, link: *link }
+        })
+        .collect();
+    let len = file.len() as u64;
+    let mut writer = match links.iter().any(Option::is_some) {
+        true => ContainerWriter::with_reference_segments(out, kind, len, options.clone())?,
+        false => ContainerWriter::new(out, kind, len, options.clone())?,
+    };
+    writer.segment_inputs(&parts, progress)?;
     Ok(writer.finish()?)
 }
 
@@ -230,6 +304,9 @@ pub struct Report {
     pub stored_bytes: u64,
     /// Index and framing bytes.
     pub overhead_bytes: u64,
+    /// Original bytes stored as copies of earlier segments (docs/format.md, "Reference
+    /// segments"): nothing but their index record; not in `groups`.
+    pub copied_bytes: u64,
     /// Per dtype and byte group, in dtype code order.
     pub groups: Vec<GroupReport>,
 }
@@ -241,8 +318,10 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
     use rayon::prelude::*;
     use std::collections::BTreeMap;
     type Key = (u8, usize);
+    let copy = |i: usize| container.chunk(i).0.link.is_some_and(|l| l.conversion.is_none());
     let per_chunk = (0..container.chunk_count())
         .into_par_iter()
+        .filter(|&i| !copy(i))
         .map(|i| -> Result<Vec<(Key, GroupReport)>, Error> {
             let (segment, range, header) = container.chunk(i);
             let grouping = Grouping::for_dtype(segment.dtype);
@@ -296,6 +375,13 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         original_bytes: container.original_len(),
         stored_bytes: container.stored_len(),
         overhead_bytes: container.stored_len() - payload,
+        copied_bytes: (0..container.chunk_count())
+            .filter(|&i| copy(i))
+            .map(|i| {
+                let (_, range, _) = container.chunk(i);
+                range.end - range.start
+            })
+            .sum(),
         groups: totals.into_values().collect(),
     })
 }

@@ -28,8 +28,11 @@ use std::ops::Range;
 pub(crate) const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
 /// Last bytes of every container.
 pub(crate) const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
-/// The container format version this code writes.
+/// The container format version this code writes for a container without reference segments.
 pub const FORMAT_VERSION: u16 = 6;
+/// The container format version of a container with reference segments (copies of an earlier
+/// segment, or derived from one: docs/format.md, "Reference segments"), and the newest read.
+pub const REFERENCE_FORMAT_VERSION: u16 = 7;
 /// The oldest container format version this code reads. Format 3 only added the `Sparse`
 /// method tag, format 4 the `Rans` tag, format 5 rANS context sources, binned and packed tables
 /// (flags in a rANS payload's first byte, which format 4 kept zero) and format 6 the `Paired`
@@ -101,6 +104,10 @@ pub(crate) struct SegmentInput<'a> {
     pub dtype: Option<Dtype>,
     /// For an XOR delta: what `data` is XORed with before grouping.
     pub reference: Option<Reference<'a>>,
+    /// A reference segment: a copy of an earlier segment (nothing coded; `data` is still its
+    /// bytes, hashed), or derived from one (`reference` is then its prediction). Only in a
+    /// writer made by [`ContainerWriter::with_reference_segments`].
+    pub link: Option<SegmentLink>,
 }
 
 /// Streams a container to `W`: [`ContainerWriter::segment`] once per segment, in file order,
@@ -192,11 +199,21 @@ fn decode_batch_len(chunk_size: usize) -> usize {
 
 impl<W: Write> ContainerWriter<W> {
     /// Writes the header of a container for an original file of `original_len` bytes.
-    pub fn new(mut out: W, kind: FileKind, original_len: u64, options: Options) -> Result<Self> {
+    pub fn new(out: W, kind: FileKind, original_len: u64, options: Options) -> Result<Self> {
+        Self::with_version(out, kind, original_len, options, FORMAT_VERSION)
+    }
+
+    /// [`Self::new`] for a container that may hold reference segments ([`SegmentInput::link`]):
+    /// its header says format [`REFERENCE_FORMAT_VERSION`], which older readers refuse.
+    pub(crate) fn with_reference_segments(out: W, kind: FileKind, original_len: u64, options: Options) -> Result<Self> {
+        Self::with_version(out, kind, original_len, options, REFERENCE_FORMAT_VERSION)
+    }
+
+    fn with_version(mut out: W, kind: FileKind, original_len: u64, options: Options, version: u16) -> Result<Self> {
         let chunk_size = checked_chunk_size(&options)?;
         let mut header = [0u8; HEADER_LEN];
         header[..8].copy_from_slice(&MAGIC);
-        header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header[8..10].copy_from_slice(&version.to_le_bytes());
         header[10] = kind as u8;
         header[12..16].copy_from_slice(&(chunk_size as u32).to_le_bytes());
         header[16..24].copy_from_slice(&original_len.to_le_bytes());
@@ -239,7 +256,10 @@ impl<W: Write> ContainerWriter<W> {
     /// Codes the next `data.len()` bytes of the original file as one segment of `dtype`
     /// elements (`None`: plain bytes).
     pub fn segment(&mut self, data: &[u8], dtype: Option<Dtype>) -> Result<()> {
-        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference: None }], &mut |_| {})
+        self.segment_inputs(
+            &[SegmentInput { data: Data::Bytes(data), dtype, reference: None, link: None }],
+            &mut |_| {},
+        )
     }
 
     /// Codes several consecutive segments (in file order), in parallel across segments as well
@@ -249,7 +269,7 @@ impl<W: Write> ContainerWriter<W> {
     pub fn segments(&mut self, parts: &[(&[u8], Option<Dtype>)], progress: &mut dyn FnMut(u64)) -> Result<()> {
         let inputs: Vec<SegmentInput<'_>> = parts
             .iter()
-            .map(|&(data, dtype)| SegmentInput { data: Data::Bytes(data), dtype, reference: None })
+            .map(|&(data, dtype)| SegmentInput { data: Data::Bytes(data), dtype, reference: None, link: None })
             .collect();
         self.segment_inputs(&inputs, progress)
     }
@@ -259,7 +279,7 @@ impl<W: Write> ContainerWriter<W> {
     /// reference ([`Container::decode_to_with_reference`]).
     pub fn segment_delta(&mut self, data: &[u8], reference: Option<&[u8]>, dtype: Option<Dtype>) -> Result<()> {
         let reference = reference.map(Reference::Bytes);
-        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference }], &mut |_| {})
+        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference, link: None }], &mut |_| {})
     }
 
     /// Codes consecutive segments, each standalone or as an XOR delta against its reference.
@@ -322,7 +342,11 @@ impl<W: Write> ContainerWriter<W> {
                         let coded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             let data = part.data.slice(range.clone());
                             let reference = part.reference.map(|r| r.slice(range.clone()));
-                            let chunks = encode_chunks(data, reference, Grouping::for_dtype(part.dtype), options);
+                            let chunks = if part.link.is_some_and(|l| l.conversion.is_none()) {
+                                Ok(Vec::new()) // a copy: nothing coded
+                            } else {
+                                encode_chunks(data, reference, Grouping::for_dtype(part.dtype), options)
+                            };
                             let mut nodes = Vec::new();
                             if let (Some(shape), Some(bytes)) = (hash_shape, data.bytes()) {
                                 let at = start + range.start as u64;
@@ -368,21 +392,35 @@ impl<W: Write> ContainerWriter<W> {
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         if range.start == 0 {
-            self.begin_segment(part.data.len(), part.dtype)?;
+            self.begin_segment(part.data.len(), part.dtype, part.link)?;
         }
         self.write_chunks(chunks)?;
         self.covered_progress(range.end as u64, part.data.len() as u64, progress);
         Ok(())
     }
 
-    fn begin_segment(&mut self, len: usize, dtype: Option<Dtype>) -> Result<()> {
+    fn begin_segment(&mut self, len: usize, dtype: Option<Dtype>, link: Option<SegmentLink>) -> Result<()> {
         self.covered += len as u64;
         if self.covered > self.original_len {
             return Err(Error::InvalidInput("segments exceed the declared original length".into()));
         }
-        self.segments += 1;
+        let code = dtype.map_or(0, Dtype::code);
         self.index.extend_from_slice(&(len as u64).to_le_bytes());
-        self.index.push(dtype.map_or(0, Dtype::code));
+        match link {
+            None => self.index.push(code),
+            Some(link) => {
+                let version = u16::from_le_bytes([self.header[8], self.header[9]]);
+                if version < REFERENCE_FORMAT_VERSION || link.source >= self.segments {
+                    return Err(Error::InvalidInput(format!(
+                        "segment {}: a reference to segment {} in a format-{version} container",
+                        self.segments, link.source
+                    )));
+                }
+                self.index.push(code | links::LINK_FLAG);
+                self.index.extend_from_slice(&links::record(link));
+            }
+        }
+        self.segments += 1;
         Ok(())
     }
 
@@ -450,6 +488,8 @@ pub struct Segment {
     pub dtype: Option<Dtype>,
     /// Indices of its chunks in [`Container::chunk`] numbering.
     pub chunks: Range<usize>,
+    /// A reference segment's source and how its bytes follow from the source's.
+    pub link: Option<SegmentLink>,
 }
 
 /// Location of one chunk.
@@ -460,6 +500,8 @@ struct ChunkSlot {
     original_len: u32,
     payload_offset: u64,
     index_offset: u32,
+    /// A chunk of a copy segment: no payload, no index entries (its bytes are the source's).
+    copy: bool,
 }
 
 /// A parsed container over its bytes (typically a memory map).
@@ -498,9 +540,9 @@ impl<'a> Container<'a> {
         }
         let header = &bytes[..HEADER_LEN];
         let version = u16::from_le_bytes([header[8], header[9]]);
-        if !(MIN_READ_VERSION..=FORMAT_VERSION).contains(&version) {
+        if !(MIN_READ_VERSION..=REFERENCE_FORMAT_VERSION).contains(&version) {
             return Err(Error::Corrupt(format!(
-                "container format version {version}, this ckpt reads {MIN_READ_VERSION} to {FORMAT_VERSION}"
+                "container format version {version}, this ckpt reads {MIN_READ_VERSION} to {REFERENCE_FORMAT_VERSION}"
             )));
         }
         let kind = FileKind::from_tag(header[10])?;
@@ -541,7 +583,11 @@ impl<'a> Container<'a> {
             let len = read_u64(index, at).ok_or_else(|| corrupt("index truncated in a segment record"))?;
             let code = *index.get(at + 8).ok_or_else(|| corrupt("index truncated"))?;
             at += SEGMENT_RECORD_LEN;
-            let dtype = match code {
+            let link = match code & links::LINK_FLAG {
+                0 => None,
+                _ => Some(links::parse(index, &mut at, s, version)?),
+            };
+            let dtype = match code & !links::LINK_FLAG {
                 0 => None,
                 c => Some(
                     Dtype::from_code(c)
@@ -556,7 +602,35 @@ impl<'a> Container<'a> {
             if len % width as u64 != 0 {
                 return Err(Error::Corrupt(format!("segment {s}: {len} bytes is not whole elements")));
             }
+            if let Some(link) = link {
+                links::check(link, s, &segments, len, dtype)?;
+            }
+            let copy = link.is_some_and(|l| l.conversion.is_none());
             let count = len.div_ceil(chunk_size as u64);
+            if copy {
+                // Copies have no index entries to bound their chunks: a few bytes of index must
+                // not make a reader allocate without end (docs/format.md, "Reference segments").
+                if chunks.len() as u64 + count > links::max_chunks(index.len()) {
+                    return Err(Error::Corrupt(format!("segment {s}: copies cover more chunks than the index allows")));
+                }
+                let first = chunks.len();
+                chunks.extend((0..count).map(|c| {
+                    let chunk_start = original_offset + c * chunk_size as u64;
+                    let original_len = (end - chunk_start).min(chunk_size as u64) as u32;
+                    let segment = s as u32;
+                    ChunkSlot {
+                        segment,
+                        original_offset: chunk_start,
+                        original_len,
+                        payload_offset,
+                        index_offset: 0,
+                        copy,
+                    }
+                }));
+                segments.push(Segment { range: original_offset..end, dtype, chunks: first..chunks.len(), link });
+                original_offset = end;
+                continue;
+            }
             count
                 .checked_mul((width * ENTRY_LEN + CHECKSUM_LEN) as u64)
                 .filter(|&n| n <= (index.len() - at) as u64)
@@ -571,6 +645,7 @@ impl<'a> Container<'a> {
                     original_len: chunk_len,
                     payload_offset,
                     index_offset: at as u32,
+                    copy,
                 };
                 let header = parse_chunk_header(index, at, width)?;
                 header
@@ -580,7 +655,7 @@ impl<'a> Container<'a> {
                 at += width * ENTRY_LEN + CHECKSUM_LEN;
                 chunks.push(slot);
             }
-            segments.push(Segment { range: original_offset..end, dtype, chunks: first..chunks.len() });
+            segments.push(Segment { range: original_offset..end, dtype, chunks: first..chunks.len(), link });
             original_offset = end;
         }
         if at != index.len() {
@@ -655,11 +730,17 @@ impl<'a> Container<'a> {
     }
 
     /// The segment, original byte range and header of chunk `i` (< [`Self::chunk_count`]).
+    /// A chunk of a copy segment has no payload: its header lists every group as Zero with
+    /// nothing stored (its bytes are its source's).
     pub fn chunk(&self, i: usize) -> (&Segment, Range<u64>, ChunkHeader) {
         let slot = self.chunks[i];
         let segment = &self.segments[slot.segment as usize];
         let width = Grouping::for_dtype(segment.dtype).width;
-        let header = parse_chunk_header(self.index, slot.index_offset as usize, width).expect("validated in open");
+        let header = match slot.copy {
+            true => ChunkHeader::new(&[GroupEntry { method: Method::Zero, stored_len: 0 }; 8][..width]),
+            false => parse_chunk_header(self.index, slot.index_offset as usize, width),
+        };
+        let header = header.expect("validated in open");
         (segment, slot.original_offset..slot.original_offset + slot.original_len as u64, header)
     }
 
@@ -671,6 +752,9 @@ impl<'a> Container<'a> {
     /// Decodes chunk `i` of a delta container, XORing with `reference` (the reference bytes of
     /// the same original range), into `out`.
     pub(crate) fn decode_delta_chunk_into(&self, i: usize, reference: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
+        if let Some(link) = self.linked(i, reference.is_some())? {
+            return self.decode_linked_chunk(i, link, out);
+        }
         let (payload, segment, range, header) = self.checked_payload(i)?;
         if out.len() as u64 != range.end - range.start {
             return Err(Error::InvalidInput("output length differs from the chunk length".into()));
@@ -686,6 +770,7 @@ impl<'a> Container<'a> {
     /// with `xor_into` (see [`super::chunk::decode_chunk_groups`]). The payload checksum is
     /// verified first.
     pub(crate) fn decode_chunk_groups_into(&self, i: usize, grouped: &mut [u8], xor_into: bool) -> Result<()> {
+        self.linked(i, true)?;
         let (payload, segment, range, header) = self.checked_payload(i)?;
         if grouped.len() as u64 != range.end - range.start {
             return Err(Error::InvalidInput("output length differs from the chunk length".into()));
@@ -916,6 +1001,9 @@ fn parse_chunk_header(index: &[u8], at: usize, width: usize) -> Result<ChunkHead
     }
     ChunkHeader::new(&entries[..width])
 }
+
+mod links;
+pub use links::SegmentLink;
 
 #[cfg(test)]
 mod tests;

@@ -123,6 +123,61 @@ pub fn predict(
     }
 }
 
+thread_local! {
+    /// One chunk's prediction while it is coded or decoded ([`Predictor`]).
+    static PREDICTION_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The prediction of a tensor from the bytes of its reference (another float dtype, as many
+/// elements), handed to the codec chunk by chunk in grouped form
+/// ([`super::chunk::GroupedReference`]): each chunk converts only the reference elements it
+/// covers, in a per-thread buffer. The one prediction of derived blobs (`store`) and derived
+/// container segments (docs/format.md, "Reference segments").
+pub(crate) struct Predictor<'a> {
+    /// How the prediction is made.
+    pub conversion: Conversion,
+    /// The reference's bytes.
+    pub source: &'a [u8],
+    /// The reference's dtype.
+    pub source_dtype: Dtype,
+    /// The predicted tensor's dtype.
+    pub dtype: Dtype,
+}
+
+impl Predictor<'_> {
+    /// The range of the reference's bytes that predicts bytes `range` of the tensor.
+    pub(crate) fn source_range(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        source_range(self.dtype, self.source_dtype, range)
+    }
+}
+
+/// The range of a reference of `source_dtype` elements that predicts bytes `range` of a tensor
+/// of `dtype` elements (element `k` from element `k`).
+pub(crate) fn source_range(dtype: Dtype, source_dtype: Dtype, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    let (w, ws) = (dtype.size(), source_dtype.size());
+    range.start / w * ws..range.end / w * ws
+}
+
+impl super::chunk::GroupedReference for Predictor<'_> {
+    fn grouped(&self, offset: usize, grouped: &mut [u8]) -> Result<()> {
+        let w = self.dtype.size();
+        let whole = offset.is_multiple_of(w) && grouped.len().is_multiple_of(w);
+        let wide = whole.then(|| self.source.get(self.source_range(offset..offset + grouped.len()))).flatten();
+        let wide = wide.ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "{} predicted bytes at offset {offset} are not whole elements of the reference",
+                grouped.len()
+            ))
+        })?;
+        PREDICTION_SCRATCH.with(|scratch| {
+            let mut predicted = scratch.borrow_mut();
+            predicted.resize(grouped.len(), 0);
+            predict(self.conversion, wide, self.source_dtype, self.dtype, &mut predicted)?;
+            super::byte_group::split(&predicted, None, super::Grouping::for_dtype(Some(self.dtype)), grouped)
+        })
+    }
+}
+
 /// How a wide float was rounded to a narrow one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]

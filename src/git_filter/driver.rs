@@ -19,6 +19,10 @@ use std::sync::Arc;
 /// Buffer size for copying content between pipes and files.
 const COPY_BUF: usize = 1 << 20;
 
+/// How many of the files a filter process stored last a master stored after them may be the
+/// source of ([`GitFilter::cleaned`]): bounds the manifests each clean reads.
+const COPIES_KEPT: usize = 16;
+
 /// The most bytes read of a manifest on the ckpt remote when checking that it is there.
 const MAX_REMOTE_MANIFEST: u64 = 1 << 30;
 
@@ -32,6 +36,14 @@ pub struct GitFilter {
     remote: Option<RemoteSource>,
     /// What git said about the current request (filter-process only).
     request: super::process::RequestMeta,
+    /// The manifests of files stored beside the next clean's: those cleaned earlier by this
+    /// process, newest first, then those of git's `HEAD` (read at the first clean). Their F32
+    /// tensors predict its BF16 and F16 ones ([`Repo::store_file_beside`]), as `ckpt commit`
+    /// predicts them from another file of one commit.
+    beside: std::sync::Mutex<Option<Vec<crate::object_id::ObjectId>>>,
+    /// The newest files this process stored ([`COPIES_KEPT`]): a master stored later may be the
+    /// source of their narrow tensors ([`Repo::derive_copies_from`]).
+    copies: std::sync::Mutex<Vec<crate::repo::StoredCopy>>,
     /// A store in the own store's `tmp/` for files fetched from the ckpt remote only to be
     /// read (a diff), dropped with the filter.
     scratch: std::sync::OnceLock<std::result::Result<(tempfile::TempDir, Repo), Arc<Error>>>,
@@ -66,7 +78,41 @@ impl GitFilter {
             skip_smudge: false,
             remote: None,
             request: Default::default(),
+            beside: std::sync::Mutex::new(None),
+            copies: std::sync::Mutex::new(Vec::new()),
             scratch: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The manifests of files stored beside the next clean's (see `GitFilter::beside`). A
+    /// `HEAD` that cannot be read (not in a git repository: a one-shot clean from elsewhere)
+    /// offers none: it only costs a reference.
+    fn beside(&self) -> Vec<crate::object_id::ObjectId> {
+        let mut beside = self.beside.lock().unwrap_or_else(|e| e.into_inner());
+        let list = beside.get_or_insert_with(|| {
+            let head = git2::Repository::open_from_env().ok().and_then(|git| super::history::head_pointers(&git).ok());
+            head.unwrap_or_default().into_iter().map(|(_, p)| p.manifest).collect()
+        });
+        list.clone()
+    }
+
+    /// Records a file this process stored at `path`: the newest of the files beside the next
+    /// clean's; and, as a master, the source of the narrow tensors of the files stored before
+    /// it (git cleans in path order, so a bf16 copy often comes first). A failure there costs
+    /// only bytes: it is said on stderr.
+    fn cleaned(&self, path: &str, stored: &crate::repo::StoredFile) {
+        let mut beside = self.beside.lock().unwrap_or_else(|e| e.into_inner());
+        let list = beside.get_or_insert_with(Vec::new);
+        list.retain(|m| *m != stored.manifest);
+        list.insert(0, stored.manifest);
+        drop(beside);
+        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = self.store.derive_copies_from(&copies, &stored.manifest) {
+            eprintln!("ckpt: {path}: its bf16/f16 copies stored before it stay whole: {e}");
+        }
+        if let Some(version) = stored.version {
+            copies.insert(0, crate::repo::StoredCopy { manifest: stored.manifest, version, path: path.to_string() });
+            copies.truncate(COPIES_KEPT);
         }
     }
 
@@ -166,10 +212,12 @@ impl GitFilter {
             io::copy(input, &mut w).map_err(spool_err("spooling the content to"))?;
             w.flush().map_err(spool_err("writing"))?;
         }
+        let beside = self.beside();
         let stored = self
             .store
-            .store_file(spool.path(), &rp, &format!("git clean {path}"), &self.options)
+            .store_file_beside(spool.path(), &rp, (&format!("git clean {path}"), &self.options), &beside)
             .map_err(|e| Error::Store { store: self.store.root().to_path_buf(), source: Box::new(e) })?;
+        self.cleaned(path, &stored);
         let p = Pointer::new(stored.hash, stored.manifest, stored.len);
         output.write_all(&p.to_bytes()).map_err(stream("writing to git"))
     }

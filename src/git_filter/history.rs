@@ -73,6 +73,14 @@ pub fn pointer_commits(git: &git2::Repository, range: &str) -> Result<(Vec<Point
     Ok((out, shown))
 }
 
+/// The ckpt pointers of the tree of `HEAD`'s commit, in path order; none before the first
+/// commit.
+pub(super) fn head_pointers(git: &git2::Repository) -> Result<Vec<(String, Pointer)>> {
+    let Ok(head) = git.head() else { return Ok(Vec::new()) };
+    let commit = head.peel_to_commit().map_err(super::git("reading HEAD's commit".to_string()))?;
+    tree_pointers(git, &commit, &mut HashMap::new())
+}
+
 /// The ckpt pointers of `commit`'s tree, in path order; each git blob parsed once (`parsed`).
 fn tree_pointers(
     git: &git2::Repository,

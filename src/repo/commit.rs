@@ -10,6 +10,7 @@ use super::cut::{Input, Rules};
 use super::model::{FileEntry, Version, MODEL_FORMAT};
 use super::status::now_ns;
 use super::{now_secs, DeltaPolicy, Error, Head, RefKind, Repo, Result, VersionId};
+use crate::object_id::ObjectId;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -111,6 +112,10 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<VersionId> {
+        let beside = match onto {
+            Onto::Stored { beside, .. } => beside,
+            Onto::Head { .. } => None,
+        };
         let mut plan = self.plan_version(&inputs, onto, options)?;
         let stored = self.store_inputs(
             &inputs,
@@ -118,6 +123,7 @@ impl Repo {
                 reference: plan.reference.as_ref(),
                 deltas: (plan.policy != DeltaPolicy::Reverse).then_some(plan.base_every),
                 derive: Some((&plan.files, plan.parent.as_ref())),
+                beside,
                 pieces: Vec::new(),
                 locked: true,
             },
@@ -188,7 +194,7 @@ impl Repo {
         let head_version = self.refs.head_version()?;
         let parent_id = match onto {
             Onto::Head { .. } => head_version,
-            Onto::Stored(on) => on,
+            Onto::Stored { on, .. } => on,
         };
         let parent = parent_id.map(|id| self.version(&id)).transpose()?;
         let mut removals = self.pending_removals()?;
@@ -199,7 +205,7 @@ impl Repo {
                 removals.extend(dropped.iter().cloned());
                 files.extend(parent.iter().flat_map(|p| &p.files).map(|f| (f.path.clone(), f.clone())));
             }
-            Onto::Stored(_) => parents.extend(head_version.filter(|h| Some(*h) != parent_id)),
+            Onto::Stored { .. } => parents.extend(head_version.filter(|h| Some(*h) != parent_id)),
         }
         if inputs.is_empty() && removals.is_empty() {
             return Err(Error::NothingToCommit);
@@ -212,7 +218,7 @@ impl Repo {
         let named = inputs.iter().map(|i| i.path.as_str());
         let conflict = match onto {
             Onto::Head { .. } => super::path::prefix_conflict(files.keys().map(String::as_str).chain(named)),
-            Onto::Stored(_) => None,
+            Onto::Stored { .. } => None,
         };
         if let Some((file, under)) = conflict {
             return Err(Error::InvalidPath {
@@ -290,8 +296,13 @@ pub(super) enum Onto<'d> {
     /// The git filter's store (docs/format.md, "The git filter's store versions"): the version
     /// lists only the inputs, its first parent (what its deltas and `since_base` follow) is
     /// this version, and `HEAD`'s version, when another, is its last parent, so that every
-    /// version stays reachable from the branch.
-    Stored(Option<VersionId>),
+    /// version stays reachable from the branch. `beside` (the git filter's): manifests of
+    /// files stored beside it (cleaned earlier by the same process, the files of git's
+    /// `HEAD`), whose F32 tensors its BF16 and F16 tensors may be derived from, as from a file
+    /// of the same version; its F32 tensors are then never widened from narrow ones (their
+    /// narrow copies are derived from them instead, if need be later:
+    /// [`Repo::derive_copies_from`]).
+    Stored { on: Option<VersionId>, beside: Option<&'d [ObjectId]> },
 }
 
 /// What [`Repo::plan_version`] decided.

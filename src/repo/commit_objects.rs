@@ -35,6 +35,9 @@ pub(super) struct ObjectPlan<'a> {
     /// For a commit's cross-precision derivations ([`Repo::plan_derivations`]): the files the
     /// version keeps from its parent, and the parent. `None`: no derived blobs.
     pub(super) derive: Option<(&'a BTreeMap<String, FileEntry>, Option<&'a Version>)>,
+    /// Manifests of files stored beside the version ([`super::commit::Onto::Stored`]): their
+    /// F32 tensors predict the inputs' BF16 and F16 ones, after the version's own files.
+    pub(super) beside: Option<&'a [ObjectId]>,
     /// Tensors stored while their file was written ([`super::pieces`]): taken as stored, not
     /// coded again from the holes they left.
     pub(super) pieces: Vec<Piece>,
@@ -66,7 +69,7 @@ impl Repo {
         let from_pieces: HashSet<ObjectId> = plan.pieces.iter().map(|p| p.id).collect();
         let jobs = self.jobs_to_store(&hashed, &from_pieces);
         let derivations = match plan.derive {
-            Some((kept, parent)) => self.plan_derivations(inputs, &hashed, kept, parent),
+            Some((kept, parent)) => self.plan_derivations(inputs, &hashed, kept, (plan.beside, parent)),
             None => Derivations::default(),
         };
         // A blob derived from a blob this commit writes is coded right after it, in the same
@@ -178,13 +181,18 @@ impl Repo {
     /// parent), else in the parent. An F32 tensor is derived from a narrow one already stored
     /// (a file of this version kept from the parent, else the parent's), unless this commit
     /// stores a new narrow namesake, which is then derived from it: a reference is always a
-    /// blob stored before the one derived from it, so no two blobs refer to each other.
+    /// blob stored before the one derived from it, so no two blobs refer to each other. The
+    /// files `beside` the version (manifests) offer their F32 tensors to narrow ones, after
+    /// the version's own files and before the parent's; with them (the git filter) F32 tensors
+    /// are never widened from narrow ones: a narrow copy cleaned first is derived from its
+    /// master once that is stored ([`Repo::derive_copies_from`]), as one commit of both
+    /// stores them.
     fn plan_derivations(
         &self,
         inputs: &[Input],
         hashed: &[HashedFile],
         kept: &BTreeMap<String, FileEntry>,
-        parent: Option<&Version>,
+        (beside, parent): (Option<&[ObjectId]>, Option<&Version>),
     ) -> Derivations {
         // Off only for benchmarks (benches/mixed_precision.py): what a build without derived
         // blobs stores, from the same binary.
@@ -210,13 +218,21 @@ impl Repo {
             .filter(|(_, _, _, dtype, id)| matches!(dtype, Dtype::Bf16 | Dtype::F16) && !self.store.contains(id))
             .map(|(_, _, t, _, _)| precision_key(&t.name, &t.shape))
             .collect();
+        // Read only when there is a narrow tensor to derive (a `git add` of many files that
+        // have none reads no manifest of the others).
+        let mut near = PrecisionIndex::default();
+        let near_files = beside.unwrap_or_default().iter().filter(|_| !new_narrow.is_empty());
+        for m in near_files.filter_map(|id| self.manifest(id).ok()) {
+            near.add_manifest(&m);
+        }
         let mut sources = HashMap::new();
         for (file, s, t, dtype, id) in own() {
             let source = match dtype {
-                Dtype::Bf16 | Dtype::F16 => {
-                    this.source(&t.name, &t.shape, dtype).or_else(|| previous.source(&t.name, &t.shape, dtype))
-                }
-                Dtype::F32 if !new_narrow.contains(&precision_key(&t.name, &t.shape)) => this
+                Dtype::Bf16 | Dtype::F16 => this
+                    .source(&t.name, &t.shape, dtype)
+                    .or_else(|| near.source(&t.name, &t.shape, dtype))
+                    .or_else(|| previous.source(&t.name, &t.shape, dtype)),
+                Dtype::F32 if beside.is_none() && !new_narrow.contains(&precision_key(&t.name, &t.shape)) => this
                     .source(&t.name, &t.shape, dtype)
                     .filter(|narrow| self.store.contains(narrow))
                     .or_else(|| previous.source(&t.name, &t.shape, dtype)),

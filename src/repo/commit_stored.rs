@@ -70,7 +70,14 @@ impl Repo {
             (Some(_), Some(v)) => Some(self.version(v)?),
             _ => None,
         };
-        let plan = ObjectPlan { reference: reference.as_ref(), deltas, derive: None, pieces: taken, locked: false };
+        let plan = ObjectPlan {
+            reference: reference.as_ref(),
+            deltas,
+            derive: None,
+            beside: None,
+            pieces: taken,
+            locked: false,
+        };
         let stored = self.store_inputs(std::slice::from_ref(&input), plan)?;
         self.flush_index();
         Ok(stored.entries.into_iter().next().expect("one entry per input"))

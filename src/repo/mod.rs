@@ -24,6 +24,7 @@ mod commit_stored;
 mod compact;
 mod config;
 mod cut;
+mod derive_copies;
 mod error;
 #[cfg(test)]
 pub mod fixtures;
@@ -54,6 +55,7 @@ pub use commit_memory::{
 };
 pub use compact::{CompactOptions, CompactReport, COMPACTION_LOG};
 pub use config::{Compaction, Config, DeltaPolicy, MAX_BASE_EVERY};
+pub use derive_copies::StoredCopy;
 pub use error::{Error, Result};
 pub use gc::{parse_grace, GcOptions, GcReport, KeepReport, MissingRepository};
 pub use inspect::{

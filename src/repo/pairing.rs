@@ -262,23 +262,10 @@ impl TensorBlobs {
     }
 }
 
-/// Prefixes that training code wraps parameter names in (`DistributedDataParallel`'s `module.`,
-/// `torch.compile`'s `_orig_mod.`, a `model.` or `state_dict.` level of the saved dict): two
-/// precisions of one model saved by different code paths may differ only by them.
-const WRAPPER_PREFIXES: [&str; 4] = ["module.", "_orig_mod.", "model.", "state_dict."];
-
 /// A tensor's name without wrapper prefixes, and its shape ([`precision_key`]).
 pub(super) type PrecisionKey = (String, Vec<u64>);
 
-/// What pairs tensors across precisions: the name without [`WRAPPER_PREFIXES`] (repeatedly, as
-/// long as something is left) and the shape.
-pub(super) fn precision_key(name: &str, shape: &[u64]) -> PrecisionKey {
-    let mut n = name;
-    while let Some(rest) = WRAPPER_PREFIXES.iter().find_map(|p| n.strip_prefix(p)).filter(|r| !r.is_empty()) {
-        n = rest;
-    }
-    (n.to_string(), shape.to_vec())
-}
+pub(super) use crate::file_codec::precision_key;
 
 /// Whether `dtype` takes part in cross-precision references.
 fn is_precision_dtype(dtype: Dtype) -> bool {

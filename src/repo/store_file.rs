@@ -46,6 +46,32 @@ impl Repo {
         message: &str,
         options: &CommitOptions,
     ) -> Result<StoredFile> {
+        self.store_into(disk, path, (message, options), None)
+    }
+
+    /// [`Self::store_file`], with the manifests of files stored beside this one (the git
+    /// filter's: files cleaned earlier in the same `git add`, the files of git's `HEAD`): its
+    /// BF16 and F16 tensors are derived from their F32 namesakes there, as `ckpt commit`
+    /// derives them from another file of the same version (docs/format.md, "Derived blobs").
+    /// Its F32 tensors are not widened from narrow ones: a narrow copy stored before its
+    /// master is derived from it afterwards ([`Self::derive_copies_from`]).
+    pub fn store_file_beside(
+        &self,
+        disk: &Path,
+        path: &RepoPath,
+        (message, options): (&str, &CommitOptions),
+        beside: &[ObjectId],
+    ) -> Result<StoredFile> {
+        self.store_into(disk, path, (message, options), Some(beside))
+    }
+
+    fn store_into(
+        &self,
+        disk: &Path,
+        path: &RepoPath,
+        (message, options): (&str, &CommitOptions),
+        beside: Option<&[ObjectId]>,
+    ) -> Result<StoredFile> {
         let input = Input::open(disk, path.clone(), Rules::AnyContent, None)?;
         let manifest = input.manifest();
         let bytes = manifest.to_bytes();
@@ -55,7 +81,7 @@ impl Repo {
         }
         let _lock = self.lock()?;
         let on = self.stored_before(path)?;
-        let version_id = self.commit_inputs(vec![input], Onto::Stored(on), message, options)?;
+        let version_id = self.commit_inputs(vec![input], Onto::Stored { on, beside }, message, options)?;
         self.write_path_records(path.as_str(), &version_id);
         let version = self.version(&version_id)?;
         let entry =

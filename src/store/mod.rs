@@ -149,6 +149,10 @@ impl RawObject {
     pub fn container(&self) -> Result<Container<'_>> {
         let c = Container::open(&self.map[HEADER_LEN..])
             .map_err(|e| Error::Corrupt { id: self.id, reason: e.to_string() })?;
+        if c.segments().iter().any(|s| s.link.is_some()) {
+            // Objects are read chunk by chunk across their chains: every chunk has a payload.
+            return Err(Error::Corrupt { id: self.id, reason: "a container with reference segments".into() });
+        }
         if c.original_len() != self.header.raw_len {
             return Err(Error::Corrupt {
                 id: self.id,

@@ -14,6 +14,7 @@ mod git_gc;
 mod git_remote;
 mod git_setup_trust;
 mod git_store_trust;
+mod git_xprec;
 
 mod push_trust2;
 mod refs_trust2;

@@ -305,6 +305,22 @@ fn main() -> Result<(), Error> {
     )?;
     corpus.put("container_decode", "text.container", &compress(&text, Format::Bytes, 256 << 10)?)?;
     corpus.put("container_decode", "empty.container", &compress(b"", Format::Bytes, 256 << 10)?)?;
+    // Reference segments (format 7): a tensor saved twice, and the bf16 copy of an f32 one.
+    let master: Vec<u8> = (0..4096u32).flat_map(|i| ((i as f32).sin() * 0.02).to_le_bytes()).collect();
+    let rule = ckpt::codec::cross_precision::Rounding::NearestEven;
+    let copy: Vec<u8> = master
+        .chunks_exact(4)
+        .flat_map(|c| {
+            ckpt::codec::cross_precision::f32_to_bf16(u32::from_le_bytes([c[0], c[1], c[2], c[3]]), rule).to_le_bytes()
+        })
+        .collect();
+    let spec = [("w", Dtype::F32), ("w_tied", Dtype::F32), ("w_bf16", Dtype::Bf16)]
+        .map(|(n, d)| (n.to_string(), d, vec![4096]));
+    let mut references = ckpt::safetensors::write_header(&spec, None)?;
+    for bytes in [&master, &master, &copy] {
+        references.extend_from_slice(bytes);
+    }
+    corpus.put("container_decode", "references.container", &compress(&references, Format::Safetensors, 4 << 10)?)?;
     for (name, bytes) in torch.iter().filter(|(n, _)| n.starts_with("model_epoch1") || n.starts_with("dtypes")) {
         corpus.put("container_decode", &format!("{name}.container"), &compress(bytes, Format::Detect, 4 << 10)?)?;
     }

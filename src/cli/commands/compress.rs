@@ -56,7 +56,11 @@ pub fn run(ui: &Ui, args: CompressArgs) -> Result<()> {
     planned.with_context(|| format!("{}", args.input.display()))?;
     let bar = ui.bytes_bar(input.len() as u64, "compress");
     write_atomically(&output, |w| {
-        let coded = file_codec::compress(&input, format, &options, w, &mut |done| bar.set_position(done));
+        // Off only for benchmarks (benches/duplicates.py): the container without copies and
+        // derived tensors, from the same binary.
+        let references = std::env::var_os("CKPT_REFERENCE_SEGMENTS").is_none_or(|v| v != "off");
+        let coded =
+            file_codec::compress_with(&input, format, &options, references, w, &mut |done| bar.set_position(done));
         // A file that shrank meanwhile read as zeros past its new end: say so (and write
         // nothing) rather than keep a container of bytes the file never held.
         input.check_unchanged()?;

@@ -88,6 +88,9 @@ fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         writeln!(out)?;
     }
     writeln!(out, "index and framing: {} bytes", r.overhead_bytes)?;
+    if r.copied_bytes > 0 {
+        writeln!(out, "copied: {} bytes stored as copies of earlier tensors", r.copied_bytes)?;
+    }
     writeln!(
         out,
         "total: {} -> {} bytes ({:.2}% of the original)",

@@ -35,6 +35,7 @@ fn grouped_data_records_the_given_hash_and_needs_one() {
         data: Data::Grouped { source: &source, offset: 0, len: data.len() },
         dtype: Some(Dtype::Bf16),
         reference: None,
+        link: None,
     };
     let hash = blake3::hash(&data);
     let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options.clone())
@@ -250,7 +251,8 @@ fn pipeline_reports_a_failing_unit() {
                         let mut w =
                             ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
                         let reference = Some(Reference::Grouped { source: &failing, offset: 0, len: data.len() });
-                        let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference };
+                        let input =
+                            SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference, link: None };
                         w.segment_inputs(&[input], &mut |_| {}).map_err(|e| e.to_string())
                     })
                 }));
@@ -295,11 +297,11 @@ fn old_versions_and_bad_chunk_sizes_are_refused() {
     let mut old = bytes.clone();
     old[8..10].copy_from_slice(&1u16.to_le_bytes());
     let err = Container::open(&old).err().expect("format 1 refused").to_string();
-    assert!(err.contains("container format version 1, this ckpt reads 2 to 6"), "{err}");
+    assert!(err.contains("container format version 1, this ckpt reads 2 to 7"), "{err}");
     let mut newer = bytes.clone();
-    newer[8..10].copy_from_slice(&7u16.to_le_bytes());
-    let err = Container::open(&newer).err().expect("format 7 refused").to_string();
-    assert!(err.contains("container format version 7, this ckpt reads 2 to 6"), "{err}");
+    newer[8..10].copy_from_slice(&8u16.to_le_bytes());
+    let err = Container::open(&newer).err().expect("format 8 refused").to_string();
+    assert!(err.contains("container format version 8, this ckpt reads 2 to 7"), "{err}");
     // A format-2 container (format 3 only added a method tag) still opens and decodes.
     let mut format2 = bytes.clone();
     format2[8..10].copy_from_slice(&2u16.to_le_bytes());

@@ -6,16 +6,11 @@ use super::super::{Error, ObjectHeader, ObjectKind, Result, Store, Written, MAX_
 use super::{encode_blob, Against, BlobChain, BlobData, BlobForm, Feedback, WINDOW_BYTES};
 use crate::codec::chunk::GroupedReference;
 use crate::codec::cross_precision::{self, Conversion};
-use crate::codec::{byte_group, Grouping, Options};
+use crate::codec::Options;
 use crate::dtype::Dtype;
 use crate::object_id::ObjectId;
 use rayon::prelude::*;
 use std::ops::Range;
-
-thread_local! {
-    /// One chunk of a derived blob's prediction while it is coded ([`Prediction`]).
-    static PREDICTION_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// A derived blob coded into a temp file, not stored yet ([`Store::code_blob_derived`]).
 pub struct DerivedBlob {
@@ -145,15 +140,10 @@ fn choose_streaming(
     Some(Conversion::narrow(rules.first().copied().unwrap_or(cross_precision::Rounding::NearestEven)))
 }
 
-/// The prediction of a derived blob from its reference's bytes, handed to the codec chunk by
-/// chunk in grouped form ([`GroupedReference`]): each chunk converts only the reference
-/// elements it covers, in a per-thread buffer.
+/// The prediction of a derived blob from its reference's bytes ([`cross_precision::Predictor`]),
+/// with the release of the reference's pages once read.
 pub(super) struct Prediction<'a> {
-    conversion: Conversion,
-    source: &'a [u8],
-    source_dtype: Dtype,
-    dtype: Dtype,
-    grouping: Grouping,
+    predictor: cross_precision::Predictor<'a>,
     release: &'a (dyn Fn(Range<usize>) + Sync),
 }
 
@@ -161,33 +151,13 @@ impl Prediction<'_> {
     /// Releases the pages of the reference's bytes that predict data bytes `range`, read for
     /// the last time.
     pub(super) fn release(&self, range: Range<usize>) {
-        (self.release)(self.source_range(range));
-    }
-
-    /// The range of the reference's bytes that predicts data bytes `range`.
-    fn source_range(&self, range: Range<usize>) -> Range<usize> {
-        let (w, ws) = (self.dtype.size(), self.source_dtype.size());
-        range.start / w * ws..range.end / w * ws
+        (self.release)(self.predictor.source_range(range));
     }
 }
 
 impl GroupedReference for Prediction<'_> {
     fn grouped(&self, offset: usize, grouped: &mut [u8]) -> crate::codec::Result<()> {
-        let w = self.dtype.size();
-        let whole = offset.is_multiple_of(w) && grouped.len().is_multiple_of(w);
-        let wide = whole.then(|| self.source.get(self.source_range(offset..offset + grouped.len()))).flatten();
-        let wide = wide.ok_or_else(|| {
-            crate::codec::Error::InvalidInput(format!(
-                "{} predicted bytes at offset {offset} are not whole elements of the reference",
-                grouped.len()
-            ))
-        })?;
-        PREDICTION_SCRATCH.with(|scratch| {
-            let mut predicted = scratch.borrow_mut();
-            predicted.resize(grouped.len(), 0);
-            cross_precision::predict(self.conversion, wide, self.source_dtype, self.dtype, &mut predicted)?;
-            byte_group::split(&predicted, None, self.grouping, grouped)
-        })
+        self.predictor.grouped(offset, grouped)
     }
 }
 
@@ -258,14 +228,8 @@ impl Store {
         }
         let conversion = choose_streaming(source, source_dtype, data, dtype, feedback)
             .ok_or_else(|| cannot_predict(id, source_dtype, dtype))?;
-        let prediction = Prediction {
-            conversion,
-            source: source.bytes,
-            source_dtype,
-            dtype,
-            grouping: Grouping::for_dtype(Some(dtype)),
-            release: source.release,
-        };
+        let predictor = cross_precision::Predictor { conversion, source: source.bytes, source_dtype, dtype };
+        let prediction = Prediction { predictor, release: source.release };
         let options = Options { chunk_size, ..options.clone() };
         self.code_derived(&target, form, conversion, Against::Predicted(&prediction), &options, feedback)
     }
