@@ -159,7 +159,7 @@ SERVERS = {
         "program": "azurite-blob",
         "install": "npm install -g azurite",
         "command": lambda port, root: ["azurite-blob", "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
-                                       str(root), "--inMemoryPersistence", "--silent", "--disableTelemetry",
+                                       str(root), "--silent", "--disableTelemetry",
                                        "--skipApiVersionCheck"],
         "url": f"az://{BUCKET}/run1",
         "env": lambda port: {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": f"http://127.0.0.1:{port}"},

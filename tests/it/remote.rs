@@ -6,9 +6,8 @@
 //! uploads: `support::clouds`). Interrupted transfers are tested in-process through a remote
 //! that fails after N operations.
 
-use crate::support::clouds::{AZURITE_ACCOUNT, AZURITE_KEY};
 use crate::support::remote::{
-    azurite, directory, json, model, s3, trained, S3Server, Served, ACCESS_KEY, BUCKET, SECRET_KEY,
+    azure_client, azurite, directory, json, model, s3, trained, S3Server, Served, ACCESS_KEY, BUCKET, SECRET_KEY,
 };
 use crate::support::repo_util::{read_tree, stderr};
 use ckpt::remote::{self, Expect, Remote, Small, UploadMode, Uploaded};
@@ -334,7 +333,7 @@ fn s3_conditional_puts_and_multipart_uploads() {
 #[test]
 fn azure_conditional_puts_and_multipart_uploads() {
     let Some(r) = azurite() else { return };
-    conditional_puts_and_multipart_uploads(&azure_client(&r).with_part_size(5 << 20));
+    conditional_puts_and_multipart_uploads(&azure_client(&r).unwrap().with_part_size(5 << 20));
 }
 
 #[test]
@@ -346,18 +345,7 @@ fn s3_compare_and_swap_race_has_one_winner() {
 #[test]
 fn azure_compare_and_swap_race_has_one_winner() {
     let Some(r) = azurite() else { return };
-    compare_and_swap_race_has_one_winner(&azure_client(&r));
-}
-
-/// The test's own client of an Azure remote on Azurite (account and key passed in, its blob
-/// service URL as the endpoint: what `--endpoint` does).
-fn azure_client(r: &Served) -> remote::s3::StoreRemote {
-    let azurite = match &r._cloud {
-        Some(crate::support::remote::Cloud::Azurite(a)) => a,
-        _ => unreachable!("an Azurite remote"),
-    };
-    let options = remote::S3Options { endpoint: Some(azurite.account_url()), ..remote::S3Options::default() };
-    remote::s3::StoreRemote::azure_with_key(&r.url, &options, AZURITE_ACCOUNT, AZURITE_KEY).unwrap()
+    compare_and_swap_race_has_one_winner(&azure_client(&r).unwrap());
 }
 
 /// Eight writers move one ref from the same version at once, each comparing against the tag

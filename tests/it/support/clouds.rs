@@ -78,20 +78,16 @@ impl Azurite {
         let root = tempfile::tempdir().unwrap();
         let (child, port) = start_on_a_port("azurite-blob", |port| {
             let mut c = Command::new("azurite-blob");
+            // Its store on disk under the test's directory (the default is the working directory).
             c.args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
                 .arg("--location")
                 .arg(root.path())
-                .args(["--inMemoryPersistence", "--silent", "--disableTelemetry", "--skipApiVersionCheck"]);
+                .args(["--silent", "--disableTelemetry", "--skipApiVersionCheck"]);
             c
         });
         let azurite = Azurite { _child: child, _root: root, port };
         azurite.create_container();
         Some(azurite)
-    }
-
-    /// The account's blob service URL (`--endpoint` of an Azure remote on Azurite).
-    pub(crate) fn account_url(&self) -> String {
-        format!("http://127.0.0.1:{}/{AZURITE_ACCOUNT}", self.port)
     }
 
     /// Creates [`BUCKET`]: a request signed with the account key (Shared Key authorization),

@@ -74,13 +74,8 @@ pub(crate) struct Served {
     pub(crate) objects: PathBuf,
     pub(crate) _dir: Option<tempfile::TempDir>,
     pub(crate) _server: Option<S3Server>,
-    pub(crate) _cloud: Option<Cloud>,
-}
-
-/// A cloud emulator serving a remote under test.
-pub(crate) enum Cloud {
-    Azurite(Azurite),
-    Gcs(GcsEmulator),
+    /// A cloud emulator serving it ([`Azurite`], [`GcsEmulator`]), kept until dropped.
+    pub(crate) _cloud: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 pub(crate) fn directory() -> Option<Served> {
@@ -129,7 +124,7 @@ pub(crate) fn azurite() -> Option<Served> {
         objects: PathBuf::from("/nonexistent/azurite/objects"),
         _dir: None,
         _server: None,
-        _cloud: Some(Cloud::Azurite(azurite)),
+        _cloud: Some(Box::new(azurite)),
     })
 }
 
@@ -143,7 +138,7 @@ pub(crate) fn gcs() -> Option<Served> {
         objects: PathBuf::from("/nonexistent/gcs/objects"),
         _dir: None,
         _server: None,
-        _cloud: Some(Cloud::Gcs(gcs)),
+        _cloud: Some(Box::new(gcs)),
     })
 }
 
@@ -361,15 +356,22 @@ pub(crate) fn clone_reads(r: &Served, expected: &[(&str, Vec<u8>)]) {
     }
 }
 
+/// The remote `r` on Azurite opened in this process, with the account and key passed in and
+/// its blob service URL as the endpoint (what `--endpoint` does); `None` for another remote.
+pub(crate) fn azure_client(r: &Served) -> Option<ckpt::remote::s3::StoreRemote> {
+    let azurite = r.env.iter().find(|(key, _)| *key == "AZURITE_BLOB_STORAGE_URL")?;
+    let endpoint = Some(format!("{}/{AZURITE_ACCOUNT}", azurite.1));
+    let options = ckpt::remote::S3Options { endpoint, allow_http: true, ..Default::default() };
+    Some(ckpt::remote::s3::StoreRemote::azure_with_key(&r.url, &options, AZURITE_ACCOUNT, AZURITE_KEY).unwrap())
+}
+
 /// The remote `r` opened in this process (with settings, not the environment: tests run as
 /// threads of one process).
 pub(crate) fn open_remote(r: &Served) -> Box<dyn ckpt::remote::Remote> {
     use ckpt::remote::s3::StoreRemote;
     let env = |k: &str| r.env.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
-    if let Some(azurite) = env("AZURITE_BLOB_STORAGE_URL") {
-        let endpoint = Some(format!("{azurite}/{AZURITE_ACCOUNT}"));
-        let options = ckpt::remote::S3Options { endpoint, allow_http: true, ..Default::default() };
-        return Box::new(StoreRemote::azure_with_key(&r.url, &options, AZURITE_ACCOUNT, AZURITE_KEY).unwrap());
+    if let Some(azure) = azure_client(r) {
+        return Box::new(azure);
     }
     if let Some(host) = env("STORAGE_EMULATOR_HOST") {
         return Box::new(StoreRemote::gcs_emulator(&r.url, &host).unwrap());
