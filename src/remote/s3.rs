@@ -100,10 +100,9 @@ fn bucket_and_prefix<'a>(url: &'a str, scheme: &str, usage: &str) -> Result<(&'a
 /// Regions are S3's: a GCS bucket or an Azure account has its own, which the URL names.
 fn no_region(url: &str, options: &S3Options) -> Result<()> {
     match &options.region {
-        Some(_) => Err(Error::BadUrl {
-            url: super::redact_url(url),
-            reason: "a region applies to s3:// remotes only".into(),
-        }),
+        Some(_) => {
+            Err(Error::BadUrl { url: super::redact_url(url), reason: "a region applies to s3:// remotes only".into() })
+        }
         None => Ok(()),
     }
 }

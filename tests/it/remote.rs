@@ -369,7 +369,10 @@ fn compare_and_swap_race_has_one_winner(remote: &(dyn Remote + Sync)) {
     });
     let winners: Vec<usize> = outcomes.iter().filter(|(_, r)| r.is_ok()).map(|(i, _)| *i).collect();
     assert_eq!(winners.len(), 1, "{outcomes:?}");
-    assert!(outcomes.iter().all(|(_, r)| r.is_ok() || matches!(r, Err(remote::Error::Conflict { .. }))), "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|(_, r)| r.is_ok() || matches!(r, Err(remote::Error::Conflict { .. }))),
+        "{outcomes:?}"
+    );
     let now = remote.get_small("refs/heads/race").unwrap().unwrap();
     assert_eq!(now.bytes, format!("writer {}\n", winners[0]).into_bytes());
 
