@@ -39,7 +39,10 @@ save moved the branch meanwhile, the save raises on every rank and nothing is ov
   against the same items; until it has run, the save takes about its raw size in the store; or
 - a remote URL, as `ckpt remote add` takes them: `s3://bucket/prefix` (S3-compatible storage;
   credentials, region and endpoint from the `AWS_*` environment variables as for ckpt's S3
-  remotes, or the `endpoint`, `region` and `allow_http` arguments) or `file:///dir` (a
+  remotes, or the `endpoint`, `region` and `allow_http` arguments), `gs://bucket/prefix`
+  (Google Cloud Storage: Google's environment, `STORAGE_EMULATOR_HOST` for an emulator),
+  `az://container/prefix` (Azure Blob Storage: the `AZURE_STORAGE_*` environment,
+  `AZURE_STORAGE_USE_EMULATOR=true` for Azurite) or `file:///dir` (a
   directory remote; the writer creates it if missing). The ranks need no repository: each
   keeps a cache of objects (`cache`, see below), pairs its items with the same items in any
   rank file of the branch's previous version, downloading only the manifests that takes and
@@ -144,7 +147,8 @@ def _spare_cpu() -> bool:
 
 
 def _is_remote(target: str) -> bool:
-    """Whether `target` is a remote URL (`s3://`, `file://`) rather than a repository path."""
+    """Whether `target` is a remote URL (`s3://`, `gs://`, `az://`, `file://`) rather than a
+    repository path."""
     return "://" in target
 
 

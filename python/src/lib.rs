@@ -1162,7 +1162,7 @@ impl ReadAhead {
     }
 }
 
-/// A remote (`s3://…`, `file://…`) that the ranks of a distributed save write to and read from
+/// A remote (`s3://…`, `gs://…`, `az://…`, `file://…`) that the ranks of a distributed save write to and read from
 /// without a repository, each through a cache of its own (a repository used as an object
 /// store only, [`sync::RankCache`]): [`sync::store_file_to_remote`], [`sync::commit_to_remote`].
 #[pyclass(frozen, module = "ckpt._native")]
@@ -1210,23 +1210,34 @@ impl RemoteStore {
 }
 
 /// The text that tells one remote from another for its kept caches: its URL (without
-/// credentials) and, for S3, the endpoint (two servers may serve the same bucket name).
+/// credentials) and where it is served: for S3 and GCS the endpoint or emulator (two servers
+/// may serve the same bucket name), for Azure the storage account (a container's name is
+/// unique within its account only) and the endpoint or emulator.
 fn remote_identity(url: &str, endpoint: Option<&str>) -> String {
-    let endpoint = endpoint
-        .map(str::to_string)
-        .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-        .or_else(|| std::env::var("AWS_ENDPOINT").ok())
-        .filter(|e| !e.is_empty());
-    match endpoint {
-        Some(endpoint) if url.starts_with("s3://") => format!("{url} {endpoint}"),
-        _ => url.to_string(),
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let at = |vars: &[&str]| endpoint.map(str::to_string).or_else(|| vars.iter().find_map(|v| var(v)));
+    let place = if url.starts_with("s3://") {
+        at(&["AWS_ENDPOINT_URL", "AWS_ENDPOINT"])
+    } else if url.starts_with("gs://") {
+        at(&["STORAGE_EMULATOR_HOST"])
+    } else if url.starts_with("az://") || url.starts_with("azure://") {
+        let emulator = var("AZURE_STORAGE_USE_EMULATOR").map(|_| "AZURITE_BLOB_STORAGE_URL");
+        let server = at(&[emulator.unwrap_or("AZURE_STORAGE_ENDPOINT")]);
+        let account = var("AZURE_STORAGE_ACCOUNT_NAME").or_else(|| emulator.map(|_| "azurite".to_string()));
+        Some(format!("{} {}", account.unwrap_or_default(), server.unwrap_or_default()))
+    } else {
+        None
+    };
+    match place {
+        Some(place) => format!("{url} {place}"),
+        None => url.to_string(),
     }
 }
 
 #[pymethods]
 impl RemoteStore {
     /// Opens the remote at `url` (`s3://bucket/prefix`, with the `AWS_*` environment and these
-    /// settings; `file:///dir`, created if missing, for a writer), uploading in `layout`
+    /// settings; `gs://bucket/prefix` or `az://container/prefix`, with Google's or Azure's; `file:///dir`, created if missing, for a writer), uploading in `layout`
     /// (`"mirror"` or `"deltas"`), with its cache in `cache` (a directory, created if missing,
     /// used as it is); else, given `rank`, the kept cache of that rank for this remote under
     /// `$CKPT_CACHE_DIR` (else `$XDG_CACHE_HOME/ckpt` or `~/.cache/ckpt`), or a temporary one
@@ -1251,7 +1262,7 @@ impl RemoteStore {
             .detach(move || {
                 let identity = remote_identity(&url, endpoint.as_deref());
                 let s3 = remote::S3Options { endpoint, region, allow_http };
-                let remote: Box<dyn Remote> = if create && !url.starts_with("s3://") && url != "memory://" {
+                let remote: Box<dyn Remote> = if create && !remote::is_object_store(&url) {
                     Box::new(remote::local::DirRemote::create(&url).map_err(|e| error_text(&e))?)
                 } else {
                     remote::open(&url, &s3).map_err(|e| error_text(&e))?

@@ -83,7 +83,7 @@ enum Command {
     /// Commit each checkpoint (file or folder) that appears in a directory, once it is finished.
     Watch(commands::watch::WatchArgs),
 
-    /// List, add or remove remotes (a directory or s3://BUCKET/PREFIX).
+    /// List, add or remove remotes (a directory, s3://, gs:// or az://BUCKET/PREFIX).
     Remote(commands::remote::RemoteArgs),
     /// Send versions (and the objects they need) to a remote and move its refs.
     Push(commands::push::PushArgs),

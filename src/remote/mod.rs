@@ -5,8 +5,8 @@
 //! [`Remote::replace`], is atomic: a mirror push uses it to recode an object as another
 //! encoding of the same content, under the rules of docs/format.md ("A mirror push"). Two
 //! implementations: a directory ([`local::DirRemote`], for NFS and tests) and any
-//! `object_store` backend ([`s3::StoreRemote`]: S3-compatible storage, and an in-memory store
-//! for tests).
+//! `object_store` backend ([`s3::StoreRemote`]: S3-compatible storage, Google Cloud Storage,
+//! Azure Blob Storage, and an in-memory store for tests).
 //!
 //! Layout under the remote's root (docs/format.md, "Remotes"): `objects/ab/<62 hex>` holds the
 //! same bytes as the local object file, `refs/heads/NAME` and `refs/tags/NAME` the same text as
@@ -446,15 +446,17 @@ pub fn object_of_key(key: &str) -> Option<crate::ObjectId> {
     hex.parse::<crate::ObjectId>().ok().filter(|id| id.to_hex() == hex)
 }
 
-/// Settings of an S3 remote beyond what the `AWS_*` environment variables give (these take
-/// precedence over the environment). Credentials are never stored here.
+/// Settings of an object-store remote (S3, and the endpoint and plain HTTP for GCS and Azure
+/// too) beyond what each cloud's environment variables give (these take precedence over the
+/// environment). Credentials are never stored here. (Named after its first backend.)
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Options {
-    /// Endpoint URL (`http://127.0.0.1:9000` for a local server).
+    /// Endpoint URL (`http://127.0.0.1:9000` for a local server; for GCS the base URL of its
+    /// API, for Azure the account's blob service URL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    /// Region.
+    /// Region (S3 only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     /// Allow plain HTTP (a local endpoint).
@@ -516,8 +518,10 @@ fn secret_in(url: &str) -> Option<&'static str> {
 }
 
 /// Where credentials go instead of a URL.
-const CREDENTIALS_HOME: &str = "give credentials through the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, \
-                                AWS_SESSION_TOKEN) or ~/.aws/credentials instead";
+const CREDENTIALS_HOME: &str = "give credentials through the environment instead (AWS_ACCESS_KEY_ID, \
+                                AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or ~/.aws/credentials; \
+                                GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_ACCOUNT_KEY or \
+                                AZURE_STORAGE_SAS_TOKEN)";
 
 /// Refuses a `scheme://` URL (a remote's, or an S3 endpoint) that carries what looks like a
 /// secret (`secret_in`). Such a URL would be written to `.ckpt/remotes` and shown by
@@ -531,7 +535,7 @@ pub fn check_no_secrets(url: &str) -> Result<()> {
     })
 }
 
-/// Refuses an S3 endpoint set in the environment variable `variable` that carries what looks
+/// Refuses an endpoint (S3's, GCS's, Azure's, an emulator's) set in the environment variable `variable` that carries what looks
 /// like a secret, as [`check_no_secrets`] refuses one given to `remote add --endpoint`: it is not
 /// stored, but it would be sent and printed with every request's error.
 fn check_env_endpoint(variable: &str, endpoint: &str) -> Result<()> {
@@ -539,11 +543,19 @@ fn check_env_endpoint(variable: &str, endpoint: &str) -> Result<()> {
     Err(Error::BadUrl { url: redact_url(endpoint), reason: format!("{variable}: {reason}; {CREDENTIALS_HOME}") })
 }
 
-/// Opens the remote at `url`: `s3://bucket[/prefix]`, `file:///path` or a local path (an
-/// existing directory). `memory://` is a fresh in-memory store (tests).
-pub fn open(url: &str, s3: &S3Options) -> Result<Box<dyn Remote>> {
+/// Opens the remote at `url`: `s3://bucket[/prefix]`, `gs://bucket[/prefix]` (Google Cloud
+/// Storage), `az://container[/prefix]` or `azure://container[/prefix]` (Azure Blob Storage),
+/// `file:///path` or a local path (an existing directory). `memory://` is a fresh in-memory
+/// store (tests). `options` apply to the object stores (a region to S3 only).
+pub fn open(url: &str, options: &S3Options) -> Result<Box<dyn Remote>> {
     if url.starts_with("s3://") {
-        return Ok(Box::new(s3::StoreRemote::s3(url, s3)?));
+        return Ok(Box::new(s3::StoreRemote::s3(url, options)?));
+    }
+    if url.starts_with("gs://") {
+        return Ok(Box::new(s3::StoreRemote::gcs(url, options)?));
+    }
+    if url.starts_with("az://") || url.starts_with("azure://") {
+        return Ok(Box::new(s3::StoreRemote::azure(url, options)?));
     }
     if url == "memory://" {
         return Ok(Box::new(s3::StoreRemote::memory()));
@@ -552,11 +564,17 @@ pub fn open(url: &str, s3: &S3Options) -> Result<Box<dyn Remote>> {
         if scheme != "file" {
             return Err(Error::BadUrl {
                 url: redact_url(url),
-                reason: format!("unknown scheme {scheme:?} (s3 or file)"),
+                reason: format!("unknown scheme {scheme:?} (s3, gs, az, azure or file)"),
             });
         }
     }
     Ok(Box::new(local::DirRemote::open(url)?))
+}
+
+/// Whether `url` names an object store (`s3://`, `gs://`, `az://`, `azure://`, `memory://`)
+/// rather than a directory.
+pub fn is_object_store(url: &str) -> bool {
+    ["s3://", "gs://", "az://", "azure://", "memory://"].iter().any(|scheme| url.starts_with(scheme))
 }
 
 #[cfg(test)]

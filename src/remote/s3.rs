@@ -1,6 +1,8 @@
 //! A remote on any `object_store` backend: S3-compatible storage (AWS S3, MinIO, Ceph, R2,
-//! s3s-fs) and, for tests, `object_store`'s in-memory store. The only module that names
-//! `object_store` or tokio.
+//! s3s-fs), Google Cloud Storage (`gs://`), Azure Blob Storage (`az://`, `azure://`) and, for
+//! tests, `object_store`'s in-memory store. One [`StoreRemote`] serves them all: only its
+//! builders differ (each cloud's own environment for credentials and emulators). The only
+//! module that names `object_store` or tokio (it is still called `s3.rs`, its first backend).
 //!
 //! `object_store` is async; the [`Remote`] trait is blocking, so each remote owns a small tokio
 //! runtime and blocks on it (callers get parallelism from their own threads: `block_on` may be
@@ -27,10 +29,13 @@ use super::upload_state::{self, PartDone, Prior, UploadState};
 use super::{Error, Expect, Listed, Remote, Result, S3Options, Small, UploadMode, Uploaded, MAX_KEY_LEN, MAX_REF_LEN};
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::aws::AmazonS3ConfigKey;
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GcpCredential, GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as StorePath;
 use object_store::{
-    ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
+    ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    StaticCredentialProvider, UpdateVersion,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -94,6 +99,81 @@ fn runtime(url: &str) -> Result<tokio::runtime::Runtime> {
         .map_err(|e| Error::BadUrl { url: super::redact_url(url), reason: format!("starting the I/O runtime: {e}") })
 }
 
+/// The environment variable that points Google's tools at a Cloud Storage emulator.
+pub const GCS_EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
+/// The environment variable that gives Azurite's blob service URL (with
+/// `AZURE_STORAGE_USE_EMULATOR=true`).
+pub const AZURITE_URL_ENV: &str = "AZURITE_BLOB_STORAGE_URL";
+
+/// The bucket (or container) and the prefix inside it of `url`, which starts with `scheme`
+/// (`usage` shows the form). A URL with what looks like a secret in it is refused.
+fn bucket_and_prefix<'a>(url: &'a str, scheme: &str, usage: &str) -> Result<(&'a str, &'a str)> {
+    let rest = url.strip_prefix(scheme).unwrap_or(url);
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(Error::BadUrl { url: super::redact_url(url), reason: format!("no bucket ({usage})") });
+    }
+    if let Some(reason) = super::secret_in(url) {
+        // Stored by an older ckpt: the bucket and key names would carry it to the server
+        // and into every error.
+        return Err(Error::BadUrl {
+            url: super::redact_url(url),
+            reason: format!(
+                "{reason}; remove this remote and add it again without it, and {}",
+                super::CREDENTIALS_HOME
+            ),
+        });
+    }
+    Ok((bucket, prefix))
+}
+
+/// Regions are S3's: a GCS bucket or an Azure account has its own, which the URL names.
+fn no_region(url: &str, options: &S3Options) -> Result<()> {
+    match &options.region {
+        Some(_) => {
+            Err(Error::BadUrl { url: super::redact_url(url), reason: "a region applies to s3:// remotes only".into() })
+        }
+        None => Ok(()),
+    }
+}
+
+/// The client settings of every backend: a stall timeout on connecting and on each read, no
+/// cap on a whole request (object_store's default, 30 s, would cut every large download), and
+/// retries within 6 × the stall timeout. Given as config keys, not as `ClientOptions`, which
+/// would drop the client settings `from_env` read (proxies, `*_ALLOW_HTTP`).
+fn client_settings(url: &str) -> Result<(Vec<(ClientConfigKey, String)>, RetryConfig)> {
+    let stall = super::stall_timeout(url)?;
+    let millis = format!("{}ms", stall.as_millis());
+    let client = vec![
+        (ClientConfigKey::ConnectTimeout, millis.clone()),
+        (ClientConfigKey::ReadTimeout, millis),
+        // The whole-request cap, off in effect (a stall is caught by the read timeout).
+        (ClientConfigKey::Timeout, "24h".to_string()),
+    ];
+    Ok((client, RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() }))
+}
+
+/// A builder's error for the remote at `url`. Builders' errors quote settings (masked: an
+/// endpoint), never a secret key.
+fn built(url: &str, e: &object_store::Error) -> Error {
+    Error::BadUrl { url: super::redact_url(url), reason: super::Masked::new(e).to_string() }
+}
+
+/// `STORAGE_EMULATOR_HOST` as a base URL: Google's clients take `host:port` as plain HTTP.
+pub(super) fn emulator_url(host: &str) -> String {
+    let host = host.trim().trim_end_matches('/');
+    if host.contains("://") {
+        host.to_string()
+    } else {
+        format!("http://{host}")
+    }
+}
+
+/// A boolean setting as object_store reads one (`AZURE_STORAGE_USE_EMULATOR`).
+pub(super) fn is_truthy(value: &str) -> bool {
+    matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "on" | "yes" | "y")
+}
+
 impl StoreRemote {
     /// [`StoreRemote::s3`] with these credentials instead of the environment's (for programs
     /// that hold them elsewhere).
@@ -128,22 +208,7 @@ impl StoreRemote {
     }
 
     fn build(url: &str, options: &S3Options, credentials: Option<(&str, &str)>) -> Result<StoreRemote> {
-        let rest = url.strip_prefix("s3://").unwrap_or(url);
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(Error::BadUrl { url: super::redact_url(url), reason: "no bucket (s3://BUCKET/PREFIX)".into() });
-        }
-        if let Some(reason) = super::secret_in(url) {
-            // Stored by an older ckpt: the bucket and key names would carry it to the server
-            // and into every error.
-            return Err(Error::BadUrl {
-                url: super::redact_url(url),
-                reason: format!(
-                    "{reason}; remove this remote and add it again without it, and {}",
-                    super::CREDENTIALS_HOME
-                ),
-            });
-        }
+        let (bucket, prefix) = bucket_and_prefix(url, "s3://", "s3://BUCKET/PREFIX")?;
         let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
         match &options.endpoint {
             // Both keys: `AWS_ENDPOINT_URL_S3` from the environment would win over `Endpoint`.
@@ -172,21 +237,132 @@ impl StoreRemote {
         }
         // Set through config keys, not `with_client_options`, which would drop the client
         // settings `from_env` read (`AWS_ALLOW_HTTP`, proxies).
-        let stall = super::stall_timeout(url)?;
-        let millis = format!("{}ms", stall.as_millis());
-        let client = |key| AmazonS3ConfigKey::Client(key);
-        builder = builder
-            .with_config(client(ClientConfigKey::ConnectTimeout), millis.clone())
-            .with_config(client(ClientConfigKey::ReadTimeout), millis)
-            // The whole-request cap, off in effect (a stall is caught by the read timeout).
-            .with_config(client(ClientConfigKey::Timeout), "24h")
-            .with_retry(RetryConfig { retry_timeout: 6 * stall, ..RetryConfig::default() });
+        let (client, retry) = client_settings(url)?;
+        for (key, value) in client {
+            builder = builder.with_config(AmazonS3ConfigKey::Client(key), value);
+        }
         // The builder's errors quote settings (masked: an endpoint), never the secret key.
-        let store =
-            Arc::new(builder.build().map_err(|e| Error::BadUrl {
-                url: super::redact_url(url),
-                reason: super::Masked::new(&e).to_string(),
-            })?);
+        let store = builder.with_retry(retry).build().map_err(|e| built(url, &e))?;
+        Self::over(url, Arc::new(store), prefix)
+    }
+
+    /// Opens `gs://bucket[/prefix]` (Google Cloud Storage). Credentials come from the
+    /// environment as Google's tools find them (`GOOGLE_APPLICATION_CREDENTIALS`,
+    /// `GOOGLE_SERVICE_ACCOUNT` / `GOOGLE_SERVICE_ACCOUNT_KEY`, gcloud's application default
+    /// credentials, else the instance's metadata server). With [`GCS_EMULATOR_ENV`] set
+    /// (`http://127.0.0.1:4443`, or `host:port`), requests go there without credentials, as
+    /// Google's client libraries do; `options.endpoint` sets the base URL instead (with
+    /// credentials, unless the emulator variable is set).
+    pub fn gcs(url: &str, options: &S3Options) -> Result<StoreRemote> {
+        let emulator = std::env::var(GCS_EMULATOR_ENV).ok().filter(|host| !host.trim().is_empty());
+        if let Some(host) = &emulator {
+            super::check_env_endpoint(GCS_EMULATOR_ENV, &emulator_url(host))?;
+        }
+        Self::gcs_at(url, options, emulator.as_deref())
+    }
+
+    /// [`StoreRemote::gcs`] on the Cloud Storage emulator at `host` (as `STORAGE_EMULATOR_HOST`
+    /// gives it), whatever the environment says: for programs (and tests) that cannot set it.
+    pub fn gcs_emulator(url: &str, host: &str) -> Result<StoreRemote> {
+        Self::gcs_at(url, &S3Options::default(), Some(host))
+    }
+
+    fn gcs_at(url: &str, options: &S3Options, emulator: Option<&str>) -> Result<StoreRemote> {
+        let (bucket, prefix) = bucket_and_prefix(url, "gs://", "gs://BUCKET/PREFIX")?;
+        no_region(url, options)?;
+        let mut builder = GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket);
+        if let Some(base) = builder.get_config_value(&GoogleConfigKey::BaseUrl) {
+            super::check_env_endpoint("GOOGLE_BASE_URL", &base)?;
+        }
+        match (&options.endpoint, emulator) {
+            (Some(endpoint), _) => builder = builder.with_base_url(endpoint.trim_end_matches('/')),
+            (None, Some(host)) => builder = builder.with_base_url(&emulator_url(host)),
+            (None, None) => {}
+        }
+        if emulator.is_some() {
+            // No token at all (an empty one sends no Authorization header): an emulator has
+            // no accounts, and no credential lookup (files, the metadata server) is tried.
+            let anonymous = StaticCredentialProvider::new(GcpCredential { bearer: String::new() });
+            builder = builder.with_credentials(Arc::new(anonymous));
+        }
+        let (client, retry) = client_settings(url)?;
+        for (key, value) in client {
+            builder = builder.with_config(GoogleConfigKey::Client(key), value);
+        }
+        let store = builder.with_retry(retry).build().map_err(|e| built(url, &e))?;
+        Self::over(url, Arc::new(store), prefix)
+    }
+
+    /// Opens `az://container[/prefix]` (or `azure://`: Azure Blob Storage). The account and
+    /// its credentials come from the `AZURE_*` environment (`AZURE_STORAGE_ACCOUNT_NAME` with
+    /// `AZURE_STORAGE_ACCOUNT_KEY`, `AZURE_STORAGE_SAS_TOKEN`, a service principal's
+    /// `AZURE_CLIENT_ID`/`AZURE_CLIENT_SECRET`/`AZURE_TENANT_ID`, workload or managed identity,
+    /// or `AZURE_USE_AZURE_CLI`). `AZURE_STORAGE_USE_EMULATOR=true` reaches Azurite at
+    /// `AZURITE_BLOB_STORAGE_URL` (default `http://127.0.0.1:10000`) with its well-known
+    /// development account; `options.endpoint` is the account's blob service URL instead
+    /// (`https://ACCOUNT.blob.core.windows.net`, or `http://127.0.0.1:10000/ACCOUNT`).
+    pub fn azure(url: &str, options: &S3Options) -> Result<StoreRemote> {
+        Self::azure_build(url, options, None)
+    }
+
+    /// [`StoreRemote::azure`] with this storage account and access key instead of the
+    /// environment's (for programs that hold them elsewhere); `options.endpoint` is the
+    /// account's blob service URL (default `https://ACCOUNT.blob.core.windows.net`).
+    pub fn azure_with_key(url: &str, options: &S3Options, account: &str, access_key: &str) -> Result<StoreRemote> {
+        Self::azure_build(url, options, Some((account, access_key)))
+    }
+
+    fn azure_build(url: &str, options: &S3Options, credentials: Option<(&str, &str)>) -> Result<StoreRemote> {
+        let scheme = if url.starts_with("azure://") { "azure://" } else { "az://" };
+        let (container, prefix) = bucket_and_prefix(url, scheme, "az://CONTAINER/PREFIX")?;
+        no_region(url, options)?;
+        let mut builder = MicrosoftAzureBuilder::from_env().with_container_name(container);
+        if let Some((account, key)) = credentials {
+            builder = builder.with_use_emulator(false).with_account(account).with_access_key(key);
+        }
+        let emulator = builder.get_config_value(&AzureConfigKey::UseEmulator).is_some_and(|v| is_truthy(&v));
+        if emulator {
+            if let Ok(azurite) = std::env::var(AZURITE_URL_ENV) {
+                super::check_env_endpoint(AZURITE_URL_ENV, &azurite)?;
+            }
+            if options.endpoint.is_some() {
+                return Err(Error::BadUrl {
+                    url: super::redact_url(url),
+                    reason: format!(
+                        "an endpoint is set and AZURE_STORAGE_USE_EMULATOR asks for Azurite: give Azurite's URL \
+                         in {AZURITE_URL_ENV}, or unset AZURE_STORAGE_USE_EMULATOR"
+                    ),
+                });
+            }
+        } else {
+            if let Some(endpoint) = builder.get_config_value(&AzureConfigKey::Endpoint) {
+                super::check_env_endpoint("AZURE_STORAGE_ENDPOINT", &endpoint)?;
+            }
+            if builder.get_config_value(&AzureConfigKey::AccountName).is_none() {
+                return Err(Error::BadUrl {
+                    url: super::redact_url(url),
+                    reason: "no storage account: set AZURE_STORAGE_ACCOUNT_NAME (or AZURE_STORAGE_USE_EMULATOR=true \
+                             for Azurite)"
+                        .into(),
+                });
+            }
+        }
+        if let Some(endpoint) = &options.endpoint {
+            builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_string());
+        }
+        if options.allow_http {
+            builder = builder.with_allow_http(true);
+        }
+        let (client, retry) = client_settings(url)?;
+        for (key, value) in client {
+            builder = builder.with_config(AzureConfigKey::Client(key), value);
+        }
+        let store = builder.with_retry(retry).build().map_err(|e| built(url, &e))?;
+        Self::over(url, Arc::new(store), prefix)
+    }
+
+    /// A remote on `store` (opened from `url`), its keys under `prefix`.
+    fn over<S: ObjectStore + MultipartStore>(url: &str, store: Arc<S>, prefix: &str) -> Result<StoreRemote> {
         Ok(StoreRemote {
             url: super::redact_url(url),
             store: store.clone(),

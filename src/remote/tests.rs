@@ -96,6 +96,63 @@ fn urls() {
     assert_eq!(object_of_key("refs/heads/main"), None);
 }
 
+/// The error of opening `url`, which must fail.
+fn refused(url: &str, options: &S3Options) -> Error {
+    match open(url, options) {
+        Ok(_) => panic!("{url} opened"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn gcs_and_azure_urls() {
+    let none = S3Options::default();
+    for bad in ["gs://", "gs:///prefix", "az://", "azure:///p"] {
+        let err = refused(bad, &none);
+        assert!(matches!(&err, Error::BadUrl { reason, .. } if reason.contains("no bucket")), "{bad}: {err}");
+    }
+    // Secrets in the URL, and a region, are refused before anything is built or contacted.
+    for bad in ["gs://k:SeCrEt@bucket/p", "az://container/p?sig=SeCrEt", "azure://c/p#SeCrEt"] {
+        let err = refused(bad, &none).to_string();
+        assert!(!err.contains("SeCrEt") && err.contains("GOOGLE_APPLICATION_CREDENTIALS"), "{err}");
+    }
+    let region = S3Options { region: Some("eu-west-1".into()), ..S3Options::default() };
+    for url in ["gs://bucket/p", "az://container/p"] {
+        let err = refused(url, &region).to_string();
+        assert!(err.contains("s3:// remotes only"), "{err}");
+    }
+    // An emulator given in process: no credentials are looked up; the URL shown is the remote's.
+    let gcs = s3::StoreRemote::gcs_emulator("gs://bucket/team/run1/", "127.0.0.1:1").unwrap();
+    assert_eq!(gcs.url(), "gs://bucket/team/run1/");
+    let emulator = s3::StoreRemote::gcs_emulator("gs://bucket/p", "http://u:SeCrEt@127.0.0.1:1");
+    assert!(emulator.is_ok(), "the in-process emulator host is the caller's to check");
+    let endpoint = S3Options { endpoint: Some("http://127.0.0.1:1/devstoreaccount1".into()), ..S3Options::default() };
+    let azure = s3::StoreRemote::azure_with_key("azure://container/p", &endpoint, "devstoreaccount1", "a2V5").unwrap();
+    assert_eq!(azure.url(), "azure://container/p");
+    let no_azure_env = ["AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_USE_EMULATOR", "AZURE_STORAGE_ACCOUNT"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_none());
+    if no_azure_env {
+        let err = refused("az://container/p", &none).to_string();
+        assert!(err.contains("AZURE_STORAGE_ACCOUNT_NAME"), "{err}");
+    }
+    assert!(is_object_store("gs://b") && is_object_store("az://c") && is_object_store("azure://c"));
+    assert!(!is_object_store("file:///x") && !is_object_store("/data/gs://x"));
+}
+
+#[test]
+fn emulator_settings_are_read_as_google_and_azure_tools_read_them() {
+    assert_eq!(s3::emulator_url("127.0.0.1:4443"), "http://127.0.0.1:4443");
+    assert_eq!(s3::emulator_url(" http://localhost:9023/ "), "http://localhost:9023");
+    assert_eq!(s3::emulator_url("https://gcs.test"), "https://gcs.test");
+    for yes in ["true", "TRUE", "1", "yes", "on", "y"] {
+        assert!(s3::is_truthy(yes), "{yes}");
+    }
+    for no in ["false", "0", "", "no", "off", "2"] {
+        assert!(!s3::is_truthy(no), "{no}");
+    }
+}
+
 #[test]
 fn urls_are_redacted_and_secrets_refused() {
     assert_eq!(redact_url("s3://AKIA:secret@bucket/p"), "s3://***@bucket/p");

@@ -1,9 +1,15 @@
 //! Remotes: push, clone, fetch, pull through the `ckpt` binary, against a directory remote and
 //! against a real S3-protocol server (`s3s-fs` on a loopback port, started per test; those
-//! tests are skipped with a message when `s3s-fs` is not on PATH). Interrupted transfers are
-//! tested in-process through a remote that fails after N operations.
+//! tests are skipped with a message when `s3s-fs` is not on PATH), and the same against Azurite
+//! and a GCS emulator. Conditional puts and multipart uploads run in-process against S3 and
+//! Azurite, a compare-and-swap race against Azurite (s3s-fs's conditional writes are not atomic;
+//! the GCS emulator honours no generation precondition and has no XML multipart uploads:
+//! `support::clouds`). Interrupted transfers are tested in-process through a remote
+//! that fails after N operations.
 
-use crate::support::remote::{directory, json, model, s3, trained, S3Server, Served, ACCESS_KEY, BUCKET, SECRET_KEY};
+use crate::support::remote::{
+    azure_client, azurite, directory, json, model, s3, trained, S3Server, Served, ACCESS_KEY, BUCKET, SECRET_KEY,
+};
 use crate::support::repo_util::{read_tree, stderr};
 use ckpt::remote::{self, Expect, Remote, Small, UploadMode, Uploaded};
 use ckpt::repo::Repo;
@@ -171,7 +177,8 @@ crate::support::remote::remote_suite!(
     push_clone_and_round_trip,
     fetch_and_pull,
     two_pushers_one_branch,
-    damaged_object_is_refused
+    damaged_object_is_refused;
+    clouds: push_clone_and_round_trip, fetch_and_pull, two_pushers_one_branch
 );
 
 // ---- interrupted transfers, in-process ------------------------------------------------------
@@ -321,7 +328,68 @@ fn interrupted_push_and_fetch_resume_on_s3() {
 #[test]
 fn s3_conditional_puts_and_multipart_uploads() {
     let Some(server) = S3Server::start() else { return };
-    let s3 = s3_client(&server).with_part_size(5 << 20);
+    conditional_puts_and_multipart_uploads(&s3_client(&server).with_part_size(5 << 20));
+}
+
+#[test]
+fn azure_conditional_puts_and_multipart_uploads() {
+    let Some(r) = azurite() else { return };
+    conditional_puts_and_multipart_uploads(&azure_client(&r).unwrap().with_part_size(5 << 20));
+}
+
+#[test]
+fn azure_compare_and_swap_race_has_one_winner() {
+    let Some(r) = azurite() else { return };
+    compare_and_swap_race_has_one_winner(&azure_client(&r).unwrap());
+}
+
+/// Eight writers move one ref from the same version at once, each comparing against the tag
+/// it read: exactly one wins, the others get `Conflict`, and the ref holds the winner's bytes.
+/// Then creating the ref again (`Expect::Absent`) at once: one wins again. Run against Azurite,
+/// whose conditional writes are atomic as the clouds' are: s3s-fs checks `If-Match` apart from
+/// the write (all eight won there), and the GCS emulator ignores generation preconditions.
+fn compare_and_swap_race_has_one_winner(remote: &(dyn Remote + Sync)) {
+    remote.put_small("refs/heads/race", b"start\n", &Expect::Absent).unwrap();
+    let seen = remote.get_small("refs/heads/race").unwrap().unwrap();
+    let barrier = std::sync::Barrier::new(8);
+    let outcomes: Vec<(usize, remote::Result<()>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (barrier, tag) = (&barrier, seen.tag.clone());
+                s.spawn(move || {
+                    barrier.wait();
+                    (i, remote.put_small("refs/heads/race", format!("writer {i}\n").as_bytes(), &Expect::Tag(tag)))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let winners: Vec<usize> = outcomes.iter().filter(|(_, r)| r.is_ok()).map(|(i, _)| *i).collect();
+    assert_eq!(winners.len(), 1, "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|(_, r)| r.is_ok() || matches!(r, Err(remote::Error::Conflict { .. }))),
+        "{outcomes:?}"
+    );
+    let now = remote.get_small("refs/heads/race").unwrap().unwrap();
+    assert_eq!(now.bytes, format!("writer {}\n", winners[0]).into_bytes());
+
+    let created: Vec<bool> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    remote.put_small("refs/tags/race", format!("{i}\n").as_bytes(), &Expect::Absent).is_ok()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(created.iter().filter(|c| **c).count(), 1, "{created:?}");
+}
+
+/// Compare-and-swap and multipart uploads on a real server (`remote` in 5 MiB parts).
+fn conditional_puts_and_multipart_uploads(s3: &remote::s3::StoreRemote) {
     // Compare-and-swap on a real server: a stale ETag loses, the ref keeps the winner's value.
     s3.put_small("refs/heads/main", b"one\n", &Expect::Absent).unwrap();
     assert!(matches!(s3.put_small("refs/heads/main", b"two\n", &Expect::Absent), Err(remote::Error::Conflict { .. })));
@@ -414,6 +482,7 @@ fn dropped_connections_mid_transfer_are_retried_or_resumed() {
         objects: served.objects.clone(),
         _dir: None,
         _server: None,
+        _cloud: None,
     };
     for (k, v) in through_proxy.env.iter_mut() {
         if *k == "AWS_ENDPOINT_URL" {

@@ -2,10 +2,11 @@
 //! everything a ref reaches stays (clones read every version, bit for bit), young objects stay,
 //! and a push that counts on an old object no ref reaches writes it again, so that a gc
 //! running in the middle of the push cannot take it (docs/format.md, "Garbage on a remote").
-//! Against a directory remote (whose object ages the tests can set) and, where `s3s-fs` is
-//! installed, a real S3-protocol server (with `--prune=now`: its ages cannot be set).
+//! Against a directory remote (whose object ages the tests can set) and, where `s3s-fs`,
+//! Azurite and the GCS emulator are installed, a real S3-protocol server and the emulators (with
+//! `--prune=now`: their ages cannot be set).
 
-use crate::support::remote::{clone_reads, directory, json, model, open_remote, s3, trained, Served};
+use crate::support::remote::{azurite, clone_reads, directory, gcs, json, model, open_remote, s3, trained, Served};
 use ckpt::remote::{local::DirRemote, Listed, Remote};
 use ckpt::repo::Repo;
 use ckpt::sync::{self, PushOptions, RemoteGcOptions};
@@ -16,9 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
-/// The object keys on the remote.
+/// The object keys on the remote (as `ab/<62 hex>`), as its own listing gives them.
 fn object_keys(r: &Served) -> BTreeSet<String> {
-    keys_under(&r.objects)
+    let listed = open_remote(r).list("objects/").unwrap();
+    listed.into_iter().filter_map(|k| k.strip_prefix("objects/").map(str::to_string)).collect()
 }
 
 /// The objects of a store laid out as `objects/ab/<62 hex>`, as `ab/<62 hex>`.
@@ -127,6 +129,18 @@ fn gc_of_an_s3_remote_takes_only_garbage() {
         eprintln!("skipped: s3s-fs is not installed");
         return;
     };
+    young_garbage_stays_and_old_garbage_goes(&r, false);
+}
+
+#[test]
+fn gc_of_an_azure_remote_takes_only_garbage() {
+    let Some(r) = azurite() else { return };
+    young_garbage_stays_and_old_garbage_goes(&r, false);
+}
+
+#[test]
+fn gc_of_a_gcs_remote_takes_only_garbage() {
+    let Some(r) = gcs() else { return };
     young_garbage_stays_and_old_garbage_goes(&r, false);
 }
 

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 /// Arguments of `ckpt clone`.
 #[derive(clap::Args, Debug)]
 pub struct CloneArgs {
-    /// The remote: a directory (path or file:///path) or s3://BUCKET/PREFIX.
+    /// The remote: a directory (path or file:///path), s3://BUCKET/PREFIX, gs://BUCKET/PREFIX
+    /// (Google Cloud Storage) or az://CONTAINER/PREFIX (Azure Blob Storage).
     url: String,
     /// Where to create the repository (default: the URL's last component).
     // Its own id, as in `init`: `dir` would merge with the global `-C DIR`.

@@ -13,11 +13,11 @@ pub struct GcArgs {
     /// running (a `ckpt.dcp.Writer` save, a `git add`).
     #[arg(long, value_name = "WHEN", value_parser = parse_prune)]
     prune: Option<std::time::Duration>,
-    /// Collect the remote NAME (or URL: `s3://bucket/prefix`, `file:///dir`, or a directory
-    /// path, with no repository needed) instead of this store: delete the objects no ref of the remote
-    /// reaches (those of a failed or refused save or push) once older than the grace period,
-    /// one day unless `--prune` says otherwise (docs/format.md, "Garbage on a remote"). A
-    /// shorter grace is safe only while nothing pushes or saves to the remote.
+    /// Collect the remote NAME (or URL: `s3://bucket/prefix`, `gs://…`, `az://…`, `file:///dir`,
+    /// or a directory path, with no repository needed) instead of this store: delete the
+    /// objects no ref of the remote reaches (those of a failed or refused save or push) once
+    /// older than the grace period, one day unless `--prune` says otherwise (docs/format.md,
+    /// "Garbage on a remote"). A shorter grace is safe only while nothing pushes or saves to the remote.
     #[arg(long, value_name = "NAME|URL")]
     remote: Option<String>,
     /// With `--remote`: report what would be deleted, delete nothing.

@@ -6,14 +6,15 @@ use anyhow::Result;
 use ckpt::remote::S3Options;
 use std::path::Path;
 
-/// S3 settings given on the command line (`remote add`, `clone`); credentials come only from
-/// the environment, so they never reach a config file or a process list.
+/// Object-store settings given on the command line (`remote add`, `clone`); credentials come
+/// only from the environment, so they never reach a config file or a process list.
 #[derive(clap::Args, Debug)]
 pub struct S3Args {
-    /// S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS).
+    /// Endpoint URL (S3: default AWS_ENDPOINT_URL, else AWS; GCS: the API's base URL, default
+    /// STORAGE_EMULATOR_HOST, else Google; Azure: the account's blob service URL).
     #[arg(long)]
     endpoint: Option<String>,
-    /// S3 region (default: AWS_REGION).
+    /// S3 region (default: AWS_REGION; S3 only).
     #[arg(long)]
     region: Option<String>,
     /// Allow plain HTTP to the endpoint (a local server; default: AWS_ALLOW_HTTP).
@@ -40,7 +41,8 @@ pub struct RemoteArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum Action {
-    /// Add a remote: a directory (path or file:///path) or s3://BUCKET/PREFIX.
+    /// Add a remote: a directory (path or file:///path), s3://BUCKET/PREFIX, gs://BUCKET/PREFIX
+    /// (Google Cloud Storage) or az://CONTAINER/PREFIX (Azure Blob Storage).
     Add {
         /// Its name (`origin` is the default of push, fetch and pull).
         name: String,

@@ -1,8 +1,9 @@
 //! Helpers shared by the integration tests (no tests here): the `ckpt` binary and synthetic
-//! checkpoints (`util`, `repo_util`), remotes under test (`remote`) and what their stores hold
-//! (`layout`), a fault-injecting proxy (`proxy`), a git environment (`git`), a small tmpfs
-//! (`tmpfs`), and [`skip`].
+//! checkpoints (`util`, `repo_util`), remotes under test (`remote`, cloud emulators in `clouds`)
+//! and what their stores hold (`layout`), a fault-injecting proxy (`proxy`), a git environment
+//! (`git`), a small tmpfs (`tmpfs`), and [`skip`].
 
+pub mod clouds;
 pub mod git;
 pub mod layout;
 pub mod proxy;

@@ -1,7 +1,8 @@
 //! Remotes under test: a directory, or a real S3-protocol server (`s3s-fs` on a loopback port,
 //! started per test; skipped with a message when `s3s-fs` is not on PATH, a failure with
-//! `CKPT_REQUIRE_S3S=1`).
+//! `CKPT_REQUIRE_S3S=1`), or a cloud emulator (Azurite, a GCS emulator: `super::clouds`).
 
+use super::clouds::{self, Azurite, GcsEmulator, AZURITE_ACCOUNT, AZURITE_KEY};
 use super::repo_util::{ckpt_command, stderr, synthetic_checkpoint, SMALL_MODEL};
 use ckpt::Dtype;
 use std::path::{Path, PathBuf};
@@ -69,9 +70,12 @@ impl S3Server {
 pub(crate) struct Served {
     pub(crate) url: String,
     pub(crate) env: Vec<(&'static str, String)>,
+    /// Where its objects are on disk (an emulator's are not: a path that does not exist).
     pub(crate) objects: PathBuf,
     pub(crate) _dir: Option<tempfile::TempDir>,
     pub(crate) _server: Option<S3Server>,
+    /// A cloud emulator serving it ([`Azurite`], [`GcsEmulator`]), kept until dropped.
+    pub(crate) _cloud: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 pub(crate) fn directory() -> Option<Served> {
@@ -83,6 +87,7 @@ pub(crate) fn directory() -> Option<Served> {
         objects: root.join("objects"),
         _dir: Some(dir),
         _server: None,
+        _cloud: None,
     })
 }
 
@@ -101,6 +106,39 @@ pub(crate) fn s3() -> Option<Served> {
         objects: server.root.path().join(BUCKET).join("team/run1/objects"),
         _dir: None,
         _server: Some(server),
+        _cloud: None,
+    })
+}
+
+/// An Azure remote on Azurite, reached as Azure's tools reach it: `AZURE_STORAGE_USE_EMULATOR`
+/// and `AZURITE_BLOB_STORAGE_URL` (the well-known development account and key).
+pub(crate) fn azurite() -> Option<Served> {
+    let azurite = Azurite::start()?;
+    let env = vec![
+        ("AZURE_STORAGE_USE_EMULATOR", "true".to_string()),
+        ("AZURITE_BLOB_STORAGE_URL", format!("http://127.0.0.1:{}", azurite.port)),
+    ];
+    Some(Served {
+        url: format!("az://{}/team/run1", clouds::BUCKET),
+        env,
+        objects: PathBuf::from("/nonexistent/azurite/objects"),
+        _dir: None,
+        _server: None,
+        _cloud: Some(Box::new(azurite)),
+    })
+}
+
+/// A Google Cloud Storage remote on the emulator, reached as Google's tools reach one:
+/// `STORAGE_EMULATOR_HOST`, no credentials.
+pub(crate) fn gcs() -> Option<Served> {
+    let gcs = GcsEmulator::start()?;
+    Some(Served {
+        url: format!("gs://{}/team/run1", clouds::BUCKET),
+        env: vec![("STORAGE_EMULATOR_HOST", gcs.host())],
+        objects: PathBuf::from("/nonexistent/gcs/objects"),
+        _dir: None,
+        _server: None,
+        _cloud: Some(Box::new(gcs)),
     })
 }
 
@@ -112,10 +150,12 @@ impl Served {
             c.env(k, v);
         }
         let out = c.output().expect("run ckpt");
-        assert!(
-            !String::from_utf8_lossy(&out.stdout).contains(SECRET_KEY) && !stderr(&out).contains(SECRET_KEY),
-            "a secret was printed"
-        );
+        for secret in [SECRET_KEY, AZURITE_KEY] {
+            assert!(
+                !String::from_utf8_lossy(&out.stdout).contains(secret) && !stderr(&out).contains(secret),
+                "a secret was printed"
+            );
+        }
         out
     }
 
@@ -316,9 +356,26 @@ pub(crate) fn clone_reads(r: &Served, expected: &[(&str, Vec<u8>)]) {
     }
 }
 
-/// The remote `r` opened in this process.
+/// The remote `r` on Azurite opened in this process, with the account and key passed in and
+/// its blob service URL as the endpoint (what `--endpoint` does); `None` for another remote.
+pub(crate) fn azure_client(r: &Served) -> Option<ckpt::remote::s3::StoreRemote> {
+    let azurite = r.env.iter().find(|(key, _)| *key == "AZURITE_BLOB_STORAGE_URL")?;
+    let endpoint = Some(format!("{}/{AZURITE_ACCOUNT}", azurite.1));
+    let options = ckpt::remote::S3Options { endpoint, allow_http: true, ..Default::default() };
+    Some(ckpt::remote::s3::StoreRemote::azure_with_key(&r.url, &options, AZURITE_ACCOUNT, AZURITE_KEY).unwrap())
+}
+
+/// The remote `r` opened in this process (with settings, not the environment: tests run as
+/// threads of one process).
 pub(crate) fn open_remote(r: &Served) -> Box<dyn ckpt::remote::Remote> {
+    use ckpt::remote::s3::StoreRemote;
     let env = |k: &str| r.env.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
+    if let Some(azure) = azure_client(r) {
+        return Box::new(azure);
+    }
+    if let Some(host) = env("STORAGE_EMULATOR_HOST") {
+        return Box::new(StoreRemote::gcs_emulator(&r.url, &host).unwrap());
+    }
     match env("AWS_ENDPOINT_URL") {
         None => Box::new(ckpt::remote::local::DirRemote::open(&r.url).unwrap()),
         Some(endpoint) => {
@@ -335,7 +392,11 @@ pub(crate) fn open_remote(r: &Served) -> Box<dyn ckpt::remote::Remote> {
 }
 
 /// Each named test of a remote module, run against a directory remote (`directory`) and
-/// against S3 (`s3s_fs`, which skips without the server unless `CKPT_REQUIRE_S3S` is set).
+/// against S3 (`s3s_fs`, which skips without the server unless `CKPT_REQUIRE_S3S` is set);
+/// those named after `clouds:` also against Azurite (`azurite`) and the GCS emulator
+/// (`gcs_emulator`), which skip without them unless `CKPT_REQUIRE_AZURITE` /
+/// `CKPT_REQUIRE_GCS_EMULATOR` is set. (A test that damages or ages object files on disk runs
+/// on the first two only: an emulator's objects are not files.)
 macro_rules! remote_suite {
     ($($test:ident),*) => {
         mod directory {
@@ -343,6 +404,19 @@ macro_rules! remote_suite {
         }
         mod s3s_fs {
             $(#[test] fn $test() { if let Some(r) = super::s3() { super::$test(&r) } })*
+        }
+    };
+    ($($test:ident),* ; clouds: $($cloud:ident),*) => {
+        $crate::support::remote::remote_suite!($($test),*);
+        mod azurite {
+            $(#[test] fn $cloud() {
+                if let Some(r) = $crate::support::remote::azurite() { super::$cloud(&r) }
+            })*
+        }
+        mod gcs_emulator {
+            $(#[test] fn $cloud() {
+                if let Some(r) = $crate::support::remote::gcs() { super::$cloud(&r) }
+            })*
         }
     };
 }
