@@ -3,7 +3,8 @@
 //! archive storage by storage (zip headers, pickle and other entries as plain bytes), any other
 //! file as plain bytes. Pure: bytes in, bytes out, so the CLI and the fuzzers share it.
 
-use crate::codec::container::{is_container, Container, ContainerWriter, FileKind};
+use crate::codec::chunk::Data;
+use crate::codec::container::{is_container, Container, ContainerWriter, FileKind, SegmentInput};
 use crate::codec::{self, Method, Options};
 use crate::dtype::Dtype;
 use crate::safetensors;
@@ -35,8 +36,9 @@ pub enum Format {
     Detect,
 }
 
-/// A byte range of the original file and the element type it is coded with (`None`: bytes).
-pub(crate) type SegmentPlan = (Range<u64>, Option<Dtype>);
+/// A byte range of the original file, the element type it is coded with (`None`: bytes) and,
+/// for a segment that is one tensor, its row length (last dimension) for grids.
+pub(crate) type SegmentPlan = (Range<u64>, Option<Dtype>, Option<u64>);
 
 /// The tensor (a safetensors tensor, a `torch.save` storage) one segment of a [`cut`] holds.
 #[derive(Clone, Copy, Debug)]
@@ -115,11 +117,13 @@ pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<Segme
             continue;
         }
         let small = header.is_some() && tensor.is_some() && range.end - range.start < SMALL_TENSOR_BYTES;
+        let row_len = tensor.and_then(|t| t.shape.last().copied());
         match segments.last_mut() {
-            Some((last, Some(d))) if small && small_run && Some(*d) == dtype && last.end == range.start => {
+            Some((last, Some(d), row)) if small && small_run && Some(*d) == dtype && last.end == range.start => {
                 last.end = range.end;
+                *row = None;
             }
-            _ => segments.push((range, dtype)),
+            _ => segments.push((range, dtype, row_len)),
         }
         small_run = small;
     }
@@ -137,9 +141,16 @@ pub fn compress<W: Write>(
 ) -> Result<(W, blake3::Hash), Error> {
     let (kind, segments) = plan_segments(file, format)?;
     let mut writer = ContainerWriter::new(out, kind, file.len() as u64, options.clone())?;
-    let parts: Vec<(&[u8], Option<Dtype>)> =
-        segments.iter().map(|(range, dtype)| (&file[range.start as usize..range.end as usize], *dtype)).collect();
-    writer.segments(&parts, progress)?;
+    let parts: Vec<SegmentInput<'_>> = segments
+        .iter()
+        .map(|(range, dtype, row_len)| SegmentInput {
+            data: Data::Bytes(&file[range.start as usize..range.end as usize]),
+            dtype: *dtype,
+            reference: None,
+            row_len: *row_len,
+        })
+        .collect();
+    writer.segment_inputs(&parts, progress)?;
     Ok(writer.finish()?)
 }
 
@@ -232,6 +243,79 @@ pub struct Report {
     pub overhead_bytes: u64,
     /// Per dtype and byte group, in dtype code order.
     pub groups: Vec<GroupReport>,
+    /// The segments (tensors) in which a structure was found, in file order.
+    pub structures: Vec<StructureReport>,
+}
+
+/// A segment whose chunks are coded with a structure ([`crate::codec::grid`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StructureReport {
+    /// The tensor's name, for a safetensors file.
+    pub tensor: Option<String>,
+    /// Where the segment starts in the original file.
+    pub offset: u64,
+    /// Element type.
+    pub dtype: String,
+    /// What was found: `grid: int4, group 128, zero point` (from the first structured chunk).
+    pub structure: String,
+    /// Elements stored as they are, over the segment.
+    pub escapes: u64,
+    /// Chunks coded with the structure, of `chunks`.
+    pub structured_chunks: usize,
+    /// Chunks of the segment.
+    pub chunks: usize,
+}
+
+impl std::fmt::Display for StructureReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.tensor.clone().unwrap_or_else(|| format!("segment at {}", self.offset));
+        write!(
+            f,
+            "{name} ({}): {}, {} escapes ({} of {} chunks)",
+            self.dtype, self.structure, self.escapes, self.structured_chunks, self.chunks
+        )
+    }
+}
+
+/// The structures found in `container`'s segments, with tensor names from the safetensors
+/// header when the original is a safetensors file.
+fn structures(container: &Container<'_>) -> Result<Vec<StructureReport>, Error> {
+    let mut out = Vec::new();
+    for segment in container.segments() {
+        let Some(dtype) = segment.dtype else { continue };
+        let elements = (segment.range.end - segment.range.start) / dtype.size() as u64;
+        let mut report: Option<StructureReport> = None;
+        for i in segment.chunks.clone() {
+            let (_, range, header) = container.chunk(i);
+            let Some(stored) = container.grid_payload(i)? else { continue };
+            let chunk_elements = ((range.end - range.start) / dtype.size() as u64) as usize;
+            let info = codec::grid::info(stored, dtype.size(), chunk_elements)?;
+            debug_assert_eq!(header.groups().last().map(|e| e.method), Some(Method::Grid));
+            let r = report.get_or_insert_with(|| StructureReport {
+                tensor: None,
+                offset: segment.range.start,
+                dtype: dtype.to_string(),
+                structure: format!("grid: {}", info.describe(elements)),
+                escapes: 0,
+                structured_chunks: 0,
+                chunks: segment.chunks.len(),
+            });
+            r.escapes += u64::from(info.escapes);
+            r.structured_chunks += 1;
+        }
+        out.extend(report);
+    }
+    if container.kind() == FileKind::Safetensors && !out.is_empty() {
+        let len = container.segments().first().map_or(0, |s| s.range.end - s.range.start);
+        let mut prefix = vec![0u8; len as usize];
+        container.decode_range(0..len, &mut prefix)?;
+        if let Ok(header) = safetensors::parse_header(&prefix, container.original_len()) {
+            for r in &mut out {
+                r.tensor = header.tensors.iter().find(|t| t.begin == r.offset).map(|t| t.name.clone());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Decodes every chunk of `container` (in parallel) and reports, per dtype and byte group, the
@@ -292,7 +376,9 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         }
     }
     let payload: u64 = totals.values().map(|g| g.stored_bytes).sum();
+    let structures = structures(container)?;
     Ok(Report {
+        structures,
         original_bytes: container.original_len(),
         stored_bytes: container.stored_len(),
         overhead_bytes: container.stored_len() - payload,

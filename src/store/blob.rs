@@ -468,6 +468,7 @@ fn encode_blob(
             (_, Some(s)) => Some(Reference::Grouped { source: s, offset: 0, len }),
             (_, None) => None,
         },
+        row_len: None,
     };
     // Pages of the input and of the stored objects read are dropped every window once coded,
     // so the resident set stays about one window whatever the blob's size.

@@ -35,6 +35,7 @@ fn grouped_data_records_the_given_hash_and_needs_one() {
         data: Data::Grouped { source: &source, offset: 0, len: data.len() },
         dtype: Some(Dtype::Bf16),
         reference: None,
+        row_len: None,
     };
     let hash = blake3::hash(&data);
     let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options.clone())
@@ -250,7 +251,7 @@ fn pipeline_reports_a_failing_unit() {
                         let mut w =
                             ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
                         let reference = Some(Reference::Grouped { source: &failing, offset: 0, len: data.len() });
-                        let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference };
+                        let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference, row_len: None };
                         w.segment_inputs(&[input], &mut |_| {}).map_err(|e| e.to_string())
                     })
                 }));
