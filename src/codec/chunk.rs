@@ -920,17 +920,18 @@ pub fn encode_chunks(
     grouping: Grouping,
     options: &Options,
 ) -> Result<Vec<EncodedChunk>> {
-    encode_chunks_gridded(input, reference, grouping, options, None)
+    encode_chunks_gridded(input, reference, grouping, options, None, false)
 }
 
 /// [`encode_chunks`] with structures ([`structured::encode`]); `grid`: a tensor's grid and the
-/// index in that tensor of `input`'s first element.
+/// index in that tensor of `input`'s first element; `mask`: try masks on mostly-zero chunks.
 pub(crate) fn encode_chunks_gridded(
     input: Data<'_>,
     reference: Option<Reference<'_>>,
     grouping: Grouping,
     options: &Options,
     grid: Option<(&super::grid::TensorGrid, u64)>,
+    mask: bool,
 ) -> Result<Vec<EncodedChunk>> {
     let len = input.len();
     if reference.is_some_and(|r| r.len() != len) {
@@ -950,7 +951,7 @@ pub(crate) fn encode_chunks_gridded(
                     let r = reference.map(|r| r.slice(at..at + chunk.len()));
                     let mut payload = Vec::with_capacity(payload_capacity(chunk.len()));
                     let grid = grid.map(|(g, first)| (g, first + (at / grouping.width) as u64));
-                    let header = structured::encode(grid, chunk, r, grouping, options, &mut skip, &mut payload)?;
+                    let header = structured::encode((grid, mask), chunk, r, grouping, options, &mut skip, &mut payload)?;
                     let checksum = payload_checksum(&payload);
                     Ok(EncodedChunk { header, payload, checksum })
                 })

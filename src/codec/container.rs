@@ -339,7 +339,9 @@ impl<W: Write> ContainerWriter<W> {
                             let data = part.data.slice(range.clone());
                             let reference = part.reference.map(|r| r.slice(range.clone()));
                             let grouping = Grouping::for_dtype(part.dtype);
-                            let chunks = encode_chunks_gridded(data, reference, grouping, options, grid);
+                            // Masks for plain standalone bytes (grouped data is already stored).
+                            let mask = reference.is_none() && data.bytes().is_some();
+                            let chunks = encode_chunks_gridded(data, reference, grouping, options, grid, mask);
                             let mut nodes = Vec::new();
                             if let (Some(shape), Some(bytes)) = (hash_shape, data.bytes()) {
                                 let at = start + range.start as u64;

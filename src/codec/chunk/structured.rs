@@ -8,10 +8,11 @@ use super::{encode_chunk, ChunkHeader, Data, Reference, SkipState};
 /// Codes one chunk, trying the structures that may fit it: a standalone chunk of a tensor with a
 /// grid (`grid`: the grid and the index of the chunk's first element in the tensor) is coded
 /// both as byte groups and on the grid, any other standalone chunk of 2 or more bytes per
-/// element both as byte groups and, when enough elements are zero, masked; the smaller is kept.
+/// element (with `mask`) both as byte groups and, when enough elements are zero, masked; the
+/// smaller is kept.
 /// A delta's chunks are XOR deltas as always.
 pub(super) fn encode(
-    grid: Option<(&TensorGrid, u64)>,
+    (grid, mask): (Option<(&TensorGrid, u64)>, bool),
     chunk: Data<'_>,
     reference: Option<Reference<'_>>,
     grouping: Grouping,
@@ -21,7 +22,7 @@ pub(super) fn encode(
 ) -> Result<ChunkHeader> {
     match (grid, reference) {
         (Some((grid, first)), None) => grid::encode_best(grid, first, chunk, options, skip, out),
-        (None, None) if grouping.width >= 2 => masked::encode_best(chunk, grouping, options, skip, out),
+        (None, None) if mask && grouping.width >= 2 => masked::encode_best(chunk, grouping, options, skip, out),
         _ => encode_chunk(chunk, reference, grouping, options, skip, out),
     }
 }

@@ -145,14 +145,14 @@ fn golden_container() {
     w.segment(&data[..6000], Some(Dtype::Bf16)).unwrap();
     w.segment(&data[6000..], None).unwrap();
     let bytes = w.finish().unwrap().0;
-    assert_eq!(&bytes[..32], b"\x89CKZ\r\n\x1a\n\x06\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
+    assert_eq!(&bytes[..32], b"\x89CKZ\r\n\x1a\n\x07\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
     assert_eq!(bytes.len(), GOLDEN_LEN, "container length");
     assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_HASH);
 }
 
 const GOLDEN_LEN: usize = 3184;
-/// Changed for formats 5 and 6 only by the version byte (and so the header checksum).
-const GOLDEN_HASH: &str = "70f510b196f35642076e89a226b97b384576f3ad5d0293ae9854a2cf06322e92";
+/// Changed for formats 5, 6 and 7 only by the version byte (and so the header checksum).
+const GOLDEN_HASH: &str = "ca3f4733c8299a0b999a93642c6f32a53496e471a5b518fc6f328bc0a2ec4964";
 
 #[test]
 fn segments_in_parallel_match_one_by_one() {
@@ -296,11 +296,11 @@ fn old_versions_and_bad_chunk_sizes_are_refused() {
     let mut old = bytes.clone();
     old[8..10].copy_from_slice(&1u16.to_le_bytes());
     let err = Container::open(&old).err().expect("format 1 refused").to_string();
-    assert!(err.contains("container format version 1, this ckpt reads 2 to 6"), "{err}");
+    assert!(err.contains("container format version 1, this ckpt reads 2 to 7"), "{err}");
     let mut newer = bytes.clone();
-    newer[8..10].copy_from_slice(&7u16.to_le_bytes());
-    let err = Container::open(&newer).err().expect("format 7 refused").to_string();
-    assert!(err.contains("container format version 7, this ckpt reads 2 to 6"), "{err}");
+    newer[8..10].copy_from_slice(&8u16.to_le_bytes());
+    let err = Container::open(&newer).err().expect("format 8 refused").to_string();
+    assert!(err.contains("container format version 8, this ckpt reads 2 to 7"), "{err}");
     // A format-2 container (format 3 only added a method tag) still opens and decodes.
     let mut format2 = bytes.clone();
     format2[8..10].copy_from_slice(&2u16.to_le_bytes());
