@@ -266,6 +266,36 @@ fn debug_detection() {
     }
 }
 
+/// Writes the fuzz seeds of `grid_decode` (as fuzz/src/bin/make_seeds.rs does) into
+/// fuzz/corpus/grid_decode: `CKPT_WRITE_SEEDS=1 cargo test --lib write_grid_fuzz_seeds -- --ignored`.
+#[test]
+#[ignore = "writes fuzz seeds"]
+fn write_grid_fuzz_seeds() {
+    if std::env::var_os("CKPT_WRITE_SEEDS").is_none() {
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/grid_decode");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (dtype, k, qmax, name, choice) in [(Dtype::Bf16, 64usize, 7i32, "int4-bf16", 0u8), (Dtype::F32, 256, 127, "int8-f32", 1)] {
+        let n = 4096usize;
+        let mut bits: Vec<u32> = (0..n)
+            .map(|i| {
+                let scale = 1e-3 * (1.0 + (i / k) as f32 * 0.37);
+                let q = ((i * 7919) % (2 * qmax as usize + 1)) as i32 - qmax;
+                element_bits(q as f32, scale, dtype, Arithmetic::ProductF32)
+            })
+            .collect();
+        bits[100] ^= 1;
+        let data = to_bytes(&bits, dtype);
+        let plan = detect(&data, dtype, Some(k as u64)).expect("a grid");
+        let payload = encode(&fit_tensor(&data, &plan), 0, &data, &Options::default()).unwrap().unwrap();
+        let mut seed = vec![choice];
+        seed.extend_from_slice(&(n as u16).to_le_bytes());
+        seed.extend_from_slice(&payload);
+        std::fs::write(dir.join(format!("{name}.grid")), seed).unwrap();
+    }
+}
+
 #[test]
 fn dense_weights_have_no_grid() {
     let mut rng = xorshift(6);
