@@ -69,7 +69,9 @@ impl ChunkHeader {
                 // The whole chunk's structure, in the top group of a 2- or 4-byte chunk.
                 Method::Grid | Method::Masked => g + 1 == width && width >= 2 && (e.stored_len as usize) < chunk_len,
                 Method::Within => {
-                    e.stored_len == 0 && g + 1 < width && matches!(self.groups()[width - 1].method, Method::Grid | Method::Masked)
+                    e.stored_len == 0
+                        && g + 1 < width
+                        && matches!(self.groups()[width - 1].method, Method::Grid | Method::Masked)
                 }
             };
             if !ok {
@@ -951,7 +953,8 @@ pub(crate) fn encode_chunks_gridded(
                     let r = reference.map(|r| r.slice(at..at + chunk.len()));
                     let mut payload = Vec::with_capacity(payload_capacity(chunk.len()));
                     let grid = grid.map(|(g, first)| (g, first + (at / grouping.width) as u64));
-                    let header = structured::encode((grid, mask), chunk, r, grouping, options, &mut skip, &mut payload)?;
+                    let header =
+                        structured::encode((grid, mask), chunk, r, grouping, options, &mut skip, &mut payload)?;
                     let checksum = payload_checksum(&payload);
                     Ok(EncodedChunk { header, payload, checksum })
                 })

@@ -13,8 +13,8 @@
 //! before anything is allocated or sliced.
 
 use super::chunk::{
-    checked_chunk_size, encode_chunks_gridded, payload_checksum, ChunkHeader, Data, EncodedChunk, GroupEntry, Reference,
-    STRIPE_CHUNKS,
+    checked_chunk_size, encode_chunks_gridded, payload_checksum, ChunkHeader, Data, EncodedChunk, GroupEntry,
+    Reference, STRIPE_CHUNKS,
 };
 use super::grid::{self, TensorGrid};
 use super::select::Options;
@@ -244,7 +244,10 @@ impl<W: Write> ContainerWriter<W> {
     /// Codes the next `data.len()` bytes of the original file as one segment of `dtype`
     /// elements (`None`: plain bytes).
     pub fn segment(&mut self, data: &[u8], dtype: Option<Dtype>) -> Result<()> {
-        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference: None, row_len: None }], &mut |_| {})
+        self.segment_inputs(
+            &[SegmentInput { data: Data::Bytes(data), dtype, reference: None, row_len: None }],
+            &mut |_| {},
+        )
     }
 
     /// Codes several consecutive segments (in file order), in parallel across segments as well

@@ -461,7 +461,8 @@ pub(crate) fn decode(stored: &[u8], width: usize, out: &mut [u8]) -> Result<()> 
     let codes = take_stream(stored, &mut at, Grouping::BYTES, Some(m), m)?;
     let escapes = info.escapes as usize;
     let gaps = take_stream(stored, &mut at, Grouping::BYTES, None, escapes * 5)?;
-    let values = take_stream(stored, &mut at, Grouping::for_dtype(Some(info.dtype)), Some(escapes * width), escapes * width)?;
+    let values =
+        take_stream(stored, &mut at, Grouping::for_dtype(Some(info.dtype)), Some(escapes * width), escapes * width)?;
     if at != stored.len() {
         return Err(corrupt("trailing bytes".into()));
     }
@@ -480,8 +481,9 @@ fn fill(fixed: &Fixed, scales: &[f32], offsets: &[u8], codes: &[u8], out: &mut [
         let i = fixed.first_element + pos;
         let run = layout.run_from(i).min(m - pos) as usize;
         let group = layout.group_of(i).checked_sub(u128::from(fixed.first_group));
-        let g = group.filter(|&g| g < scales.len() as u128).ok_or_else(|| corrupt(format!("element {i} outside the groups")))?
-            as usize;
+        let g = group
+            .filter(|&g| g < scales.len() as u128)
+            .ok_or_else(|| corrupt(format!("element {i} outside the groups")))? as usize;
         let (scale, offset) = (scales[g], offsets.get(g).copied().unwrap_or(0));
         let p = pos as usize;
         let dst = &mut out[p * width..(p + run) * width];

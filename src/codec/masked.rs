@@ -71,7 +71,7 @@ pub fn decode(stored: &[u8], grouping: Grouping, out: &mut [u8]) -> Result<()> {
     let m = out.len() / width;
     let mut at = 0;
     let mask = take_stream(stored, &mut at, Grouping::BYTES, Some(m.div_ceil(8)), m.div_ceil(8))?;
-    if m % 8 != 0 && mask.last().is_some_and(|&b| b >> (m % 8) != 0) {
+    if !m.is_multiple_of(8) && mask.last().is_some_and(|&b| b >> (m % 8) != 0) {
         return Err(corrupt("mask bits past the chunk".into()));
     }
     let nonzero: usize = mask.iter().map(|b| b.count_ones() as usize).sum();
@@ -105,7 +105,11 @@ mod tests {
         let mut out = Vec::with_capacity(n * width);
         for i in 0..n {
             let r = rng.next().unwrap();
-            let zero = if two_four { (r >> 60) % 2 == 0 && i % 4 < 2 || (r >> 60) % 2 == 1 && i % 4 >= 2 } else { r % 8 < pruned };
+            let zero = if two_four {
+                (r >> 60).is_multiple_of(2) && i % 4 < 2 || (r >> 60) % 2 == 1 && i % 4 >= 2
+            } else {
+                r % 8 < pruned
+            };
             let v = ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
             let bytes = if zero { 0f32.to_bits() } else { v.to_bits() };
             out.extend_from_slice(&bytes.to_le_bytes()[4 - width..]);

@@ -251,7 +251,12 @@ fn pipeline_reports_a_failing_unit() {
                         let mut w =
                             ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
                         let reference = Some(Reference::Grouped { source: &failing, offset: 0, len: data.len() });
-                        let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference, row_len: None };
+                        let input = SegmentInput {
+                            data: Data::Bytes(&data),
+                            dtype: Some(Dtype::Bf16),
+                            reference,
+                            row_len: None,
+                        };
                         w.segment_inputs(&[input], &mut |_| {}).map_err(|e| e.to_string())
                     })
                 }));

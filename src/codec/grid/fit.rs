@@ -98,8 +98,20 @@ fn rounding_interval(bits: u32, dtype: Dtype) -> (f64, f64) {
         Dtype::F32 => (0x8000_0000u32, 0x7FFF_FFFFu32),
         _ => (0x8000, 0x7FFF),
     };
-    let key = |b: u32| -> i64 { if b & sign != 0 { -i64::from(b & mag_mask) } else { i64::from(b & mag_mask) } };
-    let from_key = |k: i64| -> u32 { if k < 0 { sign | (-k) as u32 } else { k as u32 } };
+    let key = |b: u32| -> i64 {
+        if b & sign != 0 {
+            -i64::from(b & mag_mask)
+        } else {
+            i64::from(b & mag_mask)
+        }
+    };
+    let from_key = |k: i64| -> u32 {
+        if k < 0 {
+            sign | (-k) as u32
+        } else {
+            k as u32
+        }
+    };
     let k = key(bits);
     let v = value_of(bits, dtype);
     let (mut below, mut above) = (value_of(from_key(k - 1), dtype), value_of(from_key(k + 1), dtype));
@@ -436,7 +448,14 @@ pub fn detect(data: &[u8], dtype: Dtype, row_len: Option<u64>) -> Option<GridPla
     let mut best: Option<((f64, u64), GridPlan)> = None;
     for layout in layouts(n, cols) {
         let groups = layout.group_of(n - 1) as u64 + 1;
-        let probe = GridPlan { dtype, layout, arithmetic: Arithmetic::ProductExact, codes: Codes::Signed, bits: 8, zero_point: false };
+        let probe = GridPlan {
+            dtype,
+            layout,
+            arithmetic: Arithmetic::ProductExact,
+            codes: Codes::Signed,
+            bits: 8,
+            zero_point: false,
+        };
         let picks = SAMPLE_GROUPS.min(groups);
         let sample: Vec<(Extremes, Vec<(u32, u32)>)> =
             (0..picks).map(|j| sample_group(data, &probe, j * groups / picks, 1 << 14)).collect();
@@ -454,7 +473,9 @@ pub fn detect(data: &[u8], dtype: Dtype, row_len: Option<u64>) -> Option<GridPla
                 let escaped: usize = sample.iter().map(|(stats, elements)| escapes_in(elements, stats, &plan)).sum();
                 let fraction = escaped as f64 / total.max(1) as f64;
                 let key = (fraction, groups);
-                if fraction <= MAX_ESCAPES && best.as_ref().is_none_or(|(k, _)| key.partial_cmp(k) == Some(std::cmp::Ordering::Less)) {
+                if fraction <= MAX_ESCAPES
+                    && best.as_ref().is_none_or(|(k, _)| key.partial_cmp(k) == Some(std::cmp::Ordering::Less))
+                {
                     best = Some((key, plan));
                 }
             }

@@ -212,7 +212,8 @@ pub(crate) fn fp8_blocks(seed: u64, rows: usize, cols: usize) -> Vec<u32> {
     let mut out = vec![0u32; rows * cols];
     for br in (0..rows).step_by(128) {
         for bc in (0..cols).step_by(128) {
-            let cells = || (br..(br + 128).min(rows)).flat_map(move |r| (bc..(bc + 128).min(cols)).map(move |c| r * cols + c));
+            let cells =
+                || (br..(br + 128).min(rows)).flat_map(move |r| (bc..(bc + 128).min(cols)).map(move |c| r * cols + c));
             let amax = cells().fold(0f32, |a, i| a.max(w[i].abs()));
             let s = amax / 448.0;
             for i in cells() {
@@ -276,7 +277,9 @@ fn write_grid_fuzz_seeds() {
     }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/grid_decode");
     std::fs::create_dir_all(&dir).unwrap();
-    for (dtype, k, qmax, name, choice) in [(Dtype::Bf16, 64usize, 7i32, "int4-bf16", 0u8), (Dtype::F32, 256, 127, "int8-f32", 1)] {
+    for (dtype, k, qmax, name, choice) in
+        [(Dtype::Bf16, 64usize, 7i32, "int4-bf16", 0u8), (Dtype::F32, 256, 127, "int8-f32", 1)]
+    {
         let n = 4096usize;
         let mut bits: Vec<u32> = (0..n)
             .map(|i| {
@@ -312,9 +315,12 @@ fn dense_weights_have_no_grid() {
 fn codes_at_the_ends_of_their_range_round_trip() {
     // Every group holds the extreme codes: −128 and 127 (signed), 0 and 255 (offset), ±448 (fp8).
     let scale = 0.001f32;
-    let signed: Vec<u32> = (0..8192).map(|i| dequant([-128.0, 127.0, 0.0, 5.0][i % 4], scale, Dtype::F32, Dequant::Exact)).collect();
+    let signed: Vec<u32> =
+        (0..8192).map(|i| dequant([-128.0, 127.0, 0.0, 5.0][i % 4], scale, Dtype::F32, Dequant::Exact)).collect();
     round_trip(&signed, Dtype::F32, Some(128), Level::Default);
-    let fp8: Vec<u32> = (0..8192).map(|i| dequant([448.0, -448.0, 0.015625, 1.0][i % 4], scale, Dtype::Bf16, Dequant::F32ThenCast)).collect();
+    let fp8: Vec<u32> = (0..8192)
+        .map(|i| dequant([448.0, -448.0, 0.015625, 1.0][i % 4], scale, Dtype::Bf16, Dequant::F32ThenCast))
+        .collect();
     round_trip(&fp8, Dtype::Bf16, Some(256), Level::Default);
     let plan = GridPlan {
         dtype: Dtype::F32,
@@ -324,7 +330,8 @@ fn codes_at_the_ends_of_their_range_round_trip() {
         bits: 8,
         zero_point: true,
     };
-    let offset: Vec<u32> = (0..8192).map(|i| dequant([0.0, 255.0, 17.0][i % 3] - 3.0, scale, Dtype::F32, Dequant::Exact)).collect();
+    let offset: Vec<u32> =
+        (0..8192).map(|i| dequant([0.0, 255.0, 17.0][i % 3] - 3.0, scale, Dtype::F32, Dequant::Exact)).collect();
     let data = to_bytes(&offset, Dtype::F32);
     let chunk = fit_chunk(&fit_tensor(&data, &plan), 0, &data).unwrap();
     assert!(chunk.escapes.is_empty(), "{} escapes", chunk.escapes.len());
@@ -380,7 +387,7 @@ fn mutate(payload: &[u8], seed: u64) -> Vec<u8> {
             *b ^= (r >> 32) as u8 | 1;
         }
     }
-    if seed % 5 == 0 {
+    if seed.is_multiple_of(5) {
         p.truncate((seed as usize).wrapping_mul(7) % (p.len() + 1));
     }
     p
