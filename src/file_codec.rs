@@ -3,7 +3,7 @@
 //! archive storage by storage (zip headers, pickle and other entries as plain bytes), any other
 //! file as plain bytes. Pure: bytes in, bytes out, so the CLI and the fuzzers share it.
 
-use crate::codec::chunk::Reference;
+use crate::codec::chunk::{Data, Reference};
 use crate::codec::container::{is_container, Container, ContainerWriter, FileKind, SegmentInput};
 use crate::codec::{self, cross_precision, Method, Options};
 use crate::dtype::Dtype;
@@ -39,8 +39,9 @@ pub enum Format {
     Detect,
 }
 
-/// A byte range of the original file and the element type it is coded with (`None`: bytes).
-pub(crate) type SegmentPlan = (Range<u64>, Option<Dtype>);
+/// A byte range of the original file, the element type it is coded with (`None`: bytes) and,
+/// for a segment that is one tensor, its row length (last dimension) for grids.
+pub(crate) type SegmentPlan = (Range<u64>, Option<Dtype>, Option<u64>);
 
 /// The tensor (a safetensors tensor, a `torch.save` storage) one segment of a [`cut`] holds.
 #[derive(Clone, Copy, Debug)]
@@ -100,7 +101,7 @@ pub const SMALL_TENSOR_BYTES: u64 = 16 << 10;
 /// a segment is any run of whole elements of one dtype).
 pub fn plan_segments(file: &[u8], format: Format) -> Result<(FileKind, Vec<SegmentPlan>), Error> {
     let (kind, planned) = plan(file, format)?;
-    Ok((kind, planned.into_iter().map(|p| (p.range, p.dtype)).collect()))
+    Ok((kind, planned.into_iter().map(|p| (p.range, p.dtype, p.row_len)).collect()))
 }
 
 /// A segment [`plan_segments`] plans, with the name and shape of its tensor when it holds
@@ -110,6 +111,8 @@ pub(crate) struct Planned {
     pub(crate) range: Range<u64>,
     pub(crate) dtype: Option<Dtype>,
     pub(crate) tensor: Option<(String, Vec<u64>)>,
+    /// Elements per row of its tensor (the last dimension), when it holds exactly one.
+    pub(crate) row_len: Option<u64>,
 }
 
 /// [`plan_segments`] with each segment's tensor.
@@ -134,6 +137,7 @@ fn plan(file: &[u8], format: Format) -> Result<(FileKind, Vec<Planned>), Error> 
             continue;
         }
         let small = header.is_some() && tensor.is_some() && range.end - range.start < SMALL_TENSOR_BYTES;
+        let row_len = tensor.and_then(|t| t.shape.last().copied());
         match segments.last_mut() {
             Some(last)
                 if small
@@ -144,10 +148,14 @@ fn plan(file: &[u8], format: Format) -> Result<(FileKind, Vec<Planned>), Error> 
             {
                 last.range.end = range.end;
                 last.tensor = None;
+                last.row_len = None;
             }
-            _ => {
-                segments.push(Planned { range, dtype, tensor: tensor.map(|t| (t.name.to_string(), t.shape.to_vec())) })
-            }
+            _ => segments.push(Planned {
+                range,
+                dtype,
+                tensor: tensor.map(|t| (t.name.to_string(), t.shape.to_vec())),
+                row_len,
+            }),
         }
         small_run = small;
     }
@@ -205,7 +213,7 @@ pub fn compress_with<W: Write>(
         .map(|((segment, link), predictor)| {
             let data = bytes(&segment.range);
             let reference = predictor.as_ref().map(|p| Reference::Grouped { source: p, offset: 0, len: data.len() });
-            SegmentInput { data: Reference::Bytes(data), dtype: segment.dtype, reference, link: *link }
+            SegmentInput { data: Data::Bytes(data), dtype: segment.dtype, reference, link: *link, row_len: segment.row_len }
         })
         .collect();
     let len = file.len() as u64;
@@ -309,6 +317,79 @@ pub struct Report {
     pub copied_bytes: u64,
     /// Per dtype and byte group, in dtype code order.
     pub groups: Vec<GroupReport>,
+    /// The segments (tensors) in which a structure was found, in file order.
+    pub structures: Vec<StructureReport>,
+}
+
+/// A segment whose chunks are coded with a structure ([`crate::codec::grid`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StructureReport {
+    /// The tensor's name, for a safetensors file.
+    pub tensor: Option<String>,
+    /// Where the segment starts in the original file.
+    pub offset: u64,
+    /// Element type.
+    pub dtype: String,
+    /// What was found: `grid: int4, group 128, zero point` (from the first structured chunk).
+    pub structure: String,
+    /// Elements stored as they are, over the segment.
+    pub escapes: u64,
+    /// Chunks coded with the structure, of `chunks`.
+    pub structured_chunks: usize,
+    /// Chunks of the segment.
+    pub chunks: usize,
+}
+
+impl std::fmt::Display for StructureReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.tensor.clone().unwrap_or_else(|| format!("segment at {}", self.offset));
+        write!(
+            f,
+            "{name} ({}): {}, {} escapes ({} of {} chunks)",
+            self.dtype, self.structure, self.escapes, self.structured_chunks, self.chunks
+        )
+    }
+}
+
+/// The structures found in `container`'s segments, with tensor names from the safetensors
+/// header when the original is a safetensors file.
+fn structures(container: &Container<'_>) -> Result<Vec<StructureReport>, Error> {
+    let mut out = Vec::new();
+    for segment in container.segments() {
+        let Some(dtype) = segment.dtype else { continue };
+        let elements = (segment.range.end - segment.range.start) / dtype.size() as u64;
+        let mut report: Option<StructureReport> = None;
+        for i in segment.chunks.clone() {
+            let (_, range, header) = container.chunk(i);
+            let Some(stored) = container.grid_payload(i)? else { continue };
+            let chunk_elements = ((range.end - range.start) / dtype.size() as u64) as usize;
+            let info = codec::grid::info(stored, dtype.size(), chunk_elements)?;
+            debug_assert_eq!(header.groups().last().map(|e| e.method), Some(Method::Grid));
+            let r = report.get_or_insert_with(|| StructureReport {
+                tensor: None,
+                offset: segment.range.start,
+                dtype: dtype.to_string(),
+                structure: format!("grid: {}", info.describe(elements)),
+                escapes: 0,
+                structured_chunks: 0,
+                chunks: segment.chunks.len(),
+            });
+            r.escapes += u64::from(info.escapes);
+            r.structured_chunks += 1;
+        }
+        out.extend(report);
+    }
+    if container.kind() == FileKind::Safetensors && !out.is_empty() {
+        let len = container.segments().first().map_or(0, |s| s.range.end - s.range.start);
+        let mut prefix = vec![0u8; len as usize];
+        container.decode_range(0..len, &mut prefix)?;
+        if let Ok(header) = safetensors::parse_header(&prefix, container.original_len()) {
+            for r in &mut out {
+                r.tensor = header.tensors.iter().find(|t| t.begin == r.offset).map(|t| t.name.clone());
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Decodes every chunk of `container` (in parallel) and reports, per dtype and byte group, the
@@ -371,7 +452,9 @@ pub fn analyze(container: &Container<'_>) -> Result<Report, Error> {
         }
     }
     let payload: u64 = totals.values().map(|g| g.stored_bytes).sum();
+    let structures = structures(container)?;
     Ok(Report {
+        structures,
         original_bytes: container.original_len(),
         stored_bytes: container.stored_len(),
         overhead_bytes: container.stored_len() - payload,

@@ -66,6 +66,13 @@ impl ChunkHeader {
                 Method::Huffman | Method::Zstd | Method::Sparse | Method::Rans | Method::Paired | Method::Remainder => {
                     (e.stored_len as usize) < group_len
                 }
+                // The whole chunk's structure, in the top group of a 2- or 4-byte chunk.
+                Method::Grid | Method::Masked => g + 1 == width && width >= 2 && (e.stored_len as usize) < chunk_len,
+                Method::Within => {
+                    e.stored_len == 0
+                        && g + 1 < width
+                        && matches!(self.groups()[width - 1].method, Method::Grid | Method::Masked)
+                }
             };
             if !ok {
                 return Err(Error::Corrupt(format!(
@@ -127,7 +134,8 @@ fn code_group_counted(
         Method::Sparse => return code_group_counted(group, Method::Zstd, histogram, options, out),
         Method::Rans => rans::encode(group, rans::MAX_CONTEXTS, out)?,
         // Pairs are coded by `paired_trial`, two groups at a time; a group it leaves is raw.
-        Method::Paired | Method::Remainder => false,
+        // Grids are coded whole chunks at a time (`grid`).
+        Method::Paired | Method::Remainder | Method::Grid | Method::Within | Method::Masked => false,
     };
     if coded {
         return Ok(method);
@@ -652,6 +660,13 @@ pub fn decode_chunk(
         return Ok(());
     }
     let stored = stored_groups(payload, header);
+    if let Some(top) = structured_group(header) {
+        decode_structured(header.groups()[top].method, stored[top], grouping, out)?;
+        if let Some(r) = reference {
+            xor_in_place(out, r);
+        }
+        return Ok(());
+    }
     // A 2-byte float chunk stored as one pair decodes straight into its elements.
     let methods = header.groups().iter().map(|e| e.method);
     if reference.is_none() && grouping.extract_exponent && methods.eq([Method::Remainder, Method::Paired]) {
@@ -765,7 +780,7 @@ fn decode_group_with(method: Method, stored: &[u8], out: &mut [u8], sources: &ra
         Method::Zstd => zstd_block::decode(stored, out),
         Method::Sparse => sparse::decode(stored, out, false),
         Method::Rans => rans::decode_with_sources(stored, out, sources),
-        Method::Paired | Method::Remainder => Err(unpaired(method)),
+        Method::Paired | Method::Remainder | Method::Grid | Method::Within | Method::Masked => Err(unpaired(method)),
     }
 }
 
@@ -795,6 +810,11 @@ pub fn decode_chunk_groups(
         return Ok(());
     }
     let stored = stored_groups(payload, header);
+    if let Some(top) = structured_group(header) {
+        return with_group_scratch(grouped.len(), |elements| {
+            structured::decode_groups(header.groups()[top].method, stored[top], grouping, elements, grouped, xor_into)
+        });
+    }
     // Groups that depend on others decode from the top down: rANS groups with a context source,
     // and pairs.
     let sourced = stored
@@ -819,7 +839,9 @@ pub fn decode_chunk_groups(
                 Ok(())
             })?,
             // A checked header has no Remainder without a Paired group, which took the path above.
-            (Method::Paired | Method::Remainder, _) => return Err(unpaired(e.method)),
+            (Method::Paired | Method::Remainder | Method::Grid | Method::Within | Method::Masked, _) => {
+                return Err(unpaired(e.method))
+            }
         }
     }
     Ok(())
@@ -851,14 +873,15 @@ fn decode_group(method: Method, stored: &[u8], out: &mut [u8]) -> Result<()> {
         Method::Zstd => zstd_block::decode(stored, out),
         Method::Rans => rans::decode(stored, out),
         Method::Raw | Method::Zero | Method::Sparse => unreachable!("only Huffman, zstd and rANS groups come here"),
-        Method::Paired | Method::Remainder => Err(unpaired(method)),
+        Method::Paired | Method::Remainder | Method::Grid | Method::Within | Method::Masked => Err(unpaired(method)),
     }
 }
 
-/// A paired or remainder group met alone: [`ChunkHeader::validate`] refuses such headers, so this
-/// is only a second line of defence.
+/// A paired or remainder group met alone, or a grid group met as a group: [`ChunkHeader::validate`]
+/// refuses such headers, and whole grid chunks are decoded before groups are, so this is only a
+/// second line of defence.
 fn unpaired(method: Method) -> Error {
-    Error::Corrupt(format!("a {} group outside a pair", method.name()))
+    Error::Corrupt(format!("a {} group outside its structure", method.name()))
 }
 
 thread_local! {
@@ -899,6 +922,19 @@ pub fn encode_chunks(
     grouping: Grouping,
     options: &Options,
 ) -> Result<Vec<EncodedChunk>> {
+    encode_chunks_gridded(input, reference, grouping, options, None, false)
+}
+
+/// [`encode_chunks`] with structures ([`structured::encode`]); `grid`: a tensor's grid and the
+/// index in that tensor of `input`'s first element; `mask`: try masks on mostly-zero chunks.
+pub(crate) fn encode_chunks_gridded(
+    input: Data<'_>,
+    reference: Option<Reference<'_>>,
+    grouping: Grouping,
+    options: &Options,
+    grid: Option<(&super::grid::TensorGrid, u64)>,
+    mask: bool,
+) -> Result<Vec<EncodedChunk>> {
     let len = input.len();
     if reference.is_some_and(|r| r.len() != len) {
         return Err(Error::InvalidInput("reference and input lengths differ".into()));
@@ -916,7 +952,9 @@ pub fn encode_chunks(
                     let chunk = input.slice(at..(at + chunk_size).min(len));
                     let r = reference.map(|r| r.slice(at..at + chunk.len()));
                     let mut payload = Vec::with_capacity(payload_capacity(chunk.len()));
-                    let header = encode_chunk(chunk, r, grouping, options, &mut skip, &mut payload)?;
+                    let grid = grid.map(|(g, first)| (g, first + (at / grouping.width) as u64));
+                    let header =
+                        structured::encode((grid, mask), chunk, r, grouping, options, &mut skip, &mut payload)?;
                     let checksum = payload_checksum(&payload);
                     Ok(EncodedChunk { header, payload, checksum })
                 })
@@ -951,6 +989,9 @@ pub(crate) fn checked_chunk_size(options: &Options) -> Result<usize> {
     }
     Ok(c)
 }
+
+mod structured;
+use structured::{decode_structured, structured_group};
 
 #[cfg(test)]
 mod tests;

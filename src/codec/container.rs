@@ -13,9 +13,10 @@
 //! before anything is allocated or sliced.
 
 use super::chunk::{
-    checked_chunk_size, encode_chunks, payload_checksum, ChunkHeader, Data, EncodedChunk, GroupEntry, Reference,
-    STRIPE_CHUNKS,
+    checked_chunk_size, encode_chunks_gridded, payload_checksum, ChunkHeader, Data, EncodedChunk, GroupEntry,
+    Reference, STRIPE_CHUNKS,
 };
+use super::grid::{self, TensorGrid};
 use super::select::Options;
 use super::{decode_chunk, Error, Grouping, Method, Result};
 use crate::dtype::Dtype;
@@ -28,16 +29,18 @@ use std::ops::Range;
 pub(crate) const MAGIC: [u8; 8] = *b"\x89CKZ\r\n\x1a\n";
 /// Last bytes of every container.
 pub(crate) const END_MAGIC: [u8; 8] = *b"CKZ-END\n";
-/// The container format version this code writes for a container without reference segments.
-pub const FORMAT_VERSION: u16 = 6;
-/// The container format version of a container with reference segments (copies of an earlier
-/// segment, or derived from one: docs/format.md, "Reference segments"), and the newest read.
+/// The container format version this code writes. Format 7 added reference segments (copies
+/// of an earlier segment, or derived from one: docs/format.md, "Reference segments") and the
+/// Grid, Within and Masked methods.
+pub const FORMAT_VERSION: u16 = 7;
+/// The first container format version with reference segments (and the newest read).
 pub const REFERENCE_FORMAT_VERSION: u16 = 7;
 /// The oldest container format version this code reads. Format 3 only added the `Sparse`
 /// method tag, format 4 the `Rans` tag, format 5 rANS context sources, binned and packed tables
 /// (flags in a rANS payload's first byte, which format 4 kept zero) and format 6 the `Paired`
-/// and `Remainder` tags, so every container of an older format is a valid format-6 container
-/// (checked by decoding the checked-in containers of `tests/fixtures/containers`).
+/// and `Remainder` tags, and format 7 the `Grid` and `Within` tags, so every container of an
+/// older format is a valid format-7 container (checked by decoding the checked-in containers of
+/// `tests/fixtures/containers`).
 pub(crate) const MIN_READ_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 32;
@@ -108,6 +111,9 @@ pub(crate) struct SegmentInput<'a> {
     /// bytes, hashed), or derived from one (`reference` is then its prediction). Only in a
     /// writer made by [`ContainerWriter::with_reference_segments`].
     pub link: Option<SegmentLink>,
+    /// Elements per row of the tensor the segment holds (its last dimension), when it is one
+    /// tensor: where a grid's groups start ([`super::grid`]).
+    pub row_len: Option<u64>,
 }
 
 /// Streams a container to `W`: [`ContainerWriter::segment`] once per segment, in file order,
@@ -257,7 +263,7 @@ impl<W: Write> ContainerWriter<W> {
     /// elements (`None`: plain bytes).
     pub fn segment(&mut self, data: &[u8], dtype: Option<Dtype>) -> Result<()> {
         self.segment_inputs(
-            &[SegmentInput { data: Data::Bytes(data), dtype, reference: None, link: None }],
+            &[SegmentInput { data: Data::Bytes(data), dtype, reference: None, link: None, row_len: None }],
             &mut |_| {},
         )
     }
@@ -269,7 +275,7 @@ impl<W: Write> ContainerWriter<W> {
     pub fn segments(&mut self, parts: &[(&[u8], Option<Dtype>)], progress: &mut dyn FnMut(u64)) -> Result<()> {
         let inputs: Vec<SegmentInput<'_>> = parts
             .iter()
-            .map(|&(data, dtype)| SegmentInput { data: Data::Bytes(data), dtype, reference: None, link: None })
+            .map(|&(data, dtype)| SegmentInput { data: Data::Bytes(data), dtype, reference: None, link: None, row_len: None })
             .collect();
         self.segment_inputs(&inputs, progress)
     }
@@ -279,7 +285,7 @@ impl<W: Write> ContainerWriter<W> {
     /// reference ([`Container::decode_to_with_reference`]).
     pub fn segment_delta(&mut self, data: &[u8], reference: Option<&[u8]>, dtype: Option<Dtype>) -> Result<()> {
         let reference = reference.map(Reference::Bytes);
-        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference, link: None }], &mut |_| {})
+        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference, link: None, row_len: None }], &mut |_| {})
     }
 
     /// Codes consecutive segments, each standalone or as an XOR delta against its reference.
@@ -327,6 +333,16 @@ impl<W: Write> ContainerWriter<W> {
                 Some(start)
             })
             .collect();
+        // A grid per standalone tensor, looked for on a sample of it (bounded cost).
+        let grids: Vec<Option<TensorGrid>> = parts
+            .par_iter()
+            .map(|part| match (part.data.bytes(), part.dtype, part.reference) {
+                (Some(bytes), Some(dtype), None) => {
+                    grid::detect(bytes, dtype, part.row_len).map(|plan| grid::fit_tensor(bytes, &plan))
+                }
+                _ => None,
+            })
+            .collect();
         type Coded = (Result<Vec<EncodedChunk>>, Vec<NodeHash>);
         let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, std::thread::Result<Coded>)>();
         rayon::in_place_scope_fifo(|scope| {
@@ -336,16 +352,20 @@ impl<W: Write> ContainerWriter<W> {
                 while spawned < units.len() && (spawned <= next || in_flight + units[spawned].1.len() <= window) {
                     let (p, range) = units[spawned].clone();
                     let (part, start, done, unit) = (&parts[p], starts[p], done_tx.clone(), spawned);
+                    let grid = grids[p].as_ref().map(|g| (g, (range.start / g.plan.dtype.size()) as u64));
                     scope.spawn_fifo(move |_| {
                         // A panic is sent on, not left to the scope: the scope would report it
                         // only at its end, and this thread would wait for the unit forever.
                         let coded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             let data = part.data.slice(range.clone());
                             let reference = part.reference.map(|r| r.slice(range.clone()));
+                            let grouping = Grouping::for_dtype(part.dtype);
+                            // Masks for plain standalone bytes (grouped data is already stored).
+                            let mask = reference.is_none() && data.bytes().is_some();
                             let chunks = if part.link.is_some_and(|l| l.conversion.is_none()) {
                                 Ok(Vec::new()) // a copy: nothing coded
                             } else {
-                                encode_chunks(data, reference, Grouping::for_dtype(part.dtype), options)
+                                encode_chunks_gridded(data, reference, grouping, options, grid, mask)
                             };
                             let mut nodes = Vec::new();
                             if let (Some(shape), Some(bytes)) = (hash_shape, data.bytes()) {
@@ -777,6 +797,13 @@ impl<'a> Container<'a> {
         }
         super::chunk::decode_chunk_groups(payload, &header, Grouping::for_dtype(segment.dtype), grouped, xor_into)
             .map_err(|e| Error::Corrupt(format!("chunk {i} (original bytes {}..{}): {e}", range.start, range.end)))
+    }
+
+    /// The stored bytes of chunk `i`'s Grid group (checksum verified), if it is a grid chunk.
+    pub fn grid_payload(&self, i: usize) -> Result<Option<&'a [u8]>> {
+        let (payload, _, _, header) = self.checked_payload(i)?;
+        let Some(top) = header.groups().last().filter(|e| e.method == Method::Grid) else { return Ok(None) };
+        Ok(Some(&payload[payload.len() - top.stored_len as usize..]))
     }
 
     /// Each byte group's entry and stored bytes of chunk `i` (checksum verified), for tests that

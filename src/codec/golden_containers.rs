@@ -167,6 +167,34 @@ fn goldens(version: u16) -> Vec<Golden> {
             options,
         });
     }
+    if version >= 7 {
+        // Quantized weights in float containers (issue 43): 4-bit groups of 128 with a zero
+        // point in bf16, 8-bit groups of 64 in f32 and in f16, a few values off the grid.
+        use super::grid::tests::{int_tensor, to_bytes, Dequant};
+        let options = Options { chunk_size: 32 << 10, ..Options::default() };
+        let mut int4 = int_tensor(50, (32, 512, 128), 4, true, Dtype::Bf16, Dequant::F32ThenCast);
+        int4[1000] ^= 3;
+        let int8 = int_tensor(51, (16, 512, 64), 8, false, Dtype::F32, Dequant::Exact);
+        let half = int_tensor(52, (16, 512, 64), 8, false, Dtype::F16, Dequant::Exact);
+        // 2:4-pruned bf16 weights: masked chunks.
+        let mut pruned = gaussian_f32(53, 16_384, 0.04);
+        for (i, v) in pruned.iter_mut().enumerate() {
+            if (i / 4 + i) % 4 < 2 {
+                *v = 0.0;
+            }
+        }
+        all.push(Golden {
+            name: "grid_floats.ckz",
+            segments: vec![
+                (to_bytes(&int4, Dtype::Bf16), Some(Dtype::Bf16)),
+                (to_bytes(&int8, Dtype::F32), Some(Dtype::F32)),
+                (to_bytes(&half, Dtype::F16), Some(Dtype::F16)),
+                (bf16_bytes(&pruned), Some(Dtype::Bf16)),
+            ],
+            reference: None,
+            options,
+        });
+    }
     all
 }
 
@@ -312,4 +340,21 @@ fn format_6_containers_still_decode() {
     }
     assert!(ks.len() >= 2, "k values {ks:?}");
     assert_eq!(ranges.len(), 2, "value sets as ranges and not");
+}
+
+/// Format 7 containers (grids: 4-bit with a zero point in bf16, 8-bit in f32 and f16; masks of
+/// pruned bf16) decode bit-exactly, the gridded segments stored as grids, and older methods still.
+#[test]
+fn format_7_containers_still_decode() {
+    let methods = check_fixtures(7);
+    assert!(FORMAT_6_METHODS.iter().all(|m| methods.contains(m)), "fixtures cover {methods:?}");
+    for m in [Method::Grid, Method::Within, Method::Masked] {
+        assert!(methods.contains(&m), "fixtures cover {methods:?}");
+    }
+    let bytes = std::fs::read(fixture_dir(7).join("grid_floats.ckz")).unwrap();
+    let container = Container::open(&bytes).unwrap();
+    for segment in &container.segments()[..3] {
+        let gridded = segment.chunks.clone().filter(|&i| container.grid_payload(i).unwrap().is_some()).count();
+        assert_eq!(gridded, segment.chunks.len(), "{:?}", segment.dtype);
+    }
 }

@@ -16,7 +16,9 @@ pub mod byte_group;
 pub mod chunk;
 pub mod container;
 pub mod cross_precision;
+pub mod grid;
 pub mod huffman;
+pub mod masked;
 pub mod paired;
 pub mod rans;
 pub mod select;
@@ -134,11 +136,22 @@ pub enum Method {
     /// The low bits of each byte of a group whose top bits are coded in the [`Method::Paired`]
     /// group above it, bit-packed. Added in container format 6.
     Remainder = 7,
+    /// The whole chunk as codes on a grid ([`grid`]): scales, codes and escapes, each a nested
+    /// chunk. Only the top group of a 2- or 4-byte float chunk; every group below it is
+    /// [`Method::Within`]. Added in container format 7.
+    Grid = 8,
+    /// A group stored inside the structured group above it ([`Method::Grid`],
+    /// [`Method::Masked`]); nothing of its own. Added in container format 7.
+    Within = 9,
+    /// The whole chunk as a bitmap of its non-zero elements and those elements ([`masked`]):
+    /// pruned weights. Only the top group of a chunk of 2 or more bytes per element; every group
+    /// below it is [`Method::Within`]. Added in container format 7.
+    Masked = 10,
 }
 
 impl Method {
     /// All methods, in tag order.
-    pub const ALL: [Method; 8] = [
+    pub const ALL: [Method; 11] = [
         Method::Raw,
         Method::Zero,
         Method::Huffman,
@@ -147,6 +160,9 @@ impl Method {
         Method::Rans,
         Method::Paired,
         Method::Remainder,
+        Method::Grid,
+        Method::Within,
+        Method::Masked,
     ];
 
     /// Lowercase name for tables and JSON.
@@ -160,6 +176,9 @@ impl Method {
             Method::Rans => "rans",
             Method::Paired => "paired",
             Method::Remainder => "remainder",
+            Method::Grid => "grid",
+            Method::Within => "within",
+            Method::Masked => "masked",
         }
     }
 }
@@ -176,6 +195,9 @@ impl TryFrom<u8> for Method {
             5 => Ok(Method::Rans),
             6 => Ok(Method::Paired),
             7 => Ok(Method::Remainder),
+            8 => Ok(Method::Grid),
+            9 => Ok(Method::Within),
+            10 => Ok(Method::Masked),
             other => Err(Error::Corrupt(format!("unknown method tag {other}"))),
         }
     }
@@ -261,12 +283,15 @@ mod tests {
                 (4, "sparse"),
                 (5, "rans"),
                 (6, "paired"),
-                (7, "remainder")
+                (7, "remainder"),
+                (8, "grid"),
+                (9, "within"),
+                (10, "masked")
             ]
         );
         for m in Method::ALL {
             assert_eq!(Method::try_from(m as u8).unwrap(), m);
         }
-        assert!(Method::try_from(8).is_err());
+        assert!(Method::try_from(11).is_err());
     }
 }

@@ -27,6 +27,9 @@ pub struct MethodCounts {
     /// Groups coded as pairs (format 6): the paired group and the remainder group below it each
     /// count once.
     pub paired: u64,
+    /// Groups of structured chunks (format 7: grids and masks of pruned tensors): the
+    /// structured group and each group within it.
+    pub grid: u64,
 }
 
 impl MethodCounts {
@@ -39,6 +42,7 @@ impl MethodCounts {
             Method::Sparse => self.sparse += 1,
             Method::Rans => self.rans += 1,
             Method::Paired | Method::Remainder => self.paired += 1,
+            Method::Grid | Method::Within | Method::Masked => self.grid += 1,
         }
     }
     /// Adds `o`'s counts to these.
@@ -50,10 +54,11 @@ impl MethodCounts {
         self.sparse += o.sparse;
         self.rans += o.rans;
         self.paired += o.paired;
+        self.grid += o.grid;
     }
     /// Total groups counted.
     pub fn total(&self) -> u64 {
-        self.raw + self.zero + self.huffman + self.zstd + self.sparse + self.rans + self.paired
+        self.raw + self.zero + self.huffman + self.zstd + self.sparse + self.rans + self.paired + self.grid
     }
 }
 

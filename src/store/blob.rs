@@ -469,6 +469,7 @@ fn encode_blob(
             (_, None) => None,
         },
         link: None,
+        row_len: None,
     };
     // Pages of the input and of the stored objects read are dropped every window once coded,
     // so the resident set stays about one window whatever the blob's size.

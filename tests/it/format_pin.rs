@@ -163,16 +163,19 @@ const MANIFESTS: &[(&str, &str, &str)] = &[
 /// container format 5 (rANS context sources), which at the default level changes only the
 /// version byte of every container and so its footer checksum (`ckpt compress` of corpus
 /// files before and after differs in exactly those 9 bytes); and once (fc849ed7… before) for
-/// format 6, whose paired groups change the bytes of bf16 objects.
-const OBJECTS: &str = "d050fbbe32a4c131be455c5ff18a01d0199b2d8d3a661fec3ad2213c95ec6b8b";
+/// format 6, whose paired groups change the bytes of bf16 objects; and once (d050fbbe… before)
+/// for format 7 (grids and masks), which finds neither in these inputs and so changes only the
+/// version byte of every container.
+const OBJECTS: &str = "dd588a8771b22a478abe007d8abfe110bca50ea6aa68134a7ba014727bde60ca";
 const OBJECT_COUNT: usize = 43;
 /// blake3 of `ckpt show --json` of version 1 and of version 2, and of `ckpt log`. The two `show`
 /// figures were re-recorded once for issue 28: its new method adds a `"rans": 0` count to every
 /// segment's `methods` (recorded at 259a362 as e460de64… and 773853c0…); and once more for format
 /// 6 (a `"paired"` count, and the new version ids and stored sizes; d643c740… and 47c19f26…
-/// before). `ckpt log` prints the version ids (05bc2e8d… before).
-const SHOW_JSON_1: &str = "76d24446017719d21f89e7d272028f5c2597e06d5b60930ecdb1531ec4e7cd9f";
-const SHOW_JSON_2: &str = "b4f9da0a372f06f9a1b571b256b0424cfba6372f4af59f00a53f7fbc935f2c1d";
+/// before); and for format 7 (a `"grid"` count: 76d24446… and b4f9da0a… before). `ckpt log`
+/// prints the version ids (05bc2e8d… before).
+const SHOW_JSON_1: &str = "be85eb033f7ad020397637e066ec50ef44c7827dd8066167bc888dc0faf520b2";
+const SHOW_JSON_2: &str = "1a7f808f370d1cb919232effe9dd9b320bdc97c0a4f875e0649ea54e7cdba311";
 const LOG: &str = "18464acd97b09a6863b2c8a38207ce0669f9fc63ccbc0717d03ae65ff02417f7";
 
 #[test]

@@ -143,7 +143,7 @@ fn compress_codes_storages_with_their_dtypes_and_round_trips() {
     for name in ["optimizer_epoch1.pt", "dtypes.pt", "malicious.pt"] {
         let file = fixture(name);
         let (kind, segments) = file_codec::plan_segments(&file, Format::Detect).unwrap();
-        let typed = segments.iter().filter(|(_, d)| d.is_some()).count();
+        let typed = segments.iter().filter(|(_, d, _)| d.is_some()).count();
         if name == "malicious.pt" {
             assert_eq!((kind, typed), (FileKind::Bytes, 0));
         } else {

@@ -516,6 +516,14 @@ fn main() -> Result<(), Error> {
         return Err("no pair of byte groups coded".into());
     }
 
+    // Grids (format 7): quantized weights dequantized into bf16 and f32, as Grid payloads.
+    for (seed, (name, choice)) in grid_seeds().into_iter().zip([("int4-bf16", 0u8), ("int8-f32", 1)]) {
+        let mut bytes = vec![choice];
+        bytes.extend_from_slice(&seed.0.to_le_bytes());
+        bytes.extend_from_slice(&seed.1);
+        corpus.put("grid_decode", &format!("{name}.grid"), &bytes)?;
+    }
+
     // encode -> decode inputs: selector (width bits 0-1, exponent bit 2, delta bit 3, max level bit 4), then
     // the input and the reference, each half of the rest.
     let pair = |selector: u8, a: &[u8], b: &[u8]| [&[selector][..], b, a].concat();
@@ -535,4 +543,30 @@ fn main() -> Result<(), Error> {
         println!("{target}: {n} seeds");
     }
     Ok(())
+}
+
+/// Two Grid payloads (element count, payload): 4-bit codes with a zero point per group of 64 in
+/// bf16, and 8-bit codes per row of 256 in f32, each with a value off the grid.
+fn grid_seeds() -> Vec<(u16, Vec<u8>)> {
+    use ckpt::codec::grid::{self, element_bits, Arithmetic};
+    use ckpt::dtype::Dtype;
+    let mut out = Vec::new();
+    for (dtype, k, qmax) in [(Dtype::Bf16, 64usize, 7i32), (Dtype::F32, 256, 127)] {
+        let n = 4096usize;
+        let mut bits: Vec<u32> = (0..n)
+            .map(|i| {
+                let scale = 1e-3 * (1.0 + (i / k) as f32 * 0.37);
+                let q = ((i * 7919) % (2 * qmax as usize + 1)) as i32 - qmax;
+                element_bits(q as f32, scale, dtype, Arithmetic::ProductF32)
+            })
+            .collect();
+        bits[100] ^= 1;
+        let data: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()[..dtype.size()].to_vec()).collect();
+        let Some(plan) = grid::detect(&data, dtype, Some(k as u64)) else { continue };
+        let fitted = grid::fit_tensor(&data, &plan);
+        if let Ok(Some(payload)) = grid::encode(&fitted, 0, &data, &Options::default()) {
+            out.push((n as u16, payload));
+        }
+    }
+    out
 }

@@ -87,6 +87,9 @@ fn print_table(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         }
         writeln!(out)?;
     }
+    for structure in &r.structures {
+        writeln!(out, "{structure}")?;
+    }
     writeln!(out, "index and framing: {} bytes", r.overhead_bytes)?;
     if r.copied_bytes > 0 {
         writeln!(out, "copied: {} bytes stored as copies of earlier tensors", r.copied_bytes)?;

@@ -36,6 +36,7 @@ fn grouped_data_records_the_given_hash_and_needs_one() {
         dtype: Some(Dtype::Bf16),
         reference: None,
         link: None,
+        row_len: None,
     };
     let hash = blake3::hash(&data);
     let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options.clone())
@@ -145,14 +146,14 @@ fn golden_container() {
     w.segment(&data[..6000], Some(Dtype::Bf16)).unwrap();
     w.segment(&data[6000..], None).unwrap();
     let bytes = w.finish().unwrap().0;
-    assert_eq!(&bytes[..32], b"\x89CKZ\r\n\x1a\n\x06\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
+    assert_eq!(&bytes[..32], b"\x89CKZ\r\n\x1a\n\x07\x00\x00\x00\x00\x10\x00\x00\xd4\x17\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
     assert_eq!(bytes.len(), GOLDEN_LEN, "container length");
     assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_HASH);
 }
 
 const GOLDEN_LEN: usize = 3184;
-/// Changed for formats 5 and 6 only by the version byte (and so the header checksum).
-const GOLDEN_HASH: &str = "70f510b196f35642076e89a226b97b384576f3ad5d0293ae9854a2cf06322e92";
+/// Changed for formats 5, 6 and 7 only by the version byte (and so the header checksum).
+const GOLDEN_HASH: &str = "ca3f4733c8299a0b999a93642c6f32a53496e471a5b518fc6f328bc0a2ec4964";
 
 #[test]
 fn segments_in_parallel_match_one_by_one() {
@@ -251,8 +252,13 @@ fn pipeline_reports_a_failing_unit() {
                         let mut w =
                             ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
                         let reference = Some(Reference::Grouped { source: &failing, offset: 0, len: data.len() });
-                        let input =
-                            SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::Bf16), reference, link: None };
+                        let input = SegmentInput {
+                            data: Data::Bytes(&data),
+                            dtype: Some(Dtype::Bf16),
+                            reference,
+                            link: None,
+                            row_len: None,
+                        };
                         w.segment_inputs(&[input], &mut |_| {}).map_err(|e| e.to_string())
                     })
                 }));
