@@ -213,7 +213,13 @@ pub fn compress_with<W: Write>(
         .map(|((segment, link), predictor)| {
             let data = bytes(&segment.range);
             let reference = predictor.as_ref().map(|p| Reference::Grouped { source: p, offset: 0, len: data.len() });
-            SegmentInput { data: Data::Bytes(data), dtype: segment.dtype, reference, link: *link, row_len: segment.row_len }
+            SegmentInput {
+                data: Data::Bytes(data),
+                dtype: segment.dtype,
+                reference,
+                link: *link,
+                row_len: segment.row_len,
+            }
         })
         .collect();
     let len = file.len() as u64;

@@ -275,7 +275,13 @@ impl<W: Write> ContainerWriter<W> {
     pub fn segments(&mut self, parts: &[(&[u8], Option<Dtype>)], progress: &mut dyn FnMut(u64)) -> Result<()> {
         let inputs: Vec<SegmentInput<'_>> = parts
             .iter()
-            .map(|&(data, dtype)| SegmentInput { data: Data::Bytes(data), dtype, reference: None, link: None, row_len: None })
+            .map(|&(data, dtype)| SegmentInput {
+                data: Data::Bytes(data),
+                dtype,
+                reference: None,
+                link: None,
+                row_len: None,
+            })
             .collect();
         self.segment_inputs(&inputs, progress)
     }
@@ -285,7 +291,10 @@ impl<W: Write> ContainerWriter<W> {
     /// reference ([`Container::decode_to_with_reference`]).
     pub fn segment_delta(&mut self, data: &[u8], reference: Option<&[u8]>, dtype: Option<Dtype>) -> Result<()> {
         let reference = reference.map(Reference::Bytes);
-        self.segment_inputs(&[SegmentInput { data: Data::Bytes(data), dtype, reference, link: None, row_len: None }], &mut |_| {})
+        self.segment_inputs(
+            &[SegmentInput { data: Data::Bytes(data), dtype, reference, link: None, row_len: None }],
+            &mut |_| {},
+        )
     }
 
     /// Codes consecutive segments, each standalone or as an XOR delta against its reference.

@@ -120,7 +120,8 @@ mod tests {
     fn round_trip(data: &[u8], dtype: Dtype) -> (usize, usize) {
         let options = Options { chunk_size: 16 << 10, ..Options::default() };
         let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
-        let input = SegmentInput { data: Data::Bytes(data), dtype: Some(dtype), reference: None, row_len: None };
+        let input =
+            SegmentInput { data: Data::Bytes(data), dtype: Some(dtype), reference: None, link: None, row_len: None };
         w.segment_inputs(&[input], &mut |_| {}).unwrap();
         let (container, _) = w.finish().unwrap();
         let c = Container::open(&container).unwrap();

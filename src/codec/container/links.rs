@@ -155,7 +155,13 @@ mod tests {
         let options = Options { chunk_size: 4096, ..Options::default() };
         let mut w =
             ContainerWriter::with_reference_segments(Vec::new(), FileKind::Bytes, 2 * LEN as u64, options).unwrap();
-        let part = |link| SegmentInput { data: Data::Bytes(&data), dtype: Some(Dtype::F32), reference: None, link };
+        let part = |link| SegmentInput {
+            data: Data::Bytes(&data),
+            dtype: Some(Dtype::F32),
+            reference: None,
+            link,
+            row_len: None,
+        };
         w.segment_inputs(&[part(None), part(Some(SegmentLink { source: 0, conversion: None }))], &mut |_| {}).unwrap();
         let (bytes, _) = w.finish().unwrap();
         let index_at = u64::from_le_bytes(bytes[bytes.len() - FOOTER_LEN..][..8].try_into().unwrap()) as usize;
@@ -252,7 +258,7 @@ mod tests {
     fn a_writer_refuses_references_it_cannot_record() {
         let data = [0u8; 64];
         let options = Options { chunk_size: 4096, ..Options::default() };
-        let part = |link| SegmentInput { data: Data::Bytes(&data), dtype: None, reference: None, link };
+        let part = |link| SegmentInput { data: Data::Bytes(&data), dtype: None, reference: None, link, row_len: None };
         let copy = Some(SegmentLink { source: 0, conversion: None });
         let mut plain = ContainerWriter::new(Vec::new(), FileKind::Bytes, 128, options.clone()).unwrap();
         assert!(plain.segment_inputs(&[part(None), part(copy)], &mut |_| {}).is_err());

@@ -116,7 +116,7 @@ fn round_trip(bits: &[u32], dtype: Dtype, row_len: Option<u64>, level: Level) ->
     let data = to_bytes(bits, dtype);
     let options = Options { chunk_size: 16 << 10, level, ..Options::default() };
     let mut w = ContainerWriter::new(Vec::new(), FileKind::Bytes, data.len() as u64, options).unwrap();
-    let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(dtype), reference: None, row_len };
+    let input = SegmentInput { data: Data::Bytes(&data), dtype: Some(dtype), reference: None, link: None, row_len };
     w.segment_inputs(&[input], &mut |_| {}).unwrap();
     let (container, _) = w.finish().unwrap();
     let c = Container::open(&container).unwrap();
