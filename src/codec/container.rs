@@ -128,6 +128,9 @@ pub struct ContainerWriter<W: Write> {
     segments: u32,
     index: Vec<u8>,
     hasher: InputHasher,
+    /// Whether reference segments may be written ([`Self::with_reference_segments`]): the
+    /// store refuses objects holding them.
+    references: bool,
 }
 
 /// How a [`ContainerWriter`] obtains the original's blake3 for its footer.
@@ -212,7 +215,9 @@ impl<W: Write> ContainerWriter<W> {
     /// [`Self::new`] for a container that may hold reference segments ([`SegmentInput::link`]):
     /// its header says format [`REFERENCE_FORMAT_VERSION`], which older readers refuse.
     pub(crate) fn with_reference_segments(out: W, kind: FileKind, original_len: u64, options: Options) -> Result<Self> {
-        Self::with_version(out, kind, original_len, options, REFERENCE_FORMAT_VERSION)
+        let mut writer = Self::with_version(out, kind, original_len, options, REFERENCE_FORMAT_VERSION)?;
+        writer.references = true;
+        Ok(writer)
     }
 
     fn with_version(mut out: W, kind: FileKind, original_len: u64, options: Options, version: u16) -> Result<Self> {
@@ -236,6 +241,7 @@ impl<W: Write> ContainerWriter<W> {
             segments: 0,
             index,
             hasher: InputHasher::Blake3(Box::new(RangeHashJoin::new(original_len))),
+            references: false,
         })
     }
 
@@ -438,10 +444,9 @@ impl<W: Write> ContainerWriter<W> {
         match link {
             None => self.index.push(code),
             Some(link) => {
-                let version = u16::from_le_bytes([self.header[8], self.header[9]]);
-                if version < REFERENCE_FORMAT_VERSION || link.source >= self.segments {
+                if !self.references || link.source >= self.segments {
                     return Err(Error::InvalidInput(format!(
-                        "segment {}: a reference to segment {} in a format-{version} container",
+                        "segment {}: a reference to segment {} in a container not written for references",
                         self.segments, link.source
                     )));
                 }

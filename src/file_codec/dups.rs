@@ -234,7 +234,7 @@ mod tests {
         let (container, with, without) = round_trip(&f);
         assert!(links(&container).iter().all(Option::is_none), "{:?}", links(&container));
         assert_eq!(with, without);
-        assert_eq!(u16::from_le_bytes([container[8], container[9]]), 6);
+        assert_eq!(u16::from_le_bytes([container[8], container[9]]), crate::codec::container::FORMAT_VERSION);
     }
 
     proptest! {
