@@ -2,7 +2,7 @@
 //! `ckpt.safe_open`), over [`ckpt::sync::RemoteReader`]. Blocking work runs without the GIL.
 
 use crate::{child_pool, err, in_pool, parse_id, sync_err};
-use ckpt::remote::{Remote, S3Options};
+use ckpt::remote::S3Options;
 use ckpt::repo::RefKind;
 use ckpt::sync::{self, ReaderCache};
 use pyo3::prelude::*;
