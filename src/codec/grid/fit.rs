@@ -1,5 +1,5 @@
 //! Finding a grid ([`detect`], on a sample of a tensor) and fitting it to one chunk
-//! ([`fit_chunk`]: a scale per group, a code per element, escapes for the rest).
+//! (`fit_chunk`: a scale per group, a code per element, escapes for the rest).
 //!
 //! A group's scale is not recovered as "the" quantizer's scale (the rounding to bf16 loses
 //! it): any f32 that reproduces the values works. Each value `v = round(q × s)` bounds `s` to
@@ -430,8 +430,8 @@ fn escapes_in(elements: &Elements, stats: &Extremes, plan: &GridPlan) -> usize {
 }
 
 /// Looks for a grid in a tensor (`data`: `dtype` elements, rows of `row_len` elements when
-/// known), on a sample of its groups: the cost is bounded by [`SAMPLE_GROUPS`] groups per
-/// layout, and each kind of code is first tried on [`QUICK_ELEMENTS`] of one group. `None` for
+/// known), on a sample of its groups: the cost is bounded by `SAMPLE_GROUPS` groups per
+/// layout, and each kind of code is first tried on `QUICK_ELEMENTS` of one group. `None` for
 /// dense data, or a grid that too many values miss.
 pub fn detect(data: &[u8], dtype: Dtype, row_len: Option<u64>) -> Option<GridPlan> {
     let width = dtype.size();
