@@ -68,3 +68,14 @@ def ckpt_binary():
         if p and os.path.isfile(p) and os.access(p, os.X_OK):
             return str(p)
     return None
+
+
+def ckpt_cli():
+    """[`ckpt_binary`], or `$CARGO_TARGET_DIR/debug/ckpt`; skips the test when neither is built."""
+    found = ckpt_binary()
+    target = os.environ.get("CARGO_TARGET_DIR")
+    if found is None and target and os.access(os.path.join(target, "debug", "ckpt"), os.X_OK):
+        found = os.path.join(target, "debug", "ckpt")
+    if found is None:
+        pytest.skip("the ckpt binary is not built (cargo build; or set CKPT_BIN)")
+    return found

@@ -5,17 +5,10 @@ modules only after they have skipped themselves when torch is missing."""
 import datetime
 import json
 import os
-import socket
 import time
 
 import torch
 import torch.distributed as dist
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sharded(full, mesh, zero=False):

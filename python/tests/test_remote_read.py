@@ -2,29 +2,15 @@
 and, when `s3s-fs` is installed, an S3 server on loopback. The remote is written by the `ckpt`
 CLI (skipped when it is not built)."""
 
-import os
-import shutil
-import socket
+import contextlib
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
 import ckpt
-from conftest import ckpt_binary
-
-ACCESS_KEY, SECRET_KEY, BUCKET = "ckpt-test-key", "ckpt-test-secret", "ckpt-read"
-
-
-def cli():
-    found = ckpt_binary()
-    target = os.environ.get("CARGO_TARGET_DIR")
-    if found is None and target and os.access(os.path.join(target, "debug", "ckpt"), os.X_OK):
-        found = os.path.join(target, "debug", "ckpt")
-    if found is None:
-        pytest.skip("the ckpt binary is not built (cargo build; or set CKPT_BIN)")
-    return found
+from conftest import ckpt_cli
+from object_servers import served
 
 
 def epoch(e):
@@ -40,53 +26,15 @@ def cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv("CKPT_CACHE_DIR", str(tmp_path / "caches"))
 
 
-def s3_server(tmp_path, monkeypatch):
-    server = shutil.which("s3s-fs") or ("/root/.cargo/bin/s3s-fs" if os.path.exists("/root/.cargo/bin/s3s-fs") else None)
-    if server is None:
-        if os.environ.get("CKPT_REQUIRE_S3S") == "1":
-            pytest.fail("s3s-fs is not installed and CKPT_REQUIRE_S3S=1")
-        pytest.skip("s3s-fs is not installed (cargo install s3s-fs --features binary)")
-    root = tmp_path / "s3"
-    (root / BUCKET).mkdir(parents=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [server, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, str(root)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    end = time.time() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.time() > end or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("s3s-fs did not start")
-            time.sleep(0.05)
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    return proc, f"s3://{BUCKET}/run1"
-
-
 @pytest.fixture(params=["dir", "s3"])
 def remote(request, tmp_path, monkeypatch):
     """A remote holding epochs 0 (tagged v0) and 1 of model.safetensors on main."""
-    binary = cli()
-    proc = None
-    if request.param == "s3":
-        proc, url = s3_server(tmp_path, monkeypatch)
-    else:
-        url = str(tmp_path / "remote")
-    try:
+    binary = ckpt_cli()
+    with contextlib.ExitStack() as stack:
+        if request.param == "s3":
+            url = stack.enter_context(served("s3", tmp_path, monkeypatch))
+        else:
+            url = str(tmp_path / "remote")
         repo = ckpt.Repo.init(tmp_path / "work")
         repo.commit({"model.safetensors": epoch(0)}, "epoch 0", tags="v0", metadata={"model.safetensors": {"step": "0"}})
         repo.commit({"model.safetensors": epoch(1)}, "epoch 1", metadata={"model.safetensors": {"step": "1"}})
@@ -94,10 +42,6 @@ def remote(request, tmp_path, monkeypatch):
             done = subprocess.run([binary, *args], cwd=tmp_path / "work", capture_output=True, text=True)
             assert done.returncode == 0, done.stderr
         yield url
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
 
 
 def test_open_lists_and_loads_without_a_repository(remote):
