@@ -68,19 +68,6 @@ impl Metered {
     }
 }
 
-struct CountingWrite<'a>(&'a mut dyn std::io::Write, u64);
-
-impl std::io::Write for CountingWrite<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.0.write(buf)?;
-        self.1 += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
-    }
-}
-
 impl Remote for Metered {
     fn url(&self) -> &str {
         self.inner.url()
@@ -138,7 +125,7 @@ impl Remote for Metered {
         Ok(got)
     }
     fn download(&self, key: &str, out: &mut dyn std::io::Write, limit: u64) -> ckpt::remote::Result<u64> {
-        let mut counted = CountingWrite(out, 0);
+        let mut counted = crate::support::remote::Counting(out, 0);
         let done = self.inner.download(key, &mut counted, limit);
         self.saw(key, counted.1);
         done

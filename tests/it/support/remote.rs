@@ -219,8 +219,8 @@ impl Recording {
     }
 }
 
-/// A `Write` that counts what it accepts.
-struct Counting<'a>(&'a mut dyn std::io::Write, u64);
+/// A `Write` that counts what it accepts (the count is `.1`).
+pub(crate) struct Counting<'a>(pub(crate) &'a mut dyn std::io::Write, pub(crate) u64);
 
 impl std::io::Write for Counting<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
